@@ -1,0 +1,39 @@
+//! Where things live under the data directory. Every path is built here and only here.
+
+use std::path::{Path, PathBuf};
+
+/// The root of one server's files.
+#[derive(Debug, Clone)]
+pub struct DataDir {
+    root: PathBuf,
+}
+
+impl DataDir {
+    pub fn new(root: impl Into<PathBuf>) -> DataDir {
+        DataDir { root: root.into() }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// sled database of tenants and keys.
+    pub fn catalog(&self) -> PathBuf {
+        self.root.join("catalog")
+    }
+
+    /// One tenant's write-ahead-log shard.
+    pub fn tenant_wal(&self, tenant: &str) -> PathBuf {
+        self.root.join("tenants").join(tenant).join("wal")
+    }
+
+    /// Unix socket of the local admin service (guarded by the directory's permissions).
+    pub fn admin_socket(&self) -> PathBuf {
+        self.root.join("admin.sock")
+    }
+
+    /// Credentials of the demo tenant, written on first start.
+    pub fn dev_credentials(&self) -> PathBuf {
+        self.root.join("dev-credentials.json")
+    }
+}

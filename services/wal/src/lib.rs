@@ -1,0 +1,21 @@
+//! cube-wal: one write-ahead-log shard per tenant.
+//!
+//! Owns segment files, CRC32C record framing, group commit (one write + fdatasync per batch) and
+//! recovery (torn tails truncated, mid-log corruption refused). It knows nothing about tenants,
+//! gRPC or async runtimes: callers get durability through a callback or [`WalShard::wait_durable`].
+
+mod error;
+mod record;
+mod recovery;
+mod segment;
+mod shard;
+#[cfg(test)]
+mod tests;
+
+pub use error::WalError;
+pub use recovery::RecoveryReport;
+pub use segment::{segment_file_name, SegmentSizing};
+pub use shard::{DurableEvent, DurableNotify, WalOptions, WalShard};
+
+/// Bytes of framing before each record's payload: `len u32 | crc32c u32 | seq u64`.
+pub const RECORD_HEADER_LEN: usize = record::HEADER_LEN;

@@ -18,7 +18,7 @@ mod state;
 mod walop;
 
 pub use actor::TenantActor;
-pub use catalog::{Capability, Catalog, KeyInfo, validate_tenant_name};
+pub use catalog::{Capability, Catalog, CatalogOpenError, KeyInfo, validate_tenant_name};
 pub use core::TenantCore;
 pub use directory::{DirectoryConfig, TenantDirectory, TenantHandle};
 pub use error::StoreError;

@@ -1,0 +1,307 @@
+//! The catalog: tenants and their keys, in a sled database under the data directory, with an
+//! in-memory copy of every key so the per-call auth check never touches disk.
+//!
+//! Every mutation is flushed before it returns: a printed secret must survive a crash.
+//! sled holds an exclusive lock on its directory, so while a server runs, the CLI reaches the
+//! catalog through the server's local admin socket instead.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, RwLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use sled::Transactional;
+use sled::transaction::{ConflictableTransactionError, TransactionError};
+
+use crate::StoreError;
+
+/// What a key may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "lowercase")]
+pub enum Capability {
+    Read,
+    Write,
+    Admin,
+}
+
+/// A key as the auth layer needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyInfo {
+    pub tenant: String,
+    pub key_id: String,
+    pub secret: [u8; 32],
+    pub capabilities: Vec<Capability>,
+    pub revoked: bool,
+}
+
+impl KeyInfo {
+    pub fn has(&self, cap: Capability) -> bool {
+        self.capabilities.contains(&cap)
+    }
+}
+
+/// NOTE: on-disk format of a key record (JSON in the `keys` tree, key `tenant/key_id`).
+#[derive(Serialize, Deserialize)]
+struct KeyRecord {
+    secret: String,
+    capabilities: Vec<Capability>,
+    revoked: bool,
+    created_ms: u64,
+}
+
+/// NOTE: on-disk format of a tenant record (JSON in the `tenants` tree, key = name).
+#[derive(Serialize, Deserialize)]
+struct TenantRecord {
+    created_ms: u64,
+}
+
+/// `[a-z0-9][a-z0-9-]{0,62}`: safe as a directory name and in metric labels.
+pub fn validate_tenant_name(name: &str) -> Result<(), StoreError> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name.bytes().enumerate().all(|(i, b)| b.is_ascii_lowercase() || b.is_ascii_digit() || (i > 0 && b == b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::InvalidArgument(format!(
+            "invalid tenant name {name:?}: use 1 to 63 characters of a-z, 0-9 and '-', starting with a letter or digit"
+        )))
+    }
+}
+
+/// tenant -> key id -> key; nested so a lookup by `&str` allocates nothing.
+type KeyMap = HashMap<String, HashMap<String, Arc<KeyInfo>>>;
+
+/// Tenants and keys.
+pub struct Catalog {
+    db: sled::Db,
+    tenants: sled::Tree,
+    keys: sled::Tree,
+    cache: RwLock<KeyMap>,
+}
+
+impl std::fmt::Debug for Catalog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Catalog").finish_non_exhaustive()
+    }
+}
+
+fn storage(op: &str, e: impl std::fmt::Display) -> StoreError {
+    tracing::error!(op, error = %e, "catalog storage error");
+    StoreError::Unavailable(format!("the tenant catalog could not {op}; see the server log"))
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+fn new_key_id() -> String {
+    format!("k-{}", hex::encode(rand::random::<[u8; 6]>()))
+}
+
+/// Whether an error from [`Catalog::open`] means another process holds the catalog.
+pub fn is_locked_error(e: &sled::Error) -> bool {
+    matches!(e, sled::Error::Io(io) if io.kind() == std::io::ErrorKind::WouldBlock || io.to_string().contains("lock"))
+}
+
+impl Catalog {
+    /// Open (or create) the catalog at `path`. Fails if another process has it open.
+    pub fn open(path: &Path) -> Result<Catalog, CatalogOpenError> {
+        let db = sled::Config::new().path(path).open().map_err(|e| {
+            if is_locked_error(&e) { CatalogOpenError::Locked } else { CatalogOpenError::Other(e.to_string()) }
+        })?;
+        let tenants = db.open_tree("tenants").map_err(|e| CatalogOpenError::Other(e.to_string()))?;
+        let keys = db.open_tree("keys").map_err(|e| CatalogOpenError::Other(e.to_string()))?;
+        let mut cache = HashMap::new();
+        for item in keys.iter() {
+            let (k, v) = item.map_err(|e| CatalogOpenError::Other(e.to_string()))?;
+            let info = decode_key(&k, &v).map_err(CatalogOpenError::Other)?;
+            cache.entry(info.tenant.clone()).or_insert_with(HashMap::new).insert(info.key_id.clone(), Arc::new(info));
+        }
+        Ok(Catalog { db, tenants, keys, cache: RwLock::new(cache) })
+    }
+
+    /// The key `tenant/key_id`, if it exists (revoked keys included).
+    pub fn key(&self, tenant: &str, key_id: &str) -> Option<Arc<KeyInfo>> {
+        let cache = self.cache.read().unwrap_or_else(|p| p.into_inner());
+        cache.get(tenant)?.get(key_id).cloned()
+    }
+
+    pub fn tenant_exists(&self, tenant: &str) -> Result<bool, StoreError> {
+        self.tenants.contains_key(tenant).map_err(|e| storage("read tenants", e))
+    }
+
+    /// Create a tenant and its first key (all capabilities).
+    pub fn create_tenant(&self, tenant: &str) -> Result<Arc<KeyInfo>, StoreError> {
+        validate_tenant_name(tenant)?;
+        let info = fresh_key(tenant, vec![Capability::Read, Capability::Write, Capability::Admin]);
+        let record = encode_key(&info)?;
+        let tenant_record = serde_json::to_vec(&TenantRecord { created_ms: now_ms() }).map_err(|e| storage("encode", e))?;
+        let result = (&self.tenants, &self.keys).transaction(|(t, k)| {
+            if t.get(tenant.as_bytes())?.is_some() {
+                return Err(ConflictableTransactionError::Abort(()));
+            }
+            t.insert(tenant.as_bytes(), tenant_record.as_slice())?;
+            k.insert(key_name(tenant, &info.key_id).as_bytes(), record.as_slice())?;
+            Ok(())
+        });
+        match result {
+            Ok(()) => {}
+            Err(TransactionError::Abort(())) => {
+                return Err(StoreError::AlreadyExists(format!("tenant '{tenant}' already exists")));
+            }
+            Err(TransactionError::Storage(e)) => return Err(storage("create the tenant", e)),
+        }
+        self.flush()?;
+        Ok(self.remember(info))
+    }
+
+    /// Create another key for `tenant` (read and write; admin is granted explicitly).
+    pub fn create_key(&self, tenant: &str) -> Result<Arc<KeyInfo>, StoreError> {
+        if !self.tenant_exists(tenant)? {
+            return Err(StoreError::NotFound(format!("no tenant named '{tenant}'")));
+        }
+        let info = fresh_key(tenant, vec![Capability::Read, Capability::Write]);
+        self.keys
+            .insert(key_name(tenant, &info.key_id).as_bytes(), encode_key(&info)?)
+            .map_err(|e| storage("store the key", e))?;
+        self.flush()?;
+        Ok(self.remember(info))
+    }
+
+    /// Revoke a key. Returns false if it was already revoked.
+    pub fn revoke_key(&self, tenant: &str, key_id: &str) -> Result<bool, StoreError> {
+        let Some(current) = self.key(tenant, key_id) else {
+            return Err(StoreError::NotFound(format!("tenant '{tenant}' has no key '{key_id}'")));
+        };
+        if current.revoked {
+            return Ok(false);
+        }
+        let mut info = (*current).clone();
+        info.revoked = true;
+        self.keys
+            .insert(key_name(tenant, key_id).as_bytes(), encode_key(&info)?)
+            .map_err(|e| storage("revoke the key", e))?;
+        self.flush()?;
+        self.remember(info);
+        Ok(true)
+    }
+
+    /// Every tenant with its unrevoked key ids, sorted.
+    pub fn list(&self) -> Result<Vec<(String, Vec<String>)>, StoreError> {
+        let mut out = Vec::new();
+        for item in self.tenants.iter() {
+            let (name, _) = item.map_err(|e| storage("list tenants", e))?;
+            out.push((String::from_utf8_lossy(&name).into_owned(), Vec::new()));
+        }
+        let cache = self.cache.read().unwrap_or_else(|p| p.into_inner());
+        for (tenant, keys) in &mut out {
+            if let Some(known) = cache.get(tenant.as_str()) {
+                keys.extend(known.values().filter(|k| !k.revoked).map(|k| k.key_id.clone()));
+            }
+            keys.sort();
+        }
+        Ok(out)
+    }
+
+    fn remember(&self, info: KeyInfo) -> Arc<KeyInfo> {
+        let info = Arc::new(info);
+        let mut cache = self.cache.write().unwrap_or_else(|p| p.into_inner());
+        cache.entry(info.tenant.clone()).or_default().insert(info.key_id.clone(), Arc::clone(&info));
+        info
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        self.db.flush().map(|_| ()).map_err(|e| storage("flush", e))
+    }
+}
+
+/// Why the catalog did not open.
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogOpenError {
+    /// Another process (a running cubed) holds it.
+    #[error("the catalog is in use by another process")]
+    Locked,
+    #[error("the catalog could not be opened: {0}")]
+    Other(String),
+}
+
+fn key_name(tenant: &str, key_id: &str) -> String {
+    format!("{tenant}/{key_id}")
+}
+
+fn fresh_key(tenant: &str, capabilities: Vec<Capability>) -> KeyInfo {
+    KeyInfo { tenant: tenant.into(), key_id: new_key_id(), secret: rand_secret(), capabilities, revoked: false }
+}
+
+fn rand_secret() -> [u8; 32] {
+    use rand::RngCore;
+    let mut s = [0u8; 32];
+    rand::rngs::OsRng.fill_bytes(&mut s);
+    s
+}
+
+fn encode_key(info: &KeyInfo) -> Result<Vec<u8>, StoreError> {
+    let record = KeyRecord {
+        secret: hex::encode(info.secret),
+        capabilities: info.capabilities.clone(),
+        revoked: info.revoked,
+        created_ms: now_ms(),
+    };
+    serde_json::to_vec(&record).map_err(|e| storage("encode a key", e))
+}
+
+fn decode_key(name: &[u8], value: &[u8]) -> Result<KeyInfo, String> {
+    let name = std::str::from_utf8(name).map_err(|_| "key name is not UTF-8".to_string())?;
+    let (tenant, key_id) = name.split_once('/').ok_or_else(|| format!("bad key name {name:?}"))?;
+    let record: KeyRecord = serde_json::from_slice(value).map_err(|e| format!("bad key record {name}: {e}"))?;
+    let mut secret = [0u8; 32];
+    hex::decode_to_slice(&record.secret, &mut secret).map_err(|_| format!("bad secret in key {name}"))?;
+    Ok(KeyInfo {
+        tenant: tenant.into(),
+        key_id: key_id.into(),
+        secret,
+        capabilities: record.capabilities,
+        revoked: record.revoked,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenant_names_follow_the_contract() {
+        for ok in ["demo", "a", "0-a", &"a".repeat(63)] {
+            assert!(validate_tenant_name(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "-a", "A", "a_b", "a/b", "..", &"a".repeat(64), "é"] {
+            assert!(validate_tenant_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn tenants_and_keys_persist_and_a_second_open_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("catalog");
+        let (first, second) = {
+            let c = Catalog::open(&path).unwrap();
+            assert!(matches!(Catalog::open(&path), Err(CatalogOpenError::Locked)));
+            let first = c.create_tenant("acme").unwrap();
+            assert!(first.has(Capability::Admin));
+            assert!(matches!(c.create_tenant("acme"), Err(StoreError::AlreadyExists(_))));
+            assert!(matches!(c.create_key("nobody"), Err(StoreError::NotFound(_))));
+            let second = c.create_key("acme").unwrap();
+            assert!(!second.has(Capability::Admin));
+            assert!(c.revoke_key("acme", &second.key_id).unwrap());
+            assert!(!c.revoke_key("acme", &second.key_id).unwrap());
+            (first, second)
+        };
+        let c = Catalog::open(&path).unwrap();
+        assert_eq!(c.key("acme", &first.key_id).unwrap().secret, first.secret);
+        assert!(c.key("acme", &second.key_id).unwrap().revoked);
+        assert_eq!(c.list().unwrap(), vec![("acme".to_string(), vec![first.key_id.clone()])]);
+        assert!(c.key("other", &first.key_id).is_none());
+    }
+}

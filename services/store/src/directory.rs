@@ -1,0 +1,137 @@
+//! The tenant directory: tenant name -> running actor, started on first use.
+//!
+//! Opening a tenant (WAL recovery) runs on the blocking pool; concurrent first calls share one
+//! open. A tenant that fails to open (corrupt WAL) stays failed with a clear error until the
+//! server restarts, while every other tenant keeps serving.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use actix::{Actor, Addr};
+use actix::dev::SendError;
+use cube_wal::WalOptions;
+use tokio::sync::{OnceCell, oneshot};
+
+use crate::actor::{Call, Durable, Shutdown, TenantActor};
+use crate::core::TenantCore;
+use crate::layout::DataDir;
+use crate::runtime::ActorRuntime;
+use crate::state::{Command, Reply};
+use crate::StoreError;
+
+/// Settings every tenant shares.
+#[derive(Debug, Clone)]
+pub struct DirectoryConfig {
+    pub data_dir: DataDir,
+    pub wal: WalOptions,
+    /// Largest cell value in bytes.
+    pub max_value: usize,
+    /// Commands that may queue in one tenant's mailbox before callers get RESOURCE_EXHAUSTED.
+    pub mailbox_capacity: usize,
+    /// Threads that run tenant actors.
+    pub actor_threads: usize,
+}
+
+/// How a caller reaches one tenant.
+#[derive(Clone, Debug)]
+pub struct TenantHandle {
+    tenant: Arc<str>,
+    addr: Addr<TenantActor>,
+    mailbox_capacity: usize,
+}
+
+impl TenantHandle {
+    /// Send `cmd` and wait for the answer (for writes: until durable).
+    pub async fn call(&self, cmd: Command) -> Result<Reply, StoreError> {
+        let (tx, rx) = oneshot::channel();
+        match self.addr.try_send(Call { cmd, reply: tx }) {
+            Ok(()) => {}
+            Err(SendError::Full(_)) => {
+                return Err(StoreError::ResourceExhausted(format!(
+                    "tenant '{}' is busy: {} requests are already queued; retry with backoff",
+                    self.tenant, self.mailbox_capacity
+                )));
+            }
+            Err(SendError::Closed(_)) => return Err(stopped()),
+        }
+        rx.await.map_err(|_| stopped())?
+    }
+}
+
+fn stopped() -> StoreError {
+    StoreError::Unavailable("the tenant stopped before answering (server shutting down); retry".into())
+}
+
+type Slot = Arc<OnceCell<Result<TenantHandle, StoreError>>>;
+
+/// Tenant name -> actor.
+pub struct TenantDirectory {
+    config: DirectoryConfig,
+    runtime: ActorRuntime,
+    tenants: Mutex<HashMap<String, Slot>>,
+}
+
+impl std::fmt::Debug for TenantDirectory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TenantDirectory").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+impl TenantDirectory {
+    pub fn new(config: DirectoryConfig) -> Result<TenantDirectory, StoreError> {
+        let runtime = ActorRuntime::start(config.actor_threads)?;
+        Ok(TenantDirectory { config, runtime, tenants: Mutex::new(HashMap::new()) })
+    }
+
+    /// The running actor of `tenant`, started (and its WAL recovered) on first use. The caller
+    /// must already know the tenant exists (it authenticated as it).
+    pub async fn get(&self, tenant: &str) -> Result<TenantHandle, StoreError> {
+        let slot = {
+            let mut map = self.tenants.lock().unwrap_or_else(|p| p.into_inner());
+            Arc::clone(map.entry(tenant.to_string()).or_default())
+        };
+        slot.get_or_init(|| self.open(tenant)).await.clone()
+    }
+
+    async fn open(&self, tenant: &str) -> Result<TenantHandle, StoreError> {
+        let dir = self.config.data_dir.tenant_wal(tenant);
+        let wal = self.config.wal.clone();
+        let max_value = self.config.max_value;
+        let name = tenant.to_string();
+        // The syncer reports to the actor, which does not exist until the WAL is open.
+        let addr_slot: Arc<OnceLock<Addr<TenantActor>>> = Arc::new(OnceLock::new());
+        let notify_slot = Arc::clone(&addr_slot);
+        let notify = Box::new(move |event| {
+            if let Some(addr) = notify_slot.get() {
+                addr.do_send(Durable(event));
+            }
+        });
+        let core = tokio::task::spawn_blocking(move || TenantCore::open(&name, &dir, wal, max_value, Some(notify)))
+            .await
+            .map_err(|_| StoreError::Unavailable(format!("tenant '{tenant}' failed to open")))??
+            .0;
+        let capacity = self.config.mailbox_capacity;
+        let addr = TenantActor::start_in_arbiter(self.runtime.pick(), move |_| TenantActor::new(core, capacity));
+        let _ = addr_slot.set(addr.clone());
+        Ok(TenantHandle { tenant: tenant.into(), addr, mailbox_capacity: capacity })
+    }
+
+    /// Stop every tenant: answer or fail what is queued, final fdatasync, close the WALs.
+    pub async fn shutdown(&self) {
+        let slots: Vec<Slot> = {
+            let map = self.tenants.lock().unwrap_or_else(|p| p.into_inner());
+            map.values().cloned().collect()
+        };
+        // Ask all tenants first so their final syncs run concurrently, then wait for each.
+        let mut done = Vec::new();
+        for slot in slots {
+            let Some(Ok(handle)) = slot.get() else { continue };
+            let (tx, rx) = oneshot::channel();
+            handle.addr.do_send(Shutdown { done: tx });
+            done.push(rx);
+        }
+        for rx in done {
+            let _ = rx.await;
+        }
+    }
+}

@@ -34,3 +34,6 @@ fn mac_over(secret: &Secret, parts: &[&[u8]]) -> HmacSha256 {
     }
     mac
 }
+
+#[cfg(feature = "client")]
+pub mod client;

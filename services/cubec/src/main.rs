@@ -1,1 +1,131 @@
-fn main() {}
+//! cubec: a minimal command-line client. Signs every call (per-call auth).
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use cube_api::v1::cells_client::CellsClient;
+use cube_api::v1::{Coord, DeleteRequest, ReadRequest, WriteRequest};
+use cube_auth::Credentials;
+use cube_auth::client::{CallSigner, Signing};
+use tonic::transport::{Channel, Endpoint};
+
+const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:50051";
+const DEFAULT_CREDENTIALS: &str = "./cube-data/dev-credentials.json";
+
+/// Command-line client for cubed.
+#[derive(Debug, Parser)]
+#[command(name = "cubec", version)]
+struct Cli {
+    /// Server address; default: the credentials file's endpoint, else http://127.0.0.1:50051.
+    #[arg(long, env = "CUBE_ENDPOINT", global = true)]
+    endpoint: Option<String>,
+    /// Credentials JSON ({"tenant","key_id","secret"}); default ./cube-data/dev-credentials.json.
+    /// Alternatively set CUBE_TENANT, CUBE_KEY_ID and CUBE_SECRET.
+    #[arg(long, env = "CUBE_CREDENTIALS", global = true)]
+    credentials: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Write VALUE (UTF-8 text) at (X, Y, Z).
+    #[command(allow_negative_numbers = true)]
+    Write {
+        x: i32,
+        y: i32,
+        z: i32,
+        value: String,
+        /// Write only if the cell is at this version (0 = must not exist).
+        #[arg(long)]
+        expected_version: Option<u64>,
+    },
+    /// Read the cell at (X, Y, Z).
+    #[command(allow_negative_numbers = true)]
+    Read { x: i32, y: i32, z: i32 },
+    /// Delete the cell at (X, Y, Z).
+    #[command(allow_negative_numbers = true)]
+    Delete { x: i32, y: i32, z: i32 },
+}
+
+fn load_credentials(path: Option<&PathBuf>) -> anyhow::Result<Credentials> {
+    if path.is_none() {
+        if let (Ok(tenant), Ok(key_id), Ok(secret)) =
+            (std::env::var("CUBE_TENANT"), std::env::var("CUBE_KEY_ID"), std::env::var("CUBE_SECRET"))
+        {
+            return Ok(Credentials { tenant, key_id, secret, endpoint: None });
+        }
+    }
+    let path = path.cloned().unwrap_or_else(|| PathBuf::from(DEFAULT_CREDENTIALS));
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!("cannot read credentials from {} (use --credentials or CUBE_TENANT/CUBE_KEY_ID/CUBE_SECRET)", path.display())
+    })?;
+    serde_json::from_str(&text).with_context(|| format!("{} is not a credentials JSON file", path.display()))
+}
+
+fn main() -> std::process::ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("cubec: error: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cubec: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let creds = load_credentials(cli.credentials.as_ref())?;
+    let secret = creds.secret().context("the credentials' secret")?;
+    let endpoint = cli.endpoint.or(creds.endpoint.clone()).unwrap_or_else(|| DEFAULT_ENDPOINT.into());
+    let channel: Channel = Endpoint::from_shared(endpoint.clone())
+        .with_context(|| format!("bad endpoint {endpoint}"))?
+        .connect()
+        .await
+        .with_context(|| format!("cannot connect to {endpoint}"))?;
+    let mut cells = CellsClient::new(Signing::new(channel, CallSigner::new(&creds.tenant, &creds.key_id, secret)));
+    let coord = |x, y, z| Some(Coord { x, y, z });
+    let out = match cli.command {
+        Cmd::Write { x, y, z, value, expected_version } => {
+            let r = cells
+                .write(WriteRequest { coord: coord(x, y, z), value: value.into_bytes(), expected_version })
+                .await
+                .map_err(status)?
+                .into_inner();
+            serde_json::json!({ "version": r.version, "seq": r.seq })
+        }
+        Cmd::Read { x, y, z } => {
+            let r = cells.read(ReadRequest { coord: coord(x, y, z) }).await.map_err(status)?.into_inner();
+            match String::from_utf8(r.value.clone()) {
+                Ok(text) => serde_json::json!({ "found": r.found, "value": text, "version": r.version, "sealed": r.sealed }),
+                Err(_) => serde_json::json!({ "found": r.found, "value_hex": hex(&r.value), "version": r.version, "sealed": r.sealed }),
+            }
+        }
+        Cmd::Delete { x, y, z } => {
+            let r = cells
+                .delete(DeleteRequest { coord: coord(x, y, z), expected_version: None })
+                .await
+                .map_err(status)?
+                .into_inner();
+            serde_json::json!({ "existed": r.existed, "seq": r.seq })
+        }
+    };
+    println!("{out}");
+    Ok(())
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn status(s: tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!("{:?}: {}", s.code(), s.message())
+}

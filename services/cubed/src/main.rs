@@ -1,1 +1,43 @@
-fn main() {}
+//! cubed: parse flags, set up logging, run.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use cubed::config::{Cli, Command, KeyCommand, TenantCommand};
+use cubed::{admin_cli, serve};
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cubed: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        match cli.command {
+            None => serve::run_until_signal(cli.serve.validate()?).await,
+            Some(Command::Serve(args)) => serve::run_until_signal(args.validate()?).await,
+            Some(Command::Tenant(TenantCommand::Create { name, dir })) => {
+                admin_cli::create_tenant(&dir.data_dir, &name).await
+            }
+            Some(Command::Key(KeyCommand::Create { tenant, dir })) => {
+                admin_cli::create_key(&dir.data_dir, &tenant).await
+            }
+            Some(Command::Key(KeyCommand::Revoke { tenant, key_id, dir })) => {
+                admin_cli::revoke_key(&dir.data_dir, &tenant, &key_id).await
+            }
+        }
+    })
+}

@@ -1,1 +1,19 @@
-//! placeholder
+//! cube-gateway: the gRPC face of Cube.
+//!
+//! Owns the tonic services, the per-call auth layer (verified before any handler runs), the
+//! conversion of proto messages into store commands, and the one mapping of errors to gRPC
+//! status codes. Business rules live in cube-store; this crate only validates and routes.
+
+mod call_auth;
+mod convert;
+mod error;
+mod principal;
+mod replay;
+mod server;
+mod services;
+
+pub use call_auth::{CallAuthLayer, CallAuthenticator};
+pub use error::ApiError;
+pub use principal::{AuthModel, Principal};
+pub use replay::{ReplayCache, ReplayError};
+pub use server::{Gateway, GatewayConfig, ServeError, serve_admin_socket};

@@ -1,0 +1,122 @@
+//! `cubed tenant create`, `cubed key create`, `cubed key revoke`.
+//!
+//! While a server runs it holds the catalog's lock, so these commands go through its local admin
+//! socket (`<data-dir>/admin.sock`); while it is stopped they open the catalog directly. Either
+//! way the output is the same.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use cube_api::v1::admin_client::AdminClient;
+use cube_api::v1::{CreateKeyRequest, CreateTenantRequest, RevokeKeyRequest};
+use cube_auth::{Credentials, Secret};
+use cube_store::{Catalog, CatalogOpenError, DataDir, KeyInfo};
+use hyper_util::rt::TokioIo;
+use tokio::net::UnixStream;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+enum Op<'a> {
+    CreateTenant(&'a str),
+    CreateKey(&'a str),
+    RevokeKey(&'a str, &'a str),
+}
+
+enum Outcome {
+    Credentials(Credentials),
+    Revoked(bool),
+}
+
+pub async fn create_tenant(data_dir: &Path, name: &str) -> anyhow::Result<()> {
+    print(execute(data_dir, Op::CreateTenant(name)).await?)
+}
+
+pub async fn create_key(data_dir: &Path, tenant: &str) -> anyhow::Result<()> {
+    print(execute(data_dir, Op::CreateKey(tenant)).await?)
+}
+
+pub async fn revoke_key(data_dir: &Path, tenant: &str, key_id: &str) -> anyhow::Result<()> {
+    print(execute(data_dir, Op::RevokeKey(tenant, key_id)).await?)
+}
+
+fn print(outcome: Outcome) -> anyhow::Result<()> {
+    match outcome {
+        Outcome::Credentials(c) => println!("{}", serde_json::to_string(&c)?),
+        Outcome::Revoked(true) => println!("{{\"revoked\":true}}"),
+        Outcome::Revoked(false) => println!("{{\"revoked\":false,\"note\":\"the key was already revoked\"}}"),
+    }
+    Ok(())
+}
+
+async fn execute(data_dir: &Path, op: Op<'_>) -> anyhow::Result<Outcome> {
+    let data = DataDir::new(data_dir);
+    let socket = data.admin_socket();
+    // A running server is retried a few times: it may be between locking the catalog and binding
+    // its socket.
+    for _ in 0..50 {
+        if let Ok(client) = connect(socket.clone()).await {
+            return remote(client, &op).await;
+        }
+        match Catalog::open(&data.catalog()) {
+            Ok(catalog) => return local(&catalog, &op),
+            Err(CatalogOpenError::Locked) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Err(e) => return Err(e).context("opening the catalog"),
+        }
+    }
+    bail!("the catalog in {} is locked but no server answers on its admin socket", data_dir.display())
+}
+
+fn credentials(k: &KeyInfo) -> Credentials {
+    Credentials {
+        tenant: k.tenant.clone(),
+        key_id: k.key_id.clone(),
+        secret: Secret::from_bytes(k.secret).to_hex(),
+        endpoint: None,
+    }
+}
+
+fn local(catalog: &Catalog, op: &Op<'_>) -> anyhow::Result<Outcome> {
+    Ok(match op {
+        Op::CreateTenant(name) => Outcome::Credentials(credentials(&*catalog.create_tenant(name)?)),
+        Op::CreateKey(tenant) => Outcome::Credentials(credentials(&*catalog.create_key(tenant)?)),
+        Op::RevokeKey(tenant, key) => Outcome::Revoked(catalog.revoke_key(tenant, key)?),
+    })
+}
+
+async fn remote(mut client: AdminClient<Channel>, op: &Op<'_>) -> anyhow::Result<Outcome> {
+    let creds = |c: Option<cube_api::v1::Credentials>| -> anyhow::Result<Outcome> {
+        let c = c.context("the server answered without credentials")?;
+        Ok(Outcome::Credentials(Credentials { tenant: c.tenant, key_id: c.key_id, secret: c.secret, endpoint: None }))
+    };
+    let status_msg = |s: tonic::Status| anyhow::anyhow!("{}", s.message().to_owned());
+    match op {
+        Op::CreateTenant(name) => {
+            let r = client.create_tenant(CreateTenantRequest { name: name.to_string() }).await.map_err(status_msg)?;
+            creds(r.into_inner().credentials)
+        }
+        Op::CreateKey(tenant) => {
+            let r = client.create_key(CreateKeyRequest { tenant: tenant.to_string() }).await.map_err(status_msg)?;
+            creds(r.into_inner().credentials)
+        }
+        Op::RevokeKey(tenant, key_id) => {
+            let req = RevokeKeyRequest { tenant: tenant.to_string(), key_id: key_id.to_string() };
+            let r = client.revoke_key(req).await.map_err(status_msg)?;
+            Ok(Outcome::Revoked(r.into_inner().revoked))
+        }
+    }
+}
+
+/// A client of the admin service on the Unix socket at `path`.
+async fn connect(path: PathBuf) -> anyhow::Result<AdminClient<Channel>> {
+    if !path.exists() {
+        bail!("no admin socket");
+    }
+    // The URI is required by the API but unused: the connector always dials the socket.
+    let channel = Endpoint::try_from("http://admin.sock")?
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
+        }))
+        .await?;
+    Ok(AdminClient::new(channel))
+}

@@ -1,0 +1,159 @@
+//! Command-line flags (also as `CUBE_*` environment variables), converted once into a validated
+//! [`ServeConfig`].
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+pub const DEFAULT_DATA_DIR: &str = "./cube-data";
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
+pub const DEFAULT_MAX_VALUE_BYTES: usize = 1 << 20;
+pub const DEFAULT_SKEW_SECS: u64 = 300;
+pub const DEFAULT_REPLAY_CAPACITY: usize = 1_000_000;
+pub const DEFAULT_MAILBOX_CAPACITY: usize = 4096;
+pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 1024;
+pub const DEFAULT_WAL_SEGMENT_MAX_BYTES: u64 = 64 << 20;
+/// Room for the protobuf framing around a maximal value.
+const MESSAGE_OVERHEAD: usize = 64 << 10;
+
+/// The Cube daemon: a multi-tenant, durable, coordinate-addressed store served over gRPC.
+#[derive(Debug, Parser)]
+#[command(name = "cubed", version, args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// With no subcommand, cubed serves (same as `cubed serve`).
+    #[command(flatten)]
+    pub serve: ServeArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve gRPC (the default).
+    Serve(ServeArgs),
+    /// Manage tenants (works whether or not the server is running).
+    #[command(subcommand)]
+    Tenant(TenantCommand),
+    /// Manage a tenant's keys (works whether or not the server is running).
+    #[command(subcommand)]
+    Key(KeyCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TenantCommand {
+    /// Create a tenant and its first key; prints {"tenant","key_id","secret"} as JSON.
+    Create {
+        /// `[a-z0-9][a-z0-9-]{0,62}`.
+        name: String,
+        #[command(flatten)]
+        dir: DataDirArg,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeyCommand {
+    /// Create another key for a tenant; prints the same JSON shape as `tenant create`.
+    Create {
+        tenant: String,
+        #[command(flatten)]
+        dir: DataDirArg,
+    },
+    /// Revoke a key; its next call is refused.
+    Revoke {
+        tenant: String,
+        key_id: String,
+        #[command(flatten)]
+        dir: DataDirArg,
+    },
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DataDirArg {
+    /// Where the server keeps its data.
+    #[arg(long, env = "CUBE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
+    pub data_dir: PathBuf,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Where the server keeps its data (catalog, tenant logs, admin socket).
+    #[arg(long, env = "CUBE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
+    pub data_dir: PathBuf,
+    /// gRPC listen address. Port 0 picks a free port (printed on the ready line).
+    #[arg(long, env = "CUBE_LISTEN", default_value = DEFAULT_LISTEN)]
+    pub listen: SocketAddr,
+    /// Do not create the `demo` tenant and dev-credentials.json on first start.
+    #[arg(long, env = "CUBE_NO_DEMO")]
+    pub no_demo: bool,
+    /// Largest cell value in bytes; larger writes get INVALID_ARGUMENT.
+    #[arg(long, env = "CUBE_MAX_VALUE_BYTES", default_value_t = DEFAULT_MAX_VALUE_BYTES)]
+    pub max_value_bytes: usize,
+    /// Largest gRPC request message in bytes (default: max value + 64 KiB).
+    #[arg(long, env = "CUBE_MAX_MESSAGE_BYTES")]
+    pub max_message_bytes: Option<usize>,
+    /// Allowed clock skew of signed calls, seconds.
+    #[arg(long, env = "CUBE_SKEW_SECS", default_value_t = DEFAULT_SKEW_SECS)]
+    pub skew_secs: u64,
+    /// Nonces the replay cache remembers at most (about 100 bytes each).
+    #[arg(long, env = "CUBE_REPLAY_CAPACITY", default_value_t = DEFAULT_REPLAY_CAPACITY)]
+    pub replay_capacity: usize,
+    /// Requests queued per tenant before callers get RESOURCE_EXHAUSTED.
+    #[arg(long, env = "CUBE_MAILBOX_CAPACITY", default_value_t = DEFAULT_MAILBOX_CAPACITY)]
+    pub mailbox_capacity: usize,
+    /// Threads running tenant actors (default: one per CPU).
+    #[arg(long, env = "CUBE_ACTOR_THREADS")]
+    pub actor_threads: Option<usize>,
+    /// HTTP/2 streams per connection at most.
+    #[arg(long, env = "CUBE_MAX_CONCURRENT_STREAMS", default_value_t = DEFAULT_MAX_CONCURRENT_STREAMS)]
+    pub max_concurrent_streams: u32,
+    /// Largest WAL segment file; segments start at 256 KiB and double up to this.
+    #[arg(long, env = "CUBE_WAL_SEGMENT_MAX_BYTES", default_value_t = DEFAULT_WAL_SEGMENT_MAX_BYTES)]
+    pub wal_segment_max_bytes: u64,
+}
+
+/// Validated settings of `cubed serve`.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub data_dir: PathBuf,
+    pub listen: SocketAddr,
+    pub demo: bool,
+    pub max_value_bytes: usize,
+    pub max_message_bytes: usize,
+    pub skew_ms: i64,
+    pub replay_capacity: usize,
+    pub mailbox_capacity: usize,
+    pub actor_threads: usize,
+    pub max_concurrent_streams: u32,
+    pub wal_segment_max_bytes: u64,
+}
+
+impl ServeArgs {
+    pub fn validate(self) -> anyhow::Result<ServeConfig> {
+        let max_message_bytes = self.max_message_bytes.unwrap_or(self.max_value_bytes + MESSAGE_OVERHEAD);
+        anyhow::ensure!(
+            max_message_bytes > self.max_value_bytes,
+            "--max-message-bytes ({max_message_bytes}) must exceed --max-value-bytes ({})",
+            self.max_value_bytes
+        );
+        anyhow::ensure!(self.mailbox_capacity > 0, "--mailbox-capacity must be at least 1");
+        anyhow::ensure!(self.replay_capacity >= 16, "--replay-capacity must be at least 16");
+        anyhow::ensure!(self.wal_segment_max_bytes >= 256 << 10, "--wal-segment-max-bytes must be at least 256 KiB");
+        let threads = self
+            .actor_threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+        Ok(ServeConfig {
+            data_dir: self.data_dir,
+            listen: self.listen,
+            demo: !self.no_demo,
+            max_value_bytes: self.max_value_bytes,
+            max_message_bytes,
+            skew_ms: i64::try_from(self.skew_secs.saturating_mul(1000)).unwrap_or(i64::MAX),
+            replay_capacity: self.replay_capacity,
+            mailbox_capacity: self.mailbox_capacity,
+            actor_threads: threads.max(1),
+            max_concurrent_streams: self.max_concurrent_streams,
+            wal_segment_max_bytes: self.wal_segment_max_bytes,
+        })
+    }
+}

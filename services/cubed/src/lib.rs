@@ -1,0 +1,6 @@
+//! cubed as a library: typed configuration, the server's run loop, and the local admin commands.
+//! `main.rs` only parses flags, sets up logging and calls into here.
+
+pub mod admin_cli;
+pub mod config;
+pub mod serve;

@@ -1,0 +1,169 @@
+//! `cubed serve`: open the catalog, start the tenant directory, serve gRPC and the local admin
+//! socket, and on shutdown stop accepting, drain, and close every tenant's WAL with a final
+//! fdatasync before returning.
+
+use std::fs;
+use std::future::Future;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use cube_auth::Credentials;
+use cube_gateway::{Gateway, GatewayConfig, serve_admin_socket};
+use cube_store::{Catalog, CatalogOpenError, DataDir, DirectoryConfig, TenantDirectory};
+use cube_wal::{SegmentSizing, WalOptions};
+use tokio::net::{TcpListener, UnixListener};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::ServeConfig;
+
+const DEMO_TENANT: &str = "demo";
+
+/// Bind the configured address and serve until SIGTERM or SIGINT.
+pub async fn run_until_signal(config: ServeConfig) -> anyhow::Result<()> {
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    let stop = CancellationToken::new();
+    let on_signal = stop.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        on_signal.cancel();
+    });
+    run(config, listener, stop.cancelled_owned()).await
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+                _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+/// Serve on `listener` until `shutdown` resolves; return once every tenant is closed.
+pub async fn run(config: ServeConfig, listener: TcpListener, shutdown: impl Future<Output = ()> + Send) -> anyhow::Result<()> {
+    let data = DataDir::new(&config.data_dir);
+    prepare_data_dir(data.root())?;
+    let catalog = Arc::new(match Catalog::open(&data.catalog()) {
+        Ok(c) => c,
+        Err(CatalogOpenError::Locked) => {
+            bail!("another cubed is already serving the data directory {}", data.root().display())
+        }
+        Err(e) => return Err(e).context("opening the catalog"),
+    });
+    let addr = listener.local_addr().context("reading the bound address")?;
+    if config.demo {
+        ensure_demo(&catalog, &data, addr)?;
+    }
+    let directory = Arc::new(TenantDirectory::new(DirectoryConfig {
+        data_dir: data.clone(),
+        wal: WalOptions {
+            segments: SegmentSizing { max: config.wal_segment_max_bytes, ..SegmentSizing::default() },
+            // A value plus its coordinates and framing always fits.
+            max_record: config.max_value_bytes + 4096,
+        },
+        max_value: config.max_value_bytes,
+        mailbox_capacity: config.mailbox_capacity,
+        actor_threads: config.actor_threads,
+    })?);
+    let gateway = Gateway::new(
+        Arc::clone(&catalog),
+        Arc::clone(&directory),
+        GatewayConfig {
+            max_message_bytes: config.max_message_bytes,
+            skew_ms: config.skew_ms,
+            replay_capacity: config.replay_capacity,
+            max_concurrent_streams: config.max_concurrent_streams,
+        },
+    );
+    let socket_path = data.admin_socket();
+    // A socket left by a crashed server; the catalog lock proves no server owns it now.
+    let _ = fs::remove_file(&socket_path);
+    let admin_listener = UnixListener::bind(&socket_path).context("binding the admin socket")?;
+    fs::set_permissions(&socket_path, fs::Permissions::from_mode(0o600)).context("securing the admin socket")?;
+
+    let stop = CancellationToken::new();
+    let admin = tokio::spawn(serve_admin_socket(admin_listener, Arc::clone(&catalog), stop.clone().cancelled_owned()));
+    println!("cubed ready: grpc={addr} data_dir={}", data.root().display());
+    let _ = std::io::stdout().flush();
+    tracing::info!(%addr, data_dir = %data.root().display(), "serving");
+
+    let stop_gateway = stop.clone();
+    let served = gateway
+        .serve(listener, async move {
+            tokio::select! {
+                _ = shutdown => {},
+                _ = stop_gateway.cancelled() => {},
+            }
+        })
+        .await;
+    stop.cancel();
+    let _ = admin.await;
+    directory.shutdown().await;
+    let _ = fs::remove_file(&socket_path);
+    served.context("serving gRPC")?;
+    tracing::info!("stopped cleanly: every tenant synced and closed");
+    Ok(())
+}
+
+fn prepare_data_dir(root: &Path) -> anyhow::Result<()> {
+    fs::create_dir_all(root).with_context(|| format!("creating the data directory {}", root.display()))?;
+    // The admin socket and the catalog's secrets live here: only the owner may enter.
+    fs::set_permissions(root, fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("securing the data directory {}", root.display()))?;
+    Ok(())
+}
+
+/// On the first start of an empty data directory create tenant `demo` and dev-credentials.json;
+/// on later starts keep that file's endpoint current.
+fn ensure_demo(catalog: &Catalog, data: &DataDir, addr: SocketAddr) -> anyhow::Result<()> {
+    let path = data.dev_credentials();
+    let endpoint = format!("http://{addr}");
+    let creds = if catalog.list()?.is_empty() {
+        let key = catalog.create_tenant(DEMO_TENANT)?;
+        tracing::info!(path = %path.display(), "created tenant 'demo' and its dev credentials");
+        Credentials {
+            tenant: key.tenant.clone(),
+            key_id: key.key_id.clone(),
+            secret: cube_auth::Secret::from_bytes(key.secret).to_hex(),
+            endpoint: Some(endpoint),
+        }
+    } else {
+        let Ok(text) = fs::read_to_string(&path) else { return Ok(()) };
+        let Ok(mut creds) = serde_json::from_str::<Credentials>(&text) else { return Ok(()) };
+        if creds.endpoint.as_deref() == Some(endpoint.as_str()) {
+            return Ok(());
+        }
+        creds.endpoint = Some(endpoint);
+        creds
+    };
+    write_private_json(&path, &creds)
+}
+
+/// Write `value` as JSON to `path` with mode 0600, atomically (temp file + rename).
+fn write_private_json(path: &Path, value: &impl serde::Serialize) -> anyhow::Result<()> {
+    let tmp = path.with_extension("json.tmp");
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    serde_json::to_writer_pretty(&mut f, value)?;
+    f.write_all(b"\n")?;
+    f.sync_all()?;
+    fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}

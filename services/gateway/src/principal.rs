@@ -1,0 +1,47 @@
+//! Who a call runs as. Set by the auth layer in the request's extensions; handlers take the
+//! tenant only from here, never from a request body.
+
+use std::sync::Arc;
+
+use cube_store::{Capability, KeyInfo};
+use tonic::Request;
+
+use crate::ApiError;
+
+/// How a call was authenticated (a metrics label later, and a log field now).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthModel {
+    /// Per-call HMAC signature.
+    Call,
+    /// Per-connection handshake.
+    Connection,
+}
+
+/// The authenticated caller.
+#[derive(Debug, Clone)]
+pub struct Principal {
+    pub key: Arc<KeyInfo>,
+    pub model: AuthModel,
+}
+
+impl Principal {
+    pub fn tenant(&self) -> &str {
+        &self.key.tenant
+    }
+
+    /// The caller of `req`, if it holds `cap`.
+    pub fn require<T>(req: &Request<T>, cap: Capability) -> Result<Principal, ApiError> {
+        let principal = req
+            .extensions()
+            .get::<Principal>()
+            .cloned()
+            .ok_or_else(|| ApiError::Unauthenticated("this call is not authenticated".into()))?;
+        if !principal.key.has(cap) {
+            return Err(ApiError::PermissionDenied(format!(
+                "key '{}' lacks the {cap:?} capability for this call",
+                principal.key.key_id
+            )));
+        }
+        Ok(principal)
+    }
+}

@@ -1,0 +1,150 @@
+//! The nonce replay cache of per-call auth, bounded in memory.
+//!
+//! A nonce is remembered until its timestamp leaves the skew window. When a shard is full, the
+//! oldest nonce is forgotten and the shard's *watermark* rises to its timestamp: from then on any
+//! call with a timestamp at or below the watermark is refused as too old. So forgetting never
+//! re-opens a replay; under extreme load the effective window just narrows. The watermark starts
+//! at the server's start time, so a call captured before a restart cannot be replayed after it.
+
+use std::collections::{HashSet, VecDeque};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Mutex;
+
+const SHARDS: usize = 16;
+
+/// Why a nonce was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplayError {
+    /// Seen before within the window.
+    Replayed,
+    /// At or below the watermark (older than the server or than what the cache still holds).
+    TooOld,
+}
+
+struct Shard {
+    seen: HashSet<(u64, u128)>,
+    // Insertion order, for eviction: (ts_ms, key hash, nonce).
+    order: VecDeque<(i64, u64, u128)>,
+    watermark: i64,
+}
+
+/// Remembers (key, nonce) pairs within the skew window.
+pub struct ReplayCache {
+    shards: Vec<Mutex<Shard>>,
+    per_shard: usize,
+    skew_ms: i64,
+}
+
+impl std::fmt::Debug for ReplayCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplayCache").field("capacity", &(self.per_shard * SHARDS)).finish()
+    }
+}
+
+impl ReplayCache {
+    /// At most `capacity` nonces (about 100 bytes each); calls with timestamps at or before
+    /// `start_ms` are refused.
+    pub fn new(capacity: usize, skew_ms: i64, start_ms: i64) -> ReplayCache {
+        let per_shard = capacity.div_ceil(SHARDS).max(1);
+        let shards = (0..SHARDS)
+            .map(|_| Mutex::new(Shard { seen: HashSet::new(), order: VecDeque::new(), watermark: start_ms }))
+            .collect();
+        ReplayCache { shards, per_shard, skew_ms }
+    }
+
+    /// Record `nonce` for `key` at `ts_ms`, or refuse it. The caller has already checked the
+    /// signature and that `ts_ms` is within the skew of `now_ms`.
+    pub fn check_and_insert(
+        &self,
+        (tenant, key_id): (&str, &str),
+        nonce: u128,
+        ts_ms: i64,
+        now_ms: i64,
+    ) -> Result<(), ReplayError> {
+        let mut h = DefaultHasher::new();
+        (tenant, key_id).hash(&mut h);
+        let key_hash = h.finish();
+        let shard_index = (nonce as usize) % SHARDS;
+        let mut shard = self.shards[shard_index].lock().unwrap_or_else(|p| p.into_inner());
+        let expired_before = now_ms - self.skew_ms;
+        while let Some(&(ts, k, n)) = shard.order.front() {
+            if ts >= expired_before {
+                break;
+            }
+            shard.order.pop_front();
+            shard.seen.remove(&(k, n));
+        }
+        if ts_ms <= shard.watermark {
+            return Err(ReplayError::TooOld);
+        }
+        if shard.seen.contains(&(key_hash, nonce)) {
+            return Err(ReplayError::Replayed);
+        }
+        if shard.order.len() >= self.per_shard {
+            if let Some((ts, k, n)) = shard.order.pop_front() {
+                shard.seen.remove(&(k, n));
+                shard.watermark = shard.watermark.max(ts);
+                if ts_ms <= shard.watermark {
+                    return Err(ReplayError::TooOld);
+                }
+            }
+        }
+        shard.seen.insert((key_hash, nonce));
+        shard.order.push_back((ts_ms, key_hash, nonce));
+        Ok(())
+    }
+
+    /// Nonces currently remembered.
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).order.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_nonce_is_accepted_once_per_key() {
+        let c = ReplayCache::new(1000, 300_000, 0);
+        assert_eq!(c.check_and_insert(("a", "k1"), 7, 1_000, 1_000), Ok(()));
+        assert_eq!(c.check_and_insert(("a", "k1"), 7, 1_000, 1_001), Err(ReplayError::Replayed));
+        assert_eq!(c.check_and_insert(("a", "k2"), 7, 1_000, 1_001), Ok(()));
+    }
+
+    #[test]
+    fn calls_from_before_the_server_started_are_refused() {
+        let c = ReplayCache::new(1000, 300_000, 50_000);
+        assert_eq!(c.check_and_insert(("a", "k1"), 1, 49_999, 50_001), Err(ReplayError::TooOld));
+        assert_eq!(c.check_and_insert(("a", "k1"), 1, 50_001, 50_001), Ok(()));
+    }
+
+    #[test]
+    fn memory_stays_bounded_and_forgetting_never_reopens_a_replay() {
+        let c = ReplayCache::new(16 * 4, 300_000, 0);
+        // Nonces in one shard (same residue mod 16) with rising timestamps.
+        for i in 0..10u128 {
+            assert_eq!(c.check_and_insert(("a", "k"), i * 16, 1_000 + i as i64, 2_000), Ok(()));
+        }
+        assert!(c.len() <= 64);
+        // The first nonces were evicted; replaying them is still refused (as too old).
+        assert_eq!(c.check_and_insert(("a", "k"), 0, 1_000, 2_000), Err(ReplayError::TooOld));
+        assert_eq!(c.check_and_insert(("a", "k"), 9 * 16, 1_009, 2_000), Err(ReplayError::Replayed));
+        // A fresh call is fine.
+        assert_eq!(c.check_and_insert(("a", "k"), 99 * 16, 1_500, 2_000), Ok(()));
+    }
+
+    #[test]
+    fn nonces_expire_with_the_skew_window() {
+        let c = ReplayCache::new(1000, 100, 0);
+        c.check_and_insert(("a", "k"), 5, 1_000, 1_000).unwrap();
+        assert_eq!(c.len(), 1);
+        // Long after, the entry is dropped (a replay would now fail the skew check instead).
+        c.check_and_insert(("a", "k"), 6, 5_000, 5_000).unwrap();
+        assert_eq!(c.len(), 1);
+    }
+}

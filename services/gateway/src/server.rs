@@ -1,0 +1,121 @@
+//! Wiring: the network listener (health, reflection, cube.v1 behind the auth layer) and the local
+//! admin socket. The library receives bound listeners and a shutdown future, so tests bind port
+//! 0 and never sleep.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use cube_api::v1::access_server::AccessServer;
+use cube_api::v1::admin_server::AdminServer;
+use cube_api::v1::auth_server::AuthServer;
+use cube_api::v1::cells_server::CellsServer;
+use cube_api::v1::tenant_server::TenantServer;
+use cube_store::{Catalog, TenantDirectory};
+use tokio::net::{TcpListener, UnixListener};
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tonic::transport::Server;
+
+use crate::call_auth::{CallAuthLayer, CallAuthenticator};
+use crate::services::access::AccessService;
+use crate::services::admin::AdminService;
+use crate::services::cells::CellsService;
+use crate::services::handshake::HandshakeService;
+use crate::services::tenant::TenantService;
+
+/// Limits and auth settings of the network listener.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    /// Largest request message accepted (bigger ones are refused by tonic before decoding).
+    pub max_message_bytes: usize,
+    /// Allowed distance between a signed call's timestamp and the server clock.
+    pub skew_ms: i64,
+    /// Nonces remembered by the replay cache at most.
+    pub replay_capacity: usize,
+    /// HTTP/2 streams per connection at most.
+    pub max_concurrent_streams: u32,
+}
+
+/// Why serving stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("building the reflection service failed: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    #[error("the gRPC transport failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// The gRPC gateway over one catalog and one tenant directory.
+#[derive(Debug, Clone)]
+pub struct Gateway {
+    catalog: Arc<Catalog>,
+    directory: Arc<TenantDirectory>,
+    config: GatewayConfig,
+}
+
+impl Gateway {
+    pub fn new(catalog: Arc<Catalog>, directory: Arc<TenantDirectory>, config: GatewayConfig) -> Gateway {
+        Gateway { catalog, directory, config }
+    }
+
+    /// Serve gRPC on `listener` until `shutdown` resolves, then stop accepting and wait for the
+    /// calls in flight. Closing the tenants is the caller's next step.
+    pub async fn serve(&self, listener: TcpListener, shutdown: impl Future<Output = ()> + Send) -> Result<(), ServeError> {
+        let (health_reporter, health) = tonic_health::server::health_reporter();
+        health_reporter.set_serving::<CellsServer<CellsService>>().await;
+        let reflection = || {
+            tonic_reflection::server::Builder::configure()
+                .register_encoded_file_descriptor_set(cube_api::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        };
+        let reflection_v1 = reflection().build_v1()?;
+        let reflection_v1alpha = reflection().build_v1alpha()?;
+        let auth = Arc::new(CallAuthenticator::new(
+            Arc::clone(&self.catalog),
+            self.config.skew_ms,
+            self.config.replay_capacity,
+        ));
+        let max = self.config.max_message_bytes;
+        let cells = CellsServer::new(CellsService { directory: Arc::clone(&self.directory) })
+            .max_decoding_message_size(max);
+        // Small request/response round trips dominate: Nagle would add 40 ms stalls.
+        let incoming = TcpListenerStream::new(listener).map(|conn| {
+            conn.inspect(|s| {
+                let _ = s.set_nodelay(true);
+            })
+        });
+        let stopping = async move {
+            shutdown.await;
+            health_reporter.set_not_serving::<CellsServer<CellsService>>().await;
+            tracing::info!("stopped accepting; draining calls in flight");
+        };
+        Server::builder()
+            .max_concurrent_streams(Some(self.config.max_concurrent_streams))
+            .layer(CallAuthLayer::new(auth))
+            .add_service(health)
+            .add_service(reflection_v1)
+            .add_service(reflection_v1alpha)
+            .add_service(cells)
+            .add_service(AccessServer::new(AccessService).max_decoding_message_size(max))
+            .add_service(TenantServer::new(TenantService).max_decoding_message_size(max))
+            .add_service(AuthServer::new(HandshakeService).max_decoding_message_size(max))
+            .add_service(AdminServer::new(AdminService { catalog: None }))
+            .serve_with_incoming_shutdown(incoming, stopping)
+            .await?;
+        Ok(())
+    }
+}
+
+/// Serve `cube.v1.Admin` on a Unix socket until `shutdown`. Whoever can open the socket (its
+/// directory is the data directory, mode 0700) is an operator.
+pub async fn serve_admin_socket(
+    listener: UnixListener,
+    catalog: Arc<Catalog>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    Server::builder()
+        .add_service(AdminServer::new(AdminService { catalog: Some(catalog) }))
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+        .await?;
+    Ok(())
+}

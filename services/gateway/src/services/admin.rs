@@ -1,0 +1,65 @@
+//! `cube.v1.Admin`. On the local admin socket (whose access is guarded by the data directory's
+//! file permissions) it manages the catalog; on the network listener it refuses every call,
+//! because operator credentials for the network do not exist yet.
+
+use std::sync::Arc;
+
+use cube_api::v1::{self, admin_server::Admin};
+use cube_store::{Catalog, KeyInfo};
+use tonic::{Request, Response, Status};
+
+use crate::ApiError;
+
+pub(crate) struct AdminService {
+    /// `None` on the network listener.
+    pub catalog: Option<Arc<Catalog>>,
+}
+
+fn credentials(k: &KeyInfo) -> v1::Credentials {
+    v1::Credentials { tenant: k.tenant.clone(), key_id: k.key_id.clone(), secret: hex_secret(&k.secret) }
+}
+
+fn hex_secret(s: &[u8; 32]) -> String {
+    cube_auth::Secret::from_bytes(*s).to_hex()
+}
+
+impl AdminService {
+    fn catalog(&self) -> Result<&Catalog, Status> {
+        self.catalog.as_deref().ok_or_else(|| {
+            ApiError::PermissionDenied(
+                "Admin is served only on the local admin socket; run `cubed tenant create` / `cubed key create` on the server host".into(),
+            )
+            .into()
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl Admin for AdminService {
+    async fn create_tenant(&self, req: Request<v1::CreateTenantRequest>) -> Result<Response<v1::CreateTenantResponse>, Status> {
+        let key = self.catalog()?.create_tenant(&req.into_inner().name).map_err(ApiError::from)?;
+        Ok(Response::new(v1::CreateTenantResponse { credentials: Some(credentials(&key)) }))
+    }
+
+    async fn create_key(&self, req: Request<v1::CreateKeyRequest>) -> Result<Response<v1::CreateKeyResponse>, Status> {
+        let key = self.catalog()?.create_key(&req.into_inner().tenant).map_err(ApiError::from)?;
+        Ok(Response::new(v1::CreateKeyResponse { credentials: Some(credentials(&key)) }))
+    }
+
+    async fn revoke_key(&self, req: Request<v1::RevokeKeyRequest>) -> Result<Response<v1::RevokeKeyResponse>, Status> {
+        let r = req.into_inner();
+        let revoked = self.catalog()?.revoke_key(&r.tenant, &r.key_id).map_err(ApiError::from)?;
+        Ok(Response::new(v1::RevokeKeyResponse { revoked }))
+    }
+
+    async fn list_tenants(&self, _: Request<v1::ListTenantsRequest>) -> Result<Response<v1::ListTenantsResponse>, Status> {
+        let tenants = self
+            .catalog()?
+            .list()
+            .map_err(ApiError::from)?
+            .into_iter()
+            .map(|(name, active_key_ids)| v1::TenantInfo { name, active_key_ids })
+            .collect();
+        Ok(Response::new(v1::ListTenantsResponse { tenants }))
+    }
+}

@@ -48,14 +48,17 @@ pub enum ServeError {
 /// The gRPC gateway over one catalog and one tenant directory.
 #[derive(Debug, Clone)]
 pub struct Gateway {
-    catalog: Arc<Catalog>,
     directory: Arc<TenantDirectory>,
     config: GatewayConfig,
+    /// Created with the gateway, before the server announces it is ready: its replay watermark
+    /// is the start time, and no call signed after "ready" may fall below it.
+    auth: Arc<CallAuthenticator>,
 }
 
 impl Gateway {
     pub fn new(catalog: Arc<Catalog>, directory: Arc<TenantDirectory>, config: GatewayConfig) -> Gateway {
-        Gateway { catalog, directory, config }
+        let auth = Arc::new(CallAuthenticator::new(catalog, config.skew_ms, config.replay_capacity));
+        Gateway { directory, config, auth }
     }
 
     /// Serve gRPC on `listener` until `shutdown` resolves, then stop accepting and wait for the
@@ -70,11 +73,6 @@ impl Gateway {
         };
         let reflection_v1 = reflection().build_v1()?;
         let reflection_v1alpha = reflection().build_v1alpha()?;
-        let auth = Arc::new(CallAuthenticator::new(
-            Arc::clone(&self.catalog),
-            self.config.skew_ms,
-            self.config.replay_capacity,
-        ));
         let max = self.config.max_message_bytes;
         let cells = CellsServer::new(CellsService { directory: Arc::clone(&self.directory) })
             .max_decoding_message_size(max);
@@ -91,7 +89,7 @@ impl Gateway {
         };
         Server::builder()
             .max_concurrent_streams(Some(self.config.max_concurrent_streams))
-            .layer(CallAuthLayer::new(auth))
+            .layer(CallAuthLayer::new(Arc::clone(&self.auth)))
             .add_service(health)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)

@@ -1,0 +1,60 @@
+//! `cubed tenant create` / `cubed key create` work with the server running and stopped, and
+//! their credentials work at once.
+
+use cube_auth::Credentials;
+use cube_testkit::TestServer;
+
+use crate::{cubed, read, write};
+
+fn parse(out: &std::process::Output) -> Credentials {
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let creds: Credentials = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(creds.secret.len(), 64);
+    creds
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_and_keys_are_created_online_and_offline() {
+    let mut server = TestServer::start(cubed()).unwrap();
+    let online = parse(&server.cli(&["tenant", "create", "online"]).unwrap());
+    assert_eq!(online.tenant, "online");
+    let mut c = server.cells(&online).await.unwrap();
+    c.write(write(1, 0, 0, b"on")).await.unwrap();
+
+    assert!(tokio::task::block_in_place(|| server.sigterm()).unwrap().success());
+    let offline = parse(&server.cli(&["tenant", "create", "offline"]).unwrap());
+    let second_key = parse(&server.cli(&["key", "create", "online"]).unwrap());
+    assert_ne!(second_key.key_id, online.key_id);
+    tokio::task::block_in_place(|| server.restart()).unwrap();
+
+    let mut c = server.cells(&offline).await.unwrap();
+    c.write(write(1, 0, 0, b"off")).await.unwrap();
+    let mut c = server.cells(&second_key).await.unwrap();
+    assert_eq!(c.read(read(1, 0, 0)).await.unwrap().into_inner().value, b"on");
+    let online_again = parse(&server.cli(&["key", "create", "offline"]).unwrap());
+    assert_eq!(online_again.tenant, "offline");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_names_and_duplicates_are_refused_clearly() {
+    let server = TestServer::start(cubed()).unwrap();
+    let out = server.cli(&["tenant", "create", "Not_Valid"]).unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid tenant name"));
+    let out = server.cli(&["tenant", "create", "demo"]).unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already exists"));
+    let out = server.cli(&["key", "create", "ghost"]).unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no tenant named 'ghost'"));
+}
+
+#[test]
+fn dev_credentials_file_is_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let server = TestServer::start(cubed()).unwrap();
+    let meta = std::fs::metadata(server.data_dir().join("dev-credentials.json")).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    assert_eq!(server.demo.tenant, "demo");
+    assert_eq!(server.demo.endpoint.as_deref(), Some(server.endpoint().as_str()));
+}

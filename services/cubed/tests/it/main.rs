@@ -1,0 +1,27 @@
+//! Integration tests against the real `cubed` binary on port 0: one test binary, so the suite
+//! links once.
+
+mod admin;
+mod auth;
+mod crash;
+mod limits;
+
+use std::path::Path;
+
+use cube_api::v1::{Coord, ReadRequest, WriteRequest};
+
+pub fn cubed() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_cubed"))
+}
+
+pub fn coord(x: i32, y: i32, z: i32) -> Option<Coord> {
+    Some(Coord { x, y, z })
+}
+
+pub fn write(x: i32, y: i32, z: i32, value: &[u8]) -> WriteRequest {
+    WriteRequest { coord: coord(x, y, z), value: value.to_vec(), expected_version: None }
+}
+
+pub fn read(x: i32, y: i32, z: i32) -> ReadRequest {
+    ReadRequest { coord: coord(x, y, z) }
+}

@@ -13,7 +13,13 @@ use hmac::Mac;
 use crate::{Secret, mac_over};
 
 /// The string that is MACed, exactly as docs/protocol.md specifies.
-pub fn call_canonical_string(method_path: &str, tenant: &str, key_id: &str, ts_ms: i64, nonce: &str) -> String {
+pub fn call_canonical_string(
+    method_path: &str,
+    tenant: &str,
+    key_id: &str,
+    ts_ms: i64,
+    nonce: &str,
+) -> String {
     format!("CUBE1-CALL\n{method_path}\n{tenant}\n{key_id}\n{ts_ms}\n{nonce}")
 }
 
@@ -39,7 +45,13 @@ pub struct CallSignature;
 
 impl CallSignature {
     /// Sign a call to `method_path` (e.g. `/cube.v1.Cells/Write`) with a fresh nonce.
-    pub fn sign(secret: &Secret, method_path: &str, tenant: &str, key_id: &str, ts_ms: i64) -> SignedCall {
+    pub fn sign(
+        secret: &Secret,
+        method_path: &str,
+        tenant: &str,
+        key_id: &str,
+        ts_ms: i64,
+    ) -> SignedCall {
         Self::sign_with_nonce(secret, method_path, tenant, key_id, ts_ms, new_call_nonce())
     }
 
@@ -52,8 +64,18 @@ impl CallSignature {
         nonce: String,
     ) -> SignedCall {
         let canonical = call_canonical_string(method_path, tenant, key_id, ts_ms, &nonce);
-        let sig = hex::encode(mac_over(secret, &[canonical.as_bytes()]).finalize().into_bytes());
-        SignedCall { tenant: tenant.to_string(), key_id: key_id.to_string(), ts_ms, nonce, sig }
+        let sig = hex::encode(
+            mac_over(secret, &[canonical.as_bytes()])
+                .finalize()
+                .into_bytes(),
+        );
+        SignedCall {
+            tenant: tenant.to_string(),
+            key_id: key_id.to_string(),
+            ts_ms,
+            nonce,
+            sig,
+        }
     }
 
     /// Constant-time check of `call.sig` for `method_path`. Freshness and replay are the
@@ -63,8 +85,16 @@ impl CallSignature {
         if call.sig.len() != 64 || hex::decode_to_slice(&call.sig, &mut sig).is_err() {
             return false;
         }
-        let canonical = call_canonical_string(method_path, &call.tenant, &call.key_id, call.ts_ms, &call.nonce);
-        mac_over(secret, &[canonical.as_bytes()]).verify_slice(&sig).is_ok()
+        let canonical = call_canonical_string(
+            method_path,
+            &call.tenant,
+            &call.key_id,
+            call.ts_ms,
+            &call.nonce,
+        );
+        mac_over(secret, &[canonical.as_bytes()])
+            .verify_slice(&sig)
+            .is_ok()
     }
 }
 
@@ -91,8 +121,15 @@ mod tests {
             1_700_000_000_000,
             "000102030405060708090a0b0c0d0e0f".into(),
         );
-        assert_eq!(call.sig, "a5befc7529906f3b79aec5655c8d4ab40a30a1d6a13db8bf42672603dfa873d3");
-        assert!(CallSignature::verify(&vector_secret(), "/cube.v1.Cells/Write", &call));
+        assert_eq!(
+            call.sig,
+            "a5befc7529906f3b79aec5655c8d4ab40a30a1d6a13db8bf42672603dfa873d3"
+        );
+        assert!(CallSignature::verify(
+            &vector_secret(),
+            "/cube.v1.Cells/Write",
+            &call
+        ));
     }
 
     #[test]
@@ -101,7 +138,11 @@ mod tests {
         let call = CallSignature::sign(&s, "/cube.v1.Cells/Read", "acme", "k1", 5);
         assert!(CallSignature::verify(&s, "/cube.v1.Cells/Read", &call));
         assert!(!CallSignature::verify(&s, "/cube.v1.Cells/Write", &call));
-        assert!(!CallSignature::verify(&Secret::generate(), "/cube.v1.Cells/Read", &call));
+        assert!(!CallSignature::verify(
+            &Secret::generate(),
+            "/cube.v1.Cells/Read",
+            &call
+        ));
         let mut other = call.clone();
         other.key_id = "k2".into();
         assert!(!CallSignature::verify(&s, "/cube.v1.Cells/Read", &other));
@@ -114,7 +155,10 @@ mod tests {
     fn nonces_are_32_lowercase_hex() {
         let n = new_call_nonce();
         assert_eq!(n.len(), 32);
-        assert!(n.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
+        assert!(
+            n.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        );
         assert_ne!(n, new_call_nonce());
     }
 }

@@ -20,12 +20,18 @@ pub struct CallSigner {
 
 impl CallSigner {
     pub fn new(tenant: &str, key_id: &str, secret: Secret) -> CallSigner {
-        CallSigner { tenant: tenant.into(), key_id: key_id.into(), secret: Arc::new(secret) }
+        CallSigner {
+            tenant: tenant.into(),
+            key_id: key_id.into(),
+            secret: Arc::new(secret),
+        }
     }
 
     /// Add signed metadata for `method_path` to `headers_map`.
     pub fn sign_headers(&self, method_path: &str, headers_map: &mut http::HeaderMap) {
-        let ts = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+        let ts = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
         let call = CallSignature::sign(&self.secret, method_path, &self.tenant, &self.key_id, ts);
         let mut put = |name: &'static str, value: &str| {
             // Tenant names and key ids are ASCII by construction; a bad one is simply not sent

@@ -50,22 +50,35 @@ enum Cmd {
 }
 
 fn load_credentials(path: Option<&PathBuf>) -> anyhow::Result<Credentials> {
-    if path.is_none() {
-        if let (Ok(tenant), Ok(key_id), Ok(secret)) =
-            (std::env::var("CUBE_TENANT"), std::env::var("CUBE_KEY_ID"), std::env::var("CUBE_SECRET"))
-        {
-            return Ok(Credentials { tenant, key_id, secret, endpoint: None });
-        }
+    if path.is_none()
+        && let (Ok(tenant), Ok(key_id), Ok(secret)) = (
+            std::env::var("CUBE_TENANT"),
+            std::env::var("CUBE_KEY_ID"),
+            std::env::var("CUBE_SECRET"),
+        )
+    {
+        return Ok(Credentials {
+            tenant,
+            key_id,
+            secret,
+            endpoint: None,
+        });
     }
-    let path = path.cloned().unwrap_or_else(|| PathBuf::from(DEFAULT_CREDENTIALS));
+    let path = path
+        .cloned()
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_CREDENTIALS));
     let text = std::fs::read_to_string(&path).with_context(|| {
         format!("cannot read credentials from {} (use --credentials or CUBE_TENANT/CUBE_KEY_ID/CUBE_SECRET)", path.display())
     })?;
-    serde_json::from_str(&text).with_context(|| format!("{} is not a credentials JSON file", path.display()))
+    serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a credentials JSON file", path.display()))
 }
 
 fn main() -> std::process::ExitCode {
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("cubec: error: {e}");
@@ -85,33 +98,62 @@ async fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let creds = load_credentials(cli.credentials.as_ref())?;
     let secret = creds.secret().context("the credentials' secret")?;
-    let endpoint = cli.endpoint.or(creds.endpoint.clone()).unwrap_or_else(|| DEFAULT_ENDPOINT.into());
+    let endpoint = cli
+        .endpoint
+        .or(creds.endpoint.clone())
+        .unwrap_or_else(|| DEFAULT_ENDPOINT.into());
     let channel: Channel = Endpoint::from_shared(endpoint.clone())
         .with_context(|| format!("bad endpoint {endpoint}"))?
         .connect()
         .await
         .with_context(|| format!("cannot connect to {endpoint}"))?;
-    let mut cells = CellsClient::new(Signing::new(channel, CallSigner::new(&creds.tenant, &creds.key_id, secret)));
+    let mut cells = CellsClient::new(Signing::new(
+        channel,
+        CallSigner::new(&creds.tenant, &creds.key_id, secret),
+    ));
     let coord = |x, y, z| Some(Coord { x, y, z });
     let out = match cli.command {
-        Cmd::Write { x, y, z, value, expected_version } => {
+        Cmd::Write {
+            x,
+            y,
+            z,
+            value,
+            expected_version,
+        } => {
             let r = cells
-                .write(WriteRequest { coord: coord(x, y, z), value: value.into_bytes(), expected_version })
+                .write(WriteRequest {
+                    coord: coord(x, y, z),
+                    value: value.into_bytes(),
+                    expected_version,
+                })
                 .await
                 .map_err(status)?
                 .into_inner();
             serde_json::json!({ "version": r.version, "seq": r.seq })
         }
         Cmd::Read { x, y, z } => {
-            let r = cells.read(ReadRequest { coord: coord(x, y, z) }).await.map_err(status)?.into_inner();
+            let r = cells
+                .read(ReadRequest {
+                    coord: coord(x, y, z),
+                })
+                .await
+                .map_err(status)?
+                .into_inner();
             match String::from_utf8(r.value.clone()) {
-                Ok(text) => serde_json::json!({ "found": r.found, "value": text, "version": r.version, "sealed": r.sealed }),
-                Err(_) => serde_json::json!({ "found": r.found, "value_hex": hex(&r.value), "version": r.version, "sealed": r.sealed }),
+                Ok(text) => {
+                    serde_json::json!({ "found": r.found, "value": text, "version": r.version, "sealed": r.sealed })
+                }
+                Err(_) => {
+                    serde_json::json!({ "found": r.found, "value_hex": hex(&r.value), "version": r.version, "sealed": r.sealed })
+                }
             }
         }
         Cmd::Delete { x, y, z } => {
             let r = cells
-                .delete(DeleteRequest { coord: coord(x, y, z), expected_version: None })
+                .delete(DeleteRequest {
+                    coord: coord(x, y, z),
+                    expected_version: None,
+                })
                 .await
                 .map_err(status)?
                 .into_inner();

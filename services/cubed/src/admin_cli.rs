@@ -43,7 +43,9 @@ fn print(outcome: Outcome) -> anyhow::Result<()> {
     match outcome {
         Outcome::Credentials(c) => println!("{}", serde_json::to_string(&c)?),
         Outcome::Revoked(true) => println!("{{\"revoked\":true}}"),
-        Outcome::Revoked(false) => println!("{{\"revoked\":false,\"note\":\"the key was already revoked\"}}"),
+        Outcome::Revoked(false) => {
+            println!("{{\"revoked\":false,\"note\":\"the key was already revoked\"}}")
+        }
     }
     Ok(())
 }
@@ -63,7 +65,10 @@ async fn execute(data_dir: &Path, op: Op<'_>) -> anyhow::Result<Outcome> {
             Err(e) => return Err(e).context("opening the catalog"),
         }
     }
-    bail!("the catalog in {} is locked but no server answers on its admin socket", data_dir.display())
+    bail!(
+        "the catalog in {} is locked but no server answers on its admin socket",
+        data_dir.display()
+    )
 }
 
 fn credentials(k: &KeyInfo) -> Credentials {
@@ -86,20 +91,38 @@ fn local(catalog: &Catalog, op: &Op<'_>) -> anyhow::Result<Outcome> {
 async fn remote(mut client: AdminClient<Channel>, op: &Op<'_>) -> anyhow::Result<Outcome> {
     let creds = |c: Option<cube_api::v1::Credentials>| -> anyhow::Result<Outcome> {
         let c = c.context("the server answered without credentials")?;
-        Ok(Outcome::Credentials(Credentials { tenant: c.tenant, key_id: c.key_id, secret: c.secret, endpoint: None }))
+        Ok(Outcome::Credentials(Credentials {
+            tenant: c.tenant,
+            key_id: c.key_id,
+            secret: c.secret,
+            endpoint: None,
+        }))
     };
     let status_msg = |s: tonic::Status| anyhow::anyhow!("{}", s.message().to_owned());
     match op {
         Op::CreateTenant(name) => {
-            let r = client.create_tenant(CreateTenantRequest { name: name.to_string() }).await.map_err(status_msg)?;
+            let r = client
+                .create_tenant(CreateTenantRequest {
+                    name: name.to_string(),
+                })
+                .await
+                .map_err(status_msg)?;
             creds(r.into_inner().credentials)
         }
         Op::CreateKey(tenant) => {
-            let r = client.create_key(CreateKeyRequest { tenant: tenant.to_string() }).await.map_err(status_msg)?;
+            let r = client
+                .create_key(CreateKeyRequest {
+                    tenant: tenant.to_string(),
+                })
+                .await
+                .map_err(status_msg)?;
             creds(r.into_inner().credentials)
         }
         Op::RevokeKey(tenant, key_id) => {
-            let req = RevokeKeyRequest { tenant: tenant.to_string(), key_id: key_id.to_string() };
+            let req = RevokeKeyRequest {
+                tenant: tenant.to_string(),
+                key_id: key_id.to_string(),
+            };
             let r = client.revoke_key(req).await.map_err(status_msg)?;
             Ok(Outcome::Revoked(r.into_inner().revoked))
         }

@@ -16,6 +16,9 @@ pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 1024;
 pub const DEFAULT_WAL_SEGMENT_MAX_BYTES: u64 = 64 << 20;
 /// Room for the protobuf framing around a maximal value.
 const MESSAGE_OVERHEAD: usize = 64 << 10;
+/// Default message cap floor (tonic's own default): values up to here that exceed the value
+/// limit get INVALID_ARGUMENT naming the limit; only larger messages meet the transport's cap.
+const MIN_DEFAULT_MESSAGE_BYTES: usize = 4 << 20;
 
 /// The Cube daemon: a multi-tenant, durable, coordinate-addressed store served over gRPC.
 #[derive(Debug, Parser)]
@@ -89,7 +92,8 @@ pub struct ServeArgs {
     /// Largest cell value in bytes; larger writes get INVALID_ARGUMENT.
     #[arg(long, env = "CUBE_MAX_VALUE_BYTES", default_value_t = DEFAULT_MAX_VALUE_BYTES)]
     pub max_value_bytes: usize,
-    /// Largest gRPC request message in bytes (default: max value + 64 KiB).
+    /// Largest gRPC request message in bytes; larger ones are refused by the transport with
+    /// OUT_OF_RANGE before decoding (default: the larger of 4 MiB and max value + 64 KiB).
     #[arg(long, env = "CUBE_MAX_MESSAGE_BYTES")]
     pub max_message_bytes: Option<usize>,
     /// Allowed clock skew of signed calls, seconds.
@@ -130,15 +134,26 @@ pub struct ServeConfig {
 
 impl ServeArgs {
     pub fn validate(self) -> anyhow::Result<ServeConfig> {
-        let max_message_bytes = self.max_message_bytes.unwrap_or(self.max_value_bytes + MESSAGE_OVERHEAD);
+        let max_message_bytes = self
+            .max_message_bytes
+            .unwrap_or((self.max_value_bytes + MESSAGE_OVERHEAD).max(MIN_DEFAULT_MESSAGE_BYTES));
         anyhow::ensure!(
             max_message_bytes > self.max_value_bytes,
             "--max-message-bytes ({max_message_bytes}) must exceed --max-value-bytes ({})",
             self.max_value_bytes
         );
-        anyhow::ensure!(self.mailbox_capacity > 0, "--mailbox-capacity must be at least 1");
-        anyhow::ensure!(self.replay_capacity >= 16, "--replay-capacity must be at least 16");
-        anyhow::ensure!(self.wal_segment_max_bytes >= 256 << 10, "--wal-segment-max-bytes must be at least 256 KiB");
+        anyhow::ensure!(
+            self.mailbox_capacity > 0,
+            "--mailbox-capacity must be at least 1"
+        );
+        anyhow::ensure!(
+            self.replay_capacity >= 16,
+            "--replay-capacity must be at least 16"
+        );
+        anyhow::ensure!(
+            self.wal_segment_max_bytes >= 256 << 10,
+            "--wal-segment-max-bytes must be at least 256 KiB"
+        );
         let threads = self
             .actor_threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));

@@ -24,7 +24,9 @@ fn run() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     runtime.block_on(async move {
         match cli.command {
             None => serve::run_until_signal(cli.serve.validate()?).await,
@@ -35,9 +37,11 @@ fn run() -> anyhow::Result<()> {
             Some(Command::Key(KeyCommand::Create { tenant, dir })) => {
                 admin_cli::create_key(&dir.data_dir, &tenant).await
             }
-            Some(Command::Key(KeyCommand::Revoke { tenant, key_id, dir })) => {
-                admin_cli::revoke_key(&dir.data_dir, &tenant, &key_id).await
-            }
+            Some(Command::Key(KeyCommand::Revoke {
+                tenant,
+                key_id,
+                dir,
+            })) => admin_cli::revoke_key(&dir.data_dir, &tenant, &key_id).await,
         }
     })
 }

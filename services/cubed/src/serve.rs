@@ -52,13 +52,20 @@ async fn wait_for_signal() {
 }
 
 /// Serve on `listener` until `shutdown` resolves; return once every tenant is closed.
-pub async fn run(config: ServeConfig, listener: TcpListener, shutdown: impl Future<Output = ()> + Send) -> anyhow::Result<()> {
+pub async fn run(
+    config: ServeConfig,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+) -> anyhow::Result<()> {
     let data = DataDir::new(&config.data_dir);
     prepare_data_dir(data.root())?;
     let catalog = Arc::new(match Catalog::open(&data.catalog()) {
         Ok(c) => c,
         Err(CatalogOpenError::Locked) => {
-            bail!("another cubed is already serving the data directory {}", data.root().display())
+            bail!(
+                "another cubed is already serving the data directory {}",
+                data.root().display()
+            )
         }
         Err(e) => return Err(e).context("opening the catalog"),
     });
@@ -69,7 +76,10 @@ pub async fn run(config: ServeConfig, listener: TcpListener, shutdown: impl Futu
     let directory = Arc::new(TenantDirectory::new(DirectoryConfig {
         data_dir: data.clone(),
         wal: WalOptions {
-            segments: SegmentSizing { max: config.wal_segment_max_bytes, ..SegmentSizing::default() },
+            segments: SegmentSizing {
+                max: config.wal_segment_max_bytes,
+                ..SegmentSizing::default()
+            },
             // A value plus its coordinates and framing always fits.
             max_record: config.max_value_bytes + 4096,
         },
@@ -91,11 +101,19 @@ pub async fn run(config: ServeConfig, listener: TcpListener, shutdown: impl Futu
     // A socket left by a crashed server; the catalog lock proves no server owns it now.
     let _ = fs::remove_file(&socket_path);
     let admin_listener = UnixListener::bind(&socket_path).context("binding the admin socket")?;
-    fs::set_permissions(&socket_path, fs::Permissions::from_mode(0o600)).context("securing the admin socket")?;
+    fs::set_permissions(&socket_path, fs::Permissions::from_mode(0o600))
+        .context("securing the admin socket")?;
 
     let stop = CancellationToken::new();
-    let admin = tokio::spawn(serve_admin_socket(admin_listener, Arc::clone(&catalog), stop.clone().cancelled_owned()));
-    println!("cubed ready: grpc={addr} data_dir={}", data.root().display());
+    let admin = tokio::spawn(serve_admin_socket(
+        admin_listener,
+        Arc::clone(&catalog),
+        stop.clone().cancelled_owned(),
+    ));
+    println!(
+        "cubed ready: grpc={addr} data_dir={}",
+        data.root().display()
+    );
     let _ = std::io::stdout().flush();
     tracing::info!(%addr, data_dir = %data.root().display(), "serving");
 
@@ -118,7 +136,8 @@ pub async fn run(config: ServeConfig, listener: TcpListener, shutdown: impl Futu
 }
 
 fn prepare_data_dir(root: &Path) -> anyhow::Result<()> {
-    fs::create_dir_all(root).with_context(|| format!("creating the data directory {}", root.display()))?;
+    fs::create_dir_all(root)
+        .with_context(|| format!("creating the data directory {}", root.display()))?;
     // The admin socket and the catalog's secrets live here: only the owner may enter.
     fs::set_permissions(root, fs::Permissions::from_mode(0o700))
         .with_context(|| format!("securing the data directory {}", root.display()))?;
@@ -140,8 +159,12 @@ fn ensure_demo(catalog: &Catalog, data: &DataDir, addr: SocketAddr) -> anyhow::R
             endpoint: Some(endpoint),
         }
     } else {
-        let Ok(text) = fs::read_to_string(&path) else { return Ok(()) };
-        let Ok(mut creds) = serde_json::from_str::<Credentials>(&text) else { return Ok(()) };
+        let Ok(text) = fs::read_to_string(&path) else {
+            return Ok(());
+        };
+        let Ok(mut creds) = serde_json::from_str::<Credentials>(&text) else {
+            return Ok(());
+        };
         if creds.endpoint.as_deref() == Some(endpoint.as_str()) {
             return Ok(());
         }

@@ -28,7 +28,9 @@ pub struct CallAuthenticator {
 }
 
 pub(crate) fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 fn unauthenticated(msg: impl Into<String>) -> Status {
@@ -42,7 +44,11 @@ fn needs_signature(path: &str) -> bool {
 
 impl CallAuthenticator {
     pub fn new(catalog: Arc<Catalog>, skew_ms: i64, replay_capacity: usize) -> CallAuthenticator {
-        CallAuthenticator { catalog, replay: ReplayCache::new(replay_capacity, skew_ms, now_ms()), skew_ms }
+        CallAuthenticator {
+            catalog,
+            replay: ReplayCache::new(replay_capacity, skew_ms, now_ms()),
+            skew_ms,
+        }
     }
 
     /// `Ok(None)` for paths that need no signature.
@@ -51,16 +57,29 @@ impl CallAuthenticator {
             return Ok(None);
         }
         let get = |name: &str| md.get(name).and_then(|v| v.to_str().ok());
-        let (Some(tenant), Some(key_id), Some(ts), Some(nonce), Some(sig)) =
-            (get(headers::TENANT), get(headers::KEY), get(headers::TS), get(headers::NONCE), get(headers::SIG))
-        else {
+        let (Some(tenant), Some(key_id), Some(ts), Some(nonce), Some(sig)) = (
+            get(headers::TENANT),
+            get(headers::KEY),
+            get(headers::TS),
+            get(headers::NONCE),
+            get(headers::SIG),
+        ) else {
             return Err(unauthenticated(
                 "missing credentials: sign every call with x-cube-tenant, x-cube-key, x-cube-ts, \
                  x-cube-nonce and x-cube-sig (see docs/protocol.md)",
             ));
         };
-        let ts_ms: i64 = ts.parse().map_err(|_| unauthenticated("x-cube-ts must be unix time in milliseconds"))?;
-        let nonce_value = parse_nonce(nonce).ok_or_else(|| unauthenticated("x-cube-nonce must be 32 lowercase hex characters"))?;
+        // The signature covers the decimal text as sent; requiring the canonical form (no sign,
+        // no leading zeros) keeps the server's rebuilt string identical to the client's.
+        let ts_ms: i64 = ts
+            .parse()
+            .ok()
+            .filter(|v: &i64| v.to_string() == ts)
+            .ok_or_else(|| {
+                unauthenticated("x-cube-ts must be unix time in milliseconds, in plain decimal")
+            })?;
+        let nonce_value = parse_nonce(nonce)
+            .ok_or_else(|| unauthenticated("x-cube-nonce must be 32 lowercase hex characters"))?;
         let now = now_ms();
         let off = (now - ts_ms).abs();
         if off > self.skew_ms {
@@ -74,7 +93,11 @@ impl CallAuthenticator {
             .catalog
             .key(tenant, key_id)
             .filter(|k| !k.revoked)
-            .ok_or_else(|| unauthenticated(format!("unknown or revoked key '{key_id}' for tenant '{tenant}'")))?;
+            .ok_or_else(|| {
+                unauthenticated(format!(
+                    "unknown or revoked key '{key_id}' for tenant '{tenant}'"
+                ))
+            })?;
         let call = SignedCall {
             tenant: tenant.to_owned(),
             key_id: key_id.to_owned(),
@@ -87,9 +110,17 @@ impl CallAuthenticator {
                 "x-cube-sig does not match: check the secret and that the signed method path is this call's",
             ));
         }
-        match self.replay.check_and_insert((tenant, key_id), nonce_value, ts_ms, now) {
-            Ok(()) => Ok(Some(Principal { key, model: AuthModel::Call })),
-            Err(ReplayError::Replayed) => Err(unauthenticated("x-cube-nonce was already used: every call needs a fresh nonce")),
+        match self
+            .replay
+            .check_and_insert((tenant, key_id), nonce_value, ts_ms, now)
+        {
+            Ok(()) => Ok(Some(Principal {
+                key,
+                model: AuthModel::Call,
+            })),
+            Err(ReplayError::Replayed) => Err(unauthenticated(
+                "x-cube-nonce was already used: every call needs a fresh nonce",
+            )),
             Err(ReplayError::TooOld) => Err(unauthenticated(
                 "x-cube-ts is older than the server's replay window (the server restarted or is under heavy load); sign again with the current time",
             )),
@@ -98,7 +129,11 @@ impl CallAuthenticator {
 }
 
 fn parse_nonce(nonce: &str) -> Option<u128> {
-    if nonce.len() != 32 || !nonce.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+    if nonce.len() != 32
+        || !nonce
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
         return None;
     }
     u128::from_str_radix(nonce, 16).ok()
@@ -120,7 +155,10 @@ impl<S> tower::Layer<S> for CallAuthLayer {
     type Service = CallAuth<S>;
 
     fn layer(&self, inner: S) -> CallAuth<S> {
-        CallAuth { inner, auth: Arc::clone(&self.auth) }
+        CallAuth {
+            inner,
+            auth: Arc::clone(&self.auth),
+        }
     }
 }
 
@@ -150,7 +188,11 @@ where
             }
             Ok(None) => Either::Right(self.inner.call(req)),
             Err(status) => {
-                tracing::debug!(path = req.uri().path(), reason = status.message(), "call refused");
+                tracing::debug!(
+                    path = req.uri().path(),
+                    reason = status.message(),
+                    "call refused"
+                );
                 Either::Left(ready(Ok(status.into_http())))
             }
         }

@@ -3,8 +3,10 @@
 //! A nonce is remembered until its timestamp leaves the skew window. When a shard is full, the
 //! oldest nonce is forgotten and the shard's *watermark* rises to its timestamp: from then on any
 //! call with a timestamp at or below the watermark is refused as too old. So forgetting never
-//! re-opens a replay; under extreme load the effective window just narrows. The watermark starts
-//! at the server's start time, so a call captured before a restart cannot be replayed after it.
+//! re-opens a replay; under extreme load the effective window just narrows. Expired nonces raise
+//! the watermark the same way, so a backwards step of the server clock cannot re-admit them. The
+//! watermark starts at the server's start time, so a call captured before a restart cannot be
+//! replayed after it.
 
 use std::collections::{HashSet, VecDeque};
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -37,19 +39,35 @@ pub struct ReplayCache {
 
 impl std::fmt::Debug for ReplayCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReplayCache").field("capacity", &(self.per_shard * SHARDS)).finish()
+        f.debug_struct("ReplayCache")
+            .field("capacity", &(self.per_shard * SHARDS))
+            .finish()
     }
 }
 
 impl ReplayCache {
-    /// At most `capacity` nonces (about 100 bytes each); calls with timestamps at or before
+    /// At most `capacity` nonces (about 100 bytes each); calls with timestamps before
     /// `start_ms` are refused.
     pub fn new(capacity: usize, skew_ms: i64, start_ms: i64) -> ReplayCache {
         let per_shard = capacity.div_ceil(SHARDS).max(1);
+        // A client may sign in the very millisecond the server started (it answers within
+        // microseconds of "ready"); a previous server on the same data died before this one could
+        // lock the catalog, so anything it accepted is older than `start_ms`.
+        let watermark = start_ms - 1;
         let shards = (0..SHARDS)
-            .map(|_| Mutex::new(Shard { seen: HashSet::new(), order: VecDeque::new(), watermark: start_ms }))
+            .map(|_| {
+                Mutex::new(Shard {
+                    seen: HashSet::new(),
+                    order: VecDeque::new(),
+                    watermark,
+                })
+            })
             .collect();
-        ReplayCache { shards, per_shard, skew_ms }
+        ReplayCache {
+            shards,
+            per_shard,
+            skew_ms,
+        }
     }
 
     /// Record `nonce` for `key` at `ts_ms`, or refuse it. The caller has already checked the
@@ -65,7 +83,9 @@ impl ReplayCache {
         (tenant, key_id).hash(&mut h);
         let key_hash = h.finish();
         let shard_index = (nonce as usize) % SHARDS;
-        let mut shard = self.shards[shard_index].lock().unwrap_or_else(|p| p.into_inner());
+        let mut shard = self.shards[shard_index]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let expired_before = now_ms - self.skew_ms;
         while let Some(&(ts, k, n)) = shard.order.front() {
             if ts >= expired_before {
@@ -73,6 +93,9 @@ impl ReplayCache {
             }
             shard.order.pop_front();
             shard.seen.remove(&(k, n));
+            // Forgetting a nonce raises the floor, so a clock stepping backwards cannot make a
+            // forgotten call acceptable again.
+            shard.watermark = shard.watermark.max(ts);
         }
         if ts_ms <= shard.watermark {
             return Err(ReplayError::TooOld);
@@ -80,13 +103,13 @@ impl ReplayCache {
         if shard.seen.contains(&(key_hash, nonce)) {
             return Err(ReplayError::Replayed);
         }
-        if shard.order.len() >= self.per_shard {
-            if let Some((ts, k, n)) = shard.order.pop_front() {
-                shard.seen.remove(&(k, n));
-                shard.watermark = shard.watermark.max(ts);
-                if ts_ms <= shard.watermark {
-                    return Err(ReplayError::TooOld);
-                }
+        if shard.order.len() >= self.per_shard
+            && let Some((ts, k, n)) = shard.order.pop_front()
+        {
+            shard.seen.remove(&(k, n));
+            shard.watermark = shard.watermark.max(ts);
+            if ts_ms <= shard.watermark {
+                return Err(ReplayError::TooOld);
             }
         }
         shard.seen.insert((key_hash, nonce));
@@ -96,7 +119,10 @@ impl ReplayCache {
 
     /// Nonces currently remembered.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).order.len()).sum()
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).order.len())
+            .sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -112,15 +138,22 @@ mod tests {
     fn a_nonce_is_accepted_once_per_key() {
         let c = ReplayCache::new(1000, 300_000, 0);
         assert_eq!(c.check_and_insert(("a", "k1"), 7, 1_000, 1_000), Ok(()));
-        assert_eq!(c.check_and_insert(("a", "k1"), 7, 1_000, 1_001), Err(ReplayError::Replayed));
+        assert_eq!(
+            c.check_and_insert(("a", "k1"), 7, 1_000, 1_001),
+            Err(ReplayError::Replayed)
+        );
         assert_eq!(c.check_and_insert(("a", "k2"), 7, 1_000, 1_001), Ok(()));
     }
 
     #[test]
     fn calls_from_before_the_server_started_are_refused() {
         let c = ReplayCache::new(1000, 300_000, 50_000);
-        assert_eq!(c.check_and_insert(("a", "k1"), 1, 49_999, 50_001), Err(ReplayError::TooOld));
-        assert_eq!(c.check_and_insert(("a", "k1"), 1, 50_001, 50_001), Ok(()));
+        assert_eq!(
+            c.check_and_insert(("a", "k1"), 1, 49_999, 50_001),
+            Err(ReplayError::TooOld)
+        );
+        // Signed in the start millisecond itself: fine.
+        assert_eq!(c.check_and_insert(("a", "k1"), 1, 50_000, 50_001), Ok(()));
     }
 
     #[test]
@@ -128,14 +161,26 @@ mod tests {
         let c = ReplayCache::new(16 * 4, 300_000, 0);
         // Nonces in one shard (same residue mod 16) with rising timestamps.
         for i in 0..10u128 {
-            assert_eq!(c.check_and_insert(("a", "k"), i * 16, 1_000 + i as i64, 2_000), Ok(()));
+            assert_eq!(
+                c.check_and_insert(("a", "k"), i * 16, 1_000 + i as i64, 2_000),
+                Ok(())
+            );
         }
         assert!(c.len() <= 64);
         // The first nonces were evicted; replaying them is still refused (as too old).
-        assert_eq!(c.check_and_insert(("a", "k"), 0, 1_000, 2_000), Err(ReplayError::TooOld));
-        assert_eq!(c.check_and_insert(("a", "k"), 9 * 16, 1_009, 2_000), Err(ReplayError::Replayed));
+        assert_eq!(
+            c.check_and_insert(("a", "k"), 0, 1_000, 2_000),
+            Err(ReplayError::TooOld)
+        );
+        assert_eq!(
+            c.check_and_insert(("a", "k"), 9 * 16, 1_009, 2_000),
+            Err(ReplayError::Replayed)
+        );
         // A fresh call is fine.
-        assert_eq!(c.check_and_insert(("a", "k"), 99 * 16, 1_500, 2_000), Ok(()));
+        assert_eq!(
+            c.check_and_insert(("a", "k"), 99 * 16, 1_500, 2_000),
+            Ok(())
+        );
     }
 
     #[test]
@@ -143,8 +188,14 @@ mod tests {
         let c = ReplayCache::new(1000, 100, 0);
         c.check_and_insert(("a", "k"), 5, 1_000, 1_000).unwrap();
         assert_eq!(c.len(), 1);
-        // Long after, the entry is dropped (a replay would now fail the skew check instead).
-        c.check_and_insert(("a", "k"), 6, 5_000, 5_000).unwrap();
+        // Long after, the entry is dropped when its shard is next used (nonce 21 shares nonce 5's
+        // shard); a replay would now fail the skew check instead.
+        c.check_and_insert(("a", "k"), 21, 5_000, 5_000).unwrap();
         assert_eq!(c.len(), 1);
+        // Even if the server clock steps back, the forgotten nonce stays refused.
+        assert_eq!(
+            c.check_and_insert(("a", "k"), 5, 1_000, 1_050),
+            Err(ReplayError::TooOld)
+        );
     }
 }

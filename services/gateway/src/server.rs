@@ -56,16 +56,34 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    pub fn new(catalog: Arc<Catalog>, directory: Arc<TenantDirectory>, config: GatewayConfig) -> Gateway {
-        let auth = Arc::new(CallAuthenticator::new(catalog, config.skew_ms, config.replay_capacity));
-        Gateway { directory, config, auth }
+    pub fn new(
+        catalog: Arc<Catalog>,
+        directory: Arc<TenantDirectory>,
+        config: GatewayConfig,
+    ) -> Gateway {
+        let auth = Arc::new(CallAuthenticator::new(
+            catalog,
+            config.skew_ms,
+            config.replay_capacity,
+        ));
+        Gateway {
+            directory,
+            config,
+            auth,
+        }
     }
 
     /// Serve gRPC on `listener` until `shutdown` resolves, then stop accepting and wait for the
     /// calls in flight. Closing the tenants is the caller's next step.
-    pub async fn serve(&self, listener: TcpListener, shutdown: impl Future<Output = ()> + Send) -> Result<(), ServeError> {
+    pub async fn serve(
+        &self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), ServeError> {
         let (health_reporter, health) = tonic_health::server::health_reporter();
-        health_reporter.set_serving::<CellsServer<CellsService>>().await;
+        health_reporter
+            .set_serving::<CellsServer<CellsService>>()
+            .await;
         let reflection = || {
             tonic_reflection::server::Builder::configure()
                 .register_encoded_file_descriptor_set(cube_api::FILE_DESCRIPTOR_SET)
@@ -74,8 +92,10 @@ impl Gateway {
         let reflection_v1 = reflection().build_v1()?;
         let reflection_v1alpha = reflection().build_v1alpha()?;
         let max = self.config.max_message_bytes;
-        let cells = CellsServer::new(CellsService { directory: Arc::clone(&self.directory) })
-            .max_decoding_message_size(max);
+        let cells = CellsServer::new(CellsService {
+            directory: Arc::clone(&self.directory),
+        })
+        .max_decoding_message_size(max);
         // Small request/response round trips dominate: Nagle would add 40 ms stalls.
         let incoming = TcpListenerStream::new(listener).map(|conn| {
             conn.inspect(|s| {
@@ -84,7 +104,9 @@ impl Gateway {
         });
         let stopping = async move {
             shutdown.await;
-            health_reporter.set_not_serving::<CellsServer<CellsService>>().await;
+            health_reporter
+                .set_not_serving::<CellsServer<CellsService>>()
+                .await;
             tracing::info!("stopped accepting; draining calls in flight");
         };
         Server::builder()
@@ -112,7 +134,9 @@ pub async fn serve_admin_socket(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     Server::builder()
-        .add_service(AdminServer::new(AdminService { catalog: Some(catalog) }))
+        .add_service(AdminServer::new(AdminService {
+            catalog: Some(catalog),
+        }))
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
         .await?;
     Ok(())

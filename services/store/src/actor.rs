@@ -3,6 +3,9 @@
 //! Everything interesting happens in the core; the actor only serializes access to it (one
 //! tenant, one order: the WAL order) and moves the final fsync at shutdown off its own thread.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use actix::prelude::*;
 use cube_wal::DurableEvent;
 use tokio::sync::oneshot;
@@ -11,34 +14,52 @@ use crate::StoreError;
 use crate::core::TenantCore;
 use crate::state::{Command, Reply};
 
-/// Where a caller waits for its answer.
-pub(crate) type Responder = oneshot::Sender<Result<Reply, StoreError>>;
+/// Where a caller waits for its answer. Carries the caller's admission permit, so the tenant's
+/// in-flight count drops exactly when the caller is answered (or its request is discarded).
+pub(crate) struct Responder {
+    pub tx: oneshot::Sender<Result<Reply, StoreError>>,
+    pub permit: InFlightPermit,
+}
+
+impl Responder {
+    fn send(self, result: Result<Reply, StoreError>) {
+        // The caller may have given up (deadline, disconnect); its write still stands.
+        let _ = self.tx.send(result);
+        drop(self.permit);
+    }
+}
+
+/// One admitted request of a tenant; releases its slot when dropped.
+pub(crate) struct InFlightPermit(pub Arc<AtomicUsize>);
+
+impl Drop for InFlightPermit {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
 
 /// One tenant's actor.
 pub struct TenantActor {
     core: TenantCore<Responder>,
-    mailbox_capacity: usize,
 }
 
 impl TenantActor {
-    pub(crate) fn new(core: TenantCore<Responder>, mailbox_capacity: usize) -> TenantActor {
-        TenantActor { core, mailbox_capacity }
+    pub(crate) fn new(core: TenantCore<Responder>) -> TenantActor {
+        TenantActor { core }
     }
 
     fn answer(answers: Vec<(Responder, Result<Reply, StoreError>)>) {
-        for (tx, result) in answers {
-            // The caller may have given up (deadline, disconnect); its write still stands.
-            let _ = tx.send(result);
+        for (responder, result) in answers {
+            responder.send(result);
         }
     }
 }
 
+// NOTE: admission is bounded by the directory's per-tenant in-flight counter, not by actix's
+// mailbox capacity: actix's `try_send` parks per sender and still enqueues, so it cannot bound a
+// mailbox shared by many callers.
 impl Actor for TenantActor {
     type Context = Context<Self>;
-
-    fn started(&mut self, ctx: &mut Self::Context) {
-        ctx.set_mailbox_capacity(self.mailbox_capacity);
-    }
 }
 
 /// A caller's command.
@@ -65,8 +86,8 @@ impl Handler<Call> for TenantActor {
     type Result = ();
 
     fn handle(&mut self, msg: Call, _ctx: &mut Self::Context) {
-        if let Some((tx, result)) = self.core.handle(msg.cmd, msg.reply) {
-            let _ = tx.send(result);
+        if let Some((responder, result)) = self.core.handle(msg.cmd, msg.reply) {
+            responder.send(result);
         }
     }
 }

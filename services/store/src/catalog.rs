@@ -60,7 +60,10 @@ struct TenantRecord {
 pub fn validate_tenant_name(name: &str) -> Result<(), StoreError> {
     let ok = !name.is_empty()
         && name.len() <= 63
-        && name.bytes().enumerate().all(|(i, b)| b.is_ascii_lowercase() || b.is_ascii_digit() || (i > 0 && b == b'-'));
+        && name
+            .bytes()
+            .enumerate()
+            .all(|(i, b)| b.is_ascii_lowercase() || b.is_ascii_digit() || (i > 0 && b == b'-'));
     if ok {
         Ok(())
     } else {
@@ -89,11 +92,15 @@ impl std::fmt::Debug for Catalog {
 
 fn storage(op: &str, e: impl std::fmt::Display) -> StoreError {
     tracing::error!(op, error = %e, "catalog storage error");
-    StoreError::Unavailable(format!("the tenant catalog could not {op}; see the server log"))
+    StoreError::Unavailable(format!(
+        "the tenant catalog could not {op}; see the server log"
+    ))
 }
 
 fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 fn new_key_id() -> String {
@@ -109,17 +116,33 @@ impl Catalog {
     /// Open (or create) the catalog at `path`. Fails if another process has it open.
     pub fn open(path: &Path) -> Result<Catalog, CatalogOpenError> {
         let db = sled::Config::new().path(path).open().map_err(|e| {
-            if is_locked_error(&e) { CatalogOpenError::Locked } else { CatalogOpenError::Other(e.to_string()) }
+            if is_locked_error(&e) {
+                CatalogOpenError::Locked
+            } else {
+                CatalogOpenError::Other(e.to_string())
+            }
         })?;
-        let tenants = db.open_tree("tenants").map_err(|e| CatalogOpenError::Other(e.to_string()))?;
-        let keys = db.open_tree("keys").map_err(|e| CatalogOpenError::Other(e.to_string()))?;
+        let tenants = db
+            .open_tree("tenants")
+            .map_err(|e| CatalogOpenError::Other(e.to_string()))?;
+        let keys = db
+            .open_tree("keys")
+            .map_err(|e| CatalogOpenError::Other(e.to_string()))?;
         let mut cache = HashMap::new();
         for item in keys.iter() {
             let (k, v) = item.map_err(|e| CatalogOpenError::Other(e.to_string()))?;
             let info = decode_key(&k, &v).map_err(CatalogOpenError::Other)?;
-            cache.entry(info.tenant.clone()).or_insert_with(HashMap::new).insert(info.key_id.clone(), Arc::new(info));
+            cache
+                .entry(info.tenant.clone())
+                .or_insert_with(HashMap::new)
+                .insert(info.key_id.clone(), Arc::new(info));
         }
-        Ok(Catalog { db, tenants, keys, cache: RwLock::new(cache) })
+        Ok(Catalog {
+            db,
+            tenants,
+            keys,
+            cache: RwLock::new(cache),
+        })
     }
 
     /// The key `tenant/key_id`, if it exists (revoked keys included).
@@ -129,15 +152,23 @@ impl Catalog {
     }
 
     pub fn tenant_exists(&self, tenant: &str) -> Result<bool, StoreError> {
-        self.tenants.contains_key(tenant).map_err(|e| storage("read tenants", e))
+        self.tenants
+            .contains_key(tenant)
+            .map_err(|e| storage("read tenants", e))
     }
 
     /// Create a tenant and its first key (all capabilities).
     pub fn create_tenant(&self, tenant: &str) -> Result<Arc<KeyInfo>, StoreError> {
         validate_tenant_name(tenant)?;
-        let info = fresh_key(tenant, vec![Capability::Read, Capability::Write, Capability::Admin]);
+        let info = fresh_key(
+            tenant,
+            vec![Capability::Read, Capability::Write, Capability::Admin],
+        );
         let record = encode_key(&info)?;
-        let tenant_record = serde_json::to_vec(&TenantRecord { created_ms: now_ms() }).map_err(|e| storage("encode", e))?;
+        let tenant_record = serde_json::to_vec(&TenantRecord {
+            created_ms: now_ms(),
+        })
+        .map_err(|e| storage("encode", e))?;
         let result = (&self.tenants, &self.keys).transaction(|(t, k)| {
             if t.get(tenant.as_bytes())?.is_some() {
                 return Err(ConflictableTransactionError::Abort(()));
@@ -149,7 +180,9 @@ impl Catalog {
         match result {
             Ok(()) => {}
             Err(TransactionError::Abort(())) => {
-                return Err(StoreError::AlreadyExists(format!("tenant '{tenant}' already exists")));
+                return Err(StoreError::AlreadyExists(format!(
+                    "tenant '{tenant}' already exists"
+                )));
             }
             Err(TransactionError::Storage(e)) => return Err(storage("create the tenant", e)),
         }
@@ -164,7 +197,10 @@ impl Catalog {
         }
         let info = fresh_key(tenant, vec![Capability::Read, Capability::Write]);
         self.keys
-            .insert(key_name(tenant, &info.key_id).as_bytes(), encode_key(&info)?)
+            .insert(
+                key_name(tenant, &info.key_id).as_bytes(),
+                encode_key(&info)?,
+            )
             .map_err(|e| storage("store the key", e))?;
         self.flush()?;
         Ok(self.remember(info))
@@ -173,7 +209,9 @@ impl Catalog {
     /// Revoke a key. Returns false if it was already revoked.
     pub fn revoke_key(&self, tenant: &str, key_id: &str) -> Result<bool, StoreError> {
         let Some(current) = self.key(tenant, key_id) else {
-            return Err(StoreError::NotFound(format!("tenant '{tenant}' has no key '{key_id}'")));
+            return Err(StoreError::NotFound(format!(
+                "tenant '{tenant}' has no key '{key_id}'"
+            )));
         };
         if current.revoked {
             return Ok(false);
@@ -198,7 +236,12 @@ impl Catalog {
         let cache = self.cache.read().unwrap_or_else(|p| p.into_inner());
         for (tenant, keys) in &mut out {
             if let Some(known) = cache.get(tenant.as_str()) {
-                keys.extend(known.values().filter(|k| !k.revoked).map(|k| k.key_id.clone()));
+                keys.extend(
+                    known
+                        .values()
+                        .filter(|k| !k.revoked)
+                        .map(|k| k.key_id.clone()),
+                );
             }
             keys.sort();
         }
@@ -208,7 +251,10 @@ impl Catalog {
     fn remember(&self, info: KeyInfo) -> Arc<KeyInfo> {
         let info = Arc::new(info);
         let mut cache = self.cache.write().unwrap_or_else(|p| p.into_inner());
-        cache.entry(info.tenant.clone()).or_default().insert(info.key_id.clone(), Arc::clone(&info));
+        cache
+            .entry(info.tenant.clone())
+            .or_default()
+            .insert(info.key_id.clone(), Arc::clone(&info));
         info
     }
 
@@ -232,7 +278,13 @@ fn key_name(tenant: &str, key_id: &str) -> String {
 }
 
 fn fresh_key(tenant: &str, capabilities: Vec<Capability>) -> KeyInfo {
-    KeyInfo { tenant: tenant.into(), key_id: new_key_id(), secret: rand_secret(), capabilities, revoked: false }
+    KeyInfo {
+        tenant: tenant.into(),
+        key_id: new_key_id(),
+        secret: rand_secret(),
+        capabilities,
+        revoked: false,
+    }
 }
 
 fn rand_secret() -> [u8; 32] {
@@ -254,10 +306,14 @@ fn encode_key(info: &KeyInfo) -> Result<Vec<u8>, StoreError> {
 
 fn decode_key(name: &[u8], value: &[u8]) -> Result<KeyInfo, String> {
     let name = std::str::from_utf8(name).map_err(|_| "key name is not UTF-8".to_string())?;
-    let (tenant, key_id) = name.split_once('/').ok_or_else(|| format!("bad key name {name:?}"))?;
-    let record: KeyRecord = serde_json::from_slice(value).map_err(|e| format!("bad key record {name}: {e}"))?;
+    let (tenant, key_id) = name
+        .split_once('/')
+        .ok_or_else(|| format!("bad key name {name:?}"))?;
+    let record: KeyRecord =
+        serde_json::from_slice(value).map_err(|e| format!("bad key record {name}: {e}"))?;
     let mut secret = [0u8; 32];
-    hex::decode_to_slice(&record.secret, &mut secret).map_err(|_| format!("bad secret in key {name}"))?;
+    hex::decode_to_slice(&record.secret, &mut secret)
+        .map_err(|_| format!("bad secret in key {name}"))?;
     Ok(KeyInfo {
         tenant: tenant.into(),
         key_id: key_id.into(),
@@ -287,11 +343,20 @@ mod tests {
         let path = dir.path().join("catalog");
         let (first, second) = {
             let c = Catalog::open(&path).unwrap();
-            assert!(matches!(Catalog::open(&path), Err(CatalogOpenError::Locked)));
+            assert!(matches!(
+                Catalog::open(&path),
+                Err(CatalogOpenError::Locked)
+            ));
             let first = c.create_tenant("acme").unwrap();
             assert!(first.has(Capability::Admin));
-            assert!(matches!(c.create_tenant("acme"), Err(StoreError::AlreadyExists(_))));
-            assert!(matches!(c.create_key("nobody"), Err(StoreError::NotFound(_))));
+            assert!(matches!(
+                c.create_tenant("acme"),
+                Err(StoreError::AlreadyExists(_))
+            ));
+            assert!(matches!(
+                c.create_key("nobody"),
+                Err(StoreError::NotFound(_))
+            ));
             let second = c.create_key("acme").unwrap();
             assert!(!second.has(Capability::Admin));
             assert!(c.revoke_key("acme", &second.key_id).unwrap());
@@ -301,7 +366,10 @@ mod tests {
         let c = Catalog::open(&path).unwrap();
         assert_eq!(c.key("acme", &first.key_id).unwrap().secret, first.secret);
         assert!(c.key("acme", &second.key_id).unwrap().revoked);
-        assert_eq!(c.list().unwrap(), vec![("acme".to_string(), vec![first.key_id.clone()])]);
+        assert_eq!(
+            c.list().unwrap(),
+            vec![("acme".to_string(), vec![first.key_id.clone()])]
+        );
         assert!(c.key("other", &first.key_id).is_none());
     }
 }

@@ -39,7 +39,10 @@ pub struct TenantCore<T> {
 
 impl<T> std::fmt::Debug for TenantCore<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TenantCore").field("tenant", &self.tenant).field("waiting", &self.waiting.len()).finish()
+        f.debug_struct("TenantCore")
+            .field("tenant", &self.tenant)
+            .field("waiting", &self.waiting.len())
+            .finish()
     }
 }
 
@@ -98,10 +101,10 @@ impl<T> TenantCore<T> {
     /// Handle a command. Returns an answer now, or `None` when the answer waits for durability
     /// (it then comes out of [`TenantCore::on_durable`]).
     pub fn handle(&mut self, cmd: Command, token: T) -> Option<Answer<T>> {
-        if cmd.is_mutation() {
-            if let Err(e) = self.writable() {
-                return Some((token, Err(e)));
-            }
+        if cmd.is_mutation()
+            && let Err(e) = self.writable()
+        {
+            return Some((token, Err(e)));
         }
         let (op, reply) = match self.state.prepare(cmd) {
             Err(e) => return Some((token, Err(e))),
@@ -117,7 +120,12 @@ impl<T> TenantCore<T> {
         match wal.append(&self.scratch) {
             Ok(seq) => {
                 self.state.note_pending(seq, &op);
-                self.waiting.push_back(Waiting { seq, op, reply, token });
+                self.waiting.push_back(Waiting {
+                    seq,
+                    op,
+                    reply,
+                    token,
+                });
                 None
             }
             Err(e) => Some((token, Err(self.append_error(&e)))),
@@ -131,11 +139,18 @@ impl<T> TenantCore<T> {
             DurableEvent::Durable(upto) => {
                 let mut answers = Vec::new();
                 while self.waiting.front().is_some_and(|w| w.seq <= upto) {
-                    let Some(w) = self.waiting.pop_front() else { break };
+                    let Some(w) = self.waiting.pop_front() else {
+                        break;
+                    };
                     if let Err(detail) = self.state.apply(w.seq, w.op) {
                         // Cannot happen for ops built by `prepare`; refuse rather than guess.
                         tracing::error!(tenant = %self.tenant, seq = w.seq, %detail, "apply failed");
-                        answers.push((w.token, Err(StoreError::Unavailable("internal error applying a write".into()))));
+                        answers.push((
+                            w.token,
+                            Err(StoreError::Unavailable(
+                                "internal error applying a write".into(),
+                            )),
+                        ));
                         continue;
                     }
                     answers.push((w.token, Ok(Prepared::seal(w.reply, w.seq))));
@@ -146,7 +161,10 @@ impl<T> TenantCore<T> {
                 self.poisoned = true;
                 self.state.discard_pending();
                 let msg = self.poisoned_message();
-                self.waiting.drain(..).map(|w| (w.token, Err(StoreError::Unavailable(msg.clone())))).collect()
+                self.waiting
+                    .drain(..)
+                    .map(|w| (w.token, Err(StoreError::Unavailable(msg.clone()))))
+                    .collect()
             }
         }
     }
@@ -176,9 +194,9 @@ impl<T> TenantCore<T> {
 
     fn append_error(&mut self, e: &WalError) -> StoreError {
         match e {
-            WalError::RecordTooLarge { max, .. } => {
-                StoreError::InvalidArgument(format!("the encoded change exceeds the {max}-byte record limit"))
-            }
+            WalError::RecordTooLarge { max, .. } => StoreError::InvalidArgument(format!(
+                "the encoded change exceeds the {max}-byte record limit"
+            )),
             WalError::Closed => shutting_down(),
             _ => {
                 self.poisoned = true;
@@ -189,7 +207,9 @@ impl<T> TenantCore<T> {
 }
 
 fn shutting_down() -> StoreError {
-    StoreError::Unavailable("the server is shutting down; retry against the restarted server".into())
+    StoreError::Unavailable(
+        "the server is shutting down; retry against the restarted server".into(),
+    )
 }
 
 /// Map a failure to open a tenant's WAL to a message an operator can act on. Paths stay in the
@@ -197,7 +217,11 @@ fn shutting_down() -> StoreError {
 fn open_error(tenant: &str, e: &WalError) -> StoreError {
     tracing::error!(tenant, error = %e, "tenant failed to open");
     match e {
-        WalError::Corrupt { segment, offset, detail } => StoreError::Unavailable(format!(
+        WalError::Corrupt {
+            segment,
+            offset,
+            detail,
+        } => StoreError::Unavailable(format!(
             "tenant '{tenant}' is unavailable: its write-ahead log is corrupt (segment {segment}, \
              offset {offset}: {detail}); an operator must repair it before it can serve"
         )),
@@ -217,11 +241,17 @@ mod tests {
     use crate::state::Coord;
 
     fn open(dir: &Path) -> TenantCore<u32> {
-        TenantCore::open("t", dir, WalOptions::default(), 1024, None).unwrap().0
+        TenantCore::open("t", dir, WalOptions::default(), 1024, None)
+            .unwrap()
+            .0
     }
 
     fn write(v: &[u8]) -> Command {
-        Command::Write { coord: Coord { x: 1, y: 2, z: 3 }, value: v.to_vec(), expected_version: None }
+        Command::Write {
+            coord: Coord { x: 1, y: 2, z: 3 },
+            value: v.to_vec(),
+            expected_version: None,
+        }
     }
 
     #[test]
@@ -231,19 +261,29 @@ mod tests {
         assert!(core.handle(write(b"a"), 1).is_none());
         assert!(core.handle(write(b"b"), 2).is_none());
         // Not durable yet: a read still sees nothing.
-        let read = Command::Read { coord: Coord { x: 1, y: 2, z: 3 } };
-        assert_eq!(core.handle(read.clone(), 3).unwrap().1, Ok(Reply::Read(None)));
+        let read = Command::Read {
+            coord: Coord { x: 1, y: 2, z: 3 },
+        };
+        assert_eq!(
+            core.handle(read.clone(), 3).unwrap().1,
+            Ok(Reply::Read(None))
+        );
         let wal = core.wal.as_ref().unwrap();
         wal.wait_durable(2).unwrap();
         let answers = core.on_durable(DurableEvent::Durable(wal.durable_seq()));
         let tokens: Vec<_> = answers.iter().map(|(t, r)| (*t, r.clone())).collect();
         assert_eq!(
             tokens,
-            vec![(1, Ok(Reply::Written { version: 1, seq: 1 })), (2, Ok(Reply::Written { version: 2, seq: 2 }))]
+            vec![
+                (1, Ok(Reply::Written { version: 1, seq: 1 })),
+                (2, Ok(Reply::Written { version: 2, seq: 2 }))
+            ]
         );
         core.take_wal().unwrap().close().unwrap();
         let mut core = open(dir.path());
-        let Some((_, Ok(Reply::Read(Some(cell))))) = core.handle(read, 4) else { panic!() };
+        let Some((_, Ok(Reply::Read(Some(cell))))) = core.handle(read, 4) else {
+            panic!()
+        };
         assert_eq!((cell.value.as_slice(), cell.version), (&b"b"[..], 2));
     }
 
@@ -253,7 +293,13 @@ mod tests {
         let mut core = open(dir.path());
         assert!(core.handle(write(b"a"), 1).is_none());
         let answers = core.on_durable(DurableEvent::Poisoned);
-        assert!(matches!(&answers[..], [(1, Err(StoreError::Unavailable(_)))]));
-        assert!(matches!(core.handle(write(b"b"), 2), Some((2, Err(StoreError::Unavailable(_))))));
+        assert!(matches!(
+            &answers[..],
+            [(1, Err(StoreError::Unavailable(_)))]
+        ));
+        assert!(matches!(
+            core.handle(write(b"b"), 2),
+            Some((2, Err(StoreError::Unavailable(_))))
+        ));
     }
 }

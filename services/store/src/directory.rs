@@ -5,19 +5,19 @@
 //! server restarts, while every other tenant keeps serving.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use actix::{Actor, Addr};
-use actix::dev::SendError;
 use cube_wal::WalOptions;
 use tokio::sync::{OnceCell, oneshot};
 
-use crate::actor::{Call, Durable, Shutdown, TenantActor};
+use crate::StoreError;
+use crate::actor::{Call, Durable, InFlightPermit, Responder, Shutdown, TenantActor};
 use crate::core::TenantCore;
 use crate::layout::DataDir;
 use crate::runtime::ActorRuntime;
 use crate::state::{Command, Reply};
-use crate::StoreError;
 
 /// Settings every tenant shares.
 #[derive(Debug, Clone)]
@@ -26,7 +26,8 @@ pub struct DirectoryConfig {
     pub wal: WalOptions,
     /// Largest cell value in bytes.
     pub max_value: usize,
-    /// Commands that may queue in one tenant's mailbox before callers get RESOURCE_EXHAUSTED.
+    /// Requests one tenant may have queued or waiting for durability before further callers get
+    /// RESOURCE_EXHAUSTED at once.
     pub mailbox_capacity: usize,
     /// Threads that run tenant actors.
     pub actor_threads: usize,
@@ -38,28 +39,45 @@ pub struct TenantHandle {
     tenant: Arc<str>,
     addr: Addr<TenantActor>,
     mailbox_capacity: usize,
+    /// Requests admitted and not yet answered (queued in the mailbox or waiting for fsync).
+    in_flight: Arc<AtomicUsize>,
 }
 
 impl TenantHandle {
     /// Send `cmd` and wait for the answer (for writes: until durable).
     pub async fn call(&self, cmd: Command) -> Result<Reply, StoreError> {
+        let permit = self.admit()?;
         let (tx, rx) = oneshot::channel();
-        match self.addr.try_send(Call { cmd, reply: tx }) {
-            Ok(()) => {}
-            Err(SendError::Full(_)) => {
-                return Err(StoreError::ResourceExhausted(format!(
-                    "tenant '{}' is busy: {} requests are already queued; retry with backoff",
-                    self.tenant, self.mailbox_capacity
-                )));
-            }
-            Err(SendError::Closed(_)) => return Err(stopped()),
-        }
+        // A stopped actor drops the message, and with it the responder: `rx` then errors.
+        self.addr.do_send(Call {
+            cmd,
+            reply: Responder { tx, permit },
+        });
         rx.await.map_err(|_| stopped())?
+    }
+
+    /// Requests of this tenant admitted and not yet answered.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Acquire)
+    }
+
+    fn admit(&self) -> Result<InFlightPermit, StoreError> {
+        let before = self.in_flight.fetch_add(1, Ordering::AcqRel);
+        let permit = InFlightPermit(Arc::clone(&self.in_flight));
+        if before >= self.mailbox_capacity {
+            return Err(StoreError::ResourceExhausted(format!(
+                "tenant '{}' is busy: {} requests are already in flight; retry with backoff",
+                self.tenant, self.mailbox_capacity
+            )));
+        }
+        Ok(permit)
     }
 }
 
 fn stopped() -> StoreError {
-    StoreError::Unavailable("the tenant stopped before answering (server shutting down); retry".into())
+    StoreError::Unavailable(
+        "the tenant stopped before answering (server shutting down); retry".into(),
+    )
 }
 
 type Slot = Arc<OnceCell<Result<TenantHandle, StoreError>>>;
@@ -73,14 +91,20 @@ pub struct TenantDirectory {
 
 impl std::fmt::Debug for TenantDirectory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TenantDirectory").field("config", &self.config).finish_non_exhaustive()
+        f.debug_struct("TenantDirectory")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
     }
 }
 
 impl TenantDirectory {
     pub fn new(config: DirectoryConfig) -> Result<TenantDirectory, StoreError> {
         let runtime = ActorRuntime::start(config.actor_threads)?;
-        Ok(TenantDirectory { config, runtime, tenants: Mutex::new(HashMap::new()) })
+        Ok(TenantDirectory {
+            config,
+            runtime,
+            tenants: Mutex::new(HashMap::new()),
+        })
     }
 
     /// The running actor of `tenant`, started (and its WAL recovered) on first use. The caller
@@ -106,14 +130,22 @@ impl TenantDirectory {
                 addr.do_send(Durable(event));
             }
         });
-        let core = tokio::task::spawn_blocking(move || TenantCore::open(&name, &dir, wal, max_value, Some(notify)))
-            .await
-            .map_err(|_| StoreError::Unavailable(format!("tenant '{tenant}' failed to open")))??
-            .0;
+        let core = tokio::task::spawn_blocking(move || {
+            TenantCore::open(&name, &dir, wal, max_value, Some(notify))
+        })
+        .await
+        .map_err(|_| StoreError::Unavailable(format!("tenant '{tenant}' failed to open")))??
+        .0;
         let capacity = self.config.mailbox_capacity;
-        let addr = TenantActor::start_in_arbiter(self.runtime.pick(), move |_| TenantActor::new(core, capacity));
+        let addr =
+            TenantActor::start_in_arbiter(self.runtime.pick(), move |_| TenantActor::new(core));
         let _ = addr_slot.set(addr.clone());
-        Ok(TenantHandle { tenant: tenant.into(), addr, mailbox_capacity: capacity })
+        Ok(TenantHandle {
+            tenant: tenant.into(),
+            addr,
+            mailbox_capacity: capacity,
+            in_flight: Arc::new(AtomicUsize::new(0)),
+        })
     }
 
     /// Stop every tenant: answer or fail what is queued, final fdatasync, close the WALs.
@@ -125,7 +157,9 @@ impl TenantDirectory {
         // Ask all tenants first so their final syncs run concurrently, then wait for each.
         let mut done = Vec::new();
         for slot in slots {
-            let Some(Ok(handle)) = slot.get() else { continue };
+            let Some(Ok(handle)) = slot.get() else {
+                continue;
+            };
             let (tx, rx) = oneshot::channel();
             handle.addr.do_send(Shutdown { done: tx });
             done.push(rx);

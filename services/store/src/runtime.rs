@@ -30,9 +30,15 @@ impl ActorRuntime {
                 let _ = system.run();
             })
             .map_err(|_| StoreError::Unavailable("could not start actor threads".into()))?;
-        let (system, arbiters) =
-            rx.recv().map_err(|_| StoreError::Unavailable("actor threads failed to start".into()))?;
-        Ok(ActorRuntime { arbiters, next: AtomicUsize::new(0), system, thread: Some(thread) })
+        let (system, arbiters) = rx
+            .recv()
+            .map_err(|_| StoreError::Unavailable("actor threads failed to start".into()))?;
+        Ok(ActorRuntime {
+            arbiters,
+            next: AtomicUsize::new(0),
+            system,
+            thread: Some(thread),
+        })
     }
 
     pub(crate) fn pick(&self) -> &ArbiterHandle {

@@ -21,22 +21,39 @@ pub struct Coord {
 
 impl From<Coord> for WalCoord {
     fn from(c: Coord) -> WalCoord {
-        WalCoord { x: c.x, y: c.y, z: c.z }
+        WalCoord {
+            x: c.x,
+            y: c.y,
+            z: c.z,
+        }
     }
 }
 
 impl From<&WalCoord> for Coord {
     fn from(c: &WalCoord) -> Coord {
-        Coord { x: c.x, y: c.y, z: c.z }
+        Coord {
+            x: c.x,
+            y: c.y,
+            z: c.z,
+        }
     }
 }
 
 /// What a caller asks of a tenant.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
-    Write { coord: Coord, value: Vec<u8>, expected_version: Option<u64> },
-    Read { coord: Coord },
-    Delete { coord: Coord, expected_version: Option<u64> },
+    Write {
+        coord: Coord,
+        value: Vec<u8>,
+        expected_version: Option<u64>,
+    },
+    Read {
+        coord: Coord,
+    },
+    Delete {
+        coord: Coord,
+        expected_version: Option<u64>,
+    },
 }
 
 impl Command {
@@ -65,8 +82,14 @@ pub enum Reply {
 impl Reply {
     fn with_seq(self, new_seq: u64) -> Reply {
         match self {
-            Reply::Written { version, .. } => Reply::Written { version, seq: new_seq },
-            Reply::Deleted { existed, .. } => Reply::Deleted { existed, seq: new_seq },
+            Reply::Written { version, .. } => Reply::Written {
+                version,
+                seq: new_seq,
+            },
+            Reply::Deleted { existed, .. } => Reply::Deleted {
+                existed,
+                seq: new_seq,
+            },
             other => other,
         }
     }
@@ -114,7 +137,12 @@ pub struct TenantState {
 
 impl TenantState {
     pub fn new(max_value: usize) -> TenantState {
-        TenantState { cells: HashMap::new(), overlay: HashMap::new(), applied_seq: 0, max_value }
+        TenantState {
+            cells: HashMap::new(),
+            overlay: HashMap::new(),
+            applied_seq: 0,
+            max_value,
+        }
     }
 
     /// Highest WAL sequence number applied.
@@ -131,14 +159,20 @@ impl TenantState {
         if let Some(p) = self.overlay.get(coord) {
             return (p.version, p.sealed);
         }
-        self.cells.get(coord).map_or((0, false), |c| (c.version, c.sealed))
+        self.cells
+            .get(coord)
+            .map_or((0, false), |c| (c.version, c.sealed))
     }
 
     /// Check `cmd` against the logical state and decide what to log.
     pub fn prepare(&self, cmd: Command) -> Result<Prepared, StoreError> {
         match cmd {
             Command::Read { coord } => Ok(Prepared::Immediate(Reply::Read(self.read(&coord)))),
-            Command::Write { coord, value, expected_version } => {
+            Command::Write {
+                coord,
+                value,
+                expected_version,
+            } => {
                 if value.len() > self.max_value {
                     return Err(StoreError::InvalidArgument(format!(
                         "value is {} bytes; the limit is {} bytes",
@@ -150,27 +184,61 @@ impl TenantState {
                 check_writable(&coord, sealed)?;
                 check_version(expected_version, version)?;
                 let version = version + 1;
-                let op = WalOp { op: Some(Op::Put(walop::Put { coord: Some(coord.into()), value, version })) };
-                Ok(Prepared::Log { op, reply: Reply::Written { version, seq: 0 } })
+                let op = WalOp {
+                    op: Some(Op::Put(walop::Put {
+                        coord: Some(coord.into()),
+                        value,
+                        version,
+                    })),
+                };
+                Ok(Prepared::Log {
+                    op,
+                    reply: Reply::Written { version, seq: 0 },
+                })
             }
-            Command::Delete { coord, expected_version } => {
+            Command::Delete {
+                coord,
+                expected_version,
+            } => {
                 let (version, sealed) = self.logical(&coord);
                 check_version(expected_version, version)?;
                 if version == 0 {
-                    return Ok(Prepared::Immediate(Reply::Deleted { existed: false, seq: 0 }));
+                    return Ok(Prepared::Immediate(Reply::Deleted {
+                        existed: false,
+                        seq: 0,
+                    }));
                 }
                 check_writable(&coord, sealed)?;
-                let op = WalOp { op: Some(Op::Del(walop::Del { coord: Some(coord.into()) })) };
-                Ok(Prepared::Log { op, reply: Reply::Deleted { existed: true, seq: 0 } })
+                let op = WalOp {
+                    op: Some(Op::Del(walop::Del {
+                        coord: Some(coord.into()),
+                    })),
+                };
+                Ok(Prepared::Log {
+                    op,
+                    reply: Reply::Deleted {
+                        existed: true,
+                        seq: 0,
+                    },
+                })
             }
         }
     }
 
     /// Record that `op` was appended to the WAL as `seq` (not yet durable).
     pub fn note_pending(&mut self, seq: u64, op: &WalOp) {
-        let Some((coord, version)) = target(op) else { return };
+        let Some((coord, version)) = target(op) else {
+            return;
+        };
         let sealed = self.logical(&coord).1;
-        self.overlay.insert(coord, PendingCell { version, sealed, seq });
+        self.overlay.insert(
+            coord,
+            PendingCell {
+                version,
+                sealed,
+                seq,
+            },
+        );
     }
 
     /// Apply a durable record. Records at or below the applied seq are ignored (idempotent).
@@ -181,7 +249,14 @@ impl TenantState {
         match op.op {
             Some(Op::Put(put)) => {
                 let coord = coord_of(put.coord.as_ref())?;
-                self.cells.insert(coord, Cell { value: put.value, version: put.version, sealed: false });
+                self.cells.insert(
+                    coord,
+                    Cell {
+                        value: put.value,
+                        version: put.version,
+                        sealed: false,
+                    },
+                );
                 self.clear_overlay(coord, seq);
             }
             Some(Op::Del(del)) => {
@@ -208,7 +283,11 @@ impl TenantState {
 
     /// The durable cell at `coord`.
     pub fn read(&self, coord: &Coord) -> Option<CellView> {
-        self.cells.get(coord).map(|c| CellView { value: c.value.clone(), version: c.version, sealed: c.sealed })
+        self.cells.get(coord).map(|c| CellView {
+            value: c.value.clone(),
+            version: c.version,
+            sealed: c.sealed,
+        })
     }
 }
 
@@ -221,7 +300,8 @@ fn target(op: &WalOp) -> Option<(Coord, u64)> {
 }
 
 fn coord_of(c: Option<&WalCoord>) -> Result<Coord, String> {
-    c.map(Coord::from).ok_or_else(|| "record has no coordinate".to_string())
+    c.map(Coord::from)
+        .ok_or_else(|| "record has no coordinate".to_string())
 }
 
 fn check_writable(coord: &Coord, sealed: bool) -> Result<(), StoreError> {
@@ -248,7 +328,11 @@ fn check_version(expected: Option<u64>, actual: u64) -> Result<(), StoreError> {
 mod tests {
     use super::*;
 
-    const C: Coord = Coord { x: -1, y: 0, z: i32::MAX };
+    const C: Coord = Coord {
+        x: -1,
+        y: 0,
+        z: i32::MAX,
+    };
 
     /// Prepare, "log" at `seq`, and apply as if the batch became durable.
     fn run(s: &mut TenantState, seq: &mut u64, cmd: Command) -> Result<Reply, StoreError> {
@@ -267,21 +351,58 @@ mod tests {
     fn write_read_delete_with_versions() {
         let mut s = TenantState::new(16);
         let mut seq = 0;
-        assert_eq!(run(&mut s, &mut seq, Command::Read { coord: C }), Ok(Reply::Read(None)));
-        let w = Command::Write { coord: C, value: b"a".to_vec(), expected_version: None };
-        assert_eq!(run(&mut s, &mut seq, w.clone()), Ok(Reply::Written { version: 1, seq: 1 }));
-        assert_eq!(run(&mut s, &mut seq, w), Ok(Reply::Written { version: 2, seq: 2 }));
         assert_eq!(
             run(&mut s, &mut seq, Command::Read { coord: C }),
-            Ok(Reply::Read(Some(CellView { value: b"a".to_vec(), version: 2, sealed: false })))
+            Ok(Reply::Read(None))
+        );
+        let w = Command::Write {
+            coord: C,
+            value: b"a".to_vec(),
+            expected_version: None,
+        };
+        assert_eq!(
+            run(&mut s, &mut seq, w.clone()),
+            Ok(Reply::Written { version: 1, seq: 1 })
         );
         assert_eq!(
-            run(&mut s, &mut seq, Command::Delete { coord: C, expected_version: None }),
-            Ok(Reply::Deleted { existed: true, seq: 3 })
+            run(&mut s, &mut seq, w),
+            Ok(Reply::Written { version: 2, seq: 2 })
         );
         assert_eq!(
-            run(&mut s, &mut seq, Command::Delete { coord: C, expected_version: None }),
-            Ok(Reply::Deleted { existed: false, seq: 0 })
+            run(&mut s, &mut seq, Command::Read { coord: C }),
+            Ok(Reply::Read(Some(CellView {
+                value: b"a".to_vec(),
+                version: 2,
+                sealed: false
+            })))
+        );
+        assert_eq!(
+            run(
+                &mut s,
+                &mut seq,
+                Command::Delete {
+                    coord: C,
+                    expected_version: None
+                }
+            ),
+            Ok(Reply::Deleted {
+                existed: true,
+                seq: 3
+            })
+        );
+        assert_eq!(
+            run(
+                &mut s,
+                &mut seq,
+                Command::Delete {
+                    coord: C,
+                    expected_version: None
+                }
+            ),
+            Ok(Reply::Deleted {
+                existed: false,
+                seq: 0
+            })
         );
     }
 
@@ -289,20 +410,37 @@ mod tests {
     fn compare_and_set_checks_the_logical_version() {
         let mut s = TenantState::new(16);
         let mut seq = 0;
-        let cas = |v| Command::Write { coord: C, value: vec![], expected_version: Some(v) };
-        assert!(matches!(run(&mut s, &mut seq, cas(1)), Err(StoreError::FailedPrecondition(m)) if m.contains("expected 1")));
-        assert_eq!(run(&mut s, &mut seq, cas(0)), Ok(Reply::Written { version: 1, seq: 1 }));
+        let cas = |v| Command::Write {
+            coord: C,
+            value: vec![],
+            expected_version: Some(v),
+        };
+        assert!(
+            matches!(run(&mut s, &mut seq, cas(1)), Err(StoreError::FailedPrecondition(m)) if m.contains("expected 1"))
+        );
+        assert_eq!(
+            run(&mut s, &mut seq, cas(0)),
+            Ok(Reply::Written { version: 1, seq: 1 })
+        );
         // A second CAS prepared while the first is only pending must see version 1, not 0.
-        let Prepared::Log { op, .. } = s.prepare(cas(1)).unwrap() else { panic!() };
+        let Prepared::Log { op, .. } = s.prepare(cas(1)).unwrap() else {
+            panic!()
+        };
         s.note_pending(2, &op);
-        assert!(matches!(s.prepare(cas(1)), Err(StoreError::FailedPrecondition(_))));
+        assert!(matches!(
+            s.prepare(cas(1)),
+            Err(StoreError::FailedPrecondition(_))
+        ));
         assert!(s.prepare(cas(2)).is_ok());
         // ...while reads still see only the durable version.
         assert_eq!(s.read(&C).unwrap().version, 1);
         s.apply(2, op).unwrap();
         assert_eq!(s.read(&C).unwrap().version, 2);
         assert!(matches!(
-            s.prepare(Command::Delete { coord: C, expected_version: Some(9) }),
+            s.prepare(Command::Delete {
+                coord: C,
+                expected_version: Some(9)
+            }),
             Err(StoreError::FailedPrecondition(_))
         ));
     }
@@ -310,7 +448,11 @@ mod tests {
     #[test]
     fn oversized_value_is_invalid_argument() {
         let s = TenantState::new(4);
-        let r = s.prepare(Command::Write { coord: C, value: vec![0; 5], expected_version: None });
+        let r = s.prepare(Command::Write {
+            coord: C,
+            value: vec![0; 5],
+            expected_version: None,
+        });
         assert!(matches!(r, Err(StoreError::InvalidArgument(m)) if m.contains("limit is 4 bytes")));
     }
 
@@ -318,7 +460,11 @@ mod tests {
     fn apply_is_idempotent_for_old_records() {
         let mut s = TenantState::new(16);
         let op = |v: &[u8]| WalOp {
-            op: Some(Op::Put(walop::Put { coord: Some(C.into()), value: v.to_vec(), version: 1 })),
+            op: Some(Op::Put(walop::Put {
+                coord: Some(C.into()),
+                value: v.to_vec(),
+                version: 1,
+            })),
         };
         s.apply(5, op(b"new")).unwrap();
         s.apply(4, op(b"old")).unwrap();

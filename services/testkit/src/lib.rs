@@ -53,7 +53,12 @@ impl TestServer {
             child: None,
             starts: 0,
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-            demo: Credentials { tenant: String::new(), key_id: String::new(), secret: String::new(), endpoint: None },
+            demo: Credentials {
+                tenant: String::new(),
+                key_id: String::new(),
+                secret: String::new(),
+                endpoint: None,
+            },
         };
         server.spawn()?;
         Ok(server)
@@ -87,7 +92,11 @@ impl TestServer {
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
                 if let Some(rest) = line.strip_prefix(READY_PREFIX) {
-                    let addr = rest.split_whitespace().next().unwrap_or_default().to_string();
+                    let addr = rest
+                        .split_whitespace()
+                        .next()
+                        .unwrap_or_default()
+                        .to_string();
                     let _ = tx.send(addr);
                 }
             }
@@ -97,7 +106,9 @@ impl TestServer {
             Ok(a) => a,
             Err(_) => bail!("cubed did not become ready; log:\n{}", self.log()),
         };
-        self.addr = addr.parse().with_context(|| format!("bad ready address {addr:?}"))?;
+        self.addr = addr
+            .parse()
+            .with_context(|| format!("bad ready address {addr:?}"))?;
         let creds = fs::read_to_string(self.data_dir().join("dev-credentials.json"))?;
         self.demo = serde_json::from_str(&creds)?;
         Ok(())
@@ -152,25 +163,38 @@ impl TestServer {
 
     /// A plain channel to the server.
     pub async fn channel(&self) -> anyhow::Result<Channel> {
-        Ok(Endpoint::from_shared(self.endpoint())?.tcp_nodelay(true).connect().await?)
+        Ok(Endpoint::from_shared(self.endpoint())?
+            .tcp_nodelay(true)
+            .connect()
+            .await?)
     }
 
     /// A Cells client signing as `creds`.
     pub async fn cells(&self, creds: &Credentials) -> anyhow::Result<SignedCells> {
         let signer = CallSigner::new(&creds.tenant, &creds.key_id, creds.secret()?);
-        Ok(CellsClient::new(Signing::new(self.channel().await?, signer)))
+        Ok(CellsClient::new(Signing::new(
+            self.channel().await?,
+            signer,
+        )))
     }
 
     /// Run `cubed ARGS --data-dir <this server's data dir>`.
     pub fn cli(&self, args: &[&str]) -> anyhow::Result<Output> {
-        Ok(Command::new(&self.bin).args(args).arg("--data-dir").arg(self.data_dir()).output()?)
+        Ok(Command::new(&self.bin)
+            .args(args)
+            .arg("--data-dir")
+            .arg(self.data_dir())
+            .output()?)
     }
 
     /// `cubed tenant create NAME`, parsed.
     pub fn create_tenant(&self, name: &str) -> anyhow::Result<Credentials> {
         let out = self.cli(&["tenant", "create", name])?;
         if !out.status.success() {
-            bail!("tenant create failed: {}", String::from_utf8_lossy(&out.stderr));
+            bail!(
+                "tenant create failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         Ok(serde_json::from_slice(&out.stdout)?)
     }
@@ -184,7 +208,9 @@ impl Drop for TestServer {
 
 /// Current unix time in milliseconds.
 pub fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// Put hand-made per-call metadata on `req` (for tests of the auth layer's refusals).
@@ -195,13 +221,28 @@ pub fn sign_manually<T>(
     ts_ms: i64,
     nonce: &str,
 ) -> anyhow::Result<()> {
-    let call =
-        CallSignature::sign_with_nonce(&creds.secret()?, signed_path, &creds.tenant, &creds.key_id, ts_ms, nonce.to_string());
+    let call = CallSignature::sign_with_nonce(
+        &creds.secret()?,
+        signed_path,
+        &creds.tenant,
+        &creds.key_id,
+        ts_ms,
+        nonce.to_string(),
+    );
     let md = req.metadata_mut();
-    md.insert(headers::TENANT, MetadataValue::try_from(call.tenant.as_str())?);
+    md.insert(
+        headers::TENANT,
+        MetadataValue::try_from(call.tenant.as_str())?,
+    );
     md.insert(headers::KEY, MetadataValue::try_from(call.key_id.as_str())?);
-    md.insert(headers::TS, MetadataValue::try_from(call.ts_ms.to_string())?);
-    md.insert(headers::NONCE, MetadataValue::try_from(call.nonce.as_str())?);
+    md.insert(
+        headers::TS,
+        MetadataValue::try_from(call.ts_ms.to_string())?,
+    );
+    md.insert(
+        headers::NONCE,
+        MetadataValue::try_from(call.nonce.as_str())?,
+    );
     md.insert(headers::SIG, MetadataValue::try_from(call.sig.as_str())?);
     Ok(())
 }

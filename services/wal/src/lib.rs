@@ -14,8 +14,11 @@ mod tests;
 
 pub use error::WalError;
 pub use recovery::RecoveryReport;
-pub use segment::{segment_file_name, SegmentSizing};
+pub use segment::{SegmentSizing, segment_file_name};
 pub use shard::{DurableEvent, DurableNotify, WalOptions, WalShard};
+
+/// Receives each replayed record (sequence number, payload); an `Err` stops recovery.
+pub type ReplayVisitor<'a> = dyn FnMut(u64, &[u8]) -> Result<(), String> + 'a;
 
 /// Bytes of framing before each record's payload: `len u32 | crc32c u32 | seq u64`.
 pub const RECORD_HEADER_LEN: usize = record::HEADER_LEN;

@@ -27,7 +27,11 @@ fn checksum(len: u32, seq: u64, payload: &[u8]) -> u32 {
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Frame<'a> {
     /// A whole, checksummed record; `total` = header + payload bytes.
-    Record { seq: u64, payload: &'a [u8], total: usize },
+    Record {
+        seq: u64,
+        payload: &'a [u8],
+        total: usize,
+    },
     /// A zero header: the end of written data (if the rest is zero too).
     End,
     /// Anything else: short, garbage, or a checksum mismatch.
@@ -42,7 +46,11 @@ pub(crate) fn framed_len(buf: &[u8]) -> Option<usize> {
 
 pub(crate) fn decode(buf: &[u8]) -> Frame<'_> {
     let Some(header) = buf.get(..HEADER_LEN) else {
-        return if buf.iter().all(|b| *b == 0) { Frame::End } else { Frame::Invalid };
+        return if buf.iter().all(|b| *b == 0) {
+            Frame::End
+        } else {
+            Frame::Invalid
+        };
     };
     if header.iter().all(|b| *b == 0) {
         return Frame::End;
@@ -59,7 +67,11 @@ pub(crate) fn decode(buf: &[u8]) -> Frame<'_> {
     if seq == 0 || checksum(len, seq, payload) != crc {
         return Frame::Invalid;
     }
-    Frame::Record { seq, payload, total }
+    Frame::Record {
+        seq,
+        payload,
+        total,
+    }
 }
 
 #[cfg(test)]
@@ -70,13 +82,24 @@ mod tests {
     fn round_trips_and_detects_any_flipped_bit() {
         let mut buf = Vec::new();
         encode(&mut buf, 7, b"hello");
-        assert_eq!(decode(&buf), Frame::Record { seq: 7, payload: b"hello", total: 21 });
+        assert_eq!(
+            decode(&buf),
+            Frame::Record {
+                seq: 7,
+                payload: b"hello",
+                total: 21
+            }
+        );
         for bit in 0..buf.len() * 8 {
             let mut bad = buf.clone();
             bad[bit / 8] ^= 1 << (bit % 8);
             assert_ne!(
                 decode(&bad),
-                Frame::Record { seq: 7, payload: b"hello", total: 21 },
+                Frame::Record {
+                    seq: 7,
+                    payload: b"hello",
+                    total: 21
+                },
                 "bit {bit}"
             );
         }
@@ -96,6 +119,13 @@ mod tests {
     fn empty_payload_is_a_valid_record() {
         let mut buf = Vec::new();
         encode(&mut buf, 3, b"");
-        assert_eq!(decode(&buf), Frame::Record { seq: 3, payload: b"", total: 16 });
+        assert_eq!(
+            decode(&buf),
+            Frame::Record {
+                seq: 3,
+                payload: b"",
+                total: 16
+            }
+        );
     }
 }

@@ -11,9 +11,9 @@ use std::fs::{self, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use crate::WalError;
 use crate::record::{self, Frame, HEADER_LEN};
 use crate::segment::{list_segments, segment_file_name};
+use crate::{ReplayVisitor, WalError};
 
 /// What recovery found and did. Numbers for logs and metrics.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -43,10 +43,14 @@ pub(crate) struct Resume {
 pub(crate) fn recover(
     dir: &Path,
     start_after: u64,
-    visit: &mut dyn FnMut(u64, &[u8]) -> Result<(), String>,
+    visit: &mut ReplayVisitor<'_>,
 ) -> Result<(Resume, RecoveryReport), WalError> {
     let listed = list_segments(dir).map_err(WalError::io("listing segments"))?;
-    let mut report = RecoveryReport { segments: listed.len(), last_seq: start_after, ..Default::default() };
+    let mut report = RecoveryReport {
+        segments: listed.len(),
+        last_seq: start_after,
+        ..Default::default()
+    };
     let mut segments = Vec::with_capacity(listed.len());
     let mut write_offset = 0;
     // The sequence number the next record must carry; None until the first segment read.
@@ -55,28 +59,42 @@ pub(crate) fn recover(
     for (i, (first_seq, path)) in listed.iter().enumerate() {
         let is_last = i + 1 == listed.len();
         let name = segment_file_name(*first_seq);
-        let size = fs::metadata(path).map_err(WalError::io("reading segment size"))?.len();
+        let size = fs::metadata(path)
+            .map_err(WalError::io("reading segment size"))?
+            .len();
         segments.push((*first_seq, path.clone(), size));
         if let Some(exp) = expected {
             if *first_seq != exp {
-                return Err(corrupt(&name, 0, format!("segment starts at seq {first_seq}, expected {exp}")));
+                return Err(corrupt(
+                    &name,
+                    0,
+                    format!("segment starts at seq {first_seq}, expected {exp}"),
+                ));
             }
         } else if *first_seq > start_after + 1 {
-            return Err(corrupt(&name, 0, format!("records {}..{} are missing", start_after + 1, first_seq)));
+            return Err(corrupt(
+                &name,
+                0,
+                format!("records {}..{} are missing", start_after + 1, first_seq),
+            ));
         }
         // Segments wholly covered by the checkpoint need not be read at all.
-        if let Some((next_first, _)) = listed.get(i + 1) {
-            if *next_first <= start_after + 1 {
-                expected = Some(*next_first);
-                continue;
-            }
+        if let Some((next_first, _)) = listed.get(i + 1)
+            && *next_first <= start_after + 1
+        {
+            expected = Some(*next_first);
+            continue;
         }
         let data = fs::read(path).map_err(WalError::io("reading segment"))?;
         let mut pos = 0usize;
         let mut exp = *first_seq;
         let bad_at = loop {
             match record::decode(&data[pos..]) {
-                Frame::Record { seq, payload, total } if seq == exp => {
+                Frame::Record {
+                    seq,
+                    payload,
+                    total,
+                } if seq == exp => {
                     if seq > start_after {
                         visit(seq, payload).map_err(|detail| WalError::Replay { seq, detail })?;
                         report.records_replayed += 1;
@@ -92,7 +110,11 @@ pub(crate) fn recover(
         expected = Some(exp);
         if let Some(bad) = bad_at {
             if !is_last {
-                return Err(corrupt(&name, bad as u64, "invalid record in a sealed segment".into()));
+                return Err(corrupt(
+                    &name,
+                    bad as u64,
+                    "invalid record in a sealed segment".into(),
+                ));
             }
             if let Some((off, seq)) = find_valid_record_after(&data, bad, exp) {
                 return Err(corrupt(
@@ -112,11 +134,22 @@ pub(crate) fn recover(
         }
     }
     let next_seq = expected.unwrap_or(start_after + 1).max(start_after + 1);
-    Ok((Resume { segments, write_offset, next_seq }, report))
+    Ok((
+        Resume {
+            segments,
+            write_offset,
+            next_seq,
+        },
+        report,
+    ))
 }
 
 fn corrupt(segment: &str, offset: u64, detail: String) -> WalError {
-    WalError::Corrupt { segment: segment.to_string(), offset, detail }
+    WalError::Corrupt {
+        segment: segment.to_string(),
+        offset,
+        detail,
+    }
 }
 
 /// Look for any whole, checksummed record with a plausible sequence number after `from`.
@@ -140,9 +173,14 @@ fn find_valid_record_after(data: &[u8], from: usize, min_seq: u64) -> Option<(us
 }
 
 fn zero_range(path: &Path, offset: u64, len: u64) -> Result<(), WalError> {
-    let file = OpenOptions::new().write(true).open(path).map_err(WalError::io("opening segment for repair"))?;
+    let file = OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(WalError::io("opening segment for repair"))?;
     let zeros = vec![0u8; len as usize];
-    file.write_all_at(&zeros, offset).map_err(WalError::io("zeroing torn tail"))?;
-    file.sync_data().map_err(WalError::io("syncing repaired segment"))?;
+    file.write_all_at(&zeros, offset)
+        .map_err(WalError::io("zeroing torn tail"))?;
+    file.sync_data()
+        .map_err(WalError::io("syncing repaired segment"))?;
     Ok(())
 }

@@ -42,7 +42,10 @@ pub struct SegmentSizing {
 
 impl Default for SegmentSizing {
     fn default() -> Self {
-        SegmentSizing { initial: 256 << 10, max: 64 << 20 }
+        SegmentSizing {
+            initial: 256 << 10,
+            max: 64 << 20,
+        }
     }
 }
 
@@ -54,7 +57,11 @@ impl SegmentSizing {
             Some(p) => p.saturating_mul(2).min(self.max).max(self.initial),
         };
         // Round a too-big record up to whole MiB so odd sizes do not fragment the disk.
-        if need > base { need.div_ceil(1 << 20) * (1 << 20) } else { base }
+        if need > base {
+            need.div_ceil(1 << 20) * (1 << 20)
+        } else {
+            base
+        }
     }
 }
 
@@ -77,7 +84,11 @@ pub(crate) fn list_segments(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
 
 /// Create `path` with `size` zero bytes written (not a sparse hole) and fsynced.
 pub(crate) fn create_zeroed(path: &Path, size: u64) -> io::Result<File> {
-    let mut file = OpenOptions::new().read(true).write(true).create_new(true).open(path)?;
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(path)?;
     let zeros = vec![0u8; ZERO_CHUNK];
     let mut left = size;
     while left > 0 {
@@ -101,7 +112,10 @@ mod tests {
     #[test]
     fn names_round_trip_and_sort_numerically() {
         assert_eq!(segment_file_name(42), "00000000000000000042.wal");
-        assert_eq!(parse_segment_file_name(&segment_file_name(u64::MAX)), Some(u64::MAX));
+        assert_eq!(
+            parse_segment_file_name(&segment_file_name(u64::MAX)),
+            Some(u64::MAX)
+        );
         assert_eq!(parse_segment_file_name("42.wal"), None);
         assert_eq!(parse_segment_file_name("0000000000000000004x.wal"), None);
         assert!(segment_file_name(9) < segment_file_name(10));
@@ -109,7 +123,10 @@ mod tests {
 
     #[test]
     fn sizing_doubles_up_to_max_and_fits_big_records() {
-        let s = SegmentSizing { initial: 1024, max: 4096 };
+        let s = SegmentSizing {
+            initial: 1024,
+            max: 4096,
+        };
         assert_eq!(s.next(None, 10), 1024);
         assert_eq!(s.next(Some(1024), 10), 2048);
         assert_eq!(s.next(Some(4096), 10), 4096);

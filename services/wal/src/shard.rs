@@ -12,10 +12,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
-use crate::WalError;
 use crate::record;
 use crate::recovery::{RecoveryReport, recover};
 use crate::segment::{SegmentSizing, create_zeroed, segment_file_name, spare_path, sync_dir};
+use crate::{ReplayVisitor, WalError};
 
 /// What the syncer reports after each batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,7 +40,10 @@ pub struct WalOptions {
 
 impl Default for WalOptions {
     fn default() -> Self {
-        WalOptions { segments: SegmentSizing::default(), max_record: 4 << 20 }
+        WalOptions {
+            segments: SegmentSizing::default(),
+            max_record: 4 << 20,
+        }
     }
 }
 
@@ -53,7 +56,9 @@ pub struct WalShard {
 
 impl std::fmt::Debug for WalShard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WalShard").field("dir", &self.shared.dir).finish_non_exhaustive()
+        f.debug_struct("WalShard")
+            .field("dir", &self.shared.dir)
+            .finish_non_exhaustive()
     }
 }
 
@@ -87,13 +92,14 @@ impl WalShard {
         dir: &Path,
         options: WalOptions,
         start_after: u64,
-        visit: &mut dyn FnMut(u64, &[u8]) -> Result<(), String>,
+        visit: &mut ReplayVisitor<'_>,
         notify: Option<DurableNotify>,
     ) -> Result<(WalShard, RecoveryReport), WalError> {
-        fs::create_dir_all(dir).map_err(WalError::io("creating wal directory"))?;
+        create_dir_durably(dir)?;
         let (resume, report) = recover(dir, start_after, visit)?;
         let max_record = options.max_record;
-        let mut writer = SegmentWriter::resume(dir, options.segments, resume.segments, resume.write_offset)?;
+        let mut writer =
+            SegmentWriter::resume(dir, options.segments, resume.segments, resume.write_offset)?;
         let wal_bytes = writer.total_bytes();
         let last = resume.next_seq - 1;
         writer.ensure_active(resume.next_seq, 0)?;
@@ -119,14 +125,24 @@ impl WalShard {
             .name("wal-syncer".into())
             .spawn(move || syncer_loop(&thread_shared, writer))
             .map_err(WalError::io("spawning syncer thread"))?;
-        Ok((WalShard { shared, syncer: Some(syncer), max_record }, report))
+        Ok((
+            WalShard {
+                shared,
+                syncer: Some(syncer),
+                max_record,
+            },
+            report,
+        ))
     }
 
     /// Frame `payload` into the next batch and return its sequence number. Durability is reported
     /// later through the notify callback or [`WalShard::wait_durable`].
     pub fn append(&self, payload: &[u8]) -> Result<u64, WalError> {
         if payload.len() > self.max_record {
-            return Err(WalError::RecordTooLarge { len: payload.len(), max: self.max_record });
+            return Err(WalError::RecordTooLarge {
+                len: payload.len(),
+                max: self.max_record,
+            });
         }
         let mut st = self.shared.lock();
         if st.poisoned {
@@ -151,10 +167,18 @@ impl WalShard {
         let mut st = self.shared.lock();
         st.durable_waiters += 1;
         while st.durable < seq && !st.poisoned {
-            st = self.shared.durable_cv.wait(st).unwrap_or_else(|p| p.into_inner());
+            st = self
+                .shared
+                .durable_cv
+                .wait(st)
+                .unwrap_or_else(|p| p.into_inner());
         }
         st.durable_waiters -= 1;
-        if st.durable >= seq { Ok(()) } else { Err(WalError::Poisoned) }
+        if st.durable >= seq {
+            Ok(())
+        } else {
+            Err(WalError::Poisoned)
+        }
     }
 
     /// Highest durable sequence number.
@@ -192,8 +216,40 @@ impl WalShard {
             let _ = handle.join();
         }
         let st = self.shared.lock();
-        if st.poisoned { Err(WalError::Poisoned) } else { Ok(st.durable) }
+        if st.poisoned {
+            Err(WalError::Poisoned)
+        } else {
+            Ok(st.durable)
+        }
     }
+}
+
+/// `create_dir_all`, then fsync every directory whose entry list changed, so a new shard's
+/// directory survives power loss before its first acknowledged record.
+fn create_dir_durably(dir: &Path) -> Result<(), WalError> {
+    let mut existing = dir;
+    while !existing.exists() {
+        match existing.parent() {
+            Some(p) => existing = p,
+            None => break,
+        }
+    }
+    if existing == dir {
+        return Ok(());
+    }
+    fs::create_dir_all(dir).map_err(WalError::io("creating wal directory"))?;
+    let mut d = dir;
+    loop {
+        sync_dir(d).map_err(WalError::io("syncing new wal directory"))?;
+        if d == existing {
+            break;
+        }
+        match d.parent() {
+            Some(p) => d = p,
+            None => break,
+        }
+    }
+    Ok(())
 }
 
 impl Drop for WalShard {
@@ -294,30 +350,43 @@ impl SegmentWriter {
     ) -> Result<SegmentWriter, WalError> {
         let active = match segments.pop() {
             Some((first_seq, path, size)) => {
-                let file = OpenOptions::new().read(true).write(true).open(&path).map_err(WalError::io("opening active segment"))?;
-                Some(Active { first_seq, file, capacity: size, offset: write_offset })
+                let file = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&path)
+                    .map_err(WalError::io("opening active segment"))?;
+                Some(Active {
+                    first_seq,
+                    file,
+                    capacity: size,
+                    offset: write_offset,
+                })
             }
             None => None,
         };
         Ok(SegmentWriter {
             dir: dir.to_path_buf(),
             sizing,
-            sealed: segments.into_iter().map(|(first, _, size)| (first, size)).collect(),
+            sealed: segments
+                .into_iter()
+                .map(|(first, _, size)| (first, size))
+                .collect(),
             active,
             spare: None,
         })
     }
 
     fn total_bytes(&self) -> u64 {
-        self.sealed.iter().map(|(_, s)| s).sum::<u64>() + self.active.as_ref().map_or(0, |a| a.capacity)
+        self.sealed.iter().map(|(_, s)| s).sum::<u64>()
+            + self.active.as_ref().map_or(0, |a| a.capacity)
     }
 
     /// Make sure there is an active segment with room for `need` bytes, rotating if not.
     fn ensure_active(&mut self, first_seq: u64, need: u64) -> Result<(), WalError> {
-        if let Some(a) = &self.active {
-            if a.capacity - a.offset >= need.max(1) {
-                return Ok(());
-            }
+        if let Some(a) = &self.active
+            && a.capacity - a.offset >= need.max(1)
+        {
+            return Ok(());
         }
         self.rotate(first_seq, need)
     }
@@ -344,14 +413,22 @@ impl SegmentWriter {
         };
         let (file, capacity) = match spare {
             Some(s) => s,
-            None => (create_zeroed(&path, size).map_err(WalError::io("creating segment"))?, size),
+            None => (
+                create_zeroed(&path, size).map_err(WalError::io("creating segment"))?,
+                size,
+            ),
         };
         sync_dir(&self.dir).map_err(WalError::io("syncing wal directory"))?;
         if let Some(old) = self.active.take() {
             // The previous segment's last batch was already fdatasync'ed by write_batch.
             self.sealed.push((old.first_seq, old.capacity));
         }
-        self.active = Some(Active { first_seq, file, capacity, offset: 0 });
+        self.active = Some(Active {
+            first_seq,
+            file,
+            capacity,
+            offset: 0,
+        });
         Ok(())
     }
 
@@ -390,7 +467,10 @@ impl SegmentWriter {
                 fit += len;
                 n += 1;
             }
-            active.file.write_all_at(&rest[..fit], active.offset).map_err(WalError::io("writing batch"))?;
+            active
+                .file
+                .write_all_at(&rest[..fit], active.offset)
+                .map_err(WalError::io("writing batch"))?;
             active.offset += fit as u64;
             rest = &rest[fit..];
             seq += n;

@@ -7,7 +7,11 @@ use cube_testkit::TestServer;
 use crate::{cubed, read, write};
 
 fn parse(out: &std::process::Output) -> Credentials {
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let creds: Credentials = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(creds.secret.len(), 64);
     creds
@@ -21,7 +25,11 @@ async fn tenants_and_keys_are_created_online_and_offline() {
     let mut c = server.cells(&online).await.unwrap();
     c.write(write(1, 0, 0, b"on")).await.unwrap();
 
-    assert!(tokio::task::block_in_place(|| server.sigterm()).unwrap().success());
+    assert!(
+        tokio::task::block_in_place(|| server.sigterm())
+            .unwrap()
+            .success()
+    );
     let offline = parse(&server.cli(&["tenant", "create", "offline"]).unwrap());
     let second_key = parse(&server.cli(&["key", "create", "online"]).unwrap());
     assert_ne!(second_key.key_id, online.key_id);
@@ -30,7 +38,10 @@ async fn tenants_and_keys_are_created_online_and_offline() {
     let mut c = server.cells(&offline).await.unwrap();
     c.write(write(1, 0, 0, b"off")).await.unwrap();
     let mut c = server.cells(&second_key).await.unwrap();
-    assert_eq!(c.read(read(1, 0, 0)).await.unwrap().into_inner().value, b"on");
+    assert_eq!(
+        c.read(read(1, 0, 0)).await.unwrap().into_inner().value,
+        b"on"
+    );
     let online_again = parse(&server.cli(&["key", "create", "offline"]).unwrap());
     assert_eq!(online_again.tenant, "offline");
 }
@@ -56,5 +67,8 @@ fn dev_credentials_file_is_private() {
     let meta = std::fs::metadata(server.data_dir().join("dev-credentials.json")).unwrap();
     assert_eq!(meta.permissions().mode() & 0o777, 0o600);
     assert_eq!(server.demo.tenant, "demo");
-    assert_eq!(server.demo.endpoint.as_deref(), Some(server.endpoint().as_str()));
+    assert_eq!(
+        server.demo.endpoint.as_deref(),
+        Some(server.endpoint().as_str())
+    );
 }

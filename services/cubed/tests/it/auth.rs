@@ -12,7 +12,13 @@ use crate::{cubed, read, write};
 const READ: &str = "/cube.v1.Cells/Read";
 
 /// Send a Read at (1,1,1) carrying metadata signed as `creds` for `path` at `ts` with `nonce`.
-async fn read_signed(server: &TestServer, creds: &Credentials, path: &str, ts: i64, nonce: &str) -> Result<(), tonic::Status> {
+async fn read_signed(
+    server: &TestServer,
+    creds: &Credentials,
+    path: &str,
+    ts: i64,
+    nonce: &str,
+) -> Result<(), tonic::Status> {
     let mut client = CellsClient::new(server.channel().await.unwrap());
     let mut req = Request::new(read(1, 1, 1));
     sign_manually(&mut req, creds, path, ts, nonce).unwrap();
@@ -22,7 +28,11 @@ async fn read_signed(server: &TestServer, creds: &Credentials, path: &str, ts: i
 fn expect_unauthenticated(r: Result<(), tonic::Status>, needle: &str) {
     let err = r.expect_err("call should have been refused");
     assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
-    assert!(err.message().contains(needle), "message {:?} lacks {needle:?}", err.message());
+    assert!(
+        err.message().contains(needle),
+        "message {:?} lacks {needle:?}",
+        err.message()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -32,42 +42,84 @@ async fn every_bad_credential_is_unauthenticated() {
     let acme = server.create_tenant("acme").unwrap();
 
     // A correctly signed call works (so the refusals below are about the one thing changed).
-    read_signed(&server, &demo, READ, now_ms(), &new_call_nonce()).await.unwrap();
+    read_signed(&server, &demo, READ, now_ms(), &new_call_nonce())
+        .await
+        .unwrap();
 
     // No credentials at all.
     let mut bare = CellsClient::new(server.channel().await.unwrap());
-    expect_unauthenticated(bare.read(read(1, 1, 1)).await.map(|_| ()), "missing credentials");
+    expect_unauthenticated(
+        bare.read(read(1, 1, 1)).await.map(|_| ()),
+        "missing credentials",
+    );
 
     // Bad signature: signed with another secret.
-    let wrong_secret = Credentials { secret: Secret::generate().to_hex(), ..demo.clone() };
-    expect_unauthenticated(read_signed(&server, &wrong_secret, READ, now_ms(), &new_call_nonce()).await, "does not match");
+    let wrong_secret = Credentials {
+        secret: Secret::generate().to_hex(),
+        ..demo.clone()
+    };
+    expect_unauthenticated(
+        read_signed(&server, &wrong_secret, READ, now_ms(), &new_call_nonce()).await,
+        "does not match",
+    );
 
     // Stale timestamp, and one from the future.
-    expect_unauthenticated(read_signed(&server, &demo, READ, now_ms() - 301_000, &new_call_nonce()).await, "away from the server clock");
-    expect_unauthenticated(read_signed(&server, &demo, READ, now_ms() + 301_000, &new_call_nonce()).await, "away from the server clock");
+    expect_unauthenticated(
+        read_signed(&server, &demo, READ, now_ms() - 301_000, &new_call_nonce()).await,
+        "away from the server clock",
+    );
+    expect_unauthenticated(
+        read_signed(&server, &demo, READ, now_ms() + 301_000, &new_call_nonce()).await,
+        "away from the server clock",
+    );
 
     // Replayed nonce.
     let nonce = new_call_nonce();
     let ts = now_ms();
     read_signed(&server, &demo, READ, ts, &nonce).await.unwrap();
-    expect_unauthenticated(read_signed(&server, &demo, READ, ts, &nonce).await, "already used");
+    expect_unauthenticated(
+        read_signed(&server, &demo, READ, ts, &nonce).await,
+        "already used",
+    );
 
     // Unknown key.
-    let unknown = Credentials { key_id: "k-000000000000".into(), ..demo.clone() };
-    expect_unauthenticated(read_signed(&server, &unknown, READ, now_ms(), &new_call_nonce()).await, "unknown or revoked key");
+    let unknown = Credentials {
+        key_id: "k-000000000000".into(),
+        ..demo.clone()
+    };
+    expect_unauthenticated(
+        read_signed(&server, &unknown, READ, now_ms(), &new_call_nonce()).await,
+        "unknown or revoked key",
+    );
 
     // A signature for another method.
     expect_unauthenticated(
-        read_signed(&server, &demo, "/cube.v1.Cells/Write", now_ms(), &new_call_nonce()).await,
+        read_signed(
+            &server,
+            &demo,
+            "/cube.v1.Cells/Write",
+            now_ms(),
+            &new_call_nonce(),
+        )
+        .await,
         "does not match",
     );
 
     // Another tenant's key presented for this tenant.
-    let borrowed = Credentials { tenant: demo.tenant.clone(), ..acme.clone() };
-    expect_unauthenticated(read_signed(&server, &borrowed, READ, now_ms(), &new_call_nonce()).await, "unknown or revoked key");
+    let borrowed = Credentials {
+        tenant: demo.tenant.clone(),
+        ..acme.clone()
+    };
+    expect_unauthenticated(
+        read_signed(&server, &borrowed, READ, now_ms(), &new_call_nonce()).await,
+        "unknown or revoked key",
+    );
 
     // Malformed nonce.
-    expect_unauthenticated(read_signed(&server, &demo, READ, now_ms(), "XYZ").await, "x-cube-nonce");
+    expect_unauthenticated(
+        read_signed(&server, &demo, READ, now_ms(), "XYZ").await,
+        "x-cube-nonce",
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -79,12 +131,25 @@ async fn tenants_never_see_each_others_cells() {
     demo.write(write(5, 5, 5, b"demo's")).await.unwrap();
     acme.write(write(5, 5, 5, b"acme's")).await.unwrap();
     demo.write(write(6, 6, 6, b"only demo")).await.unwrap();
-    assert_eq!(demo.read(read(5, 5, 5)).await.unwrap().into_inner().value, b"demo's");
-    assert_eq!(acme.read(read(5, 5, 5)).await.unwrap().into_inner().value, b"acme's");
+    assert_eq!(
+        demo.read(read(5, 5, 5)).await.unwrap().into_inner().value,
+        b"demo's"
+    );
+    assert_eq!(
+        acme.read(read(5, 5, 5)).await.unwrap().into_inner().value,
+        b"acme's"
+    );
     let r = acme.read(read(6, 6, 6)).await.unwrap().into_inner();
     assert!(!r.found && r.value.is_empty());
     // Each tenant has its own log: acme's first write is its seq 1.
-    let r = acme.write(WriteRequest { coord: crate::coord(7, 7, 7), value: vec![1], expected_version: None }).await.unwrap();
+    let r = acme
+        .write(WriteRequest {
+            coord: crate::coord(7, 7, 7),
+            value: vec![1],
+            expected_version: None,
+        })
+        .await
+        .unwrap();
     assert_eq!(r.into_inner().seq, 2);
 }
 
@@ -93,9 +158,20 @@ async fn revoked_key_is_refused_on_its_next_call() {
     let server = TestServer::start(cubed()).unwrap();
     let mut client = server.cells(&server.demo).await.unwrap();
     client.read(read(0, 0, 0)).await.unwrap();
-    let out = server.cli(&["key", "revoke", "demo", &server.demo.key_id]).unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let err = client.read(ReadRequest { coord: crate::coord(0, 0, 0) }).await.unwrap_err();
+    let out = server
+        .cli(&["key", "revoke", "demo", &server.demo.key_id])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = client
+        .read(ReadRequest {
+            coord: crate::coord(0, 0, 0),
+        })
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::Unauthenticated);
 }
 
@@ -103,26 +179,51 @@ async fn revoked_key_is_refused_on_its_next_call() {
 async fn health_and_reflection_need_no_credentials() {
     use tonic_health::pb::health_client::HealthClient;
     use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus};
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
     use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
     use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
     use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
-    use tonic_reflection::pb::v1::ServerReflectionRequest;
 
     let server = TestServer::start(cubed()).unwrap();
     let channel = server.channel().await.unwrap();
     let mut health = HealthClient::new(channel.clone());
     for service in ["", "cube.v1.Cells"] {
-        let r = health.check(HealthCheckRequest { service: service.into() }).await.unwrap().into_inner();
+        let r = health
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
         assert_eq!(r.status(), ServingStatus::Serving, "{service:?}");
     }
     let mut reflection = ServerReflectionClient::new(channel);
-    let req = ServerReflectionRequest { host: String::new(), message_request: Some(MessageRequest::ListServices(String::new())) };
-    let mut stream = reflection.server_reflection_info(tokio_stream::iter([req])).await.unwrap().into_inner();
-    let Some(MessageResponse::ListServicesResponse(list)) = stream.message().await.unwrap().unwrap().message_response else {
+    let req = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut stream = reflection
+        .server_reflection_info(tokio_stream::iter([req]))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(MessageResponse::ListServicesResponse(list)) =
+        stream.message().await.unwrap().unwrap().message_response
+    else {
         panic!("no service list");
     };
     let names: Vec<_> = list.service.into_iter().map(|s| s.name).collect();
-    for expected in ["cube.v1.Cells", "cube.v1.Access", "cube.v1.Tenant", "cube.v1.Auth", "cube.v1.Admin", "grpc.health.v1.Health"] {
-        assert!(names.iter().any(|n| n == expected), "{expected} missing from {names:?}");
+    for expected in [
+        "cube.v1.Cells",
+        "cube.v1.Access",
+        "cube.v1.Tenant",
+        "cube.v1.Auth",
+        "cube.v1.Admin",
+        "grpc.health.v1.Health",
+    ] {
+        assert!(
+            names.iter().any(|n| n == expected),
+            "{expected} missing from {names:?}"
+        );
     }
 }

@@ -33,7 +33,9 @@ fn payload(w: u32, seq: u64) -> Vec<u8> {
 }
 
 fn crc_ok(value: &[u8]) -> bool {
-    let Some((body, crc)) = value.split_last_chunk::<4>() else { return false };
+    let Some((body, crc)) = value.split_last_chunk::<4>() else {
+        return false;
+    };
     crc32c::crc32c(body) == u32::from_le_bytes(*crc)
 }
 
@@ -65,13 +67,25 @@ async fn verify(server: &TestServer, acked: &[u64]) {
         let mut client = server.cells(&server.demo).await.unwrap();
         tasks.push(tokio::spawn(async move {
             for seq in 1..=last {
-                let r = client.read(read(w as i32, seq as i32, 0)).await.unwrap().into_inner();
+                let r = client
+                    .read(read(w as i32, seq as i32, 0))
+                    .await
+                    .unwrap()
+                    .into_inner();
                 assert!(r.found, "writer {w} seq {seq} acknowledged but lost");
                 assert!(crc_ok(&r.value), "writer {w} seq {seq} corrupt");
-                assert_eq!(r.value, payload(w as u32, seq), "writer {w} seq {seq} differs");
+                assert_eq!(
+                    r.value,
+                    payload(w as u32, seq),
+                    "writer {w} seq {seq} differs"
+                );
             }
             // A write in flight at the crash may or may not have landed, but never half.
-            let r = client.read(read(w as i32, (last + 1) as i32, 0)).await.unwrap().into_inner();
+            let r = client
+                .read(read(w as i32, (last + 1) as i32, 0))
+                .await
+                .unwrap()
+                .into_inner();
             if r.found {
                 assert_eq!(r.value, payload(w as u32, last + 1));
             }
@@ -112,7 +126,11 @@ async fn sigterm_during_writes_exits_0_and_loses_nothing() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     // SIGTERM while the writers keep going; block_in_place lets them run meanwhile.
     let exit = tokio::task::block_in_place(|| server.sigterm()).unwrap();
-    assert!(exit.success(), "cubed exited with {exit:?}; log:\n{}", server.log());
+    assert!(
+        exit.success(),
+        "cubed exited with {exit:?}; log:\n{}",
+        server.log()
+    );
     stop.store(true, Ordering::Relaxed);
     tokio::time::sleep(Duration::from_millis(100)).await;
     let acked = snapshot(&acked);
@@ -126,12 +144,24 @@ async fn sigterm_during_writes_exits_0_and_loses_nothing() {
 async fn write_then_graceful_restart_then_read() {
     let mut server = TestServer::start(cubed()).unwrap();
     let mut c = server.cells(&server.demo).await.unwrap();
-    let r = c.write(write(-7, i32::MIN, i32::MAX, b"kept")).await.unwrap().into_inner();
+    let r = c
+        .write(write(-7, i32::MIN, i32::MAX, b"kept"))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!((r.version, r.seq), (1, 1));
-    assert!(tokio::task::block_in_place(|| server.sigterm()).unwrap().success());
+    assert!(
+        tokio::task::block_in_place(|| server.sigterm())
+            .unwrap()
+            .success()
+    );
     tokio::task::block_in_place(|| server.restart()).unwrap();
     let mut c = server.cells(&server.demo).await.unwrap();
-    let r = c.read(read(-7, i32::MIN, i32::MAX)).await.unwrap().into_inner();
+    let r = c
+        .read(read(-7, i32::MIN, i32::MAX))
+        .await
+        .unwrap()
+        .into_inner();
     assert!(r.found);
     assert_eq!((r.value.as_slice(), r.version), (&b"kept"[..], 1));
     // Sequence numbers continue after the restart.
@@ -149,10 +179,17 @@ async fn corrupt_tenant_refuses_to_open_while_others_keep_serving() {
     }
     let mut d = server.cells(&server.demo).await.unwrap();
     d.write(write(1, 1, 1, b"demo-data")).await.unwrap();
-    assert!(tokio::task::block_in_place(|| server.sigterm()).unwrap().success());
+    assert!(
+        tokio::task::block_in_place(|| server.sigterm())
+            .unwrap()
+            .success()
+    );
 
     // Flip one byte inside acme's second record: records after it are still valid.
-    let seg = server.data_dir().join("tenants/acme/wal").join(cube_wal::segment_file_name(1));
+    let seg = server
+        .data_dir()
+        .join("tenants/acme/wal")
+        .join(cube_wal::segment_file_name(1));
     let mut bytes = std::fs::read(&seg).unwrap();
     let first_len = 16 + u32::from_le_bytes(bytes[0..4].try_into().unwrap()) as usize;
     bytes[first_len + 20] ^= 0xFF;
@@ -163,7 +200,12 @@ async fn corrupt_tenant_refuses_to_open_while_others_keep_serving() {
     let err = a.read(read(0, 0, 0)).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unavailable);
     assert!(err.message().contains("corrupt"), "{}", err.message());
-    assert!(!err.message().contains(&*server.data_dir().to_string_lossy()), "path leaked: {}", err.message());
+    assert!(
+        !err.message()
+            .contains(&*server.data_dir().to_string_lossy()),
+        "path leaked: {}",
+        err.message()
+    );
     let mut d = server.cells(&server.demo).await.unwrap();
     let r = d.read(read(1, 1, 1)).await.unwrap().into_inner();
     assert_eq!(r.value, b"demo-data");

@@ -1,6 +1,9 @@
 //! Integration tests against the real `cubed` binary on port 0: one test binary, so the suite
 //! links once.
 
+// Test helpers outside #[test] fns: a panic here is a failed assertion with a backtrace.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod admin;
 mod auth;
 mod crash;
@@ -19,9 +22,15 @@ pub fn coord(x: i32, y: i32, z: i32) -> Option<Coord> {
 }
 
 pub fn write(x: i32, y: i32, z: i32, value: &[u8]) -> WriteRequest {
-    WriteRequest { coord: coord(x, y, z), value: value.to_vec(), expected_version: None }
+    WriteRequest {
+        coord: coord(x, y, z),
+        value: value.to_vec(),
+        expected_version: None,
+    }
 }
 
 pub fn read(x: i32, y: i32, z: i32) -> ReadRequest {
-    ReadRequest { coord: coord(x, y, z) }
+    ReadRequest {
+        coord: coord(x, y, z),
+    }
 }

@@ -11,11 +11,17 @@ pub(crate) struct AccessService;
 
 #[tonic::async_trait]
 impl Access for AccessService {
-    async fn grant(&self, _: Request<v1::GrantRequest>) -> Result<Response<v1::GrantResponse>, Status> {
+    async fn grant(
+        &self,
+        _: Request<v1::GrantRequest>,
+    ) -> Result<Response<v1::GrantResponse>, Status> {
         Err(ApiError::Unimplemented(LATER).into())
     }
 
-    async fn revoke(&self, _: Request<v1::RevokeRequest>) -> Result<Response<v1::RevokeResponse>, Status> {
+    async fn revoke(
+        &self,
+        _: Request<v1::RevokeRequest>,
+    ) -> Result<Response<v1::RevokeResponse>, Status> {
         Err(ApiError::Unimplemented(LATER).into())
     }
 }

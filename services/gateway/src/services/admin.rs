@@ -16,7 +16,11 @@ pub(crate) struct AdminService {
 }
 
 fn credentials(k: &KeyInfo) -> v1::Credentials {
-    v1::Credentials { tenant: k.tenant.clone(), key_id: k.key_id.clone(), secret: hex_secret(&k.secret) }
+    v1::Credentials {
+        tenant: k.tenant.clone(),
+        key_id: k.key_id.clone(),
+        secret: hex_secret(&k.secret),
+    }
 }
 
 fn hex_secret(s: &[u8; 32]) -> String {
@@ -36,29 +40,57 @@ impl AdminService {
 
 #[tonic::async_trait]
 impl Admin for AdminService {
-    async fn create_tenant(&self, req: Request<v1::CreateTenantRequest>) -> Result<Response<v1::CreateTenantResponse>, Status> {
-        let key = self.catalog()?.create_tenant(&req.into_inner().name).map_err(ApiError::from)?;
-        Ok(Response::new(v1::CreateTenantResponse { credentials: Some(credentials(&key)) }))
+    async fn create_tenant(
+        &self,
+        req: Request<v1::CreateTenantRequest>,
+    ) -> Result<Response<v1::CreateTenantResponse>, Status> {
+        let key = self
+            .catalog()?
+            .create_tenant(&req.into_inner().name)
+            .map_err(ApiError::from)?;
+        Ok(Response::new(v1::CreateTenantResponse {
+            credentials: Some(credentials(&key)),
+        }))
     }
 
-    async fn create_key(&self, req: Request<v1::CreateKeyRequest>) -> Result<Response<v1::CreateKeyResponse>, Status> {
-        let key = self.catalog()?.create_key(&req.into_inner().tenant).map_err(ApiError::from)?;
-        Ok(Response::new(v1::CreateKeyResponse { credentials: Some(credentials(&key)) }))
+    async fn create_key(
+        &self,
+        req: Request<v1::CreateKeyRequest>,
+    ) -> Result<Response<v1::CreateKeyResponse>, Status> {
+        let key = self
+            .catalog()?
+            .create_key(&req.into_inner().tenant)
+            .map_err(ApiError::from)?;
+        Ok(Response::new(v1::CreateKeyResponse {
+            credentials: Some(credentials(&key)),
+        }))
     }
 
-    async fn revoke_key(&self, req: Request<v1::RevokeKeyRequest>) -> Result<Response<v1::RevokeKeyResponse>, Status> {
+    async fn revoke_key(
+        &self,
+        req: Request<v1::RevokeKeyRequest>,
+    ) -> Result<Response<v1::RevokeKeyResponse>, Status> {
         let r = req.into_inner();
-        let revoked = self.catalog()?.revoke_key(&r.tenant, &r.key_id).map_err(ApiError::from)?;
+        let revoked = self
+            .catalog()?
+            .revoke_key(&r.tenant, &r.key_id)
+            .map_err(ApiError::from)?;
         Ok(Response::new(v1::RevokeKeyResponse { revoked }))
     }
 
-    async fn list_tenants(&self, _: Request<v1::ListTenantsRequest>) -> Result<Response<v1::ListTenantsResponse>, Status> {
+    async fn list_tenants(
+        &self,
+        _: Request<v1::ListTenantsRequest>,
+    ) -> Result<Response<v1::ListTenantsResponse>, Status> {
         let tenants = self
             .catalog()?
             .list()
             .map_err(ApiError::from)?
             .into_iter()
-            .map(|(name, active_key_ids)| v1::TenantInfo { name, active_key_ids })
+            .map(|(name, active_key_ids)| v1::TenantInfo {
+                name,
+                active_key_ids,
+            })
             .collect();
         Ok(Response::new(v1::ListTenantsResponse { tenants }))
     }

@@ -29,16 +29,24 @@ fn unexpected(reply: &Reply) -> Status {
 
 #[tonic::async_trait]
 impl Cells for CellsService {
-    async fn write(&self, req: Request<v1::WriteRequest>) -> Result<Response<v1::WriteResponse>, Status> {
+    async fn write(
+        &self,
+        req: Request<v1::WriteRequest>,
+    ) -> Result<Response<v1::WriteResponse>, Status> {
         let principal = Principal::require(&req, Capability::Write)?;
         let cmd = convert::write(req.into_inner())?;
         match self.run(&principal, cmd).await? {
-            Reply::Written { version, seq } => Ok(Response::new(v1::WriteResponse { version, seq })),
+            Reply::Written { version, seq } => {
+                Ok(Response::new(v1::WriteResponse { version, seq }))
+            }
             other => Err(unexpected(&other)),
         }
     }
 
-    async fn read(&self, req: Request<v1::ReadRequest>) -> Result<Response<v1::ReadResponse>, Status> {
+    async fn read(
+        &self,
+        req: Request<v1::ReadRequest>,
+    ) -> Result<Response<v1::ReadResponse>, Status> {
         let principal = Principal::require(&req, Capability::Read)?;
         let cmd = convert::read(req.into_inner())?;
         match self.run(&principal, cmd).await? {
@@ -53,22 +61,33 @@ impl Cells for CellsService {
         }
     }
 
-    async fn delete(&self, req: Request<v1::DeleteRequest>) -> Result<Response<v1::DeleteResponse>, Status> {
+    async fn delete(
+        &self,
+        req: Request<v1::DeleteRequest>,
+    ) -> Result<Response<v1::DeleteResponse>, Status> {
         let principal = Principal::require(&req, Capability::Write)?;
         let cmd = convert::delete(req.into_inner())?;
         match self.run(&principal, cmd).await? {
-            Reply::Deleted { existed, seq } => Ok(Response::new(v1::DeleteResponse { existed, seq })),
+            Reply::Deleted { existed, seq } => {
+                Ok(Response::new(v1::DeleteResponse { existed, seq }))
+            }
             other => Err(unexpected(&other)),
         }
     }
 
     type RegionStream = futures::stream::Empty<Result<v1::Cell, Status>>;
 
-    async fn region(&self, _: Request<v1::RegionRequest>) -> Result<Response<Self::RegionStream>, Status> {
+    async fn region(
+        &self,
+        _: Request<v1::RegionRequest>,
+    ) -> Result<Response<Self::RegionStream>, Status> {
         Err(ApiError::Unimplemented(LATER).into())
     }
 
-    async fn prog(&self, _: Request<v1::ProgRequest>) -> Result<Response<v1::ProgResponse>, Status> {
+    async fn prog(
+        &self,
+        _: Request<v1::ProgRequest>,
+    ) -> Result<Response<v1::ProgResponse>, Status> {
         Err(ApiError::Unimplemented(LATER).into())
     }
 
@@ -76,19 +95,31 @@ impl Cells for CellsService {
         Err(ApiError::Unimplemented(LATER).into())
     }
 
-    async fn link(&self, _: Request<v1::LinkRequest>) -> Result<Response<v1::LinkResponse>, Status> {
+    async fn link(
+        &self,
+        _: Request<v1::LinkRequest>,
+    ) -> Result<Response<v1::LinkResponse>, Status> {
         Err(ApiError::Unimplemented(LATER).into())
     }
 
-    async fn unlink(&self, _: Request<v1::UnlinkRequest>) -> Result<Response<v1::UnlinkResponse>, Status> {
+    async fn unlink(
+        &self,
+        _: Request<v1::UnlinkRequest>,
+    ) -> Result<Response<v1::UnlinkResponse>, Status> {
         Err(ApiError::Unimplemented(LATER).into())
     }
 
-    async fn walk(&self, _: Request<v1::WalkRequest>) -> Result<Response<v1::WalkResponse>, Status> {
+    async fn walk(
+        &self,
+        _: Request<v1::WalkRequest>,
+    ) -> Result<Response<v1::WalkResponse>, Status> {
         Err(ApiError::Unimplemented(LATER).into())
     }
 
-    async fn seal(&self, _: Request<v1::SealRequest>) -> Result<Response<v1::SealResponse>, Status> {
+    async fn seal(
+        &self,
+        _: Request<v1::SealRequest>,
+    ) -> Result<Response<v1::SealResponse>, Status> {
         Err(ApiError::Unimplemented(LATER).into())
     }
 }

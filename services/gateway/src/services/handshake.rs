@@ -6,18 +6,23 @@ use tonic::{Request, Response, Status};
 
 use crate::ApiError;
 
-const LATER: &str =
-    "the per-connection handshake is not implemented yet in this server version; sign each call instead";
+const LATER: &str = "the per-connection handshake is not implemented yet in this server version; sign each call instead";
 
 pub(crate) struct HandshakeService;
 
 #[tonic::async_trait]
 impl Auth for HandshakeService {
-    async fn challenge(&self, _: Request<v1::ChallengeRequest>) -> Result<Response<v1::ChallengeResponse>, Status> {
+    async fn challenge(
+        &self,
+        _: Request<v1::ChallengeRequest>,
+    ) -> Result<Response<v1::ChallengeResponse>, Status> {
         Err(ApiError::Unimplemented(LATER).into())
     }
 
-    async fn hello(&self, _: Request<v1::HelloRequest>) -> Result<Response<v1::HelloResponse>, Status> {
+    async fn hello(
+        &self,
+        _: Request<v1::HelloRequest>,
+    ) -> Result<Response<v1::HelloResponse>, Status> {
         Err(ApiError::Unimplemented(LATER).into())
     }
 }

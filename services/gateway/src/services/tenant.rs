@@ -9,13 +9,25 @@ pub(crate) struct TenantService;
 
 #[tonic::async_trait]
 impl Tenant for TenantService {
-    async fn stats(&self, _: Request<v1::StatsRequest>) -> Result<Response<v1::StatsResponse>, Status> {
-        Err(ApiError::Unimplemented("Tenant.Stats is not implemented yet in this server version").into())
+    async fn stats(
+        &self,
+        _: Request<v1::StatsRequest>,
+    ) -> Result<Response<v1::StatsResponse>, Status> {
+        Err(
+            ApiError::Unimplemented("Tenant.Stats is not implemented yet in this server version")
+                .into(),
+        )
     }
 
     type AuditStream = futures::stream::Empty<Result<v1::AuditEntry, Status>>;
 
-    async fn audit(&self, _: Request<v1::AuditRequest>) -> Result<Response<Self::AuditStream>, Status> {
-        Err(ApiError::Unimplemented("Tenant.Audit is not implemented yet in this server version").into())
+    async fn audit(
+        &self,
+        _: Request<v1::AuditRequest>,
+    ) -> Result<Response<Self::AuditStream>, Status> {
+        Err(
+            ApiError::Unimplemented("Tenant.Audit is not implemented yet in this server version")
+                .into(),
+        )
     }
 }

@@ -1,1 +1,57 @@
-fn main() {}
+//! cube-load: end-to-end load against a real cubed, beside a trivial tonic echo service measured
+//! in the same run (the ceiling for any gRPC service on this machine).
+//!
+//! `cube-load e2e` starts both servers as child processes on loopback, drives the same shape of
+//! load at each (connections × calls in flight, closed loop), and prints a Markdown table with
+//! calls/s, latency quantiles and the ratios to echo. This crate grows into the auth-model A/B
+//! driver later.
+
+// A load driver: a panic is a failed run with a backtrace.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod drive;
+mod echo;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "cube-load", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Durable Cells.Write and Cells.Read vs. a trivial echo service, in one run.
+    E2e(drive::E2eArgs),
+    /// Serve the echo baseline (used by `e2e` as a child process).
+    EchoServer {
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: std::net::SocketAddr,
+    },
+}
+
+/// The cubed binary next to this one (both built by `cargo build --release`).
+fn sibling_cubed() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join("cubed")))
+        .unwrap_or_else(|| PathBuf::from("cubed"))
+}
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    match cli.command {
+        Cmd::E2e(args) => rt.block_on(drive::e2e(args, sibling_cubed())),
+        Cmd::EchoServer { listen } => rt.block_on(echo::serve(listen)),
+    }
+}

@@ -105,7 +105,8 @@ pub struct ServeArgs {
     /// Requests queued per tenant before callers get RESOURCE_EXHAUSTED.
     #[arg(long, env = "CUBE_MAILBOX_CAPACITY", default_value_t = DEFAULT_MAILBOX_CAPACITY)]
     pub mailbox_capacity: usize,
-    /// Threads running tenant actors (default: one per CPU).
+    /// Threads running tenant actors (default: one per 4 CPUs, at least 1; on 2 cores one actor
+    /// thread beat two by ~25% in the e2e benchmark, docs/benchmarks.md).
     #[arg(long, env = "CUBE_ACTOR_THREADS")]
     pub actor_threads: Option<usize>,
     /// HTTP/2 streams per connection at most.
@@ -156,7 +157,7 @@ impl ServeArgs {
         );
         let threads = self
             .actor_threads
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() / 4));
         Ok(ServeConfig {
             data_dir: self.data_dir,
             listen: self.listen,

@@ -6,6 +6,10 @@ use clap::Parser;
 use cubed::config::{Cli, Command, KeyCommand, TenantCommand};
 use cubed::{admin_cli, serve};
 
+// Measured: glibc malloc/free took ~20% of CPU under load; see docs/benchmarks.md.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     match run() {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,8 @@
+//! Compiles the echo baseline's proto with protox (no system protoc).
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    println!("cargo:rerun-if-changed=proto");
+    let fds = protox::compile(["echo.proto"], ["proto"])?;
+    tonic_prost_build::configure().compile_fds(fds)?;
+    Ok(())
+}

@@ -39,6 +39,49 @@ pub struct SignedCall {
     pub sig: String,
 }
 
+/// A key with its HMAC pads hashed once, for signing many calls (clients keep one per key).
+#[derive(Clone)]
+pub struct PreparedKey(crate::HmacSha256);
+
+impl std::fmt::Debug for PreparedKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PreparedKey(..)")
+    }
+}
+
+impl PreparedKey {
+    pub fn new(secret: &Secret) -> PreparedKey {
+        PreparedKey(mac_over(secret, &[]))
+    }
+
+    /// HMAC-SHA256 of the call canonical string, without allocating it.
+    pub fn call_mac(
+        &self,
+        method_path: &str,
+        tenant: &str,
+        key_id: &str,
+        ts_ms: i64,
+        nonce: &str,
+    ) -> [u8; 32] {
+        let mut mac = self.0.clone();
+        for part in [
+            b"CUBE1-CALL\n".as_slice(),
+            method_path.as_bytes(),
+            b"\n",
+            tenant.as_bytes(),
+            b"\n",
+            key_id.as_bytes(),
+            b"\n",
+        ] {
+            mac.update(part);
+        }
+        mac.update(ts_ms.to_string().as_bytes());
+        mac.update(b"\n");
+        mac.update(nonce.as_bytes());
+        mac.finalize().into_bytes().into()
+    }
+}
+
 /// Signs and verifies per-call signatures.
 #[derive(Debug)]
 pub struct CallSignature;
@@ -81,20 +124,42 @@ impl CallSignature {
     /// Constant-time check of `call.sig` for `method_path`. Freshness and replay are the
     /// caller's business.
     pub fn verify(secret: &Secret, method_path: &str, call: &SignedCall) -> bool {
-        let mut sig = [0u8; 32];
-        if call.sig.len() != 64 || hex::decode_to_slice(&call.sig, &mut sig).is_err() {
-            return false;
-        }
-        let canonical = call_canonical_string(
+        Self::verify_parts(
+            secret,
             method_path,
             &call.tenant,
             &call.key_id,
             call.ts_ms,
             &call.nonce,
-        );
-        mac_over(secret, &[canonical.as_bytes()])
-            .verify_slice(&sig)
-            .is_ok()
+            &call.sig,
+        )
+    }
+
+    /// [`CallSignature::verify`] on borrowed metadata values (no allocation: the server's path).
+    pub fn verify_parts(
+        secret: &Secret,
+        method_path: &str,
+        tenant: &str,
+        key_id: &str,
+        ts_ms: i64,
+        nonce: &str,
+        sig_hex: &str,
+    ) -> bool {
+        use subtle_eq::ct_eq;
+        let mut sig = [0u8; 32];
+        if sig_hex.len() != 64 || hex::decode_to_slice(sig_hex, &mut sig).is_err() {
+            return false;
+        }
+        let expected = PreparedKey::new(secret).call_mac(method_path, tenant, key_id, ts_ms, nonce);
+        ct_eq(&expected, &sig)
+    }
+}
+
+/// Constant-time equality, so a signature check leaks no timing about where it differs.
+mod subtle_eq {
+    pub(super) fn ct_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+        let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+        std::hint::black_box(diff) == 0
     }
 }
 
@@ -149,6 +214,22 @@ mod tests {
         let mut bad_hex = call;
         bad_hex.sig = "zz".repeat(32);
         assert!(!CallSignature::verify(&s, "/cube.v1.Cells/Read", &bad_hex));
+    }
+
+    #[test]
+    fn prepared_key_matches_the_canonical_string_path() {
+        let key = PreparedKey::new(&vector_secret());
+        let mac = key.call_mac(
+            "/cube.v1.Cells/Write",
+            "acme",
+            "k1",
+            1_700_000_000_000,
+            "000102030405060708090a0b0c0d0e0f",
+        );
+        assert_eq!(
+            hex::encode(mac),
+            "a5befc7529906f3b79aec5655c8d4ab40a30a1d6a13db8bf42672603dfa873d3"
+        );
     }
 
     #[test]

@@ -8,14 +8,16 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use http::HeaderValue;
 
-use crate::{CallSignature, Secret, headers};
+use crate::{PreparedKey, Secret, headers};
 
-/// Who signs.
+/// Who signs: the key prepared once, the constant headers encoded once.
 #[derive(Debug, Clone)]
 pub struct CallSigner {
     tenant: Arc<str>,
     key_id: Arc<str>,
-    secret: Arc<Secret>,
+    key: PreparedKey,
+    tenant_header: Option<HeaderValue>,
+    key_header: Option<HeaderValue>,
 }
 
 impl CallSigner {
@@ -23,7 +25,11 @@ impl CallSigner {
         CallSigner {
             tenant: tenant.into(),
             key_id: key_id.into(),
-            secret: Arc::new(secret),
+            key: PreparedKey::new(&secret),
+            // Tenant names and key ids are ASCII by construction; a bad one is simply not sent
+            // and the server answers UNAUTHENTICATED.
+            tenant_header: HeaderValue::from_str(tenant).ok(),
+            key_header: HeaderValue::from_str(key_id).ok(),
         }
     }
 
@@ -32,19 +38,26 @@ impl CallSigner {
         let ts = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64);
-        let call = CallSignature::sign(&self.secret, method_path, &self.tenant, &self.key_id, ts);
-        let mut put = |name: &'static str, value: &str| {
-            // Tenant names and key ids are ASCII by construction; a bad one is simply not sent
-            // and the server answers UNAUTHENTICATED.
-            if let Ok(v) = HeaderValue::from_str(value) {
-                headers_map.insert(name, v);
-            }
-        };
-        put(headers::TENANT, &call.tenant);
-        put(headers::KEY, &call.key_id);
-        put(headers::TS, &call.ts_ms.to_string());
-        put(headers::NONCE, &call.nonce);
-        put(headers::SIG, &call.sig);
+        let mut nonce = [0u8; 32];
+        // NOTE: 16 random bytes always encode into exactly 32 hex characters.
+        let _ = hex::encode_to_slice(rand::random::<[u8; 16]>(), &mut nonce);
+        let nonce = std::str::from_utf8(&nonce).unwrap_or_default();
+        let mac = self
+            .key
+            .call_mac(method_path, &self.tenant, &self.key_id, ts, nonce);
+        let mut sig = [0u8; 64];
+        let _ = hex::encode_to_slice(mac, &mut sig);
+        if let (Some(t), Some(k)) = (&self.tenant_header, &self.key_header) {
+            headers_map.insert(headers::TENANT, t.clone());
+            headers_map.insert(headers::KEY, k.clone());
+        }
+        headers_map.insert(headers::TS, HeaderValue::from(ts));
+        if let Ok(v) = HeaderValue::from_bytes(nonce.as_bytes()) {
+            headers_map.insert(headers::NONCE, v);
+        }
+        if let Ok(v) = HeaderValue::from_bytes(&sig) {
+            headers_map.insert(headers::SIG, v);
+        }
     }
 }
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use cube_auth::{CallSignature, Secret, SignedCall, headers};
+use cube_auth::{CallSignature, Secret, headers};
 use cube_store::Catalog;
 use futures::future::{Either, Ready, ready};
 use http::HeaderMap;
@@ -98,14 +98,15 @@ impl CallAuthenticator {
                     "unknown or revoked key '{key_id}' for tenant '{tenant}'"
                 ))
             })?;
-        let call = SignedCall {
-            tenant: tenant.to_owned(),
-            key_id: key_id.to_owned(),
+        if !CallSignature::verify_parts(
+            &Secret::from_bytes(key.secret),
+            path,
+            tenant,
+            key_id,
             ts_ms,
-            nonce: nonce.to_owned(),
-            sig: sig.to_owned(),
-        };
-        if !CallSignature::verify(&Secret::from_bytes(key.secret), path, &call) {
+            nonce,
+            sig,
+        ) {
             return Err(unauthenticated(
                 "x-cube-sig does not match: check the secret and that the signed method path is this call's",
             ));

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use actix::{Actor, Addr};
 use cube_wal::WalOptions;
@@ -86,7 +86,7 @@ type Slot = Arc<OnceCell<Result<TenantHandle, StoreError>>>;
 pub struct TenantDirectory {
     config: DirectoryConfig,
     runtime: ActorRuntime,
-    tenants: Mutex<HashMap<String, Slot>>,
+    tenants: RwLock<HashMap<String, Slot>>,
 }
 
 impl std::fmt::Debug for TenantDirectory {
@@ -103,16 +103,24 @@ impl TenantDirectory {
         Ok(TenantDirectory {
             config,
             runtime,
-            tenants: Mutex::new(HashMap::new()),
+            tenants: RwLock::new(HashMap::new()),
         })
     }
 
     /// The running actor of `tenant`, started (and its WAL recovered) on first use. The caller
     /// must already know the tenant exists (it authenticated as it).
     pub async fn get(&self, tenant: &str) -> Result<TenantHandle, StoreError> {
-        let slot = {
-            let mut map = self.tenants.lock().unwrap_or_else(|p| p.into_inner());
-            Arc::clone(map.entry(tenant.to_string()).or_default())
+        // Hot path: a read lock and no allocation once the tenant is known.
+        let known = {
+            let map = self.tenants.read().unwrap_or_else(|p| p.into_inner());
+            map.get(tenant).cloned()
+        };
+        let slot = match known {
+            Some(slot) => slot,
+            None => {
+                let mut map = self.tenants.write().unwrap_or_else(|p| p.into_inner());
+                Arc::clone(map.entry(tenant.to_string()).or_default())
+            }
         };
         slot.get_or_init(|| self.open(tenant)).await.clone()
     }
@@ -151,7 +159,7 @@ impl TenantDirectory {
     /// Stop every tenant: answer or fail what is queued, final fdatasync, close the WALs.
     pub async fn shutdown(&self) {
         let slots: Vec<Slot> = {
-            let map = self.tenants.lock().unwrap_or_else(|p| p.into_inner());
+            let map = self.tenants.read().unwrap_or_else(|p| p.into_inner());
             map.values().cloned().collect()
         };
         // Ask all tenants first so their final syncs run concurrently, then wait for each.

@@ -286,6 +286,9 @@ fn concurrent_writers_share_batches_and_lose_nothing() {
     for t in threads {
         t.join().unwrap();
     }
+    // The callback runs just after waiters are released: close (joining the syncer) before
+    // looking at what it reported.
+    Arc::try_unwrap(wal).unwrap().close().unwrap();
     let events = events.lock().unwrap().clone();
     assert_eq!(events.last(), Some(&DurableEvent::Durable(800)));
     // Group commit: fewer batches than records, and the durable watermark only moves forward.
@@ -293,7 +296,6 @@ fn concurrent_writers_share_batches_and_lose_nothing() {
     assert!(events.windows(2).all(
         |w| matches!((w[0], w[1]), (DurableEvent::Durable(a), DurableEvent::Durable(b)) if a < b)
     ));
-    drop(wal);
     let mut seen = std::collections::HashSet::new();
     WalShard::open(
         dir.path(),

@@ -29,8 +29,12 @@ pub struct E2eArgs {
     #[arg(long, default_value_t = 256)]
     in_flight: usize,
     /// Measured seconds per phase.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 3.0)]
     seconds: f64,
+    /// Rounds of (echo, Write, echo, Read); ratios are taken within a round and the median
+    /// round is reported, so drift in the machine's speed cancels out.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
     /// Unmeasured warm-up seconds per phase.
     #[arg(long, default_value_t = 1.0)]
     warmup: f64,
@@ -136,6 +140,89 @@ fn coord(x: i32, y: i32) -> Option<Coord> {
     Some(Coord { x, y, z: 0 })
 }
 
+type EchoC = EchoClient<Channel>;
+type CubeC = CellsClient<Signing<Channel>>;
+
+/// One round: echo (write-shaped), Write, echo (read-shaped), Read.
+async fn run_round(
+    args: &E2eArgs,
+    echo_clients: &[EchoC],
+    cube_clients: &[CubeC],
+    value: &[u8],
+) -> Vec<Phase> {
+    let mut phases = Vec::new();
+    let v = value.to_vec();
+    phases.push(
+        phase(
+            "echo (write-shaped)",
+            echo_clients,
+            args,
+            move |mut c, _, _| {
+                let payload = v.clone();
+                async move {
+                    c.echo(EchoRequest {
+                        payload,
+                        reply_bytes: 16,
+                    })
+                    .await
+                    .is_ok()
+                }
+            },
+        )
+        .await,
+    );
+    let v = value.to_vec();
+    phases.push(
+        phase(
+            "Cells.Write (durable)",
+            cube_clients,
+            args,
+            move |mut c, task, i| {
+                let value = v.clone();
+                async move {
+                    let req = WriteRequest {
+                        coord: coord(task as i32, i as i32),
+                        value,
+                        expected_version: None,
+                    };
+                    c.write(req).await.is_ok()
+                }
+            },
+        )
+        .await,
+    );
+    let n = value.len() as u32;
+    phases.push(
+        phase(
+            "echo (read-shaped)",
+            echo_clients,
+            args,
+            move |mut c, _, _| async move {
+                c.echo(EchoRequest {
+                    payload: vec![0; 16],
+                    reply_bytes: n,
+                })
+                .await
+                .is_ok()
+            },
+        )
+        .await,
+    );
+    // Reads hit cells the write phase created (task 0..in_flight, i 0..32).
+    let tasks = args.in_flight as i32;
+    phases.push(
+        phase("Cells.Read", cube_clients, args, move |mut c, _, _| {
+            let (x, y) = {
+                let mut rng = rand::thread_rng();
+                (rng.gen_range(0..tasks), rng.gen_range(0..32))
+            };
+            async move { c.read(ReadRequest { coord: coord(x, y) }).await.is_ok() }
+        })
+        .await,
+    );
+    phases
+}
+
 pub async fn e2e(args: E2eArgs, default_cubed: PathBuf) -> anyhow::Result<()> {
     let cubed = args.cubed.clone().unwrap_or(default_cubed);
     let echo = EchoChild::spawn()?;
@@ -164,101 +251,56 @@ pub async fn e2e(args: E2eArgs, default_cubed: PathBuf) -> anyhow::Result<()> {
         .map(|ch| CellsClient::new(Signing::new(ch, signer.clone())))
         .collect();
 
-    let mut phases = Vec::new();
-    let v = value.clone();
-    phases.push(
-        phase(
-            "echo (write-shaped)",
-            &echo_clients,
-            &args,
-            move |mut c, _, _| {
-                let payload = v.clone();
-                async move {
-                    c.echo(EchoRequest {
-                        payload,
-                        reply_bytes: 16,
-                    })
-                    .await
-                    .is_ok()
-                }
-            },
-        )
-        .await,
+    let mut rounds = Vec::new();
+    for round in 1..=args.rounds {
+        eprintln!("round {round}/{}", args.rounds);
+        rounds.push(run_round(&args, &echo_clients, &cube_clients, &value).await);
+    }
+    println!(
+        "| round | echo (write-shaped) calls/s | Cells.Write calls/s | Write ÷ echo | echo (read-shaped) calls/s | Cells.Read calls/s | Read ÷ echo |"
     );
-    let v = value.clone();
-    phases.push(
-        phase(
-            "Cells.Write (durable)",
-            &cube_clients,
-            &args,
-            move |mut c, task, i| {
-                let value = v.clone();
-                async move {
-                    let req = WriteRequest {
-                        coord: coord(task as i32, i as i32),
-                        value,
-                        expected_version: None,
-                    };
-                    c.write(req).await.is_ok()
-                }
-            },
-        )
-        .await,
-    );
-    let n = args.value_bytes as u32;
-    phases.push(
-        phase(
-            "echo (read-shaped)",
-            &echo_clients,
-            &args,
-            move |mut c, _, _| async move {
-                c.echo(EchoRequest {
-                    payload: vec![0; 16],
-                    reply_bytes: n,
-                })
-                .await
-                .is_ok()
-            },
-        )
-        .await,
-    );
-    // Reads hit cells the write phase created (task 0..in_flight, i 0..32).
-    let tasks = args.in_flight as i32;
-    phases.push(
-        phase("Cells.Read", &cube_clients, &args, move |mut c, _, _| {
-            let (x, y) = {
-                let mut rng = rand::thread_rng();
-                (rng.gen_range(0..tasks), rng.gen_range(0..32))
-            };
-            async move { c.read(ReadRequest { coord: coord(x, y) }).await.is_ok() }
-        })
-        .await,
-    );
-
-    let ratio = |a: usize, b: usize| phases[a].calls_per_sec / phases[b].calls_per_sec;
-    println!("| phase | calls/s | p50 µs | p99 µs | max µs | errors | ÷ echo |");
-    println!("|---|---:|---:|---:|---:|---:|---:|");
-    for (i, p) in phases.iter().enumerate() {
-        let base = if i < 2 { 0 } else { 2 };
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    for (i, r) in rounds.iter().enumerate() {
         println!(
-            "| {} | {:.0} | {} | {} | {} | {} | {:.0}% |",
-            p.name,
-            p.calls_per_sec,
-            p.p50_us,
-            p.p99_us,
-            p.max_us,
-            p.errors,
-            100.0 * ratio(i, base)
+            "| {} | {:.0} | {:.0} | {:.0}% | {:.0} | {:.0} | {:.0}% |",
+            i + 1,
+            r[0].calls_per_sec,
+            r[1].calls_per_sec,
+            100.0 * r[1].calls_per_sec / r[0].calls_per_sec,
+            r[2].calls_per_sec,
+            r[3].calls_per_sec,
+            100.0 * r[3].calls_per_sec / r[2].calls_per_sec
         );
+    }
+    let median = |f: &dyn Fn(&Vec<Phase>) -> f64| {
+        let mut v: Vec<f64> = rounds.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let write_ratio = median(&|r| r[1].calls_per_sec / r[0].calls_per_sec);
+    let read_ratio = median(&|r| r[3].calls_per_sec / r[2].calls_per_sec);
+    println!();
+    println!("Latency of the last round (µs):");
+    println!();
+    println!("| phase | p50 | p99 | max | errors |");
+    println!("|---|---:|---:|---:|---:|");
+    if let Some(last) = rounds.last() {
+        for p in last {
+            println!(
+                "| {} | {} | {} | {} | {} |",
+                p.name, p.p50_us, p.p99_us, p.max_us, p.errors
+            );
+        }
     }
     println!();
     println!(
-        "Targets: durable Write ≥ 50% of echo → {:.0}%; Read ≥ 70% of echo → {:.0}%",
-        100.0 * ratio(1, 0),
-        100.0 * ratio(3, 2)
+        "Median of {} rounds — targets: durable Write ≥ 50% of echo → {:.0}%; Read ≥ 70% of echo → {:.0}%",
+        rounds.len(),
+        100.0 * write_ratio,
+        100.0 * read_ratio
     );
     if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_vec_pretty(&phases)?)?;
+        std::fs::write(path, serde_json::to_vec_pretty(&rounds)?)?;
     }
     Ok(())
 }

@@ -260,7 +260,9 @@ mod tests {
         let mut core = open(dir.path());
         assert!(core.handle(write(b"a"), 1).is_none());
         assert!(core.handle(write(b"b"), 2).is_none());
-        // Not durable yet: a read still sees nothing.
+        // Not durable yet: a read still sees nothing, through the actor or the shared reader.
+        let reader = core.state().reader();
+        assert_eq!(reader.read(&Coord { x: 1, y: 2, z: 3 }), None);
         let read = Command::Read {
             coord: Coord { x: 1, y: 2, z: 3 },
         };
@@ -279,6 +281,7 @@ mod tests {
                 (2, Ok(Reply::Written { version: 2, seq: 2 }))
             ]
         );
+        assert_eq!(reader.read(&Coord { x: 1, y: 2, z: 3 }).unwrap().version, 2);
         core.take_wal().unwrap().close().unwrap();
         let mut core = open(dir.path());
         let Some((_, Ok(Reply::Read(Some(cell))))) = core.handle(read, 4) else {

@@ -17,7 +17,7 @@ use crate::actor::{Call, Durable, InFlightPermit, Responder, Shutdown, TenantAct
 use crate::core::TenantCore;
 use crate::layout::DataDir;
 use crate::runtime::ActorRuntime;
-use crate::state::{Command, Reply};
+use crate::state::{AppliedCells, Command, Reply};
 
 /// Settings every tenant shares.
 #[derive(Debug, Clone)]
@@ -41,11 +41,17 @@ pub struct TenantHandle {
     mailbox_capacity: usize,
     /// Requests admitted and not yet answered (queued in the mailbox or waiting for fsync).
     in_flight: Arc<AtomicUsize>,
+    /// The tenant's durable cells, for reads that need no trip through the actor.
+    reader: AppliedCells,
 }
 
 impl TenantHandle {
-    /// Send `cmd` and wait for the answer (for writes: until durable).
+    /// Send `cmd` and wait for the answer (for writes: until durable). Reads are answered from
+    /// the applied cells on the caller's thread.
     pub async fn call(&self, cmd: Command) -> Result<Reply, StoreError> {
+        if let Command::Read { coord } = &cmd {
+            return Ok(Reply::Read(self.reader.read(coord)));
+        }
         let permit = self.admit()?;
         let (tx, rx) = oneshot::channel();
         // A stopped actor drops the message, and with it the responder: `rx` then errors.
@@ -145,6 +151,7 @@ impl TenantDirectory {
         .map_err(|_| StoreError::Unavailable(format!("tenant '{tenant}' failed to open")))??
         .0;
         let capacity = self.config.mailbox_capacity;
+        let reader = core.state().reader();
         let addr =
             TenantActor::start_in_arbiter(self.runtime.pick(), move |_| TenantActor::new(core));
         let _ = addr_slot.set(addr.clone());
@@ -153,6 +160,7 @@ impl TenantDirectory {
             addr,
             mailbox_capacity: capacity,
             in_flight: Arc::new(AtomicUsize::new(0)),
+            reader,
         })
     }
 

@@ -23,4 +23,4 @@ pub use core::TenantCore;
 pub use directory::{DirectoryConfig, TenantDirectory, TenantHandle};
 pub use error::StoreError;
 pub use layout::DataDir;
-pub use state::{CellView, Command, Coord, Reply, TenantState};
+pub use state::{AppliedCells, CellView, Command, Coord, Reply, TenantState};

@@ -1,6 +1,9 @@
-//! Client side of per-call signing: a tower layer that adds the `x-cube-*` metadata to every
-//! outgoing request, signed for that request's method path. Wrap a tonic `Channel` with it and
-//! hand the result to any generated client.
+//! Client side of both auth models:
+//! - per call: [`Signing`], a tower layer that adds the `x-cube-*` metadata to every outgoing
+//!   request, signed for that request's method path (wrap a tonic `Channel`, hand the result to
+//!   any generated client);
+//! - per connection: [`handshake`], which runs Auth.Challenge + Auth.Hello on one channel (one
+//!   HTTP/2 connection) and checks the server's proof; later calls on it need no credentials.
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -61,16 +64,28 @@ impl CallSigner {
     }
 }
 
-/// A tower service that signs each request, then passes it on.
+/// A tower service that signs each request, then passes it on. Built with
+/// [`Signing::passthrough`] it signs nothing (for a connection authenticated by the handshake),
+/// so one client type serves both models.
 #[derive(Debug, Clone)]
 pub struct Signing<S> {
     inner: S,
-    signer: CallSigner,
+    signer: Option<CallSigner>,
 }
 
 impl<S> Signing<S> {
     pub fn new(inner: S, signer: CallSigner) -> Signing<S> {
-        Signing { inner, signer }
+        Signing {
+            inner,
+            signer: Some(signer),
+        }
+    }
+
+    pub fn passthrough(inner: S) -> Signing<S> {
+        Signing {
+            inner,
+            signer: None,
+        }
     }
 }
 
@@ -87,8 +102,64 @@ where
     }
 
     fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
-        let path = req.uri().path().to_owned();
-        self.signer.sign_headers(&path, req.headers_mut());
+        if let Some(signer) = &self.signer {
+            let path = req.uri().path().to_owned();
+            signer.sign_headers(&path, req.headers_mut());
+        }
         self.inner.call(req)
     }
+}
+
+/// Why a handshake failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HandshakeError {
+    #[error("the server refused the handshake: {0}")]
+    Refused(#[from] tonic::Status),
+    #[error("the server's proof (server_mac) is wrong: it does not know this key")]
+    BadServerProof,
+    #[error("the credentials' secret is malformed: {0}")]
+    Secret(#[from] crate::SecretError),
+}
+
+/// Authenticate the connection behind `channel` as `creds`; returns the principal
+/// (`tenant/key_id`). The channel must be a single connection (a plain `Endpoint::connect`), and
+/// a reconnect loses the session.
+pub async fn handshake(
+    channel: tonic::transport::Channel,
+    creds: &crate::Credentials,
+) -> Result<String, HandshakeError> {
+    use cube_api::v1::auth_client::AuthClient;
+    use cube_api::v1::{ChallengeRequest, HelloRequest};
+    let secret = creds.secret()?;
+    let mut auth = AuthClient::new(channel);
+    let challenge = auth
+        .challenge(ChallengeRequest {
+            tenant: creds.tenant.clone(),
+            key_id: creds.key_id.clone(),
+        })
+        .await?
+        .into_inner();
+    let client_nonce: [u8; 16] = rand::random();
+    let mac = crate::hello_mac(
+        &secret,
+        &creds.tenant,
+        &creds.key_id,
+        &challenge.nonce,
+        &client_nonce,
+    );
+    let hello = auth
+        .hello(HelloRequest {
+            tenant: creds.tenant.clone(),
+            key_id: creds.key_id.clone(),
+            nonce: challenge.nonce.clone(),
+            client_nonce: client_nonce.to_vec(),
+            mac: mac.to_vec(),
+        })
+        .await?
+        .into_inner();
+    let expected = crate::server_mac(&secret, &challenge.nonce, &client_nonce);
+    if hello.server_mac.as_slice() != expected.as_slice() {
+        return Err(HandshakeError::BadServerProof);
+    }
+    Ok(hello.principal)
 }

@@ -24,8 +24,19 @@ struct Cli {
     /// Alternatively set CUBE_TENANT, CUBE_KEY_ID and CUBE_SECRET.
     #[arg(long, env = "CUBE_CREDENTIALS", global = true)]
     credentials: Option<PathBuf>,
+    /// Authentication model: sign every call, or authenticate the connection once.
+    #[arg(long, env = "CUBE_AUTH", value_enum, default_value_t = AuthModel::Call, global = true)]
+    auth: AuthModel,
     #[command(subcommand)]
     command: Cmd,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum AuthModel {
+    /// Per-call HMAC signatures.
+    Call,
+    /// One Auth.Challenge/Auth.Hello handshake for the connection.
+    Connection,
 }
 
 #[derive(Debug, Subcommand)]
@@ -107,10 +118,19 @@ async fn run() -> anyhow::Result<()> {
         .connect()
         .await
         .with_context(|| format!("cannot connect to {endpoint}"))?;
-    let mut cells = CellsClient::new(Signing::new(
-        channel,
-        CallSigner::new(&creds.tenant, &creds.key_id, secret),
-    ));
+    let transport = match cli.auth {
+        AuthModel::Call => Signing::new(
+            channel,
+            CallSigner::new(&creds.tenant, &creds.key_id, secret),
+        ),
+        AuthModel::Connection => {
+            cube_auth::client::handshake(channel.clone(), &creds)
+                .await
+                .context("handshake")?;
+            Signing::passthrough(channel)
+        }
+    };
+    let mut cells = CellsClient::new(transport);
     let coord = |x, y, z| Some(Coord { x, y, z });
     let out = match cli.command {
         Cmd::Write {

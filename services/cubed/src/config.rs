@@ -4,7 +4,8 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use cube_gateway::AuthMode;
 
 pub const DEFAULT_DATA_DIR: &str = "./cube-data";
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
@@ -78,6 +79,27 @@ pub struct DataDirArg {
     pub data_dir: PathBuf,
 }
 
+/// Which authentication models the server accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AuthModeArg {
+    /// Per-connection handshake only (signed calls are refused).
+    Connection,
+    /// Per-call signatures only (the handshake answers FAILED_PRECONDITION).
+    Call,
+    /// Both, so the two models can be compared on one server.
+    Both,
+}
+
+impl From<AuthModeArg> for AuthMode {
+    fn from(a: AuthModeArg) -> AuthMode {
+        match a {
+            AuthModeArg::Connection => AuthMode::Connection,
+            AuthModeArg::Call => AuthMode::Call,
+            AuthModeArg::Both => AuthMode::Both,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
     /// Where the server keeps its data (catalog, tenant logs, admin socket).
@@ -86,6 +108,9 @@ pub struct ServeArgs {
     /// gRPC listen address. Port 0 picks a free port (printed on the ready line).
     #[arg(long, env = "CUBE_LISTEN", default_value = DEFAULT_LISTEN)]
     pub listen: SocketAddr,
+    /// Authentication models accepted: per-connection handshake, per-call signatures, or both.
+    #[arg(long, env = "CUBE_AUTH_MODE", value_enum, default_value_t = AuthModeArg::Both)]
+    pub auth_mode: AuthModeArg,
     /// Do not create the `demo` tenant and dev-credentials.json on first start.
     #[arg(long, env = "CUBE_NO_DEMO")]
     pub no_demo: bool,
@@ -121,6 +146,7 @@ pub struct ServeArgs {
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
     pub data_dir: PathBuf,
+    pub auth_mode: AuthMode,
     pub listen: SocketAddr,
     pub demo: bool,
     pub max_value_bytes: usize,
@@ -160,6 +186,7 @@ impl ServeArgs {
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() / 4));
         Ok(ServeConfig {
             data_dir: self.data_dir,
+            auth_mode: self.auth_mode.into(),
             listen: self.listen,
             demo: !self.no_demo,
             max_value_bytes: self.max_value_bytes,

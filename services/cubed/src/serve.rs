@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use cube_auth::Credentials;
-use cube_gateway::{Gateway, GatewayConfig, serve_admin_socket};
+use cube_gateway::{Gateway, GatewayConfig};
 use cube_store::{Catalog, CatalogOpenError, DataDir, DirectoryConfig, TenantDirectory};
 use cube_wal::{SegmentSizing, WalOptions};
 use tokio::net::{TcpListener, UnixListener};
@@ -95,6 +95,7 @@ pub async fn run(
             skew_ms: config.skew_ms,
             replay_capacity: config.replay_capacity,
             max_concurrent_streams: config.max_concurrent_streams,
+            auth_mode: config.auth_mode,
         },
     );
     let socket_path = data.admin_socket();
@@ -105,11 +106,13 @@ pub async fn run(
         .context("securing the admin socket")?;
 
     let stop = CancellationToken::new();
-    let admin = tokio::spawn(serve_admin_socket(
-        admin_listener,
-        Arc::clone(&catalog),
-        stop.clone().cancelled_owned(),
-    ));
+    let admin_gateway = gateway.clone();
+    let admin_stop = stop.clone().cancelled_owned();
+    let admin = tokio::spawn(async move {
+        admin_gateway
+            .serve_admin_socket(admin_listener, admin_stop)
+            .await
+    });
     println!(
         "cubed ready: grpc={addr} data_dir={}",
         data.root().display()

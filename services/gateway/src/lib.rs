@@ -4,7 +4,8 @@
 //! conversion of proto messages into store commands, and the one mapping of errors to gRPC
 //! status codes. Business rules live in cube-store; this crate only validates and routes.
 
-mod call_auth;
+mod auth_layer;
+mod connection;
 mod convert;
 mod error;
 mod principal;
@@ -12,8 +13,9 @@ mod replay;
 mod server;
 mod services;
 
-pub use call_auth::{CallAuthLayer, CallAuthenticator};
+pub use auth_layer::{AuthLayer, AuthMode, Authenticator};
+pub use connection::{ConnInfo, ConnectionRegistry, CubeConn, Session};
 pub use error::ApiError;
 pub use principal::{AuthModel, Principal};
 pub use replay::{ReplayCache, ReplayError};
-pub use server::{Gateway, GatewayConfig, ServeError, serve_admin_socket};
+pub use server::{Gateway, GatewayConfig, ServeError};

@@ -16,7 +16,8 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tonic::transport::Server;
 
-use crate::call_auth::{CallAuthLayer, CallAuthenticator};
+use crate::auth_layer::{AuthLayer, AuthMode, Authenticator};
+use crate::connection::{ConnectionRegistry, CubeConn};
 use crate::services::access::AccessService;
 use crate::services::admin::AdminService;
 use crate::services::cells::CellsService;
@@ -34,6 +35,8 @@ pub struct GatewayConfig {
     pub replay_capacity: usize,
     /// HTTP/2 streams per connection at most.
     pub max_concurrent_streams: u32,
+    /// Which authentication models are accepted.
+    pub auth_mode: AuthMode,
 }
 
 /// Why serving stopped with an error.
@@ -52,7 +55,9 @@ pub struct Gateway {
     config: GatewayConfig,
     /// Created with the gateway, before the server announces it is ready: its replay watermark
     /// is the start time, and no call signed after "ready" may fall below it.
-    auth: Arc<CallAuthenticator>,
+    auth: Arc<Authenticator>,
+    catalog: Arc<Catalog>,
+    connections: Arc<ConnectionRegistry>,
 }
 
 impl Gateway {
@@ -61,8 +66,9 @@ impl Gateway {
         directory: Arc<TenantDirectory>,
         config: GatewayConfig,
     ) -> Gateway {
-        let auth = Arc::new(CallAuthenticator::new(
-            catalog,
+        let auth = Arc::new(Authenticator::new(
+            Arc::clone(&catalog),
+            config.auth_mode,
             config.skew_ms,
             config.replay_capacity,
         ));
@@ -70,6 +76,8 @@ impl Gateway {
             directory,
             config,
             auth,
+            catalog,
+            connections: Arc::default(),
         }
     }
 
@@ -97,9 +105,12 @@ impl Gateway {
         })
         .max_decoding_message_size(max);
         // Small request/response round trips dominate: Nagle would add 40 ms stalls.
-        let incoming = TcpListenerStream::new(listener).map(|conn| {
-            conn.inspect(|s| {
+        let registry = Arc::clone(&self.connections);
+        let incoming = TcpListenerStream::new(listener).map(move |conn| {
+            conn.map(|s| {
                 let _ = s.set_nodelay(true);
+                let remote = s.peer_addr().ok();
+                CubeConn::new(s, &registry, remote)
             })
         });
         let stopping = async move {
@@ -111,33 +122,56 @@ impl Gateway {
         };
         Server::builder()
             .max_concurrent_streams(Some(self.config.max_concurrent_streams))
-            .layer(CallAuthLayer::new(Arc::clone(&self.auth)))
+            .layer(AuthLayer::new(Arc::clone(&self.auth)))
             .add_service(health)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
             .add_service(cells)
-            .add_service(AccessServer::new(AccessService).max_decoding_message_size(max))
+            .add_service(
+                AccessServer::new(AccessService {
+                    catalog: Arc::clone(&self.catalog),
+                })
+                .max_decoding_message_size(max),
+            )
             .add_service(TenantServer::new(TenantService).max_decoding_message_size(max))
-            .add_service(AuthServer::new(HandshakeService).max_decoding_message_size(max))
-            .add_service(AdminServer::new(AdminService { catalog: None }))
+            .add_service(
+                AuthServer::new(HandshakeService {
+                    catalog: Arc::clone(&self.catalog),
+                    mode: self.config.auth_mode,
+                })
+                .max_decoding_message_size(max),
+            )
+            .add_service(AdminServer::new(AdminService {
+                catalog: None,
+                connections: None,
+            }))
             .serve_with_incoming_shutdown(incoming, stopping)
             .await?;
         Ok(())
     }
 }
 
-/// Serve `cube.v1.Admin` on a Unix socket until `shutdown`. Whoever can open the socket (its
-/// directory is the data directory, mode 0700) is an operator.
-pub async fn serve_admin_socket(
-    listener: UnixListener,
-    catalog: Arc<Catalog>,
-    shutdown: impl Future<Output = ()> + Send,
-) -> Result<(), ServeError> {
-    Server::builder()
-        .add_service(AdminServer::new(AdminService {
-            catalog: Some(catalog),
-        }))
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
-        .await?;
-    Ok(())
+impl Gateway {
+    /// Serve `cube.v1.Admin` on a Unix socket until `shutdown`. Whoever can open the socket (its
+    /// directory is the data directory, mode 0700) is an operator.
+    pub async fn serve_admin_socket(
+        &self,
+        listener: UnixListener,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), ServeError> {
+        let admin = AdminService {
+            catalog: Some(Arc::clone(&self.catalog)),
+            connections: Some(Arc::clone(&self.connections)),
+        };
+        Server::builder()
+            .add_service(AdminServer::new(admin))
+            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+            .await?;
+        Ok(())
+    }
+
+    /// Open connections (for tests and metrics).
+    pub fn connections(&self) -> &Arc<ConnectionRegistry> {
+        &self.connections
+    }
 }

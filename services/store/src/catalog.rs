@@ -226,6 +226,35 @@ impl Catalog {
         Ok(true)
     }
 
+    /// Add `grant` to and remove `revoke` from the capabilities of `tenant/key_id`; returns the
+    /// key's capabilities after the change (sorted).
+    pub fn change_capabilities(
+        &self,
+        tenant: &str,
+        key_id: &str,
+        grant: &[Capability],
+        revoke: &[Capability],
+    ) -> Result<Vec<Capability>, StoreError> {
+        let Some(current) = self.key(tenant, key_id).filter(|k| !k.revoked) else {
+            return Err(StoreError::NotFound(format!(
+                "tenant '{tenant}' has no active key '{key_id}'"
+            )));
+        };
+        let mut info = (*current).clone();
+        info.capabilities.retain(|c| !revoke.contains(c));
+        for c in grant {
+            if !info.capabilities.contains(c) {
+                info.capabilities.push(*c);
+            }
+        }
+        info.capabilities.sort();
+        self.keys
+            .insert(key_name(tenant, key_id).as_bytes(), encode_key(&info)?)
+            .map_err(|e| storage("change capabilities", e))?;
+        self.flush()?;
+        Ok(self.remember(info).capabilities.clone())
+    }
+
     /// Every tenant with its unrevoked key ids, sorted.
     pub fn list(&self) -> Result<Vec<(String, Vec<String>)>, StoreError> {
         let mut out = Vec::new();
@@ -365,6 +394,21 @@ mod tests {
         };
         let c = Catalog::open(&path).unwrap();
         assert_eq!(c.key("acme", &first.key_id).unwrap().secret, first.secret);
+        let caps = c
+            .change_capabilities("acme", &first.key_id, &[], &[Capability::Write])
+            .unwrap();
+        assert_eq!(caps, vec![Capability::Read, Capability::Admin]);
+        let caps = c
+            .change_capabilities("acme", &first.key_id, &[Capability::Write], &[])
+            .unwrap();
+        assert_eq!(
+            caps,
+            vec![Capability::Read, Capability::Write, Capability::Admin]
+        );
+        assert!(matches!(
+            c.change_capabilities("acme", &second.key_id, &[Capability::Admin], &[]),
+            Err(StoreError::NotFound(_))
+        ));
         assert!(c.key("acme", &second.key_id).unwrap().revoked);
         assert_eq!(
             c.list().unwrap(),

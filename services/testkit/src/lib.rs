@@ -169,13 +169,25 @@ impl TestServer {
             .await?)
     }
 
+    /// A new connection whose every call is signed as `creds` (for any generated client).
+    pub async fn signed(&self, creds: &Credentials) -> anyhow::Result<Signing<Channel>> {
+        let signer = CallSigner::new(&creds.tenant, &creds.key_id, creds.secret()?);
+        Ok(Signing::new(self.channel().await?, signer))
+    }
+
     /// A Cells client signing as `creds`.
     pub async fn cells(&self, creds: &Credentials) -> anyhow::Result<SignedCells> {
-        let signer = CallSigner::new(&creds.tenant, &creds.key_id, creds.secret()?);
-        Ok(CellsClient::new(Signing::new(
-            self.channel().await?,
-            signer,
-        )))
+        Ok(CellsClient::new(self.signed(creds).await?))
+    }
+
+    /// A Cells client on a new connection authenticated once with the handshake.
+    pub async fn cells_on_connection(
+        &self,
+        creds: &Credentials,
+    ) -> anyhow::Result<CellsClient<Channel>> {
+        let channel = self.channel().await?;
+        cube_auth::client::handshake(channel.clone(), creds).await?;
+        Ok(CellsClient::new(channel))
     }
 
     /// Run `cubed ARGS --data-dir <this server's data dir>`.

@@ -4,9 +4,11 @@
 // Test helpers outside #[test] fns: a panic here is a failed assertion with a backtrace.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod access;
 mod admin;
 mod auth;
 mod crash;
+mod handshake;
 mod limits;
 
 use std::path::Path;

@@ -1,27 +1,86 @@
-//! `cube.v1.Access`: declared, answered UNIMPLEMENTED until capabilities management lands.
+//! `cube.v1.Access`: change the capabilities of a key of the caller's own tenant. Needs ADMIN.
+//! A change applies from the next call of that key, on both auth models (the auth layer looks the
+//! key up on every call).
+
+use std::sync::Arc;
 
 use cube_api::v1::{self, access_server::Access};
+use cube_store::{Capability, Catalog};
 use tonic::{Request, Response, Status};
 
 use crate::ApiError;
+use crate::principal::Principal;
 
-const LATER: &str = "Access.Grant/Revoke are not implemented yet in this server version";
+pub(crate) struct AccessService {
+    pub catalog: Arc<Catalog>,
+}
 
-pub(crate) struct AccessService;
+fn capabilities(raw: &[i32]) -> Result<Vec<Capability>, ApiError> {
+    if raw.is_empty() {
+        return Err(ApiError::Invalid(
+            "capabilities must name at least one capability".into(),
+        ));
+    }
+    raw.iter()
+        .map(|c| match v1::Capability::try_from(*c) {
+            Ok(v1::Capability::Read) => Ok(Capability::Read),
+            Ok(v1::Capability::Write) => Ok(Capability::Write),
+            Ok(v1::Capability::Admin) => Ok(Capability::Admin),
+            _ => Err(ApiError::Invalid(format!(
+                "{c} is not a capability (use CAPABILITY_READ, _WRITE or _ADMIN)"
+            ))),
+        })
+        .collect()
+}
+
+fn to_proto(caps: Vec<Capability>) -> Vec<i32> {
+    caps.into_iter()
+        .map(|c| match c {
+            Capability::Read => v1::Capability::Read as i32,
+            Capability::Write => v1::Capability::Write as i32,
+            Capability::Admin => v1::Capability::Admin as i32,
+        })
+        .collect()
+}
+
+impl AccessService {
+    fn change(
+        &self,
+        principal: &Principal,
+        key_id: &str,
+        grant: &[Capability],
+        revoke: &[Capability],
+    ) -> Result<Vec<i32>, ApiError> {
+        if key_id.is_empty() {
+            return Err(ApiError::Invalid("key_id is required".into()));
+        }
+        // Only keys of the caller's own tenant: another tenant's key id is simply not found.
+        let caps = self
+            .catalog
+            .change_capabilities(principal.tenant(), key_id, grant, revoke)?;
+        Ok(to_proto(caps))
+    }
+}
 
 #[tonic::async_trait]
 impl Access for AccessService {
     async fn grant(
         &self,
-        _: Request<v1::GrantRequest>,
+        req: Request<v1::GrantRequest>,
     ) -> Result<Response<v1::GrantResponse>, Status> {
-        Err(ApiError::Unimplemented(LATER).into())
+        let principal = Principal::require(&req, Capability::Admin)?;
+        let r = req.into_inner();
+        let caps = self.change(&principal, &r.key_id, &capabilities(&r.capabilities)?, &[])?;
+        Ok(Response::new(v1::GrantResponse { capabilities: caps }))
     }
 
     async fn revoke(
         &self,
-        _: Request<v1::RevokeRequest>,
+        req: Request<v1::RevokeRequest>,
     ) -> Result<Response<v1::RevokeResponse>, Status> {
-        Err(ApiError::Unimplemented(LATER).into())
+        let principal = Principal::require(&req, Capability::Admin)?;
+        let r = req.into_inner();
+        let caps = self.change(&principal, &r.key_id, &[], &capabilities(&r.capabilities)?)?;
+        Ok(Response::new(v1::RevokeResponse { capabilities: caps }))
     }
 }

@@ -9,10 +9,13 @@ use cube_store::{Catalog, KeyInfo};
 use tonic::{Request, Response, Status};
 
 use crate::ApiError;
+use crate::connection::ConnectionRegistry;
 
 pub(crate) struct AdminService {
     /// `None` on the network listener.
     pub catalog: Option<Arc<Catalog>>,
+    /// Open connections, so revoking a key ends its sessions at once.
+    pub connections: Option<Arc<ConnectionRegistry>>,
 }
 
 fn credentials(k: &KeyInfo) -> v1::Credentials {
@@ -75,6 +78,10 @@ impl Admin for AdminService {
             .catalog()?
             .revoke_key(&r.tenant, &r.key_id)
             .map_err(ApiError::from)?;
+        if let Some(connections) = &self.connections {
+            let ended = connections.end_sessions_of(&r.tenant, &r.key_id);
+            tracing::info!(tenant = %r.tenant, key = %r.key_id, sessions_ended = ended, "key revoked");
+        }
         Ok(Response::new(v1::RevokeKeyResponse { revoked }))
     }
 

@@ -1,9 +1,14 @@
-//! Per-call authentication as a tower layer in front of every service.
+//! Authentication of every call, as a tower layer in front of every service.
 //!
-//! For `cube.v1` methods (except the `Auth` handshake itself) the layer verifies the `x-cube-*`
-//! metadata before any handler runs and puts the [`Principal`] into the request's extensions.
-//! Health and reflection stay open so tools can discover the server. Checks run cheapest first,
-//! and the replay cache is touched only after the signature verified, so garbage cannot fill it.
+//! For `cube.v1` methods (except the `Auth` handshake itself) the layer decides who the caller is
+//! before any handler runs and puts the [`Principal`] into the request's extensions:
+//! - a call carrying `x-cube-sig` is verified as a per-call signature (auth mode `call`/`both`);
+//! - otherwise the connection's session must have completed the handshake (mode
+//!   `connection`/`both`); the key is looked up again so a revocation takes effect at once.
+//!
+//! Health and reflection stay open so tools can discover the server. Per-call checks run
+//! cheapest first, and the replay cache is touched only after the signature verified, so garbage
+//! cannot fill it.
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -16,15 +21,38 @@ use http::HeaderMap;
 use tonic::Status;
 use tonic::body::Body;
 
+use crate::connection::ConnInfo;
 use crate::principal::{AuthModel, Principal};
 use crate::replay::{ReplayCache, ReplayError};
 
-/// Verifies signed calls against the catalog.
+/// Which authentication models a server accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthMode {
+    /// Only the per-connection handshake.
+    Connection,
+    /// Only per-call signatures; the handshake rpcs answer FAILED_PRECONDITION.
+    Call,
+    /// Both (the default).
+    Both,
+}
+
+impl AuthMode {
+    pub fn allows_call(self) -> bool {
+        self != AuthMode::Connection
+    }
+
+    pub fn allows_connection(self) -> bool {
+        self != AuthMode::Call
+    }
+}
+
+/// Decides who each call is.
 #[derive(Debug)]
-pub struct CallAuthenticator {
+pub struct Authenticator {
     catalog: Arc<Catalog>,
     replay: ReplayCache,
     skew_ms: i64,
+    mode: AuthMode,
 }
 
 pub(crate) fn now_ms() -> i64 {
@@ -42,20 +70,76 @@ fn needs_signature(path: &str) -> bool {
     path.starts_with("/cube.v1.") && !path.starts_with("/cube.v1.Auth/")
 }
 
-impl CallAuthenticator {
-    pub fn new(catalog: Arc<Catalog>, skew_ms: i64, replay_capacity: usize) -> CallAuthenticator {
-        CallAuthenticator {
+impl Authenticator {
+    pub fn new(
+        catalog: Arc<Catalog>,
+        mode: AuthMode,
+        skew_ms: i64,
+        replay_capacity: usize,
+    ) -> Authenticator {
+        Authenticator {
             catalog,
             replay: ReplayCache::new(replay_capacity, skew_ms, now_ms()),
             skew_ms,
+            mode,
         }
     }
 
-    /// `Ok(None)` for paths that need no signature.
-    pub fn authenticate(&self, path: &str, md: &HeaderMap) -> Result<Option<Principal>, Status> {
+    pub fn mode(&self) -> AuthMode {
+        self.mode
+    }
+
+    /// `Ok(None)` for paths that need no authentication.
+    pub fn authenticate(
+        &self,
+        path: &str,
+        md: &HeaderMap,
+        conn: Option<&ConnInfo>,
+    ) -> Result<Option<Principal>, Status> {
         if !needs_signature(path) {
             return Ok(None);
         }
+        if md.contains_key(headers::SIG) {
+            if !self.mode.allows_call() {
+                return Err(unauthenticated(
+                    "this server accepts only per-connection authentication (--auth-mode connection): \
+                     run Auth.Challenge and Auth.Hello on this connection instead of signing calls",
+                ));
+            }
+            return self.verify_call(path, md).map(Some);
+        }
+        if let Some(session_key) = conn.and_then(|c| c.session.key()) {
+            // Looked up again on every call: a revocation or a capability change applies at once.
+            let key = self
+                .catalog
+                .key(&session_key.tenant, &session_key.key_id)
+                .filter(|k| !k.revoked)
+                .ok_or_else(|| {
+                    unauthenticated("the key this connection authenticated with was revoked; authenticate again")
+                })?;
+            return Ok(Some(Principal {
+                key,
+                model: AuthModel::Connection,
+            }));
+        }
+        Err(unauthenticated(match self.mode {
+            AuthMode::Both => {
+                "missing credentials: sign every call with x-cube-tenant, x-cube-key, x-cube-ts, \
+                 x-cube-nonce and x-cube-sig, or authenticate the connection with Auth.Challenge \
+                 and Auth.Hello (see docs/protocol.md)"
+            }
+            AuthMode::Call => {
+                "missing credentials: sign every call with x-cube-tenant, x-cube-key, x-cube-ts, \
+                 x-cube-nonce and x-cube-sig (see docs/protocol.md)"
+            }
+            AuthMode::Connection => {
+                "this connection is not authenticated: run Auth.Challenge and Auth.Hello on it first \
+                 (see docs/protocol.md)"
+            }
+        }))
+    }
+
+    fn verify_call(&self, path: &str, md: &HeaderMap) -> Result<Principal, Status> {
         let get = |name: &str| md.get(name).and_then(|v| v.to_str().ok());
         let (Some(tenant), Some(key_id), Some(ts), Some(nonce), Some(sig)) = (
             get(headers::TENANT),
@@ -115,10 +199,10 @@ impl CallAuthenticator {
             .replay
             .check_and_insert((tenant, key_id), nonce_value, ts_ms, now)
         {
-            Ok(()) => Ok(Some(Principal {
+            Ok(()) => Ok(Principal {
                 key,
                 model: AuthModel::Call,
-            })),
+            }),
             Err(ReplayError::Replayed) => Err(unauthenticated(
                 "x-cube-nonce was already used: every call needs a fresh nonce",
             )),
@@ -140,23 +224,23 @@ fn parse_nonce(nonce: &str) -> Option<u128> {
     u128::from_str_radix(nonce, 16).ok()
 }
 
-/// Tower layer running [`CallAuthenticator`] before the wrapped service.
+/// Tower layer running [`Authenticator`] before the wrapped service.
 #[derive(Debug, Clone)]
-pub struct CallAuthLayer {
-    auth: Arc<CallAuthenticator>,
+pub struct AuthLayer {
+    auth: Arc<Authenticator>,
 }
 
-impl CallAuthLayer {
-    pub fn new(auth: Arc<CallAuthenticator>) -> CallAuthLayer {
-        CallAuthLayer { auth }
+impl AuthLayer {
+    pub fn new(auth: Arc<Authenticator>) -> AuthLayer {
+        AuthLayer { auth }
     }
 }
 
-impl<S> tower::Layer<S> for CallAuthLayer {
-    type Service = CallAuth<S>;
+impl<S> tower::Layer<S> for AuthLayer {
+    type Service = Authenticated<S>;
 
-    fn layer(&self, inner: S) -> CallAuth<S> {
-        CallAuth {
+    fn layer(&self, inner: S) -> Authenticated<S> {
+        Authenticated {
             inner,
             auth: Arc::clone(&self.auth),
         }
@@ -164,12 +248,12 @@ impl<S> tower::Layer<S> for CallAuthLayer {
 }
 
 #[derive(Debug, Clone)]
-pub struct CallAuth<S> {
+pub struct Authenticated<S> {
     inner: S,
-    auth: Arc<CallAuthenticator>,
+    auth: Arc<Authenticator>,
 }
 
-impl<S, B> tower::Service<http::Request<B>> for CallAuth<S>
+impl<S, B> tower::Service<http::Request<B>> for Authenticated<S>
 where
     S: tower::Service<http::Request<B>, Response = http::Response<Body>>,
 {
@@ -182,7 +266,11 @@ where
     }
 
     fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
-        match self.auth.authenticate(req.uri().path(), req.headers()) {
+        match self.auth.authenticate(
+            req.uri().path(),
+            req.headers(),
+            req.extensions().get::<ConnInfo>(),
+        ) {
             Ok(Some(principal)) => {
                 req.extensions_mut().insert(principal);
                 Either::Right(self.inner.call(req))

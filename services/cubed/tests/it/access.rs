@@ -1,0 +1,107 @@
+//! Capabilities: checked on every call, changed only by an ADMIN key of the same tenant.
+
+use cube_api::v1::access_client::AccessClient;
+use cube_api::v1::{Capability, GrantRequest, RevokeRequest};
+use cube_auth::Credentials;
+use cube_testkit::TestServer;
+use tonic::Code;
+
+use crate::{cubed, read, write};
+
+fn new_key(server: &TestServer, tenant: &str) -> Credentials {
+    let out = server.cli(&["key", "create", tenant]).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capabilities_are_enforced_and_only_admins_of_the_tenant_change_them() {
+    let server = TestServer::start(cubed()).unwrap();
+    let second = new_key(&server, "demo");
+    let acme = server.create_tenant("acme").unwrap();
+    let mut admin = AccessClient::new(server.signed(&server.demo).await.unwrap());
+    let mut not_admin = AccessClient::new(server.signed(&second).await.unwrap());
+
+    // A key without ADMIN cannot change capabilities, not even its own.
+    let err = not_admin
+        .grant(GrantRequest {
+            key_id: second.key_id.clone(),
+            capabilities: vec![Capability::Admin as i32],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied);
+
+    // Take WRITE away: writes are refused from the next call, reads still work.
+    let mut cells = server.cells(&second).await.unwrap();
+    cells.write(write(1, 1, 1, b"x")).await.unwrap();
+    let caps = admin
+        .revoke(RevokeRequest {
+            key_id: second.key_id.clone(),
+            capabilities: vec![Capability::Write as i32],
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .capabilities;
+    assert_eq!(caps, vec![Capability::Read as i32]);
+    let err = cells.write(write(1, 1, 1, b"y")).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied);
+    assert!(err.message().contains("Write"), "{}", err.message());
+    assert_eq!(
+        cells.read(read(1, 1, 1)).await.unwrap().into_inner().value,
+        b"x"
+    );
+    // The same holds on a connection authenticated by handshake.
+    let mut on_conn = server.cells_on_connection(&second).await.unwrap();
+    assert_eq!(
+        on_conn
+            .write(write(1, 1, 1, b"z"))
+            .await
+            .unwrap_err()
+            .code(),
+        Code::PermissionDenied
+    );
+
+    // Give it back.
+    admin
+        .grant(GrantRequest {
+            key_id: second.key_id.clone(),
+            capabilities: vec![Capability::Write as i32],
+        })
+        .await
+        .unwrap();
+    cells.write(write(1, 1, 1, b"y")).await.unwrap();
+
+    // Another tenant's key is out of reach; a bad capability is a bad request.
+    let err = admin
+        .revoke(RevokeRequest {
+            key_id: acme.key_id.clone(),
+            capabilities: vec![Capability::Read as i32],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    let err = admin
+        .grant(GrantRequest {
+            key_id: second.key_id.clone(),
+            capabilities: vec![Capability::Unspecified as i32],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    // acme's key still reads its own (empty) cell: nothing of demo's changed it.
+    let mut acme_cells = server.cells(&acme).await.unwrap();
+    assert!(
+        !acme_cells
+            .read(read(1, 1, 1))
+            .await
+            .unwrap()
+            .into_inner()
+            .found
+    );
+}

@@ -1,0 +1,249 @@
+//! Connections and their per-connection auth state.
+//!
+//! Every accepted connection is wrapped in a [`CubeConn`], whose `ConnectInfo` (copied by tonic
+//! into each request's extensions) carries a connection id and a shared [`Session`]. The
+//! handshake (`Auth.Challenge` + `Auth.Hello`) writes the session; the auth layer reads it. The
+//! session ends when the connection closes (the wrapper is dropped) or when its key is revoked.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use cube_store::KeyInfo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tonic::transport::server::Connected;
+
+/// A challenge waiting for its Hello on this connection.
+#[derive(Debug, Clone)]
+pub(crate) struct PendingChallenge {
+    pub tenant: String,
+    pub key_id: String,
+    pub nonce: [u8; 32],
+    pub expires_at: Instant,
+}
+
+/// Auth state of one connection.
+#[derive(Debug, Default)]
+pub struct Session {
+    /// The key this connection authenticated as (after a successful Hello).
+    principal: RwLock<Option<Arc<KeyInfo>>>,
+    /// At most one outstanding challenge; a new Challenge replaces it, Hello consumes it.
+    challenge: Mutex<Option<PendingChallenge>>,
+}
+
+impl Session {
+    pub(crate) fn key(&self) -> Option<Arc<KeyInfo>> {
+        self.principal
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub(crate) fn authenticate(&self, key: Arc<KeyInfo>) {
+        *self.principal.write().unwrap_or_else(|p| p.into_inner()) = Some(key);
+    }
+
+    fn end_if_key(&self, tenant: &str, key_id: &str) -> bool {
+        let mut p = self.principal.write().unwrap_or_else(|p| p.into_inner());
+        if p.as_ref()
+            .is_some_and(|k| k.tenant == tenant && k.key_id == key_id)
+        {
+            *p = None;
+            return true;
+        }
+        false
+    }
+
+    pub(crate) fn set_challenge(&self, c: PendingChallenge) {
+        *self.challenge.lock().unwrap_or_else(|p| p.into_inner()) = Some(c);
+    }
+
+    /// Take the pending challenge: a challenge is single-use whatever the Hello's outcome.
+    pub(crate) fn take_challenge(&self) -> Option<PendingChallenge> {
+        self.challenge
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+}
+
+/// What tonic copies into every request of a connection.
+#[derive(Debug, Clone)]
+pub struct ConnInfo {
+    pub id: u64,
+    pub remote: Option<SocketAddr>,
+    pub session: Arc<Session>,
+}
+
+/// Every open connection, so revoking a key can end its sessions.
+#[derive(Debug, Default)]
+pub struct ConnectionRegistry {
+    next_id: AtomicU64,
+    open: Mutex<HashMap<u64, Weak<Session>>>,
+}
+
+impl ConnectionRegistry {
+    /// Register a new connection.
+    pub fn open(self: &Arc<Self>, remote: Option<SocketAddr>) -> ConnInfo {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+        let session = Arc::new(Session::default());
+        self.open
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, Arc::downgrade(&session));
+        ConnInfo {
+            id,
+            remote,
+            session,
+        }
+    }
+
+    fn close(&self, id: u64) {
+        self.open
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+    }
+
+    /// End every session authenticated as `tenant/key_id`; returns how many were ended.
+    pub fn end_sessions_of(&self, tenant: &str, key_id: &str) -> usize {
+        let open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        open.values()
+            .filter_map(Weak::upgrade)
+            .filter(|s| s.end_if_key(tenant, key_id))
+            .count()
+    }
+
+    /// Connections currently open.
+    pub fn len(&self) -> usize {
+        self.open.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// An accepted connection with its registry entry; dropping it ends the session.
+pub struct CubeConn<IO> {
+    io: IO,
+    info: ConnInfo,
+    registry: Arc<ConnectionRegistry>,
+}
+
+impl<IO> CubeConn<IO> {
+    pub fn new(
+        io: IO,
+        registry: &Arc<ConnectionRegistry>,
+        remote: Option<SocketAddr>,
+    ) -> CubeConn<IO> {
+        let info = registry.open(remote);
+        CubeConn {
+            io,
+            info,
+            registry: Arc::clone(registry),
+        }
+    }
+}
+
+impl<IO> Drop for CubeConn<IO> {
+    fn drop(&mut self) {
+        self.registry.close(self.info.id);
+    }
+}
+
+impl<IO> Connected for CubeConn<IO> {
+    type ConnectInfo = ConnInfo;
+
+    fn connect_info(&self) -> ConnInfo {
+        self.info.clone()
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for CubeConn<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for CubeConn<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(tenant: &str, key_id: &str) -> Arc<KeyInfo> {
+        Arc::new(KeyInfo {
+            tenant: tenant.into(),
+            key_id: key_id.into(),
+            secret: [0; 32],
+            capabilities: vec![],
+            revoked: false,
+        })
+    }
+
+    #[test]
+    fn sessions_end_on_close_and_on_revocation_of_their_key() {
+        let registry = Arc::new(ConnectionRegistry::default());
+        let (a, b) = (registry.open(None), registry.open(None));
+        a.session.authenticate(key("t", "k1"));
+        b.session.authenticate(key("t", "k2"));
+        assert_eq!(registry.end_sessions_of("t", "k1"), 1);
+        assert!(a.session.key().is_none());
+        assert!(b.session.key().is_some());
+        let conn = CubeConn::new((), &registry, None);
+        assert_eq!(registry.len(), 3);
+        drop(conn);
+        assert_eq!(registry.len(), 2);
+    }
+
+    #[test]
+    fn a_challenge_is_single_use() {
+        let s = Session::default();
+        s.set_challenge(PendingChallenge {
+            tenant: "t".into(),
+            key_id: "k".into(),
+            nonce: [1; 32],
+            expires_at: Instant::now(),
+        });
+        assert!(s.take_challenge().is_some());
+        assert!(s.take_challenge().is_none());
+    }
+}

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use cube_gateway::AuthMode;
+use cube_gateway::{AuthMode, FailureLimits};
 
 pub const DEFAULT_DATA_DIR: &str = "./cube-data";
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
@@ -15,6 +15,9 @@ pub const DEFAULT_REPLAY_CAPACITY: usize = 1_000_000;
 pub const DEFAULT_MAILBOX_CAPACITY: usize = 4096;
 pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 1024;
 pub const DEFAULT_WAL_SEGMENT_MAX_BYTES: u64 = 64 << 20;
+pub const DEFAULT_AUTH_FAILURE_LIMIT: u32 = 50;
+pub const DEFAULT_AUTH_FAILURE_COOLDOWN_SECS: u64 = 30;
+pub const DEFAULT_MAX_METADATA_BYTES: u32 = 16 << 10;
 /// Room for the protobuf framing around a maximal value.
 const MESSAGE_OVERHEAD: usize = 64 << 10;
 /// Default message cap floor (tonic's own default): values up to here that exceed the value
@@ -111,6 +114,16 @@ pub struct ServeArgs {
     /// Authentication models accepted: per-connection handshake, per-call signatures, or both.
     #[arg(long, env = "CUBE_AUTH_MODE", value_enum, default_value_t = AuthModeArg::Both)]
     pub auth_mode: AuthModeArg,
+    /// Failed authentications one peer address may have in 10 s before it is refused with
+    /// RESOURCE_EXHAUSTED for the cool-down.
+    #[arg(long, env = "CUBE_AUTH_FAILURE_LIMIT", default_value_t = DEFAULT_AUTH_FAILURE_LIMIT)]
+    pub auth_failure_limit: u32,
+    /// Seconds a throttled peer is refused.
+    #[arg(long, env = "CUBE_AUTH_FAILURE_COOLDOWN_SECS", default_value_t = DEFAULT_AUTH_FAILURE_COOLDOWN_SECS)]
+    pub auth_failure_cooldown_secs: u64,
+    /// Largest request metadata (all headers of a call) in bytes.
+    #[arg(long, env = "CUBE_MAX_METADATA_BYTES", default_value_t = DEFAULT_MAX_METADATA_BYTES)]
+    pub max_metadata_bytes: u32,
     /// Do not create the `demo` tenant and dev-credentials.json on first start.
     #[arg(long, env = "CUBE_NO_DEMO")]
     pub no_demo: bool,
@@ -147,6 +160,8 @@ pub struct ServeArgs {
 pub struct ServeConfig {
     pub data_dir: PathBuf,
     pub auth_mode: AuthMode,
+    pub failure_limits: FailureLimits,
+    pub max_metadata_bytes: u32,
     pub listen: SocketAddr,
     pub demo: bool,
     pub max_value_bytes: usize,
@@ -187,6 +202,12 @@ impl ServeArgs {
         Ok(ServeConfig {
             data_dir: self.data_dir,
             auth_mode: self.auth_mode.into(),
+            failure_limits: FailureLimits {
+                max_failures: self.auth_failure_limit,
+                cooldown: std::time::Duration::from_secs(self.auth_failure_cooldown_secs),
+                ..FailureLimits::default()
+            },
+            max_metadata_bytes: self.max_metadata_bytes,
             listen: self.listen,
             demo: !self.no_demo,
             max_value_bytes: self.max_value_bytes,

@@ -96,6 +96,8 @@ pub async fn run(
             replay_capacity: config.replay_capacity,
             max_concurrent_streams: config.max_concurrent_streams,
             auth_mode: config.auth_mode,
+            failure_limits: config.failure_limits,
+            max_metadata_bytes: config.max_metadata_bytes,
         },
     );
     let socket_path = data.admin_socket();

@@ -21,6 +21,7 @@ use http::HeaderMap;
 use tonic::Status;
 use tonic::body::Body;
 
+use crate::abuse::{FailureLimiter, FailureLimits};
 use crate::connection::ConnInfo;
 use crate::principal::{AuthModel, Principal};
 use crate::replay::{ReplayCache, ReplayError};
@@ -53,6 +54,7 @@ pub struct Authenticator {
     replay: ReplayCache,
     skew_ms: i64,
     mode: AuthMode,
+    failures: FailureLimiter,
 }
 
 pub(crate) fn now_ms() -> i64 {
@@ -76,12 +78,40 @@ impl Authenticator {
         mode: AuthMode,
         skew_ms: i64,
         replay_capacity: usize,
+        failure_limits: FailureLimits,
     ) -> Authenticator {
         Authenticator {
             catalog,
             replay: ReplayCache::new(replay_capacity, skew_ms, now_ms()),
             skew_ms,
             mode,
+            failures: FailureLimiter::new(failure_limits),
+        }
+    }
+
+    pub(crate) fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    /// RESOURCE_EXHAUSTED while the peer of `conn` is throttled for failed authentications.
+    pub(crate) fn check_throttle(&self, conn: Option<&ConnInfo>) -> Result<(), Status> {
+        let Some(ip) = conn.and_then(|c| c.remote).map(|a| a.ip()) else {
+            return Ok(());
+        };
+        self.failures
+            .check(ip, std::time::Instant::now())
+            .map_err(|left| {
+                Status::resource_exhausted(format!(
+                    "too many failed authentications from this address; retry in {} s",
+                    left.as_secs().max(1)
+                ))
+            })
+    }
+
+    /// Count a failed authentication against the peer of `conn`.
+    pub(crate) fn record_failure(&self, conn: Option<&ConnInfo>) {
+        if let Some(ip) = conn.and_then(|c| c.remote).map(|a| a.ip()) {
+            self.failures.record_failure(ip, std::time::Instant::now());
         }
     }
 
@@ -89,7 +119,8 @@ impl Authenticator {
         self.mode
     }
 
-    /// `Ok(None)` for paths that need no authentication.
+    /// `Ok(None)` for paths that need no authentication. Throttled peers are refused first;
+    /// every refusal counts against the peer.
     pub fn authenticate(
         &self,
         path: &str,
@@ -99,6 +130,20 @@ impl Authenticator {
         if !needs_signature(path) {
             return Ok(None);
         }
+        self.check_throttle(conn)?;
+        let result = self.identify(path, md, conn);
+        if result.is_err() {
+            self.record_failure(conn);
+        }
+        result.map(Some)
+    }
+
+    fn identify(
+        &self,
+        path: &str,
+        md: &HeaderMap,
+        conn: Option<&ConnInfo>,
+    ) -> Result<Principal, Status> {
         if md.contains_key(headers::SIG) {
             if !self.mode.allows_call() {
                 return Err(unauthenticated(
@@ -106,7 +151,7 @@ impl Authenticator {
                      run Auth.Challenge and Auth.Hello on this connection instead of signing calls",
                 ));
             }
-            return self.verify_call(path, md).map(Some);
+            return self.verify_call(path, md);
         }
         if let Some(session_key) = conn.and_then(|c| c.session.key()) {
             // Looked up again on every call: a revocation or a capability change applies at once.
@@ -117,10 +162,10 @@ impl Authenticator {
                 .ok_or_else(|| {
                     unauthenticated("the key this connection authenticated with was revoked; authenticate again")
                 })?;
-            return Ok(Some(Principal {
+            return Ok(Principal {
                 key,
                 model: AuthModel::Connection,
-            }));
+            });
         }
         Err(unauthenticated(match self.mode {
             AuthMode::Both => {

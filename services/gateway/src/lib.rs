@@ -4,6 +4,7 @@
 //! conversion of proto messages into store commands, and the one mapping of errors to gRPC
 //! status codes. Business rules live in cube-store; this crate only validates and routes.
 
+mod abuse;
 mod auth_layer;
 mod connection;
 mod convert;
@@ -13,6 +14,7 @@ mod replay;
 mod server;
 mod services;
 
+pub use abuse::{FailureLimiter, FailureLimits};
 pub use auth_layer::{AuthLayer, AuthMode, Authenticator};
 pub use connection::{ConnInfo, ConnectionRegistry, CubeConn, Session};
 pub use error::ApiError;

@@ -16,6 +16,7 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tonic::transport::Server;
 
+use crate::abuse::FailureLimits;
 use crate::auth_layer::{AuthLayer, AuthMode, Authenticator};
 use crate::connection::{ConnectionRegistry, CubeConn};
 use crate::services::access::AccessService;
@@ -37,6 +38,10 @@ pub struct GatewayConfig {
     pub max_concurrent_streams: u32,
     /// Which authentication models are accepted.
     pub auth_mode: AuthMode,
+    /// Throttling of peers that keep failing authentication.
+    pub failure_limits: FailureLimits,
+    /// Largest request metadata (HTTP/2 header list) accepted, in bytes.
+    pub max_metadata_bytes: u32,
 }
 
 /// Why serving stopped with an error.
@@ -71,6 +76,7 @@ impl Gateway {
             config.auth_mode,
             config.skew_ms,
             config.replay_capacity,
+            config.failure_limits,
         ));
         Gateway {
             directory,
@@ -122,6 +128,7 @@ impl Gateway {
         };
         Server::builder()
             .max_concurrent_streams(Some(self.config.max_concurrent_streams))
+            .http2_max_header_list_size(Some(self.config.max_metadata_bytes))
             .layer(AuthLayer::new(Arc::clone(&self.auth)))
             .add_service(health)
             .add_service(reflection_v1)
@@ -136,8 +143,7 @@ impl Gateway {
             .add_service(TenantServer::new(TenantService).max_decoding_message_size(max))
             .add_service(
                 AuthServer::new(HandshakeService {
-                    catalog: Arc::clone(&self.catalog),
-                    mode: self.config.auth_mode,
+                    auth: Arc::clone(&self.auth),
                 })
                 .max_decoding_message_size(max),
             )

@@ -227,3 +227,62 @@ async fn health_and_reflection_need_no_credentials() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_bad_signatures_is_throttled_while_good_clients_are_served() {
+    let server = TestServer::start_with(cubed(), &["--auth-failure-limit", "20"]).unwrap();
+    // The attacker connects from another loopback address than the good client.
+    let attacker = tonic::transport::Endpoint::from_shared(server.endpoint())
+        .unwrap()
+        .local_address(Some("127.0.0.2".parse().unwrap()))
+        .connect()
+        .await
+        .unwrap();
+    let wrong = Credentials {
+        secret: Secret::generate().to_hex(),
+        ..server.demo.clone()
+    };
+    let mut good = server.cells(&server.demo).await.unwrap();
+    let (mut unauthenticated, mut throttled) = (0, 0);
+    for i in 0..200 {
+        let mut req = Request::new(read(1, 1, 1));
+        sign_manually(&mut req, &wrong, READ, now_ms(), &new_call_nonce()).unwrap();
+        match CellsClient::new(attacker.clone())
+            .read(req)
+            .await
+            .unwrap_err()
+            .code()
+        {
+            Code::Unauthenticated => unauthenticated += 1,
+            Code::ResourceExhausted => throttled += 1,
+            other => panic!("unexpected {other:?}"),
+        }
+        if i % 20 == 0 {
+            good.write(write(i, 0, 0, b"still served")).await.unwrap();
+        }
+    }
+    assert_eq!(
+        unauthenticated, 21,
+        "the first 20 failures (and the one crossing the limit) are answered normally"
+    );
+    assert_eq!(throttled, 179);
+    // Even correct credentials from the throttled address wait for the cool-down.
+    let mut req = Request::new(read(1, 1, 1));
+    sign_manually(&mut req, &server.demo, READ, now_ms(), &new_call_nonce()).unwrap();
+    let err = CellsClient::new(attacker).read(req).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted);
+    assert!(err.message().contains("retry in"), "{}", err.message());
+    assert!(good.read(read(0, 0, 0)).await.unwrap().into_inner().found);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_metadata_is_refused_and_the_server_keeps_serving() {
+    let server = TestServer::start_with(cubed(), &["--max-metadata-bytes", "4096"]).unwrap();
+    let mut client = server.cells(&server.demo).await.unwrap();
+    let mut req = Request::new(read(1, 1, 1));
+    req.metadata_mut()
+        .insert("x-padding", "p".repeat(8192).parse().unwrap());
+    assert!(client.read(req).await.is_err());
+    let mut client = server.cells(&server.demo).await.unwrap();
+    client.read(read(1, 1, 1)).await.unwrap();
+}

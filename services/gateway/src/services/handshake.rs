@@ -13,7 +13,7 @@ use cube_auth::{Secret, server_mac, verify_hello_mac};
 use cube_store::{Catalog, KeyInfo};
 use tonic::{Request, Response, Status};
 
-use crate::auth_layer::{AuthMode, now_ms};
+use crate::auth_layer::{Authenticator, now_ms};
 use crate::connection::{ConnInfo, PendingChallenge};
 
 /// How long a challenge may be answered.
@@ -22,13 +22,12 @@ pub(crate) const CHALLENGE_TTL: Duration = Duration::from_secs(30);
 const MIN_CLIENT_NONCE: usize = 16;
 
 pub(crate) struct HandshakeService {
-    pub catalog: Arc<Catalog>,
-    pub mode: AuthMode,
+    pub auth: Arc<Authenticator>,
 }
 
 impl HandshakeService {
     fn check_mode(&self) -> Result<(), Status> {
-        if self.mode.allows_connection() {
+        if self.auth.mode().allows_connection() {
             Ok(())
         } else {
             Err(Status::failed_precondition(
@@ -135,12 +134,14 @@ impl Auth for HandshakeService {
         self.check_mode()?;
         let conn = connection(&req)?;
         let hello = req.into_inner();
-        let key = check_hello(
+        self.auth.check_throttle(Some(&conn))?;
+        let checked = check_hello(
             conn.session.take_challenge(),
             &hello,
             Instant::now(),
-            &self.catalog,
-        )?;
+            self.auth.catalog(),
+        );
+        let key = checked.inspect_err(|_| self.auth.record_failure(Some(&conn)))?;
         let mac = server_mac(
             &Secret::from_bytes(key.secret),
             &hello.nonce,

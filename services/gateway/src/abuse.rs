@@ -1,0 +1,148 @@
+//! Throttling of failed authentications per peer address.
+//!
+//! A peer that fails authentication more than `max_failures` times within `window` is refused
+//! with RESOURCE_EXHAUSTED for `cooldown`, before any signature or MAC is computed, so a flood of
+//! bad credentials costs the server almost nothing and cannot starve good clients from other
+//! addresses. Memory is bounded: at most `max_peers` addresses are tracked.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Limits for [`FailureLimiter`].
+#[derive(Debug, Clone, Copy)]
+pub struct FailureLimits {
+    pub max_failures: u32,
+    pub window: Duration,
+    pub cooldown: Duration,
+    pub max_peers: usize,
+}
+
+impl Default for FailureLimits {
+    fn default() -> Self {
+        FailureLimits {
+            max_failures: 50,
+            window: Duration::from_secs(10),
+            cooldown: Duration::from_secs(30),
+            max_peers: 100_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Peer {
+    window_start: Instant,
+    failures: u32,
+    blocked_until: Option<Instant>,
+}
+
+/// Failed authentications per peer address.
+#[derive(Debug)]
+pub struct FailureLimiter {
+    limits: FailureLimits,
+    peers: Mutex<HashMap<IpAddr, Peer>>,
+}
+
+impl FailureLimiter {
+    pub fn new(limits: FailureLimits) -> FailureLimiter {
+        FailureLimiter {
+            limits,
+            peers: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// `Err(remaining cool-down)` while `ip` is blocked.
+    pub fn check(&self, ip: IpAddr, now: Instant) -> Result<(), Duration> {
+        let peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        match peers.get(&ip).and_then(|p| p.blocked_until) {
+            Some(until) if until > now => Err(until - now),
+            _ => Ok(()),
+        }
+    }
+
+    /// Count one failed authentication of `ip`.
+    pub fn record_failure(&self, ip: IpAddr, now: Instant) {
+        let limits = self.limits;
+        let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        if peers.len() >= limits.max_peers && !peers.contains_key(&ip) {
+            // Forget peers whose window and block are over; if that frees nothing, forget the
+            // unblocked ones (blocked peers stay blocked).
+            peers.retain(|_, p| {
+                p.blocked_until.is_some_and(|u| u > now) || now - p.window_start < limits.window
+            });
+            if peers.len() >= limits.max_peers {
+                peers.retain(|_, p| p.blocked_until.is_some_and(|u| u > now));
+            }
+        }
+        let peer = peers.entry(ip).or_insert(Peer {
+            window_start: now,
+            failures: 0,
+            blocked_until: None,
+        });
+        if now - peer.window_start >= limits.window {
+            peer.window_start = now;
+            peer.failures = 0;
+        }
+        peer.failures += 1;
+        if peer.failures > limits.max_failures {
+            peer.blocked_until = Some(now + limits.cooldown);
+            tracing::warn!(%ip, cooldown_secs = limits.cooldown.as_secs(), "too many failed authentications; peer throttled");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limiter() -> FailureLimiter {
+        FailureLimiter::new(FailureLimits {
+            max_failures: 3,
+            window: Duration::from_secs(10),
+            cooldown: Duration::from_secs(30),
+            max_peers: 4,
+        })
+    }
+
+    #[test]
+    fn a_peer_over_the_limit_is_blocked_for_the_cooldown_only() {
+        let l = limiter();
+        let (bad, good) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let t = Instant::now();
+        for _ in 0..3 {
+            l.record_failure(bad, t);
+        }
+        assert!(l.check(bad, t).is_ok());
+        l.record_failure(bad, t);
+        assert!(l.check(bad, t + Duration::from_secs(29)).is_err());
+        assert!(l.check(good, t).is_ok());
+        assert!(l.check(bad, t + Duration::from_secs(31)).is_ok());
+    }
+
+    #[test]
+    fn failures_spread_over_windows_do_not_add_up() {
+        let l = limiter();
+        let ip = "10.0.0.1".parse().unwrap();
+        let t = Instant::now();
+        for i in 0..20 {
+            l.record_failure(ip, t + Duration::from_secs(4 * i));
+        }
+        assert!(l.check(ip, t + Duration::from_secs(80)).is_ok());
+    }
+
+    #[test]
+    fn memory_is_bounded_and_blocked_peers_are_kept() {
+        let l = limiter();
+        let t = Instant::now();
+        let blocked: IpAddr = "10.0.0.9".parse().unwrap();
+        for _ in 0..4 {
+            l.record_failure(blocked, t);
+        }
+        for i in 0..100u8 {
+            l.record_failure(IpAddr::from([192, 168, 0, i]), t);
+        }
+        assert!(l.peers.lock().unwrap().len() <= 4);
+        assert!(l.check(blocked, t).is_err());
+    }
+}

@@ -24,6 +24,15 @@ struct Cli {
     /// Alternatively set CUBE_TENANT, CUBE_KEY_ID and CUBE_SECRET.
     #[arg(long, env = "CUBE_CREDENTIALS", global = true)]
     credentials: Option<PathBuf>,
+    /// CA certificate (PEM) to trust for an https:// endpoint; default ./cube-data/tls/ca.pem.
+    #[arg(long, env = "CUBE_CA", global = true)]
+    ca: Option<PathBuf>,
+    /// Client certificate (PEM) from `cubed key cert`: authenticates the connection (mTLS).
+    #[arg(long, env = "CUBE_CERT", global = true, requires = "key")]
+    cert: Option<PathBuf>,
+    /// Private key (PEM) of --cert.
+    #[arg(long, env = "CUBE_KEY", global = true, requires = "cert")]
+    key: Option<PathBuf>,
     /// Authentication model: sign every call, or authenticate the connection once.
     #[arg(long, env = "CUBE_AUTH", value_enum, default_value_t = AuthModel::Call, global = true)]
     auth: AuthModel,
@@ -111,14 +120,21 @@ async fn run() -> anyhow::Result<()> {
     let secret = creds.secret().context("the credentials' secret")?;
     let endpoint = cli
         .endpoint
+        .clone()
         .or(creds.endpoint.clone())
         .unwrap_or_else(|| DEFAULT_ENDPOINT.into());
-    let channel: Channel = Endpoint::from_shared(endpoint.clone())
-        .with_context(|| format!("bad endpoint {endpoint}"))?
+    let mut ep = Endpoint::from_shared(endpoint.clone())
+        .with_context(|| format!("bad endpoint {endpoint}"))?;
+    if endpoint.starts_with("https://") {
+        ep = ep.tls_config(tls_config(&cli)?)?;
+    }
+    let channel: Channel = ep
         .connect()
         .await
         .with_context(|| format!("cannot connect to {endpoint}"))?;
     let transport = match cli.auth {
+        // The client certificate already authenticates the connection.
+        _ if cli.cert.is_some() => Signing::passthrough(channel),
         AuthModel::Call => Signing::new(
             channel,
             CallSigner::new(&creds.tenant, &creds.key_id, secret),
@@ -182,6 +198,31 @@ async fn run() -> anyhow::Result<()> {
     };
     println!("{out}");
     Ok(())
+}
+
+const DEFAULT_CA: &str = "./cube-data/tls/ca.pem";
+
+fn tls_config(cli: &Cli) -> anyhow::Result<tonic::transport::ClientTlsConfig> {
+    use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+    let ca_path = cli.ca.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_CA));
+    let ca = std::fs::read_to_string(&ca_path).with_context(|| {
+        format!(
+            "reading the CA certificate {} (use --ca)",
+            ca_path.display()
+        )
+    })?;
+    // The development certificate names localhost and 127.0.0.1.
+    let mut tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(ca))
+        .domain_name("localhost");
+    if let (Some(cert), Some(key)) = (&cli.cert, &cli.key) {
+        let cert =
+            std::fs::read_to_string(cert).with_context(|| format!("reading {}", cert.display()))?;
+        let key =
+            std::fs::read_to_string(key).with_context(|| format!("reading {}", key.display()))?;
+        tls = tls.identity(Identity::from_pem(cert, key));
+    }
+    Ok(tls)
 }
 
 fn hex(b: &[u8]) -> String {

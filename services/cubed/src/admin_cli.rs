@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use cube_api::v1::admin_client::AdminClient;
-use cube_api::v1::{CreateKeyRequest, CreateTenantRequest, RevokeKeyRequest};
+use cube_api::v1::{CreateKeyRequest, CreateTenantRequest, ListTenantsRequest, RevokeKeyRequest};
 use cube_auth::{Credentials, Secret};
 use cube_store::{Catalog, CatalogOpenError, DataDir, KeyInfo};
 use hyper_util::rt::TokioIo;
@@ -20,11 +20,13 @@ enum Op<'a> {
     CreateTenant(&'a str),
     CreateKey(&'a str),
     RevokeKey(&'a str, &'a str),
+    KeyIsActive(&'a str, &'a str),
 }
 
 enum Outcome {
     Credentials(Credentials),
     Revoked(bool),
+    Active(bool),
 }
 
 pub async fn create_tenant(data_dir: &Path, name: &str) -> anyhow::Result<()> {
@@ -39,8 +41,29 @@ pub async fn revoke_key(data_dir: &Path, tenant: &str, key_id: &str) -> anyhow::
     print(execute(data_dir, Op::RevokeKey(tenant, key_id)).await?)
 }
 
+/// `cubed key cert`: a client certificate for an active key, written into `out`.
+pub async fn key_cert(
+    data_dir: &Path,
+    tenant: &str,
+    key_id: &str,
+    out: &Path,
+) -> anyhow::Result<()> {
+    let Outcome::Active(true) = execute(data_dir, Op::KeyIsActive(tenant, key_id)).await? else {
+        bail!("tenant '{tenant}' has no active key '{key_id}'");
+    };
+    let (cert, key) = crate::certs::issue_client_cert(data_dir, tenant, key_id)?;
+    let (cert_path, key_path) = crate::certs::write_client_cert(out, tenant, key_id, &cert, &key)?;
+    let ca = crate::certs::ca_cert_path(data_dir);
+    println!(
+        "{}",
+        serde_json::json!({ "cert": cert_path, "key": key_path, "ca": ca })
+    );
+    Ok(())
+}
+
 fn print(outcome: Outcome) -> anyhow::Result<()> {
     match outcome {
+        Outcome::Active(a) => println!("{{\"active\":{a}}}"),
         Outcome::Credentials(c) => println!("{}", serde_json::to_string(&c)?),
         Outcome::Revoked(true) => println!("{{\"revoked\":true}}"),
         Outcome::Revoked(false) => {
@@ -85,6 +108,9 @@ fn local(catalog: &Catalog, op: &Op<'_>) -> anyhow::Result<Outcome> {
         Op::CreateTenant(name) => Outcome::Credentials(credentials(&*catalog.create_tenant(name)?)),
         Op::CreateKey(tenant) => Outcome::Credentials(credentials(&*catalog.create_key(tenant)?)),
         Op::RevokeKey(tenant, key) => Outcome::Revoked(catalog.revoke_key(tenant, key)?),
+        Op::KeyIsActive(tenant, key) => {
+            Outcome::Active(catalog.key(tenant, key).is_some_and(|k| !k.revoked))
+        }
     })
 }
 
@@ -125,6 +151,18 @@ async fn remote(mut client: AdminClient<Channel>, op: &Op<'_>) -> anyhow::Result
             };
             let r = client.revoke_key(req).await.map_err(status_msg)?;
             Ok(Outcome::Revoked(r.into_inner().revoked))
+        }
+        Op::KeyIsActive(tenant, key_id) => {
+            let r = client
+                .list_tenants(ListTenantsRequest {})
+                .await
+                .map_err(status_msg)?;
+            let active = r
+                .into_inner()
+                .tenants
+                .iter()
+                .any(|t| t.name == *tenant && t.active_key_ids.iter().any(|k| k == key_id));
+            Ok(Outcome::Active(active))
         }
     }
 }

@@ -73,6 +73,16 @@ pub enum KeyCommand {
         #[command(flatten)]
         dir: DataDirArg,
     },
+    /// Issue a client certificate (mTLS) that authenticates its connections as this key.
+    Cert {
+        tenant: String,
+        key_id: String,
+        #[command(flatten)]
+        dir: DataDirArg,
+        /// Where to write `<tenant>.<key_id>.crt.pem` and `.key.pem` (default: the current directory).
+        #[arg(long, default_value = ".")]
+        out: PathBuf,
+    },
 }
 
 #[derive(Debug, Clone, Args)]
@@ -124,6 +134,24 @@ pub struct ServeArgs {
     /// Largest request metadata (all headers of a call) in bytes.
     #[arg(long, env = "CUBE_MAX_METADATA_BYTES", default_value_t = DEFAULT_MAX_METADATA_BYTES)]
     pub max_metadata_bytes: u32,
+    /// Serve TLS with this certificate chain (PEM); needs --tls-key.
+    #[arg(
+        long,
+        env = "CUBE_TLS_CERT",
+        requires = "tls_key",
+        conflicts_with = "tls_dev"
+    )]
+    pub tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of --tls-cert.
+    #[arg(long, env = "CUBE_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Serve TLS with a development CA and server certificate generated into <data-dir>/tls/
+    /// (clients trust <data-dir>/tls/ca.pem).
+    #[arg(long, env = "CUBE_TLS_DEV")]
+    pub tls_dev: bool,
+    /// Allow plaintext on a non-loopback address (credentials and data travel unencrypted).
+    #[arg(long, env = "CUBE_INSECURE_PLAINTEXT")]
+    pub insecure_plaintext: bool,
     /// Do not create the `demo` tenant and dev-credentials.json on first start.
     #[arg(long, env = "CUBE_NO_DEMO")]
     pub no_demo: bool,
@@ -155,10 +183,19 @@ pub struct ServeArgs {
     pub wal_segment_max_bytes: u64,
 }
 
+/// Where the listener's certificate comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TlsChoice {
+    Plaintext,
+    Files { cert: PathBuf, key: PathBuf },
+    Dev,
+}
+
 /// Validated settings of `cubed serve`.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
     pub data_dir: PathBuf,
+    pub tls: TlsChoice,
     pub auth_mode: AuthMode,
     pub failure_limits: FailureLimits,
     pub max_metadata_bytes: u32,
@@ -199,8 +236,22 @@ impl ServeArgs {
         let threads = self
             .actor_threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() / 4));
+        let tls = match (self.tls_cert, self.tls_key, self.tls_dev) {
+            (Some(cert), Some(key), _) => TlsChoice::Files { cert, key },
+            (_, _, true) => TlsChoice::Dev,
+            _ => TlsChoice::Plaintext,
+        };
+        anyhow::ensure!(
+            tls != TlsChoice::Plaintext
+                || self.listen.ip().is_loopback()
+                || self.insecure_plaintext,
+            "refusing to serve plaintext on the non-loopback address {}: use --tls-cert/--tls-key or \
+             --tls-dev, or pass --insecure-plaintext if a trusted layer encrypts the traffic",
+            self.listen
+        );
         Ok(ServeConfig {
             data_dir: self.data_dir,
+            tls,
             auth_mode: self.auth_mode.into(),
             failure_limits: FailureLimits {
                 max_failures: self.auth_failure_limit,

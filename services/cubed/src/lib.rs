@@ -2,5 +2,6 @@
 //! `main.rs` only parses flags, sets up logging and calls into here.
 
 pub mod admin_cli;
+pub mod certs;
 pub mod config;
 pub mod serve;

@@ -41,6 +41,12 @@ fn run() -> anyhow::Result<()> {
             Some(Command::Key(KeyCommand::Create { tenant, dir })) => {
                 admin_cli::create_key(&dir.data_dir, &tenant).await
             }
+            Some(Command::Key(KeyCommand::Cert {
+                tenant,
+                key_id,
+                dir,
+                out,
+            })) => admin_cli::key_cert(&dir.data_dir, &tenant, &key_id, &out).await,
             Some(Command::Key(KeyCommand::Revoke {
                 tenant,
                 key_id,

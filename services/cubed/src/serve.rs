@@ -5,20 +5,20 @@
 use std::fs;
 use std::future::Future;
 use std::io::Write;
-use std::net::SocketAddr;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use cube_auth::Credentials;
-use cube_gateway::{Gateway, GatewayConfig};
+use cube_gateway::{Gateway, GatewayConfig, TlsSettings};
 use cube_store::{Catalog, CatalogOpenError, DataDir, DirectoryConfig, TenantDirectory};
 use cube_wal::{SegmentSizing, WalOptions};
 use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::ServeConfig;
+use crate::certs;
+use crate::config::{ServeConfig, TlsChoice};
 
 const DEMO_TENANT: &str = "demo";
 
@@ -71,7 +71,12 @@ pub async fn run(
     });
     let addr = listener.local_addr().context("reading the bound address")?;
     if config.demo {
-        ensure_demo(&catalog, &data, addr)?;
+        let scheme = if config.tls == TlsChoice::Plaintext {
+            "http"
+        } else {
+            "https"
+        };
+        ensure_demo(&catalog, &data, &format!("{scheme}://{addr}"))?;
     }
     let directory = Arc::new(TenantDirectory::new(DirectoryConfig {
         data_dir: data.clone(),
@@ -98,8 +103,10 @@ pub async fn run(
             auth_mode: config.auth_mode,
             failure_limits: config.failure_limits,
             max_metadata_bytes: config.max_metadata_bytes,
+            tls: tls_settings(&config.tls, data.root())?,
         },
-    );
+    )
+    .context("configuring TLS")?;
     let socket_path = data.admin_socket();
     // A socket left by a crashed server; the catalog lock proves no server owns it now.
     let _ = fs::remove_file(&socket_path);
@@ -115,8 +122,13 @@ pub async fn run(
             .serve_admin_socket(admin_listener, admin_stop)
             .await
     });
+    let tls = if config.tls == TlsChoice::Plaintext {
+        "off"
+    } else {
+        "on"
+    };
     println!(
-        "cubed ready: grpc={addr} data_dir={}",
+        "cubed ready: grpc={addr} tls={tls} data_dir={}",
         data.root().display()
     );
     let _ = std::io::stdout().flush();
@@ -140,6 +152,28 @@ pub async fn run(
     Ok(())
 }
 
+/// Certificate material for the listener. With TLS on, the data directory's CA is created if
+/// needed and its client certificates (`cubed key cert`) are accepted for mTLS.
+fn tls_settings(choice: &TlsChoice, data_dir: &Path) -> anyhow::Result<Option<TlsSettings>> {
+    let (cert_chain_pem, key_pem) = match choice {
+        TlsChoice::Plaintext => return Ok(None),
+        TlsChoice::Files { cert, key } => (
+            fs::read(cert).with_context(|| format!("reading --tls-cert {}", cert.display()))?,
+            fs::read(key).with_context(|| format!("reading --tls-key {}", key.display()))?,
+        ),
+        TlsChoice::Dev => {
+            let (chain, key) = certs::ensure_dev_server_cert(data_dir)?;
+            (chain.into_bytes(), key.into_bytes())
+        }
+    };
+    let (_, ca_pem) = certs::ensure_ca(data_dir)?;
+    Ok(Some(TlsSettings {
+        cert_chain_pem,
+        key_pem,
+        client_ca_pem: Some(ca_pem.into_bytes()),
+    }))
+}
+
 fn prepare_data_dir(root: &Path) -> anyhow::Result<()> {
     fs::create_dir_all(root)
         .with_context(|| format!("creating the data directory {}", root.display()))?;
@@ -151,9 +185,9 @@ fn prepare_data_dir(root: &Path) -> anyhow::Result<()> {
 
 /// On the first start of an empty data directory create tenant `demo` and dev-credentials.json;
 /// on later starts keep that file's endpoint current.
-fn ensure_demo(catalog: &Catalog, data: &DataDir, addr: SocketAddr) -> anyhow::Result<()> {
+fn ensure_demo(catalog: &Catalog, data: &DataDir, endpoint: &str) -> anyhow::Result<()> {
     let path = data.dev_credentials();
-    let endpoint = format!("http://{addr}");
+    let endpoint = endpoint.to_string();
     let creds = if catalog.list()?.is_empty() {
         let key = catalog.create_tenant(DEMO_TENANT)?;
         tracing::info!(path = %path.display(), "created tenant 'demo' and its dev credentials");

@@ -151,6 +151,13 @@ impl<IO> CubeConn<IO> {
     }
 }
 
+impl<IO> CubeConn<IO> {
+    /// This connection's auth session.
+    pub fn session(&self) -> &Session {
+        &self.info.session
+    }
+}
+
 impl<IO> Drop for CubeConn<IO> {
     fn drop(&mut self) {
         self.registry.close(self.info.id);

@@ -13,6 +13,8 @@ mod principal;
 mod replay;
 mod server;
 mod services;
+mod tls;
+mod transport;
 
 pub use abuse::{FailureLimiter, FailureLimits};
 pub use auth_layer::{AuthLayer, AuthMode, Authenticator};
@@ -21,3 +23,4 @@ pub use error::ApiError;
 pub use principal::{AuthModel, Principal};
 pub use replay::{ReplayCache, ReplayError};
 pub use server::{Gateway, GatewayConfig, ServeError};
+pub use tls::{TlsError, TlsSettings, client_identity, server_config};

@@ -12,18 +12,19 @@ use cube_api::v1::cells_server::CellsServer;
 use cube_api::v1::tenant_server::TenantServer;
 use cube_store::{Catalog, TenantDirectory};
 use tokio::net::{TcpListener, UnixListener};
-use tokio_stream::StreamExt;
-use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::Server;
 
 use crate::abuse::FailureLimits;
 use crate::auth_layer::{AuthLayer, AuthMode, Authenticator};
-use crate::connection::{ConnectionRegistry, CubeConn};
+use crate::connection::ConnectionRegistry;
 use crate::services::access::AccessService;
 use crate::services::admin::AdminService;
 use crate::services::cells::CellsService;
 use crate::services::handshake::HandshakeService;
 use crate::services::tenant::TenantService;
+use crate::tls::{TlsError, TlsSettings, server_config};
+use crate::transport;
 
 /// Limits and auth settings of the network listener.
 #[derive(Debug, Clone)]
@@ -42,6 +43,8 @@ pub struct GatewayConfig {
     pub failure_limits: FailureLimits,
     /// Largest request metadata (HTTP/2 header list) accepted, in bytes.
     pub max_metadata_bytes: u32,
+    /// Serve TLS (and accept client certificates if it names a client CA).
+    pub tls: Option<TlsSettings>,
 }
 
 /// Why serving stopped with an error.
@@ -51,6 +54,8 @@ pub enum ServeError {
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("the gRPC transport failed: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error("TLS: {0}")]
+    Tls(#[from] TlsError),
 }
 
 /// The gRPC gateway over one catalog and one tenant directory.
@@ -63,14 +68,18 @@ pub struct Gateway {
     auth: Arc<Authenticator>,
     catalog: Arc<Catalog>,
     connections: Arc<ConnectionRegistry>,
+    /// `None` serves plaintext.
+    tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
 }
 
 impl Gateway {
+    /// Fails only if the TLS settings are unusable.
     pub fn new(
         catalog: Arc<Catalog>,
         directory: Arc<TenantDirectory>,
         config: GatewayConfig,
-    ) -> Gateway {
+    ) -> Result<Gateway, ServeError> {
+        let tls = config.tls.as_ref().map(server_config).transpose()?;
         let auth = Arc::new(Authenticator::new(
             Arc::clone(&catalog),
             config.auth_mode,
@@ -78,13 +87,14 @@ impl Gateway {
             config.replay_capacity,
             config.failure_limits,
         ));
-        Gateway {
+        Ok(Gateway {
             directory,
             config,
             auth,
             catalog,
             connections: Arc::default(),
-        }
+            tls,
+        })
     }
 
     /// Serve gRPC on `listener` until `shutdown` resolves, then stop accepting and wait for the
@@ -110,15 +120,16 @@ impl Gateway {
             directory: Arc::clone(&self.directory),
         })
         .max_decoding_message_size(max);
-        // Small request/response round trips dominate: Nagle would add 40 ms stalls.
         let registry = Arc::clone(&self.connections);
-        let incoming = TcpListenerStream::new(listener).map(move |conn| {
-            conn.map(|s| {
-                let _ = s.set_nodelay(true);
-                let remote = s.peer_addr().ok();
-                CubeConn::new(s, &registry, remote)
-            })
-        });
+        let (incoming, acceptor_task) = match &self.tls {
+            Some(config) => {
+                let acceptor = tokio_rustls::TlsAcceptor::from(Arc::clone(config));
+                let (incoming, task) =
+                    transport::tls(listener, acceptor, registry, Arc::clone(&self.catalog));
+                (incoming, Some(task))
+            }
+            None => (transport::plain(listener, registry), None),
+        };
         let stopping = async move {
             shutdown.await;
             health_reporter
@@ -126,7 +137,7 @@ impl Gateway {
                 .await;
             tracing::info!("stopped accepting; draining calls in flight");
         };
-        Server::builder()
+        let served = Server::builder()
             .max_concurrent_streams(Some(self.config.max_concurrent_streams))
             .http2_max_header_list_size(Some(self.config.max_metadata_bytes))
             .layer(AuthLayer::new(Arc::clone(&self.auth)))
@@ -152,7 +163,11 @@ impl Gateway {
                 connections: None,
             }))
             .serve_with_incoming_shutdown(incoming, stopping)
-            .await?;
+            .await;
+        if let Some(task) = acceptor_task {
+            task.abort();
+        }
+        served?;
         Ok(())
     }
 }

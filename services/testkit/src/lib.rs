@@ -169,6 +169,23 @@ impl TestServer {
             .await?)
     }
 
+    /// A TLS channel (the server must run with `--tls-dev` or TLS files signed by the data
+    /// directory's CA), optionally presenting a client certificate (PEM cert, PEM key).
+    pub async fn tls_channel(&self, client_cert: Option<(&str, &str)>) -> anyhow::Result<Channel> {
+        use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+        let ca = fs::read_to_string(self.data_dir().join("tls/ca.pem"))?;
+        let mut tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(ca))
+            .domain_name("localhost");
+        if let Some((cert, key)) = client_cert {
+            tls = tls.identity(Identity::from_pem(cert, key));
+        }
+        Ok(Endpoint::from_shared(format!("https://{}", self.addr))?
+            .tls_config(tls)?
+            .connect()
+            .await?)
+    }
+
     /// A new connection whose every call is signed as `creds` (for any generated client).
     pub async fn signed(&self, creds: &Credentials) -> anyhow::Result<Signing<Channel>> {
         let signer = CallSigner::new(&creds.tenant, &creds.key_id, creds.secret()?);

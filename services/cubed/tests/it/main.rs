@@ -10,6 +10,7 @@ mod auth;
 mod crash;
 mod handshake;
 mod limits;
+mod tls;
 
 use std::path::Path;
 

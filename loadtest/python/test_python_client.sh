@@ -1,0 +1,222 @@
+#!/usr/bin/env bash
+# End-to-end test of the Python client (loadtest/python/cube_client.py) against a real cubed:
+# shows that docs/protocol.md is enough to implement both auth models in another language.
+#
+#   bash loadtest/python/test_python_client.sh        (from the repository root)
+#
+# Environment:
+#   CUBED        server binary (default: target/debug/cubed; build it first, this script does not)
+#   PYTHON       interpreter used to create the venv (default: python3)
+#   CUBE_PY_VENV venv holding grpcio and grpcio-tools (default: target/py-venv, reused if ready)
+#
+# Prints one line per check and ends with "N passed, M failed"; exits non-zero on any failure.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+CUBED="${CUBED:-$ROOT/target/debug/cubed}"
+case "$CUBED" in
+  /*) ;;
+  */*) CUBED="$(cd "$(dirname "$CUBED")" 2>/dev/null && pwd)/$(basename "$CUBED")" || true ;;
+  *) CUBED="$(command -v "$CUBED" || echo "$CUBED")" ;;
+esac
+cd "$ROOT"
+CLIENT="$ROOT/loadtest/python/cube_client.py"
+export PYTHONDONTWRITEBYTECODE=1 # no __pycache__ in the repository
+
+if [[ ! -x "$CUBED" ]]; then
+  echo "test_python_client: no server binary at $CUBED (build it: cargo build -p cubed)" >&2
+  exit 1
+fi
+
+# --- Python with grpcio + grpcio-tools -------------------------------------------------------
+VENV="${CUBE_PY_VENV:-$ROOT/target/py-venv}"
+has_grpc() { "$1" -c 'import grpc, grpc_tools.protoc' >/dev/null 2>&1; }
+if has_grpc "$VENV/bin/python"; then
+  PY="$VENV/bin/python"
+elif "${PYTHON:-python3}" -m venv "$VENV" >/dev/null 2>&1; then
+  PY="$VENV/bin/python"
+  "$PY" -m pip install -q --disable-pip-version-check grpcio grpcio-tools
+else
+  # No venv module (e.g. Debian without python3-venv): user site-packages instead.
+  PY="$(command -v "${PYTHON:-python3}")"
+  has_grpc "$PY" || "$PY" -m pip install -q --user --disable-pip-version-check grpcio grpcio-tools
+fi
+
+# --- server ----------------------------------------------------------------------------------
+TMP="$(mktemp -d "${TMPDIR:-/tmp}/cube-pyclient.XXXXXX")"
+DATA="$TMP/data"
+SERVER_PID=""
+cleanup() {
+  local rc=$?
+  if [[ -n "$SERVER_PID" ]] && kill -0 "$SERVER_PID" 2>/dev/null; then
+    kill -TERM "$SERVER_PID" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$SERVER_PID" 2>/dev/null || true
+    wait "$SERVER_PID" 2>/dev/null || true
+  fi
+  if [[ $rc -ne 0 && -f "$TMP/server.err" ]]; then
+    echo "--- server stderr (last 20 lines)" >&2
+    tail -n 20 "$TMP/server.err" >&2 || true
+  fi
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+
+"$CUBED" serve --data-dir "$DATA" --listen 127.0.0.1:0 >"$TMP/server.out" 2>"$TMP/server.err" &
+SERVER_PID=$!
+
+PORT=""
+for _ in $(seq 300); do # up to 30 s
+  if [[ -s "$TMP/server.out" ]]; then
+    PORT="$(sed -n 's/^cubed ready: grpc=127\.0\.0\.1:\([0-9][0-9]*\) data_dir=.*/\1/p' "$TMP/server.out" | head -n 1)"
+    [[ -n "$PORT" ]] && break
+  fi
+  kill -0 "$SERVER_PID" 2>/dev/null || { echo "test_python_client: cubed exited before it was ready" >&2; exit 1; }
+  sleep 0.1
+done
+[[ -n "$PORT" ]] || { echo "test_python_client: no ready line from cubed within 30 s" >&2; exit 1; }
+ENDPOINT="http://127.0.0.1:$PORT"
+DEMO="$DATA/dev-credentials.json"
+echo "cubed ready on $ENDPOINT (pid $SERVER_PID)"
+
+# --- checks ----------------------------------------------------------------------------------
+PASSED=0
+FAILED=0
+OUT=""
+ERR=""
+RC=0
+ok() { PASSED=$((PASSED + 1)); echo "ok   $1"; }
+bad() { FAILED=$((FAILED + 1)); echo "FAIL $1"; shift; for l in "$@"; do echo "     $l"; done; }
+
+# client ARGS...: runs the Python client; sets OUT, ERR, RC (never aborts the script).
+client() {
+  RC=0
+  OUT="$("$PY" "$CLIENT" --endpoint "$ENDPOINT" "$@" 2>"$TMP/client.err")" || RC=$?
+  ERR="$(cat "$TMP/client.err")"
+}
+
+# expect_out NAME WANT ARGS...: the client succeeds and prints exactly WANT.
+expect_out() {
+  local name="$1" want="$2"
+  shift 2
+  client "$@"
+  if [[ $RC -eq 0 && "$OUT" == "$want" ]]; then ok "$name"; else bad "$name" "rc=$RC" "stdout: $OUT" "want:   $want" "stderr: $ERR"; fi
+}
+
+# expect_err NAME CODE MESSAGE_PART ARGS...: the client fails with that gRPC code and message.
+expect_err() {
+  local name="$1" code="$2" part="$3"
+  shift 3
+  client "$@"
+  if [[ $RC -ne 0 && "$ERR" == *"error: $code: "*"$part"* ]]; then ok "$name"; else bad "$name" "rc=$RC" "stdout: $OUT" "stderr: $ERR" "want:   $code ... $part"; fi
+}
+
+# expect_ok_json NAME ARGS...: the client exits 0 and prints JSON with "ok":true.
+expect_ok_json() {
+  local name="$1"
+  shift
+  client "$@"
+  if [[ $RC -eq 0 && "$OUT" == *'"ok":true'* ]]; then ok "$name"; else bad "$name" "rc=$RC" "stdout: $OUT" "stderr: $ERR"; fi
+}
+
+# 1. published test vectors (no server involved)
+expect_out "test vectors (call sig, hello mac, server_mac)" \
+  '{"call_sig":"a5befc7529906f3b79aec5655c8d4ab40a30a1d6a13db8bf42672603dfa873d3","hello_mac":"4e59e4f5651ca616f5fadb65366b4417ed8befee0abbc9aa9dbcac7a1f39919f","server_mac":"9bdd978c20c9c34e1f430029653caa565806164a01e6446b0e679e2c4e1153be","test_vectors":"ok"}' \
+  selfcheck
+
+# 2. dev-credentials.json has the documented shape and the ready line's endpoint
+if "$PY" - "$DEMO" "$ENDPOINT" <<'EOF'
+import json, os, re, stat, sys
+path, endpoint = sys.argv[1], sys.argv[2]
+d = json.load(open(path))
+assert d["tenant"] == "demo", d["tenant"]
+assert re.fullmatch(r"k-[0-9a-f]{12}", d["key_id"]), d["key_id"]
+assert re.fullmatch(r"[0-9a-f]{64}", d["secret"]), "secret is not 64 lowercase hex"
+assert d["endpoint"] == endpoint, (d["endpoint"], endpoint)
+assert stat.S_IMODE(os.stat(path).st_mode) == 0o600, oct(os.stat(path).st_mode)
+EOF
+then ok "dev-credentials.json: shape, mode 0600, endpoint of the ready line"; else bad "dev-credentials.json: shape, mode 0600, endpoint of the ready line"; fi
+
+# 3-4. per-call signing
+expect_out "per-call: write (1,-2,3)" '{"seq":1,"version":1}' \
+  --credentials "$DEMO" --auth call write 1 -2 3 hello-call
+expect_out "per-call: read (1,-2,3)" '{"found":true,"sealed":false,"value":"hello-call","version":1}' \
+  --credentials "$DEMO" --auth call read 1 -2 3
+
+# 5-6. per-connection handshake (Challenge + Hello, server_mac checked, unsigned calls after)
+expect_out "per-connection: write (1,-2,3) with expected_version 1" '{"seq":2,"version":2}' \
+  --credentials "$DEMO" --auth connection write 1 -2 3 hello-conn --expected-version 1
+expect_out "per-connection: read (1,-2,3)" '{"found":true,"sealed":false,"value":"hello-conn","version":2}' \
+  --credentials "$DEMO" --auth connection read 1 -2 3
+
+# 7. the session belongs to one channel: 64 concurrent unsigned calls pass on it, a second
+#    channel (own subchannel pool) is refused, a challenge cannot be answered on another channel
+expect_ok_json "per-connection: session bound to its channel (local subchannel pool)" \
+  --credentials "$DEMO" conncheck --concurrency 64
+
+# 8. per-call: a replayed call and a signature for another method are refused
+expect_ok_json "per-call: replayed nonce and wrong method path refused" \
+  --credentials "$DEMO" replaycheck
+
+# 9-10. a wrong secret gets UNAUTHENTICATED in both models
+"$PY" - "$DEMO" "$TMP/bad-secret.json" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+d["secret"] = format(int(d["secret"], 16) ^ 1, "064x")  # one bit off
+json.dump(d, open(sys.argv[2], "w"))
+EOF
+expect_err "per-call: bad secret -> UNAUTHENTICATED" UNAUTHENTICATED "x-cube-sig does not match" \
+  --credentials "$TMP/bad-secret.json" --auth call read 1 -2 3
+expect_err "per-connection: bad secret -> UNAUTHENTICATED at Hello" UNAUTHENTICATED "mac does not match" \
+  --credentials "$TMP/bad-secret.json" --auth connection read 1 -2 3
+
+
+# 11. a second tenant, created through the running server's admin socket
+ACME="$TMP/acme.json"
+if "$CUBED" tenant create acme --data-dir "$DATA" >"$ACME" 2>"$TMP/tenant.err" &&
+  "$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["tenant"]=="acme" and len(d["secret"])==64' "$ACME" 2>/dev/null; then
+  ok "cubed tenant create acme (server running)"
+else
+  bad "cubed tenant create acme (server running)" "stdout: $(cat "$ACME")" "stderr: $(cat "$TMP/tenant.err")"
+fi
+
+# 12-17. tenant isolation: same coordinate, separate data, keys not interchangeable
+expect_out "isolation: acme (per-call) does not see demo's cell" '{"found":false,"sealed":false,"value":"","version":0}' \
+  --credentials "$ACME" --auth call read 1 -2 3
+expect_out "isolation: acme (per-connection) does not see demo's cell" '{"found":false,"sealed":false,"value":"","version":0}' \
+  --credentials "$ACME" --auth connection read 1 -2 3
+expect_out "isolation: acme writes its own (1,-2,3) as version 1" '{"seq":1,"version":1}' \
+  --credentials "$ACME" --auth connection write 1 -2 3 acme-value --expected-version 0
+expect_out "isolation: demo's (1,-2,3) is unchanged" '{"found":true,"sealed":false,"value":"hello-conn","version":2}' \
+  --credentials "$DEMO" --auth call read 1 -2 3
+"$PY" - "$ACME" "$DEMO" "$TMP/cross.json" <<'EOF'
+import json, sys
+acme, demo = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+acme["tenant"] = demo["tenant"]  # acme's key and secret, claiming tenant demo
+json.dump(acme, open(sys.argv[3], "w"))
+EOF
+expect_err "isolation: acme's key cannot act for tenant demo (per-call)" UNAUTHENTICATED "unknown or revoked key" \
+  --credentials "$TMP/cross.json" --auth call read 1 -2 3
+expect_err "isolation: acme's key cannot act for tenant demo (per-connection)" UNAUTHENTICATED "unknown or revoked key" \
+  --credentials "$TMP/cross.json" --auth connection read 1 -2 3
+
+# 18. SIGTERM: the server drains, syncs and exits 0
+kill -TERM "$SERVER_PID"
+SERVER_RC=""
+for _ in $(seq 300); do # up to 30 s
+  if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+    SERVER_RC=0
+    wait "$SERVER_PID" || SERVER_RC=$?
+    break
+  fi
+  sleep 0.1
+done
+if [[ "$SERVER_RC" == "0" ]]; then
+  ok "SIGTERM: cubed exited 0"
+else
+  bad "SIGTERM: cubed exited 0" "exit status: ${SERVER_RC:-still running after 30 s}"
+fi
+if [[ -n "$SERVER_RC" ]]; then SERVER_PID=""; fi
+
+echo "$PASSED passed, $FAILED failed"
+[[ $FAILED -eq 0 ]]

@@ -1,0 +1,142 @@
+//! The data directory's certificate authority (`<data-dir>/tls/`): a dev server certificate for
+//! `--tls-dev`, and client certificates for mTLS (`cubed key cert`), whose subject common name is
+//! `tenant/key_id`.
+//!
+//! The CA key never leaves the data directory (mode 0600). Its parameters are rebuilt from
+//! [`ca_params`] when signing, so only the key and the certificate are stored.
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose,
+};
+
+const CA_CERT: &str = "ca.pem";
+const CA_KEY: &str = "ca.key";
+const SERVER_CERT: &str = "server.pem";
+const SERVER_KEY: &str = "server.key";
+
+/// `<data-dir>/tls`.
+pub fn tls_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("tls")
+}
+
+fn ca_params() -> anyhow::Result<CertificateParams> {
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, "Cube data-directory CA");
+    params.distinguished_name = dn;
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    Ok(params)
+}
+
+fn write_private(path: &Path, contents: &str) -> anyhow::Result<()> {
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    f.write_all(contents.as_bytes())?;
+    f.sync_all()?;
+    Ok(())
+}
+
+/// The CA key and certificate PEM, created on first use.
+pub fn ensure_ca(data_dir: &Path) -> anyhow::Result<(KeyPair, String)> {
+    let dir = tls_dir(data_dir);
+    fs::create_dir_all(&dir)?;
+    let (cert_path, key_path) = (dir.join(CA_CERT), dir.join(CA_KEY));
+    if cert_path.exists() && key_path.exists() {
+        let key =
+            KeyPair::from_pem(&fs::read_to_string(&key_path)?).context("reading the CA key")?;
+        return Ok((key, fs::read_to_string(&cert_path)?));
+    }
+    let key = KeyPair::generate()?;
+    let cert = ca_params()?.self_signed(&key)?;
+    write_private(&key_path, &key.serialize_pem())?;
+    write_private(&cert_path, &cert.pem())?;
+    tracing::info!(dir = %dir.display(), "created the data directory's certificate authority");
+    Ok((key, cert.pem()))
+}
+
+/// Paths of the CA certificate clients should trust.
+pub fn ca_cert_path(data_dir: &Path) -> PathBuf {
+    tls_dir(data_dir).join(CA_CERT)
+}
+
+/// A server certificate for localhost / 127.0.0.1 / ::1 signed by the CA (for `--tls-dev`),
+/// created on first use. Returns (cert chain PEM, key PEM).
+pub fn ensure_dev_server_cert(data_dir: &Path) -> anyhow::Result<(String, String)> {
+    let dir = tls_dir(data_dir);
+    let (cert_path, key_path) = (dir.join(SERVER_CERT), dir.join(SERVER_KEY));
+    let (ca_key, ca_pem) = ensure_ca(data_dir)?;
+    if cert_path.exists() && key_path.exists() {
+        return Ok((
+            fs::read_to_string(&cert_path)?,
+            fs::read_to_string(&key_path)?,
+        ));
+    }
+    let mut params = CertificateParams::new(vec![
+        "localhost".to_string(),
+        "127.0.0.1".to_string(),
+        "::1".to_string(),
+    ])?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "cubed (development)");
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let key = KeyPair::generate()?;
+    let issuer = Issuer::new(ca_params()?, ca_key);
+    let cert = params.signed_by(&key, &issuer)?;
+    let chain = format!("{}{}", cert.pem(), ca_pem);
+    write_private(&cert_path, &chain)?;
+    write_private(&key_path, &key.serialize_pem())?;
+    Ok((chain, key.serialize_pem()))
+}
+
+/// A client certificate for `tenant/key_id`, signed by the CA. Returns (cert PEM, key PEM).
+pub fn issue_client_cert(
+    data_dir: &Path,
+    tenant: &str,
+    key_id: &str,
+) -> anyhow::Result<(String, String)> {
+    let (ca_key, _) = ensure_ca(data_dir)?;
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, format!("{tenant}/{key_id}"));
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    let key = KeyPair::generate()?;
+    let issuer = Issuer::new(ca_params()?, ca_key);
+    let cert = params.signed_by(&key, &issuer)?;
+    Ok((cert.pem(), key.serialize_pem()))
+}
+
+/// Write a client certificate pair into `out`; returns (cert path, key path).
+pub fn write_client_cert(
+    out: &Path,
+    tenant: &str,
+    key_id: &str,
+    cert: &str,
+    key: &str,
+) -> anyhow::Result<(PathBuf, PathBuf)> {
+    fs::create_dir_all(out)?;
+    let cert_path = out.join(format!("{tenant}.{key_id}.crt.pem"));
+    let key_path = out.join(format!("{tenant}.{key_id}.key.pem"));
+    write_private(&cert_path, cert)?;
+    write_private(&key_path, key)?;
+    Ok((cert_path, key_path))
+}

@@ -1,0 +1,124 @@
+//! TLS and mTLS: signed calls over TLS, client certificates as a per-connection authenticator,
+//! and no plaintext on non-loopback addresses without an explicit flag.
+
+use cube_api::v1::cells_client::CellsClient;
+use cube_auth::client::{CallSigner, Signing};
+use cube_testkit::TestServer;
+use tonic::Code;
+
+use crate::{cubed, read, write};
+
+fn issue_cert(server: &TestServer, key_id: &str, out: &std::path::Path) -> (String, String) {
+    let out_arg = out.to_string_lossy().to_string();
+    let o = server
+        .cli(&["key", "cert", "demo", key_id, "--out", &out_arg])
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let cert = std::fs::read_to_string(v["cert"].as_str().unwrap()).unwrap();
+    let key = std::fs::read_to_string(v["key"].as_str().unwrap()).unwrap();
+    (cert, key)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signed_calls_work_over_tls_and_plaintext_clients_are_not_served() {
+    let server = TestServer::start_with(cubed(), &["--tls-dev"]).unwrap();
+    assert!(
+        server
+            .demo
+            .endpoint
+            .as_deref()
+            .unwrap()
+            .starts_with("https://")
+    );
+    let channel = server.tls_channel(None).await.unwrap();
+    let signer = CallSigner::new(
+        &server.demo.tenant,
+        &server.demo.key_id,
+        server.demo.secret().unwrap(),
+    );
+    let mut c = CellsClient::new(Signing::new(channel, signer));
+    c.write(write(1, 2, 3, b"over tls")).await.unwrap();
+    assert_eq!(
+        c.read(read(1, 2, 3)).await.unwrap().into_inner().value,
+        b"over tls"
+    );
+    // A TLS connection without a client certificate and without a signature is not authenticated.
+    let mut bare = CellsClient::new(server.tls_channel(None).await.unwrap());
+    assert_eq!(
+        bare.read(read(1, 2, 3)).await.unwrap_err().code(),
+        Code::Unauthenticated
+    );
+    // A plaintext client gets no service from a TLS listener.
+    let plain = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
+        .unwrap()
+        .connect()
+        .await;
+    if let Ok(ch) = plain {
+        let signer = CallSigner::new(
+            &server.demo.tenant,
+            &server.demo.key_id,
+            server.demo.secret().unwrap(),
+        );
+        assert!(
+            CellsClient::new(Signing::new(ch, signer))
+                .read(read(1, 2, 3))
+                .await
+                .is_err()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_authenticates_its_connection_until_the_key_is_revoked() {
+    let server = TestServer::start_with(cubed(), &["--tls-dev"]).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let (cert, key) = issue_cert(&server, &server.demo.key_id, out.path());
+    let mut c = CellsClient::new(server.tls_channel(Some((&cert, &key))).await.unwrap());
+    c.write(write(4, 4, 4, b"mtls")).await.unwrap();
+    assert_eq!(
+        c.read(read(4, 4, 4)).await.unwrap().into_inner().value,
+        b"mtls"
+    );
+
+    let o = server
+        .cli(&["key", "revoke", "demo", &server.demo.key_id])
+        .unwrap();
+    assert!(o.status.success());
+    // The open connection's session ended, and a new connection with the certificate is refused.
+    assert_eq!(
+        c.read(read(4, 4, 4)).await.unwrap_err().code(),
+        Code::Unauthenticated
+    );
+    let mut again = CellsClient::new(server.tls_channel(Some((&cert, &key))).await.unwrap());
+    assert_eq!(
+        again.read(read(4, 4, 4)).await.unwrap_err().code(),
+        Code::Unauthenticated
+    );
+    // No certificate for a revoked key is issued either.
+    let out_arg = out.path().to_string_lossy().to_string();
+    let o = server
+        .cli(&[
+            "key",
+            "cert",
+            "demo",
+            &server.demo.key_id,
+            "--out",
+            &out_arg,
+        ])
+        .unwrap();
+    assert!(!o.status.success());
+}
+
+#[test]
+fn plaintext_on_a_non_loopback_address_needs_an_explicit_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(cubed())
+        .args(["serve", "--listen", "0.0.0.0:0", "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("refusing to serve plaintext"), "{stderr}");
+}

@@ -68,7 +68,7 @@ SERVER_PID=$!
 PORT=""
 for _ in $(seq 300); do # up to 30 s
   if [[ -s "$TMP/server.out" ]]; then
-    PORT="$(sed -n 's/^cubed ready: grpc=127\.0\.0\.1:\([0-9][0-9]*\) data_dir=.*/\1/p' "$TMP/server.out" | head -n 1)"
+    PORT="$(sed -n 's/^cubed ready: grpc=127\.0\.0\.1:\([0-9][0-9]*\) .*/\1/p' "$TMP/server.out" | head -n 1)"
     [[ -n "$PORT" ]] && break
   fi
   kill -0 "$SERVER_PID" 2>/dev/null || { echo "test_python_client: cubed exited before it was ready" >&2; exit 1; }

@@ -49,13 +49,31 @@ pub struct E2eArgs {
     json: Option<PathBuf>,
 }
 
+/// How hard a phase pushes.
+#[derive(Debug, Clone, Copy)]
+pub struct LoadShape {
+    pub in_flight: usize,
+    pub seconds: f64,
+    pub warmup: f64,
+}
+
+impl E2eArgs {
+    fn shape(&self) -> LoadShape {
+        LoadShape {
+            in_flight: self.in_flight,
+            seconds: self.seconds,
+            warmup: self.warmup,
+        }
+    }
+}
+
 #[derive(Debug, Serialize)]
-struct Phase {
-    name: String,
-    calls: u64,
+pub struct Phase {
+    pub name: String,
+    pub calls: u64,
     errors: u64,
     seconds: f64,
-    calls_per_sec: f64,
+    pub calls_per_sec: f64,
     p50_us: u64,
     p99_us: u64,
     max_us: u64,
@@ -75,7 +93,7 @@ async fn connect(addr: &str, n: usize) -> anyhow::Result<Vec<Channel>> {
 }
 
 /// Run one closed-loop phase: `call(client, task, i)` returns whether the call succeeded.
-async fn phase<C, F, Fut>(name: &str, clients: &[C], args: &E2eArgs, call: F) -> Phase
+pub async fn phase<C, F, Fut>(name: &str, clients: &[C], args: &LoadShape, call: F) -> Phase
 where
     C: Clone + Send + 'static,
     F: Fn(C, usize, u64) -> Fut + Clone + Send + Sync + 'static,
@@ -136,7 +154,7 @@ where
     p
 }
 
-fn coord(x: i32, y: i32) -> Option<Coord> {
+pub fn coord(x: i32, y: i32) -> Option<Coord> {
     Some(Coord { x, y, z: 0 })
 }
 
@@ -145,11 +163,13 @@ type CubeC = CellsClient<Signing<Channel>>;
 
 /// One round: echo (write-shaped), Write, echo (read-shaped), Read.
 async fn run_round(
-    args: &E2eArgs,
+    e2e: &E2eArgs,
     echo_clients: &[EchoC],
     cube_clients: &[CubeC],
     value: &[u8],
 ) -> Vec<Phase> {
+    let shape = e2e.shape();
+    let args = &shape;
     let mut phases = Vec::new();
     let v = value.to_vec();
     phases.push(

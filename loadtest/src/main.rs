@@ -9,6 +9,7 @@
 // A load driver: a panic is a failed run with a backtrace.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod auth_cost;
 mod drive;
 mod echo;
 
@@ -27,6 +28,8 @@ struct Cli {
 enum Cmd {
     /// Durable Cells.Write and Cells.Read vs. a trivial echo service, in one run.
     E2e(drive::E2eArgs),
+    /// Cost of per-call signing vs the per-connection handshake, and of a handshake vs a Read.
+    AuthCost(auth_cost::AuthCostArgs),
     /// Serve the echo baseline (used by `e2e` as a child process).
     EchoServer {
         #[arg(long, default_value = "127.0.0.1:0")]
@@ -52,6 +55,7 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     match cli.command {
         Cmd::E2e(args) => rt.block_on(drive::e2e(args, sibling_cubed())),
+        Cmd::AuthCost(args) => rt.block_on(auth_cost::run(args, sibling_cubed())),
         Cmd::EchoServer { listen } => rt.block_on(echo::serve(listen)),
     }
 }

@@ -17,7 +17,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use cube_auth::{CallSignature, Secret, headers};
 use cube_store::Catalog;
 use futures::future::{Either, Ready, ready};
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use tonic::Status;
 use tonic::body::Body;
 
@@ -62,6 +62,13 @@ pub(crate) fn now_ms() -> i64 {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
 }
+
+// Parsed once: looking a header up by `&str` re-parses the name on every call.
+static H_TENANT: HeaderName = HeaderName::from_static(headers::TENANT);
+static H_KEY: HeaderName = HeaderName::from_static(headers::KEY);
+static H_TS: HeaderName = HeaderName::from_static(headers::TS);
+static H_NONCE: HeaderName = HeaderName::from_static(headers::NONCE);
+static H_SIG: HeaderName = HeaderName::from_static(headers::SIG);
 
 fn unauthenticated(msg: impl Into<String>) -> Status {
     Status::unauthenticated(msg)
@@ -144,7 +151,7 @@ impl Authenticator {
         md: &HeaderMap,
         conn: Option<&ConnInfo>,
     ) -> Result<Principal, Status> {
-        if md.contains_key(headers::SIG) {
+        if md.contains_key(&H_SIG) {
             if !self.mode.allows_call() {
                 return Err(unauthenticated(
                     "this server accepts only per-connection authentication (--auth-mode connection): \
@@ -153,7 +160,11 @@ impl Authenticator {
             }
             return self.verify_call(path, md);
         }
-        if let Some(session_key) = conn.and_then(|c| c.session.key()) {
+        // In `call` mode no connection is authenticated, whether by handshake or certificate.
+        let session_key = conn
+            .filter(|_| self.mode.allows_connection())
+            .and_then(|c| c.session.key());
+        if let Some(session_key) = session_key {
             // Looked up again on every call: a revocation or a capability change applies at once.
             let key = self
                 .catalog
@@ -185,13 +196,13 @@ impl Authenticator {
     }
 
     fn verify_call(&self, path: &str, md: &HeaderMap) -> Result<Principal, Status> {
-        let get = |name: &str| md.get(name).and_then(|v| v.to_str().ok());
+        let get = |name: &HeaderName| md.get(name).and_then(|v| v.to_str().ok());
         let (Some(tenant), Some(key_id), Some(ts), Some(nonce), Some(sig)) = (
-            get(headers::TENANT),
-            get(headers::KEY),
-            get(headers::TS),
-            get(headers::NONCE),
-            get(headers::SIG),
+            get(&H_TENANT),
+            get(&H_KEY),
+            get(&H_TS),
+            get(&H_NONCE),
+            get(&H_SIG),
         ) else {
             return Err(unauthenticated(
                 "missing credentials: sign every call with x-cube-tenant, x-cube-key, x-cube-ts, \

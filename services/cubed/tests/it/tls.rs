@@ -122,3 +122,15 @@ fn plaintext_on_a_non_loopback_address_needs_an_explicit_flag() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("refusing to serve plaintext"), "{stderr}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_call_mode_a_client_certificate_authenticates_nothing() {
+    let server = TestServer::start_with(cubed(), &["--tls-dev", "--auth-mode", "call"]).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let (cert, key) = issue_cert(&server, &server.demo.key_id, out.path());
+    let mut c = CellsClient::new(server.tls_channel(Some((&cert, &key))).await.unwrap());
+    assert_eq!(
+        c.read(read(0, 0, 0)).await.unwrap_err().code(),
+        Code::Unauthenticated
+    );
+}

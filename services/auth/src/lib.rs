@@ -37,3 +37,6 @@ fn mac_over(secret: &Secret, parts: &[&[u8]]) -> HmacSha256 {
 
 #[cfg(feature = "client")]
 pub mod client;
+
+mod audit;
+pub use audit::{AUDIT_GENESIS, AuditLink, audit_hash, verify_audit_chain};

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use cube_api::v1::cells_client::CellsClient;
+use cube_api::v1::tenant_client::TenantClient;
+use cube_api::v1::{AuditEntry, AuditRequest};
 use cube_api::v1::{Coord, DeleteRequest, ReadRequest, WriteRequest};
 use cube_auth::Credentials;
 use cube_auth::client::{CallSigner, Signing};
@@ -67,6 +69,22 @@ enum Cmd {
     /// Delete the cell at (X, Y, Z).
     #[command(allow_negative_numbers = true)]
     Delete { x: i32, y: i32, z: i32 },
+    /// The tenant's audit trail.
+    #[command(subcommand)]
+    Audit(AuditCmd),
+}
+
+#[derive(Debug, Subcommand)]
+enum AuditCmd {
+    /// Print entries as JSON lines.
+    List {
+        #[arg(long, default_value_t = 0)]
+        from: u64,
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
+    /// Fetch the whole retained trail, recompute the hash chain and name the first broken link.
+    Verify,
 }
 
 fn load_credentials(path: Option<&PathBuf>) -> anyhow::Result<Credentials> {
@@ -146,8 +164,32 @@ async fn run() -> anyhow::Result<()> {
             Signing::passthrough(channel)
         }
     };
-    let mut cells = CellsClient::new(transport);
+    let mut cells = CellsClient::new(transport.clone());
     let coord = |x, y, z| Some(Coord { x, y, z });
+    if let Cmd::Audit(audit) = &cli.command {
+        let mut tenant = TenantClient::new(transport);
+        return match audit {
+            AuditCmd::List { from, limit } => {
+                for e in fetch_audit(&mut tenant, *from, Some(*limit)).await? {
+                    println!("{}", entry_json(&e));
+                }
+                Ok(())
+            }
+            AuditCmd::Verify => {
+                let entries = fetch_audit(&mut tenant, 0, None).await?;
+                match verify_chain(&entries) {
+                    Ok(()) => {
+                        println!(
+                            "{}",
+                            serde_json::json!({ "ok": true, "entries": entries.len() })
+                        );
+                        Ok(())
+                    }
+                    Err((seq, why)) => anyhow::bail!("audit chain broken at seq {seq}: {why}"),
+                }
+            }
+        };
+    }
     let out = match cli.command {
         Cmd::Write {
             x,
@@ -184,6 +226,7 @@ async fn run() -> anyhow::Result<()> {
                 }
             }
         }
+        Cmd::Audit(_) => unreachable!("handled above"),
         Cmd::Delete { x, y, z } => {
             let r = cells
                 .delete(DeleteRequest {
@@ -223,6 +266,68 @@ fn tls_config(cli: &Cli) -> anyhow::Result<tonic::transport::ClientTlsConfig> {
         tls = tls.identity(Identity::from_pem(cert, key));
     }
     Ok(tls)
+}
+
+/// Entries from `from` on: `limit` of them, or (None) all, page by page.
+async fn fetch_audit<T>(
+    tenant: &mut TenantClient<T>,
+    from: u64,
+    limit: Option<u32>,
+) -> anyhow::Result<Vec<AuditEntry>>
+where
+    T: tonic::client::GrpcService<tonic::body::Body>,
+    T::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    T::ResponseBody: tonic::codegen::Body<Data = tonic::codegen::Bytes> + Send + 'static,
+    <T::ResponseBody as tonic::codegen::Body>::Error:
+        Into<Box<dyn std::error::Error + Send + Sync>> + Send,
+{
+    const PAGE: u32 = 1000;
+    let mut out = Vec::new();
+    let mut next = from;
+    loop {
+        let want = limit.map_or(PAGE, |l| (l - out.len() as u32).min(PAGE));
+        if want == 0 {
+            break;
+        }
+        let mut stream = tenant
+            .audit(AuditRequest {
+                from_seq: next,
+                limit: want,
+            })
+            .await
+            .map_err(status)?
+            .into_inner();
+        let before = out.len();
+        while let Some(e) = stream.message().await.map_err(status)? {
+            next = e.seq + 1;
+            out.push(e);
+        }
+        if out.len() == before {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+/// Recompute the chain with cube-auth's verifier; `Err((seq, reason))` at the first broken link.
+fn verify_chain(entries: &[AuditEntry]) -> Result<(), (u64, String)> {
+    cube_auth::verify_audit_chain(entries.iter().map(|e| cube_auth::AuditLink {
+        seq: e.seq,
+        ts_ms: e.ts_ms,
+        principal: &e.principal,
+        op: &e.op,
+        detail: &e.detail,
+        prev_hash: &e.prev_hash,
+        hash: &e.hash,
+    }))
+    .map(|_| ())
+}
+
+fn entry_json(e: &AuditEntry) -> serde_json::Value {
+    serde_json::json!({
+        "seq": e.seq, "ts_ms": e.ts_ms, "principal": e.principal, "op": e.op, "detail": e.detail,
+        "prev_hash": hex(&e.prev_hash), "hash": hex(&e.hash),
+    })
 }
 
 fn hex(b: &[u8]) -> String {

@@ -11,7 +11,7 @@ use anyhow::{Context, bail};
 use cube_api::v1::admin_client::AdminClient;
 use cube_api::v1::{CreateKeyRequest, CreateTenantRequest, ListTenantsRequest, RevokeKeyRequest};
 use cube_auth::{Credentials, Secret};
-use cube_store::{Catalog, CatalogOpenError, DataDir, KeyInfo};
+use cube_store::{Catalog, CatalogOpenError, DataDir, KeyInfo, record_event_offline};
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -83,7 +83,7 @@ async fn execute(data_dir: &Path, op: Op<'_>) -> anyhow::Result<Outcome> {
             return remote(client, &op).await;
         }
         match Catalog::open(&data.catalog()) {
-            Ok(catalog) => return local(&catalog, &op),
+            Ok(catalog) => return local(&data, &catalog, &op),
             Err(CatalogOpenError::Locked) => tokio::time::sleep(Duration::from_millis(100)).await,
             Err(e) => return Err(e).context("opening the catalog"),
         }
@@ -103,11 +103,33 @@ fn credentials(k: &KeyInfo) -> Credentials {
     }
 }
 
-fn local(catalog: &Catalog, op: &Op<'_>) -> anyhow::Result<Outcome> {
+/// Principal of audit entries made by these commands.
+const OPERATOR: &str = "operator";
+
+fn local(data: &DataDir, catalog: &Catalog, op: &Op<'_>) -> anyhow::Result<Outcome> {
+    // The server is stopped, so the CLI writes the audit event into the tenant's log itself.
+    let record = |tenant: &str, op: &str, detail: String| {
+        record_event_offline(data, tenant, OPERATOR, op, detail)
+            .context("recording the audit event")
+    };
     Ok(match op {
-        Op::CreateTenant(name) => Outcome::Credentials(credentials(&*catalog.create_tenant(name)?)),
-        Op::CreateKey(tenant) => Outcome::Credentials(credentials(&*catalog.create_key(tenant)?)),
-        Op::RevokeKey(tenant, key) => Outcome::Revoked(catalog.revoke_key(tenant, key)?),
+        Op::CreateTenant(name) => {
+            let key = catalog.create_tenant(name)?;
+            record(&key.tenant, "tenant.create", format!("key={}", key.key_id))?;
+            Outcome::Credentials(credentials(&key))
+        }
+        Op::CreateKey(tenant) => {
+            let key = catalog.create_key(tenant)?;
+            record(&key.tenant, "key.create", format!("key={}", key.key_id))?;
+            Outcome::Credentials(credentials(&key))
+        }
+        Op::RevokeKey(tenant, key) => {
+            let revoked = catalog.revoke_key(tenant, key)?;
+            if revoked {
+                record(tenant, "key.revoke", format!("key={key}"))?;
+            }
+            Outcome::Revoked(revoked)
+        }
         Op::KeyIsActive(tenant, key) => {
             Outcome::Active(catalog.key(tenant, key).is_some_and(|k| !k.revoked))
         }

@@ -18,6 +18,7 @@ pub const DEFAULT_WAL_SEGMENT_MAX_BYTES: u64 = 64 << 20;
 pub const DEFAULT_AUTH_FAILURE_LIMIT: u32 = 50;
 pub const DEFAULT_AUTH_FAILURE_COOLDOWN_SECS: u64 = 30;
 pub const DEFAULT_MAX_METADATA_BYTES: u32 = 16 << 10;
+pub const DEFAULT_AUDIT_RETENTION: usize = 100_000;
 /// Room for the protobuf framing around a maximal value.
 const MESSAGE_OVERHEAD: usize = 64 << 10;
 /// Default message cap floor (tonic's own default): values up to here that exceed the value
@@ -131,6 +132,10 @@ pub struct ServeArgs {
     /// Seconds a throttled peer is refused.
     #[arg(long, env = "CUBE_AUTH_FAILURE_COOLDOWN_SECS", default_value_t = DEFAULT_AUTH_FAILURE_COOLDOWN_SECS)]
     pub auth_failure_cooldown_secs: u64,
+    /// Audit entries kept per tenant (the newest; older ones are dropped, the chain stays
+    /// verifiable from the oldest kept entry).
+    #[arg(long, env = "CUBE_AUDIT_RETENTION", default_value_t = DEFAULT_AUDIT_RETENTION)]
+    pub audit_retention: usize,
     /// Largest request metadata (all headers of a call) in bytes.
     #[arg(long, env = "CUBE_MAX_METADATA_BYTES", default_value_t = DEFAULT_MAX_METADATA_BYTES)]
     pub max_metadata_bytes: u32,
@@ -195,6 +200,7 @@ pub enum TlsChoice {
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
     pub data_dir: PathBuf,
+    pub audit_retention: usize,
     pub tls: TlsChoice,
     pub auth_mode: AuthMode,
     pub failure_limits: FailureLimits,
@@ -249,8 +255,13 @@ impl ServeArgs {
              --tls-dev, or pass --insecure-plaintext if a trusted layer encrypts the traffic",
             self.listen
         );
+        anyhow::ensure!(
+            self.audit_retention > 0,
+            "--audit-retention must be at least 1"
+        );
         Ok(ServeConfig {
             data_dir: self.data_dir,
+            audit_retention: self.audit_retention,
             tls,
             auth_mode: self.auth_mode.into(),
             failure_limits: FailureLimits {

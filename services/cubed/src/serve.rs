@@ -91,6 +91,7 @@ pub async fn run(
         max_value: config.max_value_bytes,
         mailbox_capacity: config.mailbox_capacity,
         actor_threads: config.actor_threads,
+        audit_retention: config.audit_retention,
     })?);
     let gateway = Gateway::new(
         Arc::clone(&catalog),

@@ -15,7 +15,7 @@ use std::task::{Context, Poll};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use cube_auth::{CallSignature, Secret, headers};
-use cube_store::Catalog;
+use cube_store::{Catalog, Command, TenantDirectory};
 use futures::future::{Either, Ready, ready};
 use http::{HeaderMap, HeaderName};
 use tonic::Status;
@@ -55,6 +55,8 @@ pub struct Authenticator {
     skew_ms: i64,
     mode: AuthMode,
     failures: FailureLimiter,
+    /// Where failed authentications naming an existing tenant are recorded (its audit trail).
+    directory: Option<Arc<TenantDirectory>>,
 }
 
 pub(crate) fn now_ms() -> i64 {
@@ -86,6 +88,7 @@ impl Authenticator {
         skew_ms: i64,
         replay_capacity: usize,
         failure_limits: FailureLimits,
+        directory: Option<Arc<TenantDirectory>>,
     ) -> Authenticator {
         Authenticator {
             catalog,
@@ -93,7 +96,39 @@ impl Authenticator {
             skew_ms,
             mode,
             failures: FailureLimiter::new(failure_limits),
+            directory,
         }
+    }
+
+    /// Record a failed authentication in the audit trail of the tenant it named, if that tenant
+    /// exists. Fire and forget: the caller's refusal does not wait for the fsync. Floods are
+    /// bounded by the per-peer throttle, which refuses before this point.
+    pub(crate) fn record_failed_auth(
+        &self,
+        tenant: &str,
+        model: &str,
+        reason: &str,
+        conn: Option<&ConnInfo>,
+    ) {
+        let Some(directory) = &self.directory else {
+            return;
+        };
+        if !self.catalog.has_tenant(tenant) {
+            return;
+        }
+        let peer = conn
+            .and_then(|c| c.remote)
+            .map_or_else(|| "unknown".to_string(), |a| a.ip().to_string());
+        let event = Command::Event {
+            op: "auth.failed".into(),
+            detail: format!("model={model} peer={peer} reason={reason}"),
+        };
+        let (directory, tenant) = (Arc::clone(directory), tenant.to_string());
+        tokio::spawn(async move {
+            if let Ok(handle) = directory.get(&tenant).await {
+                let _ = handle.call(event, "unauthenticated").await;
+            }
+        });
     }
 
     pub(crate) fn catalog(&self) -> &Catalog {
@@ -139,8 +174,11 @@ impl Authenticator {
         }
         self.check_throttle(conn)?;
         let result = self.identify(path, md, conn);
-        if result.is_err() {
+        if let Err(status) = &result {
             self.record_failure(conn);
+            if let Some(tenant) = md.get(&H_TENANT).and_then(|v| v.to_str().ok()) {
+                self.record_failed_auth(tenant, "call", status.message(), conn);
+            }
         }
         result.map(Some)
     }

@@ -29,6 +29,11 @@ impl Principal {
         &self.key.tenant
     }
 
+    /// `tenant/key_id`, as audit entries and the handshake name it.
+    pub fn name(&self) -> String {
+        format!("{}/{}", self.key.tenant, self.key.key_id)
+    }
+
     /// The caller of `req`, if it holds `cap`.
     pub fn require<T>(req: &Request<T>, cap: Capability) -> Result<Principal, ApiError> {
         let principal = req

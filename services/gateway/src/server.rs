@@ -86,6 +86,7 @@ impl Gateway {
             config.skew_ms,
             config.replay_capacity,
             config.failure_limits,
+            Some(Arc::clone(&directory)),
         ));
         Ok(Gateway {
             directory,
@@ -148,10 +149,16 @@ impl Gateway {
             .add_service(
                 AccessServer::new(AccessService {
                     catalog: Arc::clone(&self.catalog),
+                    directory: Arc::clone(&self.directory),
                 })
                 .max_decoding_message_size(max),
             )
-            .add_service(TenantServer::new(TenantService).max_decoding_message_size(max))
+            .add_service(
+                TenantServer::new(TenantService {
+                    directory: Arc::clone(&self.directory),
+                })
+                .max_decoding_message_size(max),
+            )
             .add_service(
                 AuthServer::new(HandshakeService {
                     auth: Arc::clone(&self.auth),
@@ -161,6 +168,7 @@ impl Gateway {
             .add_service(AdminServer::new(AdminService {
                 catalog: None,
                 connections: None,
+                directory: None,
             }))
             .serve_with_incoming_shutdown(incoming, stopping)
             .await;
@@ -183,6 +191,7 @@ impl Gateway {
         let admin = AdminService {
             catalog: Some(Arc::clone(&self.catalog)),
             connections: Some(Arc::clone(&self.connections)),
+            directory: Some(Arc::clone(&self.directory)),
         };
         Server::builder()
             .add_service(AdminServer::new(admin))

@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 
 use crate::StoreError;
 use crate::core::TenantCore;
-use crate::state::{Command, Reply};
+use crate::state::{Caller, Command, Reply};
 
 /// Where a caller waits for its answer. Carries the caller's admission permit, so the tenant's
 /// in-flight count drops exactly when the caller is answered (or its request is discarded).
@@ -67,6 +67,7 @@ impl Actor for TenantActor {
 #[rtype(result = "()")]
 pub(crate) struct Call {
     pub cmd: Command,
+    pub caller: Caller,
     pub reply: Responder,
 }
 
@@ -86,7 +87,7 @@ impl Handler<Call> for TenantActor {
     type Result = ();
 
     fn handle(&mut self, msg: Call, _ctx: &mut Self::Context) {
-        if let Some((responder, result)) = self.core.handle(msg.cmd, msg.reply) {
+        if let Some((responder, result)) = self.core.handle(msg.cmd, &msg.caller, msg.reply) {
             responder.send(result);
         }
     }

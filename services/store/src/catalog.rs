@@ -151,6 +151,14 @@ impl Catalog {
         cache.get(tenant)?.get(key_id).cloned()
     }
 
+    /// Whether `tenant` has any key in the in-memory copy (no disk access: for hot paths).
+    pub fn has_tenant(&self, tenant: &str) -> bool {
+        self.cache
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(tenant)
+    }
+
     pub fn tenant_exists(&self, tenant: &str) -> Result<bool, StoreError> {
         self.tenants
             .contains_key(tenant)

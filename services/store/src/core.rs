@@ -11,7 +11,7 @@ use cube_wal::{DurableEvent, DurableNotify, RecoveryReport, WalError, WalOptions
 use prost::Message;
 
 use crate::StoreError;
-use crate::state::{Command, Prepared, Reply, TenantState};
+use crate::state::{Caller, Command, Prepared, Reply, TenantState};
 use crate::walop::WalOp;
 
 /// An answer for a caller: its token and the result.
@@ -53,9 +53,10 @@ impl<T> TenantCore<T> {
         dir: &Path,
         wal_options: WalOptions,
         max_value: usize,
+        audit_retention: usize,
         notify: Option<DurableNotify>,
     ) -> Result<(TenantCore<T>, RecoveryReport), StoreError> {
-        let mut state = TenantState::new(max_value);
+        let mut state = TenantState::new(max_value, audit_retention);
         let opened = WalShard::open(
             dir,
             wal_options,
@@ -100,13 +101,13 @@ impl<T> TenantCore<T> {
 
     /// Handle a command. Returns an answer now, or `None` when the answer waits for durability
     /// (it then comes out of [`TenantCore::on_durable`]).
-    pub fn handle(&mut self, cmd: Command, token: T) -> Option<Answer<T>> {
+    pub fn handle(&mut self, cmd: Command, caller: &Caller, token: T) -> Option<Answer<T>> {
         if cmd.is_mutation()
             && let Err(e) = self.writable()
         {
             return Some((token, Err(e)));
         }
-        let (op, reply) = match self.state.prepare(cmd) {
+        let (op, reply) = match self.state.prepare(cmd, caller) {
             Err(e) => return Some((token, Err(e))),
             Ok(Prepared::Immediate(reply)) => return Some((token, Ok(reply))),
             Ok(Prepared::Log { op, reply }) => (op, reply),
@@ -241,9 +242,16 @@ mod tests {
     use crate::state::Coord;
 
     fn open(dir: &Path) -> TenantCore<u32> {
-        TenantCore::open("t", dir, WalOptions::default(), 1024, None)
+        TenantCore::open("t", dir, WalOptions::default(), 1024, 100, None)
             .unwrap()
             .0
+    }
+
+    fn who() -> Caller {
+        Caller {
+            principal: "t/k".into(),
+            ts_ms: 1,
+        }
     }
 
     fn write(v: &[u8]) -> Command {
@@ -258,8 +266,8 @@ mod tests {
     fn writes_answer_only_after_durable_and_survive_reopen() {
         let dir = tempfile::tempdir().unwrap();
         let mut core = open(dir.path());
-        assert!(core.handle(write(b"a"), 1).is_none());
-        assert!(core.handle(write(b"b"), 2).is_none());
+        assert!(core.handle(write(b"a"), &who(), 1).is_none());
+        assert!(core.handle(write(b"b"), &who(), 2).is_none());
         // Not durable yet: a read still sees nothing, through the actor or the shared reader.
         let reader = core.state().reader();
         assert_eq!(reader.read(&Coord { x: 1, y: 2, z: 3 }), None);
@@ -267,7 +275,7 @@ mod tests {
             coord: Coord { x: 1, y: 2, z: 3 },
         };
         assert_eq!(
-            core.handle(read.clone(), 3).unwrap().1,
+            core.handle(read.clone(), &who(), 3).unwrap().1,
             Ok(Reply::Read(None))
         );
         let wal = core.wal.as_ref().unwrap();
@@ -284,7 +292,7 @@ mod tests {
         assert_eq!(reader.read(&Coord { x: 1, y: 2, z: 3 }).unwrap().version, 2);
         core.take_wal().unwrap().close().unwrap();
         let mut core = open(dir.path());
-        let Some((_, Ok(Reply::Read(Some(cell))))) = core.handle(read, 4) else {
+        let Some((_, Ok(Reply::Read(Some(cell))))) = core.handle(read, &who(), 4) else {
             panic!()
         };
         assert_eq!((cell.value.as_slice(), cell.version), (&b"b"[..], 2));
@@ -294,14 +302,14 @@ mod tests {
     fn poisoned_shard_fails_waiting_writers_and_refuses_new_ones() {
         let dir = tempfile::tempdir().unwrap();
         let mut core = open(dir.path());
-        assert!(core.handle(write(b"a"), 1).is_none());
+        assert!(core.handle(write(b"a"), &who(), 1).is_none());
         let answers = core.on_durable(DurableEvent::Poisoned);
         assert!(matches!(
             &answers[..],
             [(1, Err(StoreError::Unavailable(_)))]
         ));
         assert!(matches!(
-            core.handle(write(b"b"), 2),
+            core.handle(write(b"b"), &who(), 2),
             Some((2, Err(StoreError::Unavailable(_))))
         ));
     }

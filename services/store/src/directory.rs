@@ -14,10 +14,11 @@ use tokio::sync::{OnceCell, oneshot};
 
 use crate::StoreError;
 use crate::actor::{Call, Durable, InFlightPermit, Responder, Shutdown, TenantActor};
+use crate::audit::{AuditEntry, AuditLog};
 use crate::core::TenantCore;
 use crate::layout::DataDir;
 use crate::runtime::ActorRuntime;
-use crate::state::{AppliedCells, Command, Reply};
+use crate::state::{AppliedCells, Caller, Command, Reply};
 
 /// Settings every tenant shares.
 #[derive(Debug, Clone)]
@@ -31,6 +32,8 @@ pub struct DirectoryConfig {
     pub mailbox_capacity: usize,
     /// Threads that run tenant actors.
     pub actor_threads: usize,
+    /// Audit entries kept per tenant (the newest ones).
+    pub audit_retention: usize,
 }
 
 /// How a caller reaches one tenant.
@@ -43,23 +46,36 @@ pub struct TenantHandle {
     in_flight: Arc<AtomicUsize>,
     /// The tenant's durable cells, for reads that need no trip through the actor.
     reader: AppliedCells,
+    /// The tenant's durable audit trail, likewise.
+    audit: AuditLog,
 }
 
 impl TenantHandle {
-    /// Send `cmd` and wait for the answer (for writes: until durable). Reads are answered from
-    /// the applied cells on the caller's thread.
-    pub async fn call(&self, cmd: Command) -> Result<Reply, StoreError> {
+    /// Send `cmd` on behalf of `principal` and wait for the answer (for changes: until durable,
+    /// with their audit entry). Reads are answered from the applied cells on the caller's
+    /// thread.
+    pub async fn call(&self, cmd: Command, principal: &str) -> Result<Reply, StoreError> {
         if let Command::Read { coord } = &cmd {
             return Ok(Reply::Read(self.reader.read(coord)));
         }
         let permit = self.admit()?;
         let (tx, rx) = oneshot::channel();
         // A stopped actor drops the message, and with it the responder: `rx` then errors.
+        let caller = Caller {
+            principal: principal.to_string(),
+            ts_ms: now_ms(),
+        };
         self.addr.do_send(Call {
             cmd,
+            caller,
             reply: Responder { tx, permit },
         });
         rx.await.map_err(|_| stopped())?
+    }
+
+    /// Up to `limit` durable audit entries from `from_seq`, read without involving the actor.
+    pub fn audit_page(&self, from_seq: u64, limit: usize) -> Vec<AuditEntry> {
+        self.audit.page(from_seq, limit)
     }
 
     /// Requests of this tenant admitted and not yet answered.
@@ -78,6 +94,52 @@ impl TenantHandle {
         }
         Ok(permit)
     }
+}
+
+/// Append one audit event to a tenant's log while no server runs (the CLI's offline path for
+/// key and tenant changes). Returns once the record is durable.
+pub fn record_event_offline(
+    data_dir: &DataDir,
+    tenant: &str,
+    principal: &str,
+    op: &str,
+    detail: String,
+) -> Result<(), StoreError> {
+    let dir = data_dir.tenant_wal(tenant);
+    let (mut core, _) = TenantCore::<()>::open(
+        tenant,
+        &dir,
+        WalOptions::default(),
+        usize::MAX,
+        usize::MAX,
+        None,
+    )?;
+    let caller = Caller {
+        principal: principal.to_string(),
+        ts_ms: now_ms(),
+    };
+    if let Some((_, Err(e))) = core.handle(
+        Command::Event {
+            op: op.into(),
+            detail,
+        },
+        &caller,
+        (),
+    ) {
+        return Err(e);
+    }
+    match core.take_wal().map(cube_wal::WalShard::close) {
+        Some(Ok(_)) => Ok(()),
+        _ => Err(StoreError::Unavailable(format!(
+            "tenant '{tenant}': the audit event could not be synced"
+        ))),
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 fn stopped() -> StoreError {
@@ -135,6 +197,7 @@ impl TenantDirectory {
         let dir = self.config.data_dir.tenant_wal(tenant);
         let wal = self.config.wal.clone();
         let max_value = self.config.max_value;
+        let retention = self.config.audit_retention;
         let name = tenant.to_string();
         // The syncer reports to the actor, which does not exist until the WAL is open.
         let addr_slot: Arc<OnceLock<Addr<TenantActor>>> = Arc::new(OnceLock::new());
@@ -145,13 +208,14 @@ impl TenantDirectory {
             }
         });
         let core = tokio::task::spawn_blocking(move || {
-            TenantCore::open(&name, &dir, wal, max_value, Some(notify))
+            TenantCore::open(&name, &dir, wal, max_value, retention, Some(notify))
         })
         .await
         .map_err(|_| StoreError::Unavailable(format!("tenant '{tenant}' failed to open")))??
         .0;
         let capacity = self.config.mailbox_capacity;
         let reader = core.state().reader();
+        let audit = core.state().audit();
         let addr =
             TenantActor::start_in_arbiter(self.runtime.pick(), move |_| TenantActor::new(core));
         let _ = addr_slot.set(addr.clone());
@@ -161,6 +225,7 @@ impl TenantDirectory {
             mailbox_capacity: capacity,
             in_flight: Arc::new(AtomicUsize::new(0)),
             reader,
+            audit,
         })
     }
 

@@ -8,6 +8,7 @@
 //! Nothing here knows about gRPC: errors are [`StoreError`] and the gateway maps them.
 
 mod actor;
+mod audit;
 mod catalog;
 mod core;
 mod directory;
@@ -18,9 +19,10 @@ mod state;
 mod walop;
 
 pub use actor::TenantActor;
+pub use audit::{AuditEntry, AuditLog};
 pub use catalog::{Capability, Catalog, CatalogOpenError, KeyInfo, validate_tenant_name};
 pub use core::TenantCore;
-pub use directory::{DirectoryConfig, TenantDirectory, TenantHandle};
+pub use directory::{DirectoryConfig, TenantDirectory, TenantHandle, record_event_offline};
 pub use error::StoreError;
 pub use layout::DataDir;
-pub use state::{AppliedCells, CellView, Command, Coord, Reply, TenantState};
+pub use state::{AppliedCells, Caller, CellView, Command, Coord, Reply, TenantState};

@@ -10,7 +10,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
 use crate::StoreError;
-use crate::walop::{self, Op, WalCoord, WalOp};
+use crate::audit::{AuditEntry, AuditLog};
+use crate::walop::{self, Op, WalAudit, WalCoord, WalOp};
 
 /// A cell's address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -55,6 +56,19 @@ pub enum Command {
         coord: Coord,
         expected_version: Option<u64>,
     },
+    /// Record a security event (grant, revoke, failed authentication...) in the audit trail.
+    Event {
+        op: String,
+        detail: String,
+    },
+}
+
+/// Who asks, and when: what the audit entry of a change records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// `tenant/key_id`, or `operator` for the local admin socket.
+    pub principal: String,
+    pub ts_ms: i64,
 }
 
 impl Command {
@@ -75,9 +89,19 @@ pub struct CellView {
 /// The answer to a [`Command`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reply {
-    Written { version: u64, seq: u64 },
+    Written {
+        version: u64,
+        seq: u64,
+    },
     Read(Option<CellView>),
-    Deleted { existed: bool, seq: u64 },
+    Deleted {
+        existed: bool,
+        seq: u64,
+    },
+    /// A security event was recorded durably at this WAL seq.
+    Recorded {
+        seq: u64,
+    },
 }
 
 impl Reply {
@@ -91,6 +115,7 @@ impl Reply {
                 existed,
                 seq: new_seq,
             },
+            Reply::Recorded { .. } => Reply::Recorded { seq: new_seq },
             other => other,
         }
     }
@@ -172,16 +197,30 @@ pub struct TenantState {
     overlay: HashMap<Coord, PendingCell>,
     applied_seq: u64,
     max_value: usize,
+    /// Durable audit entries (shared with readers).
+    audit: AuditLog,
+    /// Logical head of the audit chain: (next audit seq, hash of the last entry), including
+    /// entries not durable yet, so consecutive changes in one batch chain correctly.
+    audit_head: (u64, Vec<u8>),
 }
 
 impl TenantState {
-    pub fn new(max_value: usize) -> TenantState {
+    pub fn new(max_value: usize, audit_retention: usize) -> TenantState {
+        let audit = AuditLog::new(audit_retention);
+        let audit_head = audit.head();
         TenantState {
             cells: AppliedCells::default(),
             overlay: HashMap::new(),
             applied_seq: 0,
             max_value,
+            audit,
+            audit_head,
         }
+    }
+
+    /// A handle for reading the durable audit trail from other threads.
+    pub fn audit(&self) -> AuditLog {
+        self.audit.clone()
     }
 
     /// Highest WAL sequence number applied.
@@ -206,10 +245,13 @@ impl TenantState {
         self.cells.meta(coord).unwrap_or((0, false))
     }
 
-    /// Check `cmd` against the logical state and decide what to log.
-    pub fn prepare(&self, cmd: Command) -> Result<Prepared, StoreError> {
-        match cmd {
-            Command::Read { coord } => Ok(Prepared::Immediate(Reply::Read(self.read(&coord)))),
+    /// Check `cmd` against the logical state and decide what to log. Every logged change carries
+    /// its audit entry, chained to the logical head of the trail.
+    pub fn prepare(&self, cmd: Command, caller: &Caller) -> Result<Prepared, StoreError> {
+        let (op, audit_op, detail, reply) = match cmd {
+            Command::Read { coord } => {
+                return Ok(Prepared::Immediate(Reply::Read(self.read(&coord))));
+            }
             Command::Write {
                 coord,
                 value,
@@ -226,17 +268,24 @@ impl TenantState {
                 check_writable(&coord, sealed)?;
                 check_version(expected_version, version)?;
                 let version = version + 1;
-                let op = WalOp {
-                    op: Some(Op::Put(walop::Put {
-                        coord: Some(coord.into()),
-                        value,
-                        version,
-                    })),
-                };
-                Ok(Prepared::Log {
+                let detail = format!(
+                    "coord=({}, {}, {}) version={version} bytes={}",
+                    coord.x,
+                    coord.y,
+                    coord.z,
+                    value.len()
+                );
+                let op = Op::Put(walop::Put {
+                    coord: Some(coord.into()),
+                    value,
+                    version,
+                });
+                (
                     op,
-                    reply: Reply::Written { version, seq: 0 },
-                })
+                    "write".to_string(),
+                    detail,
+                    Reply::Written { version, seq: 0 },
+                )
             }
             Command::Delete {
                 coord,
@@ -251,24 +300,62 @@ impl TenantState {
                     }));
                 }
                 check_writable(&coord, sealed)?;
-                let op = WalOp {
-                    op: Some(Op::Del(walop::Del {
-                        coord: Some(coord.into()),
-                    })),
-                };
-                Ok(Prepared::Log {
+                let detail = format!(
+                    "coord=({}, {}, {}) version={version}",
+                    coord.x, coord.y, coord.z
+                );
+                let op = Op::Del(walop::Del {
+                    coord: Some(coord.into()),
+                });
+                (
                     op,
-                    reply: Reply::Deleted {
+                    "delete".to_string(),
+                    detail,
+                    Reply::Deleted {
                         existed: true,
                         seq: 0,
                     },
-                })
+                )
             }
-        }
+            Command::Event { op, detail } => (
+                Op::Event(walop::Event {}),
+                op,
+                detail,
+                Reply::Recorded { seq: 0 },
+            ),
+        };
+        let (audit_seq, prev_hash) = &self.audit_head;
+        let hash = cube_auth::audit_hash(
+            prev_hash,
+            *audit_seq,
+            caller.ts_ms,
+            &caller.principal,
+            &audit_op,
+            &detail,
+        );
+        let audit = WalAudit {
+            seq: *audit_seq,
+            ts_ms: caller.ts_ms,
+            principal: caller.principal.clone(),
+            op: audit_op,
+            detail,
+            prev_hash: prev_hash.clone(),
+            hash: hash.to_vec(),
+        };
+        Ok(Prepared::Log {
+            op: WalOp {
+                op: Some(op),
+                audit: Some(audit),
+            },
+            reply,
+        })
     }
 
     /// Record that `op` was appended to the WAL as `seq` (not yet durable).
     pub fn note_pending(&mut self, seq: u64, op: &WalOp) {
+        if let Some(a) = &op.audit {
+            self.audit_head = (a.seq + 1, a.hash.clone());
+        }
         let Some((coord, version)) = target(op) else {
             return;
         };
@@ -306,7 +393,15 @@ impl TenantState {
                 self.cells.write().remove(&coord);
                 self.clear_overlay(coord, seq);
             }
+            Some(Op::Event(_)) => {}
             None => return Err("record holds no known operation".into()),
+        }
+        if let Some(a) = op.audit {
+            // During replay nothing is pending, so the logical head follows the applied one.
+            if a.seq >= self.audit_head.0 {
+                self.audit_head = (a.seq + 1, a.hash.clone());
+            }
+            self.audit.push(AuditEntry::from(a));
         }
         self.applied_seq = seq;
         Ok(())
@@ -315,6 +410,7 @@ impl TenantState {
     /// Drop every overlay entry: its records will never become durable (poisoned shard).
     pub fn discard_pending(&mut self) {
         self.overlay.clear();
+        self.audit_head = self.audit.head();
     }
 
     fn clear_overlay(&mut self, coord: Coord, seq: u64) {
@@ -333,7 +429,7 @@ fn target(op: &WalOp) -> Option<(Coord, u64)> {
     match &op.op {
         Some(Op::Put(p)) => Some((Coord::from(p.coord.as_ref()?), p.version)),
         Some(Op::Del(d)) => Some((Coord::from(d.coord.as_ref()?), 0)),
-        None => None,
+        Some(Op::Event(_)) | None => None,
     }
 }
 
@@ -366,6 +462,13 @@ fn check_version(expected: Option<u64>, actual: u64) -> Result<(), StoreError> {
 mod tests {
     use super::*;
 
+    fn who() -> Caller {
+        Caller {
+            principal: "t/k".into(),
+            ts_ms: 7,
+        }
+    }
+
     const C: Coord = Coord {
         x: -1,
         y: 0,
@@ -374,7 +477,7 @@ mod tests {
 
     /// Prepare, "log" at `seq`, and apply as if the batch became durable.
     fn run(s: &mut TenantState, seq: &mut u64, cmd: Command) -> Result<Reply, StoreError> {
-        match s.prepare(cmd)? {
+        match s.prepare(cmd, &who())? {
             Prepared::Immediate(r) => Ok(r),
             Prepared::Log { op, reply } => {
                 *seq += 1;
@@ -387,7 +490,7 @@ mod tests {
 
     #[test]
     fn write_read_delete_with_versions() {
-        let mut s = TenantState::new(16);
+        let mut s = TenantState::new(16, 100);
         let mut seq = 0;
         assert_eq!(
             run(&mut s, &mut seq, Command::Read { coord: C }),
@@ -446,7 +549,7 @@ mod tests {
 
     #[test]
     fn compare_and_set_checks_the_logical_version() {
-        let mut s = TenantState::new(16);
+        let mut s = TenantState::new(16, 100);
         let mut seq = 0;
         let cas = |v| Command::Write {
             coord: C,
@@ -461,52 +564,119 @@ mod tests {
             Ok(Reply::Written { version: 1, seq: 1 })
         );
         // A second CAS prepared while the first is only pending must see version 1, not 0.
-        let Prepared::Log { op, .. } = s.prepare(cas(1)).unwrap() else {
+        let Prepared::Log { op, .. } = s.prepare(cas(1), &who()).unwrap() else {
             panic!()
         };
         s.note_pending(2, &op);
         assert!(matches!(
-            s.prepare(cas(1)),
+            s.prepare(cas(1), &who()),
             Err(StoreError::FailedPrecondition(_))
         ));
-        assert!(s.prepare(cas(2)).is_ok());
+        assert!(s.prepare(cas(2), &who()).is_ok());
         // ...while reads still see only the durable version.
         assert_eq!(s.read(&C).unwrap().version, 1);
         s.apply(2, op).unwrap();
         assert_eq!(s.read(&C).unwrap().version, 2);
         assert!(matches!(
-            s.prepare(Command::Delete {
-                coord: C,
-                expected_version: Some(9)
-            }),
+            s.prepare(
+                Command::Delete {
+                    coord: C,
+                    expected_version: Some(9)
+                },
+                &who()
+            ),
             Err(StoreError::FailedPrecondition(_))
         ));
     }
 
     #[test]
-    fn oversized_value_is_invalid_argument() {
-        let s = TenantState::new(4);
-        let r = s.prepare(Command::Write {
+    fn changes_in_one_batch_chain_their_audit_entries() {
+        let mut s = TenantState::new(16, 100);
+        let w = |v: &[u8]| Command::Write {
             coord: C,
-            value: vec![0; 5],
+            value: v.to_vec(),
             expected_version: None,
-        });
+        };
+        // Two changes prepared before either is durable, then an event.
+        let Prepared::Log { op: a, .. } = s.prepare(w(b"a"), &who()).unwrap() else {
+            panic!()
+        };
+        s.note_pending(1, &a);
+        let Prepared::Log { op: b, .. } = s.prepare(w(b"b"), &who()).unwrap() else {
+            panic!()
+        };
+        s.note_pending(2, &b);
+        let ev = Command::Event {
+            op: "grant".into(),
+            detail: "key=k2".into(),
+        };
+        let Prepared::Log { op: e, .. } = s.prepare(ev, &who()).unwrap() else {
+            panic!()
+        };
+        s.note_pending(3, &e);
+        for (seq, op) in [(1, a), (2, b), (3, e)] {
+            s.apply(seq, op).unwrap();
+        }
+        let trail = s.audit().page(0, 10);
+        assert_eq!(
+            trail.iter().map(|e| e.seq).collect::<Vec<_>>(),
+            vec![1, 2, 3]
+        );
+        assert_eq!(trail[0].prev_hash, cube_auth::AUDIT_GENESIS.to_vec());
+        for pair in trail.windows(2) {
+            assert_eq!(pair[1].prev_hash, pair[0].hash);
+        }
+        for e in &trail {
+            assert_eq!(
+                e.hash,
+                cube_auth::audit_hash(&e.prev_hash, e.seq, e.ts_ms, &e.principal, &e.op, &e.detail)
+                    .to_vec()
+            );
+        }
+        assert_eq!(
+            (trail[2].op.as_str(), trail[2].detail.as_str()),
+            ("grant", "key=k2")
+        );
+        assert_eq!(s.audit().page(2, 1)[0].seq, 2);
+    }
+
+    #[test]
+    fn oversized_value_is_invalid_argument() {
+        let s = TenantState::new(4, 100);
+        let r = s.prepare(
+            Command::Write {
+                coord: C,
+                value: vec![0; 5],
+                expected_version: None,
+            },
+            &who(),
+        );
         assert!(matches!(r, Err(StoreError::InvalidArgument(m)) if m.contains("limit is 4 bytes")));
     }
 
     #[test]
     fn apply_is_idempotent_for_old_records() {
-        let mut s = TenantState::new(16);
+        let mut s = TenantState::new(16, 100);
         let op = |v: &[u8]| WalOp {
             op: Some(Op::Put(walop::Put {
                 coord: Some(C.into()),
                 value: v.to_vec(),
                 version: 1,
             })),
+            audit: None,
         };
         s.apply(5, op(b"new")).unwrap();
         s.apply(4, op(b"old")).unwrap();
         assert_eq!(s.read(&C).unwrap().value, b"new");
-        assert!(s.apply(6, WalOp { op: None }).is_err());
+        assert!(
+            s.apply(
+                6,
+                WalOp {
+                    op: None,
+                    audit: None
+                }
+            )
+            .is_err()
+        );
     }
 }

@@ -7,8 +7,30 @@ use prost::Message;
 
 #[derive(Clone, PartialEq, Message)]
 pub struct WalOp {
-    #[prost(oneof = "Op", tags = "1, 2")]
+    #[prost(oneof = "Op", tags = "1, 2, 3")]
     pub op: Option<Op>,
+    /// The audit entry recording this change, written in the same record (so atomically).
+    #[prost(message, optional, tag = "15")]
+    pub audit: Option<WalAudit>,
+}
+
+/// One audit-trail entry; `hash` chains it to the previous one (see cube_auth::audit_hash).
+#[derive(Clone, PartialEq, Message)]
+pub struct WalAudit {
+    #[prost(uint64, tag = "1")]
+    pub seq: u64,
+    #[prost(int64, tag = "2")]
+    pub ts_ms: i64,
+    #[prost(string, tag = "3")]
+    pub principal: String,
+    #[prost(string, tag = "4")]
+    pub op: String,
+    #[prost(string, tag = "5")]
+    pub detail: String,
+    #[prost(bytes = "vec", tag = "6")]
+    pub prev_hash: Vec<u8>,
+    #[prost(bytes = "vec", tag = "7")]
+    pub hash: Vec<u8>,
 }
 
 #[derive(Clone, PartialEq, prost::Oneof)]
@@ -19,7 +41,14 @@ pub enum Op {
     /// Remove a cell.
     #[prost(message, tag = "2")]
     Del(Del),
+    /// A security event with no data change (grant, key revoked, failed authentication...);
+    /// the record's audit entry is the whole point.
+    #[prost(message, tag = "3")]
+    Event(Event),
 }
+
+#[derive(Clone, PartialEq, Message)]
+pub struct Event {}
 
 #[derive(Clone, PartialEq, Message)]
 pub struct WalCoord {

@@ -6,6 +6,7 @@
 
 mod access;
 mod admin;
+mod audit;
 mod auth;
 mod crash;
 mod handshake;

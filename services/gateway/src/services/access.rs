@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use cube_api::v1::{self, access_server::Access};
-use cube_store::{Capability, Catalog};
+use cube_store::{Capability, Catalog, Command, TenantDirectory};
 use tonic::{Request, Response, Status};
 
 use crate::ApiError;
@@ -13,6 +13,7 @@ use crate::principal::Principal;
 
 pub(crate) struct AccessService {
     pub catalog: Arc<Catalog>,
+    pub directory: Arc<TenantDirectory>,
 }
 
 fn capabilities(raw: &[i32]) -> Result<Vec<Capability>, ApiError> {
@@ -44,7 +45,9 @@ fn to_proto(caps: Vec<Capability>) -> Vec<i32> {
 }
 
 impl AccessService {
-    fn change(
+    /// Record the change in the tenant's audit trail (durably), then make it. If the server dies
+    /// in between, the trail shows a change that did not happen: over-reporting, never hiding.
+    async fn change(
         &self,
         principal: &Principal,
         key_id: &str,
@@ -55,6 +58,31 @@ impl AccessService {
             return Err(ApiError::Invalid("key_id is required".into()));
         }
         // Only keys of the caller's own tenant: another tenant's key id is simply not found.
+        if self
+            .catalog
+            .key(principal.tenant(), key_id)
+            .filter(|k| !k.revoked)
+            .is_none()
+        {
+            return Err(ApiError::Store(cube_store::StoreError::NotFound(format!(
+                "tenant '{}' has no active key '{key_id}'",
+                principal.tenant()
+            ))));
+        }
+        let (op, caps) = if grant.is_empty() {
+            ("revoke", revoke)
+        } else {
+            ("grant", grant)
+        };
+        let event = Command::Event {
+            op: op.into(),
+            detail: format!("key={key_id} capabilities={caps:?}"),
+        };
+        self.directory
+            .get(principal.tenant())
+            .await?
+            .call(event, &principal.name())
+            .await?;
         let caps = self
             .catalog
             .change_capabilities(principal.tenant(), key_id, grant, revoke)?;
@@ -70,7 +98,9 @@ impl Access for AccessService {
     ) -> Result<Response<v1::GrantResponse>, Status> {
         let principal = Principal::require(&req, Capability::Admin)?;
         let r = req.into_inner();
-        let caps = self.change(&principal, &r.key_id, &capabilities(&r.capabilities)?, &[])?;
+        let caps = self
+            .change(&principal, &r.key_id, &capabilities(&r.capabilities)?, &[])
+            .await?;
         Ok(Response::new(v1::GrantResponse { capabilities: caps }))
     }
 
@@ -80,7 +110,9 @@ impl Access for AccessService {
     ) -> Result<Response<v1::RevokeResponse>, Status> {
         let principal = Principal::require(&req, Capability::Admin)?;
         let r = req.into_inner();
-        let caps = self.change(&principal, &r.key_id, &[], &capabilities(&r.capabilities)?)?;
+        let caps = self
+            .change(&principal, &r.key_id, &[], &capabilities(&r.capabilities)?)
+            .await?;
         Ok(Response::new(v1::RevokeResponse { capabilities: caps }))
     }
 }

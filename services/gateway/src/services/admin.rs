@@ -10,12 +10,39 @@ use tonic::{Request, Response, Status};
 
 use crate::ApiError;
 use crate::connection::ConnectionRegistry;
+use cube_store::{Command, TenantDirectory};
 
 pub(crate) struct AdminService {
     /// `None` on the network listener.
     pub catalog: Option<Arc<Catalog>>,
     /// Open connections, so revoking a key ends its sessions at once.
     pub connections: Option<Arc<ConnectionRegistry>>,
+    /// Tenants, to record key events in their audit trails.
+    pub directory: Option<Arc<TenantDirectory>>,
+}
+
+/// Principal of audit entries made through the local admin socket.
+pub(crate) const OPERATOR: &str = "operator";
+
+impl AdminService {
+    /// Record a key event in the tenant's audit trail. The catalog change is already made, so a
+    /// failure here is logged rather than reported as a failed change.
+    async fn record(&self, tenant: &str, op: &str, detail: String) {
+        let Some(directory) = &self.directory else {
+            return;
+        };
+        let event = Command::Event {
+            op: op.into(),
+            detail,
+        };
+        let result = match directory.get(tenant).await {
+            Ok(handle) => handle.call(event, OPERATOR).await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = result {
+            tracing::error!(tenant, op, error = %e, "could not record an audit event");
+        }
+    }
 }
 
 fn credentials(k: &KeyInfo) -> v1::Credentials {
@@ -51,6 +78,8 @@ impl Admin for AdminService {
             .catalog()?
             .create_tenant(&req.into_inner().name)
             .map_err(ApiError::from)?;
+        self.record(&key.tenant, "tenant.create", format!("key={}", key.key_id))
+            .await;
         Ok(Response::new(v1::CreateTenantResponse {
             credentials: Some(credentials(&key)),
         }))
@@ -64,6 +93,8 @@ impl Admin for AdminService {
             .catalog()?
             .create_key(&req.into_inner().tenant)
             .map_err(ApiError::from)?;
+        self.record(&key.tenant, "key.create", format!("key={}", key.key_id))
+            .await;
         Ok(Response::new(v1::CreateKeyResponse {
             credentials: Some(credentials(&key)),
         }))
@@ -78,6 +109,10 @@ impl Admin for AdminService {
             .catalog()?
             .revoke_key(&r.tenant, &r.key_id)
             .map_err(ApiError::from)?;
+        if revoked {
+            self.record(&r.tenant, "key.revoke", format!("key={}", r.key_id))
+                .await;
+        }
         if let Some(connections) = &self.connections {
             let ended = connections.end_sessions_of(&r.tenant, &r.key_id);
             tracing::info!(tenant = %r.tenant, key = %r.key_id, sessions_ended = ended, "key revoked");

@@ -18,7 +18,7 @@ pub(crate) struct CellsService {
 impl CellsService {
     async fn run(&self, principal: &Principal, cmd: Command) -> Result<Reply, ApiError> {
         let tenant = self.directory.get(principal.tenant()).await?;
-        Ok(tenant.call(cmd).await?)
+        Ok(tenant.call(cmd, &principal.name()).await?)
     }
 }
 

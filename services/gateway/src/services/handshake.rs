@@ -141,7 +141,15 @@ impl Auth for HandshakeService {
             Instant::now(),
             self.auth.catalog(),
         );
-        let key = checked.inspect_err(|_| self.auth.record_failure(Some(&conn)))?;
+        let key = checked.inspect_err(|status| {
+            self.auth.record_failure(Some(&conn));
+            self.auth.record_failed_auth(
+                &hello.tenant,
+                "connection",
+                status.message(),
+                Some(&conn),
+            );
+        })?;
         let mac = server_mac(
             &Secret::from_bytes(key.secret),
             &hello.nonce,

@@ -185,7 +185,8 @@ expect_out "isolation: acme (per-call) does not see demo's cell" '{"found":false
   --credentials "$ACME" --auth call read 1 -2 3
 expect_out "isolation: acme (per-connection) does not see demo's cell" '{"found":false,"sealed":false,"value":"","version":0}' \
   --credentials "$ACME" --auth connection read 1 -2 3
-expect_out "isolation: acme writes its own (1,-2,3) as version 1" '{"seq":1,"version":1}' \
+# seq 2: the audit event of "tenant create" is record 1 of acme's log.
+expect_out "isolation: acme writes its own (1,-2,3) as version 1" '{"seq":2,"version":1}' \
   --credentials "$ACME" --auth connection write 1 -2 3 acme-value --expected-version 0
 expect_out "isolation: demo's (1,-2,3) is unchanged" '{"found":true,"sealed":false,"value":"hello-conn","version":2}' \
   --credentials "$DEMO" --auth call read 1 -2 3

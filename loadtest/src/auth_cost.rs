@@ -142,5 +142,108 @@ pub async fn run(args: AuthCostArgs, default_cubed: PathBuf) -> anyhow::Result<(
         ratios.len(),
         hs_ratio
     );
+    mixed(&server, &args).await?;
+    Ok(())
+}
+
+/// Tenant.Audit (limit 100) against Read under a mix of writes, reads and audits: 8 connections
+/// authenticated by handshake, `in_flight` tasks, each cycling Write → Read → Audit.
+async fn mixed(server: &TestServer, args: &AuthCostArgs) -> anyhow::Result<()> {
+    use cube_api::v1::tenant_client::TenantClient;
+    use cube_api::v1::{AuditRequest, WriteRequest};
+    let mut channels = Vec::new();
+    for _ in 0..8 {
+        let ch = one_connection(server).await?;
+        handshake(ch.clone(), &server.demo).await?;
+        channels.push(ch);
+    }
+    let deadline = Instant::now() + std::time::Duration::from_secs_f64(args.warmup + args.seconds);
+    let measure_from = Instant::now() + std::time::Duration::from_secs_f64(args.warmup);
+    let tasks: Vec<_> = (0..args.in_flight)
+        .map(|task| {
+            let ch = channels[task % channels.len()].clone();
+            tokio::spawn(async move {
+                let (mut cells, mut tenant) = (CellsClient::new(ch.clone()), TenantClient::new(ch));
+                let (mut w, mut r, mut a) = (hist(), hist(), hist());
+                let mut i: u64 = 0;
+                while Instant::now() < deadline {
+                    let t = Instant::now();
+                    let which = i % 3;
+                    let ok = match which {
+                        0 => cells
+                            .write(WriteRequest {
+                                coord: coord(1000 + task as i32, i as i32),
+                                value: vec![5; 100],
+                                expected_version: None,
+                            })
+                            .await
+                            .is_ok(),
+                        1 => cells
+                            .read(ReadRequest {
+                                coord: coord((i % 64) as i32, 0),
+                            })
+                            .await
+                            .is_ok(),
+                        _ => match tenant
+                            .audit(AuditRequest {
+                                from_seq: 1 + (i * 7919) % 5000,
+                                limit: 100,
+                            })
+                            .await
+                        {
+                            Ok(resp) => {
+                                let mut s = resp.into_inner();
+                                let mut ok = true;
+                                while let Some(m) = s.message().await.transpose() {
+                                    ok &= m.is_ok();
+                                }
+                                ok
+                            }
+                            Err(_) => false,
+                        },
+                    };
+                    if ok && t >= measure_from {
+                        let us = t.elapsed().as_micros() as u64;
+                        let _ = [&mut w, &mut r, &mut a][which as usize].record(us);
+                    }
+                    i += 1;
+                }
+                (w, r, a)
+            })
+        })
+        .collect();
+    let (mut w, mut r, mut a) = (hist(), hist(), hist());
+    for t in tasks {
+        let (tw, tr, ta) = t.await?;
+        w.add(&tw)?;
+        r.add(&tr)?;
+        a.add(&ta)?;
+    }
+    println!();
+    println!(
+        "Mixed load ({} in flight on 8 handshake-authenticated connections, Write → Read → Audit(limit 100)):",
+        args.in_flight
+    );
+    println!();
+    println!("| op | calls | p50 µs | p99 µs | max µs |");
+    println!("|---|---:|---:|---:|---:|");
+    for (name, h) in [
+        ("Write", &w),
+        ("Read", &r),
+        ("Tenant.Audit (limit 100)", &a),
+    ] {
+        println!(
+            "| {name} | {} | {} | {} | {} |",
+            h.len(),
+            h.value_at_quantile(0.5),
+            h.value_at_quantile(0.99),
+            h.max()
+        );
+    }
+    println!();
+    println!(
+        "Target: Audit p99 ≤ 3× Read p99 → {:.2}×",
+        a.value_at_quantile(0.99) as f64 / r.value_at_quantile(0.99).max(1) as f64
+    );
     Ok(())
 }

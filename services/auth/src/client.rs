@@ -171,3 +171,17 @@ pub async fn handshake(
     }
     Ok(hello.principal)
 }
+
+/// Verify audit entries as `Tenant.Audit` returns them (oldest first); see
+/// [`crate::verify_audit_chain`].
+pub fn verify_audit_entries(entries: &[cube_api::v1::AuditEntry]) -> Result<usize, (u64, String)> {
+    crate::verify_audit_chain(entries.iter().map(|e| crate::AuditLink {
+        seq: e.seq,
+        ts_ms: e.ts_ms,
+        principal: &e.principal,
+        op: &e.op,
+        detail: &e.detail,
+        prev_hash: &e.prev_hash,
+        hash: &e.hash,
+    }))
+}

@@ -170,15 +170,17 @@ async fn run() -> anyhow::Result<()> {
         let mut tenant = TenantClient::new(transport);
         return match audit {
             AuditCmd::List { from, limit } => {
-                for e in fetch_audit(&mut tenant, *from, Some(*limit)).await? {
+                // 0 means the server's default page, as in the rpc.
+                let limit = if *limit == 0 { 100 } else { *limit };
+                for e in fetch_audit(&mut tenant, *from, Some(limit)).await? {
                     println!("{}", entry_json(&e));
                 }
                 Ok(())
             }
             AuditCmd::Verify => {
                 let entries = fetch_audit(&mut tenant, 0, None).await?;
-                match verify_chain(&entries) {
-                    Ok(()) => {
+                match cube_auth::client::verify_audit_entries(&entries) {
+                    Ok(_) => {
                         println!(
                             "{}",
                             serde_json::json!({ "ok": true, "entries": entries.len() })
@@ -307,20 +309,6 @@ where
         }
     }
     Ok(out)
-}
-
-/// Recompute the chain with cube-auth's verifier; `Err((seq, reason))` at the first broken link.
-fn verify_chain(entries: &[AuditEntry]) -> Result<(), (u64, String)> {
-    cube_auth::verify_audit_chain(entries.iter().map(|e| cube_auth::AuditLink {
-        seq: e.seq,
-        ts_ms: e.ts_ms,
-        principal: &e.principal,
-        op: &e.op,
-        detail: &e.detail,
-        prev_hash: &e.prev_hash,
-        hash: &e.hash,
-    }))
-    .map(|_| ())
 }
 
 fn entry_json(e: &AuditEntry) -> serde_json::Value {

@@ -108,9 +108,15 @@ const OPERATOR: &str = "operator";
 
 fn local(data: &DataDir, catalog: &Catalog, op: &Op<'_>) -> anyhow::Result<Outcome> {
     // The server is stopped, so the CLI writes the audit event into the tenant's log itself.
-    let record = |tenant: &str, op: &str, detail: String| {
-        record_event_offline(data, tenant, OPERATOR, op, detail)
-            .context("recording the audit event")
+    // The catalog change is made (and a new secret exists only in this process): a failure to
+    // record it must not swallow the credentials, so it is reported, not returned.
+    let record = |tenant: &str, op: &str, detail: String| -> anyhow::Result<()> {
+        if let Err(e) = record_event_offline(data, tenant, OPERATOR, op, detail) {
+            eprintln!(
+                "cubed: warning: the change was made but its audit event could not be recorded: {e}"
+            );
+        }
+        Ok(())
     };
     Ok(match op {
         Op::CreateTenant(name) => {

@@ -66,6 +66,9 @@ pub(crate) fn now_ms() -> i64 {
 }
 
 // Parsed once: looking a header up by `&str` re-parses the name on every call.
+/// Longest failure reason kept in an `auth.failed` audit entry.
+const MAX_REASON_CHARS: usize = 200;
+
 static H_TENANT: HeaderName = HeaderName::from_static(headers::TENANT);
 static H_KEY: HeaderName = HeaderName::from_static(headers::KEY);
 static H_TS: HeaderName = HeaderName::from_static(headers::TS);
@@ -119,6 +122,9 @@ impl Authenticator {
         let peer = conn
             .and_then(|c| c.remote)
             .map_or_else(|| "unknown".to_string(), |a| a.ip().to_string());
+        // The reason may quote what the peer sent (a key id): cap what an unauthenticated peer
+        // can make the tenant's log store.
+        let reason: String = reason.chars().take(MAX_REASON_CHARS).collect();
         let event = Command::Event {
             op: "auth.failed".into(),
             detail: format!("model={model} peer={peer} reason={reason}"),

@@ -275,3 +275,30 @@ pub fn sign_manually<T>(
     md.insert(headers::SIG, MetadataValue::try_from(call.sig.as_str())?);
     Ok(())
 }
+
+/// Payload ranges of the records in a WAL segment's bytes (framing `len u32 | crc32c u32 |
+/// seq u64 | payload`, docs/durability.md), up to the first zero header.
+pub fn wal_record_payloads(bytes: &[u8]) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let mut off = 0;
+    while off + 16 <= bytes.len() {
+        let len = u32::from_le_bytes([bytes[off], bytes[off + 1], bytes[off + 2], bytes[off + 3]])
+            as usize;
+        if len == 0 || off + 16 + len > bytes.len() {
+            break;
+        }
+        out.push(off + 16..off + 16 + len);
+        off += 16 + len;
+    }
+    out
+}
+
+/// Recompute the CRC of the record whose payload is `payload` after an in-place edit: what an
+/// attacker with disk access would do to hide a change from the WAL's own checks.
+pub fn fix_wal_crc(bytes: &mut [u8], payload: std::ops::Range<usize>) {
+    let start = payload.start - 16;
+    let mut crc = crc32c::crc32c(&bytes[start..start + 4]);
+    crc = crc32c::crc32c_append(crc, &bytes[start + 8..start + 16]);
+    crc = crc32c::crc32c_append(crc, &bytes[payload]);
+    bytes[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+}

@@ -105,3 +105,54 @@ async fn capabilities_are_enforced_and_only_admins_of_the_tenant_change_them() {
             .found
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_rpc_checks_its_capability() {
+    use cube_api::v1::tenant_client::TenantClient;
+    use cube_api::v1::{AuditRequest, DeleteRequest};
+    let server = TestServer::start(cubed()).unwrap();
+    let second = new_key(&server, "demo");
+    let mut admin = AccessClient::new(server.signed(&server.demo).await.unwrap());
+    let all = vec![Capability::Read as i32, Capability::Write as i32];
+    admin
+        .revoke(RevokeRequest {
+            key_id: second.key_id.clone(),
+            capabilities: all,
+        })
+        .await
+        .unwrap();
+    let mut cells = server.cells(&second).await.unwrap();
+    let mut tenant = TenantClient::new(server.signed(&second).await.unwrap());
+    let mut access = AccessClient::new(server.signed(&second).await.unwrap());
+    let denied =
+        |r: Result<(), tonic::Status>| assert_eq!(r.unwrap_err().code(), Code::PermissionDenied);
+    denied(cells.read(read(0, 0, 0)).await.map(|_| ()));
+    denied(cells.write(write(0, 0, 0, b"x")).await.map(|_| ()));
+    denied(
+        cells
+            .delete(DeleteRequest {
+                coord: crate::coord(0, 0, 0),
+                expected_version: None,
+            })
+            .await
+            .map(|_| ()),
+    );
+    denied(
+        tenant
+            .audit(AuditRequest {
+                from_seq: 0,
+                limit: 1,
+            })
+            .await
+            .map(|_| ()),
+    );
+    denied(
+        access
+            .grant(GrantRequest {
+                key_id: second.key_id.clone(),
+                capabilities: vec![Capability::Read as i32],
+            })
+            .await
+            .map(|_| ()),
+    );
+}

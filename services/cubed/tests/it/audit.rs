@@ -6,7 +6,8 @@ use std::time::Duration;
 use cube_api::v1::access_client::AccessClient;
 use cube_api::v1::tenant_client::TenantClient;
 use cube_api::v1::{AuditEntry, AuditRequest, Capability, DeleteRequest, RevokeRequest};
-use cube_auth::{AuditLink, Credentials, Secret, verify_audit_chain};
+use cube_auth::client::verify_audit_entries;
+use cube_auth::{Credentials, Secret};
 use cube_testkit::TestServer;
 
 use crate::{coord, cubed, read, write};
@@ -26,18 +27,6 @@ async fn trail(server: &TestServer, from: u64, limit: u32) -> Vec<AuditEntry> {
         out.push(e);
     }
     out
-}
-
-fn verify(entries: &[AuditEntry]) -> Result<usize, (u64, String)> {
-    verify_audit_chain(entries.iter().map(|e| AuditLink {
-        seq: e.seq,
-        ts_ms: e.ts_ms,
-        principal: &e.principal,
-        op: &e.op,
-        detail: &e.detail,
-        prev_hash: &e.prev_hash,
-        hash: &e.hash,
-    }))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -101,7 +90,7 @@ async fn changes_and_security_events_form_a_verifiable_chain() {
         "{}",
         entries[6].detail
     );
-    assert_eq!(verify(&entries), Ok(7));
+    assert_eq!(verify_audit_entries(&entries), Ok(7));
     // Paging continues exactly where a page stopped.
     let page = trail(&server, 3, 2).await;
     assert_eq!(page.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![3, 4]);
@@ -115,7 +104,7 @@ async fn a_tampered_entry_is_named_by_verification() {
         c.write(write(x, 0, 0, b"v")).await.unwrap();
     }
     let before = trail(&server, 0, 0).await;
-    assert_eq!(verify(&before), Ok(4));
+    assert_eq!(verify_audit_entries(&before), Ok(4));
     let victim = before
         .iter()
         .find(|e| e.detail.starts_with("coord=(2, 0, 0)"))
@@ -133,24 +122,21 @@ async fn a_tampered_entry_is_named_by_verification() {
         .join("tenants/demo/wal")
         .join(cube_wal::segment_file_name(1));
     let mut bytes = std::fs::read(&seg).unwrap();
-    let mut off = 0;
-    loop {
-        let len = u32::from_le_bytes(bytes[off..off + 4].try_into().unwrap()) as usize;
-        assert!(len > 0, "record not found");
-        let payload = off + 16..off + 16 + len;
-        if let Some(i) = bytes[payload.clone()]
+    let payload = cube_testkit::wal_record_payloads(&bytes)
+        .into_iter()
+        .find(|p| {
+            bytes[p.clone()]
+                .windows(15)
+                .any(|w| w == b"coord=(2, 0, 0)")
+        })
+        .expect("the record of the victim entry");
+    let at = payload.start
+        + bytes[payload.clone()]
             .windows(15)
             .position(|w| w == b"coord=(2, 0, 0)")
-        {
-            bytes[payload.start + i + 7] = b'7';
-            let mut crc = crc32c::crc32c(&bytes[off..off + 4]);
-            crc = crc32c::crc32c_append(crc, &bytes[off + 8..off + 16]);
-            crc = crc32c::crc32c_append(crc, &bytes[payload]);
-            bytes[off + 4..off + 8].copy_from_slice(&crc.to_le_bytes());
-            break;
-        }
-        off = payload.end;
-    }
+            .unwrap();
+    bytes[at + 7] = b'7';
+    cube_testkit::fix_wal_crc(&mut bytes, payload);
     std::fs::write(&seg, bytes).unwrap();
     tokio::task::block_in_place(|| server.restart()).unwrap();
 
@@ -160,7 +146,7 @@ async fn a_tampered_entry_is_named_by_verification() {
             .iter()
             .any(|e| e.detail.starts_with("coord=(7, 0, 0)"))
     );
-    let (seq, why) = verify(&after).unwrap_err();
+    let (seq, why) = verify_audit_entries(&after).unwrap_err();
     assert_eq!(seq, victim);
     assert!(why.contains("altered"), "{why}");
 }

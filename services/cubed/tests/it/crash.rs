@@ -191,8 +191,8 @@ async fn corrupt_tenant_refuses_to_open_while_others_keep_serving() {
         .join("tenants/acme/wal")
         .join(cube_wal::segment_file_name(1));
     let mut bytes = std::fs::read(&seg).unwrap();
-    let first_len = 16 + u32::from_le_bytes(bytes[0..4].try_into().unwrap()) as usize;
-    bytes[first_len + 20] ^= 0xFF;
+    let second = cube_testkit::wal_record_payloads(&bytes)[1].clone();
+    bytes[second.start + 4] ^= 0xFF;
     std::fs::write(&seg, bytes).unwrap();
 
     tokio::task::block_in_place(|| server.restart()).unwrap();

@@ -18,6 +18,8 @@ use crate::connection::{ConnInfo, PendingChallenge};
 
 /// How long a challenge may be answered.
 pub(crate) const CHALLENGE_TTL: Duration = Duration::from_secs(30);
+/// Longest tenant name or key id accepted in the handshake.
+const MAX_NAME_BYTES: usize = 128;
 /// Shortest client nonce accepted.
 const MIN_CLIENT_NONCE: usize = 16;
 
@@ -110,6 +112,11 @@ impl Auth for HandshakeService {
         let r = req.into_inner();
         if r.tenant.is_empty() || r.key_id.is_empty() {
             return Err(Status::invalid_argument("tenant and key_id are required"));
+        }
+        if r.tenant.len() > MAX_NAME_BYTES || r.key_id.len() > MAX_NAME_BYTES {
+            return Err(Status::invalid_argument(
+                "tenant and key_id are at most 128 bytes",
+            ));
         }
         // A challenge is issued even for an unknown key, so Challenge cannot be used to probe
         // which keys exist; the Hello fails instead.

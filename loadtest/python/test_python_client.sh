@@ -62,7 +62,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$CUBED" serve --data-dir "$DATA" --listen 127.0.0.1:0 >"$TMP/server.out" 2>"$TMP/server.err" &
+"$CUBED" serve --data-dir "$DATA" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 >"$TMP/server.out" 2>"$TMP/server.err" &
 SERVER_PID=$!
 
 PORT=""

@@ -9,6 +9,7 @@ use cube_gateway::{AuthMode, FailureLimits};
 
 pub const DEFAULT_DATA_DIR: &str = "./cube-data";
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9464";
 pub const DEFAULT_MAX_VALUE_BYTES: usize = 1 << 20;
 pub const DEFAULT_SKEW_SECS: u64 = 300;
 pub const DEFAULT_REPLAY_CAPACITY: usize = 1_000_000;
@@ -122,6 +123,12 @@ pub struct ServeArgs {
     /// gRPC listen address. Port 0 picks a free port (printed on the ready line).
     #[arg(long, env = "CUBE_LISTEN", default_value = DEFAULT_LISTEN)]
     pub listen: SocketAddr,
+    /// Admin HTTP listen address (/metrics, /healthz, /readyz). Port 0 picks a free port.
+    #[arg(long, env = "CUBE_ADMIN_LISTEN", default_value = DEFAULT_ADMIN_LISTEN)]
+    pub admin_listen: SocketAddr,
+    /// Do not record per-RPC metrics (to measure what they cost; /metrics still answers).
+    #[arg(long, env = "CUBE_NO_METRICS")]
+    pub no_metrics: bool,
     /// Authentication models accepted: per-connection handshake, per-call signatures, or both.
     #[arg(long, env = "CUBE_AUTH_MODE", value_enum, default_value_t = AuthModeArg::Both)]
     pub auth_mode: AuthModeArg,
@@ -200,6 +207,8 @@ pub enum TlsChoice {
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
     pub data_dir: PathBuf,
+    pub admin_listen: SocketAddr,
+    pub metrics: bool,
     pub audit_retention: usize,
     pub tls: TlsChoice,
     pub auth_mode: AuthMode,
@@ -261,6 +270,8 @@ impl ServeArgs {
         );
         Ok(ServeConfig {
             data_dir: self.data_dir,
+            admin_listen: self.admin_listen,
+            metrics: !self.no_metrics,
             audit_retention: self.audit_retention,
             tls,
             auth_mode: self.auth_mode.into(),

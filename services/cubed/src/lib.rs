@@ -2,6 +2,7 @@
 //! `main.rs` only parses flags, sets up logging and calls into here.
 
 pub mod admin_cli;
+pub mod admin_http;
 pub mod certs;
 pub mod config;
 pub mod serve;

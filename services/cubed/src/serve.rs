@@ -17,6 +17,7 @@ use cube_wal::{SegmentSizing, WalOptions};
 use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
 
+use crate::admin_http::{self, Readiness};
 use crate::certs;
 use crate::config::{ServeConfig, TlsChoice};
 
@@ -105,6 +106,7 @@ pub async fn run(
             failure_limits: config.failure_limits,
             max_metadata_bytes: config.max_metadata_bytes,
             tls: tls_settings(&config.tls, data.root())?,
+            metrics: config.metrics,
         },
     )
     .context("configuring TLS")?;
@@ -114,6 +116,21 @@ pub async fn run(
     let admin_listener = UnixListener::bind(&socket_path).context("binding the admin socket")?;
     fs::set_permissions(&socket_path, fs::Permissions::from_mode(0o600))
         .context("securing the admin socket")?;
+
+    let admin_http_listener = TcpListener::bind(config.admin_listen)
+        .await
+        .with_context(|| format!("cannot listen on --admin-listen {}", config.admin_listen))?;
+    let admin_addr = admin_http_listener
+        .local_addr()
+        .context("reading the admin address")?;
+    let ready = Readiness::default();
+    let http_stop = CancellationToken::new();
+    let admin_http = tokio::spawn(admin_http::serve(
+        admin_http_listener,
+        ready.clone(),
+        http_stop.clone(),
+    ));
+    cube_metrics::init();
 
     let stop = CancellationToken::new();
     let admin_gateway = gateway.clone();
@@ -128,26 +145,32 @@ pub async fn run(
     } else {
         "on"
     };
+    ready.set(true);
     println!(
-        "cubed ready: grpc={addr} tls={tls} data_dir={}",
+        "cubed ready: grpc={addr} tls={tls} admin={admin_addr} data_dir={}",
         data.root().display()
     );
     let _ = std::io::stdout().flush();
     tracing::info!(%addr, data_dir = %data.root().display(), "serving");
 
     let stop_gateway = stop.clone();
+    let not_ready = ready.clone();
     let served = gateway
         .serve(listener, async move {
             tokio::select! {
                 _ = shutdown => {},
                 _ = stop_gateway.cancelled() => {},
             }
+            // Load balancers stop sending new work while the calls in flight drain.
+            not_ready.set(false);
         })
         .await;
     stop.cancel();
     let _ = admin.await;
     directory.shutdown().await;
     let _ = fs::remove_file(&socket_path);
+    http_stop.cancel();
+    let _ = admin_http.await;
     served.context("serving gRPC")?;
     tracing::info!("stopped cleanly: every tenant synced and closed");
     Ok(())

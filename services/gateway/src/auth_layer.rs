@@ -16,7 +16,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use cube_auth::{CallSignature, Secret, headers};
 use cube_store::{Catalog, Command, TenantDirectory};
-use futures::future::{Either, Ready, ready};
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Instant;
+
+use futures::future::ready;
 use http::{HeaderMap, HeaderName};
 use tonic::Status;
 use tonic::body::Body;
@@ -25,6 +29,7 @@ use crate::abuse::{FailureLimiter, FailureLimits};
 use crate::connection::ConnInfo;
 use crate::principal::{AuthModel, Principal};
 use crate::replay::{ReplayCache, ReplayError};
+use crate::rpc_metrics::{RpcLabels, failure_reason, status_of};
 
 /// Which authentication models a server accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,6 +62,8 @@ pub struct Authenticator {
     failures: FailureLimiter,
     /// Where failed authentications naming an existing tenant are recorded (its audit trail).
     directory: Option<Arc<TenantDirectory>>,
+    /// Record per-RPC and auth metrics (off only to measure what they cost).
+    pub(crate) metrics: bool,
 }
 
 pub(crate) fn now_ms() -> i64 {
@@ -100,6 +107,7 @@ impl Authenticator {
             mode,
             failures: FailureLimiter::new(failure_limits),
             directory,
+            metrics: true,
         }
     }
 
@@ -202,7 +210,11 @@ impl Authenticator {
                      run Auth.Challenge and Auth.Hello on this connection instead of signing calls",
                 ));
             }
-            return self.verify_call(path, md);
+            let principal = self.verify_call(path, md)?;
+            if let Some(c) = conn {
+                c.session.saw_signed_call();
+            }
+            return Ok(principal);
         }
         // In `call` mode no connection is authenticated, whether by handshake or certificate.
         let session_key = conn
@@ -356,33 +368,66 @@ pub struct Authenticated<S> {
 impl<S, B> tower::Service<http::Request<B>> for Authenticated<S>
 where
     S: tower::Service<http::Request<B>, Response = http::Response<Body>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
 {
     type Response = http::Response<Body>;
     type Error = S::Error;
-    type Future = Either<Ready<Result<http::Response<Body>, S::Error>>, S::Future>;
+    type Future = Pin<Box<dyn Future<Output = Result<http::Response<Body>, S::Error>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
-        match self.auth.authenticate(
+        let started = Instant::now();
+        let metrics = self.auth.metrics;
+        let labels = RpcLabels::of(req.uri().path());
+        if metrics {
+            labels.started();
+        }
+        let decision = self.auth.authenticate(
             req.uri().path(),
             req.headers(),
             req.extensions().get::<ConnInfo>(),
-        ) {
-            Ok(Some(principal)) => {
-                req.extensions_mut().insert(principal);
-                Either::Right(self.inner.call(req))
+        );
+        let auth = match &decision {
+            Ok(Some(p)) => p.model.label(),
+            _ => "none",
+        };
+        if metrics && needs_signature(req.uri().path()) {
+            let result = if decision.is_ok() { "ok" } else { "refused" };
+            cube_metrics::AUTH_SECONDS
+                .with_label_values(&[auth, result])
+                .observe(started.elapsed().as_secs_f64());
+        }
+        match decision {
+            Ok(principal) => {
+                if let Some(p) = principal {
+                    req.extensions_mut().insert(p);
+                }
+                let fut = self.inner.call(req);
+                Box::pin(async move {
+                    let resp = fut.await?;
+                    if metrics {
+                        labels.handled(status_of(resp.headers()), auth, started);
+                    }
+                    Ok(resp)
+                })
             }
-            Ok(None) => Either::Right(self.inner.call(req)),
             Err(status) => {
                 tracing::debug!(
                     path = req.uri().path(),
                     reason = status.message(),
                     "call refused"
                 );
-                Either::Left(ready(Ok(status.into_http())))
+                if metrics {
+                    cube_metrics::AUTH_FAILURES
+                        .with_label_values(&[failure_reason(status.message())])
+                        .inc();
+                    labels.handled(status.code() as i32, "none", started);
+                }
+                Box::pin(ready(Ok(status.into_http())))
             }
         }
     }

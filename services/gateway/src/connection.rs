@@ -30,6 +30,9 @@ pub(crate) struct PendingChallenge {
 /// Auth state of one connection.
 #[derive(Debug, Default)]
 pub struct Session {
+    /// What authenticated this connection so far, for the `cube_connections_open` gauge:
+    /// 0 none, 1 per-call signatures, 2 handshake or certificate.
+    gauge_model: std::sync::atomic::AtomicU8,
     /// The key this connection authenticated as (after a successful Hello).
     principal: RwLock<Option<Arc<KeyInfo>>>,
     /// At most one outstanding challenge; a new Challenge replaces it, Hello consumes it.
@@ -46,8 +49,38 @@ impl Session {
 
     pub(crate) fn authenticate(&self, key: Arc<KeyInfo>) {
         *self.principal.write().unwrap_or_else(|p| p.into_inner()) = Some(key);
+        self.move_gauge(2);
     }
 
+    /// A signed call arrived on this connection.
+    pub(crate) fn saw_signed_call(&self) {
+        if self.gauge_model.load(Ordering::Relaxed) == 0 {
+            self.move_gauge(1);
+        }
+    }
+
+    fn move_gauge(&self, to: u8) {
+        let from = self.gauge_model.swap(to, Ordering::Relaxed);
+        if from != to {
+            cube_metrics::CONNECTIONS_OPEN
+                .with_label_values(&[gauge_label(from)])
+                .dec();
+            cube_metrics::CONNECTIONS_OPEN
+                .with_label_values(&[gauge_label(to)])
+                .inc();
+        }
+    }
+}
+
+fn gauge_label(model: u8) -> &'static str {
+    match model {
+        1 => "call",
+        2 => "connection",
+        _ => "none",
+    }
+}
+
+impl Session {
     fn end_if_key(&self, tenant: &str, key_id: &str) -> bool {
         let mut p = self.principal.write().unwrap_or_else(|p| p.into_inner());
         if p.as_ref()
@@ -143,6 +176,9 @@ impl<IO> CubeConn<IO> {
         remote: Option<SocketAddr>,
     ) -> CubeConn<IO> {
         let info = registry.open(remote);
+        cube_metrics::CONNECTIONS_OPEN
+            .with_label_values(&["none"])
+            .inc();
         CubeConn {
             io,
             info,
@@ -161,6 +197,10 @@ impl<IO> CubeConn<IO> {
 impl<IO> Drop for CubeConn<IO> {
     fn drop(&mut self) {
         self.registry.close(self.info.id);
+        let model = self.info.session.gauge_model.load(Ordering::Relaxed);
+        cube_metrics::CONNECTIONS_OPEN
+            .with_label_values(&[gauge_label(model)])
+            .dec();
     }
 }
 

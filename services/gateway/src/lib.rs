@@ -11,6 +11,7 @@ mod convert;
 mod error;
 mod principal;
 mod replay;
+mod rpc_metrics;
 mod server;
 mod services;
 mod tls;

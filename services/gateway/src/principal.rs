@@ -17,6 +17,16 @@ pub enum AuthModel {
     Connection,
 }
 
+impl AuthModel {
+    /// The `auth` metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            AuthModel::Call => "call",
+            AuthModel::Connection => "connection",
+        }
+    }
+}
+
 /// The authenticated caller.
 #[derive(Debug, Clone)]
 pub struct Principal {

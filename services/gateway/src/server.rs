@@ -45,6 +45,8 @@ pub struct GatewayConfig {
     pub max_metadata_bytes: u32,
     /// Serve TLS (and accept client certificates if it names a client CA).
     pub tls: Option<TlsSettings>,
+    /// Record per-RPC metrics (off only to measure their cost).
+    pub metrics: bool,
 }
 
 /// Why serving stopped with an error.
@@ -80,14 +82,16 @@ impl Gateway {
         config: GatewayConfig,
     ) -> Result<Gateway, ServeError> {
         let tls = config.tls.as_ref().map(server_config).transpose()?;
-        let auth = Arc::new(Authenticator::new(
+        let mut auth = Authenticator::new(
             Arc::clone(&catalog),
             config.auth_mode,
             config.skew_ms,
             config.replay_capacity,
             config.failure_limits,
             Some(Arc::clone(&directory)),
-        ));
+        );
+        auth.metrics = config.metrics;
+        let auth = Arc::new(auth);
         Ok(Gateway {
             directory,
             config,

@@ -35,6 +35,7 @@ pub(crate) struct InFlightPermit(pub Arc<AtomicUsize>);
 impl Drop for InFlightPermit {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
+        cube_metrics::MAILBOX_DEPTH.dec();
     }
 }
 

@@ -56,6 +56,7 @@ impl<T> TenantCore<T> {
         audit_retention: usize,
         notify: Option<DurableNotify>,
     ) -> Result<(TenantCore<T>, RecoveryReport), StoreError> {
+        let started = std::time::Instant::now();
         let mut state = TenantState::new(max_value, audit_retention);
         let opened = WalShard::open(
             dir,
@@ -68,6 +69,8 @@ impl<T> TenantCore<T> {
             notify,
         );
         let (wal, report) = opened.map_err(|e| open_error(tenant, &e))?;
+        cube_metrics::RECOVERY_SECONDS.observe(started.elapsed().as_secs_f64());
+        cube_metrics::RECOVERY_TRUNCATED_BYTES.inc_by(report.truncated_bytes);
         tracing::info!(
             tenant,
             records = report.records_replayed,
@@ -159,6 +162,9 @@ impl<T> TenantCore<T> {
                 answers
             }
             DurableEvent::Poisoned => {
+                if !self.poisoned {
+                    cube_metrics::TENANTS_UNAVAILABLE.inc();
+                }
                 self.poisoned = true;
                 self.state.discard_pending();
                 let msg = self.poisoned_message();

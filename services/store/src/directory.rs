@@ -85,6 +85,7 @@ impl TenantHandle {
 
     fn admit(&self) -> Result<InFlightPermit, StoreError> {
         let before = self.in_flight.fetch_add(1, Ordering::AcqRel);
+        cube_metrics::MAILBOX_DEPTH.inc();
         let permit = InFlightPermit(Arc::clone(&self.in_flight));
         if before >= self.mailbox_capacity {
             return Err(StoreError::ResourceExhausted(format!(
@@ -190,7 +191,16 @@ impl TenantDirectory {
                 Arc::clone(map.entry(tenant.to_string()).or_default())
             }
         };
-        slot.get_or_init(|| self.open(tenant)).await.clone()
+        slot.get_or_init(|| async {
+            let opened = self.open(tenant).await;
+            match &opened {
+                Ok(_) => cube_metrics::TENANTS_ACTIVE.inc(),
+                Err(_) => cube_metrics::TENANTS_UNAVAILABLE.inc(),
+            }
+            opened
+        })
+        .await
+        .clone()
     }
 
     async fn open(&self, tenant: &str) -> Result<TenantHandle, StoreError> {
@@ -247,6 +257,7 @@ impl TenantDirectory {
         }
         for rx in done {
             let _ = rx.await;
+            cube_metrics::TENANTS_ACTIVE.dec();
         }
     }
 }

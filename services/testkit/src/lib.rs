@@ -33,6 +33,8 @@ pub struct TestServer {
     starts: u32,
     /// Address of the gRPC listener of the current process.
     pub addr: SocketAddr,
+    /// Address of its admin HTTP listener (/metrics, /healthz, /readyz).
+    pub admin_addr: SocketAddr,
     /// Credentials of the demo tenant.
     pub demo: Credentials,
 }
@@ -53,6 +55,7 @@ impl TestServer {
             child: None,
             starts: 0,
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             demo: Credentials {
                 tenant: String::new(),
                 key_id: String::new(),
@@ -79,7 +82,7 @@ impl TestServer {
             .arg("serve")
             .arg("--data-dir")
             .arg(self.data_dir())
-            .args(["--listen", "127.0.0.1:0"])
+            .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
             .args(&self.extra_args)
             .stdout(Stdio::piped())
             .stderr(log)
@@ -97,18 +100,26 @@ impl TestServer {
                         .next()
                         .unwrap_or_default()
                         .to_string();
-                    let _ = tx.send(addr);
+                    let admin = rest
+                        .split_whitespace()
+                        .find_map(|f| f.strip_prefix("admin="))
+                        .unwrap_or_default()
+                        .to_string();
+                    let _ = tx.send((addr, admin));
                 }
             }
         });
         self.child = Some(child);
-        let addr = match rx.recv_timeout(START_TIMEOUT) {
+        let (addr, admin) = match rx.recv_timeout(START_TIMEOUT) {
             Ok(a) => a,
             Err(_) => bail!("cubed did not become ready; log:\n{}", self.log()),
         };
         self.addr = addr
             .parse()
             .with_context(|| format!("bad ready address {addr:?}"))?;
+        self.admin_addr = admin
+            .parse()
+            .with_context(|| format!("bad admin address {admin:?}"))?;
         let creds = fs::read_to_string(self.data_dir().join("dev-credentials.json"))?;
         self.demo = serde_json::from_str(&creds)?;
         Ok(())
@@ -233,6 +244,29 @@ impl Drop for TestServer {
     fn drop(&mut self) {
         let _ = self.kill9();
     }
+}
+
+/// `GET http://<admin>/<path>` with a plain HTTP/1.1 request: (status code, body).
+pub fn admin_get(admin: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(admin)?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: cube\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw)?;
+    let status = raw
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .context("no HTTP status")?;
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((status, body))
 }
 
 /// Current unix time in milliseconds.

@@ -283,8 +283,15 @@ fn syncer_loop(shared: &Shared, mut writer: SegmentWriter) {
             std::mem::swap(&mut st.pending, &mut batch);
             st.last_appended
         };
-        let first_seq = last_seq + 1 - count_records(&batch);
+        let records = count_records(&batch);
+        let first_seq = last_seq + 1 - records;
+        let started = std::time::Instant::now();
         let result = writer.write_batch(&batch, first_seq);
+        if result.is_ok() {
+            cube_metrics::WAL_FSYNC_SECONDS.observe(started.elapsed().as_secs_f64());
+            cube_metrics::WAL_BATCH_RECORDS.observe(records as f64);
+            cube_metrics::WAL_BYTES.inc_by(batch.len() as u64);
+        }
         batch.clear();
         let mut st = shared.lock();
         match result {

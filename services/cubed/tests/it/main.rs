@@ -11,6 +11,7 @@ mod auth;
 mod crash;
 mod handshake;
 mod limits;
+mod metrics;
 mod tls;
 
 use std::path::Path;

@@ -149,6 +149,9 @@ impl Auth for HandshakeService {
             self.auth.catalog(),
         );
         let key = checked.inspect_err(|status| {
+            cube_metrics::AUTH_HANDSHAKES
+                .with_label_values(&["refused"])
+                .inc();
             self.auth.record_failure(Some(&conn));
             self.auth.record_failed_auth(
                 &hello.tenant,
@@ -164,6 +167,9 @@ impl Auth for HandshakeService {
         );
         let principal = format!("{}/{}", key.tenant, key.key_id);
         conn.session.authenticate(key);
+        cube_metrics::AUTH_HANDSHAKES
+            .with_label_values(&["ok"])
+            .inc();
         tracing::debug!(conn = conn.id, %principal, "connection authenticated");
         Ok(Response::new(v1::HelloResponse {
             principal,

@@ -1,0 +1,84 @@
+//! The admin HTTP listener (`--admin-listen`, a separate port from gRPC): `/metrics`
+//! (Prometheus text format), `/healthz` (the process is alive), `/readyz` (ready only once the
+//! catalog and listeners are up, and no longer once shutdown has begun).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// Whether the server is ready for traffic.
+#[derive(Debug, Clone, Default)]
+pub struct Readiness(Arc<AtomicBool>);
+
+impl Readiness {
+    pub fn set(&self, ready: bool) {
+        self.0.store(ready, Ordering::Release);
+    }
+
+    pub fn get(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+fn respond(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    if let Ok(v) = content_type.parse() {
+        r.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
+    }
+    r
+}
+
+async fn handle(
+    req: Request<hyper::body::Incoming>,
+    ready: Readiness,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    const TEXT: &str = "text/plain; charset=utf-8";
+    Ok(match (req.method(), req.uri().path()) {
+        (&Method::GET, "/metrics") => respond(
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            cube_metrics::render(),
+        ),
+        (&Method::GET, "/healthz") => respond(StatusCode::OK, TEXT, "ok\n".into()),
+        (&Method::GET, "/readyz") if ready.get() => respond(StatusCode::OK, TEXT, "ready\n".into()),
+        (&Method::GET, "/readyz") => {
+            respond(StatusCode::SERVICE_UNAVAILABLE, TEXT, "not ready\n".into())
+        }
+        _ => respond(
+            StatusCode::NOT_FOUND,
+            TEXT,
+            "not found: try /metrics, /healthz or /readyz\n".into(),
+        ),
+    })
+}
+
+/// Serve until `stop` is cancelled.
+pub async fn serve(listener: TcpListener, ready: Readiness, stop: CancellationToken) {
+    loop {
+        let (stream, _) = tokio::select! {
+            _ = stop.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "admin accept failed");
+                    continue;
+                }
+            },
+        };
+        let ready = ready.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| handle(req, ready.clone()));
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}

@@ -1,0 +1,60 @@
+//! The admin HTTP listener: /healthz, /readyz, and /metrics counting real calls by method,
+//! code and auth model.
+
+use cube_testkit::{TestServer, admin_get};
+
+use crate::{cubed, read, write};
+
+/// The value of the sample line starting with `prefix` (name and labels), if present.
+fn sample(text: &str, prefix: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_calls_by_method_code_and_auth_model() {
+    let server = TestServer::start(cubed()).unwrap();
+    assert_eq!(admin_get(server.admin_addr, "/healthz").unwrap().0, 200);
+    assert_eq!(admin_get(server.admin_addr, "/readyz").unwrap().0, 200);
+    assert_eq!(admin_get(server.admin_addr, "/nope").unwrap().0, 404);
+
+    let mut signed = server.cells(&server.demo).await.unwrap();
+    for i in 0..3 {
+        signed.write(write(i, 0, 0, b"v")).await.unwrap();
+    }
+    let mut on_conn = server.cells_on_connection(&server.demo).await.unwrap();
+    on_conn.read(read(0, 0, 0)).await.unwrap();
+    on_conn.read(read(1, 0, 0)).await.unwrap();
+    let mut bare = cube_api::v1::cells_client::CellsClient::new(server.channel().await.unwrap());
+    assert!(bare.read(read(0, 0, 0)).await.is_err());
+
+    let (status, text) = admin_get(server.admin_addr, "/metrics").unwrap();
+    assert_eq!(status, 200);
+    let handled = |method: &str, code: &str, auth: &str| {
+        sample(
+            &text,
+            &format!(
+                "grpc_server_handled_total{{auth=\"{auth}\",grpc_code=\"{code}\",grpc_method=\"{method}\",grpc_service=\"cube.v1.Cells\",grpc_type=\"unary\"}}"
+            ),
+        )
+    };
+    assert_eq!(handled("Write", "OK", "call"), Some(3.0), "{text}");
+    assert_eq!(handled("Read", "OK", "connection"), Some(2.0));
+    assert_eq!(handled("Read", "Unauthenticated", "none"), Some(1.0));
+    assert_eq!(
+        sample(&text, "cube_auth_handshakes_total{result=\"ok\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&text, "cube_auth_failures_total{reason=\"missing\"}"),
+        Some(1.0)
+    );
+    assert_eq!(sample(&text, "cube_tenants_active"), Some(1.0));
+    assert!(sample(&text, "cube_wal_fsync_seconds_count").unwrap() >= 1.0);
+    assert!(text.contains(
+        "grpc_server_handling_seconds_bucket{auth=\"call\",grpc_code=\"OK\",grpc_method=\"Write\""
+    ));
+    assert!(sample(&text, "cube_connections_open{auth=\"connection\"}").unwrap() >= 1.0);
+}

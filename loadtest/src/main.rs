@@ -12,6 +12,7 @@
 mod auth_cost;
 mod drive;
 mod echo;
+mod metrics_cost;
 
 use std::path::PathBuf;
 
@@ -30,6 +31,8 @@ enum Cmd {
     E2e(drive::E2eArgs),
     /// Cost of per-call signing vs the per-connection handshake, and of a handshake vs a Read.
     AuthCost(auth_cost::AuthCostArgs),
+    /// Throughput with metrics recorded vs `--no-metrics`, in one run.
+    MetricsCost(metrics_cost::MetricsCostArgs),
     /// Serve the echo baseline (used by `e2e` as a child process).
     EchoServer {
         #[arg(long, default_value = "127.0.0.1:0")]
@@ -56,6 +59,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Cmd::E2e(args) => rt.block_on(drive::e2e(args, sibling_cubed())),
         Cmd::AuthCost(args) => rt.block_on(auth_cost::run(args, sibling_cubed())),
+        Cmd::MetricsCost(args) => rt.block_on(metrics_cost::run(args, sibling_cubed())),
         Cmd::EchoServer { listen } => rt.block_on(echo::serve(listen)),
     }
 }

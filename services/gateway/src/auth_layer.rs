@@ -396,9 +396,7 @@ where
             _ => "none",
         };
         if metrics && needs_signature(req.uri().path()) {
-            let result = if decision.is_ok() { "ok" } else { "refused" };
-            cube_metrics::AUTH_SECONDS
-                .with_label_values(&[auth, result])
+            crate::rpc_metrics::auth_seconds(auth, decision.is_ok())
                 .observe(started.elapsed().as_secs_f64());
         }
         match decision {

@@ -4,9 +4,11 @@
 //! Label values come only from fixed tables: a client sending random paths cannot grow the
 //! metrics' cardinality (unknown paths are counted as `unknown`).
 
+use std::sync::{LazyLock, OnceLock};
 use std::time::Instant;
 
 use cube_metrics::{GRPC_HANDLED, GRPC_HANDLING, GRPC_STARTED};
+use prometheus::{Histogram, IntCounter};
 
 /// (service, method, grpc_type) of every method this server serves.
 const METHODS: &[(&str, &str, &str)] = &[
@@ -44,49 +46,104 @@ const METHODS: &[(&str, &str, &str)] = &[
     ),
 ];
 
-/// The labels of one call.
+/// The labels of one call; `index` is the row in [`METHODS`] (`METHODS.len()` = unknown).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RpcLabels {
     service: &'static str,
     method: &'static str,
     grpc_type: &'static str,
+    index: usize,
+}
+
+const AUTH_LABELS: [&str; 3] = ["none", "call", "connection"];
+const CODES: usize = 17;
+
+/// Resolved metric children, so the per-call path does no label hashing or registry locking:
+/// [method][code][auth] for handled/handling, [method] for started.
+struct Resolved {
+    handled: Vec<OnceLock<(IntCounter, Histogram)>>,
+    started: Vec<OnceLock<IntCounter>>,
+}
+
+static RESOLVED: LazyLock<Resolved> = LazyLock::new(|| Resolved {
+    handled: (0..(METHODS.len() + 1) * CODES * AUTH_LABELS.len())
+        .map(|_| OnceLock::new())
+        .collect(),
+    started: (0..=METHODS.len()).map(|_| OnceLock::new()).collect(),
+});
+
+fn auth_index(auth: &str) -> usize {
+    AUTH_LABELS.iter().position(|a| *a == auth).unwrap_or(0)
 }
 
 impl RpcLabels {
     pub(crate) fn of(path: &str) -> RpcLabels {
-        let known = path
+        let index = path
             .strip_prefix('/')
             .and_then(|p| p.split_once('/'))
-            .and_then(|(svc, m)| METHODS.iter().find(|(s, mm, _)| *s == svc && *mm == m));
-        match known {
-            Some((service, method, grpc_type)) => RpcLabels {
-                service,
-                method,
-                grpc_type,
-            },
+            .and_then(|(svc, m)| METHODS.iter().position(|(s, mm, _)| *s == svc && *mm == m));
+        match index {
+            Some(index) => {
+                let (service, method, grpc_type) = METHODS[index];
+                RpcLabels {
+                    service,
+                    method,
+                    grpc_type,
+                    index,
+                }
+            }
             None => RpcLabels {
                 service: "unknown",
                 method: "unknown",
                 grpc_type: "unknown",
+                index: METHODS.len(),
             },
         }
     }
 
     pub(crate) fn started(&self) {
-        GRPC_STARTED
-            .with_label_values(&[self.grpc_type, self.service, self.method])
+        RESOLVED.started[self.index]
+            .get_or_init(|| {
+                GRPC_STARTED.with_label_values(&[self.grpc_type, self.service, self.method])
+            })
             .inc();
     }
 
     /// Record a finished call with its grpc-status number and auth model.
     pub(crate) fn handled(&self, status: i32, auth: &'static str, since: Instant) {
-        let code = code_name(status);
-        let labels = [self.grpc_type, self.service, self.method, code, auth];
-        GRPC_HANDLED.with_label_values(&labels).inc();
-        GRPC_HANDLING
-            .with_label_values(&labels)
-            .observe(since.elapsed().as_secs_f64());
+        let code = usize::try_from(status)
+            .ok()
+            .filter(|c| *c < CODES)
+            .unwrap_or(2);
+        let slot = (self.index * CODES + code) * AUTH_LABELS.len() + auth_index(auth);
+        let (count, time) = RESOLVED.handled[slot].get_or_init(|| {
+            let labels = [
+                self.grpc_type,
+                self.service,
+                self.method,
+                code_name(code as i32),
+                auth,
+            ];
+            (
+                GRPC_HANDLED.with_label_values(&labels),
+                GRPC_HANDLING.with_label_values(&labels),
+            )
+        });
+        count.inc();
+        time.observe(since.elapsed().as_secs_f64());
     }
+}
+
+/// `cube_auth_seconds{mode, result}`, resolved once per combination.
+pub(crate) fn auth_seconds(mode: &'static str, ok: bool) -> &'static Histogram {
+    static CELLS: LazyLock<Vec<OnceLock<Histogram>>> = LazyLock::new(|| {
+        (0..AUTH_LABELS.len() * 2)
+            .map(|_| OnceLock::new())
+            .collect()
+    });
+    let result = if ok { "ok" } else { "refused" };
+    CELLS[auth_index(mode) * 2 + usize::from(ok)]
+        .get_or_init(|| cube_metrics::AUTH_SECONDS.with_label_values(&[mode, result]))
 }
 
 /// grpc-ecosystem code names.

@@ -192,7 +192,8 @@ pub static TENANTS_UNAVAILABLE: LazyLock<IntGauge> = LazyLock::new(|| {
     )
 });
 
-/// Touch every metric so each appears in the exposition from the start.
+/// Register every metric. Metrics without labels appear in the exposition from the start;
+/// labelled ones appear with their first recorded label set.
 pub fn init() {
     let _ = (
         &*GRPC_STARTED,

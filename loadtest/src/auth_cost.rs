@@ -16,28 +16,18 @@ use cube_testkit::TestServer;
 use hdrhistogram::Histogram;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::drive::{LoadShape, coord, phase};
+use crate::drive::{RunArgs, coord, median, phase};
 
 #[derive(Debug, Args)]
 pub struct AuthCostArgs {
     /// Reads in flight on the single connection.
     #[arg(long, default_value_t = 64)]
     in_flight: usize,
-    /// Measured seconds per phase.
-    #[arg(long, default_value_t = 3.0)]
-    seconds: f64,
-    /// Unmeasured warm-up seconds per phase.
-    #[arg(long, default_value_t = 1.0)]
-    warmup: f64,
-    /// Rounds of (per-connection, per-call).
-    #[arg(long, default_value_t = 3)]
-    rounds: usize,
+    #[command(flatten)]
+    run: RunArgs,
     /// Sequential handshakes and sequential reads measured for the latency comparison.
     #[arg(long, default_value_t = 3000)]
     samples: usize,
-    /// cubed binary (default: the one next to cube-load).
-    #[arg(long)]
-    cubed: Option<PathBuf>,
 }
 
 async fn one_connection(server: &TestServer) -> anyhow::Result<Channel> {
@@ -52,14 +42,10 @@ fn hist() -> Histogram<u64> {
 }
 
 pub async fn run(args: AuthCostArgs, default_cubed: PathBuf) -> anyhow::Result<()> {
-    let cubed = args.cubed.clone().unwrap_or(default_cubed);
+    let cubed = args.run.cubed_or(default_cubed);
     let server = tokio::task::block_in_place(|| TestServer::start(&cubed))?;
     let creds = server.demo.clone();
-    let shape = LoadShape {
-        in_flight: args.in_flight,
-        seconds: args.seconds,
-        warmup: args.warmup,
-    };
+    let shape = args.run.shape(args.in_flight);
 
     // Cells the reads hit.
     let setup = one_connection(&server).await?;
@@ -93,7 +79,7 @@ pub async fn run(args: AuthCostArgs, default_cubed: PathBuf) -> anyhow::Result<(
     let mut ratios = Vec::new();
     println!("| round | per-connection reads/s | per-call reads/s | per-call ÷ per-connection |");
     println!("|---:|---:|---:|---:|");
-    for round in 1..=args.rounds {
+    for round in 1..=args.run.rounds {
         let conn = phase("Read, per-connection", &conn_client, &shape, read).await;
         let call = phase("Read, per-call signed", &call_client, &shape, read).await;
         let ratio = call.calls_per_sec / conn.calls_per_sec;
@@ -105,8 +91,8 @@ pub async fn run(args: AuthCostArgs, default_cubed: PathBuf) -> anyhow::Result<(
             100.0 * ratio
         );
     }
-    ratios.sort_by(f64::total_cmp);
-    let median = ratios[ratios.len() / 2];
+    let rounds = ratios.len();
+    let median = median(ratios);
 
     // Latency, one at a time, on one connection: handshakes vs reads.
     let channel = one_connection(&server).await?;
@@ -139,7 +125,7 @@ pub async fn run(args: AuthCostArgs, default_cubed: PathBuf) -> anyhow::Result<(
     println!(
         "Targets: per-call signing costs ≤ 10% of per-connection Read throughput → costs {:.1}% (median of {} rounds); handshake p50 ≤ 3× Read p50 → {:.2}×",
         100.0 * (1.0 - median),
-        ratios.len(),
+        rounds,
         hs_ratio
     );
     mixed(&server, &args).await?;
@@ -157,8 +143,9 @@ async fn mixed(server: &TestServer, args: &AuthCostArgs) -> anyhow::Result<()> {
         handshake(ch.clone(), &server.demo).await?;
         channels.push(ch);
     }
-    let deadline = Instant::now() + std::time::Duration::from_secs_f64(args.warmup + args.seconds);
-    let measure_from = Instant::now() + std::time::Duration::from_secs_f64(args.warmup);
+    let deadline =
+        Instant::now() + std::time::Duration::from_secs_f64(args.run.warmup + args.run.seconds);
+    let measure_from = Instant::now() + std::time::Duration::from_secs_f64(args.run.warmup);
     let tasks: Vec<_> = (0..args.in_flight)
         .map(|task| {
             let ch = channels[task % channels.len()].clone();

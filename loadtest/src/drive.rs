@@ -28,22 +28,11 @@ pub struct E2eArgs {
     /// Calls in flight in total (closed loop: each finished call starts the next).
     #[arg(long, default_value_t = 256)]
     in_flight: usize,
-    /// Measured seconds per phase.
-    #[arg(long, default_value_t = 3.0)]
-    seconds: f64,
-    /// Rounds of (echo, Write, echo, Read); ratios are taken within a round and the median
-    /// round is reported, so drift in the machine's speed cancels out.
-    #[arg(long, default_value_t = 3)]
-    rounds: usize,
-    /// Unmeasured warm-up seconds per phase.
-    #[arg(long, default_value_t = 1.0)]
-    warmup: f64,
+    #[command(flatten)]
+    run: RunArgs,
     /// Value size of Write/Read (and the echo payload mirroring it).
     #[arg(long, default_value_t = 100)]
     value_bytes: usize,
-    /// cubed binary (default: the one next to cube-load).
-    #[arg(long)]
-    cubed: Option<PathBuf>,
     /// Also write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -59,12 +48,46 @@ pub struct LoadShape {
 
 impl E2eArgs {
     fn shape(&self) -> LoadShape {
+        self.run.shape(self.in_flight)
+    }
+}
+
+/// Flags every measuring subcommand shares. Phases run in rounds; ratios are taken within a
+/// round and the median round is reported, so drift in the machine's speed cancels out.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Measured seconds per phase.
+    #[arg(long, default_value_t = 3.0)]
+    pub seconds: f64,
+    /// Unmeasured warm-up seconds per phase.
+    #[arg(long, default_value_t = 1.0)]
+    pub warmup: f64,
+    /// Rounds of alternating phases.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// cubed binary (default: the one next to cube-load).
+    #[arg(long)]
+    pub cubed: Option<PathBuf>,
+}
+
+impl RunArgs {
+    pub fn shape(&self, in_flight: usize) -> LoadShape {
         LoadShape {
-            in_flight: self.in_flight,
+            in_flight,
             seconds: self.seconds,
             warmup: self.warmup,
         }
     }
+
+    pub fn cubed_or(&self, default: PathBuf) -> PathBuf {
+        self.cubed.clone().unwrap_or(default)
+    }
+}
+
+/// The median of `v` (the upper one for an even count).
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 #[derive(Debug, Serialize)]
@@ -79,7 +102,8 @@ pub struct Phase {
     max_us: u64,
 }
 
-async fn connect(addr: &str, n: usize) -> anyhow::Result<Vec<Channel>> {
+/// `n` separate HTTP/2 connections to `addr`.
+pub async fn connect(addr: &str, n: usize) -> anyhow::Result<Vec<Channel>> {
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
         out.push(
@@ -244,7 +268,7 @@ async fn run_round(
 }
 
 pub async fn e2e(args: E2eArgs, default_cubed: PathBuf) -> anyhow::Result<()> {
-    let cubed = args.cubed.clone().unwrap_or(default_cubed);
+    let cubed = args.run.cubed_or(default_cubed);
     let echo = EchoChild::spawn()?;
     let server = tokio::task::block_in_place(|| TestServer::start(&cubed))?;
     eprintln!(
@@ -254,8 +278,8 @@ pub async fn e2e(args: E2eArgs, default_cubed: PathBuf) -> anyhow::Result<()> {
         args.connections,
         args.in_flight,
         args.value_bytes,
-        args.seconds,
-        args.warmup
+        args.run.seconds,
+        args.run.warmup
     );
     let value = vec![0xA5u8; args.value_bytes];
     let echo_clients: Vec<_> = connect(&echo.addr.to_string(), args.connections)
@@ -272,8 +296,8 @@ pub async fn e2e(args: E2eArgs, default_cubed: PathBuf) -> anyhow::Result<()> {
         .collect();
 
     let mut rounds = Vec::new();
-    for round in 1..=args.rounds {
-        eprintln!("round {round}/{}", args.rounds);
+    for round in 1..=args.run.rounds {
+        eprintln!("round {round}/{}", args.run.rounds);
         rounds.push(run_round(&args, &echo_clients, &cube_clients, &value).await);
     }
     println!(
@@ -292,13 +316,9 @@ pub async fn e2e(args: E2eArgs, default_cubed: PathBuf) -> anyhow::Result<()> {
             100.0 * r[3].calls_per_sec / r[2].calls_per_sec
         );
     }
-    let median = |f: &dyn Fn(&Vec<Phase>) -> f64| {
-        let mut v: Vec<f64> = rounds.iter().map(f).collect();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let write_ratio = median(&|r| r[1].calls_per_sec / r[0].calls_per_sec);
-    let read_ratio = median(&|r| r[3].calls_per_sec / r[2].calls_per_sec);
+    let ratios = |f: &dyn Fn(&Vec<Phase>) -> f64| rounds.iter().map(f).collect::<Vec<_>>();
+    let write_ratio = median(ratios(&|r| r[1].calls_per_sec / r[0].calls_per_sec));
+    let read_ratio = median(ratios(&|r| r[3].calls_per_sec / r[2].calls_per_sec));
     println!();
     println!("Latency of the last round (µs):");
     println!();

@@ -8,9 +8,9 @@ use cube_api::v1::cells_client::CellsClient;
 use cube_api::v1::{ReadRequest, WriteRequest};
 use cube_auth::client::{CallSigner, Signing};
 use cube_testkit::TestServer;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
-use crate::drive::{LoadShape, coord, phase};
+use crate::drive::{RunArgs, connect, coord, median, phase};
 
 #[derive(Debug, Args)]
 pub struct MetricsCostArgs {
@@ -18,14 +18,8 @@ pub struct MetricsCostArgs {
     connections: usize,
     #[arg(long, default_value_t = 256)]
     in_flight: usize,
-    #[arg(long, default_value_t = 3.0)]
-    seconds: f64,
-    #[arg(long, default_value_t = 1.0)]
-    warmup: f64,
-    #[arg(long, default_value_t = 3)]
-    rounds: usize,
-    #[arg(long)]
-    cubed: Option<PathBuf>,
+    #[command(flatten)]
+    run: RunArgs,
 }
 
 type Client = CellsClient<Signing<Channel>>;
@@ -36,30 +30,22 @@ async fn clients(server: &TestServer, n: usize) -> anyhow::Result<Vec<Client>> {
         &server.demo.key_id,
         server.demo.secret()?,
     );
-    let mut out = Vec::new();
-    for _ in 0..n {
-        let ch = Endpoint::from_shared(server.endpoint())?
-            .tcp_nodelay(true)
-            .connect()
-            .await?;
-        out.push(CellsClient::new(Signing::new(ch, signer.clone())));
-    }
-    Ok(out)
+    Ok(connect(&server.addr.to_string(), n)
+        .await?
+        .into_iter()
+        .map(|ch| CellsClient::new(Signing::new(ch, signer.clone())))
+        .collect())
 }
 
 pub async fn run(args: MetricsCostArgs, default_cubed: PathBuf) -> anyhow::Result<()> {
-    let cubed = args.cubed.clone().unwrap_or(default_cubed);
+    let cubed = args.run.cubed_or(default_cubed);
     let on = tokio::task::block_in_place(|| TestServer::start(&cubed))?;
     let off = tokio::task::block_in_place(|| TestServer::start_with(&cubed, &["--no-metrics"]))?;
     let (c_on, c_off) = (
         clients(&on, args.connections).await?,
         clients(&off, args.connections).await?,
     );
-    let shape = LoadShape {
-        in_flight: args.in_flight,
-        seconds: args.seconds,
-        warmup: args.warmup,
-    };
+    let shape = args.run.shape(args.in_flight);
     let write = |mut c: Client, task: usize, i: u64| async move {
         let req = WriteRequest {
             coord: coord(task as i32, i as i32),
@@ -78,7 +64,7 @@ pub async fn run(args: MetricsCostArgs, default_cubed: PathBuf) -> anyhow::Resul
     let (mut w_ratios, mut r_ratios) = (Vec::new(), Vec::new());
     println!("| round | Write on/s | Write off/s | on ÷ off | Read on/s | Read off/s | on ÷ off |");
     println!("|---:|---:|---:|---:|---:|---:|---:|");
-    for round in 1..=args.rounds {
+    for round in 1..=args.run.rounds {
         let w_on = phase("Write, metrics on", &c_on, &shape, write).await;
         let w_off = phase("Write, metrics off", &c_off, &shape, write).await;
         let r_on = phase("Read, metrics on", &c_on, &shape, read).await;
@@ -99,16 +85,12 @@ pub async fn run(args: MetricsCostArgs, default_cubed: PathBuf) -> anyhow::Resul
             100.0 * r
         );
     }
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     println!();
     println!(
         "Target: metrics on within 5% of off → Write {:.1}%, Read {:.1}% (median of {} rounds)",
         100.0 * median(w_ratios),
         100.0 * median(r_ratios),
-        args.rounds
+        args.run.rounds
     );
     Ok(())
 }

@@ -71,6 +71,14 @@ impl TestServer {
         self.root.path().join("data")
     }
 
+    /// The WAL segment of `tenant` that starts at `first_seq`, from the server's own layout
+    /// functions (tests never spell the on-disk layout out themselves).
+    pub fn wal_segment(&self, tenant: &str, first_seq: u64) -> PathBuf {
+        cube_store::DataDir::new(self.data_dir())
+            .tenant_wal(tenant)
+            .join(cube_wal::segment_file_name(first_seq))
+    }
+
     fn log_path(&self) -> PathBuf {
         self.root.path().join(format!("cubed-{}.log", self.starts))
     }

@@ -117,10 +117,7 @@ async fn a_tampered_entry_is_named_by_verification() {
     );
 
     // Someone with disk access edits the entry and even fixes the record's CRC.
-    let seg = server
-        .data_dir()
-        .join("tenants/demo/wal")
-        .join(cube_wal::segment_file_name(1));
+    let seg = server.wal_segment("demo", 1);
     let mut bytes = std::fs::read(&seg).unwrap();
     let payload = cube_testkit::wal_record_payloads(&bytes)
         .into_iter()

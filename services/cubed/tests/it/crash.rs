@@ -186,10 +186,7 @@ async fn corrupt_tenant_refuses_to_open_while_others_keep_serving() {
     );
 
     // Flip one byte inside acme's second record: records after it are still valid.
-    let seg = server
-        .data_dir()
-        .join("tenants/acme/wal")
-        .join(cube_wal::segment_file_name(1));
+    let seg = server.wal_segment("acme", 1);
     let mut bytes = std::fs::read(&seg).unwrap();
     let second = cube_testkit::wal_record_payloads(&bytes)[1].clone();
     bytes[second.start + 4] ^= 0xFF;

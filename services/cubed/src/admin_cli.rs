@@ -1,4 +1,4 @@
-//! `cubed tenant create`, `cubed key create`, `cubed key revoke`.
+//! `cubed tenant create`, `cubed tenant durability`, `cubed key create`, `cubed key revoke`.
 //!
 //! While a server runs it holds the catalog's lock, so these commands go through its local admin
 //! socket (`<data-dir>/admin.sock`); while it is stopped they open the catalog directly. Either
@@ -9,9 +9,14 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use cube_api::v1::admin_client::AdminClient;
-use cube_api::v1::{CreateKeyRequest, CreateTenantRequest, ListTenantsRequest, RevokeKeyRequest};
+use cube_api::v1::{
+    CreateKeyRequest, CreateTenantRequest, ListTenantsRequest, RelaxedDurability, RevokeKeyRequest,
+    SetDurabilityRequest,
+};
 use cube_auth::{Credentials, Secret};
-use cube_store::{Catalog, CatalogOpenError, DataDir, KeyInfo, record_event_offline};
+use cube_store::{
+    Catalog, CatalogOpenError, DataDir, KeyInfo, SyncPolicy, describe_policy, record_event_offline,
+};
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -21,12 +26,17 @@ enum Op<'a> {
     CreateKey(&'a str),
     RevokeKey(&'a str, &'a str),
     KeyIsActive(&'a str, &'a str),
+    SetDurability(&'a str, SyncPolicy),
 }
 
 enum Outcome {
     Credentials(Credentials),
     Revoked(bool),
     Active(bool),
+    Durability {
+        durability: String,
+        applied_now: bool,
+    },
 }
 
 pub async fn create_tenant(data_dir: &Path, name: &str) -> anyhow::Result<()> {
@@ -39,6 +49,14 @@ pub async fn create_key(data_dir: &Path, tenant: &str) -> anyhow::Result<()> {
 
 pub async fn revoke_key(data_dir: &Path, tenant: &str, key_id: &str) -> anyhow::Result<()> {
     print(execute(data_dir, Op::RevokeKey(tenant, key_id)).await?)
+}
+
+pub async fn set_durability(
+    data_dir: &Path,
+    tenant: &str,
+    policy: SyncPolicy,
+) -> anyhow::Result<()> {
+    print(execute(data_dir, Op::SetDurability(tenant, policy)).await?)
 }
 
 /// `cubed key cert`: a client certificate for an active key, written into `out`.
@@ -64,6 +82,13 @@ pub async fn key_cert(
 fn print(outcome: Outcome) -> anyhow::Result<()> {
     match outcome {
         Outcome::Active(a) => println!("{{\"active\":{a}}}"),
+        Outcome::Durability {
+            durability,
+            applied_now,
+        } => println!(
+            "{}",
+            serde_json::json!({ "durability": durability, "applied_now": applied_now })
+        ),
         Outcome::Credentials(c) => println!("{}", serde_json::to_string(&c)?),
         Outcome::Revoked(true) => println!("{{\"revoked\":true}}"),
         Outcome::Revoked(false) => {
@@ -139,6 +164,15 @@ fn local(data: &DataDir, catalog: &Catalog, op: &Op<'_>) -> anyhow::Result<Outco
         Op::KeyIsActive(tenant, key) => {
             Outcome::Active(catalog.key(tenant, key).is_some_and(|k| !k.revoked))
         }
+        Op::SetDurability(tenant, policy) => {
+            catalog.set_durability(tenant, *policy)?;
+            let durability = describe_policy(policy);
+            record(tenant, "durability", format!("policy={durability}"))?;
+            Outcome::Durability {
+                durability,
+                applied_now: true,
+            }
+        }
     })
 }
 
@@ -191,6 +225,30 @@ async fn remote(mut client: AdminClient<Channel>, op: &Op<'_>) -> anyhow::Result
                 .iter()
                 .any(|t| t.name == *tenant && t.active_key_ids.iter().any(|k| k == key_id));
             Ok(Outcome::Active(active))
+        }
+        Op::SetDurability(tenant, policy) => {
+            let relaxed = match policy {
+                SyncPolicy::Always => None,
+                SyncPolicy::Relaxed {
+                    max_delay,
+                    max_records,
+                } => Some(RelaxedDurability {
+                    max_delay_ms: max_delay.as_millis() as u64,
+                    max_records: *max_records,
+                }),
+            };
+            let r = client
+                .set_durability(SetDurabilityRequest {
+                    tenant: tenant.to_string(),
+                    relaxed,
+                })
+                .await
+                .map_err(status_msg)?
+                .into_inner();
+            Ok(Outcome::Durability {
+                durability: r.durability,
+                applied_now: r.applied_now,
+            })
         }
     }
 }

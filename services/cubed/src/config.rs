@@ -20,6 +20,13 @@ pub const DEFAULT_AUTH_FAILURE_LIMIT: u32 = 50;
 pub const DEFAULT_AUTH_FAILURE_COOLDOWN_SECS: u64 = 30;
 pub const DEFAULT_MAX_METADATA_BYTES: u32 = 16 << 10;
 pub const DEFAULT_AUDIT_RETENTION: usize = 100_000;
+pub const DEFAULT_CHECKPOINT_BYTES: u64 = 64 << 20;
+pub const DEFAULT_CHECKPOINT_SECS: u64 = 60;
+pub const DEFAULT_STATE_CACHE_BYTES: u64 = 8 << 20;
+pub const DEFAULT_IDLE_SECS: u64 = 300;
+pub const DEFAULT_MAX_OPEN_TENANTS: usize = 1000;
+pub const DEFAULT_REGION_MAX_CELLS: u32 = 10_000;
+pub const DEFAULT_WALK_MAX_VISITS: u32 = 10_000;
 /// Room for the protobuf framing around a maximal value.
 const MESSAGE_OVERHEAD: usize = 64 << 10;
 /// Default message cap floor (tonic's own default): values up to here that exceed the value
@@ -58,6 +65,28 @@ pub enum TenantCommand {
         #[command(flatten)]
         dir: DataDirArg,
     },
+    /// Set a tenant's durability policy: `sync` (acknowledge after fdatasync, the default) or
+    /// `relaxed` (acknowledge before fdatasync; power loss may lose up to --max-delay-ms of writes
+    /// and at most --max-records records). See docs/durability.md.
+    Durability {
+        name: String,
+        #[arg(value_enum)]
+        policy: PolicyArg,
+        /// Relaxed only: longest time a write stays acknowledged but not fdatasync'ed (1..=10000).
+        #[arg(long, default_value_t = 5)]
+        max_delay_ms: u64,
+        /// Relaxed only: most records acknowledged but not fdatasync'ed (1..=1000000).
+        #[arg(long, default_value_t = 1000)]
+        max_records: u64,
+        #[command(flatten)]
+        dir: DataDirArg,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PolicyArg {
+    Sync,
+    Relaxed,
 }
 
 #[derive(Debug, Subcommand)]
@@ -193,6 +222,28 @@ pub struct ServeArgs {
     /// Largest WAL segment file; segments start at 256 KiB and double up to this.
     #[arg(long, env = "CUBE_WAL_SEGMENT_MAX_BYTES", default_value_t = DEFAULT_WAL_SEGMENT_MAX_BYTES)]
     pub wal_segment_max_bytes: u64,
+    /// Checkpoint a tenant (flush its state store, delete the WAL segments it covers) after this
+    /// many bytes of WAL...
+    #[arg(long, env = "CUBE_CHECKPOINT_BYTES", default_value_t = DEFAULT_CHECKPOINT_BYTES)]
+    pub checkpoint_bytes: u64,
+    /// ...or this many seconds after its last checkpoint, whichever comes first.
+    #[arg(long, env = "CUBE_CHECKPOINT_SECS", default_value_t = DEFAULT_CHECKPOINT_SECS)]
+    pub checkpoint_secs: u64,
+    /// Page cache of each open tenant's state store, in bytes.
+    #[arg(long, env = "CUBE_STATE_CACHE_BYTES", default_value_t = DEFAULT_STATE_CACHE_BYTES)]
+    pub state_cache_bytes: u64,
+    /// Close (passivate) a tenant after this many seconds without a call; its next call reopens it.
+    #[arg(long, env = "CUBE_IDLE_SECS", default_value_t = DEFAULT_IDLE_SECS)]
+    pub idle_secs: u64,
+    /// Tenants open at once at most; opening another closes the least recently used.
+    #[arg(long, env = "CUBE_MAX_OPEN_TENANTS", default_value_t = DEFAULT_MAX_OPEN_TENANTS)]
+    pub max_open_tenants: usize,
+    /// Most cells one Region response holds (larger limits are lowered; the page token continues).
+    #[arg(long, env = "CUBE_REGION_MAX_CELLS", default_value_t = DEFAULT_REGION_MAX_CELLS)]
+    pub region_max_cells: u32,
+    /// Most visits one Walk may ask for (larger limits are INVALID_ARGUMENT).
+    #[arg(long, env = "CUBE_WALK_MAX_VISITS", default_value_t = DEFAULT_WALK_MAX_VISITS)]
+    pub walk_max_visits: u32,
 }
 
 /// Where the listener's certificate comes from.
@@ -224,6 +275,11 @@ pub struct ServeConfig {
     pub actor_threads: usize,
     pub max_concurrent_streams: u32,
     pub wal_segment_max_bytes: u64,
+    pub checkpoint: cube_store::CheckpointPolicy,
+    pub state_cache_bytes: u64,
+    pub idle_after: std::time::Duration,
+    pub max_open_tenants: usize,
+    pub scan_limits: cube_gateway::ScanLimits,
 }
 
 impl ServeArgs {
@@ -268,6 +324,22 @@ impl ServeArgs {
             self.audit_retention > 0,
             "--audit-retention must be at least 1"
         );
+        anyhow::ensure!(
+            self.checkpoint_bytes >= 64 << 10 && self.checkpoint_secs >= 1,
+            "--checkpoint-bytes must be at least 64 KiB and --checkpoint-secs at least 1"
+        );
+        anyhow::ensure!(
+            self.state_cache_bytes >= 1 << 20,
+            "--state-cache-bytes must be at least 1 MiB"
+        );
+        anyhow::ensure!(
+            self.idle_secs >= 1 && self.max_open_tenants >= 1,
+            "--idle-secs and --max-open-tenants must be at least 1"
+        );
+        anyhow::ensure!(
+            self.region_max_cells >= 1 && self.walk_max_visits >= 1,
+            "--region-max-cells and --walk-max-visits must be at least 1"
+        );
         Ok(ServeConfig {
             data_dir: self.data_dir,
             admin_listen: self.admin_listen,
@@ -291,6 +363,19 @@ impl ServeArgs {
             actor_threads: threads.max(1),
             max_concurrent_streams: self.max_concurrent_streams,
             wal_segment_max_bytes: self.wal_segment_max_bytes,
+            checkpoint: cube_store::CheckpointPolicy {
+                every_bytes: self.checkpoint_bytes,
+                every: std::time::Duration::from_secs(self.checkpoint_secs),
+            },
+            state_cache_bytes: self.state_cache_bytes,
+            idle_after: std::time::Duration::from_secs(self.idle_secs),
+            max_open_tenants: self.max_open_tenants,
+            scan_limits: cube_gateway::ScanLimits {
+                region_default: 1000.min(self.region_max_cells),
+                region_max: self.region_max_cells,
+                walk_default: 1000.min(self.walk_max_visits),
+                walk_max: self.walk_max_visits,
+            },
         })
     }
 }

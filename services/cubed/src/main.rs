@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use cubed::config::{Cli, Command, KeyCommand, TenantCommand};
+use cubed::config::{Cli, Command, KeyCommand, PolicyArg, TenantCommand};
 use cubed::{admin_cli, serve};
 
 // Measured: glibc malloc/free took ~20% of CPU under load; see docs/benchmarks.md.
@@ -37,6 +37,22 @@ fn run() -> anyhow::Result<()> {
             Some(Command::Serve(args)) => serve::run_until_signal(args.validate()?).await,
             Some(Command::Tenant(TenantCommand::Create { name, dir })) => {
                 admin_cli::create_tenant(&dir.data_dir, &name).await
+            }
+            Some(Command::Tenant(TenantCommand::Durability {
+                name,
+                policy,
+                max_delay_ms,
+                max_records,
+                dir,
+            })) => {
+                let policy = match policy {
+                    PolicyArg::Sync => cube_store::SyncPolicy::Always,
+                    PolicyArg::Relaxed => cube_store::SyncPolicy::Relaxed {
+                        max_delay: std::time::Duration::from_millis(max_delay_ms),
+                        max_records,
+                    },
+                };
+                admin_cli::set_durability(&dir.data_dir, &name, policy).await
             }
             Some(Command::Key(KeyCommand::Create { tenant, dir })) => {
                 admin_cli::create_key(&dir.data_dir, &tenant).await

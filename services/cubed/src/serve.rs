@@ -12,7 +12,9 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use cube_auth::Credentials;
 use cube_gateway::{Gateway, GatewayConfig, TlsSettings};
-use cube_store::{Catalog, CatalogOpenError, DataDir, DirectoryConfig, TenantDirectory};
+use cube_store::{
+    Catalog, CatalogOpenError, CoreConfig, DataDir, DirectoryConfig, StateLimits, TenantDirectory,
+};
 use cube_wal::{SegmentSizing, WalOptions};
 use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
@@ -79,21 +81,35 @@ pub async fn run(
         };
         ensure_demo(&catalog, &data, &format!("{scheme}://{addr}"))?;
     }
-    let directory = Arc::new(TenantDirectory::new(DirectoryConfig {
-        data_dir: data.clone(),
-        wal: WalOptions {
-            segments: SegmentSizing {
-                max: config.wal_segment_max_bytes,
-                ..SegmentSizing::default()
+    let directory = Arc::new(TenantDirectory::new(
+        DirectoryConfig {
+            data_dir: data.clone(),
+            core: CoreConfig {
+                wal: WalOptions {
+                    segments: SegmentSizing {
+                        max: config.wal_segment_max_bytes,
+                        ..SegmentSizing::default()
+                    },
+                    // A value plus its coordinates and framing always fits.
+                    max_record: config.max_value_bytes + 4096,
+                    ..WalOptions::default()
+                },
+                limits: StateLimits {
+                    max_value: config.max_value_bytes,
+                    audit_retention: config.audit_retention as u64,
+                    ..StateLimits::default()
+                },
+                checkpoint: config.checkpoint,
+                state_cache_bytes: config.state_cache_bytes,
             },
-            // A value plus its coordinates and framing always fits.
-            max_record: config.max_value_bytes + 4096,
+            mailbox_capacity: config.mailbox_capacity,
+            actor_threads: config.actor_threads,
+            idle_after: config.idle_after,
+            max_open: config.max_open_tenants,
         },
-        max_value: config.max_value_bytes,
-        mailbox_capacity: config.mailbox_capacity,
-        actor_threads: config.actor_threads,
-        audit_retention: config.audit_retention,
-    })?);
+        Some(Arc::clone(&catalog)),
+    )?);
+    directory.start_janitor();
     let gateway = Gateway::new(
         Arc::clone(&catalog),
         Arc::clone(&directory),
@@ -107,6 +123,7 @@ pub async fn run(
             max_metadata_bytes: config.max_metadata_bytes,
             tls: tls_settings(&config.tls, data.root())?,
             metrics: config.metrics,
+            scan_limits: config.scan_limits,
         },
     )
     .context("configuring TLS")?;

@@ -139,9 +139,7 @@ impl Authenticator {
         };
         let (directory, tenant) = (Arc::clone(directory), tenant.to_string());
         tokio::spawn(async move {
-            if let Ok(handle) = directory.get(&tenant).await {
-                let _ = handle.call(event, "unauthenticated").await;
-            }
+            let _ = directory.call(&tenant, event, "unauthenticated").await;
         });
     }
 

@@ -20,7 +20,7 @@ use crate::auth_layer::{AuthLayer, AuthMode, Authenticator};
 use crate::connection::ConnectionRegistry;
 use crate::services::access::AccessService;
 use crate::services::admin::AdminService;
-use crate::services::cells::CellsService;
+use crate::services::cells::{CellsService, ScanLimits};
 use crate::services::handshake::HandshakeService;
 use crate::services::tenant::TenantService;
 use crate::tls::{TlsError, TlsSettings, server_config};
@@ -47,6 +47,8 @@ pub struct GatewayConfig {
     pub tls: Option<TlsSettings>,
     /// Record per-RPC metrics (off only to measure their cost).
     pub metrics: bool,
+    /// Result sizes of Region and Walk.
+    pub scan_limits: ScanLimits,
 }
 
 /// Why serving stopped with an error.
@@ -123,6 +125,7 @@ impl Gateway {
         let max = self.config.max_message_bytes;
         let cells = CellsServer::new(CellsService {
             directory: Arc::clone(&self.directory),
+            limits: self.config.scan_limits,
         })
         .max_decoding_message_size(max);
         let registry = Arc::clone(&self.connections);

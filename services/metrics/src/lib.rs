@@ -192,6 +192,29 @@ pub static TENANTS_UNAVAILABLE: LazyLock<IntGauge> = LazyLock::new(|| {
     )
 });
 
+/// Time to flush a tenant's state store (a checkpoint).
+pub static CHECKPOINT_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
+    histogram(
+        "cube_checkpoint_seconds",
+        "Time to flush a tenant's state store at a checkpoint.",
+        fine_buckets(),
+    )
+});
+/// WAL segments deleted because a checkpoint covers them.
+pub static WAL_SEGMENTS_DELETED: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "cube_wal_segments_deleted_total",
+        "WAL segments deleted after a checkpoint covered them.",
+    )
+});
+/// Tenant actors stopped because they were idle or evicted by the open-tenant cap.
+pub static TENANTS_PASSIVATED: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "cube_tenants_passivated_total",
+        "Tenants closed for idleness or by the open-tenant cap (woken again by their next call).",
+    )
+});
+
 /// Register every metric. Metrics without labels appear in the exposition from the start;
 /// labelled ones appear with their first recorded label set.
 pub fn init() {
@@ -215,6 +238,9 @@ pub fn init() {
         &*RECOVERY_SECONDS,
         &*RECOVERY_TRUNCATED_BYTES,
         &*TENANTS_UNAVAILABLE,
+        &*CHECKPOINT_SECONDS,
+        &*WAL_SEGMENTS_DELETED,
+        &*TENANTS_PASSIVATED,
     );
 }
 

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use actix::prelude::*;
 use cube_wal::DurableEvent;
@@ -44,6 +45,9 @@ pub struct TenantActor {
     core: TenantCore<Responder>,
 }
 
+/// How often an actor checks whether a time-based checkpoint is due.
+const CHECKPOINT_TICK: Duration = Duration::from_secs(1);
+
 impl TenantActor {
     pub(crate) fn new(core: TenantCore<Responder>) -> TenantActor {
         TenantActor { core }
@@ -54,6 +58,27 @@ impl TenantActor {
             responder.send(result);
         }
     }
+
+    /// Start a checkpoint if one is due: the state store's flush runs on the blocking pool, so
+    /// this tenant keeps accepting and applying changes meanwhile.
+    fn maybe_checkpoint(&mut self, ctx: &mut Context<Self>) {
+        if !self.core.checkpoint_due() {
+            return;
+        }
+        let Some(job) = self.core.begin_checkpoint() else {
+            return;
+        };
+        let seq = job.seq;
+        let flush = async move { tokio::task::spawn_blocking(move || job.run()).await };
+        ctx.spawn(flush.into_actor(self).map(move |done, act, _| {
+            let result = done.unwrap_or_else(|_| {
+                Err(crate::backend::BackendError(
+                    "checkpoint task panicked".into(),
+                ))
+            });
+            act.core.finish_checkpoint(seq, result);
+        }));
+    }
 }
 
 // NOTE: admission is bounded by the directory's per-tenant in-flight counter, not by actix's
@@ -61,6 +86,10 @@ impl TenantActor {
 // mailbox shared by many callers.
 impl Actor for TenantActor {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.run_interval(CHECKPOINT_TICK, |act, ctx| act.maybe_checkpoint(ctx));
+    }
 }
 
 /// A caller's command.
@@ -97,8 +126,9 @@ impl Handler<Call> for TenantActor {
 impl Handler<Durable> for TenantActor {
     type Result = ();
 
-    fn handle(&mut self, msg: Durable, _ctx: &mut Self::Context) {
+    fn handle(&mut self, msg: Durable, ctx: &mut Self::Context) {
         Self::answer(self.core.on_durable(msg.0));
+        self.maybe_checkpoint(ctx);
     }
 }
 
@@ -111,7 +141,9 @@ impl Handler<Shutdown> for TenantActor {
             ctx.stop();
             return;
         };
-        // The final fdatasync runs on the blocking pool, not on this actor's thread.
+        // The final fdatasync and checkpoint run on the blocking pool, not on this actor's
+        // thread. The checkpoint makes the next open (after a restart or passivation) replay
+        // nothing; the WAL segments it covers are deleted by that open.
         let close = async move { tokio::task::spawn_blocking(move || wal.close()).await };
         ctx.wait(close.into_actor(self).map(move |closed, act, ctx| {
             let event = match closed {
@@ -119,9 +151,30 @@ impl Handler<Shutdown> for TenantActor {
                 _ => DurableEvent::Poisoned,
             };
             Self::answer(act.core.on_durable(event));
-            tracing::debug!(tenant = act.core.tenant(), "tenant closed");
-            let _ = msg.done.send(());
-            ctx.stop();
+            let job = act.core.begin_checkpoint();
+            let flush = async move {
+                match job {
+                    Some(job) => {
+                        let seq = job.seq;
+                        let r = tokio::task::spawn_blocking(move || job.run()).await;
+                        Some((seq, r))
+                    }
+                    None => None,
+                }
+            };
+            ctx.wait(flush.into_actor(act).map(move |flushed, act, ctx| {
+                if let Some((seq, r)) = flushed {
+                    let r = r.unwrap_or_else(|_| {
+                        Err(crate::backend::BackendError(
+                            "checkpoint task panicked".into(),
+                        ))
+                    });
+                    act.core.finish_checkpoint(seq, r);
+                }
+                tracing::debug!(tenant = act.core.tenant(), "tenant closed");
+                let _ = msg.done.send(());
+                ctx.stop();
+            }));
         }));
     }
 }

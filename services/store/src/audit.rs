@@ -1,12 +1,10 @@
-//! A tenant's audit trail as applied (durable) entries, shared like the applied cells: the actor
-//! appends as records become durable, and `Tenant.Audit` readers page through it on their own
-//! thread, so reading the trail never blocks writers.
+//! An entry of a tenant's audit trail. Entries are written in the same WAL record as the change
+//! they record and applied to the tenant's state store in the same batch as it; `Tenant.Audit`
+//! pages through them with [`crate::StateReader::audit_page`] on the caller's thread, so reading
+//! the trail never blocks writers.
 //!
-//! Retention keeps the newest `retention` entries; the oldest retained entry's `prev_hash` is the
-//! anchor a verifier starts from.
-
-use std::collections::VecDeque;
-use std::sync::{Arc, RwLock};
+//! Retention keeps the newest entries; the oldest retained entry's `prev_hash` is the anchor a
+//! verifier starts from.
 
 use crate::walop::WalAudit;
 
@@ -33,69 +31,5 @@ impl From<WalAudit> for AuditEntry {
             prev_hash: a.prev_hash,
             hash: a.hash,
         }
-    }
-}
-
-#[derive(Debug)]
-struct Inner {
-    entries: VecDeque<AuditEntry>,
-    retention: usize,
-}
-
-/// The applied audit entries of one tenant.
-#[derive(Debug, Clone)]
-pub struct AuditLog(Arc<RwLock<Inner>>);
-
-impl AuditLog {
-    pub fn new(retention: usize) -> AuditLog {
-        AuditLog(Arc::new(RwLock::new(Inner {
-            entries: VecDeque::new(),
-            retention: retention.max(1),
-        })))
-    }
-
-    /// Up to `limit` entries with `seq >= from_seq`, in order.
-    pub fn page(&self, from_seq: u64, limit: usize) -> Vec<AuditEntry> {
-        let inner = self.0.read().unwrap_or_else(|p| p.into_inner());
-        let first = inner.entries.front().map_or(0, |e| e.seq);
-        let skip = from_seq.saturating_sub(first) as usize;
-        inner
-            .entries
-            .iter()
-            .skip(skip)
-            .take(limit)
-            .cloned()
-            .collect()
-    }
-
-    /// (next seq, hash of the last entry) of the applied trail.
-    pub(crate) fn head(&self) -> (u64, Vec<u8>) {
-        let inner = self.0.read().unwrap_or_else(|p| p.into_inner());
-        inner
-            .entries
-            .back()
-            .map_or((1, cube_auth::AUDIT_GENESIS.to_vec()), |e| {
-                (e.seq + 1, e.hash.clone())
-            })
-    }
-
-    pub(crate) fn push(&self, entry: AuditEntry) {
-        let mut inner = self.0.write().unwrap_or_else(|p| p.into_inner());
-        inner.entries.push_back(entry);
-        while inner.entries.len() > inner.retention {
-            inner.entries.pop_front();
-        }
-    }
-
-    pub fn len(&self) -> usize {
-        self.0
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .entries
-            .len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }

@@ -54,7 +54,21 @@ struct KeyRecord {
 #[derive(Serialize, Deserialize)]
 struct TenantRecord {
     created_ms: u64,
+    /// Absent = policy `sync` (records written before durability policies existed too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    relaxed: Option<RelaxedRecord>,
 }
+
+/// NOTE: on-disk format of a relaxed durability policy.
+#[derive(Serialize, Deserialize, Clone, Copy)]
+struct RelaxedRecord {
+    max_delay_ms: u64,
+    max_records: u64,
+}
+
+/// Bounds on a relaxed policy's loss window, so a typo cannot turn it into "never sync".
+pub const MAX_RELAXED_DELAY: std::time::Duration = std::time::Duration::from_secs(10);
+pub const MAX_RELAXED_RECORDS: u64 = 1_000_000;
 
 /// `[a-z0-9][a-z0-9-]{0,62}`: safe as a directory name and in metric labels.
 pub fn validate_tenant_name(name: &str) -> Result<(), StoreError> {
@@ -175,6 +189,7 @@ impl Catalog {
         let record = encode_key(&info)?;
         let tenant_record = serde_json::to_vec(&TenantRecord {
             created_ms: now_ms(),
+            relaxed: None,
         })
         .map_err(|e| storage("encode", e))?;
         let result = (&self.tenants, &self.keys).transaction(|(t, k)| {
@@ -261,6 +276,65 @@ impl Catalog {
             .map_err(|e| storage("change capabilities", e))?;
         self.flush()?;
         Ok(self.remember(info).capabilities.clone())
+    }
+
+    fn tenant_record(&self, tenant: &str) -> Result<TenantRecord, StoreError> {
+        let Some(bytes) = self
+            .tenants
+            .get(tenant.as_bytes())
+            .map_err(|e| storage("read tenants", e))?
+        else {
+            return Err(StoreError::NotFound(format!("no tenant named '{tenant}'")));
+        };
+        serde_json::from_slice(&bytes).map_err(|e| storage("decode a tenant record", e))
+    }
+
+    /// The tenant's durability policy (`sync` unless set otherwise).
+    pub fn durability(&self, tenant: &str) -> Result<cube_wal::SyncPolicy, StoreError> {
+        Ok(match self.tenant_record(tenant)?.relaxed {
+            None => cube_wal::SyncPolicy::Always,
+            Some(r) => cube_wal::SyncPolicy::Relaxed {
+                max_delay: std::time::Duration::from_millis(r.max_delay_ms),
+                max_records: r.max_records,
+            },
+        })
+    }
+
+    /// Set the tenant's durability policy; it applies from the tenant's next open.
+    pub fn set_durability(
+        &self,
+        tenant: &str,
+        policy: cube_wal::SyncPolicy,
+    ) -> Result<(), StoreError> {
+        let mut record = self.tenant_record(tenant)?;
+        record.relaxed = match policy {
+            cube_wal::SyncPolicy::Always => None,
+            cube_wal::SyncPolicy::Relaxed {
+                max_delay,
+                max_records,
+            } => {
+                if max_delay.is_zero()
+                    || max_delay > MAX_RELAXED_DELAY
+                    || max_records == 0
+                    || max_records > MAX_RELAXED_RECORDS
+                {
+                    return Err(StoreError::InvalidArgument(format!(
+                        "a relaxed policy needs 1 ms <= max_delay <= {} ms and 1 <= max_records \
+                         <= {MAX_RELAXED_RECORDS}",
+                        MAX_RELAXED_DELAY.as_millis()
+                    )));
+                }
+                Some(RelaxedRecord {
+                    max_delay_ms: max_delay.as_millis() as u64,
+                    max_records,
+                })
+            }
+        };
+        let bytes = serde_json::to_vec(&record).map_err(|e| storage("encode", e))?;
+        self.tenants
+            .insert(tenant.as_bytes(), bytes)
+            .map_err(|e| storage("store the tenant", e))?;
+        self.flush()
     }
 
     /// Every tenant with its unrevoked key ids, sorted.

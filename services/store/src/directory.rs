@@ -1,39 +1,59 @@
-//! The tenant directory: tenant name -> running actor, started on first use.
+//! The tenant directory: tenant name -> running actor, started on first use, passivated when
+//! idle or when the open-tenant cap needs room.
 //!
-//! Opening a tenant (WAL recovery) runs on the blocking pool; concurrent first calls share one
-//! open. A tenant that fails to open (corrupt WAL) stays failed with a clear error until the
-//! server restarts, while every other tenant keeps serving.
+//! Opening a tenant (state store + WAL recovery) runs on the blocking pool; concurrent first
+//! calls share one open. A tenant that fails to open (corrupt WAL) stays failed with a clear
+//! error until the server restarts, while every other tenant keeps serving.
+//!
+//! Passivation closes a tenant (final fsync and checkpoint, files closed, memory freed); its
+//! next call opens it again. A tenant is only passivated with no request in flight: the handle's
+//! `retired` flag and in-flight counter form a handshake (both sides write one, then read the
+//! other, SeqCst), so a caller either sees the retirement and retries on a fresh open, or the
+//! passivator sees the caller and leaves the tenant alone.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
+use std::time::{Duration, Instant};
 
 use actix::{Actor, Addr};
-use cube_wal::WalOptions;
+use cube_wal::SyncPolicy;
 use tokio::sync::{OnceCell, oneshot};
 
 use crate::StoreError;
 use crate::actor::{Call, Durable, InFlightPermit, Responder, Shutdown, TenantActor};
-use crate::audit::{AuditEntry, AuditLog};
-use crate::core::TenantCore;
+use crate::catalog::Catalog;
+use crate::core::{CoreConfig, SharedStats, TenantCore, describe_policy};
 use crate::layout::DataDir;
 use crate::runtime::ActorRuntime;
-use crate::state::{AppliedCells, Caller, Command, Reply};
+use crate::state::{Caller, Command, Reply, StateReader};
 
 /// Settings every tenant shares.
 #[derive(Debug, Clone)]
 pub struct DirectoryConfig {
     pub data_dir: DataDir,
-    pub wal: WalOptions,
-    /// Largest cell value in bytes.
-    pub max_value: usize,
+    /// WAL, limits, checkpoints and cache of each tenant (the WAL's sync policy comes from the
+    /// tenant's catalog entry).
+    pub core: CoreConfig,
     /// Requests one tenant may have queued or waiting for durability before further callers get
     /// RESOURCE_EXHAUSTED at once.
     pub mailbox_capacity: usize,
     /// Threads that run tenant actors.
     pub actor_threads: usize,
-    /// Audit entries kept per tenant (the newest ones).
-    pub audit_retention: usize,
+    /// A tenant with no call for this long is passivated.
+    pub idle_after: Duration,
+    /// At most this many tenants open at once; opening one more passivates the least recently
+    /// used idle one.
+    pub max_open: usize,
+}
+
+/// A tenant's stats as `Tenant.Stats` reports them (besides the state's own totals).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogStats {
+    pub wal_bytes: u64,
+    pub last_seq: u64,
+    pub checkpoint_seq: u64,
+    pub durability: String,
 }
 
 /// How a caller reaches one tenant.
@@ -44,47 +64,68 @@ pub struct TenantHandle {
     mailbox_capacity: usize,
     /// Requests admitted and not yet answered (queued in the mailbox or waiting for fsync).
     in_flight: Arc<AtomicUsize>,
-    /// The tenant's durable cells, for reads that need no trip through the actor.
-    reader: AppliedCells,
-    /// The tenant's durable audit trail, likewise.
-    audit: AuditLog,
+    /// Set when the tenant is being passivated: callers must reopen it.
+    retired: Arc<AtomicBool>,
+    reader: StateReader,
+    stats: Arc<SharedStats>,
+    durability: Arc<str>,
 }
 
 impl TenantHandle {
-    /// Send `cmd` on behalf of `principal` and wait for the answer (for changes: until durable,
-    /// with their audit entry). Reads are answered from the applied cells on the caller's
-    /// thread.
-    pub async fn call(&self, cmd: Command, principal: &str) -> Result<Reply, StoreError> {
+    /// Send `cmd` and wait for the answer (for changes: until applied, with their audit entry).
+    /// Reads are answered from the applied state on the caller's thread. `Err(cmd)` hands the
+    /// command back when the tenant is being passivated.
+    async fn try_call(
+        &self,
+        cmd: Command,
+        principal: &str,
+    ) -> Result<Result<Reply, StoreError>, Command> {
         if let Command::Read { coord } = &cmd {
-            return Ok(Reply::Read(self.reader.read(coord)));
+            return Ok(self.reader.read(coord).map(Reply::Read));
         }
-        let permit = self.admit()?;
+        let permit = match self.admit() {
+            Ok(p) => p,
+            Err(e) => return Ok(Err(e)),
+        };
+        if self.retired.load(Ordering::SeqCst) {
+            return Err(cmd);
+        }
         let (tx, rx) = oneshot::channel();
-        // A stopped actor drops the message, and with it the responder: `rx` then errors.
         let caller = Caller {
             principal: principal.to_string(),
             ts_ms: now_ms(),
         };
+        // A stopped actor drops the message, and with it the responder: `rx` then errors.
         self.addr.do_send(Call {
             cmd,
             caller,
             reply: Responder { tx, permit },
         });
-        rx.await.map_err(|_| stopped())?
+        Ok(rx.await.unwrap_or_else(|_| Err(stopped())))
     }
 
-    /// Up to `limit` durable audit entries from `from_seq`, read without involving the actor.
-    pub fn audit_page(&self, from_seq: u64, limit: usize) -> Vec<AuditEntry> {
-        self.audit.page(from_seq, limit)
+    /// Read access to the tenant's applied state (no trip through the actor).
+    pub fn reader(&self) -> &StateReader {
+        &self.reader
+    }
+
+    /// WAL and checkpoint numbers and the durability policy.
+    pub fn log_stats(&self) -> LogStats {
+        LogStats {
+            wal_bytes: self.stats.wal_bytes.load(Ordering::Relaxed),
+            last_seq: self.stats.last_seq.load(Ordering::Relaxed),
+            checkpoint_seq: self.stats.checkpoint_seq.load(Ordering::Relaxed),
+            durability: self.durability.to_string(),
+        }
     }
 
     /// Requests of this tenant admitted and not yet answered.
     pub fn in_flight(&self) -> usize {
-        self.in_flight.load(Ordering::Acquire)
+        self.in_flight.load(Ordering::SeqCst)
     }
 
     fn admit(&self) -> Result<InFlightPermit, StoreError> {
-        let before = self.in_flight.fetch_add(1, Ordering::AcqRel);
+        let before = self.in_flight.fetch_add(1, Ordering::SeqCst);
         cube_metrics::MAILBOX_DEPTH.inc();
         let permit = InFlightPermit(Arc::clone(&self.in_flight));
         if before >= self.mailbox_capacity {
@@ -95,10 +136,20 @@ impl TenantHandle {
         }
         Ok(permit)
     }
+
+    /// Mark the handle retired if nothing is in flight; false (and unchanged) otherwise.
+    fn try_retire(&self) -> bool {
+        self.retired.store(true, Ordering::SeqCst);
+        if self.in_flight.load(Ordering::SeqCst) > 0 {
+            self.retired.store(false, Ordering::SeqCst);
+            return false;
+        }
+        true
+    }
 }
 
 /// Append one audit event to a tenant's log while no server runs (the CLI's offline path for
-/// key and tenant changes). Returns once the record is durable.
+/// key and tenant changes). Returns once the record is durable and applied.
 pub fn record_event_offline(
     data_dir: &DataDir,
     tenant: &str,
@@ -106,13 +157,12 @@ pub fn record_event_offline(
     op: &str,
     detail: String,
 ) -> Result<(), StoreError> {
-    let dir = data_dir.tenant_wal(tenant);
+    let config = CoreConfig::default();
     let (mut core, _) = TenantCore::<()>::open(
         tenant,
-        &dir,
-        WalOptions::default(),
-        usize::MAX,
-        usize::MAX,
+        &data_dir.tenant_wal(tenant),
+        &data_dir.tenant_state(tenant),
+        &config,
         None,
     )?;
     let caller = Caller {
@@ -129,12 +179,21 @@ pub fn record_event_offline(
     ) {
         return Err(e);
     }
-    match core.take_wal().map(cube_wal::WalShard::close) {
-        Some(Ok(_)) => Ok(()),
-        _ => Err(StoreError::Unavailable(format!(
+    let synced = core.take_wal().map(cube_wal::WalShard::close);
+    let Some(Ok(durable)) = synced else {
+        return Err(StoreError::Unavailable(format!(
             "tenant '{tenant}': the audit event could not be synced"
-        ))),
+        )));
+    };
+    for (_, r) in core.on_durable(cube_wal::DurableEvent::Durable(durable)) {
+        r?;
     }
+    if let Some(job) = core.begin_checkpoint() {
+        let seq = job.seq;
+        let r = job.run();
+        core.finish_checkpoint(seq, r);
+    }
+    Ok(())
 }
 
 fn now_ms() -> i64 {
@@ -149,13 +208,21 @@ fn stopped() -> StoreError {
     )
 }
 
-type Slot = Arc<OnceCell<Result<TenantHandle, StoreError>>>;
+/// One tenant's place in the directory.
+#[derive(Default)]
+struct Slot {
+    opened: OnceCell<Result<TenantHandle, StoreError>>,
+    /// Milliseconds since the directory started, at the last call.
+    last_used: AtomicU64,
+}
 
 /// Tenant name -> actor.
 pub struct TenantDirectory {
     config: DirectoryConfig,
+    catalog: Option<Arc<Catalog>>,
     runtime: ActorRuntime,
-    tenants: RwLock<HashMap<String, Slot>>,
+    tenants: RwLock<HashMap<String, Arc<Slot>>>,
+    epoch: Instant,
 }
 
 impl std::fmt::Debug for TenantDirectory {
@@ -166,48 +233,103 @@ impl std::fmt::Debug for TenantDirectory {
     }
 }
 
+/// Attempts of a call that keeps meeting a tenant being passivated.
+const RETIRED_RETRIES: usize = 8;
+
 impl TenantDirectory {
-    pub fn new(config: DirectoryConfig) -> Result<TenantDirectory, StoreError> {
+    /// A directory whose tenants take their durability policy from `catalog` (policy `sync`
+    /// for every tenant without one).
+    pub fn new(
+        config: DirectoryConfig,
+        catalog: Option<Arc<Catalog>>,
+    ) -> Result<TenantDirectory, StoreError> {
         let runtime = ActorRuntime::start(config.actor_threads)?;
         Ok(TenantDirectory {
             config,
+            catalog,
             runtime,
             tenants: RwLock::new(HashMap::new()),
+            epoch: Instant::now(),
         })
     }
 
-    /// The running actor of `tenant`, started (and its WAL recovered) on first use. The caller
-    /// must already know the tenant exists (it authenticated as it).
+    fn now(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Send `cmd` to `tenant` on behalf of `principal` and wait for the answer.
+    pub async fn call(
+        &self,
+        tenant: &str,
+        mut cmd: Command,
+        principal: &str,
+    ) -> Result<Reply, StoreError> {
+        for _ in 0..RETIRED_RETRIES {
+            let handle = self.get(tenant).await?;
+            match handle.try_call(cmd, principal).await {
+                Ok(result) => return result,
+                Err(back) => {
+                    cmd = back;
+                    tokio::task::yield_now().await;
+                }
+            }
+        }
+        Err(StoreError::Unavailable(format!(
+            "tenant '{tenant}' is being closed and reopened; retry"
+        )))
+    }
+
+    /// The running actor of `tenant`, started (and its state recovered) on first use. The
+    /// caller must already know the tenant exists (it authenticated as it).
     pub async fn get(&self, tenant: &str) -> Result<TenantHandle, StoreError> {
         // Hot path: a read lock and no allocation once the tenant is known.
         let known = {
             let map = self.tenants.read().unwrap_or_else(|p| p.into_inner());
             map.get(tenant).cloned()
         };
-        let slot = match known {
-            Some(slot) => slot,
+        let (slot, fresh) = match known {
+            Some(slot) => (slot, false),
             None => {
                 let mut map = self.tenants.write().unwrap_or_else(|p| p.into_inner());
-                Arc::clone(map.entry(tenant.to_string()).or_default())
+                let before = map.len();
+                let slot = Arc::clone(map.entry(tenant.to_string()).or_default());
+                (slot, map.len() > before)
             }
         };
-        slot.get_or_init(|| async {
-            let opened = self.open(tenant).await;
-            match &opened {
-                Ok(_) => cube_metrics::TENANTS_ACTIVE.inc(),
-                Err(_) => cube_metrics::TENANTS_UNAVAILABLE.inc(),
-            }
-            opened
-        })
-        .await
-        .clone()
+        slot.last_used.store(self.now(), Ordering::Relaxed);
+        if fresh {
+            self.make_room(tenant).await;
+        }
+        slot.opened
+            .get_or_init(|| async {
+                let opened = self.open(tenant).await;
+                match &opened {
+                    Ok(_) => cube_metrics::TENANTS_ACTIVE.inc(),
+                    Err(_) => cube_metrics::TENANTS_UNAVAILABLE.inc(),
+                }
+                opened
+            })
+            .await
+            .clone()
+    }
+
+    /// Tenants with a slot (open, opening or failed).
+    pub fn open_count(&self) -> usize {
+        self.tenants.read().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    fn policy_of(&self, tenant: &str) -> SyncPolicy {
+        self.catalog
+            .as_ref()
+            .and_then(|c| c.durability(tenant).ok())
+            .unwrap_or_default()
     }
 
     async fn open(&self, tenant: &str) -> Result<TenantHandle, StoreError> {
-        let dir = self.config.data_dir.tenant_wal(tenant);
-        let wal = self.config.wal.clone();
-        let max_value = self.config.max_value;
-        let retention = self.config.audit_retention;
+        let wal_dir = self.config.data_dir.tenant_wal(tenant);
+        let state_dir = self.config.data_dir.tenant_state(tenant);
+        let mut config = self.config.core.clone();
+        config.wal.sync = self.policy_of(tenant);
         let name = tenant.to_string();
         // The syncer reports to the actor, which does not exist until the WAL is open.
         let addr_slot: Arc<OnceLock<Addr<TenantActor>>> = Arc::new(OnceLock::new());
@@ -218,37 +340,152 @@ impl TenantDirectory {
             }
         });
         let core = tokio::task::spawn_blocking(move || {
-            TenantCore::open(&name, &dir, wal, max_value, retention, Some(notify))
+            TenantCore::open(&name, &wal_dir, &state_dir, &config, Some(notify))
         })
         .await
         .map_err(|_| StoreError::Unavailable(format!("tenant '{tenant}' failed to open")))??
         .0;
-        let capacity = self.config.mailbox_capacity;
         let reader = core.state().reader();
-        let audit = core.state().audit();
+        let stats = core.stats();
+        let durability: Arc<str> = describe_policy(&core.policy()).into();
         let addr =
             TenantActor::start_in_arbiter(self.runtime.pick(), move |_| TenantActor::new(core));
         let _ = addr_slot.set(addr.clone());
         Ok(TenantHandle {
             tenant: tenant.into(),
             addr,
-            mailbox_capacity: capacity,
+            mailbox_capacity: self.config.mailbox_capacity,
             in_flight: Arc::new(AtomicUsize::new(0)),
+            retired: Arc::new(AtomicBool::new(false)),
             reader,
-            audit,
+            stats,
+            durability,
         })
     }
 
-    /// Stop every tenant: answer or fail what is queued, final fdatasync, close the WALs.
+    /// Over the open-tenant cap: passivate the least recently used idle tenants (not `keep`).
+    async fn make_room(&self, keep: &str) {
+        let excess = self
+            .open_count()
+            .saturating_sub(self.config.max_open.max(1));
+        if excess == 0 {
+            return;
+        }
+        let mut candidates: Vec<(u64, String, Arc<Slot>)> = {
+            let map = self.tenants.read().unwrap_or_else(|p| p.into_inner());
+            map.iter()
+                .filter(|(name, _)| name.as_str() != keep)
+                .map(|(name, slot)| {
+                    (
+                        slot.last_used.load(Ordering::Relaxed),
+                        name.clone(),
+                        Arc::clone(slot),
+                    )
+                })
+                .collect()
+        };
+        candidates.sort_by_key(|(used, _, _)| *used);
+        let mut freed = 0;
+        for (_, name, slot) in candidates {
+            if freed == excess {
+                break;
+            }
+            if self.passivate(&name, &slot).await {
+                freed += 1;
+            }
+        }
+    }
+
+    /// Close `tenant` now if it is open and idle (so its next call reopens it, e.g. under a new
+    /// durability policy). True if it is closed afterwards.
+    pub async fn close_tenant(&self, tenant: &str) -> bool {
+        let slot = {
+            let map = self.tenants.read().unwrap_or_else(|p| p.into_inner());
+            map.get(tenant).cloned()
+        };
+        match slot {
+            None => true,
+            Some(slot) => self.passivate(tenant, &slot).await,
+        }
+    }
+
+    /// Passivate every tenant idle for longer than the configured time. Returns how many.
+    pub async fn passivate_idle(&self) -> usize {
+        let idle_ms = self.config.idle_after.as_millis() as u64;
+        let now = self.now();
+        let idle: Vec<(String, Arc<Slot>)> = {
+            let map = self.tenants.read().unwrap_or_else(|p| p.into_inner());
+            map.iter()
+                .filter(|(_, s)| now.saturating_sub(s.last_used.load(Ordering::Relaxed)) >= idle_ms)
+                .map(|(n, s)| (n.clone(), Arc::clone(s)))
+                .collect()
+        };
+        let mut n = 0;
+        for (name, slot) in idle {
+            if self.passivate(&name, &slot).await {
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Close one tenant if nothing is in flight. A tenant that failed to open is forgotten too,
+    /// so its next call retries the open.
+    async fn passivate(&self, tenant: &str, slot: &Arc<Slot>) -> bool {
+        let handle = match slot.opened.get() {
+            None => return false, // still opening
+            Some(Err(_)) => None,
+            Some(Ok(h)) => {
+                if !h.try_retire() {
+                    return false;
+                }
+                Some(h.clone())
+            }
+        };
+        {
+            let mut map = self.tenants.write().unwrap_or_else(|p| p.into_inner());
+            if map.get(tenant).is_some_and(|s| Arc::ptr_eq(s, slot)) {
+                map.remove(tenant);
+            }
+        }
+        match handle {
+            Some(h) => {
+                let (tx, rx) = oneshot::channel();
+                h.addr.do_send(Shutdown { done: tx });
+                let _ = rx.await;
+                cube_metrics::TENANTS_ACTIVE.dec();
+                cube_metrics::TENANTS_PASSIVATED.inc();
+                tracing::debug!(tenant, "tenant passivated");
+            }
+            None => cube_metrics::TENANTS_UNAVAILABLE.dec(),
+        }
+        true
+    }
+
+    /// Passivate idle tenants every so often until the directory is dropped.
+    pub fn start_janitor(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        let every =
+            (self.config.idle_after / 4).clamp(Duration::from_millis(50), Duration::from_secs(10));
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(dir) = weak.upgrade() else { return };
+                dir.passivate_idle().await;
+            }
+        });
+    }
+
+    /// Stop every tenant: answer or fail what is queued, final fdatasync and checkpoint.
     pub async fn shutdown(&self) {
-        let slots: Vec<Slot> = {
+        let slots: Vec<Arc<Slot>> = {
             let map = self.tenants.read().unwrap_or_else(|p| p.into_inner());
             map.values().cloned().collect()
         };
         // Ask all tenants first so their final syncs run concurrently, then wait for each.
         let mut done = Vec::new();
         for slot in slots {
-            let Some(Ok(handle)) = slot.get() else {
+            let Some(Ok(handle)) = slot.opened.get() else {
                 continue;
             };
             let (tx, rx) = oneshot::channel();

@@ -27,6 +27,11 @@ impl DataDir {
         self.root.join("tenants").join(tenant).join("wal")
     }
 
+    /// One tenant's state store (a sled database of its own, so tenants stay isolated).
+    pub fn tenant_state(&self, tenant: &str) -> PathBuf {
+        self.root.join("tenants").join(tenant).join("state")
+    }
+
     /// Unix socket of the local admin service (guarded by the directory's permissions).
     pub fn admin_socket(&self) -> PathBuf {
         self.root.join("admin.sock")

@@ -1,6 +1,7 @@
 //! cube-store: everything a tenant's data goes through below the gRPC layer.
 //!
-//! - [`TenantState`]: the plain state machine (validation against logical state, apply).
+//! - [`TenantState`]: the plain state machine (validation against logical state, apply), over
+//!   a [`StateBackend`] (sled per tenant; the trait keeps sled replaceable).
 //! - [`TenantCore`]: state + WAL shard + writes waiting for durability (no actor types).
 //! - [`TenantActor`]: the actix shell around a core; [`TenantDirectory`] starts one per tenant.
 //! - [`Catalog`]: tenants and keys in sled.
@@ -9,20 +10,31 @@
 
 mod actor;
 mod audit;
+mod backend;
 mod catalog;
 mod core;
 mod directory;
 mod error;
+mod keys;
 mod layout;
+mod morton;
 mod runtime;
 mod state;
 mod walop;
 
 pub use actor::TenantActor;
-pub use audit::{AuditEntry, AuditLog};
+pub use audit::AuditEntry;
+pub use backend::{BackendError, BatchOp, MemBackend, SledBackend, StateBackend};
 pub use catalog::{Capability, Catalog, CatalogOpenError, KeyInfo, validate_tenant_name};
-pub use core::TenantCore;
-pub use directory::{DirectoryConfig, TenantDirectory, TenantHandle, record_event_offline};
+pub use core::{CheckpointPolicy, CoreConfig, TenantCore, describe_policy};
+pub use cube_wal::SyncPolicy;
+pub use directory::{
+    DirectoryConfig, LogStats, TenantDirectory, TenantHandle, record_event_offline,
+};
 pub use error::StoreError;
+pub use keys::Totals;
 pub use layout::DataDir;
-pub use state::{AppliedCells, Caller, CellView, Command, Coord, Reply, TenantState};
+pub use state::{
+    Caller, CellView, Command, Coord, MAX_LABEL_BYTES, MAX_WALK_DEPTH, RegionPage, Reply,
+    RunRecord, StateLimits, StateReader, TenantState,
+};

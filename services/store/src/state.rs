@@ -1,17 +1,32 @@
-//! The tenant state machine: plain data and rules, no actors, no I/O.
+//! The tenant state machine: rules and the applied state, no actors and no WAL.
 //!
-//! Two views of the same cells:
-//! - *applied*: what is durable in the WAL. Reads are served from here only, so a read never
-//!   observes a write that could still be lost.
-//! - *logical*: applied plus the changes whose WAL records are not durable yet (the overlay).
-//!   Writes are checked against it, so two compare-and-set writes in one batch see each other.
+//! Two views of a tenant's data:
+//! - *applied*: what the state backend holds. In the default policy only durable records are
+//!   applied, so reads (served from here, on any thread, through [`StateReader`]) never observe
+//!   a write that could still be lost.
+//! - *logical*: applied plus the changes logged but not applied yet (the overlay). Changes are
+//!   checked against it, so two compare-and-set writes in one group commit see each other.
+//!
+//! A group of records is applied as one atomic backend batch that also stores the applied WAL
+//! seq, the totals and the audit head: the backend is always a consistent prefix of the WAL.
 
-use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+use prost::Message;
+use sha2::{Digest, Sha256};
 
 use crate::StoreError;
-use crate::audit::{AuditEntry, AuditLog};
+use crate::audit::AuditEntry;
+use crate::backend::{BackendError, BatchOp, StateBackend};
+use crate::keys::{self, AuditHead, StoredCell, Totals};
+use crate::morton;
 use crate::walop::{self, Op, WalAudit, WalCoord, WalOp};
+
+/// Walk depth cap (and default).
+pub const MAX_WALK_DEPTH: u32 = 16;
+/// Longest edge label in bytes.
+pub const MAX_LABEL_BYTES: usize = 64;
 
 /// A cell's address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -19,6 +34,12 @@ pub struct Coord {
     pub x: i32,
     pub y: i32,
     pub z: i32,
+}
+
+impl std::fmt::Display for Coord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "({}, {}, {})", self.x, self.y, self.z)
+    }
 }
 
 impl From<Coord> for WalCoord {
@@ -61,6 +82,27 @@ pub enum Command {
         op: String,
         detail: String,
     },
+    Prog {
+        coord: Coord,
+        program: Vec<u8>,
+    },
+    Run {
+        coord: Coord,
+        input: Vec<u8>,
+    },
+    Link {
+        from: Coord,
+        to: Coord,
+        label: String,
+    },
+    Unlink {
+        from: Coord,
+        to: Coord,
+        label: String,
+    },
+    Seal {
+        coord: Coord,
+    },
 }
 
 /// Who asks, and when: what the audit entry of a change records.
@@ -72,7 +114,7 @@ pub struct Caller {
 }
 
 impl Command {
-    /// Whether the command changes state (and so goes through the WAL).
+    /// Whether the command may change state (and so goes through the WAL).
     pub fn is_mutation(&self) -> bool {
         !matches!(self, Command::Read { .. })
     }
@@ -86,7 +128,8 @@ pub struct CellView {
     pub sealed: bool,
 }
 
-/// The answer to a [`Command`].
+/// The answer to a [`Command`]. `seq` fields are the WAL seq of the change (0 when nothing
+/// changed).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reply {
     Written {
@@ -102,6 +145,24 @@ pub enum Reply {
     Recorded {
         seq: u64,
     },
+    Programmed {
+        version: u64,
+        seq: u64,
+    },
+    Ran {
+        program: Vec<u8>,
+        run_count: u64,
+    },
+    Linked {
+        created: bool,
+    },
+    Unlinked {
+        existed: bool,
+    },
+    Sealed {
+        digest: Vec<u8>,
+        version: u64,
+    },
 }
 
 impl Reply {
@@ -116,18 +177,36 @@ impl Reply {
                 seq: new_seq,
             },
             Reply::Recorded { .. } => Reply::Recorded { seq: new_seq },
+            Reply::Programmed { version, .. } => Reply::Programmed {
+                version,
+                seq: new_seq,
+            },
             other => other,
         }
     }
 }
 
+/// What a logged change does to the logical view, computed once by `prepare`.
+#[derive(Debug, Clone)]
+pub enum Effect {
+    Cell(Coord, Option<StoredCell>),
+    Edge(Vec<u8>, bool),
+    Nothing,
+}
+
 /// The outcome of checking a command against the logical state.
+// A Prepared lives for one call and is moved once; boxing `Log` would add an allocation per write.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Prepared {
     /// Answer at once; nothing to log.
     Immediate(Reply),
-    /// Log `op`; once it is durable, answer `reply` (its `seq` is filled in by [`Prepared::seal`]).
-    Log { op: WalOp, reply: Reply },
+    /// Log `op`; once it is applied, answer `reply` (its `seq` is filled in by [`Prepared::seal`]).
+    Log {
+        op: WalOp,
+        reply: Reply,
+        effect: Effect,
+    },
 }
 
 impl Prepared {
@@ -136,91 +215,322 @@ impl Prepared {
     }
 }
 
-#[derive(Debug, Clone)]
-struct Cell {
-    value: Vec<u8>,
-    version: u64,
-    sealed: bool,
-}
-
-/// A change that is logged but not yet durable.
+/// Per-tenant bounds the state machine enforces.
 #[derive(Debug, Clone, Copy)]
-struct PendingCell {
-    /// Version after the change; 0 = deleted.
-    version: u64,
-    sealed: bool,
-    seq: u64,
+pub struct StateLimits {
+    /// Largest cell value (and program) in bytes.
+    pub max_value: usize,
+    /// Audit entries kept (the newest).
+    pub audit_retention: u64,
+    /// Run telemetry entries kept per cell (the newest).
+    pub telemetry_keep: u64,
 }
 
-/// The applied (durable) cells, shared: the actor changes them as batches become durable, and
-/// readers on any thread read them directly, without a round trip through the actor (two thread
-/// hops per read, measured at ~10% of read throughput on 2 cores, docs/benchmarks.md).
+impl Default for StateLimits {
+    fn default() -> Self {
+        StateLimits {
+            max_value: 1 << 20,
+            audit_retention: 1_000_000,
+            telemetry_keep: 16,
+        }
+    }
+}
+
+/// Why applying records failed. Either way nothing of the group was applied.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ApplyError {
+    /// A record that cannot be applied (corrupt or from a newer server).
+    #[error("record {seq}: {detail}")]
+    Record { seq: u64, detail: String },
+    #[error("state storage: {0}")]
+    Backend(#[from] BackendError),
+}
+
+fn storage_error(e: &BackendError) -> StoreError {
+    tracing::error!(error = %e, "tenant state storage failed");
+    StoreError::Unavailable("the tenant's storage failed to read; see the server log".into())
+}
+
+/// One page of a Region scan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegionPage {
+    pub cells: Vec<(Coord, CellView)>,
+    /// Present when more cells may follow: pass it back as `page_token`.
+    pub next_token: Option<Vec<u8>>,
+}
+
+/// Version byte of region page tokens (the rest is the Morton key to resume at).
+const TOKEN_V1: u8 = 1;
+
+/// One run's telemetry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunRecord {
+    pub ts_ms: i64,
+    pub principal: String,
+    pub input_digest: Vec<u8>,
+}
+
+/// Read access to a tenant's applied state from any thread: reads never queue behind the
+/// tenant's actor, and only ever see applied changes.
 ///
-/// INVARIANT: only `TenantState::apply` writes here, and the actor answers a write only after
-/// applying it, so a read that starts after a write's acknowledgement sees that write.
-#[derive(Debug, Clone, Default)]
-pub struct AppliedCells(Arc<RwLock<HashMap<Coord, Cell>>>);
-
-impl AppliedCells {
-    /// The durable cell at `coord`.
-    pub fn read(&self, coord: &Coord) -> Option<CellView> {
-        let cells = self.0.read().unwrap_or_else(|p| p.into_inner());
-        cells.get(coord).map(|c| CellView {
-            value: c.value.clone(),
-            version: c.version,
-            sealed: c.sealed,
-        })
-    }
-
-    pub fn len(&self) -> usize {
-        self.0.read().unwrap_or_else(|p| p.into_inner()).len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    fn meta(&self, coord: &Coord) -> Option<(u64, bool)> {
-        let cells = self.0.read().unwrap_or_else(|p| p.into_inner());
-        cells.get(coord).map(|c| (c.version, c.sealed))
-    }
-
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<Coord, Cell>> {
-        self.0.write().unwrap_or_else(|p| p.into_inner())
-    }
+/// INVARIANT: the actor answers a change only after applying it, so a read that starts after an
+/// acknowledgement sees that change.
+#[derive(Debug, Clone)]
+pub struct StateReader {
+    store: Arc<dyn StateBackend>,
 }
 
-/// One tenant's cells.
-#[derive(Debug)]
-pub struct TenantState {
-    cells: AppliedCells,
-    overlay: HashMap<Coord, PendingCell>,
-    applied_seq: u64,
-    max_value: usize,
-    /// Durable audit entries (shared with readers).
-    audit: AuditLog,
-    /// Logical head of the audit chain: (next audit seq, hash of the last entry), including
-    /// entries not durable yet, so consecutive changes in one batch chain correctly.
-    audit_head: (u64, Vec<u8>),
-}
+impl StateReader {
+    pub fn new(store: Arc<dyn StateBackend>) -> StateReader {
+        StateReader { store }
+    }
 
-impl TenantState {
-    pub fn new(max_value: usize, audit_retention: usize) -> TenantState {
-        let audit = AuditLog::new(audit_retention);
-        let audit_head = audit.head();
-        TenantState {
-            cells: AppliedCells::default(),
-            overlay: HashMap::new(),
-            applied_seq: 0,
-            max_value,
-            audit,
-            audit_head,
+    pub(crate) fn stored_cell(&self, c: Coord) -> Result<Option<StoredCell>, BackendError> {
+        match self.store.get(&keys::cell_key(c))? {
+            None => Ok(None),
+            Some(bytes) => StoredCell::decode(bytes.as_slice())
+                .map(Some)
+                .map_err(|e| BackendError(format!("undecodable cell: {e}"))),
         }
     }
 
-    /// A handle for reading the durable audit trail from other threads.
-    pub fn audit(&self) -> AuditLog {
-        self.audit.clone()
+    /// The applied cell at `coord`.
+    pub fn read(&self, coord: &Coord) -> Result<Option<CellView>, StoreError> {
+        Ok(self
+            .stored_cell(*coord)
+            .map_err(|e| storage_error(&e))?
+            .map(view))
+    }
+
+    /// Up to `limit` cells of the inclusive box `[min, max]` in Morton order, resuming after a
+    /// previous page when `token` is non-empty. Cost grows with the cells returned and the key
+    /// ranges jumped over, not with the box's volume.
+    pub fn region(
+        &self,
+        min: Coord,
+        max: Coord,
+        limit: usize,
+        token: &[u8],
+    ) -> Result<RegionPage, StoreError> {
+        let bounds =
+            morton::Bounds::new((min.x, min.y, min.z), (max.x, max.y, max.z)).ok_or_else(|| {
+                StoreError::InvalidArgument(format!(
+                    "region min {min} must not exceed max {max} on any axis"
+                ))
+            })?;
+        let start = if token.is_empty() {
+            bounds.zmin()
+        } else {
+            match token.split_first() {
+                Some((&TOKEN_V1, rest)) => morton::from_bytes(rest),
+                _ => None,
+            }
+            .ok_or_else(|| {
+                StoreError::InvalidArgument(
+                    "page_token is not one this server issued; pass back the \
+                     x-cube-next-page-token-bin value of the previous page unchanged"
+                        .into(),
+                )
+            })?
+        };
+        let end = keys::cell_key_end_z(bounds.zmax());
+        let page = morton::scan(&bounds, start, limit, |from| {
+            let begin = keys::cell_key_z(from);
+            self.store
+                .range(&begin, &end)
+                .map(|r| r.map(|(k, v)| (keys::cell_key_to_z(&k).unwrap_or(0), v)))
+        })
+        .map_err(|e| storage_error(&e))?;
+        let next_token = match (page.more, page.items.last()) {
+            (true, Some((last, _))) => morton::resume_after(*last).map(|next| {
+                let mut t = vec![TOKEN_V1];
+                t.extend_from_slice(&morton::to_bytes(next));
+                t
+            }),
+            _ => None,
+        };
+        let mut cells = Vec::with_capacity(page.items.len());
+        for (m, bytes) in page.items {
+            let cell = StoredCell::decode(bytes.as_slice())
+                .map_err(|e| storage_error(&BackendError(format!("undecodable cell: {e}"))))?;
+            cells.push((keys::coord_of_z(m), view(cell)));
+        }
+        Ok(RegionPage { cells, next_token })
+    }
+
+    /// Breadth-first walk from `start` (excluded) over edges with one of `labels` (any label
+    /// when empty), up to `max_depth` edges away and `limit` visits; each coordinate once.
+    /// Returns the visits and whether `limit` cut the walk short.
+    pub fn walk(
+        &self,
+        start: Coord,
+        max_depth: u32,
+        limit: usize,
+        labels: &[String],
+    ) -> Result<(Vec<(Coord, u32)>, bool), StoreError> {
+        let mut labels: Vec<&str> = labels.iter().map(String::as_str).collect();
+        // Key order (length byte, then bytes), so results do not depend on the request's order.
+        labels.sort_by(|a, b| (a.len(), *a).cmp(&(b.len(), *b)));
+        labels.dedup();
+        let mut seen = HashSet::from([start]);
+        let mut out = Vec::new();
+        let mut frontier = vec![start];
+        for depth in 1..=max_depth {
+            let mut next = Vec::new();
+            for node in &frontier {
+                let ranges: Vec<_> = if labels.is_empty() {
+                    vec![keys::edges_from(*node, None)]
+                } else {
+                    labels
+                        .iter()
+                        .map(|l| keys::edges_from(*node, Some(l)))
+                        .collect()
+                };
+                for (s, e) in ranges {
+                    for item in self.store.range(&s, &e) {
+                        let (key, _) = item.map_err(|e| storage_error(&e))?;
+                        let Some(to) = keys::edge_target(&key) else {
+                            continue;
+                        };
+                        if seen.insert(to) {
+                            if out.len() == limit {
+                                return Ok((out, true));
+                            }
+                            out.push((to, depth));
+                            next.push(to);
+                        }
+                    }
+                }
+            }
+            if next.is_empty() {
+                break;
+            }
+            frontier = next;
+        }
+        Ok((out, false))
+    }
+
+    /// A cell's run count and its newest `recent` run records, newest first; `None` if there is
+    /// no cell at `coord`.
+    pub fn runs(
+        &self,
+        coord: Coord,
+        recent: usize,
+    ) -> Result<Option<(u64, Vec<RunRecord>)>, StoreError> {
+        let Some(cell) = self.stored_cell(coord).map_err(|e| storage_error(&e))? else {
+            return Ok(None);
+        };
+        let (s, e) = keys::runs_of(coord);
+        let mut records = VecDeque::new();
+        for item in self.store.range(&s, &e) {
+            let (_, v) = item.map_err(|e| storage_error(&e))?;
+            let run = walop::Run::decode(v.as_slice())
+                .map_err(|e| storage_error(&BackendError(format!("undecodable run: {e}"))))?;
+            records.push_front(RunRecord {
+                ts_ms: run.ts_ms,
+                principal: run.principal,
+                input_digest: run.input_digest,
+            });
+            records.truncate(recent);
+        }
+        Ok(Some((cell.runs, records.into())))
+    }
+
+    /// Up to `limit` retained audit entries with `seq >= from_seq`, in order.
+    pub fn audit_page(&self, from_seq: u64, limit: usize) -> Result<Vec<AuditEntry>, StoreError> {
+        let start = keys::audit_key(from_seq);
+        let mut out = Vec::new();
+        for item in self.store.range(&start, &keys::audit_end()).take(limit) {
+            let (_, v) = item.map_err(|e| storage_error(&e))?;
+            let a = WalAudit::decode(v.as_slice())
+                .map_err(|e| storage_error(&BackendError(format!("undecodable audit: {e}"))))?;
+            out.push(AuditEntry::from(a));
+        }
+        Ok(out)
+    }
+
+    /// The applied totals and the applied WAL seq.
+    pub fn totals(&self) -> Result<(Totals, u64), StoreError> {
+        let (totals, applied, _) = load_meta(&*self.store).map_err(|e| storage_error(&e))?;
+        Ok((totals, applied))
+    }
+}
+
+fn view(c: StoredCell) -> CellView {
+    CellView {
+        value: c.value,
+        version: c.version,
+        sealed: c.sealed,
+    }
+}
+
+/// (totals, applied seq, audit head) as stored.
+fn load_meta(store: &dyn StateBackend) -> Result<(Totals, u64, AuditHead), BackendError> {
+    let applied = match store.get(keys::META_APPLIED)? {
+        None => 0,
+        Some(b) => u64::from_be_bytes(
+            b.as_slice()
+                .try_into()
+                .map_err(|_| BackendError("applied seq is not 8 bytes".into()))?,
+        ),
+    };
+    let totals = match store.get(keys::META_TOTALS)? {
+        None => Totals::default(),
+        Some(b) => Totals::decode(b.as_slice())
+            .map_err(|e| BackendError(format!("undecodable totals: {e}")))?,
+    };
+    let head = match store.get(keys::META_AUDIT_HEAD)? {
+        None => AuditHead {
+            next_seq: 1,
+            hash: cube_auth::AUDIT_GENESIS.to_vec(),
+        },
+        Some(b) => AuditHead::decode(b.as_slice())
+            .map_err(|e| BackendError(format!("undecodable audit head: {e}")))?,
+    };
+    Ok((totals, applied, head))
+}
+
+/// A change logged but not applied yet, and the seq that will apply it.
+#[derive(Debug, Clone)]
+struct Pending<V> {
+    seq: u64,
+    value: V,
+}
+
+/// One tenant's state.
+#[derive(Debug)]
+pub struct TenantState {
+    store: Arc<dyn StateBackend>,
+    reader: StateReader,
+    limits: StateLimits,
+    pending_cells: HashMap<Coord, Pending<Option<StoredCell>>>,
+    pending_edges: HashMap<Vec<u8>, Pending<bool>>,
+    applied_seq: u64,
+    totals: Totals,
+    applied_audit: AuditHead,
+    /// Head of the audit chain including entries not applied yet, so consecutive changes in one
+    /// batch chain correctly.
+    audit_head: AuditHead,
+}
+
+impl TenantState {
+    /// The state held by `store` (empty for a new one).
+    pub fn open(
+        store: Arc<dyn StateBackend>,
+        limits: StateLimits,
+    ) -> Result<TenantState, BackendError> {
+        let (totals, applied_seq, head) = load_meta(&*store)?;
+        Ok(TenantState {
+            reader: StateReader::new(Arc::clone(&store)),
+            store,
+            limits,
+            pending_cells: HashMap::new(),
+            pending_edges: HashMap::new(),
+            applied_seq,
+            totals,
+            applied_audit: head.clone(),
+            audit_head: head,
+        })
     }
 
     /// Highest WAL sequence number applied.
@@ -228,53 +538,71 @@ impl TenantState {
         self.applied_seq
     }
 
-    pub fn cell_count(&self) -> usize {
-        self.cells.len()
+    pub fn totals(&self) -> &Totals {
+        &self.totals
     }
 
-    /// A handle for reading the applied cells from other threads.
-    pub fn reader(&self) -> AppliedCells {
-        self.cells.clone()
+    /// A handle for reading the applied state from other threads.
+    pub fn reader(&self) -> StateReader {
+        self.reader.clone()
     }
 
-    /// (version, sealed) in the logical view; version 0 = no cell.
-    fn logical(&self, coord: &Coord) -> (u64, bool) {
-        if let Some(p) = self.overlay.get(coord) {
-            return (p.version, p.sealed);
+    pub(crate) fn backend(&self) -> Arc<dyn StateBackend> {
+        Arc::clone(&self.store)
+    }
+
+    fn logical_cell(&self, c: Coord) -> Result<Option<StoredCell>, StoreError> {
+        if let Some(p) = self.pending_cells.get(&c) {
+            return Ok(p.value.clone());
         }
-        self.cells.meta(coord).unwrap_or((0, false))
+        self.reader.stored_cell(c).map_err(|e| storage_error(&e))
+    }
+
+    fn logical_edge(&self, key: &[u8]) -> Result<bool, StoreError> {
+        if let Some(p) = self.pending_edges.get(key) {
+            return Ok(p.value);
+        }
+        Ok(self
+            .store
+            .get(key)
+            .map_err(|e| storage_error(&e))?
+            .is_some())
+    }
+
+    fn check_size(&self, what: &str, len: usize) -> Result<(), StoreError> {
+        if len > self.limits.max_value {
+            return Err(StoreError::InvalidArgument(format!(
+                "{what} is {len} bytes; the limit is {} bytes",
+                self.limits.max_value
+            )));
+        }
+        Ok(())
     }
 
     /// Check `cmd` against the logical state and decide what to log. Every logged change carries
     /// its audit entry, chained to the logical head of the trail.
     pub fn prepare(&self, cmd: Command, caller: &Caller) -> Result<Prepared, StoreError> {
-        let (op, audit_op, detail, reply) = match cmd {
+        let (op, audit_op, detail, reply, effect) = match cmd {
             Command::Read { coord } => {
-                return Ok(Prepared::Immediate(Reply::Read(self.read(&coord))));
+                return Ok(Prepared::Immediate(Reply::Read(self.reader.read(&coord)?)));
             }
             Command::Write {
                 coord,
                 value,
                 expected_version,
             } => {
-                if value.len() > self.max_value {
-                    return Err(StoreError::InvalidArgument(format!(
-                        "value is {} bytes; the limit is {} bytes",
-                        value.len(),
-                        self.max_value
-                    )));
-                }
-                let (version, sealed) = self.logical(&coord);
-                check_writable(&coord, sealed)?;
-                check_version(expected_version, version)?;
-                let version = version + 1;
-                let detail = format!(
-                    "coord=({}, {}, {}) version={version} bytes={}",
-                    coord.x,
-                    coord.y,
-                    coord.z,
-                    value.len()
-                );
+                self.check_size("value", value.len())?;
+                let prev = self.logical_cell(coord)?;
+                check_writable(coord, prev.as_ref())?;
+                let version = check_version(expected_version, prev.as_ref())? + 1;
+                let detail = format!("coord={coord} version={version} bytes={}", value.len());
+                let next = StoredCell {
+                    value: value.clone(),
+                    version,
+                    sealed: false,
+                    program: false,
+                    runs: prev.as_ref().map_or(0, |p| p.runs),
+                };
                 let op = Op::Put(walop::Put {
                     coord: Some(coord.into()),
                     value,
@@ -282,59 +610,198 @@ impl TenantState {
                 });
                 (
                     op,
-                    "write".to_string(),
+                    "write",
                     detail,
                     Reply::Written { version, seq: 0 },
+                    Effect::Cell(coord, Some(next)),
+                )
+            }
+            Command::Prog { coord, program } => {
+                self.check_size("program", program.len())?;
+                let prev = self.logical_cell(coord)?;
+                check_writable(coord, prev.as_ref())?;
+                let version = prev.as_ref().map_or(0, |p| p.version) + 1;
+                let detail = format!("coord={coord} version={version} bytes={}", program.len());
+                let next = StoredCell {
+                    value: program.clone(),
+                    version,
+                    sealed: false,
+                    program: true,
+                    runs: prev.as_ref().map_or(0, |p| p.runs),
+                };
+                let op = Op::Prog(walop::Prog {
+                    coord: Some(coord.into()),
+                    program,
+                    version,
+                });
+                (
+                    op,
+                    "prog",
+                    detail,
+                    Reply::Programmed { version, seq: 0 },
+                    Effect::Cell(coord, Some(next)),
                 )
             }
             Command::Delete {
                 coord,
                 expected_version,
             } => {
-                let (version, sealed) = self.logical(&coord);
-                check_version(expected_version, version)?;
-                if version == 0 {
+                let prev = self.logical_cell(coord)?;
+                let version = check_version(expected_version, prev.as_ref())?;
+                if prev.is_none() {
                     return Ok(Prepared::Immediate(Reply::Deleted {
                         existed: false,
                         seq: 0,
                     }));
                 }
-                check_writable(&coord, sealed)?;
-                let detail = format!(
-                    "coord=({}, {}, {}) version={version}",
-                    coord.x, coord.y, coord.z
-                );
+                check_writable(coord, prev.as_ref())?;
+                let detail = format!("coord={coord} version={version}");
                 let op = Op::Del(walop::Del {
                     coord: Some(coord.into()),
                 });
                 (
                     op,
-                    "delete".to_string(),
+                    "delete",
                     detail,
                     Reply::Deleted {
                         existed: true,
                         seq: 0,
                     },
+                    Effect::Cell(coord, None),
                 )
             }
-            Command::Event { op, detail } => (
-                Op::Event(walop::Event {}),
-                op,
-                detail,
-                Reply::Recorded { seq: 0 },
-            ),
+            Command::Run { coord, input } => {
+                let Some(prev) = self.logical_cell(coord)?.filter(|c| c.program) else {
+                    return Err(StoreError::FailedPrecondition(format!(
+                        "cell {coord} holds no program; store one with Prog first"
+                    )));
+                };
+                let run_count = prev.runs + 1;
+                let input_digest = Sha256::digest(&input).to_vec();
+                let detail = format!(
+                    "coord={coord} run={run_count} input_sha256={}",
+                    hex::encode(&input_digest)
+                );
+                let reply = Reply::Ran {
+                    program: prev.value.clone(),
+                    run_count,
+                };
+                let op = Op::Run(walop::Run {
+                    coord: Some(coord.into()),
+                    run_count,
+                    ts_ms: caller.ts_ms,
+                    principal: caller.principal.clone(),
+                    input_digest,
+                });
+                let next = StoredCell {
+                    runs: run_count,
+                    ..prev
+                };
+                (op, "run", detail, reply, Effect::Cell(coord, Some(next)))
+            }
+            Command::Seal { coord } => {
+                let Some(prev) = self.logical_cell(coord)? else {
+                    return Err(StoreError::NotFound(format!("no cell at {coord} to seal")));
+                };
+                let digest = Sha256::digest(&prev.value).to_vec();
+                let reply = Reply::Sealed {
+                    digest: digest.clone(),
+                    version: prev.version,
+                };
+                if prev.sealed {
+                    return Ok(Prepared::Immediate(reply));
+                }
+                let detail = format!(
+                    "coord={coord} version={} sha256={}",
+                    prev.version,
+                    hex::encode(&digest)
+                );
+                let op = Op::Seal(walop::Seal {
+                    coord: Some(coord.into()),
+                });
+                let next = StoredCell {
+                    sealed: true,
+                    ..prev
+                };
+                (op, "seal", detail, reply, Effect::Cell(coord, Some(next)))
+            }
+            Command::Link { from, to, label } => {
+                check_label(&label)?;
+                let key = keys::edge_key(from, &label, to);
+                if self.logical_edge(&key)? {
+                    return Ok(Prepared::Immediate(Reply::Linked { created: false }));
+                }
+                let detail = format!("from={from} to={to} label={label:?}");
+                let op = Op::Link(walop::Edge {
+                    from: Some(from.into()),
+                    to: Some(to.into()),
+                    label,
+                });
+                (
+                    op,
+                    "link",
+                    detail,
+                    Reply::Linked { created: true },
+                    Effect::Edge(key, true),
+                )
+            }
+            Command::Unlink { from, to, label } => {
+                check_label(&label)?;
+                let key = keys::edge_key(from, &label, to);
+                if !self.logical_edge(&key)? {
+                    return Ok(Prepared::Immediate(Reply::Unlinked { existed: false }));
+                }
+                let detail = format!("from={from} to={to} label={label:?}");
+                let op = Op::Unlink(walop::Edge {
+                    from: Some(from.into()),
+                    to: Some(to.into()),
+                    label,
+                });
+                (
+                    op,
+                    "unlink",
+                    detail,
+                    Reply::Unlinked { existed: true },
+                    Effect::Edge(key, false),
+                )
+            }
+            Command::Event { op, detail } => {
+                return Ok(self.log(
+                    Op::Event(walop::Event {}),
+                    op,
+                    detail,
+                    Reply::Recorded { seq: 0 },
+                    Effect::Nothing,
+                    caller,
+                ));
+            }
         };
-        let (audit_seq, prev_hash) = &self.audit_head;
+        Ok(self.log(op, audit_op.to_string(), detail, reply, effect, caller))
+    }
+
+    fn log(
+        &self,
+        op: Op,
+        audit_op: String,
+        detail: String,
+        reply: Reply,
+        effect: Effect,
+        caller: &Caller,
+    ) -> Prepared {
+        let AuditHead {
+            next_seq,
+            hash: prev_hash,
+        } = &self.audit_head;
         let hash = cube_auth::audit_hash(
             prev_hash,
-            *audit_seq,
+            *next_seq,
             caller.ts_ms,
             &caller.principal,
             &audit_op,
             &detail,
         );
         let audit = WalAudit {
-            seq: *audit_seq,
+            seq: *next_seq,
             ts_ms: caller.ts_ms,
             principal: caller.principal.clone(),
             op: audit_op,
@@ -342,125 +809,328 @@ impl TenantState {
             prev_hash: prev_hash.clone(),
             hash: hash.to_vec(),
         };
-        Ok(Prepared::Log {
+        Prepared::Log {
             op: WalOp {
                 op: Some(op),
                 audit: Some(audit),
             },
             reply,
-        })
-    }
-
-    /// Record that `op` was appended to the WAL as `seq` (not yet durable).
-    pub fn note_pending(&mut self, seq: u64, op: &WalOp) {
-        if let Some(a) = &op.audit {
-            self.audit_head = (a.seq + 1, a.hash.clone());
+            effect,
         }
-        let Some((coord, version)) = target(op) else {
-            return;
-        };
-        let sealed = self.logical(&coord).1;
-        self.overlay.insert(
-            coord,
-            PendingCell {
-                version,
-                sealed,
-                seq,
-            },
-        );
     }
 
-    /// Apply a durable record. Records at or below the applied seq are ignored (idempotent).
-    pub fn apply(&mut self, seq: u64, op: WalOp) -> Result<(), String> {
-        if seq <= self.applied_seq {
+    /// Record that `op` (with the `effect` `prepare` computed) was logged as `seq` but is not
+    /// applied yet.
+    pub fn note_pending(&mut self, seq: u64, op: &WalOp, effect: Effect) {
+        if let Some(a) = &op.audit {
+            self.audit_head = AuditHead {
+                next_seq: a.seq + 1,
+                hash: a.hash.clone(),
+            };
+        }
+        match effect {
+            Effect::Cell(c, value) => {
+                self.pending_cells.insert(c, Pending { seq, value });
+            }
+            Effect::Edge(key, value) => {
+                self.pending_edges.insert(key, Pending { seq, value });
+            }
+            Effect::Nothing => {}
+        }
+    }
+
+    /// Apply records (ascending seqs) as one atomic batch. Records at or below the applied seq
+    /// are skipped, so replaying a prefix twice is harmless. On error nothing is applied.
+    pub fn apply_all(&mut self, records: Vec<(u64, WalOp)>) -> Result<(), ApplyError> {
+        let mut txn = Txn {
+            store: &*self.store,
+            writes: HashMap::new(),
+        };
+        let mut totals = self.totals.clone();
+        let mut head = self.applied_audit.clone();
+        let mut last = self.applied_seq;
+        let mut touched = Vec::with_capacity(records.len());
+        for (seq, op) in records {
+            if seq <= last {
+                continue;
+            }
+            let record = |detail: String| ApplyError::Record { seq, detail };
+            if let Some(t) =
+                apply_one(&mut txn, &mut totals, &self.limits, op.op).map_err(|e| match e {
+                    ApplyError::Record { detail, .. } => record(detail),
+                    other => other,
+                })?
+            {
+                touched.push((t, seq));
+            }
+            if let Some(a) = op.audit {
+                let seq_a = a.seq;
+                head = AuditHead {
+                    next_seq: seq_a + 1,
+                    hash: a.hash.clone(),
+                };
+                txn.put(keys::audit_key(seq_a).to_vec(), a.encode_to_vec());
+                if let Some(old) = seq_a.checked_sub(self.limits.audit_retention.max(1)) {
+                    txn.remove(keys::audit_key(old).to_vec());
+                }
+            }
+            last = seq;
+        }
+        if last == self.applied_seq {
             return Ok(());
         }
-        match op.op {
-            Some(Op::Put(put)) => {
-                let coord = coord_of(put.coord.as_ref())?;
-                self.cells.write().insert(
-                    coord,
-                    Cell {
-                        value: put.value,
-                        version: put.version,
-                        sealed: false,
-                    },
-                );
-                self.clear_overlay(coord, seq);
+        txn.put(keys::META_APPLIED.to_vec(), last.to_be_bytes().to_vec());
+        txn.put(keys::META_TOTALS.to_vec(), totals.encode_to_vec());
+        txn.put(keys::META_AUDIT_HEAD.to_vec(), head.encode_to_vec());
+        let batch = txn.into_batch();
+        self.store.apply(batch)?;
+        self.applied_seq = last;
+        self.totals = totals;
+        self.applied_audit = head;
+        for (target, seq) in touched {
+            match target {
+                Target::Cell(c) => {
+                    if self.pending_cells.get(&c).is_some_and(|p| p.seq <= seq) {
+                        self.pending_cells.remove(&c);
+                    }
+                }
+                Target::Edge(k) => {
+                    if self.pending_edges.get(&k).is_some_and(|p| p.seq <= seq) {
+                        self.pending_edges.remove(&k);
+                    }
+                }
             }
-            Some(Op::Del(del)) => {
-                let coord = coord_of(del.coord.as_ref())?;
-                self.cells.write().remove(&coord);
-                self.clear_overlay(coord, seq);
-            }
-            Some(Op::Event(_)) => {}
-            None => return Err("record holds no known operation".into()),
         }
-        if let Some(a) = op.audit {
-            // During replay nothing is pending, so the logical head follows the applied one.
-            if a.seq >= self.audit_head.0 {
-                self.audit_head = (a.seq + 1, a.hash.clone());
-            }
-            self.audit.push(AuditEntry::from(a));
-        }
-        self.applied_seq = seq;
         Ok(())
     }
 
-    /// Drop every overlay entry: its records will never become durable (poisoned shard).
+    /// Drop every pending change: its records will never be applied (poisoned shard).
     pub fn discard_pending(&mut self) {
-        self.overlay.clear();
-        self.audit_head = self.audit.head();
+        self.pending_cells.clear();
+        self.pending_edges.clear();
+        self.audit_head = self.applied_audit.clone();
     }
 
-    fn clear_overlay(&mut self, coord: Coord, seq: u64) {
-        if self.overlay.get(&coord).is_some_and(|p| p.seq <= seq) {
-            self.overlay.remove(&coord);
+    /// The applied cell at `coord`.
+    pub fn read(&self, coord: &Coord) -> Result<Option<CellView>, StoreError> {
+        self.reader.read(coord)
+    }
+}
+
+/// What an applied record touched (to retire its overlay entry).
+enum Target {
+    Cell(Coord),
+    Edge(Vec<u8>),
+}
+
+/// Writes of one batch, readable before they are committed.
+struct Txn<'a> {
+    store: &'a dyn StateBackend,
+    writes: HashMap<Vec<u8>, Option<Vec<u8>>>,
+}
+
+impl Txn<'_> {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError> {
+        match self.writes.get(key) {
+            Some(v) => Ok(v.clone()),
+            None => self.store.get(key),
         }
     }
 
-    /// The durable cell at `coord`.
-    pub fn read(&self, coord: &Coord) -> Option<CellView> {
-        self.cells.read(coord)
+    fn cell(&self, c: Coord) -> Result<Option<StoredCell>, ApplyError> {
+        match self.get(&keys::cell_key(c))? {
+            None => Ok(None),
+            Some(b) => StoredCell::decode(b.as_slice())
+                .map(Some)
+                .map_err(|e| ApplyError::Backend(BackendError(format!("undecodable cell: {e}")))),
+        }
+    }
+
+    fn put(&mut self, key: Vec<u8>, value: Vec<u8>) {
+        self.writes.insert(key, Some(value));
+    }
+
+    fn remove(&mut self, key: Vec<u8>) {
+        self.writes.insert(key, None);
+    }
+
+    fn into_batch(self) -> Vec<BatchOp> {
+        self.writes
+            .into_iter()
+            .map(|(k, v)| match v {
+                Some(v) => BatchOp::Put(k, v),
+                None => BatchOp::Remove(k),
+            })
+            .collect()
     }
 }
 
-fn target(op: &WalOp) -> Option<(Coord, u64)> {
-    match &op.op {
-        Some(Op::Put(p)) => Some((Coord::from(p.coord.as_ref()?), p.version)),
-        Some(Op::Del(d)) => Some((Coord::from(d.coord.as_ref()?), 0)),
-        Some(Op::Event(_)) | None => None,
+fn bad(detail: &str) -> ApplyError {
+    ApplyError::Record {
+        seq: 0,
+        detail: detail.to_string(),
     }
 }
 
-fn coord_of(c: Option<&WalCoord>) -> Result<Coord, String> {
+fn coord_of(c: Option<&WalCoord>) -> Result<Coord, ApplyError> {
     c.map(Coord::from)
-        .ok_or_else(|| "record has no coordinate".to_string())
+        .ok_or_else(|| bad("record has no coordinate"))
 }
 
-fn check_writable(coord: &Coord, sealed: bool) -> Result<(), StoreError> {
-    if sealed {
-        return Err(StoreError::FailedPrecondition(format!(
-            "cell ({}, {}, {}) is sealed and cannot change",
-            coord.x, coord.y, coord.z
+/// Apply one operation to `txn`, keeping `totals` in step.
+fn apply_one(
+    txn: &mut Txn<'_>,
+    totals: &mut Totals,
+    limits: &StateLimits,
+    op: Option<Op>,
+) -> Result<Option<Target>, ApplyError> {
+    fn set_cell(
+        txn: &mut Txn<'_>,
+        totals: &mut Totals,
+        c: Coord,
+        prev: Option<StoredCell>,
+        next: Option<StoredCell>,
+    ) -> Option<Target> {
+        totals.change(prev.as_ref(), next.as_ref());
+        match next {
+            Some(n) => txn.put(keys::cell_key(c).to_vec(), n.encode_to_vec()),
+            None => txn.remove(keys::cell_key(c).to_vec()),
+        }
+        Some(Target::Cell(c))
+    }
+    Ok(match op {
+        Some(Op::Put(p)) => {
+            let c = coord_of(p.coord.as_ref())?;
+            let prev = txn.cell(c)?;
+            let next = StoredCell {
+                value: p.value,
+                version: p.version,
+                sealed: false,
+                program: false,
+                runs: prev.as_ref().map_or(0, |p| p.runs),
+            };
+            set_cell(txn, totals, c, prev, Some(next))
+        }
+        Some(Op::Prog(p)) => {
+            let c = coord_of(p.coord.as_ref())?;
+            let prev = txn.cell(c)?;
+            let next = StoredCell {
+                value: p.program,
+                version: p.version,
+                sealed: false,
+                program: true,
+                runs: prev.as_ref().map_or(0, |p| p.runs),
+            };
+            set_cell(txn, totals, c, prev, Some(next))
+        }
+        Some(Op::Del(d)) => {
+            let c = coord_of(d.coord.as_ref())?;
+            let prev = txn.cell(c)?;
+            // The cell's run telemetry goes with it.
+            if let Some(p) = &prev {
+                let first = p.runs.saturating_sub(limits.telemetry_keep) + 1;
+                for n in first..=p.runs {
+                    txn.remove(keys::run_key(c, n).to_vec());
+                }
+            }
+            set_cell(txn, totals, c, prev, None)
+        }
+        Some(Op::Seal(s)) => {
+            let c = coord_of(s.coord.as_ref())?;
+            let prev = txn.cell(c)?.ok_or_else(|| bad("seal of a missing cell"))?;
+            let next = StoredCell {
+                sealed: true,
+                ..prev.clone()
+            };
+            set_cell(txn, totals, c, Some(prev), Some(next))
+        }
+        Some(Op::Run(r)) => {
+            let c = coord_of(r.coord.as_ref())?;
+            let prev = txn
+                .cell(c)?
+                .filter(|p| p.program)
+                .ok_or_else(|| bad("run of a cell without a program"))?;
+            let n = r.run_count;
+            txn.put(keys::run_key(c, n).to_vec(), r.encode_to_vec());
+            if let Some(old) = n.checked_sub(limits.telemetry_keep).filter(|o| *o > 0) {
+                txn.remove(keys::run_key(c, old).to_vec());
+            }
+            totals.runs += 1;
+            let next = StoredCell {
+                runs: n,
+                ..prev.clone()
+            };
+            set_cell(txn, totals, c, Some(prev), Some(next))
+        }
+        Some(Op::Link(e)) => {
+            let key = edge_key_of(&e)?;
+            if txn.get(&key)?.is_none() {
+                totals.edges += 1;
+                txn.put(key.clone(), Vec::new());
+            }
+            Some(Target::Edge(key))
+        }
+        Some(Op::Unlink(e)) => {
+            let key = edge_key_of(&e)?;
+            if txn.get(&key)?.is_some() {
+                totals.edges = totals.edges.saturating_sub(1);
+                txn.remove(key.clone());
+            }
+            Some(Target::Edge(key))
+        }
+        Some(Op::Event(_)) => None,
+        None => return Err(bad("record holds no known operation")),
+    })
+}
+
+fn edge_key_of(e: &walop::Edge) -> Result<Vec<u8>, ApplyError> {
+    let from = coord_of(e.from.as_ref())?;
+    let to = coord_of(e.to.as_ref())?;
+    if e.label.is_empty() || e.label.len() > MAX_LABEL_BYTES {
+        return Err(bad("edge label out of bounds"));
+    }
+    Ok(keys::edge_key(from, &e.label, to))
+}
+
+fn check_label(label: &str) -> Result<(), StoreError> {
+    if label.is_empty() || label.len() > MAX_LABEL_BYTES {
+        return Err(StoreError::InvalidArgument(format!(
+            "edge label must be 1 to {MAX_LABEL_BYTES} bytes of UTF-8; got {} bytes",
+            label.len()
         )));
     }
     Ok(())
 }
 
-fn check_version(expected: Option<u64>, actual: u64) -> Result<(), StoreError> {
+fn check_writable(coord: Coord, cell: Option<&StoredCell>) -> Result<(), StoreError> {
+    if cell.is_some_and(|c| c.sealed) {
+        return Err(StoreError::FailedPrecondition(format!(
+            "cell {coord} is sealed and cannot change"
+        )));
+    }
+    Ok(())
+}
+
+/// The cell's version (0 = no cell), if it matches `expected`.
+fn check_version(expected: Option<u64>, cell: Option<&StoredCell>) -> Result<u64, StoreError> {
+    let actual = cell.map_or(0, |c| c.version);
     match expected {
         Some(e) if e != actual => Err(StoreError::FailedPrecondition(format!(
             "version mismatch: expected {e}, the cell is at version {actual}{}",
             if actual == 0 { " (no cell)" } else { "" }
         ))),
-        _ => Ok(()),
+        _ => Ok(actual),
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use proptest::prelude::*;
+
     use super::*;
+    use crate::backend::MemBackend;
 
     fn who() -> Caller {
         Caller {
@@ -475,71 +1145,100 @@ mod tests {
         z: i32::MAX,
     };
 
-    /// Prepare, "log" at `seq`, and apply as if the batch became durable.
-    fn run(s: &mut TenantState, seq: &mut u64, cmd: Command) -> Result<Reply, StoreError> {
-        match s.prepare(cmd, &who())? {
-            Prepared::Immediate(r) => Ok(r),
-            Prepared::Log { op, reply } => {
-                *seq += 1;
-                s.note_pending(*seq, &op);
-                s.apply(*seq, op).unwrap();
-                Ok(Prepared::seal(reply, *seq))
+    fn fresh(max_value: usize) -> TenantState {
+        TenantState::open(
+            Arc::new(MemBackend::default()),
+            StateLimits {
+                max_value,
+                audit_retention: 100,
+                telemetry_keep: 3,
+            },
+        )
+        .unwrap()
+    }
+
+    /// A tenant plus a WAL stand-in: records logged and not yet applied.
+    struct Harness {
+        s: TenantState,
+        seq: u64,
+        unapplied: Vec<(u64, WalOp)>,
+    }
+
+    impl Harness {
+        fn new(s: TenantState) -> Harness {
+            Harness {
+                s,
+                seq: 0,
+                unapplied: Vec::new(),
             }
+        }
+
+        /// Prepare and log; the change is applied at the next `flush`.
+        fn submit(&mut self, cmd: Command) -> Result<Reply, StoreError> {
+            match self.s.prepare(cmd, &who())? {
+                Prepared::Immediate(r) => Ok(r),
+                Prepared::Log { op, reply, effect } => {
+                    self.seq += 1;
+                    self.s.note_pending(self.seq, &op, effect);
+                    self.unapplied.push((self.seq, op));
+                    Ok(Prepared::seal(reply, self.seq))
+                }
+            }
+        }
+
+        fn flush(&mut self) {
+            let batch = std::mem::take(&mut self.unapplied);
+            self.s.apply_all(batch).unwrap();
+        }
+
+        fn run(&mut self, cmd: Command) -> Result<Reply, StoreError> {
+            let r = self.submit(cmd);
+            self.flush();
+            r
+        }
+    }
+
+    fn write(c: Coord, v: &[u8]) -> Command {
+        Command::Write {
+            coord: c,
+            value: v.to_vec(),
+            expected_version: None,
         }
     }
 
     #[test]
     fn write_read_delete_with_versions() {
-        let mut s = TenantState::new(16, 100);
-        let mut seq = 0;
+        let mut h = Harness::new(fresh(16));
+        assert_eq!(h.run(Command::Read { coord: C }), Ok(Reply::Read(None)));
         assert_eq!(
-            run(&mut s, &mut seq, Command::Read { coord: C }),
-            Ok(Reply::Read(None))
-        );
-        let w = Command::Write {
-            coord: C,
-            value: b"a".to_vec(),
-            expected_version: None,
-        };
-        assert_eq!(
-            run(&mut s, &mut seq, w.clone()),
+            h.run(write(C, b"a")),
             Ok(Reply::Written { version: 1, seq: 1 })
         );
         assert_eq!(
-            run(&mut s, &mut seq, w),
+            h.run(write(C, b"a")),
             Ok(Reply::Written { version: 2, seq: 2 })
         );
         assert_eq!(
-            run(&mut s, &mut seq, Command::Read { coord: C }),
+            h.run(Command::Read { coord: C }),
             Ok(Reply::Read(Some(CellView {
                 value: b"a".to_vec(),
                 version: 2,
                 sealed: false
             })))
         );
+        let del = Command::Delete {
+            coord: C,
+            expected_version: None,
+        };
         assert_eq!(
-            run(
-                &mut s,
-                &mut seq,
-                Command::Delete {
-                    coord: C,
-                    expected_version: None
-                }
-            ),
+            h.run(del.clone()),
             Ok(Reply::Deleted {
                 existed: true,
                 seq: 3
             })
         );
         assert_eq!(
-            run(
-                &mut s,
-                &mut seq,
-                Command::Delete {
-                    coord: C,
-                    expected_version: None
-                }
-            ),
+            h.run(del),
             Ok(Reply::Deleted {
                 existed: false,
                 seq: 0
@@ -548,76 +1247,122 @@ mod tests {
     }
 
     #[test]
-    fn compare_and_set_checks_the_logical_version() {
-        let mut s = TenantState::new(16, 100);
-        let mut seq = 0;
+    fn compare_and_set_checks_the_logical_version_and_reads_see_only_applied() {
+        let mut h = Harness::new(fresh(16));
         let cas = |v| Command::Write {
             coord: C,
             value: vec![],
             expected_version: Some(v),
         };
         assert!(
-            matches!(run(&mut s, &mut seq, cas(1)), Err(StoreError::FailedPrecondition(m)) if m.contains("expected 1"))
+            matches!(h.run(cas(1)), Err(StoreError::FailedPrecondition(m)) if m.contains("expected 1"))
         );
-        assert_eq!(
-            run(&mut s, &mut seq, cas(0)),
-            Ok(Reply::Written { version: 1, seq: 1 })
-        );
-        // A second CAS prepared while the first is only pending must see version 1, not 0.
-        let Prepared::Log { op, .. } = s.prepare(cas(1), &who()).unwrap() else {
-            panic!()
-        };
-        s.note_pending(2, &op);
+        assert!(h.run(cas(0)).is_ok());
+        // A second CAS while the first is only pending must see version 2, not 1.
+        assert!(h.submit(cas(1)).is_ok());
         assert!(matches!(
-            s.prepare(cas(1), &who()),
+            h.submit(cas(1)),
             Err(StoreError::FailedPrecondition(_))
         ));
-        assert!(s.prepare(cas(2), &who()).is_ok());
-        // ...while reads still see only the durable version.
-        assert_eq!(s.read(&C).unwrap().version, 1);
-        s.apply(2, op).unwrap();
-        assert_eq!(s.read(&C).unwrap().version, 2);
-        assert!(matches!(
-            s.prepare(
-                Command::Delete {
-                    coord: C,
-                    expected_version: Some(9)
-                },
-                &who()
-            ),
-            Err(StoreError::FailedPrecondition(_))
-        ));
+        assert_eq!(h.s.read(&C).unwrap().unwrap().version, 1);
+        h.flush();
+        assert_eq!(h.s.read(&C).unwrap().unwrap().version, 2);
     }
 
     #[test]
-    fn changes_in_one_batch_chain_their_audit_entries() {
-        let mut s = TenantState::new(16, 100);
-        let w = |v: &[u8]| Command::Write {
+    fn sealed_cells_refuse_changes_and_run_needs_a_program() {
+        let mut h = Harness::new(fresh(16));
+        assert!(matches!(
+            h.run(Command::Seal { coord: C }),
+            Err(StoreError::NotFound(_))
+        ));
+        h.run(write(C, b"abc")).unwrap();
+        assert!(matches!(
+            h.run(Command::Run { coord: C, input: vec![] }),
+            Err(StoreError::FailedPrecondition(m)) if m.contains("no program")
+        ));
+        let Ok(Reply::Sealed { digest, version }) = h.run(Command::Seal { coord: C }) else {
+            panic!()
+        };
+        assert_eq!(digest, Sha256::digest(b"abc").to_vec());
+        assert_eq!(version, 1);
+        // Sealing again is answered without a change.
+        assert_eq!(
+            h.submit(Command::Seal { coord: C }),
+            Ok(Reply::Sealed { digest, version: 1 })
+        );
+        assert!(h.unapplied.is_empty());
+        for cmd in [
+            write(C, b"x"),
+            Command::Delete {
+                coord: C,
+                expected_version: None,
+            },
+            Command::Prog {
+                coord: C,
+                program: b"p".to_vec(),
+            },
+        ] {
+            assert!(
+                matches!(h.run(cmd), Err(StoreError::FailedPrecondition(m)) if m.contains("sealed"))
+            );
+        }
+        assert!(h.s.read(&C).unwrap().unwrap().sealed);
+        assert_eq!(h.s.totals().sealed, 1);
+    }
+
+    #[test]
+    fn runs_count_in_one_batch_and_keep_recent_telemetry() {
+        let mut h = Harness::new(fresh(16));
+        h.run(Command::Prog {
             coord: C,
-            value: v.to_vec(),
-            expected_version: None,
-        };
-        // Two changes prepared before either is durable, then an event.
-        let Prepared::Log { op: a, .. } = s.prepare(w(b"a"), &who()).unwrap() else {
-            panic!()
-        };
-        s.note_pending(1, &a);
-        let Prepared::Log { op: b, .. } = s.prepare(w(b"b"), &who()).unwrap() else {
-            panic!()
-        };
-        s.note_pending(2, &b);
-        let ev = Command::Event {
+            program: b"prog".to_vec(),
+        })
+        .unwrap();
+        for i in 1..=5u8 {
+            // Unflushed: each run must see the previous one's count.
+            assert_eq!(
+                h.submit(Command::Run {
+                    coord: C,
+                    input: vec![i],
+                }),
+                Ok(Reply::Ran {
+                    program: b"prog".to_vec(),
+                    run_count: u64::from(i)
+                })
+            );
+        }
+        h.flush();
+        let (count, recent) = h.s.reader().runs(C, 10).unwrap().unwrap();
+        assert_eq!(count, 5);
+        // telemetry_keep = 3, newest first.
+        let digests: Vec<_> = recent.iter().map(|r| r.input_digest.clone()).collect();
+        assert_eq!(
+            digests,
+            vec![
+                Sha256::digest([5u8]).to_vec(),
+                Sha256::digest([4u8]).to_vec(),
+                Sha256::digest([3u8]).to_vec()
+            ]
+        );
+        assert_eq!(recent[0].principal, "t/k");
+        assert_eq!(h.s.totals().runs, 5);
+    }
+
+    #[test]
+    fn changes_in_one_batch_chain_their_audit_entries_and_retention_holds() {
+        let mut s = fresh(16);
+        s.limits.audit_retention = 3;
+        let mut h = Harness::new(s);
+        h.submit(write(C, b"a")).unwrap();
+        h.submit(write(C, b"b")).unwrap();
+        h.submit(Command::Event {
             op: "grant".into(),
             detail: "key=k2".into(),
-        };
-        let Prepared::Log { op: e, .. } = s.prepare(ev, &who()).unwrap() else {
-            panic!()
-        };
-        s.note_pending(3, &e);
-        for (seq, op) in [(1, a), (2, b), (3, e)] {
-            s.apply(seq, op).unwrap();
-        }
-        let trail = s.audit().page(0, 10);
+        })
+        .unwrap();
+        h.flush();
+        let trail = h.s.reader().audit_page(0, 10).unwrap();
         assert_eq!(
             trail.iter().map(|e| e.seq).collect::<Vec<_>>(),
             vec![1, 2, 3]
@@ -633,30 +1378,53 @@ mod tests {
                     .to_vec()
             );
         }
+        h.run(write(C, b"c")).unwrap();
+        let trail = h.s.reader().audit_page(0, 10).unwrap();
         assert_eq!(
-            (trail[2].op.as_str(), trail[2].detail.as_str()),
-            ("grant", "key=k2")
+            trail.iter().map(|e| e.seq).collect::<Vec<_>>(),
+            vec![2, 3, 4]
         );
-        assert_eq!(s.audit().page(2, 1)[0].seq, 2);
+        assert_eq!(h.s.reader().audit_page(3, 1).unwrap()[0].seq, 3);
     }
 
     #[test]
-    fn oversized_value_is_invalid_argument() {
-        let s = TenantState::new(4, 100);
-        let r = s.prepare(
-            Command::Write {
+    fn limits_are_invalid_argument() {
+        let mut h = Harness::new(fresh(4));
+        assert!(matches!(
+            h.run(write(C, &[0; 5])),
+            Err(StoreError::InvalidArgument(m)) if m.contains("limit is 4 bytes")
+        ));
+        assert!(matches!(
+            h.run(Command::Prog {
                 coord: C,
-                value: vec![0; 5],
-                expected_version: None,
-            },
-            &who(),
-        );
-        assert!(matches!(r, Err(StoreError::InvalidArgument(m)) if m.contains("limit is 4 bytes")));
+                program: vec![0; 5]
+            }),
+            Err(StoreError::InvalidArgument(_))
+        ));
+        for label in [String::new(), "x".repeat(65)] {
+            assert!(matches!(
+                h.run(Command::Link { from: C, to: C, label }),
+                Err(StoreError::InvalidArgument(m)) if m.contains("label")
+            ));
+        }
+        assert!(matches!(
+            h.s.reader().region(
+                Coord { x: 1, y: 0, z: 0 },
+                Coord { x: 0, y: 0, z: 0 },
+                10,
+                &[]
+            ),
+            Err(StoreError::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            h.s.reader().region(C, C, 10, b"junk"),
+            Err(StoreError::InvalidArgument(m)) if m.contains("page_token")
+        ));
     }
 
     #[test]
-    fn apply_is_idempotent_for_old_records() {
-        let mut s = TenantState::new(16, 100);
+    fn apply_skips_old_records_and_refuses_unknown_ones() {
+        let mut s = fresh(16);
         let op = |v: &[u8]| WalOp {
             op: Some(Op::Put(walop::Put {
                 coord: Some(C.into()),
@@ -665,18 +1433,298 @@ mod tests {
             })),
             audit: None,
         };
-        s.apply(5, op(b"new")).unwrap();
-        s.apply(4, op(b"old")).unwrap();
-        assert_eq!(s.read(&C).unwrap().value, b"new");
+        s.apply_all(vec![(5, op(b"new"))]).unwrap();
+        s.apply_all(vec![(4, op(b"old"))]).unwrap();
+        assert_eq!(s.read(&C).unwrap().unwrap().value, b"new");
         assert!(
-            s.apply(
+            s.apply_all(vec![(
                 6,
                 WalOp {
                     op: None,
                     audit: None
                 }
-            )
+            )])
             .is_err()
         );
+        assert_eq!(s.applied_seq(), 5);
+    }
+
+    // ---- The state machine against a simple model ----
+
+    #[derive(Debug, Clone, PartialEq)]
+    struct ModelCell {
+        value: Vec<u8>,
+        version: u64,
+        sealed: bool,
+        program: bool,
+        runs: u64,
+    }
+
+    #[derive(Debug, Default)]
+    struct Model {
+        cells: BTreeMap<Coord, ModelCell>,
+        edges: BTreeSet<(Coord, String, Coord)>,
+        runs: u64,
+    }
+
+    impl Model {
+        fn apply(&mut self, cmd: &Command) -> Result<Reply, &'static str> {
+            Ok(match cmd.clone() {
+                Command::Read { coord } => Reply::Read(self.cells.get(&coord).map(|c| CellView {
+                    value: c.value.clone(),
+                    version: c.version,
+                    sealed: c.sealed,
+                })),
+                Command::Write {
+                    coord,
+                    value,
+                    expected_version,
+                } => {
+                    let cur = self.cells.get(&coord);
+                    if cur.is_some_and(|c| c.sealed) {
+                        return Err("sealed");
+                    }
+                    let v = cur.map_or(0, |c| c.version);
+                    if expected_version.is_some_and(|e| e != v) {
+                        return Err("version");
+                    }
+                    let runs = cur.map_or(0, |c| c.runs);
+                    self.cells.insert(
+                        coord,
+                        ModelCell {
+                            value,
+                            version: v + 1,
+                            sealed: false,
+                            program: false,
+                            runs,
+                        },
+                    );
+                    Reply::Written {
+                        version: v + 1,
+                        seq: 0,
+                    }
+                }
+                Command::Prog { coord, program } => {
+                    let cur = self.cells.get(&coord);
+                    if cur.is_some_and(|c| c.sealed) {
+                        return Err("sealed");
+                    }
+                    let v = cur.map_or(0, |c| c.version);
+                    let runs = cur.map_or(0, |c| c.runs);
+                    self.cells.insert(
+                        coord,
+                        ModelCell {
+                            value: program,
+                            version: v + 1,
+                            sealed: false,
+                            program: true,
+                            runs,
+                        },
+                    );
+                    Reply::Programmed {
+                        version: v + 1,
+                        seq: 0,
+                    }
+                }
+                Command::Delete {
+                    coord,
+                    expected_version,
+                } => {
+                    let cur = self.cells.get(&coord);
+                    let v = cur.map_or(0, |c| c.version);
+                    if expected_version.is_some_and(|e| e != v) {
+                        return Err("version");
+                    }
+                    match cur {
+                        None => Reply::Deleted {
+                            existed: false,
+                            seq: 0,
+                        },
+                        Some(c) if c.sealed => return Err("sealed"),
+                        Some(_) => {
+                            self.cells.remove(&coord);
+                            Reply::Deleted {
+                                existed: true,
+                                seq: 0,
+                            }
+                        }
+                    }
+                }
+                Command::Run { coord, .. } => match self.cells.get_mut(&coord) {
+                    Some(c) if c.program => {
+                        c.runs += 1;
+                        self.runs += 1;
+                        Reply::Ran {
+                            program: c.value.clone(),
+                            run_count: c.runs,
+                        }
+                    }
+                    _ => return Err("no program"),
+                },
+                Command::Seal { coord } => match self.cells.get_mut(&coord) {
+                    None => return Err("missing"),
+                    Some(c) => {
+                        c.sealed = true;
+                        Reply::Sealed {
+                            digest: Sha256::digest(&c.value).to_vec(),
+                            version: c.version,
+                        }
+                    }
+                },
+                Command::Link { from, to, label } => Reply::Linked {
+                    created: self.edges.insert((from, label, to)),
+                },
+                Command::Unlink { from, to, label } => Reply::Unlinked {
+                    existed: self.edges.remove(&(from, label, to)),
+                },
+                Command::Event { .. } => Reply::Recorded { seq: 0 },
+            })
+        }
+
+        fn bfs(&self, start: Coord, depth: u32, labels: &[String]) -> BTreeMap<Coord, u32> {
+            let mut seen = BTreeMap::new();
+            let mut frontier = vec![start];
+            let mut visited = BTreeSet::from([start]);
+            for d in 1..=depth {
+                let mut next = Vec::new();
+                for n in &frontier {
+                    for (f, l, t) in &self.edges {
+                        if f == n && (labels.is_empty() || labels.contains(l)) && visited.insert(*t)
+                        {
+                            seen.insert(*t, d);
+                            next.push(*t);
+                        }
+                    }
+                }
+                frontier = next;
+            }
+            seen
+        }
+    }
+
+    fn strip_seq(r: Reply) -> Reply {
+        r.with_seq(0)
+    }
+
+    fn coord() -> impl Strategy<Value = Coord> {
+        (
+            -1i32..=1,
+            -1i32..=1,
+            prop_oneof![Just(i32::MIN), Just(0), Just(i32::MAX)],
+        )
+            .prop_map(|(x, y, z)| Coord { x, y, z })
+    }
+
+    fn command() -> impl Strategy<Value = Command> {
+        let label = prop_oneof![Just("a".to_string()), Just("b".to_string())];
+        prop_oneof![
+            (
+                coord(),
+                prop::collection::vec(any::<u8>(), 0..4),
+                prop::option::of(0u64..4)
+            )
+                .prop_map(|(coord, value, expected_version)| Command::Write {
+                    coord,
+                    value,
+                    expected_version
+                }),
+            coord().prop_map(|coord| Command::Read { coord }),
+            (coord(), prop::option::of(0u64..4)).prop_map(|(coord, expected_version)| {
+                Command::Delete {
+                    coord,
+                    expected_version,
+                }
+            }),
+            (coord(), prop::collection::vec(any::<u8>(), 0..4))
+                .prop_map(|(coord, program)| Command::Prog { coord, program }),
+            (coord(), prop::collection::vec(any::<u8>(), 0..4))
+                .prop_map(|(coord, input)| Command::Run { coord, input }),
+            coord().prop_map(|coord| Command::Seal { coord }),
+            (coord(), coord(), label.clone()).prop_map(|(from, to, label)| Command::Link {
+                from,
+                to,
+                label
+            }),
+            (coord(), coord(), label).prop_map(|(from, to, label)| Command::Unlink {
+                from,
+                to,
+                label
+            }),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        /// Random operations, applied in random group-commit batches, give the model's answers;
+        /// reopening the backend gives the same state; walks match a reference BFS.
+        #[test]
+        fn state_machine_matches_model(
+            steps in prop::collection::vec((command(), any::<bool>()), 1..80),
+            walks in prop::collection::vec((coord(), 1u32..5, any::<bool>()), 1..6),
+        ) {
+            let backend: Arc<dyn StateBackend> = Arc::new(MemBackend::default());
+            let mut h = Harness::new(TenantState::open(Arc::clone(&backend), StateLimits::default()).unwrap());
+            let mut model = Model::default();
+            for (cmd, flush_after) in steps {
+                if matches!(cmd, Command::Read { .. }) {
+                    // Reads see applied state only: apply first so the model compares.
+                    h.flush();
+                }
+                let got = h.submit(cmd.clone());
+                let want = model.apply(&cmd);
+                match (got, want) {
+                    (Ok(g), Ok(w)) => prop_assert_eq!(strip_seq(g), w, "{:?}", cmd),
+                    (Err(_), Err(_)) => {}
+                    (g, w) => prop_assert!(false, "{:?}: got {:?}, model {:?}", cmd, g, w),
+                }
+                if flush_after {
+                    h.flush();
+                }
+            }
+            h.flush();
+            let reopened = TenantState::open(Arc::clone(&backend), StateLimits::default()).unwrap();
+            prop_assert_eq!(reopened.applied_seq(), h.seq);
+            let totals = reopened.totals().clone();
+            prop_assert_eq!(totals.cells, model.cells.len() as u64);
+            prop_assert_eq!(totals.edges, model.edges.len() as u64);
+            prop_assert_eq!(totals.sealed, model.cells.values().filter(|c| c.sealed).count() as u64);
+            prop_assert_eq!(totals.programs, model.cells.values().filter(|c| c.program).count() as u64);
+            prop_assert_eq!(totals.runs, model.runs);
+            let reader = reopened.reader();
+            let all = reader
+                .region(
+                    Coord { x: i32::MIN, y: i32::MIN, z: i32::MIN },
+                    Coord { x: i32::MAX, y: i32::MAX, z: i32::MAX },
+                    1000,
+                    &[],
+                )
+                .unwrap();
+            let got: BTreeMap<Coord, (Vec<u8>, u64, bool)> = all
+                .cells
+                .into_iter()
+                .map(|(c, v)| (c, (v.value, v.version, v.sealed)))
+                .collect();
+            let want: BTreeMap<Coord, (Vec<u8>, u64, bool)> = model
+                .cells
+                .iter()
+                .map(|(c, m)| (*c, (m.value.clone(), m.version, m.sealed)))
+                .collect();
+            prop_assert_eq!(got, want);
+            for (c, m) in &model.cells {
+                let (runs, _) = reader.runs(*c, 1).unwrap().unwrap();
+                prop_assert_eq!(runs, m.runs);
+            }
+            for (start, depth, only_a) in walks {
+                let labels = if only_a { vec!["a".to_string()] } else { vec![] };
+                let (visits, truncated) = reader.walk(start, depth, 10_000, &labels).unwrap();
+                prop_assert!(!truncated);
+                let got: BTreeMap<Coord, u32> = visits.iter().copied().collect();
+                prop_assert_eq!(got.len(), visits.len(), "a coordinate visited twice");
+                prop_assert_eq!(got, model.bfs(start, depth, &labels));
+                // Breadth-first: depths never decrease.
+                prop_assert!(visits.windows(2).all(|w| w[0].1 <= w[1].1));
+            }
+        }
     }
 }

@@ -7,7 +7,7 @@ use prost::Message;
 
 #[derive(Clone, PartialEq, Message)]
 pub struct WalOp {
-    #[prost(oneof = "Op", tags = "1, 2, 3")]
+    #[prost(oneof = "Op", tags = "1, 2, 3, 4, 5, 6, 7, 8")]
     pub op: Option<Op>,
     /// The audit entry recording this change, written in the same record (so atomically).
     #[prost(message, optional, tag = "15")]
@@ -45,6 +45,21 @@ pub enum Op {
     /// the record's audit entry is the whole point.
     #[prost(message, tag = "3")]
     Event(Event),
+    /// Store a program at a cell.
+    #[prost(message, tag = "4")]
+    Prog(Prog),
+    /// A run of a program cell: its new run count and telemetry.
+    #[prost(message, tag = "5")]
+    Run(Run),
+    /// Create a labelled edge.
+    #[prost(message, tag = "6")]
+    Link(Edge),
+    /// Remove a labelled edge.
+    #[prost(message, tag = "7")]
+    Unlink(Edge),
+    /// Make a cell immutable.
+    #[prost(message, tag = "8")]
+    Seal(Seal),
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -72,6 +87,48 @@ pub struct Put {
 
 #[derive(Clone, PartialEq, Message)]
 pub struct Del {
+    #[prost(message, optional, tag = "1")]
+    pub coord: Option<WalCoord>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct Prog {
+    #[prost(message, optional, tag = "1")]
+    pub coord: Option<WalCoord>,
+    #[prost(bytes = "vec", tag = "2")]
+    pub program: Vec<u8>,
+    #[prost(uint64, tag = "3")]
+    pub version: u64,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct Run {
+    #[prost(message, optional, tag = "1")]
+    pub coord: Option<WalCoord>,
+    /// The cell's run count after this run (so replay sets it, never re-counts).
+    #[prost(uint64, tag = "2")]
+    pub run_count: u64,
+    #[prost(int64, tag = "3")]
+    pub ts_ms: i64,
+    #[prost(string, tag = "4")]
+    pub principal: String,
+    /// SHA-256 of the run's input.
+    #[prost(bytes = "vec", tag = "5")]
+    pub input_digest: Vec<u8>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct Edge {
+    #[prost(message, optional, tag = "1")]
+    pub from: Option<WalCoord>,
+    #[prost(message, optional, tag = "2")]
+    pub to: Option<WalCoord>,
+    #[prost(string, tag = "3")]
+    pub label: String,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct Seal {
     #[prost(message, optional, tag = "1")]
     pub coord: Option<WalCoord>,
 }

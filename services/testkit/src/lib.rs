@@ -29,6 +29,8 @@ pub struct TestServer {
     bin: PathBuf,
     root: tempfile::TempDir,
     extra_args: Vec<String>,
+    /// Environment of the next start (e.g. `CUBE_FAILPOINT`).
+    env: Vec<(String, String)>,
     child: Option<Child>,
     starts: u32,
     /// Address of the gRPC listener of the current process.
@@ -52,6 +54,7 @@ impl TestServer {
             bin: bin.to_path_buf(),
             root,
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            env: Vec::new(),
             child: None,
             starts: 0,
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -92,6 +95,7 @@ impl TestServer {
             .arg(self.data_dir())
             .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
             .args(&self.extra_args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::piped())
             .stderr(log)
             .stdin(Stdio::null())
@@ -166,6 +170,62 @@ impl TestServer {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Start on a fresh data directory with `env` set for the first start only (restarts run
+    /// without it), e.g. to arm a `CUBE_FAILPOINT`.
+    pub fn start_with_env(
+        bin: &Path,
+        extra_args: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<TestServer> {
+        let root = tempfile::tempdir()?;
+        let mut server = TestServer {
+            bin: bin.to_path_buf(),
+            root,
+            extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            child: None,
+            starts: 0,
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            demo: Credentials {
+                tenant: String::new(),
+                key_id: String::new(),
+                secret: String::new(),
+                endpoint: None,
+            },
+        };
+        server.spawn()?;
+        server.env.clear();
+        Ok(server)
+    }
+
+    /// Wait up to `timeout` for the server to exit on its own (a failpoint's abort); None if it
+    /// is still running then.
+    pub fn wait_exit(&mut self, timeout: Duration) -> anyhow::Result<Option<ExitStatus>> {
+        let deadline = std::time::Instant::now() + timeout;
+        let Some(child) = self.child.as_mut() else {
+            bail!("server is not running");
+        };
+        loop {
+            if let Some(status) = child.try_wait()? {
+                self.child = None;
+                return Ok(Some(status));
+            }
+            if std::time::Instant::now() > deadline {
+                return Ok(None);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The state-store directory of `tenant` (from the server's layout functions).
+    pub fn tenant_state_dir(&self, tenant: &str) -> PathBuf {
+        cube_store::DataDir::new(self.data_dir()).tenant_state(tenant)
     }
 
     /// Start again on the same data directory (after a kill or stop).

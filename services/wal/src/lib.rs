@@ -3,8 +3,11 @@
 //! Owns segment files, CRC32C record framing, group commit (one write + fdatasync per batch) and
 //! recovery (torn tails truncated, mid-log corruption refused). It knows nothing about tenants,
 //! gRPC or async runtimes: callers get durability through a callback or [`WalShard::wait_durable`].
+//! A [`SyncPolicy`] chooses between an fdatasync per batch and deferred fdatasyncs; segments
+//! covered by a caller's checkpoint are deleted with [`WalShard::delete_segments_through`].
 
 mod error;
+pub mod failpoint;
 mod record;
 mod recovery;
 mod segment;
@@ -15,7 +18,7 @@ mod tests;
 pub use error::WalError;
 pub use recovery::RecoveryReport;
 pub use segment::{SegmentSizing, segment_file_name};
-pub use shard::{DurableEvent, DurableNotify, WalOptions, WalShard};
+pub use shard::{DurableEvent, DurableNotify, SyncPolicy, WalOptions, WalShard};
 
 /// Receives each replayed record (sequence number, payload); an `Err` stops recovery.
 pub type ReplayVisitor<'a> = dyn FnMut(u64, &[u8]) -> Result<(), String> + 'a;

@@ -38,6 +38,11 @@ pub(crate) struct Resume {
     /// Offset just past the last valid record of the last segment.
     pub write_offset: u64,
     pub next_seq: u64,
+    /// The checkpoint is past the last valid record of an existing log (`start_after + 1` is
+    /// beyond the seq the log would continue with). Every segment is then covered by the
+    /// checkpoint, and appending must not continue in the last one: `next_seq` would leave a gap
+    /// inside it that a later recovery reads as corruption.
+    pub checkpoint_ahead: bool,
 }
 
 pub(crate) fn recover(
@@ -134,11 +139,13 @@ pub(crate) fn recover(
         }
     }
     let next_seq = expected.unwrap_or(start_after + 1).max(start_after + 1);
+    let checkpoint_ahead = expected.is_some_and(|exp| exp < next_seq);
     Ok((
         Resume {
             segments,
             write_offset,
             next_seq,
+            checkpoint_ahead,
         },
         report,
     ))

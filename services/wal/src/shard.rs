@@ -2,33 +2,98 @@
 //!
 //! `append` frames a record into the pending buffer under a mutex and returns its sequence number
 //! at once. The syncer thread takes the whole pending buffer, writes it with one `pwrite` (two
-//! around a segment rotation) and one `fdatasync`, then reports the highest durable sequence
-//! number. While one fdatasync runs, new records gather into the next batch, so batches grow with
-//! load without any artificial delay. The fsync never runs on the caller's thread.
+//! around a segment rotation) and, under [`SyncPolicy::Always`], one `fdatasync`, then reports the
+//! highest durable sequence number. While one fdatasync runs, new records gather into the next
+//! batch, so batches grow with load without any artificial delay. The fsync never runs on the
+//! caller's thread. Under [`SyncPolicy::Relaxed`] the syncer still writes every batch at once but
+//! defers the fdatasync (see there).
+//!
+//! Segments no longer needed after a checkpoint are deleted by
+//! [`WalShard::delete_segments_through`], from any thread, while appends continue.
 
+use std::collections::VecDeque;
 use std::fs::{self, File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use crate::record;
 use crate::recovery::{RecoveryReport, recover};
 use crate::segment::{SegmentSizing, create_zeroed, segment_file_name, spare_path, sync_dir};
 use crate::{ReplayVisitor, WalError};
 
-/// What the syncer reports after each batch.
+/// What the syncer reports after each fdatasync.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DurableEvent {
-    /// Every record with a sequence number `<=` this is durable.
+    /// Every record with a sequence number `<=` this is durable (fdatasync'ed).
     Durable(u64),
     /// A write or fdatasync failed; records after the last `Durable` are not durable and never
     /// will be. The shard is poisoned.
     Poisoned,
 }
 
-/// Called on the syncer thread after each batch. Must be quick (send a message, wake a task).
+/// Called on the syncer thread after each fdatasync. Must be quick (send a message, wake a task).
 pub type DurableNotify = Box<dyn Fn(DurableEvent) + Send + Sync>;
+
+/// When the syncer calls fdatasync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SyncPolicy {
+    /// fdatasync every batch before reporting it durable (group commit). A record reported
+    /// durable survives power loss.
+    #[default]
+    Always,
+    /// Write every batch to the segment file as soon as it is there, so a process crash
+    /// (kill -9) loses nothing the syncer has written, but fdatasync only when the oldest
+    /// written-but-unsynced record was written `max_delay` ago, when at least `max_records`
+    /// records are unsynced, when a segment is sealed, or at close. A power failure can lose what
+    /// was not yet synced: about `max_delay` or `max_records` worth of records.
+    ///
+    /// `Durable` events, [`WalShard::durable_seq`] and [`WalShard::wait_durable`] still mean
+    /// "fdatasync'ed", so they advance only at those syncs; [`WalShard::written_seq`] tells how
+    /// far the syncer has written. Trading that window for fewer fdatasyncs is the point: a
+    /// caller that acknowledges on `written_seq` gets page-cache latency instead of disk latency.
+    Relaxed {
+        /// Longest a written record waits for its fdatasync. The syncer wakes up by itself for
+        /// this deadline; it does not wait for the next append.
+        max_delay: Duration,
+        /// Unsynced records that trigger an fdatasync at once.
+        max_records: u64,
+    },
+}
+
+impl SyncPolicy {
+    /// Whether `unsynced` must be fdatasync'ed now.
+    fn due(self, unsynced: &Unsynced, now: Instant) -> bool {
+        if unsynced.records == 0 {
+            return false;
+        }
+        match self {
+            SyncPolicy::Always => true,
+            SyncPolicy::Relaxed {
+                max_delay,
+                max_records,
+            } => {
+                unsynced.records >= max_records
+                    || unsynced
+                        .since
+                        .is_none_or(|t| now.saturating_duration_since(t) >= max_delay)
+            }
+        }
+    }
+
+    /// When `unsynced` becomes due by age; `None` if it never does by itself (nothing unsynced,
+    /// or a delay too large to represent).
+    fn deadline(self, unsynced: &Unsynced) -> Option<Instant> {
+        match self {
+            SyncPolicy::Relaxed { max_delay, .. } if unsynced.records > 0 => {
+                unsynced.since?.checked_add(max_delay)
+            }
+            _ => None,
+        }
+    }
+}
 
 /// How a shard is laid out and bounded.
 #[derive(Debug, Clone)]
@@ -36,6 +101,8 @@ pub struct WalOptions {
     pub segments: SegmentSizing,
     /// Largest payload accepted by `append`.
     pub max_record: usize,
+    /// When records are fdatasync'ed.
+    pub sync: SyncPolicy,
 }
 
 impl Default for WalOptions {
@@ -43,6 +110,7 @@ impl Default for WalOptions {
         WalOptions {
             segments: SegmentSizing::default(),
             max_record: 4 << 20,
+            sync: SyncPolicy::Always,
         }
     }
 }
@@ -65,29 +133,87 @@ impl std::fmt::Debug for WalShard {
 struct Shared {
     dir: PathBuf,
     state: Mutex<State>,
-    /// The syncer waits here for records (or close).
+    /// The syncer waits here for records (or close, or a relaxed sync deadline).
     work: Condvar,
     /// `wait_durable` callers wait here.
     durable_cv: Condvar,
     notify: Option<DurableNotify>,
+    /// The segment files. A lock of its own, not part of `State`: deleting files must not hold
+    /// up appends, and the syncer touches it only at rotation.
+    segments: Arc<Mutex<SegmentTable>>,
+    /// Held for the whole of a deletion, so two concurrent callers cannot pick the same files.
+    deleting: Mutex<()>,
 }
 
 struct State {
     pending: Vec<u8>,
     next_seq: u64,
     last_appended: u64,
+    /// Highest seq the syncer has written to a segment file (handed to the OS).
+    written: u64,
+    /// Highest seq fdatasync'ed.
     durable: u64,
     syncer_idle: bool,
     durable_waiters: usize,
     closing: bool,
     poisoned: bool,
-    /// Bytes in segment files (for stats), maintained by the syncer.
-    wal_bytes: u64,
+}
+
+/// Every segment file of the shard, oldest first; the last one is the active segment. Shared
+/// between the syncer (which adds a segment at rotation) and
+/// [`WalShard::delete_segments_through`] (which removes the oldest).
+struct SegmentTable {
+    /// (first seq, size in bytes).
+    files: VecDeque<(u64, u64)>,
+    /// Sum of the sizes, for [`WalShard::wal_bytes`].
+    bytes: u64,
+}
+
+impl SegmentTable {
+    fn new(files: impl IntoIterator<Item = (u64, u64)>) -> SegmentTable {
+        let files: VecDeque<(u64, u64)> = files.into_iter().collect();
+        let bytes = files.iter().map(|(_, size)| size).sum();
+        SegmentTable { files, bytes }
+    }
+
+    /// A new active segment. `replaced_empty`: it took the place (and name) of the empty active
+    /// segment, whose file was removed.
+    fn push(&mut self, first_seq: u64, size: u64, replaced_empty: bool) {
+        if replaced_empty && let Some((_, old)) = self.files.pop_back() {
+            self.bytes = self.bytes.saturating_sub(old);
+        }
+        self.files.push_back((first_seq, size));
+        self.bytes += size;
+    }
+
+    /// Sealed segments (never the active one) whose records are all `<= seq`, oldest first: a
+    /// sealed segment qualifies iff the segment after it starts at or before `seq + 1`. Segments
+    /// start at increasing seqs, so they form a prefix, and deleting them in order leaves a
+    /// contiguous suffix of the log at every step.
+    fn covered_through(&self, seq: u64) -> Vec<(u64, u64)> {
+        self.files
+            .iter()
+            .zip(self.files.iter().skip(1))
+            .take_while(|(_, next)| next.0 <= seq.saturating_add(1))
+            .map(|(seg, _)| *seg)
+            .collect()
+    }
+}
+
+fn lock_table(table: &Mutex<SegmentTable>) -> MutexGuard<'_, SegmentTable> {
+    // Plain data; a panic elsewhere cannot leave it half-updated in a way that matters.
+    table.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl WalShard {
     /// Recover `dir` (created if missing) and start the syncer. Records with a sequence number
     /// above `start_after` (the caller's checkpoint) are passed to `visit` in order first.
+    ///
+    /// The checkpoint may be ahead of the log: after a power cut under [`SyncPolicy::Relaxed`],
+    /// the caller's state can hold records whose WAL tail was lost. Appending then continues at
+    /// `start_after + 1` in a new segment of that name (continuing in the old last segment would
+    /// leave a gap in it, which a later recovery refuses as corruption), and the old segments,
+    /// all covered by the checkpoint, are deleted.
     pub fn open(
         dir: &Path,
         options: WalOptions,
@@ -96,34 +222,66 @@ impl WalShard {
         notify: Option<DurableNotify>,
     ) -> Result<(WalShard, RecoveryReport), WalError> {
         create_dir_durably(dir)?;
-        let (resume, report) = recover(dir, start_after, visit)?;
+        let (mut resume, report) = recover(dir, start_after, visit)?;
         let max_record = options.max_record;
-        let mut writer =
-            SegmentWriter::resume(dir, options.segments, resume.segments, resume.write_offset)?;
-        let wal_bytes = writer.total_bytes();
+        let table = Arc::new(Mutex::new(SegmentTable::new(
+            resume
+                .segments
+                .iter()
+                .map(|(first, _, size)| (*first, *size)),
+        )));
+        let mut writer = SegmentWriter::resume(
+            dir,
+            options.segments,
+            resume.segments.pop(),
+            resume.write_offset,
+            Arc::clone(&table),
+        )?;
         let last = resume.next_seq - 1;
-        writer.ensure_active(resume.next_seq, 0)?;
+        if resume.checkpoint_ahead {
+            writer.rotate(resume.next_seq, 0)?;
+        } else {
+            writer.ensure_active(resume.next_seq, 0)?;
+        }
         let shared = Arc::new(Shared {
             dir: dir.to_path_buf(),
             state: Mutex::new(State {
                 pending: Vec::with_capacity(64 << 10),
                 next_seq: resume.next_seq,
                 last_appended: last,
+                written: last,
                 durable: last,
                 syncer_idle: false,
                 durable_waiters: 0,
                 closing: false,
                 poisoned: false,
-                wal_bytes,
             }),
             work: Condvar::new(),
             durable_cv: Condvar::new(),
             notify,
+            segments: table,
+            deleting: Mutex::new(()),
         });
+        if resume.checkpoint_ahead {
+            // The new segment is in place and its name durable, so these are garbage. Failing to
+            // delete them is harmless (recovery skips covered segments, and a later
+            // `delete_segments_through` retries), so it does not fail the open.
+            match shared.delete_through(start_after) {
+                Ok((n, bytes)) => tracing::info!(
+                    dir = %dir.display(), segments = n, bytes, start_after,
+                    "checkpoint ahead of the wal; deleted covered segments"
+                ),
+                Err(e) => tracing::warn!(
+                    dir = %dir.display(), error = %e,
+                    "could not delete wal segments covered by the checkpoint"
+                ),
+            }
+        }
         let thread_shared = Arc::clone(&shared);
+        let policy = options.sync;
         let syncer = std::thread::Builder::new()
             .name("wal-syncer".into())
-            .spawn(move || syncer_loop(&thread_shared, writer))
+            .spawn(move || syncer_loop(&thread_shared, writer, policy, last))
             .map_err(WalError::io("spawning syncer thread"))?;
         Ok((
             WalShard {
@@ -162,7 +320,8 @@ impl WalShard {
         Ok(seq)
     }
 
-    /// Block until `seq` is durable (or the shard is poisoned).
+    /// Block until `seq` is durable (or the shard is poisoned). Under [`SyncPolicy::Relaxed`]
+    /// this can take up to `max_delay` after the record was written.
     pub fn wait_durable(&self, seq: u64) -> Result<(), WalError> {
         let mut st = self.shared.lock();
         st.durable_waiters += 1;
@@ -181,9 +340,16 @@ impl WalShard {
         }
     }
 
-    /// Highest durable sequence number.
+    /// Highest durable (fdatasync'ed) sequence number.
     pub fn durable_seq(&self) -> u64 {
         self.shared.lock().durable
+    }
+
+    /// Highest sequence number the syncer has written to a segment file: it survives a crash of
+    /// this process, but not a power failure until it is also durable. Under
+    /// [`SyncPolicy::Always`] it moves together with [`WalShard::durable_seq`].
+    pub fn written_seq(&self) -> u64 {
+        self.shared.lock().written
     }
 
     /// Sequence number the next append will get.
@@ -191,17 +357,42 @@ impl WalShard {
         self.shared.lock().next_seq
     }
 
-    /// Bytes of segment files on disk.
+    /// Bytes of segment files on disk (a spare segment being prepared is not counted).
     pub fn wal_bytes(&self) -> u64 {
-        self.shared.lock().wal_bytes
+        lock_table(&self.shared.segments).bytes
+    }
+
+    /// Segment files on disk, the active one included.
+    pub fn segment_count(&self) -> usize {
+        lock_table(&self.shared.segments).files.len()
+    }
+
+    /// Delete, oldest first, every sealed segment whose records all have a sequence number
+    /// `<= seq`, then fsync the directory once. Returns (segments deleted, bytes freed).
+    ///
+    /// Call it once the caller's state up to `seq` is durable elsewhere (a checkpoint): from then
+    /// on the shard must be opened with `start_after >= seq`, and opening it with an older
+    /// checkpoint fails with [`WalError::Corrupt`] (records missing). The active segment is never
+    /// deleted, nor any segment that may hold a record above `seq`. Safe to call from any thread
+    /// while appends continue.
+    ///
+    /// Crash safety: every deleted segment is covered by the checkpoint and recovery skips
+    /// covered segments without reading them, so a crash between two deletions, or one that
+    /// persists only some of the unlinks (they are made durable by the single directory fsync at
+    /// the end), still leaves a log that recovers with `start_after >= seq`.
+    ///
+    /// On an error, the segments deleted before it stay deleted (and are no longer counted); the
+    /// call can simply be repeated.
+    pub fn delete_segments_through(&self, seq: u64) -> Result<(usize, u64), WalError> {
+        self.shared.delete_through(seq)
     }
 
     pub fn dir(&self) -> &Path {
         &self.shared.dir
     }
 
-    /// Sync everything appended so far and stop the syncer. Returns the final durable sequence
-    /// number. Appends after this fail with [`WalError::Closed`].
+    /// Write and sync everything appended so far and stop the syncer. Returns the final durable
+    /// sequence number. Appends after this fail with [`WalError::Closed`].
     pub fn close(mut self) -> Result<u64, WalError> {
         self.shutdown()
     }
@@ -265,59 +456,169 @@ impl Shared {
         // A panic while holding this lock leaves only plain data behind; keep going.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// See [`WalShard::delete_segments_through`].
+    fn delete_through(&self, seq: u64) -> Result<(usize, u64), WalError> {
+        let _one_at_a_time = self.deleting.lock().unwrap_or_else(|p| p.into_inner());
+        // Decide under the table lock, delete without it: the syncer needs the table at rotation
+        // and must not wait for unlinks. Only the syncer adds segments, at the end, so the
+        // victims (a prefix of the table, never its last entry) stay valid meanwhile.
+        let victims = lock_table(&self.segments).covered_through(seq);
+        let (mut deleted, mut freed) = (0usize, 0u64);
+        let mut failure = None;
+        for (first_seq, size) in victims {
+            let name = segment_file_name(first_seq);
+            match fs::remove_file(self.dir.join(&name)) {
+                Ok(()) => {}
+                // Already gone (an operator?): the end state is the one wanted.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(source) => {
+                    failure = Some(WalError::Io {
+                        op: "deleting segment",
+                        source,
+                    });
+                    break;
+                }
+            }
+            let mut table = lock_table(&self.segments);
+            if table.files.front().map(|(first, _)| *first) == Some(first_seq) {
+                table.files.pop_front();
+                table.bytes = table.bytes.saturating_sub(size);
+            }
+            drop(table);
+            tracing::debug!(segment = %name, bytes = size, through = seq, "deleted wal segment");
+            deleted += 1;
+            freed += size;
+            cube_metrics::WAL_SEGMENTS_DELETED.inc();
+            crate::failpoint::hit("wal-between-deletes");
+        }
+        if deleted > 0 {
+            // Make the unlinks durable. If this fails they may come back after a power cut,
+            // which is harmless: they are covered by the checkpoint.
+            sync_dir(&self.dir).map_err(WalError::io("syncing wal directory after deletion"))?;
+        }
+        match failure {
+            Some(e) => Err(e),
+            None => Ok((deleted, freed)),
+        }
+    }
 }
 
-fn syncer_loop(shared: &Shared, mut writer: SegmentWriter) {
+/// Records written to the active segment but not yet fdatasync'ed (relaxed policy; under
+/// `Always` they are synced in the same step as they are written).
+#[derive(Debug, Default)]
+struct Unsynced {
+    records: u64,
+    /// When the oldest of them was written.
+    since: Option<Instant>,
+}
+
+/// What the syncer does next.
+enum Step {
+    /// Write the batch just taken from `pending`, whose last record is this seq.
+    Write(u64),
+    /// fdatasync what was written.
+    Sync,
+    /// Closing, and everything is durable.
+    Exit,
+}
+
+fn syncer_loop(shared: &Shared, mut writer: SegmentWriter, policy: SyncPolicy, mut written: u64) {
     let mut batch: Vec<u8> = Vec::with_capacity(64 << 10);
+    let mut unsynced = Unsynced::default();
     loop {
-        let last_seq = {
+        let step = {
             let mut st = shared.lock();
-            while st.pending.is_empty() {
+            let step = loop {
+                let now = Instant::now();
+                // Checked before pending records, so a steady stream of appends cannot hold a
+                // relaxed sync off past its deadline.
+                if policy.due(&unsynced, now) {
+                    break Step::Sync;
+                }
+                if !st.pending.is_empty() {
+                    std::mem::swap(&mut st.pending, &mut batch);
+                    break Step::Write(st.last_appended);
+                }
                 if st.closing {
-                    return;
+                    break if unsynced.records > 0 {
+                        Step::Sync
+                    } else {
+                        Step::Exit
+                    };
                 }
                 st.syncer_idle = true;
-                st = shared.work.wait(st).unwrap_or_else(|p| p.into_inner());
-            }
+                st = match policy.deadline(&unsynced) {
+                    // Sleep until the oldest unsynced record is due (or an append or close wakes
+                    // us); `due` was false, so the timeout is not zero and this does not spin.
+                    Some(deadline) => {
+                        shared
+                            .work
+                            .wait_timeout(st, deadline.saturating_duration_since(now))
+                            .unwrap_or_else(|p| p.into_inner())
+                            .0
+                    }
+                    None => shared.work.wait(st).unwrap_or_else(|p| p.into_inner()),
+                };
+            };
             st.syncer_idle = false;
-            std::mem::swap(&mut st.pending, &mut batch);
-            st.last_appended
+            step
         };
-        let records = count_records(&batch);
-        let first_seq = last_seq + 1 - records;
-        let started = std::time::Instant::now();
-        let result = writer.write_batch(&batch, first_seq);
-        if result.is_ok() {
-            cube_metrics::WAL_FSYNC_SECONDS.observe(started.elapsed().as_secs_f64());
-            cube_metrics::WAL_BATCH_RECORDS.observe(records as f64);
-            cube_metrics::WAL_BYTES.inc_by(batch.len() as u64);
+        let started = Instant::now();
+        match step {
+            Step::Exit => return,
+            Step::Sync => {}
+            Step::Write(last_seq) => {
+                let records = count_records(&batch);
+                let first_seq = last_seq + 1 - records;
+                if let Err(e) = writer.write(&batch, first_seq) {
+                    poison(shared, &e);
+                    return;
+                }
+                cube_metrics::WAL_BYTES.inc_by(batch.len() as u64);
+                batch.clear();
+                unsynced.records += records;
+                unsynced.since.get_or_insert(started);
+                written = last_seq;
+                if !policy.due(&unsynced, Instant::now()) {
+                    // Relaxed and not due yet: only publish how far the file now reaches.
+                    shared.lock().written = written;
+                    continue;
+                }
+            }
         }
-        batch.clear();
+        // fdatasync. Under `Always` this directly follows the write, as one group commit, and
+        // the time observed covers both, as it always has.
+        if let Err(e) = writer.sync() {
+            poison(shared, &e);
+            return;
+        }
+        cube_metrics::WAL_FSYNC_SECONDS.observe(started.elapsed().as_secs_f64());
+        cube_metrics::WAL_BATCH_RECORDS.observe(unsynced.records as f64);
+        unsynced = Unsynced::default();
         let mut st = shared.lock();
-        match result {
-            Ok(()) => {
-                st.durable = last_seq;
-                st.wal_bytes = writer.total_bytes();
-                if st.durable_waiters > 0 {
-                    shared.durable_cv.notify_all();
-                }
-                drop(st);
-                if let Some(notify) = &shared.notify {
-                    notify(DurableEvent::Durable(last_seq));
-                }
-            }
-            Err(e) => {
-                tracing::error!(dir = %shared.dir.display(), error = %e, "wal write failed; shard poisoned");
-                st.poisoned = true;
-                st.pending.clear();
-                shared.durable_cv.notify_all();
-                drop(st);
-                if let Some(notify) = &shared.notify {
-                    notify(DurableEvent::Poisoned);
-                }
-                return;
-            }
+        st.written = written;
+        st.durable = written;
+        if st.durable_waiters > 0 {
+            shared.durable_cv.notify_all();
         }
+        drop(st);
+        if let Some(notify) = &shared.notify {
+            notify(DurableEvent::Durable(written));
+        }
+    }
+}
+
+/// A write or fdatasync failed: nothing after the last durable seq will ever be reported durable.
+fn poison(shared: &Shared, e: &WalError) {
+    tracing::error!(dir = %shared.dir.display(), error = %e, "wal write failed; shard poisoned");
+    let mut st = shared.lock();
+    st.poisoned = true;
+    st.pending.clear();
+    shared.durable_cv.notify_all();
+    drop(st);
+    if let Some(notify) = &shared.notify {
+        notify(DurableEvent::Poisoned);
     }
 }
 
@@ -330,12 +631,12 @@ fn count_records(mut buf: &[u8]) -> u64 {
     n
 }
 
-/// The syncer's exclusive view of the segment files.
+/// The syncer's exclusive view of the active segment, plus its share of the segment table.
 struct SegmentWriter {
     dir: PathBuf,
     sizing: SegmentSizing,
-    /// Closed segments: (first seq, size).
-    sealed: Vec<(u64, u64)>,
+    /// Shared with [`WalShard::delete_segments_through`]; the writer only adds to it.
+    table: Arc<Mutex<SegmentTable>>,
     active: Option<Active>,
     /// A pre-zeroed segment being prepared in the background for the next rotation.
     spare: Option<JoinHandle<std::io::Result<(PathBuf, File, u64)>>>,
@@ -346,16 +647,20 @@ struct Active {
     file: File,
     capacity: u64,
     offset: u64,
+    /// Written since its last fdatasync.
+    dirty: bool,
 }
 
 impl SegmentWriter {
+    /// `last`: the newest segment found by recovery (first seq, path, size), if any.
     fn resume(
         dir: &Path,
         sizing: SegmentSizing,
-        mut segments: Vec<(u64, PathBuf, u64)>,
+        last: Option<(u64, PathBuf, u64)>,
         write_offset: u64,
+        table: Arc<Mutex<SegmentTable>>,
     ) -> Result<SegmentWriter, WalError> {
-        let active = match segments.pop() {
+        let active = match last {
             Some((first_seq, path, size)) => {
                 let file = OpenOptions::new()
                     .read(true)
@@ -367,6 +672,7 @@ impl SegmentWriter {
                     file,
                     capacity: size,
                     offset: write_offset,
+                    dirty: false,
                 })
             }
             None => None,
@@ -374,18 +680,10 @@ impl SegmentWriter {
         Ok(SegmentWriter {
             dir: dir.to_path_buf(),
             sizing,
-            sealed: segments
-                .into_iter()
-                .map(|(first, _, size)| (first, size))
-                .collect(),
+            table,
             active,
             spare: None,
         })
-    }
-
-    fn total_bytes(&self) -> u64 {
-        self.sealed.iter().map(|(_, s)| s).sum::<u64>()
-            + self.active.as_ref().map_or(0, |a| a.capacity)
     }
 
     /// Make sure there is an active segment with room for `need` bytes, rotating if not.
@@ -398,12 +696,29 @@ impl SegmentWriter {
         self.rotate(first_seq, need)
     }
 
+    /// Seal the active segment (if any) and start a new one named after `first_seq`, with room
+    /// for `need` bytes.
     fn rotate(&mut self, first_seq: u64, need: u64) -> Result<(), WalError> {
+        // A sealed segment must be whole on disk before any later segment exists: recovery
+        // treats a bad record in a sealed segment as corruption, not as a torn tail. Under the
+        // relaxed policy the active segment may hold unsynced records from earlier batches.
+        if let Some(a) = &mut self.active
+            && a.dirty
+        {
+            a.file.sync_data().map_err(WalError::io("fdatasync"))?;
+            a.dirty = false;
+        }
         let prev = self.active.as_ref().map(|a| a.capacity);
         let size = self.sizing.next(prev, need);
         let path = self.dir.join(segment_file_name(first_seq));
-        if self.active.as_ref().is_some_and(|a| a.offset == 0) {
-            // An empty segment too small for this record: it would share the new one's name.
+        let replaced_empty = self
+            .active
+            .as_ref()
+            .is_some_and(|a| a.offset == 0 && a.first_seq == first_seq);
+        if replaced_empty {
+            // An empty segment too small for this record: it would share the new one's name. (An
+            // empty segment with an older name, left behind by a checkpoint ahead of the log, is
+            // sealed like any other.)
             self.active = None;
             fs::remove_file(&path).map_err(WalError::io("replacing empty segment"))?;
         }
@@ -426,15 +741,13 @@ impl SegmentWriter {
             ),
         };
         sync_dir(&self.dir).map_err(WalError::io("syncing wal directory"))?;
-        if let Some(old) = self.active.take() {
-            // The previous segment's last batch was already fdatasync'ed by write_batch.
-            self.sealed.push((old.first_seq, old.capacity));
-        }
+        lock_table(&self.table).push(first_seq, capacity, replaced_empty);
         self.active = Some(Active {
             first_seq,
             file,
             capacity,
             offset: 0,
+            dirty: false,
         });
         Ok(())
     }
@@ -453,9 +766,10 @@ impl SegmentWriter {
             .ok();
     }
 
-    /// Write a batch of framed records starting at `first_seq`, rotating as needed, and
-    /// fdatasync it. Records never straddle segments.
-    fn write_batch(&mut self, batch: &[u8], first_seq: u64) -> Result<(), WalError> {
+    /// Write a batch of framed records starting at `first_seq`, rotating as needed (which
+    /// fdatasyncs the segment being sealed). Records never straddle segments. The active segment
+    /// is left unsynced: see [`SegmentWriter::sync`].
+    fn write(&mut self, batch: &[u8], first_seq: u64) -> Result<(), WalError> {
         let mut rest = batch;
         let mut seq = first_seq;
         while !rest.is_empty() {
@@ -474,22 +788,35 @@ impl SegmentWriter {
                 fit += len;
                 n += 1;
             }
+            if fit == 0 {
+                // ensure_active guarantees room for the first record; never loop forever.
+                return Err(WalError::Io {
+                    op: "writing batch",
+                    source: std::io::Error::other("record does not fit a fresh segment"),
+                });
+            }
             active
                 .file
                 .write_all_at(&rest[..fit], active.offset)
                 .map_err(WalError::io("writing batch"))?;
             active.offset += fit as u64;
+            active.dirty = true;
             rest = &rest[fit..];
             seq += n;
-            if !rest.is_empty() {
-                // Seal this segment durably before the batch continues in the next one.
-                active.file.sync_data().map_err(WalError::io("fdatasync"))?;
-            }
-        }
-        if let Some(active) = &self.active {
-            active.file.sync_data().map_err(WalError::io("fdatasync"))?;
         }
         self.maybe_prepare_spare(seq);
+        Ok(())
+    }
+
+    /// fdatasync the active segment if anything was written to it since its last sync. Earlier
+    /// segments were synced when they were sealed, so afterwards everything written is durable.
+    fn sync(&mut self) -> Result<(), WalError> {
+        if let Some(a) = &mut self.active
+            && a.dirty
+        {
+            a.file.sync_data().map_err(WalError::io("fdatasync"))?;
+            a.dirty = false;
+        }
         Ok(())
     }
 }

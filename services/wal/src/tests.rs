@@ -1,12 +1,17 @@
 //! Shard-level tests: torn, garbage and zero-filled tails, mid-log corruption, repeated reopen,
-//! rotation, and concurrent group commit.
+//! rotation, concurrent group commit, segment deletion after a checkpoint, a checkpoint ahead of
+//! the log, and the relaxed sync policy.
 
 use std::fs;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use crate::{DurableEvent, SegmentSizing, WalError, WalOptions, WalShard, segment_file_name};
+use crate::segment::parse_segment_file_name;
+use crate::{
+    DurableEvent, SegmentSizing, SyncPolicy, WalError, WalOptions, WalShard, segment_file_name,
+};
 
 fn small() -> WalOptions {
     WalOptions {
@@ -15,6 +20,7 @@ fn small() -> WalOptions {
             max: 16384,
         },
         max_record: 64 << 10,
+        sync: SyncPolicy::Always,
     }
 }
 
@@ -29,11 +35,20 @@ type Seen = Vec<(u64, Vec<u8>)>;
 
 /// Open, collecting every replayed record.
 fn open(dir: &Path, opts: WalOptions) -> Result<(WalShard, Seen, crate::RecoveryReport), WalError> {
+    open_after(dir, opts, 0)
+}
+
+/// Open with a checkpoint, collecting every replayed record.
+fn open_after(
+    dir: &Path,
+    opts: WalOptions,
+    start_after: u64,
+) -> Result<(WalShard, Seen, crate::RecoveryReport), WalError> {
     let mut seen = Vec::new();
     let (wal, report) = WalShard::open(
         dir,
         opts,
-        0,
+        start_after,
         &mut |seq, p| {
             seen.push((seq, p.to_vec()));
             Ok(())
@@ -84,6 +99,8 @@ fn records_survive_close_and_reopen_in_order() {
     let (wal, seen, _) = open(dir.path(), small()).unwrap();
     assert!(seen.is_empty());
     write_n(&wal, 10);
+    // Under the default policy a record is durable as soon as it is written.
+    assert_eq!(wal.written_seq(), 10);
     assert_eq!(wal.close().unwrap(), 10);
     let (wal, seen, report) = open(dir.path(), small()).unwrap();
     assert_records(&seen, 10);
@@ -332,4 +349,422 @@ fn replay_skips_records_covered_by_a_checkpoint() {
     assert_eq!(seqs, (251..=300).collect::<Vec<_>>());
     assert_eq!(report.records_replayed, 50);
     assert_eq!(wal.next_seq(), 301);
+}
+
+// ---- Segment deletion after a checkpoint ----
+
+/// The `.wal` files in `dir`, oldest first: (first seq, size). Spares are not segments.
+fn wal_files(dir: &Path) -> Vec<(u64, u64)> {
+    let mut files: Vec<(u64, u64)> = fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| {
+            let e = e.unwrap();
+            let first = parse_segment_file_name(e.file_name().to_str()?)?;
+            Some((first, e.metadata().unwrap().len()))
+        })
+        .collect();
+    files.sort_unstable();
+    files
+}
+
+/// Replayed seqs, each checked against the payload it was written with.
+fn seqs_checked(seen: &[(u64, Vec<u8>)]) -> Vec<u64> {
+    for (seq, p) in seen {
+        assert_eq!(p, &payload(*seq), "payload of record {seq}");
+    }
+    seen.iter().map(|(s, _)| *s).collect()
+}
+
+fn expect_missing_records(result: Result<(WalShard, Seen, crate::RecoveryReport), WalError>) {
+    match result {
+        Err(WalError::Corrupt { detail, .. }) => assert!(detail.contains("missing"), "{detail}"),
+        other => panic!(
+            "expected missing records, got {:?}",
+            other.map(|(_, s, r)| (s.len(), r))
+        ),
+    }
+}
+
+#[test]
+fn delete_segments_through_removes_exactly_the_covered_sealed_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, _, _) = open(dir.path(), small()).unwrap();
+    write_n(&wal, 800);
+    let files = wal_files(dir.path());
+    assert!(files.len() >= 4, "{files:?}");
+    // The shared table follows rotations.
+    assert_eq!(wal.segment_count(), files.len());
+    assert_eq!(wal.wal_bytes(), files.iter().map(|f| f.1).sum::<u64>());
+
+    // One short of the last record of segment 1: only segment 0 is wholly covered.
+    let through = files[2].0 - 2;
+    assert_eq!(
+        wal.delete_segments_through(through).unwrap(),
+        (1, files[0].1)
+    );
+    assert_eq!(wal_files(dir.path()), files[1..]);
+    // The last record of segment 1: now segment 1 goes too.
+    let through = files[2].0 - 1;
+    assert_eq!(
+        wal.delete_segments_through(through).unwrap(),
+        (1, files[1].1)
+    );
+    assert_eq!(wal.delete_segments_through(through).unwrap(), (0, 0));
+    assert_eq!(wal_files(dir.path()), files[2..]);
+    assert_eq!(wal.segment_count(), files.len() - 2);
+    assert_eq!(
+        wal.wal_bytes(),
+        wal_files(dir.path()).iter().map(|f| f.1).sum::<u64>()
+    );
+
+    // Appends carry on; the log replays exactly the records after the checkpoint.
+    let last = write_n(&wal, 50);
+    wal.close().unwrap();
+    let (_, seen, _) = open_after(dir.path(), small(), through).unwrap();
+    assert_eq!(
+        seqs_checked(&seen),
+        (through + 1..=last).collect::<Vec<_>>()
+    );
+    // A checkpoint older than the deleted records cannot be served, and says so.
+    expect_missing_records(open(dir.path(), small()));
+}
+
+#[test]
+fn delete_segments_through_never_deletes_the_active_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, _, _) = open(dir.path(), small()).unwrap();
+    // A single (active) segment is never deleted, even if every record is covered.
+    write_n(&wal, 5);
+    assert_eq!(wal.delete_segments_through(u64::MAX).unwrap(), (0, 0));
+    write_n(&wal, 395);
+    let files = wal_files(dir.path());
+    let (active_first, active_size) = *files.last().unwrap();
+    let freed: u64 = files[..files.len() - 1].iter().map(|f| f.1).sum();
+    assert_eq!(
+        wal.delete_segments_through(u64::MAX).unwrap(),
+        (files.len() - 1, freed)
+    );
+    assert_eq!(wal_files(dir.path()), vec![(active_first, active_size)]);
+    assert_eq!((wal.segment_count(), wal.wal_bytes()), (1, active_size));
+    let last = write_n(&wal, 10);
+    wal.close().unwrap();
+    let (_, seen, _) = open_after(dir.path(), small(), active_first - 1).unwrap();
+    assert_eq!(
+        seqs_checked(&seen),
+        (active_first..=last).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn deleting_while_appending_leaves_a_log_that_recovers_after_the_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, _, _) = open(dir.path(), small()).unwrap();
+    let wal = Arc::new(wal);
+    let writer = {
+        let wal = Arc::clone(&wal);
+        std::thread::spawn(move || {
+            let mut last = 0;
+            for _ in 0..1500 {
+                let seq = wal.next_seq();
+                last = wal.append(&payload(seq)).unwrap();
+                if last % 50 == 0 {
+                    wal.wait_durable(last).unwrap();
+                }
+            }
+            wal.wait_durable(last).unwrap();
+            last
+        })
+    };
+    // Checkpoint at whatever is durable, as a store would, while the writer keeps rotating.
+    let mut deleted = 0;
+    while !writer.is_finished() {
+        deleted += wal.delete_segments_through(wal.durable_seq()).unwrap().0;
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let last = writer.join().unwrap();
+    let through = wal.durable_seq();
+    deleted += wal.delete_segments_through(through).unwrap().0;
+    assert_eq!(through, last);
+    assert!(deleted > 0);
+    // Exactly the active segment is left, and the table agrees with the directory.
+    let files = wal_files(dir.path());
+    assert_eq!(files.len(), 1);
+    assert_eq!(wal.segment_count(), 1);
+    assert_eq!(wal.wal_bytes(), files[0].1);
+    let active_first = files[0].0;
+    Arc::try_unwrap(wal).unwrap().close().unwrap();
+    let (_, seen, _) = open_after(dir.path(), small(), active_first - 1).unwrap();
+    assert_eq!(
+        seqs_checked(&seen),
+        (active_first..=last).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn crash_between_deletions_leaves_a_recoverable_log() {
+    // What an interrupted deletion (or a power cut that persisted only some unlinks) leaves:
+    // some covered segments gone, others still there.
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, _, _) = open(dir.path(), small()).unwrap();
+    write_n(&wal, 800);
+    wal.close().unwrap();
+    let files = wal_files(dir.path());
+    assert!(files.len() >= 4, "{files:?}");
+    let through = files[3].0 - 1;
+    // Oldest first, interrupted after the first: a contiguous suffix is left.
+    fs::remove_file(dir.path().join(segment_file_name(files[0].0))).unwrap();
+    let (wal, seen, _) = open_after(dir.path(), small(), through).unwrap();
+    assert_eq!(seqs_checked(&seen), (through + 1..=800).collect::<Vec<_>>());
+    // The rest of the deletion completes later.
+    assert_eq!(wal.delete_segments_through(through).unwrap().0, 2);
+    wal.close().unwrap();
+    // Out of order (unlinks persisted in any order): still only covered segments are missing.
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, _, _) = open(dir.path(), small()).unwrap();
+    write_n(&wal, 800);
+    wal.close().unwrap();
+    fs::remove_file(dir.path().join(segment_file_name(files[1].0))).unwrap();
+    let (_, seen, _) = open_after(dir.path(), small(), through).unwrap();
+    assert_eq!(seqs_checked(&seen), (through + 1..=800).collect::<Vec<_>>());
+}
+
+// ---- Checkpoint ahead of the log ----
+
+#[test]
+fn checkpoint_ahead_of_the_log_continues_in_a_new_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, _, _) = open(dir.path(), small()).unwrap();
+    write_n(&wal, 10);
+    wal.close().unwrap();
+
+    // The caller's state holds records up to 25; the WAL lost 11..=25.
+    let (wal, seen, report) = open_after(dir.path(), small(), 25).unwrap();
+    assert!(seen.is_empty());
+    assert_eq!(report.last_seq, 25);
+    assert_eq!((wal.next_seq(), wal.durable_seq()), (26, 25));
+    // A new segment named after the first new record; the covered one is gone.
+    assert_eq!(
+        wal_files(dir.path())
+            .iter()
+            .map(|f| f.0)
+            .collect::<Vec<_>>(),
+        vec![26]
+    );
+    assert_eq!(wal.segment_count(), 1);
+    assert_eq!(write_n(&wal, 3), 28);
+    wal.close().unwrap();
+
+    let (wal, seen, report) = open_after(dir.path(), small(), 25).unwrap();
+    assert_eq!(seqs_checked(&seen), vec![26, 27, 28]);
+    assert_eq!(report.truncated_bytes, 0);
+    assert_eq!(wal.next_seq(), 29);
+    wal.close().unwrap();
+    let (wal, seen, _) = open_after(dir.path(), small(), 26).unwrap();
+    assert_eq!(seqs_checked(&seen), vec![27, 28]);
+    wal.close().unwrap();
+    // Records 1..=25 are not in the log any more.
+    expect_missing_records(open(dir.path(), small()));
+}
+
+#[test]
+fn checkpoint_ahead_of_a_torn_multi_segment_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, _, _) = open(dir.path(), small()).unwrap();
+    write_n(&wal, 400);
+    wal.close().unwrap();
+    let files = wal_files(dir.path());
+    assert!(files.len() >= 3, "{files:?}");
+    // Power cut under the relaxed policy: the tail of the last segment is garbage.
+    let (last_first, _) = *files.last().unwrap();
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .open(dir.path().join(segment_file_name(last_first)))
+        .unwrap();
+    let tail_at = (last_first..=400)
+        .map(|s| (crate::RECORD_HEADER_LEN + payload(s).len()) as u64)
+        .sum::<u64>();
+    f.write_all_at(&[0x5A; 100], tail_at).unwrap();
+
+    let (wal, seen, report) = open_after(dir.path(), small(), 500).unwrap();
+    assert!(seen.is_empty());
+    assert_eq!(report.torn_tails, 1);
+    assert_eq!(
+        wal_files(dir.path())
+            .iter()
+            .map(|f| f.0)
+            .collect::<Vec<_>>(),
+        vec![501]
+    );
+    assert_eq!(write_n(&wal, 5), 505);
+    wal.close().unwrap();
+    let (_, seen, report) = open_after(dir.path(), small(), 500).unwrap();
+    assert_eq!(seqs_checked(&seen), (501..=505).collect::<Vec<_>>());
+    assert_eq!(report.torn_tails, 0);
+}
+
+#[test]
+fn checkpoint_at_the_log_end_continues_in_the_same_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, _, _) = open(dir.path(), small()).unwrap();
+    write_n(&wal, 10);
+    wal.close().unwrap();
+    let (wal, seen, _) = open_after(dir.path(), small(), 10).unwrap();
+    assert!(seen.is_empty());
+    assert_eq!(write_n(&wal, 2), 12);
+    wal.close().unwrap();
+    assert_eq!(
+        wal_files(dir.path())
+            .iter()
+            .map(|f| f.0)
+            .collect::<Vec<_>>(),
+        vec![1]
+    );
+    let (_, seen, _) = open(dir.path(), small()).unwrap();
+    assert_records(&seen, 12);
+}
+
+// ---- Relaxed sync policy ----
+
+fn relaxed(max_delay: Duration, max_records: u64) -> WalOptions {
+    WalOptions {
+        sync: SyncPolicy::Relaxed {
+            max_delay,
+            max_records,
+        },
+        ..small()
+    }
+}
+
+/// Bound for things that must happen but whose speed is not under test (a loaded CI machine).
+const GENEROUS: Duration = Duration::from_secs(30);
+
+/// Poll `cond` until it holds; false if it did not within `GENEROUS`.
+fn eventually(mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + GENEROUS;
+    while Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    cond()
+}
+
+/// `wait_durable(seq)` on another thread; false if it has not returned within `GENEROUS` (the
+/// thread is then left blocked, and the test fails instead of hanging).
+fn wait_durable_returns(wal: &Arc<WalShard>, seq: u64) -> bool {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let wal = Arc::clone(wal);
+    std::thread::spawn(move || {
+        let result = wal.wait_durable(seq);
+        // Release the shard before reporting, so the caller can unwrap its Arc right after.
+        drop(wal);
+        let _ = tx.send(result);
+    });
+    matches!(rx.recv_timeout(GENEROUS), Ok(Ok(())))
+}
+
+/// Open with a notify callback that records every event.
+fn open_recording(dir: &Path, opts: WalOptions) -> (Arc<WalShard>, Arc<Mutex<Vec<DurableEvent>>>) {
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&events);
+    let (wal, _) = WalShard::open(
+        dir,
+        opts,
+        0,
+        &mut |_, _| Ok(()),
+        Some(Box::new(move |e| sink.lock().unwrap().push(e))),
+    )
+    .unwrap();
+    (Arc::new(wal), events)
+}
+
+fn append_n(wal: &WalShard, n: u64) -> u64 {
+    let mut last = 0;
+    for _ in 0..n {
+        let seq = wal.next_seq();
+        last = wal.append(&payload(seq)).unwrap();
+    }
+    last
+}
+
+#[test]
+fn relaxed_sync_timer_makes_records_durable_without_further_appends() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, events) = open_recording(dir.path(), relaxed(Duration::from_millis(50), 1_000_000));
+    assert_eq!(append_n(&wal, 10), 10);
+    // Far below max_records and nothing else arrives: only the deadline can sync these.
+    assert!(
+        wait_durable_returns(&wal, 10),
+        "records never became durable"
+    );
+    assert_eq!((wal.durable_seq(), wal.written_seq()), (10, 10));
+    assert!(eventually(
+        || events.lock().unwrap().last() == Some(&DurableEvent::Durable(10))
+    ));
+    Arc::try_unwrap(wal).unwrap().close().unwrap();
+    let (_, seen, _) = open(dir.path(), small()).unwrap();
+    assert_records(&seen, 10);
+}
+
+#[test]
+fn relaxed_sync_waits_for_max_records_and_close_syncs_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, events) = open_recording(dir.path(), relaxed(Duration::from_secs(3600), 5));
+    append_n(&wal, 4);
+    // Written promptly (a kill -9 would not lose them) ...
+    assert!(
+        eventually(|| wal.written_seq() == 4),
+        "records never written"
+    );
+    // ... but not synced: 4 < max_records and the deadline is an hour away.
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(wal.durable_seq(), 0);
+    assert!(events.lock().unwrap().is_empty());
+    // The fifth record triggers the fdatasync.
+    append_n(&wal, 1);
+    assert!(wait_durable_returns(&wal, 5), "max_records did not sync");
+    assert_eq!(wal.durable_seq(), 5);
+    append_n(&wal, 2);
+    assert!(
+        eventually(|| wal.written_seq() == 7),
+        "records never written"
+    );
+    assert_eq!(wal.durable_seq(), 5);
+    // Close syncs what is left.
+    assert_eq!(Arc::try_unwrap(wal).unwrap().close().unwrap(), 7);
+    assert_eq!(
+        *events.lock().unwrap(),
+        vec![DurableEvent::Durable(5), DurableEvent::Durable(7)]
+    );
+    let (_, seen, _) = open(dir.path(), small()).unwrap();
+    assert_records(&seen, 7);
+}
+
+#[test]
+fn relaxed_sync_across_rotations_replays_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, events) = open_recording(dir.path(), relaxed(Duration::from_secs(3600), 1_000_000));
+    assert_eq!(append_n(&wal, 400), 400);
+    assert!(
+        eventually(|| wal.written_seq() == 400),
+        "records never written"
+    );
+    // Sealing a segment fdatasyncs it, but durability is reported only by the policy's syncs.
+    assert_eq!(wal.durable_seq(), 0);
+    assert!(events.lock().unwrap().is_empty());
+    assert!(wal.segment_count() >= 3);
+    assert_eq!(Arc::try_unwrap(wal).unwrap().close().unwrap(), 400);
+    assert_eq!(*events.lock().unwrap(), vec![DurableEvent::Durable(400)]);
+    let (_, seen, report) =
+        open(dir.path(), relaxed(Duration::from_secs(3600), 1_000_000)).unwrap();
+    assert_records(&seen, 400);
+    assert_eq!(report.segments, wal_files(dir.path()).len());
+    assert_eq!(report.truncated_bytes, 0);
+}
+
+#[test]
+fn relaxed_policy_is_not_the_default() {
+    assert_eq!(WalOptions::default().sync, SyncPolicy::Always);
+    assert_eq!(SyncPolicy::default(), SyncPolicy::Always);
 }

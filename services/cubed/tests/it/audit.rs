@@ -98,7 +98,8 @@ async fn changes_and_security_events_form_a_verifiable_chain() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tampered_entry_is_named_by_verification() {
-    let mut server = TestServer::start(cubed()).unwrap();
+    // No checkpoint deletes the first WAL segment while the test runs.
+    let mut server = TestServer::start_with(cubed(), &["--checkpoint-secs", "3600"]).unwrap();
     let mut c = server.cells(&server.demo).await.unwrap();
     for x in 0..4 {
         c.write(write(x, 0, 0, b"v")).await.unwrap();
@@ -135,6 +136,8 @@ async fn a_tampered_entry_is_named_by_verification() {
     bytes[at + 7] = b'7';
     cube_testkit::fix_wal_crc(&mut bytes, payload);
     std::fs::write(&seg, bytes).unwrap();
+    // ...and removes the tenant's state store, so the server rebuilds it from the edited log.
+    std::fs::remove_dir_all(server.tenant_state_dir("demo")).unwrap();
     tokio::task::block_in_place(|| server.restart()).unwrap();
 
     let after = trail(&server, 0, 0).await;

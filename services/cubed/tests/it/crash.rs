@@ -14,7 +14,7 @@ const WRITERS: usize = 32;
 
 /// Deterministic, incompressible payload of writer `w`'s `seq`-th write, ending in a CRC32C of
 /// everything before it.
-fn payload(w: u32, seq: u64) -> Vec<u8> {
+pub(crate) fn payload(w: u32, seq: u64) -> Vec<u8> {
     let mut state = (u64::from(w) << 40) ^ seq ^ 0x9E37_79B9_7F4A_7C15;
     let len = 64 + (seq % 448) as usize;
     let mut out = Vec::with_capacity(len + 16);
@@ -40,7 +40,10 @@ fn crc_ok(value: &[u8]) -> bool {
 }
 
 /// Run WRITERS writers until `stop` or the first error; returns each writer's last acked seq.
-async fn write_until_stopped(server: &TestServer, stop: Arc<AtomicBool>) -> Vec<Arc<AtomicU64>> {
+pub(crate) async fn write_until_stopped(
+    server: &TestServer,
+    stop: Arc<AtomicBool>,
+) -> Vec<Arc<AtomicU64>> {
     let acked: Vec<Arc<AtomicU64>> = (0..WRITERS).map(|_| Arc::new(AtomicU64::new(0))).collect();
     for (w, last) in acked.iter().enumerate() {
         let mut client = server.cells(&server.demo).await.unwrap();
@@ -61,7 +64,7 @@ async fn write_until_stopped(server: &TestServer, stop: Arc<AtomicBool>) -> Vec<
 }
 
 /// Read back every acknowledged write and check it byte for byte.
-async fn verify(server: &TestServer, acked: &[u64]) {
+pub(crate) async fn verify(server: &TestServer, acked: &[u64]) {
     let mut tasks = Vec::new();
     for (w, &last) in acked.iter().enumerate() {
         let mut client = server.cells(&server.demo).await.unwrap();
@@ -96,7 +99,7 @@ async fn verify(server: &TestServer, acked: &[u64]) {
     }
 }
 
-fn snapshot(acked: &[Arc<AtomicU64>]) -> Vec<u64> {
+pub(crate) fn snapshot(acked: &[Arc<AtomicU64>]) -> Vec<u64> {
     acked.iter().map(|a| a.load(Ordering::SeqCst)).collect()
 }
 

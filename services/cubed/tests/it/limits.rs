@@ -116,12 +116,17 @@ async fn compare_and_set_and_bad_requests() {
 
     let err = c
         .region(RegionRequest {
-            min: coord(0, 0, 0),
-            max: coord(1, 1, 1),
+            min: coord(0, 1, 0),
+            max: coord(1, 0, 1),
             limit: 0,
             page_token: vec![],
         })
         .await
         .unwrap_err();
-    assert_eq!(err.code(), Code::Unimplemented);
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(
+        err.message().contains("must not exceed"),
+        "{}",
+        err.message()
+    );
 }

@@ -79,9 +79,7 @@ impl AccessService {
             detail: format!("key={key_id} capabilities={caps:?}"),
         };
         self.directory
-            .get(principal.tenant())
-            .await?
-            .call(event, &principal.name())
+            .call(principal.tenant(), event, &principal.name())
             .await?;
         let caps = self
             .catalog

@@ -10,7 +10,7 @@ use tonic::{Request, Response, Status};
 
 use crate::ApiError;
 use crate::connection::ConnectionRegistry;
-use cube_store::{Command, TenantDirectory};
+use cube_store::{Command, SyncPolicy, TenantDirectory, describe_policy};
 
 pub(crate) struct AdminService {
     /// `None` on the network listener.
@@ -35,10 +35,7 @@ impl AdminService {
             op: op.into(),
             detail,
         };
-        let result = match directory.get(tenant).await {
-            Ok(handle) => handle.call(event, OPERATOR).await.map(|_| ()),
-            Err(e) => Err(e),
-        };
+        let result = directory.call(tenant, event, OPERATOR).await.map(|_| ());
         if let Err(e) = result {
             tracing::error!(tenant, op, error = %e, "could not record an audit event");
         }
@@ -118,6 +115,34 @@ impl Admin for AdminService {
             tracing::info!(tenant = %r.tenant, key = %r.key_id, sessions_ended = ended, "key revoked");
         }
         Ok(Response::new(v1::RevokeKeyResponse { revoked }))
+    }
+
+    async fn set_durability(
+        &self,
+        req: Request<v1::SetDurabilityRequest>,
+    ) -> Result<Response<v1::SetDurabilityResponse>, Status> {
+        let r = req.into_inner();
+        let policy = match r.relaxed {
+            None => SyncPolicy::Always,
+            Some(x) => SyncPolicy::Relaxed {
+                max_delay: std::time::Duration::from_millis(x.max_delay_ms),
+                max_records: x.max_records,
+            },
+        };
+        self.catalog()?
+            .set_durability(&r.tenant, policy)
+            .map_err(ApiError::from)?;
+        let durability = describe_policy(&policy);
+        self.record(&r.tenant, "durability", format!("policy={durability}"))
+            .await;
+        let applied_now = match &self.directory {
+            Some(d) => d.close_tenant(&r.tenant).await,
+            None => false,
+        };
+        Ok(Response::new(v1::SetDurabilityResponse {
+            durability,
+            applied_now,
+        }))
     }
 
     async fn list_tenants(

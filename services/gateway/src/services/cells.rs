@@ -1,30 +1,68 @@
-//! `cube.v1.Cells`: convert, check the capability, ask the tenant's actor, map the reply.
+//! `cube.v1.Cells`: convert, check the capability, ask the tenant, map the reply.
+//!
+//! Changes go through the tenant's actor (and its WAL); Read, Region and Walk read the tenant's
+//! applied state on a blocking thread of their own, never queueing behind writers.
 
 use std::sync::Arc;
 
 use cube_api::v1::{self, cells_server::Cells};
-use cube_store::{Capability, Command, Reply, TenantDirectory};
+use cube_store::{Capability, Command, MAX_WALK_DEPTH, Reply, TenantDirectory};
+use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status};
 
 use crate::principal::Principal;
 use crate::{ApiError, convert};
 
-const LATER: &str = "not implemented yet in this server version (planned: the full data model)";
+/// Response header carrying the Region continuation token (binary metadata).
+pub const NEXT_PAGE_TOKEN_HEADER: &str = "x-cube-next-page-token-bin";
+
+/// Result sizes of Region and Walk: default when the request says 0, and the most allowed.
+#[derive(Debug, Clone, Copy)]
+pub struct ScanLimits {
+    pub region_default: u32,
+    pub region_max: u32,
+    pub walk_default: u32,
+    pub walk_max: u32,
+}
+
+impl Default for ScanLimits {
+    fn default() -> Self {
+        ScanLimits {
+            region_default: 1000,
+            region_max: 10_000,
+            walk_default: 1000,
+            walk_max: 10_000,
+        }
+    }
+}
 
 pub(crate) struct CellsService {
     pub directory: Arc<TenantDirectory>,
+    pub limits: ScanLimits,
 }
 
 impl CellsService {
     async fn run(&self, principal: &Principal, cmd: Command) -> Result<Reply, ApiError> {
-        let tenant = self.directory.get(principal.tenant()).await?;
-        Ok(tenant.call(cmd, &principal.name()).await?)
+        Ok(self
+            .directory
+            .call(principal.tenant(), cmd, &principal.name())
+            .await?)
     }
 }
 
 fn unexpected(reply: &Reply) -> Status {
     tracing::error!(?reply, "store answered with the wrong reply kind");
     Status::internal("internal error")
+}
+
+/// Run a read of the applied state on the blocking pool (it may touch disk).
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, cube_store::StoreError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|_| ApiError::Store(cube_store::StoreError::Unavailable("read failed".into())))?
+        .map_err(ApiError::from)
 }
 
 #[tonic::async_trait]
@@ -75,51 +113,155 @@ impl Cells for CellsService {
         }
     }
 
-    type RegionStream = futures::stream::Empty<Result<v1::Cell, Status>>;
+    type RegionStream = tokio_stream::Iter<std::vec::IntoIter<Result<v1::Cell, Status>>>;
 
     async fn region(
         &self,
-        _: Request<v1::RegionRequest>,
+        req: Request<v1::RegionRequest>,
     ) -> Result<Response<Self::RegionStream>, Status> {
-        Err(ApiError::Unimplemented(LATER).into())
+        let principal = Principal::require(&req, Capability::Read)?;
+        let r = req.into_inner();
+        let (min, max) = convert::region_box(&r)?;
+        // Region pages past the cap are shortened, not refused: the token continues them.
+        let limit = match r.limit {
+            0 => self.limits.region_default,
+            n => n.min(self.limits.region_max),
+        } as usize;
+        let tenant = self
+            .directory
+            .get(principal.tenant())
+            .await
+            .map_err(ApiError::from)?;
+        let reader = tenant.reader().clone();
+        let token = r.page_token;
+        let page = blocking(move || reader.region(min, max, limit, &token)).await?;
+        let cells: Vec<Result<v1::Cell, Status>> = page
+            .cells
+            .into_iter()
+            .map(|(c, v)| {
+                Ok(v1::Cell {
+                    coord: Some(convert::to_coord(c)),
+                    value: v.value,
+                    version: v.version,
+                    sealed: v.sealed,
+                })
+            })
+            .collect();
+        let mut response = Response::new(tokio_stream::iter(cells));
+        if let Some(next) = page.next_token {
+            response
+                .metadata_mut()
+                .insert_bin(NEXT_PAGE_TOKEN_HEADER, MetadataValue::from_bytes(&next));
+        }
+        Ok(response)
     }
 
     async fn prog(
         &self,
-        _: Request<v1::ProgRequest>,
+        req: Request<v1::ProgRequest>,
     ) -> Result<Response<v1::ProgResponse>, Status> {
-        Err(ApiError::Unimplemented(LATER).into())
+        let principal = Principal::require(&req, Capability::Write)?;
+        let cmd = convert::prog(req.into_inner())?;
+        match self.run(&principal, cmd).await? {
+            Reply::Programmed { version, seq } => {
+                Ok(Response::new(v1::ProgResponse { version, seq }))
+            }
+            other => Err(unexpected(&other)),
+        }
     }
 
-    async fn run(&self, _: Request<v1::RunRequest>) -> Result<Response<v1::RunResponse>, Status> {
-        Err(ApiError::Unimplemented(LATER).into())
+    async fn run(&self, req: Request<v1::RunRequest>) -> Result<Response<v1::RunResponse>, Status> {
+        // Running records telemetry and bumps a counter: a change, so WRITE.
+        let principal = Principal::require(&req, Capability::Write)?;
+        let cmd = convert::run(req.into_inner())?;
+        match CellsService::run(self, &principal, cmd).await? {
+            Reply::Ran { program, run_count } => {
+                Ok(Response::new(v1::RunResponse { program, run_count }))
+            }
+            other => Err(unexpected(&other)),
+        }
     }
 
     async fn link(
         &self,
-        _: Request<v1::LinkRequest>,
+        req: Request<v1::LinkRequest>,
     ) -> Result<Response<v1::LinkResponse>, Status> {
-        Err(ApiError::Unimplemented(LATER).into())
+        let principal = Principal::require(&req, Capability::Write)?;
+        let cmd = convert::link(req.into_inner())?;
+        match self.run(&principal, cmd).await? {
+            Reply::Linked { created } => Ok(Response::new(v1::LinkResponse { created })),
+            other => Err(unexpected(&other)),
+        }
     }
 
     async fn unlink(
         &self,
-        _: Request<v1::UnlinkRequest>,
+        req: Request<v1::UnlinkRequest>,
     ) -> Result<Response<v1::UnlinkResponse>, Status> {
-        Err(ApiError::Unimplemented(LATER).into())
+        let principal = Principal::require(&req, Capability::Write)?;
+        let cmd = convert::unlink(req.into_inner())?;
+        match self.run(&principal, cmd).await? {
+            Reply::Unlinked { existed } => Ok(Response::new(v1::UnlinkResponse { existed })),
+            other => Err(unexpected(&other)),
+        }
     }
 
     async fn walk(
         &self,
-        _: Request<v1::WalkRequest>,
+        req: Request<v1::WalkRequest>,
     ) -> Result<Response<v1::WalkResponse>, Status> {
-        Err(ApiError::Unimplemented(LATER).into())
+        let principal = Principal::require(&req, Capability::Read)?;
+        let r = req.into_inner();
+        let start = convert::walk_start(&r)?;
+        let depth = convert::bounded(r.max_depth, MAX_WALK_DEPTH, MAX_WALK_DEPTH, "max_depth")?;
+        let limit = convert::bounded(
+            r.limit,
+            self.limits.walk_default,
+            self.limits.walk_max,
+            "limit",
+        )? as usize;
+        for label in &r.labels {
+            if label.is_empty() || label.len() > cube_store::MAX_LABEL_BYTES {
+                return Err(ApiError::Invalid(format!(
+                    "edge labels are 1 to {} bytes; got one of {} bytes",
+                    cube_store::MAX_LABEL_BYTES,
+                    label.len()
+                ))
+                .into());
+            }
+        }
+        let tenant = self
+            .directory
+            .get(principal.tenant())
+            .await
+            .map_err(ApiError::from)?;
+        let reader = tenant.reader().clone();
+        let labels = r.labels;
+        let (visits, truncated) =
+            blocking(move || reader.walk(start, depth, limit, &labels)).await?;
+        Ok(Response::new(v1::WalkResponse {
+            visits: visits
+                .into_iter()
+                .map(|(c, depth)| v1::Visit {
+                    coord: Some(convert::to_coord(c)),
+                    depth,
+                })
+                .collect(),
+            truncated,
+        }))
     }
 
     async fn seal(
         &self,
-        _: Request<v1::SealRequest>,
+        req: Request<v1::SealRequest>,
     ) -> Result<Response<v1::SealResponse>, Status> {
-        Err(ApiError::Unimplemented(LATER).into())
+        let principal = Principal::require(&req, Capability::Write)?;
+        let cmd = convert::seal(req.into_inner())?;
+        match self.run(&principal, cmd).await? {
+            Reply::Sealed { digest, version } => {
+                Ok(Response::new(v1::SealResponse { digest, version }))
+            }
+            other => Err(unexpected(&other)),
+        }
     }
 }

@@ -1,12 +1,12 @@
-//! `cube.v1.Tenant`: the audit trail (Stats arrives with the full data model).
+//! `cube.v1.Tenant`: statistics, run telemetry and the audit trail.
 //!
-//! Audit pages are read from the tenant's durable trail on the caller's thread, never through
-//! the tenant's actor, so reading the trail does not queue behind or block writers.
+//! Everything here reads the tenant's applied state on a blocking thread, never through the
+//! tenant's actor, so it does not queue behind or block writers.
 
 use std::sync::Arc;
 
 use cube_api::v1::{self, tenant_server::Tenant};
-use cube_store::{Capability, TenantDirectory};
+use cube_store::{Capability, Coord, TenantDirectory};
 use tonic::{Request, Response, Status};
 
 use crate::ApiError;
@@ -15,6 +15,8 @@ use crate::principal::Principal;
 /// Entries per Audit call when the request says 0, and the most it may ask for.
 const DEFAULT_AUDIT_LIMIT: u32 = 100;
 const MAX_AUDIT_LIMIT: u32 = 1000;
+/// Run telemetry entries returned by Stats{coord}, newest first.
+const RECENT_RUNS: usize = 16;
 
 pub(crate) struct TenantService {
     pub directory: Arc<TenantDirectory>,
@@ -24,12 +26,64 @@ pub(crate) struct TenantService {
 impl Tenant for TenantService {
     async fn stats(
         &self,
-        _: Request<v1::StatsRequest>,
+        req: Request<v1::StatsRequest>,
     ) -> Result<Response<v1::StatsResponse>, Status> {
-        Err(
-            ApiError::Unimplemented("Tenant.Stats is not implemented yet in this server version")
-                .into(),
-        )
+        let principal = Principal::require(&req, Capability::Read)?;
+        let r = req.into_inner();
+        let tenant = self
+            .directory
+            .get(principal.tenant())
+            .await
+            .map_err(ApiError::from)?;
+        let reader = tenant.reader().clone();
+        if let Some(c) = r.coord {
+            let coord = Coord {
+                x: c.x,
+                y: c.y,
+                z: c.z,
+            };
+            let runs = tokio::task::spawn_blocking(move || reader.runs(coord, RECENT_RUNS))
+                .await
+                .map_err(|_| Status::unavailable("stats read failed"))?
+                .map_err(ApiError::from)?;
+            let Some((run_count, recent)) = runs else {
+                return Err(Status::not_found(format!("no cell at {coord}")));
+            };
+            return Ok(Response::new(v1::StatsResponse {
+                totals: None,
+                cell: Some(v1::CellRuns {
+                    coord: Some(c),
+                    run_count,
+                    recent: recent
+                        .into_iter()
+                        .map(|r| v1::RunTelemetry {
+                            ts_ms: r.ts_ms,
+                            principal: r.principal,
+                            input_digest: r.input_digest,
+                        })
+                        .collect(),
+                }),
+            }));
+        }
+        let (totals, _) = tokio::task::spawn_blocking(move || reader.totals())
+            .await
+            .map_err(|_| Status::unavailable("stats read failed"))?
+            .map_err(ApiError::from)?;
+        let log = tenant.log_stats();
+        Ok(Response::new(v1::StatsResponse {
+            totals: Some(v1::TenantTotals {
+                cells: totals.cells,
+                edges: totals.edges,
+                sealed: totals.sealed,
+                programs: totals.programs,
+                runs: totals.runs,
+                wal_bytes: log.wal_bytes,
+                last_seq: log.last_seq,
+                checkpoint_seq: log.checkpoint_seq,
+                durability: log.durability,
+            }),
+            cell: None,
+        }))
     }
 
     type AuditStream = tokio_stream::Iter<std::vec::IntoIter<Result<v1::AuditEntry, Status>>>;
@@ -49,8 +103,13 @@ impl Tenant for TenantService {
             .get(principal.tenant())
             .await
             .map_err(ApiError::from)?;
-        let entries: Vec<Result<v1::AuditEntry, Status>> = tenant
-            .audit_page(r.from_seq, limit as usize)
+        let reader = tenant.reader().clone();
+        let page =
+            tokio::task::spawn_blocking(move || reader.audit_page(r.from_seq, limit as usize))
+                .await
+                .map_err(|_| Status::unavailable("audit read failed"))?
+                .map_err(ApiError::from)?;
+        let entries: Vec<Result<v1::AuditEntry, Status>> = page
             .into_iter()
             .map(|e| {
                 Ok(v1::AuditEntry {

@@ -1,0 +1,243 @@
+//! The key layout of a tenant's state database, and the records stored under those keys.
+//!
+//! NOTE: this is an on-disk format. Every key starts with a one-byte namespace; cells are keyed by
+//! their Morton code so a Region scan is a walk over a few key ranges; edges by source first so a
+//! Walk step is one prefix scan.
+//!
+//! ```text
+//! c | morton(coord) 12                      -> StoredCell
+//! e | morton(from) 12 | len u8 | label | morton(to) 12   -> (empty)
+//! r | morton(coord) 12 | run number u64 BE  -> walop::Run (telemetry of that run)
+//! a | audit seq u64 BE                      -> walop::WalAudit
+//! m | name                                  -> meta (applied seq, totals, audit head)
+//! ```
+
+use prost::Message;
+
+use crate::morton;
+use crate::state::Coord;
+
+const CELL: u8 = b'c';
+const EDGE: u8 = b'e';
+const RUN: u8 = b'r';
+const AUDIT: u8 = b'a';
+
+/// Highest WAL seq whose effects are in the store (written in the same batch as those effects).
+pub(crate) const META_APPLIED: &[u8] = b"m:applied";
+pub(crate) const META_TOTALS: &[u8] = b"m:totals";
+pub(crate) const META_AUDIT_HEAD: &[u8] = b"m:audit-head";
+
+pub(crate) fn z(c: Coord) -> u128 {
+    morton::encode(c.x, c.y, c.z)
+}
+
+pub(crate) fn coord_of_z(m: u128) -> Coord {
+    let (x, y, z) = morton::decode(m);
+    Coord { x, y, z }
+}
+
+pub(crate) fn cell_key_z(m: u128) -> [u8; 13] {
+    let mut k = [0u8; 13];
+    k[0] = CELL;
+    k[1..].copy_from_slice(&morton::to_bytes(m));
+    k
+}
+
+pub(crate) fn cell_key(c: Coord) -> [u8; 13] {
+    cell_key_z(z(c))
+}
+
+/// Exclusive upper bound of the cell keys up to and including Morton code `m`.
+pub(crate) fn cell_key_end_z(m: u128) -> [u8; 14] {
+    let mut k = [0u8; 14];
+    k[..13].copy_from_slice(&cell_key_z(m));
+    k
+}
+
+/// The Morton code of a cell key.
+pub(crate) fn cell_key_to_z(key: &[u8]) -> Option<u128> {
+    match key.split_first() {
+        Some((&CELL, rest)) => morton::from_bytes(rest),
+        _ => None,
+    }
+}
+
+fn edge_prefix(from: Coord, label: Option<&str>) -> Vec<u8> {
+    let mut k = Vec::with_capacity(1 + 12 + 1 + 64 + 12);
+    k.push(EDGE);
+    k.extend_from_slice(&morton::to_bytes(z(from)));
+    if let Some(label) = label {
+        // Labels are at most 64 bytes (checked before anything is logged).
+        k.push(label.len() as u8);
+        k.extend_from_slice(label.as_bytes());
+    }
+    k
+}
+
+pub(crate) fn edge_key(from: Coord, label: &str, to: Coord) -> Vec<u8> {
+    let mut k = edge_prefix(from, Some(label));
+    k.extend_from_slice(&morton::to_bytes(z(to)));
+    k
+}
+
+/// Key range of the edges leaving `from`, all labels or one.
+pub(crate) fn edges_from(from: Coord, label: Option<&str>) -> (Vec<u8>, Vec<u8>) {
+    let start = edge_prefix(from, label);
+    let end = prefix_end(&start);
+    (start, end)
+}
+
+/// The target of an edge key.
+pub(crate) fn edge_target(key: &[u8]) -> Option<Coord> {
+    let tail = key.len().checked_sub(12)?;
+    morton::from_bytes(&key[tail..]).map(coord_of_z)
+}
+
+pub(crate) fn run_key(c: Coord, n: u64) -> [u8; 21] {
+    let mut k = [0u8; 21];
+    k[0] = RUN;
+    k[1..13].copy_from_slice(&morton::to_bytes(z(c)));
+    k[13..].copy_from_slice(&n.to_be_bytes());
+    k
+}
+
+pub(crate) fn runs_of(c: Coord) -> (Vec<u8>, Vec<u8>) {
+    let start = run_key(c, 0)[..13].to_vec();
+    let end = prefix_end(&start);
+    (start, end)
+}
+
+pub(crate) fn audit_key(seq: u64) -> [u8; 9] {
+    let mut k = [0u8; 9];
+    k[0] = AUDIT;
+    k[1..].copy_from_slice(&seq.to_be_bytes());
+    k
+}
+
+pub(crate) fn audit_end() -> Vec<u8> {
+    vec![AUDIT + 1]
+}
+
+/// The smallest key greater than every key starting with `prefix`.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // All 0xFF: no bound below "everything"; callers never build such prefixes.
+    vec![u8::MAX; prefix.len() + 1]
+}
+
+/// NOTE: on-disk format of a cell.
+#[derive(Clone, PartialEq, Message)]
+pub struct StoredCell {
+    #[prost(bytes = "vec", tag = "1")]
+    pub value: Vec<u8>,
+    #[prost(uint64, tag = "2")]
+    pub version: u64,
+    #[prost(bool, tag = "3")]
+    pub sealed: bool,
+    /// The value is a program (stored by Prog; Run accepts only these).
+    #[prost(bool, tag = "4")]
+    pub program: bool,
+    #[prost(uint64, tag = "5")]
+    pub runs: u64,
+}
+
+/// NOTE: on-disk format of the tenant's totals (kept in the same batch as the changes).
+#[derive(Clone, PartialEq, Eq, Message)]
+pub struct Totals {
+    #[prost(uint64, tag = "1")]
+    pub cells: u64,
+    #[prost(uint64, tag = "2")]
+    pub edges: u64,
+    #[prost(uint64, tag = "3")]
+    pub sealed: u64,
+    #[prost(uint64, tag = "4")]
+    pub programs: u64,
+    /// Runs ever recorded.
+    #[prost(uint64, tag = "5")]
+    pub runs: u64,
+}
+
+impl Totals {
+    /// Account for a cell changing from `before` to `after`.
+    pub(crate) fn change(&mut self, before: Option<&StoredCell>, after: Option<&StoredCell>) {
+        let flags = |c: Option<&StoredCell>| {
+            c.map_or((0u64, 0u64, 0u64), |c| {
+                (1, u64::from(c.sealed), u64::from(c.program))
+            })
+        };
+        let (c0, s0, p0) = flags(before);
+        let (c1, s1, p1) = flags(after);
+        self.cells = (self.cells + c1).saturating_sub(c0);
+        self.sealed = (self.sealed + s1).saturating_sub(s0);
+        self.programs = (self.programs + p1).saturating_sub(p0);
+    }
+}
+
+/// NOTE: on-disk format of the audit chain's head: what the next entry chains to.
+#[derive(Clone, PartialEq, Message)]
+pub struct AuditHead {
+    #[prost(uint64, tag = "1")]
+    pub next_seq: u64,
+    #[prost(bytes = "vec", tag = "2")]
+    pub hash: Vec<u8>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_ranges_hold_exactly_their_keys() {
+        let a = Coord { x: -1, y: 5, z: 0 };
+        let b = Coord {
+            x: i32::MAX,
+            y: i32::MIN,
+            z: 7,
+        };
+        let (s, e) = edges_from(a, None);
+        let k = edge_key(a, "next", b);
+        assert!(s.as_slice() <= k.as_slice() && k.as_slice() < e.as_slice());
+        assert_eq!(edge_target(&k), Some(b));
+        let (s, e) = edges_from(a, Some("next"));
+        assert!(s.as_slice() <= k.as_slice() && k.as_slice() < e.as_slice());
+        // A label that is a prefix of another does not match it (the length byte differs).
+        let (s, e) = edges_from(a, Some("nex"));
+        assert!(!(s.as_slice() <= k.as_slice() && k.as_slice() < e.as_slice()));
+        let (s, e) = runs_of(b);
+        let r = run_key(b, u64::MAX);
+        assert!(s.as_slice() <= r.as_slice() && r.as_slice() < e.as_slice());
+        assert_eq!(cell_key_to_z(&cell_key(b)), Some(z(b)));
+        assert_eq!(coord_of_z(z(b)), b);
+        assert!(cell_key(b).as_slice() < cell_key_end_z(z(b)).as_slice());
+        assert!(audit_key(u64::MAX).as_slice() < audit_end().as_slice());
+        assert_eq!(prefix_end(&[1, 255]), vec![2]);
+    }
+
+    #[test]
+    fn totals_follow_cell_changes() {
+        let mut t = Totals::default();
+        let plain = StoredCell {
+            value: vec![],
+            version: 1,
+            sealed: false,
+            program: false,
+            runs: 0,
+        };
+        let prog = StoredCell {
+            program: true,
+            sealed: true,
+            ..plain.clone()
+        };
+        t.change(None, Some(&plain));
+        t.change(Some(&plain), Some(&prog));
+        assert_eq!((t.cells, t.sealed, t.programs), (1, 1, 1));
+        t.change(Some(&prog), None);
+        assert_eq!((t.cells, t.sealed, t.programs), (0, 0, 0));
+    }
+}

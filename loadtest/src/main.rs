@@ -10,6 +10,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod auth_cost;
+mod datamodel;
 mod drive;
 mod echo;
 mod metrics_cost;
@@ -33,6 +34,8 @@ enum Cmd {
     AuthCost(auth_cost::AuthCostArgs),
     /// Throughput with metrics recorded vs `--no-metrics`, in one run.
     MetricsCost(metrics_cost::MetricsCostArgs),
+    /// Region throughput, recovery time with and without a checkpoint, and 10,000 idle tenants.
+    Datamodel(datamodel::DataModelArgs),
     /// Serve the echo baseline (used by `e2e` as a child process).
     EchoServer {
         #[arg(long, default_value = "127.0.0.1:0")]
@@ -60,6 +63,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::E2e(args) => rt.block_on(drive::e2e(args, sibling_cubed())),
         Cmd::AuthCost(args) => rt.block_on(auth_cost::run(args, sibling_cubed())),
         Cmd::MetricsCost(args) => rt.block_on(metrics_cost::run(args, sibling_cubed())),
+        Cmd::Datamodel(args) => rt.block_on(datamodel::run(args, sibling_cubed())),
         Cmd::EchoServer { listen } => rt.block_on(echo::serve(listen)),
     }
 }

@@ -24,7 +24,7 @@ pub const DEFAULT_CHECKPOINT_BYTES: u64 = 64 << 20;
 pub const DEFAULT_CHECKPOINT_SECS: u64 = 60;
 pub const DEFAULT_STATE_CACHE_BYTES: u64 = 8 << 20;
 pub const DEFAULT_IDLE_SECS: u64 = 300;
-pub const DEFAULT_MAX_OPEN_TENANTS: usize = 1000;
+pub const DEFAULT_MAX_OPEN_TENANTS: usize = 256;
 pub const DEFAULT_REGION_MAX_CELLS: u32 = 10_000;
 pub const DEFAULT_WALK_MAX_VISITS: u32 = 10_000;
 /// Room for the protobuf framing around a maximal value.
@@ -44,6 +44,8 @@ pub struct Cli {
     pub serve: ServeArgs,
 }
 
+// Parsed once at start-up; boxing the big variant would only complicate the match in main.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve gRPC (the default).
@@ -155,6 +157,11 @@ pub struct ServeArgs {
     /// Admin HTTP listen address (/metrics, /healthz, /readyz). Port 0 picks a free port.
     #[arg(long, env = "CUBE_ADMIN_LISTEN", default_value = DEFAULT_ADMIN_LISTEN)]
     pub admin_listen: SocketAddr,
+    /// A TOML file of `flag = value` lines, keys being these long flag names without `--`
+    /// (e.g. `listen = "0.0.0.0:50051"`, `idle-secs = 600`, `no-demo = true`). Flags given on the
+    /// command line or as CUBE_* variables take precedence over the file.
+    #[arg(long, env = "CUBE_CONFIG")]
+    pub config: Option<PathBuf>,
     /// Do not record per-RPC metrics (to measure what they cost; /metrics still answers).
     #[arg(long, env = "CUBE_NO_METRICS")]
     pub no_metrics: bool,
@@ -377,5 +384,104 @@ impl ServeArgs {
                 walk_max: self.walk_max_visits,
             },
         })
+    }
+}
+
+/// Parse the command line, filling `serve` flags not given on it (nor in the environment) from
+/// the `--config` file. Exits with clap's message on bad flags, like `Cli::parse`.
+pub fn parse_with_config(argv: Vec<std::ffi::OsString>) -> anyhow::Result<Cli> {
+    use clap::{CommandFactory, FromArgMatches, parser::ValueSource};
+    let matches = Cli::command().get_matches_from(argv.clone());
+    let serve = match matches.subcommand() {
+        None => &matches,
+        Some(("serve", m)) => m,
+        Some(_) => return Ok(Cli::from_arg_matches(&matches)?),
+    };
+    let Some(path) = serve.get_one::<PathBuf>("config") else {
+        return Ok(Cli::from_arg_matches(&matches)?);
+    };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("cannot read --config {}: {e}", path.display()))?;
+    let table: toml::Table = text
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--config {} is not valid TOML: {e}", path.display()))?;
+    let command = Cli::command();
+    let mut argv = argv;
+    for (key, value) in table {
+        let arg = command
+            .get_arguments()
+            .find(|a| a.get_long() == Some(key.as_str()) && key != "config" && key != "help")
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--config {}: unknown key '{key}'; keys are the long flags of `cubed serve` \
+                     without the leading --",
+                    path.display()
+                )
+            })?;
+        if matches!(
+            serve.value_source(arg.get_id().as_str()),
+            Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+        ) {
+            continue;
+        }
+        match value {
+            toml::Value::Boolean(true) => argv.push(format!("--{key}").into()),
+            toml::Value::Boolean(false) => {}
+            toml::Value::String(s) => argv.push(format!("--{key}={s}").into()),
+            toml::Value::Integer(n) => argv.push(format!("--{key}={n}").into()),
+            other => anyhow::bail!(
+                "--config {}: '{key}' must be a string, integer or boolean, not {}",
+                path.display(),
+                other.type_str()
+            ),
+        }
+    }
+    Ok(Cli::try_parse_from(argv)?)
+}
+
+#[cfg(test)]
+mod config_file_tests {
+    use super::*;
+
+    fn argv(args: &[&str]) -> Vec<std::ffi::OsString> {
+        args.iter().map(Into::into).collect()
+    }
+
+    #[test]
+    fn file_fills_flags_the_command_line_did_not_give() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("cubed.toml");
+        std::fs::write(
+            &file,
+            "listen = \"127.0.0.1:7000\"\nidle-secs = 42\nno-demo = true\nno-metrics = false\n",
+        )
+        .unwrap();
+        let f = file.to_str().unwrap();
+        let cli =
+            parse_with_config(argv(&["cubed", "--config", f, "--listen", "127.0.0.1:9"])).unwrap();
+        assert_eq!(cli.serve.listen.to_string(), "127.0.0.1:9");
+        assert_eq!(cli.serve.idle_secs, 42);
+        assert!(cli.serve.no_demo);
+        assert!(!cli.serve.no_metrics);
+        let cli = parse_with_config(argv(&["cubed", "serve", "--config", f])).unwrap();
+        let Some(Command::Serve(args)) = cli.command else {
+            panic!("expected serve")
+        };
+        assert_eq!(args.listen.to_string(), "127.0.0.1:7000");
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_refused_with_the_key_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("cubed.toml");
+        std::fs::write(&file, "listne = \"x\"\n").unwrap();
+        let f = file.to_str().unwrap();
+        let err = parse_with_config(argv(&["cubed", "--config", f])).unwrap_err();
+        assert!(err.to_string().contains("unknown key 'listne'"), "{err}");
+        std::fs::write(&file, "idle-secs = [1]\n").unwrap();
+        let err = parse_with_config(argv(&["cubed", "--config", f])).unwrap_err();
+        assert!(err.to_string().contains("'idle-secs'"), "{err}");
+        std::fs::write(&file, "idle-secs = \"soon\"\n").unwrap();
+        assert!(parse_with_config(argv(&["cubed", "--config", f])).is_err());
     }
 }

@@ -2,8 +2,7 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
-use cubed::config::{Cli, Command, KeyCommand, PolicyArg, TenantCommand};
+use cubed::config::{Command, KeyCommand, PolicyArg, TenantCommand};
 use cubed::{admin_cli, serve};
 
 // Measured: glibc malloc/free took ~20% of CPU under load; see docs/benchmarks.md.
@@ -11,6 +10,7 @@ use cubed::{admin_cli, serve};
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    allocator_settings();
     match run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -20,6 +20,27 @@ fn main() -> ExitCode {
     }
 }
 
+/// mimalloc reads its options from the environment once, at process start. By default it keeps
+/// memory freed by passivated tenants for reuse (2 GiB resident after 10,000 tenants went idle,
+/// against 49 MiB with immediate purging: docs/benchmarks.md), so unless the operator set
+/// `MIMALLOC_PURGE_DELAY` themselves, cubed re-executes itself once with purging on.
+fn allocator_settings() {
+    use std::os::unix::process::CommandExt;
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
+        return;
+    }
+    let Ok(exe) = std::env::current_exe() else {
+        return;
+    };
+    let err = std::process::Command::new(exe)
+        .args(std::env::args_os().skip(1))
+        .env("MIMALLOC_PURGE_DELAY", "0")
+        .env("MIMALLOC_ARENA_EAGER_COMMIT", "0")
+        .exec();
+    // exec returns only when it failed: carry on with the allocator's defaults.
+    eprintln!("cubed: warning: could not apply allocator settings ({err}); continuing without");
+}
+
 fn run() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -27,7 +48,7 @@ fn run() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    let cli = cubed::config::parse_with_config(std::env::args_os().collect())?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

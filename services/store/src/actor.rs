@@ -117,6 +117,11 @@ impl Handler<Call> for TenantActor {
     type Result = ();
 
     fn handle(&mut self, msg: Call, _ctx: &mut Self::Context) {
+        if msg.reply.tx.is_closed() {
+            // The caller gave up (its gRPC deadline passed or it disconnected) while the call
+            // was queued: it was told nothing was confirmed, so do nothing.
+            return;
+        }
         if let Some((responder, result)) = self.core.handle(msg.cmd, &msg.caller, msg.reply) {
             responder.send(result);
         }

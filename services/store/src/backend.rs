@@ -42,6 +42,10 @@ pub trait StateBackend: Send + Sync + std::fmt::Debug {
     fn size_on_disk(&self) -> u64;
 }
 
+/// sled's segment (and write-buffer) size. NOTE: fixed when a database is created; sled refuses
+/// to open a database with a different one, so changing it needs a migration.
+const SEGMENT_BYTES: usize = 1 << 16;
+
 /// A tenant's state in its own sled database.
 #[derive(Debug)]
 pub struct SledBackend {
@@ -57,6 +61,9 @@ impl SledBackend {
             .path(dir)
             .cache_capacity(cache_bytes)
             .flush_every_ms(None)
+            // sled's write buffer, allocated per open database: its 512 KiB default dominated
+            // the memory of many small open tenants (docs/benchmarks.md).
+            .segment_size(SEGMENT_BYTES)
             .open()
             .map_err(|e| BackendError(format!("opening state database: {e}")))?;
         Ok(SledBackend { db })

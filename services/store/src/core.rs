@@ -75,6 +75,9 @@ pub struct SharedStats {
     /// Highest seq acknowledged to a caller.
     pub last_seq: AtomicU64,
     pub checkpoint_seq: AtomicU64,
+    /// The tenant refuses writes until the server restarts (it is never passivated, so
+    /// reopening cannot clear this).
+    pub poisoned: std::sync::atomic::AtomicBool,
 }
 
 /// The durability policy as Stats shows it.
@@ -184,6 +187,9 @@ impl<T> TenantCore<T> {
         notify: Option<DurableNotify>,
     ) -> Result<(TenantCore<T>, RecoveryReport), StoreError> {
         let started = Instant::now();
+        // sled creates its directory without fsyncing the parents: create it (and the tenant's
+        // directory entry) durably first.
+        cube_wal::create_dir_durably(state_dir).map_err(|e| open_error(tenant, &e))?;
         let backend: Arc<dyn StateBackend> =
             Arc::new(open_backend(tenant, state_dir, config.state_cache_bytes)?);
         let mut state = TenantState::open(backend, config.limits).map_err(|e| {
@@ -193,16 +199,14 @@ impl<T> TenantCore<T> {
                  log)"
             ))
         })?;
-        let checkpoint_seq = state.applied_seq();
+        let start_after = state.applied_seq();
         let mut buffered: Vec<(u64, WalOp)> = Vec::with_capacity(REPLAY_BATCH);
-        let mut replayed_bytes = 0u64;
         let opened = WalShard::open(
             wal_dir,
             config.wal.clone(),
-            checkpoint_seq,
+            start_after,
             &mut |seq, payload| {
                 let op = WalOp::decode(payload).map_err(|e| format!("undecodable record: {e}"))?;
-                replayed_bytes += payload.len() as u64;
                 buffered.push((seq, op));
                 if buffered.len() >= REPLAY_BATCH {
                     state
@@ -217,7 +221,19 @@ impl<T> TenantCore<T> {
         state
             .apply_all(buffered)
             .map_err(|e| open_error(tenant, &apply_as_wal_error(e)))?;
-        // Segments wholly covered by the store's last flush are not needed any more.
+        // What the store recovered may still be only in the page cache (a kill -9 leaves its
+        // unsynced writes there), and the replay added more: flush before anything relies on it.
+        // Only then are the WAL segments it covers not needed any more.
+        let checkpoint_seq = match state.backend().flush() {
+            Ok(()) => state.applied_seq(),
+            Err(e) => {
+                tracing::error!(tenant, error = %e, "tenant state store could not be flushed");
+                return Err(StoreError::Unavailable(format!(
+                    "tenant '{tenant}' is unavailable: its state store could not be synced (see \
+                     the server log)"
+                )));
+            }
+        };
         if let Err(e) = wal.delete_segments_through(checkpoint_seq) {
             tracing::warn!(tenant, error = %e, "could not delete checkpointed wal segments");
         }
@@ -254,7 +270,8 @@ impl<T> TenantCore<T> {
             checkpoint: config.checkpoint,
             checkpoint_seq,
             checkpoint_running: false,
-            bytes_since_checkpoint: replayed_bytes,
+            // The open just flushed everything applied.
+            bytes_since_checkpoint: 0,
             last_checkpoint: Instant::now(),
             stats,
             poisoned: false,
@@ -457,6 +474,7 @@ impl<T> TenantCore<T> {
             cube_metrics::TENANTS_UNAVAILABLE.inc();
         }
         self.poisoned = true;
+        self.stats.poisoned.store(true, Ordering::Relaxed);
         self.state.discard_pending();
     }
 

@@ -214,6 +214,9 @@ struct Slot {
     opened: OnceCell<Result<TenantHandle, StoreError>>,
     /// Milliseconds since the directory started, at the last call.
     last_used: AtomicU64,
+    /// Claimed by the one task that passivates this slot (the janitor and `make_room` of
+    /// concurrent opens may pick the same victim).
+    closing: AtomicBool,
 }
 
 /// Tenant name -> actor.
@@ -432,11 +435,28 @@ impl TenantDirectory {
     /// Close one tenant if nothing is in flight. A tenant that failed to open is forgotten too,
     /// so its next call retries the open.
     async fn passivate(&self, tenant: &str, slot: &Arc<Slot>) -> bool {
+        if slot
+            .closing
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return false;
+        }
+        let closed = self.passivate_claimed(tenant, slot).await;
+        if !closed {
+            slot.closing.store(false, Ordering::Release);
+        }
+        closed
+    }
+
+    async fn passivate_claimed(&self, tenant: &str, slot: &Arc<Slot>) -> bool {
         let handle = match slot.opened.get() {
             None => return false, // still opening
             Some(Err(_)) => None,
             Some(Ok(h)) => {
-                if !h.try_retire() {
+                // A poisoned tenant stays open and refusing until the server restarts: a reopen
+                // would read back pages whose fsync failed as if they were durable.
+                if h.stats.poisoned.load(Ordering::Relaxed) || !h.try_retire() {
                     return false;
                 }
                 Some(h.clone())

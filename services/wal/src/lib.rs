@@ -18,7 +18,9 @@ mod tests;
 pub use error::WalError;
 pub use recovery::RecoveryReport;
 pub use segment::{SegmentSizing, segment_file_name};
-pub use shard::{DurableEvent, DurableNotify, SyncPolicy, WalOptions, WalShard};
+pub use shard::{
+    DurableEvent, DurableNotify, SyncPolicy, WalOptions, WalShard, create_dir_durably,
+};
 
 /// Receives each replayed record (sequence number, payload); an `Err` stops recovery.
 pub type ReplayVisitor<'a> = dyn FnMut(u64, &[u8]) -> Result<(), String> + 'a;

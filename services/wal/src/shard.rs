@@ -417,7 +417,7 @@ impl WalShard {
 
 /// `create_dir_all`, then fsync every directory whose entry list changed, so a new shard's
 /// directory survives power loss before its first acknowledged record.
-fn create_dir_durably(dir: &Path) -> Result<(), WalError> {
+pub fn create_dir_durably(dir: &Path) -> Result<(), WalError> {
     let mut existing = dir;
     while !existing.exists() {
         match existing.parent() {

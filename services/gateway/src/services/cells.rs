@@ -1,7 +1,8 @@
 //! `cube.v1.Cells`: convert, check the capability, ask the tenant, map the reply.
 //!
-//! Changes go through the tenant's actor (and its WAL); Read, Region and Walk read the tenant's
-//! applied state on a blocking thread of their own, never queueing behind writers.
+//! Changes go through the tenant's actor (and its WAL); reads never queue behind writers: Read
+//! (one key) is answered on the handler's task, Region and Walk (many keys, may touch disk) on
+//! a blocking thread, all from the tenant's applied state.
 
 use std::sync::Arc;
 

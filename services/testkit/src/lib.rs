@@ -49,25 +49,7 @@ impl TestServer {
 
     /// Start with extra `cubed serve` flags.
     pub fn start_with(bin: &Path, extra_args: &[&str]) -> anyhow::Result<TestServer> {
-        let root = tempfile::tempdir()?;
-        let mut server = TestServer {
-            bin: bin.to_path_buf(),
-            root,
-            extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
-            env: Vec::new(),
-            child: None,
-            starts: 0,
-            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-            admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-            demo: Credentials {
-                tenant: String::new(),
-                key_id: String::new(),
-                secret: String::new(),
-                endpoint: None,
-            },
-        };
-        server.spawn()?;
-        Ok(server)
+        Self::start_with_env(bin, extra_args, &[])
     }
 
     pub fn data_dir(&self) -> PathBuf {

@@ -6,8 +6,6 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use cube_api::v1::StatsRequest;
-use cube_api::v1::tenant_client::TenantClient;
 use cube_testkit::TestServer;
 
 use crate::crash::{snapshot, verify, write_until_stopped};
@@ -77,14 +75,7 @@ async fn state_larger_than_the_cache_works_and_recovers() {
         let r = c.read(read(i % 64, i / 64, 7)).await.unwrap().into_inner();
         assert_eq!(r.value, value(i));
     }
-    let mut t = TenantClient::new(server.signed(&server.demo).await.unwrap());
-    let totals = t
-        .stats(StatsRequest { coord: None })
-        .await
-        .unwrap()
-        .into_inner()
-        .totals
-        .unwrap();
+    let totals = crate::totals(&server).await;
     assert!(totals.checkpoint_seq > 0, "no checkpoint ran: {totals:?}");
     // WAL segments behind the checkpoint are gone: far less WAL than data written.
     assert!(totals.wal_bytes < 6 << 20, "{totals:?}");

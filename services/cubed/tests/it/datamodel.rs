@@ -254,13 +254,7 @@ async fn prog_run_seal_link_walk_and_stats() {
     let err = c.link(link(0, 1, "")).await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
 
-    let totals = t
-        .stats(StatsRequest { coord: None })
-        .await
-        .unwrap()
-        .into_inner()
-        .totals
-        .unwrap();
+    let totals = crate::totals(&server).await;
     assert_eq!(
         (
             totals.cells,
@@ -353,14 +347,7 @@ async fn relaxed_durability_is_set_online_and_shown_in_stats() {
         // Read-your-writes holds under the relaxed policy too.
         assert!(c.read(read(i, 0, 0)).await.unwrap().into_inner().found);
     }
-    let mut t = TenantClient::new(server.signed(&server.demo).await.unwrap());
-    let totals = t
-        .stats(StatsRequest { coord: None })
-        .await
-        .unwrap()
-        .into_inner()
-        .totals
-        .unwrap();
+    let totals = crate::totals(&server).await;
     assert_eq!(
         totals.durability,
         "relaxed(max_delay_ms=5, max_records=100)"

@@ -41,3 +41,15 @@ pub fn read(x: i32, y: i32, z: i32) -> ReadRequest {
         coord: coord(x, y, z),
     }
 }
+
+/// The caller's tenant totals from `Tenant.Stats`.
+pub async fn totals(server: &cube_testkit::TestServer) -> cube_api::v1::TenantTotals {
+    let mut t =
+        cube_api::v1::tenant_client::TenantClient::new(server.signed(&server.demo).await.unwrap());
+    t.stats(cube_api::v1::StatsRequest { coord: None })
+        .await
+        .unwrap()
+        .into_inner()
+        .totals
+        .unwrap()
+}

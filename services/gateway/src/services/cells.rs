@@ -11,6 +11,7 @@ use cube_store::{Capability, Command, MAX_WALK_DEPTH, Reply, TenantDirectory};
 use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status};
 
+use super::{blocking, tenant_of};
 use crate::principal::Principal;
 use crate::{ApiError, convert};
 
@@ -54,16 +55,6 @@ impl CellsService {
 fn unexpected(reply: &Reply) -> Status {
     tracing::error!(?reply, "store answered with the wrong reply kind");
     Status::internal("internal error")
-}
-
-/// Run a read of the applied state on the blocking pool (it may touch disk).
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, cube_store::StoreError> + Send + 'static,
-) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|_| ApiError::Store(cube_store::StoreError::Unavailable("read failed".into())))?
-        .map_err(ApiError::from)
 }
 
 #[tonic::async_trait]
@@ -128,12 +119,10 @@ impl Cells for CellsService {
             0 => self.limits.region_default,
             n => n.min(self.limits.region_max),
         } as usize;
-        let tenant = self
-            .directory
-            .get(principal.tenant())
-            .await
-            .map_err(ApiError::from)?;
-        let reader = tenant.reader().clone();
+        let reader = tenant_of(&self.directory, &principal)
+            .await?
+            .reader()
+            .clone();
         let token = r.page_token;
         let page = blocking(move || reader.region(min, max, limit, &token)).await?;
         let cells: Vec<Result<v1::Cell, Status>> = page
@@ -231,12 +220,10 @@ impl Cells for CellsService {
                 .into());
             }
         }
-        let tenant = self
-            .directory
-            .get(principal.tenant())
-            .await
-            .map_err(ApiError::from)?;
-        let reader = tenant.reader().clone();
+        let reader = tenant_of(&self.directory, &principal)
+            .await?
+            .reader()
+            .clone();
         let labels = r.labels;
         let (visits, truncated) =
             blocking(move || reader.walk(start, depth, limit, &labels)).await?;

@@ -5,3 +5,26 @@ pub(crate) mod admin;
 pub(crate) mod cells;
 pub(crate) mod handshake;
 pub(crate) mod tenant;
+
+use cube_store::{StoreError, TenantDirectory, TenantHandle};
+
+use crate::ApiError;
+use crate::principal::Principal;
+
+/// The caller's tenant (opened if it is not open).
+pub(crate) async fn tenant_of(
+    directory: &TenantDirectory,
+    principal: &Principal,
+) -> Result<TenantHandle, ApiError> {
+    Ok(directory.get(principal.tenant()).await?)
+}
+
+/// Run a read of a tenant's applied state on the blocking pool (it may touch disk).
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|_| ApiError::Store(StoreError::Unavailable("the read failed; retry".into())))?
+        .map_err(ApiError::from)
+}

@@ -9,7 +9,7 @@ use cube_api::v1::{self, tenant_server::Tenant};
 use cube_store::{Capability, Coord, TenantDirectory};
 use tonic::{Request, Response, Status};
 
-use crate::ApiError;
+use super::{blocking, tenant_of};
 use crate::principal::Principal;
 
 /// Entries per Audit call when the request says 0, and the most it may ask for.
@@ -30,11 +30,7 @@ impl Tenant for TenantService {
     ) -> Result<Response<v1::StatsResponse>, Status> {
         let principal = Principal::require(&req, Capability::Read)?;
         let r = req.into_inner();
-        let tenant = self
-            .directory
-            .get(principal.tenant())
-            .await
-            .map_err(ApiError::from)?;
+        let tenant = tenant_of(&self.directory, &principal).await?;
         let reader = tenant.reader().clone();
         if let Some(c) = r.coord {
             let coord = Coord {
@@ -42,10 +38,7 @@ impl Tenant for TenantService {
                 y: c.y,
                 z: c.z,
             };
-            let runs = tokio::task::spawn_blocking(move || reader.runs(coord, RECENT_RUNS))
-                .await
-                .map_err(|_| Status::unavailable("stats read failed"))?
-                .map_err(ApiError::from)?;
+            let runs = blocking(move || reader.runs(coord, RECENT_RUNS)).await?;
             let Some((run_count, recent)) = runs else {
                 return Err(Status::not_found(format!("no cell at {coord}")));
             };
@@ -65,10 +58,7 @@ impl Tenant for TenantService {
                 }),
             }));
         }
-        let (totals, _) = tokio::task::spawn_blocking(move || reader.totals())
-            .await
-            .map_err(|_| Status::unavailable("stats read failed"))?
-            .map_err(ApiError::from)?;
+        let (totals, _) = blocking(move || reader.totals()).await?;
         let log = tenant.log_stats();
         Ok(Response::new(v1::StatsResponse {
             totals: Some(v1::TenantTotals {
@@ -98,17 +88,9 @@ impl Tenant for TenantService {
             0 => DEFAULT_AUDIT_LIMIT,
             n => n.min(MAX_AUDIT_LIMIT),
         };
-        let tenant = self
-            .directory
-            .get(principal.tenant())
-            .await
-            .map_err(ApiError::from)?;
+        let tenant = tenant_of(&self.directory, &principal).await?;
         let reader = tenant.reader().clone();
-        let page =
-            tokio::task::spawn_blocking(move || reader.audit_page(r.from_seq, limit as usize))
-                .await
-                .map_err(|_| Status::unavailable("audit read failed"))?
-                .map_err(ApiError::from)?;
+        let page = blocking(move || reader.audit_page(r.from_seq, limit as usize)).await?;
         let entries: Vec<Result<v1::AuditEntry, Status>> = page
             .into_iter()
             .map(|e| {

@@ -34,6 +34,9 @@ pub trait StateBackend: Send + Sync + std::fmt::Debug {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError>;
     /// Pairs with `start <= key < end`, ascending.
     fn range(&self, start: &[u8], end: &[u8]) -> RangeIter<'_>;
+    /// The pair with the greatest key below `key`.
+    #[allow(clippy::type_complexity)]
+    fn get_lt(&self, key: &[u8]) -> Result<Option<(Vec<u8>, Vec<u8>)>, BackendError>;
     /// Apply every op or none.
     fn apply(&self, batch: Vec<BatchOp>) -> Result<(), BackendError>;
     /// Make everything applied so far durable.
@@ -93,6 +96,14 @@ impl StateBackend for SledBackend {
         )
     }
 
+    fn get_lt(&self, key: &[u8]) -> Result<Option<(Vec<u8>, Vec<u8>)>, BackendError> {
+        Ok(self
+            .db
+            .get_lt(key)
+            .map_err(sled_err)?
+            .map(|(k, v)| (k.to_vec(), v.to_vec())))
+    }
+
     fn apply(&self, batch: Vec<BatchOp>) -> Result<(), BackendError> {
         let mut b = sled::Batch::default();
         for op in batch {
@@ -134,6 +145,14 @@ impl StateBackend for MemBackend {
             .map(|(k, v)| Ok((k.clone(), v.clone())))
             .collect();
         Box::new(items.into_iter())
+    }
+
+    fn get_lt(&self, key: &[u8]) -> Result<Option<(Vec<u8>, Vec<u8>)>, BackendError> {
+        let map = self.map.read().unwrap_or_else(|p| p.into_inner());
+        Ok(map
+            .range(..key.to_vec())
+            .next_back()
+            .map(|(k, v)| (k.clone(), v.clone())))
     }
 
     fn apply(&self, batch: Vec<BatchOp>) -> Result<(), BackendError> {
@@ -178,6 +197,8 @@ mod tests {
         assert_eq!(keys, vec![b"a2".to_vec()]);
         let all: Vec<_> = b.range(b"", b"\xff").map(|r| r.unwrap().0).collect();
         assert_eq!(all, vec![b"a2".to_vec(), b"b1".to_vec()]);
+        assert_eq!(b.get_lt(b"b1").unwrap().unwrap().0, b"a2".to_vec());
+        assert_eq!(b.get_lt(b"a2").unwrap(), None);
         b.flush().unwrap();
     }
 

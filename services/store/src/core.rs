@@ -23,7 +23,9 @@ use prost::Message;
 
 use crate::StoreError;
 use crate::backend::{BackendError, SledBackend, StateBackend};
-use crate::state::{ApplyError, Caller, Command, Prepared, Reply, StateLimits, TenantState};
+use crate::state::{
+    ApplyError, Caller, Command, Coord, Effect, Hint, Prepared, Reply, StateLimits, TenantState,
+};
 use crate::walop::WalOp;
 
 /// An answer for a caller: its token and the result.
@@ -97,6 +99,7 @@ pub fn describe_policy(p: &SyncPolicy) -> String {
 struct Waiting<T> {
     seq: u64,
     op: WalOp,
+    hint: Option<(Coord, Hint)>,
     reply: Reply,
     token: T,
 }
@@ -327,7 +330,11 @@ impl<T> TenantCore<T> {
         self.bytes_since_checkpoint += self.scratch.len() as u64;
         if self.waiting.is_empty() && seq <= self.durable + self.window {
             // Relaxed policy, inside the window: apply and answer before the fsync.
-            return Some(match self.state.apply_all(vec![(seq, op)]) {
+            let hints = match effect {
+                Effect::Cell(c, _, hint) => vec![(c, hint)],
+                _ => Vec::new(),
+            };
+            return Some(match self.state.apply_hinted(vec![(seq, op)], hints) {
                 Ok(()) => {
                     self.stats.last_seq.store(seq, Ordering::Relaxed);
                     (token, Ok(Prepared::seal(reply, seq)))
@@ -335,10 +342,11 @@ impl<T> TenantCore<T> {
                 Err(e) => (token, Err(self.apply_failed(&e))),
             });
         }
-        self.state.note_pending(seq, &op, effect);
+        let hint = self.state.note_pending(seq, &op, effect);
         self.waiting.push_back(Waiting {
             seq,
             op,
+            hint,
             reply,
             token,
         });
@@ -364,11 +372,13 @@ impl<T> TenantCore<T> {
                 let group: Vec<Waiting<T>> = self.waiting.drain(..n).collect();
                 let mut records = Vec::with_capacity(group.len());
                 let mut replies = Vec::with_capacity(group.len());
+                let mut hints = Vec::with_capacity(group.len());
                 for w in group {
                     records.push((w.seq, w.op));
                     replies.push((w.token, w.reply, w.seq));
+                    hints.extend(w.hint);
                 }
-                match self.state.apply_all(records) {
+                match self.state.apply_hinted(records, hints) {
                     Ok(()) => {
                         if let Some((_, _, last)) = replies.last() {
                             self.stats.last_seq.store(*last, Ordering::Relaxed);

@@ -8,7 +8,7 @@
 //! c | morton(coord) 12                      -> StoredCell
 //! e | morton(from) 12 | len u8 | label | morton(to) 12   -> (empty)
 //! r | morton(coord) 12 | run number u64 BE  -> walop::Run (telemetry of that run)
-//! a | audit seq u64 BE                      -> walop::WalAudit
+//! a | first audit seq u64 BE                -> AuditChunk (the entries of one applied group)
 //! m | name                                  -> meta (applied seq, totals, audit head)
 //! ```
 
@@ -177,6 +177,15 @@ impl Totals {
         self.sealed = (self.sealed + s1).saturating_sub(s0);
         self.programs = (self.programs + p1).saturating_sub(p0);
     }
+}
+
+/// NOTE: on-disk format of the audit entries of one applied group, consecutive seqs from the key's
+/// seq. One key per group instead of one per entry: each sled insert copies a tree node, and a
+/// per-entry insert doubled the cost of a write (docs/benchmarks.md).
+#[derive(Clone, PartialEq, Message)]
+pub struct AuditChunk {
+    #[prost(message, repeated, tag = "1")]
+    pub entries: Vec<crate::walop::WalAudit>,
 }
 
 /// NOTE: on-disk format of the audit chain's head: what the next entry chains to.

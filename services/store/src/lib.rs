@@ -35,6 +35,6 @@ pub use error::StoreError;
 pub use keys::Totals;
 pub use layout::DataDir;
 pub use state::{
-    Caller, CellView, Command, Coord, MAX_LABEL_BYTES, MAX_WALK_DEPTH, RegionPage, Reply,
-    RunRecord, StateLimits, StateReader, TenantState,
+    Caller, CellView, Command, Coord, Effect, Hint, MAX_LABEL_BYTES, MAX_WALK_DEPTH, Prepared,
+    RegionPage, Reply, RunRecord, StateLimits, StateReader, TenantState,
 };

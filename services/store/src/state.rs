@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 use crate::StoreError;
 use crate::audit::AuditEntry;
 use crate::backend::{BackendError, BatchOp, StateBackend};
-use crate::keys::{self, AuditHead, StoredCell, Totals};
+use crate::keys::{self, AuditChunk, AuditHead, StoredCell, Totals};
 use crate::morton;
 use crate::walop::{self, Op, WalAudit, WalCoord, WalOp};
 
@@ -189,9 +189,17 @@ impl Reply {
 /// What a logged change does to the logical view, computed once by `prepare`.
 #[derive(Debug, Clone)]
 pub enum Effect {
-    Cell(Coord, Option<StoredCell>),
+    /// The cell after the change, and (when `prepare` read it anyway) before it.
+    Cell(Coord, Option<StoredCell>, Hint),
     Edge(Vec<u8>, bool),
     Nothing,
+}
+
+/// What `prepare` knew of a cell before the change.
+#[derive(Debug, Clone)]
+pub enum Hint {
+    Known(Option<StoredCell>),
+    Unknown,
 }
 
 /// The outcome of checking a command against the logical state.
@@ -278,11 +286,16 @@ pub struct RunRecord {
 #[derive(Debug, Clone)]
 pub struct StateReader {
     store: Arc<dyn StateBackend>,
+    /// Audit entries served: the newest this many.
+    audit_retention: u64,
 }
 
 impl StateReader {
-    pub fn new(store: Arc<dyn StateBackend>) -> StateReader {
-        StateReader { store }
+    pub fn new(store: Arc<dyn StateBackend>, audit_retention: u64) -> StateReader {
+        StateReader {
+            store,
+            audit_retention: audit_retention.max(1),
+        }
     }
 
     pub(crate) fn stored_cell(&self, c: Coord) -> Result<Option<StoredCell>, BackendError> {
@@ -438,13 +451,30 @@ impl StateReader {
 
     /// Up to `limit` retained audit entries with `seq >= from_seq`, in order.
     pub fn audit_page(&self, from_seq: u64, limit: usize) -> Result<Vec<AuditEntry>, StoreError> {
-        let start = keys::audit_key(from_seq);
+        let (_, _, head) = load_meta(&*self.store).map_err(|e| storage_error(&e))?;
+        let from = from_seq.max(head.next_seq.saturating_sub(self.audit_retention));
+        // The chunk holding `from` starts at or before it.
+        let start = match self
+            .store
+            .get_lt(&keys::audit_key(from.saturating_add(1)))
+            .map_err(|e| storage_error(&e))?
+        {
+            Some((k, _)) if k.first() == keys::audit_key(0).first() => k,
+            _ => keys::audit_key(from).to_vec(),
+        };
         let mut out = Vec::new();
-        for item in self.store.range(&start, &keys::audit_end()).take(limit) {
+        for item in self.store.range(&start, &keys::audit_end()) {
             let (_, v) = item.map_err(|e| storage_error(&e))?;
-            let a = WalAudit::decode(v.as_slice())
+            let chunk = AuditChunk::decode(v.as_slice())
                 .map_err(|e| storage_error(&BackendError(format!("undecodable audit: {e}"))))?;
-            out.push(AuditEntry::from(a));
+            for a in chunk.entries {
+                if a.seq >= from {
+                    out.push(AuditEntry::from(a));
+                    if out.len() == limit {
+                        return Ok(out);
+                    }
+                }
+            }
         }
         Ok(out)
     }
@@ -521,7 +551,7 @@ impl TenantState {
     ) -> Result<TenantState, BackendError> {
         let (totals, applied_seq, head) = load_meta(&*store)?;
         Ok(TenantState {
-            reader: StateReader::new(Arc::clone(&store)),
+            reader: StateReader::new(Arc::clone(&store), limits.audit_retention),
             store,
             limits,
             pending_cells: HashMap::new(),
@@ -613,7 +643,7 @@ impl TenantState {
                     "write",
                     detail,
                     Reply::Written { version, seq: 0 },
-                    Effect::Cell(coord, Some(next)),
+                    Effect::Cell(coord, Some(next), Hint::Known(prev)),
                 )
             }
             Command::Prog { coord, program } => {
@@ -639,7 +669,7 @@ impl TenantState {
                     "prog",
                     detail,
                     Reply::Programmed { version, seq: 0 },
-                    Effect::Cell(coord, Some(next)),
+                    Effect::Cell(coord, Some(next), Hint::Known(prev)),
                 )
             }
             Command::Delete {
@@ -667,7 +697,7 @@ impl TenantState {
                         existed: true,
                         seq: 0,
                     },
-                    Effect::Cell(coord, None),
+                    Effect::Cell(coord, None, Hint::Known(prev)),
                 )
             }
             Command::Run { coord, input } => {
@@ -697,7 +727,13 @@ impl TenantState {
                     runs: run_count,
                     ..prev
                 };
-                (op, "run", detail, reply, Effect::Cell(coord, Some(next)))
+                (
+                    op,
+                    "run",
+                    detail,
+                    reply,
+                    Effect::Cell(coord, Some(next), Hint::Unknown),
+                )
             }
             Command::Seal { coord } => {
                 let Some(prev) = self.logical_cell(coord)? else {
@@ -723,7 +759,13 @@ impl TenantState {
                     sealed: true,
                     ..prev
                 };
-                (op, "seal", detail, reply, Effect::Cell(coord, Some(next)))
+                (
+                    op,
+                    "seal",
+                    detail,
+                    reply,
+                    Effect::Cell(coord, Some(next), Hint::Unknown),
+                )
             }
             Command::Link { from, to, label } => {
                 check_label(&label)?;
@@ -821,7 +863,8 @@ impl TenantState {
 
     /// Record that `op` (with the `effect` `prepare` computed) was logged as `seq` but is not
     /// applied yet.
-    pub fn note_pending(&mut self, seq: u64, op: &WalOp, effect: Effect) {
+    /// Returns what to pass to [`TenantState::apply_hinted`] with the record.
+    pub fn note_pending(&mut self, seq: u64, op: &WalOp, effect: Effect) -> Option<(Coord, Hint)> {
         if let Some(a) = &op.audit {
             self.audit_head = AuditHead {
                 next_seq: a.seq + 1,
@@ -829,27 +872,51 @@ impl TenantState {
             };
         }
         match effect {
-            Effect::Cell(c, value) => {
+            Effect::Cell(c, value, hint) => {
                 self.pending_cells.insert(c, Pending { seq, value });
+                Some((c, hint))
             }
             Effect::Edge(key, value) => {
                 self.pending_edges.insert(key, Pending { seq, value });
+                None
             }
-            Effect::Nothing => {}
+            Effect::Nothing => None,
         }
     }
 
     /// Apply records (ascending seqs) as one atomic batch. Records at or below the applied seq
     /// are skipped, so replaying a prefix twice is harmless. On error nothing is applied.
     pub fn apply_all(&mut self, records: Vec<(u64, WalOp)>) -> Result<(), ApplyError> {
+        self.apply_hinted(records, Vec::new())
+    }
+
+    /// [`TenantState::apply_all`], told the previous state of cells that `prepare` already read
+    /// (from [`TenantState::note_pending`]), so applying does not look them up again. A record's
+    /// logical "before" is exactly the applied state when it is applied, because records apply
+    /// in seq order.
+    pub fn apply_hinted(
+        &mut self,
+        records: Vec<(u64, WalOp)>,
+        hints: Vec<(Coord, Hint)>,
+    ) -> Result<(), ApplyError> {
+        let mut known = HashMap::with_capacity(hints.len());
+        for (c, hint) in hints {
+            if let Hint::Known(prev) = hint {
+                // The first record of the group that touches a cell saw the applied state; later
+                // ones read the group's own writes, which take precedence anyway.
+                known.entry(c).or_insert(prev);
+            }
+        }
         let mut txn = Txn {
             store: &*self.store,
             writes: HashMap::new(),
+            known,
         };
         let mut totals = self.totals.clone();
         let mut head = self.applied_audit.clone();
         let mut last = self.applied_seq;
         let mut touched = Vec::with_capacity(records.len());
+        let mut audits = Vec::new();
         for (seq, op) in records {
             if seq <= last {
                 continue;
@@ -864,20 +931,21 @@ impl TenantState {
                 touched.push((t, seq));
             }
             if let Some(a) = op.audit {
-                let seq_a = a.seq;
                 head = AuditHead {
-                    next_seq: seq_a + 1,
+                    next_seq: a.seq + 1,
                     hash: a.hash.clone(),
                 };
-                txn.put(keys::audit_key(seq_a).to_vec(), a.encode_to_vec());
-                if let Some(old) = seq_a.checked_sub(self.limits.audit_retention.max(1)) {
-                    txn.remove(keys::audit_key(old).to_vec());
-                }
+                audits.push(a);
             }
             last = seq;
         }
         if last == self.applied_seq {
             return Ok(());
+        }
+        if let Some(first) = audits.first().map(|a| a.seq) {
+            let chunk = AuditChunk { entries: audits };
+            txn.put(keys::audit_key(first).to_vec(), chunk.encode_to_vec());
+            self.expire_audit(&mut txn, head.next_seq, first)?;
         }
         txn.put(keys::META_APPLIED.to_vec(), last.to_be_bytes().to_vec());
         txn.put(keys::META_TOTALS.to_vec(), totals.encode_to_vec());
@@ -900,6 +968,37 @@ impl TenantState {
                     }
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Remove the audit chunks wholly older than the retained window (the newest
+    /// `audit_retention` entries before `next_seq`). `new_chunk` is the first seq of the chunk this
+    /// batch adds. Readers filter the boundary chunk, so they see exactly the window.
+    fn expire_audit(
+        &self,
+        txn: &mut Txn<'_>,
+        next_seq: u64,
+        new_chunk: u64,
+    ) -> Result<(), ApplyError> {
+        let keep_from = next_seq.saturating_sub(self.limits.audit_retention.max(1));
+        if keep_from <= 1 {
+            return Ok(());
+        }
+        // Chunks starting at or before `keep_from`: all but the last of them end before it.
+        let mut starts = Vec::new();
+        for item in self
+            .store
+            .range(&keys::audit_key(0), &keys::audit_key(keep_from + 1))
+        {
+            starts.push(item?.0);
+        }
+        if new_chunk <= keep_from {
+            starts.push(keys::audit_key(new_chunk).to_vec());
+        }
+        starts.pop();
+        for key in starts {
+            txn.remove(key);
         }
         Ok(())
     }
@@ -927,6 +1026,8 @@ enum Target {
 struct Txn<'a> {
     store: &'a dyn StateBackend,
     writes: HashMap<Vec<u8>, Option<Vec<u8>>>,
+    /// Cells whose applied state `prepare` already read.
+    known: HashMap<Coord, Option<StoredCell>>,
 }
 
 impl Txn<'_> {
@@ -938,7 +1039,13 @@ impl Txn<'_> {
     }
 
     fn cell(&self, c: Coord) -> Result<Option<StoredCell>, ApplyError> {
-        match self.get(&keys::cell_key(c))? {
+        let key = keys::cell_key(c);
+        if !self.writes.contains_key(key.as_slice())
+            && let Some(prev) = self.known.get(&c)
+        {
+            return Ok(prev.clone());
+        }
+        match self.get(&key)? {
             None => Ok(None),
             Some(b) => StoredCell::decode(b.as_slice())
                 .map(Some)
@@ -1146,11 +1253,15 @@ mod tests {
     };
 
     fn fresh(max_value: usize) -> TenantState {
+        fresh_with(max_value, 100)
+    }
+
+    fn fresh_with(max_value: usize, audit_retention: u64) -> TenantState {
         TenantState::open(
             Arc::new(MemBackend::default()),
             StateLimits {
                 max_value,
-                audit_retention: 100,
+                audit_retention,
                 telemetry_keep: 3,
             },
         )
@@ -1162,6 +1273,7 @@ mod tests {
         s: TenantState,
         seq: u64,
         unapplied: Vec<(u64, WalOp)>,
+        hints: Vec<(Coord, Hint)>,
     }
 
     impl Harness {
@@ -1170,6 +1282,7 @@ mod tests {
                 s,
                 seq: 0,
                 unapplied: Vec::new(),
+                hints: Vec::new(),
             }
         }
 
@@ -1179,7 +1292,8 @@ mod tests {
                 Prepared::Immediate(r) => Ok(r),
                 Prepared::Log { op, reply, effect } => {
                     self.seq += 1;
-                    self.s.note_pending(self.seq, &op, effect);
+                    let hint = self.s.note_pending(self.seq, &op, effect);
+                    self.hints.extend(hint);
                     self.unapplied.push((self.seq, op));
                     Ok(Prepared::seal(reply, self.seq))
                 }
@@ -1188,7 +1302,13 @@ mod tests {
 
         fn flush(&mut self) {
             let batch = std::mem::take(&mut self.unapplied);
-            self.s.apply_all(batch).unwrap();
+            let hints = std::mem::take(&mut self.hints);
+            // Half the batches without hints, so both apply paths meet the model.
+            if batch.len().is_multiple_of(2) {
+                self.s.apply_hinted(batch, hints).unwrap();
+            } else {
+                self.s.apply_all(batch).unwrap();
+            }
         }
 
         fn run(&mut self, cmd: Command) -> Result<Reply, StoreError> {
@@ -1351,9 +1471,7 @@ mod tests {
 
     #[test]
     fn changes_in_one_batch_chain_their_audit_entries_and_retention_holds() {
-        let mut s = fresh(16);
-        s.limits.audit_retention = 3;
-        let mut h = Harness::new(s);
+        let mut h = Harness::new(fresh_with(16, 3));
         h.submit(write(C, b"a")).unwrap();
         h.submit(write(C, b"b")).unwrap();
         h.submit(Command::Event {
@@ -1385,6 +1503,27 @@ mod tests {
             vec![2, 3, 4]
         );
         assert_eq!(h.s.reader().audit_page(3, 1).unwrap()[0].seq, 3);
+        // Entries are stored one chunk per applied group; older chunks go once wholly outside
+        // the window, and paging from inside a chunk starts exactly at the asked seq.
+        for v in [b"d", b"e", b"f", b"g"] {
+            h.run(write(C, v)).unwrap();
+        }
+        let seqs = |from, limit| {
+            h.s.reader()
+                .audit_page(from, limit)
+                .unwrap()
+                .iter()
+                .map(|e| e.seq)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(seqs(0, 10), vec![6, 7, 8]);
+        assert_eq!(seqs(7, 10), vec![7, 8]);
+        assert_eq!(seqs(9, 10), Vec::<u64>::new());
+        let chunks =
+            h.s.store
+                .range(&keys::audit_key(0), &keys::audit_end())
+                .count();
+        assert!(chunks <= 4, "{chunks} audit chunks kept for a window of 3");
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Where a durable write's time goes on the tenant's actor: prepare (checks against the logical
-//! state) and apply (the state-store batch), on sled and on the in-memory backend.
+//! state) and apply (the state-store batch), on sled, on the in-memory backend, and on fjall (an
+//! LSM tree, a candidate replacement for sled measured here before any decision).
 //!
 //! `cargo run --release -p cube-store --example apply_cost`
 
@@ -9,8 +10,78 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cube_store::{
-    Caller, Command, Coord, MemBackend, SledBackend, StateBackend, StateLimits, TenantState,
+    BackendError, BatchOp, Caller, Command, Coord, MemBackend, SledBackend, StateBackend,
+    StateLimits, TenantState,
 };
+
+/// fjall behind the store's trait: one keyspace, one partition; its own journal is not synced
+/// per batch (the WAL is the log; `flush` is the checkpoint).
+struct FjallBackend {
+    keyspace: fjall::Keyspace,
+    part: fjall::PartitionHandle,
+}
+
+impl std::fmt::Debug for FjallBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FjallBackend")
+    }
+}
+
+fn ferr(e: impl std::fmt::Display) -> BackendError {
+    BackendError(e.to_string())
+}
+
+impl FjallBackend {
+    fn open(dir: &std::path::Path) -> FjallBackend {
+        let keyspace = fjall::Config::new(dir).open().unwrap();
+        let part = keyspace
+            .open_partition("state", fjall::PartitionCreateOptions::default())
+            .unwrap();
+        FjallBackend { keyspace, part }
+    }
+}
+
+impl StateBackend for FjallBackend {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError> {
+        Ok(self.part.get(key).map_err(ferr)?.map(|v| v.to_vec()))
+    }
+
+    fn range(&self, start: &[u8], end: &[u8]) -> cube_store::RangeIter<'_> {
+        Box::new(
+            self.part
+                .range(start.to_vec()..end.to_vec())
+                .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())).map_err(ferr)),
+        )
+    }
+
+    fn get_lt(&self, key: &[u8]) -> Result<Option<(Vec<u8>, Vec<u8>)>, BackendError> {
+        match self.part.range(..key.to_vec()).next_back() {
+            None => Ok(None),
+            Some(r) => r.map(|(k, v)| Some((k.to_vec(), v.to_vec()))).map_err(ferr),
+        }
+    }
+
+    fn apply(&self, batch: Vec<BatchOp>) -> Result<(), BackendError> {
+        let mut b = self.keyspace.batch();
+        for op in batch {
+            match op {
+                BatchOp::Put(k, v) => b.insert(&self.part, k, v),
+                BatchOp::Remove(k) => b.remove(&self.part, k),
+            }
+        }
+        b.commit().map_err(ferr)
+    }
+
+    fn flush(&self) -> Result<(), BackendError> {
+        self.keyspace
+            .persist(fjall::PersistMode::SyncAll)
+            .map_err(ferr)
+    }
+
+    fn size_on_disk(&self) -> u64 {
+        self.keyspace.disk_space()
+    }
+}
 
 fn run(name: &str, backend: Arc<dyn StateBackend>, n: u64, batch: usize) {
     let mut s = TenantState::open(backend, StateLimits::default()).unwrap();
@@ -69,7 +140,49 @@ fn main() {
         n,
         64,
     );
+    let dir = tempfile::tempdir().unwrap();
+    run("fjall", Arc::new(FjallBackend::open(dir.path())), n, 64);
     raw_sled(n);
+    open_cost(100);
+}
+
+fn status(field: &str) -> String {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with(field))
+        .unwrap_or_default()
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// What keeping `n` tenants open costs with each store: open time, threads, resident memory.
+fn open_cost(n: usize) {
+    for name in ["sled", "fjall"] {
+        let dir = tempfile::tempdir().unwrap();
+        let (threads0, rss0) = (status("Threads:"), status("VmRSS:"));
+        let t = Instant::now();
+        let mut open: Vec<Arc<dyn StateBackend>> = Vec::new();
+        for i in 0..n {
+            let path = dir.path().join(i.to_string());
+            let b: Arc<dyn StateBackend> = if name == "sled" {
+                Arc::new(SledBackend::open(&path, 8 << 20).unwrap())
+            } else {
+                Arc::new(FjallBackend::open(&path))
+            };
+            b.apply(vec![BatchOp::Put(b"k".to_vec(), vec![1; 100])])
+                .unwrap();
+            open.push(b);
+        }
+        let per_open = t.elapsed().as_secs_f64() / n as f64 * 1e3;
+        println!(
+            "{name:>6}: {n} open stores: {per_open:.2} ms per open, threads {threads0} -> {}, RSS {rss0} -> {} KiB",
+            status("Threads:"),
+            status("VmRSS:")
+        );
+    }
 }
 
 /// Raw sled batches shaped like the apply: random 13-byte cell keys with ~130-byte values, with

@@ -24,7 +24,7 @@ mod walop;
 
 pub use actor::TenantActor;
 pub use audit::AuditEntry;
-pub use backend::{BackendError, BatchOp, MemBackend, SledBackend, StateBackend};
+pub use backend::{BackendError, BatchOp, MemBackend, RangeIter, SledBackend, StateBackend};
 pub use catalog::{Capability, Catalog, CatalogOpenError, KeyInfo, validate_tenant_name};
 pub use core::{CheckpointPolicy, CoreConfig, TenantCore, describe_policy};
 pub use cube_wal::SyncPolicy;

@@ -257,7 +257,7 @@ pub async fn run(args: DataModelArgs, default_cubed: PathBuf) -> anyhow::Result<
 }
 
 async fn admin_client(server: &TestServer) -> anyhow::Result<AdminClient<Channel>> {
-    let path = cube_store_socket(server);
+    let path = server.admin_socket();
     let channel = Endpoint::try_from("http://admin.sock")?
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let path = path.clone();
@@ -269,10 +269,6 @@ async fn admin_client(server: &TestServer) -> anyhow::Result<AdminClient<Channel
     Ok(AdminClient::new(channel))
 }
 
-fn cube_store_socket(server: &TestServer) -> PathBuf {
-    server.data_dir().join("admin.sock")
-}
-
 fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
@@ -282,16 +278,6 @@ fn rss_kib(pid: u32) -> u64 {
                 .and_then(|v| v.split_whitespace().next()?.parse().ok())
         })
         .unwrap_or(0)
-}
-
-fn metric(server: &TestServer, name: &str) -> f64 {
-    cube_testkit::admin_get(server.admin_addr, "/metrics")
-        .ok()
-        .and_then(|(_, body)| {
-            body.lines()
-                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        })
-        .unwrap_or(-1.0)
 }
 
 async fn tenants(cubed: &std::path::Path, n: usize) -> anyhow::Result<()> {
@@ -355,14 +341,16 @@ async fn tenants(cubed: &std::path::Path, n: usize) -> anyhow::Result<()> {
     );
     // Wait for idleness to passivate them all.
     let deadline = Instant::now() + Duration::from_secs(120);
-    while metric(&server, "cube_tenants_active") > 0.0 && Instant::now() < deadline {
+    while server.metric("cube_tenants_active").unwrap_or(-1.0) > 0.0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let rss_idle = rss_kib(pid);
     println!(
         "all idle: cube_tenants_active {}, passivated {}, RSS {:.0} MiB (target <= 512 MiB)",
-        metric(&server, "cube_tenants_active"),
-        metric(&server, "cube_tenants_passivated_total"),
+        server.metric("cube_tenants_active").unwrap_or(-1.0),
+        server
+            .metric("cube_tenants_passivated_total")
+            .unwrap_or(-1.0),
         rss_idle as f64 / 1024.0
     );
     // Wake 1000 idle tenants, one at a time, on one connection.

@@ -140,7 +140,6 @@ pub struct TenantCore<T> {
     bytes_since_checkpoint: u64,
     last_checkpoint: Instant,
     stats: Arc<SharedStats>,
-    poisoned: bool,
     /// Reused encoding buffer (one allocation per core, not per write).
     scratch: Vec<u8>,
 }
@@ -277,7 +276,6 @@ impl<T> TenantCore<T> {
             bytes_since_checkpoint: 0,
             last_checkpoint: Instant::now(),
             stats,
-            poisoned: false,
             scratch: Vec::with_capacity(256),
         };
         Ok((core, report))
@@ -411,7 +409,7 @@ impl<T> TenantCore<T> {
     /// Whether a checkpoint should start now.
     pub fn checkpoint_due(&self) -> bool {
         !self.checkpoint_running
-            && !self.poisoned
+            && !self.is_poisoned()
             && self.state.applied_seq() > self.checkpoint_seq
             && (self.bytes_since_checkpoint >= self.checkpoint.every_bytes
                 || self.last_checkpoint.elapsed() >= self.checkpoint.every)
@@ -420,7 +418,7 @@ impl<T> TenantCore<T> {
     /// Start a checkpoint of everything applied so far; run the job off this thread and hand its
     /// result to [`TenantCore::finish_checkpoint`].
     pub fn begin_checkpoint(&mut self) -> Option<CheckpointJob> {
-        if self.checkpoint_running || self.poisoned {
+        if self.checkpoint_running || self.is_poisoned() {
             return None;
         }
         self.checkpoint_running = true;
@@ -470,7 +468,7 @@ impl<T> TenantCore<T> {
     }
 
     fn writable(&self) -> Result<(), StoreError> {
-        if self.poisoned {
+        if self.is_poisoned() {
             return Err(StoreError::Unavailable(self.poisoned_message()));
         }
         if self.wal.is_none() {
@@ -479,12 +477,15 @@ impl<T> TenantCore<T> {
         Ok(())
     }
 
+    /// The one flag, shared with the directory so a poisoned tenant is never passivated.
+    fn is_poisoned(&self) -> bool {
+        self.stats.poisoned.load(Ordering::Relaxed)
+    }
+
     fn poison(&mut self) {
-        if !self.poisoned {
+        if !self.stats.poisoned.swap(true, Ordering::Relaxed) {
             cube_metrics::TENANTS_UNAVAILABLE.inc();
         }
-        self.poisoned = true;
-        self.stats.poisoned.store(true, Ordering::Relaxed);
         self.state.discard_pending();
     }
 

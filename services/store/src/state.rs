@@ -381,6 +381,9 @@ impl StateReader {
         limit: usize,
         labels: &[String],
     ) -> Result<(Vec<(Coord, u32)>, bool), StoreError> {
+        for label in labels {
+            check_label(label)?;
+        }
         let mut labels: Vec<&str> = labels.iter().map(String::as_str).collect();
         // Key order (length byte, then bytes), so results do not depend on the request's order.
         labels.sort_by(|a, b| (a.len(), *a).cmp(&(b.len(), *b)));

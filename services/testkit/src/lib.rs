@@ -205,6 +205,18 @@ impl TestServer {
         }
     }
 
+    /// The local admin socket (from the server's layout functions).
+    pub fn admin_socket(&self) -> PathBuf {
+        cube_store::DataDir::new(self.data_dir()).admin_socket()
+    }
+
+    /// The value of the first `/metrics` sample whose line starts with `prefix` (a name, or a
+    /// name with its labels), scraped now.
+    pub fn metric(&self, prefix: &str) -> Option<f64> {
+        let (_, text) = admin_get(self.admin_addr, "/metrics").ok()?;
+        metric_sample(&text, prefix)
+    }
+
     /// The state-store directory of `tenant` (from the server's layout functions).
     pub fn tenant_state_dir(&self, tenant: &str) -> PathBuf {
         cube_store::DataDir::new(self.data_dir()).tenant_state(tenant)
@@ -320,6 +332,14 @@ pub fn admin_get(admin: SocketAddr, path: &str) -> anyhow::Result<(u16, String)>
 }
 
 /// Current unix time in milliseconds.
+/// The value of the first sample in a Prometheus text exposition whose line starts with `prefix`.
+pub fn metric_sample(text: &str, prefix: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
 pub fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -1,6 +1,6 @@
 //! Crash points for durability tests: with `CUBE_FAILPOINT=<name>` in the environment, the
 //! process aborts (like `kill -9`: no destructors, no flushes) the first time it reaches
-//! `hit("<name>")`. Without the variable a hit is one relaxed atomic load.
+//! `hit("<name>")`. Without the variable a hit costs one atomic load and a comparison.
 //!
 //! Names: `checkpoint-before-flush`, `checkpoint-after-flush` (state store flushed, WAL segments
 //! not deleted yet; both in cube-store), `wal-between-deletes` (after the first of several

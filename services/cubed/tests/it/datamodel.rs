@@ -289,20 +289,9 @@ async fn idle_and_evicted_tenants_are_passivated_and_woken_with_their_data() {
     }
     // Four tenants through a cap of two: evictions happened already; idleness closes the rest.
     tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
-    let (_, metrics) = cube_testkit::admin_get(server.admin_addr, "/metrics").unwrap();
-    let passivated: f64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("cube_tenants_passivated_total "))
-        .unwrap()
-        .parse()
-        .unwrap();
+    let passivated = server.metric("cube_tenants_passivated_total").unwrap();
     assert!(passivated >= 4.0, "{passivated} passivations");
-    let active: f64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("cube_tenants_active "))
-        .unwrap()
-        .parse()
-        .unwrap();
+    let active = server.metric("cube_tenants_active").unwrap();
     assert_eq!(active, 0.0);
     // Woken by their next call, data intact.
     for (i, creds) in tenants.iter().enumerate() {

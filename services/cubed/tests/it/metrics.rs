@@ -1,18 +1,11 @@
 //! The admin HTTP listener: /healthz, /readyz, and /metrics counting real calls by method,
 //! code and auth model.
 
-use cube_testkit::{TestServer, admin_get};
+use cube_testkit::{TestServer, admin_get, metric_sample};
 
 use crate::{cubed, read, write};
 
 /// The value of the sample line starting with `prefix` (name and labels), if present.
-fn sample(text: &str, prefix: &str) -> Option<f64> {
-    text.lines()
-        .find(|l| l.starts_with(prefix))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_calls_by_method_code_and_auth_model() {
     let server = TestServer::start(cubed()).unwrap();
@@ -33,7 +26,7 @@ async fn metrics_count_calls_by_method_code_and_auth_model() {
     let (status, text) = admin_get(server.admin_addr, "/metrics").unwrap();
     assert_eq!(status, 200);
     let handled = |method: &str, code: &str, auth: &str| {
-        sample(
+        metric_sample(
             &text,
             &format!(
                 "grpc_server_handled_total{{auth=\"{auth}\",grpc_code=\"{code}\",grpc_method=\"{method}\",grpc_service=\"cube.v1.Cells\",grpc_type=\"unary\"}}"
@@ -44,17 +37,17 @@ async fn metrics_count_calls_by_method_code_and_auth_model() {
     assert_eq!(handled("Read", "OK", "connection"), Some(2.0));
     assert_eq!(handled("Read", "Unauthenticated", "none"), Some(1.0));
     assert_eq!(
-        sample(&text, "cube_auth_handshakes_total{result=\"ok\"}"),
+        metric_sample(&text, "cube_auth_handshakes_total{result=\"ok\"}"),
         Some(1.0)
     );
     assert_eq!(
-        sample(&text, "cube_auth_failures_total{reason=\"missing\"}"),
+        metric_sample(&text, "cube_auth_failures_total{reason=\"missing\"}"),
         Some(1.0)
     );
-    assert_eq!(sample(&text, "cube_tenants_active"), Some(1.0));
-    assert!(sample(&text, "cube_wal_fsync_seconds_count").unwrap() >= 1.0);
+    assert_eq!(metric_sample(&text, "cube_tenants_active"), Some(1.0));
+    assert!(metric_sample(&text, "cube_wal_fsync_seconds_count").unwrap() >= 1.0);
     assert!(text.contains(
         "grpc_server_handling_seconds_bucket{auth=\"call\",grpc_code=\"OK\",grpc_method=\"Write\""
     ));
-    assert!(sample(&text, "cube_connections_open{auth=\"connection\"}").unwrap() >= 1.0);
+    assert!(metric_sample(&text, "cube_connections_open{auth=\"connection\"}").unwrap() >= 1.0);
 }

@@ -3,12 +3,13 @@
 //!
 //! `cube-load e2e` starts both servers as child processes on loopback, drives the same shape of
 //! load at each (connections × calls in flight, closed loop), and prints a Markdown table with
-//! calls/s, latency quantiles and the ratios to echo. This crate grows into the auth-model A/B
-//! driver later.
+//! calls/s, latency quantiles and the ratios to echo. `cube-load run | ab | stress` are the
+//! auth-model A/B driver (src/ab/).
 
 // A load driver: a panic is a failed run with a backtrace.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod ab;
 mod auth_cost;
 mod datamodel;
 mod drive;
@@ -36,6 +37,12 @@ enum Cmd {
     MetricsCost(metrics_cost::MetricsCostArgs),
     /// Region throughput, recovery time with and without a checkpoint, and 10,000 idle tenants.
     Datamodel(datamodel::DataModelArgs),
+    /// One auth model × one op mix: users, duration, timeout, closed or open loop.
+    Run(ab::RunArgs),
+    /// The auth-model A/B matrix (3 models × 2 mixes) written to docs/ab-results.md.
+    Ab(ab::AbArgs),
+    /// CI gate: both persistent models at once; fails on any failed op or lost write.
+    Stress(ab::StressArgs),
     /// Serve the echo baseline (used by `e2e` as a child process).
     EchoServer {
         #[arg(long, default_value = "127.0.0.1:0")]
@@ -64,6 +71,9 @@ fn main() -> anyhow::Result<()> {
         Cmd::AuthCost(args) => rt.block_on(auth_cost::run(args, sibling_cubed())),
         Cmd::MetricsCost(args) => rt.block_on(metrics_cost::run(args, sibling_cubed())),
         Cmd::Datamodel(args) => rt.block_on(datamodel::run(args, sibling_cubed())),
+        Cmd::Run(args) => rt.block_on(ab::run(args, sibling_cubed())),
+        Cmd::Ab(args) => rt.block_on(ab::ab(args, sibling_cubed())),
+        Cmd::Stress(args) => rt.block_on(ab::stress(args, sibling_cubed())),
         Cmd::EchoServer { listen } => rt.block_on(echo::serve(listen)),
     }
 }

@@ -1,0 +1,532 @@
+//! The auth-model A/B experiment (issue 7): users × duration × op mix × auth model, against an
+//! embedded cubed (a fresh one per run) or a running one.
+//!
+//! - `cube-load run`: one model × one mix; a Markdown table on stdout, JSON on request.
+//! - `cube-load ab`: the matrix (3 models × 2 mixes), written to docs/ab-results.md with a chart.
+//! - `cube-load stress`: both persistent models at once for a bounded time; fails on any failed
+//!   op, any acknowledged write not read back, any run count that differs from the runs
+//!   acknowledged (the CI gate).
+//!
+//! Models: `connection` (one handshake per user connection), `call` (every call signed on a
+//! persistent connection), `churn` (a new connection and handshake for every op, the seed's
+//! "model A"). Each rpc is one op; a group of the mix (mix.rs) is one or two ops.
+
+pub mod chart;
+pub mod mix;
+pub mod report;
+pub mod scrape;
+pub mod user;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::{Args, ValueEnum};
+use cube_auth::Credentials;
+use cube_testkit::TestServer;
+use serde::Serialize;
+use tonic::transport::{Certificate, ClientTlsConfig};
+
+use mix::Mix;
+use report::{Lat, OpReport, RunReport};
+use user::{OpStats, RunCtx, Target, UserResult, Verified, hist};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Model {
+    /// Persistent connection, one handshake per connection.
+    Connection,
+    /// Persistent connection, every call signed.
+    Call,
+    /// A new connection and a full handshake for every op.
+    Churn,
+}
+
+impl Model {
+    pub fn name(self) -> &'static str {
+        match self {
+            Model::Connection => "connection",
+            Model::Call => "call",
+            Model::Churn => "churn",
+        }
+    }
+}
+
+/// Flags shared by `run`, `ab` and `stress`.
+#[derive(Debug, Args, Clone)]
+pub struct LoadArgs {
+    /// Concurrent users, each with its own connection (churn: its own sequence of connections).
+    #[arg(long, default_value_t = 8)]
+    pub users: usize,
+    /// Seconds each run lasts (default: 120 for run/ab as in the seed, 60 for stress).
+    #[arg(long)]
+    pub duration: Option<f64>,
+    /// Per-op timeout in milliseconds (the seed's socket timeout was 3 s); a timed-out op is a
+    /// failure of class `timeout`, never lumped with gRPC errors.
+    #[arg(long, default_value_t = 3000)]
+    pub timeout_ms: u64,
+    /// Open loop: total ops/s over all users, each user pacing its ops evenly and timing each
+    /// from when it was due (so queueing is not hidden). Default: closed loop.
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Speak TLS (the embedded server runs with --tls-dev).
+    #[arg(long)]
+    pub tls: bool,
+    /// Value size of Write.
+    #[arg(long, default_value_t = 100)]
+    pub value_bytes: usize,
+    /// Seed of the op sequence.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Skip reading everything back after each run.
+    #[arg(long)]
+    pub no_verify: bool,
+    /// Drive a running server at this address instead of starting one (needs --creds and
+    /// --grant-key).
+    #[arg(long, requires_all = ["creds", "grant_key"])]
+    pub target: Option<String>,
+    /// Credentials JSON ({"tenant","key_id","secret"}, e.g. <data-dir>/dev-credentials.json).
+    #[arg(long)]
+    pub creds: Option<PathBuf>,
+    /// A second key of the same tenant that grant/revoke toggle READ on.
+    #[arg(long)]
+    pub grant_key: Option<String>,
+    /// Admin HTTP address of the target, to scrape its histograms.
+    #[arg(long)]
+    pub admin: Option<SocketAddr>,
+    /// The target's process id, to measure its CPU time.
+    #[arg(long)]
+    pub server_pid: Option<u32>,
+    /// CA certificate (PEM) the target's TLS certificate chains to.
+    #[arg(long)]
+    pub ca: Option<PathBuf>,
+    /// Server name for TLS.
+    #[arg(long, default_value = "localhost")]
+    pub tls_domain: String,
+    /// cubed binary of the embedded server (default: the one next to cube-load).
+    #[arg(long)]
+    pub cubed: Option<PathBuf>,
+}
+
+/// A server to run against and how to reach it; an embedded one is stopped on drop.
+struct Server {
+    target: Target,
+    admin: Option<SocketAddr>,
+    pid: Option<u32>,
+    _embedded: Option<TestServer>,
+}
+
+fn tls_config(ca_pem: String, domain: &str) -> ClientTlsConfig {
+    ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(ca_pem))
+        .domain_name(domain.to_string())
+}
+
+impl LoadArgs {
+    fn duration_or(&self, default: f64) -> Duration {
+        Duration::from_secs_f64(self.duration.unwrap_or(default))
+    }
+
+    /// The server of one run: the target, or a fresh embedded cubed with a spare key.
+    fn server(&self, default_cubed: &std::path::Path) -> anyhow::Result<Server> {
+        let connect_timeout = Duration::from_millis(self.timeout_ms);
+        if let Some(addr) = &self.target {
+            let path = self.creds.as_ref().context("--target needs --creds")?;
+            let creds: Credentials = serde_json::from_slice(
+                &std::fs::read(path).with_context(|| format!("reading {}", path.display()))?,
+            )
+            .with_context(|| format!("{} is not a credentials JSON", path.display()))?;
+            let tls = match (&self.ca, self.tls) {
+                (Some(ca), _) => Some(tls_config(std::fs::read_to_string(ca)?, &self.tls_domain)),
+                (None, true) => bail!("--tls against a --target needs --ca"),
+                (None, false) => None,
+            };
+            let scheme = if tls.is_some() { "https" } else { "http" };
+            return Ok(Server {
+                target: Target {
+                    endpoint: format!("{scheme}://{addr}"),
+                    tls,
+                    creds,
+                    grant_key: self
+                        .grant_key
+                        .clone()
+                        .context("--target needs --grant-key")?,
+                    connect_timeout,
+                },
+                admin: self.admin,
+                pid: self.server_pid,
+                _embedded: None,
+            });
+        }
+        let cubed = self
+            .cubed
+            .clone()
+            .unwrap_or_else(|| default_cubed.to_path_buf());
+        let flags: &[&str] = if self.tls { &["--tls-dev"] } else { &[] };
+        let server = tokio::task::block_in_place(|| TestServer::start_with(&cubed, flags))
+            .with_context(|| format!("starting {}", cubed.display()))?;
+        let out = server.cli(&["key", "create", &server.demo.tenant])?;
+        if !out.status.success() {
+            bail!(
+                "cubed key create failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let spare: Credentials = serde_json::from_slice(&out.stdout)?;
+        let tls = if self.tls {
+            let ca = std::fs::read_to_string(server.data_dir().join("tls/ca.pem"))?;
+            Some(tls_config(ca, "localhost"))
+        } else {
+            None
+        };
+        let scheme = if self.tls { "https" } else { "http" };
+        Ok(Server {
+            target: Target {
+                endpoint: format!("{scheme}://{}", server.addr),
+                tls,
+                creds: server.demo.clone(),
+                grant_key: spare.key_id,
+                connect_timeout,
+            },
+            admin: Some(server.admin_addr),
+            pid: server.pid(),
+            _embedded: Some(server),
+        })
+    }
+}
+
+/// One model × mix against `server`; `x_base` keeps concurrent runs' cells apart.
+async fn run_on(
+    server: &Server,
+    args: &LoadArgs,
+    model: Model,
+    mix: &Mix,
+    duration: Duration,
+    x_base: i32,
+) -> anyhow::Result<RunReport> {
+    // Persistent connections are opened (and authenticated) before the clock starts.
+    let mut conns = Vec::new();
+    let mut setup_handshakes = 0u64;
+    if model != Model::Churn {
+        for _ in 0..args.users {
+            let (c, handshaken) = user::persistent(&server.target, model).await?;
+            setup_handshakes += u64::from(handshaken);
+            conns.push(Some(c));
+        }
+    } else {
+        conns.resize_with(args.users, || None);
+    }
+    let before = tokio::task::block_in_place(|| scrape::scrape(server.admin));
+    let (client_cpu0, server_cpu0) = (scrape::cpu_seconds(None), scrape::cpu_seconds(server.pid));
+    let start = Instant::now();
+    let ctx = Arc::new(RunCtx {
+        target: server.target.clone(),
+        model,
+        mix: mix.clone(),
+        op_timeout: Duration::from_millis(args.timeout_ms),
+        interval: args
+            .rate
+            .map(|r| Duration::from_secs_f64(args.users as f64 / r.max(1e-3))),
+        start,
+        end: start + duration,
+        value_bytes: args.value_bytes,
+        mutations: AtomicU64::new(0),
+        seed: args.seed,
+        x_base,
+    });
+    let tasks: Vec<_> = conns
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| tokio::spawn(user::run_user(ctx.clone(), i, c)))
+        .collect();
+    let mut users: Vec<UserResult> = Vec::new();
+    for t in tasks {
+        users.push(t.await.context("a user task panicked")?);
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let (client_cpu1, server_cpu1) = (scrape::cpu_seconds(None), scrape::cpu_seconds(server.pid));
+    let after = tokio::task::block_in_place(|| scrape::scrape(server.admin));
+
+    let verified = if args.no_verify {
+        None
+    } else {
+        let checks: Vec<_> = users
+            .iter_mut()
+            .map(|u| {
+                user::verify(
+                    server.target.clone(),
+                    std::mem::take(&mut u.ledger),
+                    args.value_bytes,
+                )
+            })
+            .collect();
+        let mut v = Verified::default();
+        for one in futures_join(checks).await {
+            v.merge(one);
+        }
+        Some(v)
+    };
+
+    let mut per_op: BTreeMap<&'static str, OpStats> = BTreeMap::new();
+    let (mut handshakes, mut handshake_us, mut late) = (setup_handshakes, hist(), 0);
+    let mut examples = Vec::new();
+    for u in &users {
+        for (name, s) in &u.per_op {
+            per_op
+                .entry(name)
+                .or_insert_with(|| OpStats {
+                    ok: hist(),
+                    failures: BTreeMap::new(),
+                })
+                .merge(s);
+        }
+        handshakes += u.handshakes;
+        handshake_us.add(&u.handshake_us).expect("same bounds");
+        late += u.late_starts;
+        examples.extend(u.mismatch_examples.iter().cloned());
+    }
+    let mut all = hist();
+    let mut failures: BTreeMap<String, u64> = BTreeMap::new();
+    let mut ops_report = BTreeMap::new();
+    for (name, s) in &per_op {
+        all.add(&s.ok).expect("same bounds");
+        for (k, v) in &s.failures {
+            *failures.entry(k.clone()).or_default() += v;
+        }
+        ops_report.insert(
+            name.to_string(),
+            OpReport {
+                ok: s.ok.len(),
+                failures: s.failures.clone(),
+                latency: Lat::of(&s.ok),
+            },
+        );
+    }
+    let failed: u64 = failures.values().sum();
+    let ok = all.len();
+    let ops = ok + failed;
+    let cpu = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| b - a);
+    let (client_cpu, server_cpu) = (cpu(client_cpu0, client_cpu1), cpu(server_cpu0, server_cpu1));
+    let per_op_us = |s: Option<f64>| s.map(|s| s * 1e6 / ops.max(1) as f64);
+    examples.truncate(10);
+    Ok(RunReport {
+        model,
+        mix: mix.name.clone(),
+        tls: args.tls,
+        users: args.users,
+        seconds: elapsed,
+        rate: args.rate,
+        timeout_ms: args.timeout_ms,
+        ops,
+        ok,
+        ok_pct: 100.0 * ok as f64 / ops.max(1) as f64,
+        ops_per_sec: ops as f64 / elapsed,
+        failures,
+        mismatch_examples: examples,
+        handshakes,
+        handshake: (!handshake_us.is_empty()).then(|| Lat::of(&handshake_us)),
+        latency: Lat::of(&all),
+        curve: chart::curve_points()
+            .into_iter()
+            .map(|q| (q, all.value_at_quantile(q) as f64 / 1000.0))
+            .chain(std::iter::once((1.0, all.max() as f64 / 1000.0)))
+            .collect(),
+        per_op: ops_report,
+        late_starts: late,
+        server: scrape::window(&before, &after),
+        client_cpu_s: client_cpu,
+        server_cpu_s: server_cpu,
+        client_cpu_us_per_op: per_op_us(client_cpu),
+        server_cpu_us_per_op: per_op_us(server_cpu),
+        verified,
+    })
+}
+
+/// Await every future (they run concurrently on the runtime).
+async fn futures_join<F>(fs: Vec<F>) -> Vec<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let handles: Vec<_> = fs.into_iter().map(tokio::spawn).collect();
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await.expect("verification task"));
+    }
+    out
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub load: LoadArgs,
+    #[arg(long, value_enum, default_value_t = Model::Connection)]
+    pub model: Model,
+    /// `audit` (the seed's mix), `legacy` (without audit) or weights like `write-read=3,audit=1`
+    /// (groups: prog-run, write-read, grant-revoke, link-walk, seal, stats, audit).
+    #[arg(long, default_value = "audit")]
+    pub mix: String,
+    /// Also write the result as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+pub async fn run(args: RunArgs, default_cubed: PathBuf) -> anyhow::Result<()> {
+    let mix = Mix::parse(&args.mix)?;
+    let server = args.load.server(&default_cubed)?;
+    eprintln!(
+        "{} users, model {}, mix {}, {} s{} on {}",
+        args.load.users,
+        args.model.name(),
+        mix,
+        args.load.duration_or(120.0).as_secs_f64(),
+        args.load
+            .rate
+            .map(|r| format!(", open loop at {r} ops/s"))
+            .unwrap_or_default(),
+        server.target.endpoint
+    );
+    let r = run_on(
+        &server,
+        &args.load,
+        args.model,
+        &mix,
+        args.load.duration_or(120.0),
+        0,
+    )
+    .await?;
+    let reports = [r];
+    println!("{}", report::summary_table(&reports));
+    println!("{}", report::op_tables(&reports));
+    println!("{}", report::server_tables(&reports));
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_vec_pretty(&reports[0])?)?;
+    }
+    let bad = report::problems(&reports);
+    if !bad.is_empty() {
+        eprintln!("{}", bad.join("\n"));
+    }
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct AbArgs {
+    #[command(flatten)]
+    pub load: LoadArgs,
+    /// The 1-minute version: 10 s per run instead of 120 s.
+    #[arg(long)]
+    pub quick: bool,
+    /// Markdown report (tables, chart, machine, date, command, verdict).
+    #[arg(long, default_value = "docs/ab-results.md")]
+    pub out: PathBuf,
+    /// The chart; the report links it by file name, so keep it beside the report.
+    #[arg(long, default_value = "docs/ab-latency.svg")]
+    pub svg: PathBuf,
+    /// Every run's full result.
+    #[arg(long, default_value = "loadtest/results/ab.json")]
+    pub json: PathBuf,
+}
+
+pub async fn ab(args: AbArgs, default_cubed: PathBuf) -> anyhow::Result<()> {
+    let duration = args.load.duration_or(if args.quick { 10.0 } else { 120.0 });
+    let mut reports = Vec::new();
+    let mixes = [Mix::audit(), Mix::legacy()];
+    let total = mixes.len() * 3;
+    for mix in &mixes {
+        for model in [Model::Connection, Model::Call, Model::Churn] {
+            eprintln!(
+                "[{}/{total}] model {}, mix {}, {} users, {:.0} s",
+                reports.len() + 1,
+                model.name(),
+                mix,
+                args.load.users,
+                duration.as_secs_f64()
+            );
+            // A fresh server per run, so no run inherits another's data or audit trail.
+            let server = args.load.server(&default_cubed)?;
+            let r = run_on(&server, &args.load, model, mix, duration, 0).await?;
+            eprintln!(
+                "    {:.0} ops/s, ok {:.3}%, p99 {:.2} ms, failures {:?}",
+                r.ops_per_sec, r.ok_pct, r.latency.p99_ms, r.failures
+            );
+            reports.push(r);
+        }
+    }
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let md = report::ab_markdown(&reports, &command, &args.load, duration, &args.svg);
+    let svg = report::ab_chart(&reports);
+    for path in [&args.out, &args.svg, &args.json] {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)?;
+        }
+    }
+    std::fs::write(&args.out, md)?;
+    std::fs::write(&args.svg, svg)?;
+    std::fs::write(&args.json, serde_json::to_vec_pretty(&reports)?)?;
+    println!("{}", report::summary_table(&reports));
+    eprintln!(
+        "wrote {}, {} and {}",
+        args.out.display(),
+        args.svg.display(),
+        args.json.display()
+    );
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct StressArgs {
+    #[command(flatten)]
+    pub load: LoadArgs,
+    /// Op mix (default: the full mix with audit).
+    #[arg(long, default_value = "audit")]
+    pub mix: String,
+}
+
+/// The CI gate: `connection` and `call` users at once on one server; any failed op, lost
+/// write or wrong run count fails it.
+pub async fn stress(args: StressArgs, default_cubed: PathBuf) -> anyhow::Result<()> {
+    let mix = Mix::parse(&args.mix)?;
+    let duration = args.load.duration_or(60.0);
+    let server = args.load.server(&default_cubed)?;
+    eprintln!(
+        "stress: {} users per model (connection and call at once), mix {}, {:.0} s, on {}",
+        args.load.users,
+        mix,
+        duration.as_secs_f64(),
+        server.target.endpoint
+    );
+    let (a, b) = tokio::join!(
+        run_on(&server, &args.load, Model::Connection, &mix, duration, 0),
+        run_on(&server, &args.load, Model::Call, &mix, duration, 1_000_000),
+    );
+    let reports = [a?, b?];
+    println!("{}", report::summary_table(&reports));
+    println!("{}", report::op_tables(&reports));
+    let mut bad = report::problems(&reports);
+    for r in &reports {
+        if r.verified.is_none() {
+            bad.push(format!("{}: not verified (--no-verify)", r.model.name()));
+        }
+        if r.ok == 0 {
+            bad.push(format!("{}: no op succeeded", r.model.name()));
+        }
+    }
+    if bad.is_empty() {
+        let v: Vec<_> = reports.iter().filter_map(|r| r.verified.as_ref()).collect();
+        println!(
+            "stress gate passed: {} ops, 0 failed; read back {} writes and {} sealed cells, {} runs on {} program cells matched",
+            reports.iter().map(|r| r.ops).sum::<u64>(),
+            v.iter().map(|v| v.writes).sum::<u64>(),
+            v.iter().map(|v| v.sealed).sum::<u64>(),
+            v.iter().map(|v| v.runs).sum::<u64>(),
+            v.iter().map(|v| v.program_cells).sum::<u64>(),
+        );
+        Ok(())
+    } else {
+        bail!("stress gate failed:\n{}", bad.join("\n"))
+    }
+}

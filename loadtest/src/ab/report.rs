@@ -1,0 +1,522 @@
+//! Results of A/B runs: the JSON shape, Markdown tables, the chart and the verdict of
+//! docs/ab-results.md, which follows from the numbers (nothing in it is typed in by hand).
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::path::Path;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use super::chart::{self, Panel, Series};
+use super::scrape::ServerOp;
+use super::user::Verified;
+use super::{LoadArgs, Model};
+
+/// Latency summary in milliseconds (of successful ops).
+#[derive(Debug, Clone, Serialize)]
+pub struct Lat {
+    pub count: u64,
+    pub mean_ms: f64,
+    pub p50_ms: f64,
+    pub p95_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+impl Lat {
+    pub fn of(h: &Histogram<u64>) -> Lat {
+        let ms = |us: u64| us as f64 / 1000.0;
+        Lat {
+            count: h.len(),
+            mean_ms: h.mean() / 1000.0,
+            p50_ms: ms(h.value_at_quantile(0.5)),
+            p95_ms: ms(h.value_at_quantile(0.95)),
+            p99_ms: ms(h.value_at_quantile(0.99)),
+            max_ms: ms(h.max()),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct OpReport {
+    pub ok: u64,
+    pub failures: BTreeMap<String, u64>,
+    pub latency: Lat,
+}
+
+/// One model × mix.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunReport {
+    pub model: Model,
+    pub mix: String,
+    pub tls: bool,
+    pub users: usize,
+    pub seconds: f64,
+    pub rate: Option<f64>,
+    pub timeout_ms: u64,
+    pub ops: u64,
+    pub ok: u64,
+    pub ok_pct: f64,
+    pub ops_per_sec: f64,
+    /// Failed ops by cause: `timeout`, `connect`, `handshake <code>`, `mismatch` (an answer that
+    /// contradicts what was acknowledged), or the gRPC code.
+    pub failures: BTreeMap<String, u64>,
+    pub mismatch_examples: Vec<String>,
+    pub handshakes: u64,
+    pub handshake: Option<Lat>,
+    pub latency: Lat,
+    /// (quantile, ms) of all successful ops; the last point is the max.
+    pub curve: Vec<(f64, f64)>,
+    pub per_op: BTreeMap<String, OpReport>,
+    pub late_starts: u64,
+    pub server: Vec<ServerOp>,
+    pub client_cpu_s: Option<f64>,
+    pub server_cpu_s: Option<f64>,
+    pub client_cpu_us_per_op: Option<f64>,
+    pub server_cpu_us_per_op: Option<f64>,
+    pub verified: Option<Verified>,
+}
+
+fn opt(v: Option<f64>, digits: usize) -> String {
+    v.map(|v| format!("{v:.digits$}"))
+        .unwrap_or_else(|| "–".into())
+}
+
+fn failures_cell(f: &BTreeMap<String, u64>) -> String {
+    if f.is_empty() {
+        return "0".into();
+    }
+    f.iter()
+        .map(|(k, v)| format!("{v} {k}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+pub fn summary_table(runs: &[RunReport]) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "| model | mix | ops | ops/s | ok % | failures by cause | handshakes | mean ms | p50 ms | p95 ms | p99 ms | max ms | client CPU µs/op | server CPU µs/op |"
+    );
+    let _ = writeln!(
+        o,
+        "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for r in runs {
+        let l = &r.latency;
+        let _ = writeln!(
+            o,
+            "| {} | {} | {} | {:.0} | {:.3} | {} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.1} | {} | {} |",
+            r.model.name(),
+            r.mix,
+            r.ops,
+            r.ops_per_sec,
+            r.ok_pct,
+            failures_cell(&r.failures),
+            r.handshakes,
+            l.mean_ms,
+            l.p50_ms,
+            l.p95_ms,
+            l.p99_ms,
+            l.max_ms,
+            opt(r.client_cpu_us_per_op, 1),
+            opt(r.server_cpu_us_per_op, 1),
+        );
+    }
+    o
+}
+
+/// Per-op latency, one table per mix: rows are ops, columns p50/p99 per model.
+pub fn op_tables(runs: &[RunReport]) -> String {
+    let mut o = String::new();
+    let mut mixes: Vec<&str> = runs.iter().map(|r| r.mix.as_str()).collect();
+    mixes.dedup();
+    for mix in mixes {
+        let rs: Vec<&RunReport> = runs.iter().filter(|r| r.mix == mix).collect();
+        let _ = writeln!(o, "Per op, mix `{mix}` (ok count, p50 / p99 / max ms):\n");
+        let mut head = String::from("| op |");
+        let mut rule = String::from("|---|");
+        for r in &rs {
+            let _ = write!(
+                head,
+                " {} ok | {} p50 / p99 / max ms | {} failed |",
+                r.model.name(),
+                r.model.name(),
+                r.model.name()
+            );
+            rule.push_str("---:|---:|---:|");
+        }
+        let _ = writeln!(o, "{head}\n{rule}");
+        let mut ops: Vec<&String> = rs.iter().flat_map(|r| r.per_op.keys()).collect();
+        ops.sort();
+        ops.dedup();
+        for op in ops {
+            let _ = write!(o, "| {op} |");
+            for r in &rs {
+                match r.per_op.get(op) {
+                    Some(p) => {
+                        let _ = write!(
+                            o,
+                            " {} | {:.3} / {:.3} / {:.1} | {} |",
+                            p.ok,
+                            p.latency.p50_ms,
+                            p.latency.p99_ms,
+                            p.latency.max_ms,
+                            failures_cell(&p.failures)
+                        );
+                    }
+                    None => o.push_str(" – | – | – |"),
+                }
+            }
+            o.push('\n');
+        }
+        o.push('\n');
+    }
+    o
+}
+
+/// The server's own histograms for each run's window.
+pub fn server_tables(runs: &[RunReport]) -> String {
+    let mut o = String::new();
+    for r in runs {
+        if r.server.is_empty() {
+            continue;
+        }
+        let _ = writeln!(
+            o,
+            "Server's view (`grpc_server_handling_seconds`), model {}, mix {} (quantiles interpolated within buckets):\n",
+            r.model.name(),
+            r.mix
+        );
+        let _ = writeln!(o, "| method | auth | OK | other codes | p50 ms | p99 ms |");
+        let _ = writeln!(o, "|---|---|---:|---|---:|---:|");
+        for s in &r.server {
+            let _ = writeln!(
+                o,
+                "| {} | {} | {} | {} | {:.3} | {:.3} |",
+                s.method,
+                s.auth,
+                s.ok,
+                failures_cell(&s.failed),
+                s.p50_ms,
+                s.p99_ms
+            );
+        }
+        o.push('\n');
+    }
+    o
+}
+
+/// Everything that should fail a gate: failed ops and verification problems.
+pub fn problems(runs: &[RunReport]) -> Vec<String> {
+    let mut out = Vec::new();
+    for r in runs {
+        let who = format!("{} / {}", r.model.name(), r.mix);
+        if !r.failures.is_empty() {
+            out.push(format!("{who}: failed ops: {}", failures_cell(&r.failures)));
+        }
+        for m in &r.mismatch_examples {
+            out.push(format!("{who}: {m}"));
+        }
+        if let Some(v) = &r.verified {
+            for p in &v.problems {
+                out.push(format!("{who}: verify: {p}"));
+            }
+        }
+    }
+    out
+}
+
+const COLORS: [(Model, &str); 3] = [
+    (Model::Connection, "#1f77b4"),
+    (Model::Call, "#d62728"),
+    (Model::Churn, "#2ca02c"),
+];
+
+pub fn ab_chart(runs: &[RunReport]) -> String {
+    let mut mixes: Vec<&str> = runs.iter().map(|r| r.mix.as_str()).collect();
+    mixes.dedup();
+    let labels: Vec<String> = runs
+        .iter()
+        .map(|r| format!("{} ({:.0} ops/s)", r.model.name(), r.ops_per_sec))
+        .collect();
+    let panels: Vec<Panel<'_>> = mixes
+        .iter()
+        .map(|mix| Panel {
+            title: format!("mix: {mix}"),
+            series: runs
+                .iter()
+                .zip(&labels)
+                .filter(|(r, _)| r.mix == *mix)
+                .map(|(r, label)| Series {
+                    label,
+                    color: COLORS
+                        .iter()
+                        .find(|(m, _)| *m == r.model)
+                        .map(|(_, c)| *c)
+                        .unwrap_or("#000"),
+                    points: &r.curve,
+                })
+                .collect(),
+        })
+        .collect();
+    chart::svg("Latency of every op by auth model (log scale)", &panels)
+}
+
+/// The seed's reference numbers (seeds/000, section 5): its best mean op time was 29.0 ms for
+/// 8 users (~275 ops/s), and model A did 29,683 fresh handshakes in 120 s.
+const SEED_OPS_PER_SEC: f64 = 8.0 / 0.029;
+const SEED_CHURN_HANDSHAKES_PER_SEC: f64 = 29_683.0 / 120.0;
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .next()
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map(|kb| format!("{:.0} GiB RAM", kb / 1024.0 / 1024.0))
+        .unwrap_or_default();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default();
+    format!(
+        "{cores} cores ({cpu}), {mem}, Linux {kernel}; client and server on the same machine over loopback"
+    )
+}
+
+fn today() -> String {
+    std::process::Command::new("date")
+        .arg("-u")
+        .arg("+%Y-%m-%d %H:%M UTC")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+fn find<'a>(runs: &'a [RunReport], model: Model, mix: &str) -> Option<&'a RunReport> {
+    runs.iter().find(|r| r.model == model && r.mix == mix)
+}
+
+/// The verdict, in words that follow from the numbers.
+fn verdict(runs: &[RunReport]) -> String {
+    let mut v = String::new();
+    let worst = runs.iter().min_by(|a, b| a.ok_pct.total_cmp(&b.ok_pct));
+    let all_ok = runs.iter().all(|r| r.ok_pct >= 99.9);
+    if let Some(w) = worst {
+        let _ = writeln!(
+            v,
+            "1. **Error rate.** {} The lowest ok% was {:.3}% ({} model, {} mix){}.",
+            if all_ok {
+                "Every model reached at least 99.9% ok in both mixes, with and without the audit op."
+            } else {
+                "Not every run reached 99.9% ok: see the failures by cause."
+            },
+            w.ok_pct,
+            w.model.name(),
+            w.mix,
+            if w.failures.is_empty() {
+                String::new()
+            } else {
+                format!("; its failures: {}", failures_cell(&w.failures))
+            }
+        );
+    }
+    let audit_p99: Vec<(Model, f64, u64)> = runs
+        .iter()
+        .filter_map(|r| {
+            r.per_op
+                .get("Audit")
+                .map(|a| (r.model, a.latency.p99_ms, r.timeout_ms))
+        })
+        .collect();
+    if !audit_p99.is_empty() {
+        let worst = audit_p99.iter().map(|(_, p, _)| *p).fold(0.0, f64::max);
+        let timeout = audit_p99[0].2 as f64;
+        let _ = writeln!(
+            v,
+            "2. **The audit op.** Its p99 was at most {worst:.2} ms ({:.2}% of the {timeout:.0} ms per-op timeout), so audit no longer times out and no longer blurs the comparison as it did in the seed.",
+            100.0 * worst / timeout
+        );
+    }
+    for mix in ["audit", "legacy"] {
+        let (Some(conn), Some(call)) = (
+            find(runs, Model::Connection, mix),
+            find(runs, Model::Call, mix),
+        ) else {
+            continue;
+        };
+        let ratio = call.ops_per_sec / conn.ops_per_sec;
+        let _ = writeln!(
+            v,
+            "3. **Per-call signing vs one handshake per connection ({mix} mix).** `call` did {:.0} ops/s, {:.1}% of `connection`'s {:.0} ops/s (p50 {:.3} vs {:.3} ms); server CPU per op {} vs {} µs. {}",
+            call.ops_per_sec,
+            100.0 * ratio,
+            conn.ops_per_sec,
+            call.latency.p50_ms,
+            conn.latency.p50_ms,
+            opt(call.server_cpu_us_per_op, 1),
+            opt(conn.server_cpu_us_per_op, 1),
+            if ratio >= 0.95 {
+                "At this load the difference is within a few percent: the durable work, not authentication, dominates."
+            } else {
+                "Verifying a signature on every call costs measurable throughput here."
+            }
+        );
+    }
+    if let (Some(churn), Some(conn)) = (
+        find(runs, Model::Churn, "legacy").or_else(|| find(runs, Model::Churn, "audit")),
+        find(runs, Model::Connection, "legacy").or_else(|| find(runs, Model::Connection, "audit")),
+    ) {
+        let hs_per_sec = churn.handshakes as f64 / churn.seconds;
+        let _ = writeln!(
+            v,
+            "4. **A new connection and handshake per op (`churn`, the seed's model A).** {:.0} ops/s with {} handshakes in {:.0} s ({:.0}/s, {:.1}× the seed's {:.0}/s), mean op {:.3} ms vs {:.3} ms on a persistent connection: {:.1}× slower per op. Authenticating once per connection is the cheaper model; authenticating every op is sound but pays a connection and a handshake each time.",
+            churn.ops_per_sec,
+            churn.handshakes,
+            churn.seconds,
+            hs_per_sec,
+            hs_per_sec / SEED_CHURN_HANDSHAKES_PER_SEC,
+            SEED_CHURN_HANDSHAKES_PER_SEC,
+            churn.latency.mean_ms,
+            conn.latency.mean_ms,
+            churn.latency.mean_ms / conn.latency.mean_ms.max(1e-9)
+        );
+    }
+    let persistent: Vec<&RunReport> = runs.iter().filter(|r| r.model != Model::Churn).collect();
+    if let Some(slowest) = persistent
+        .iter()
+        .min_by(|a, b| a.ops_per_sec.total_cmp(&b.ops_per_sec))
+    {
+        let _ = writeln!(
+            v,
+            "5. **Against the seed.** The slowest persistent run did {:.0} ops/s with {} users, {:.0}× the seed's best (~{:.0} ops/s: 29 ms per op for 8 users).",
+            slowest.ops_per_sec,
+            slowest.users,
+            slowest.ops_per_sec / SEED_OPS_PER_SEC,
+            SEED_OPS_PER_SEC
+        );
+    }
+    let cpu: Vec<(f64, f64)> = runs
+        .iter()
+        .filter_map(|r| r.client_cpu_us_per_op.zip(r.server_cpu_us_per_op))
+        .collect();
+    if !cpu.is_empty() {
+        let all_below = cpu.iter().all(|(c, s)| c < s);
+        let _ = writeln!(
+            v,
+            "6. **The load driver is not the bottleneck**: its CPU per op was {} the server's in {} of {} runs (largest client/server ratio {:.2}).",
+            if all_below {
+                "below"
+            } else {
+                "not always below"
+            },
+            cpu.iter().filter(|(c, s)| c < s).count(),
+            cpu.len(),
+            cpu.iter().map(|(c, s)| c / s).fold(0.0, f64::max)
+        );
+    }
+    v
+}
+
+pub fn ab_markdown(
+    runs: &[RunReport],
+    command: &str,
+    load: &LoadArgs,
+    duration: Duration,
+    svg: &Path,
+) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "# Auth-model A/B results\n");
+    let _ = writeln!(
+        o,
+        "Generated by `cube-load ab` (loadtest/src/ab/); regenerate with the command below. Every number here comes from that run.\n"
+    );
+    let _ = writeln!(o, "- Date: {}", today());
+    let _ = writeln!(o, "- Machine: {}", machine());
+    let _ = writeln!(o, "- Command: `{command}`");
+    let _ = writeln!(
+        o,
+        "- Shape: {} users × {:.0} s per run, {} loop, per-op timeout {} ms, {} B values, TLS {}, a fresh embedded cubed per run{}",
+        load.users,
+        duration.as_secs_f64(),
+        if load.rate.is_some() {
+            "open"
+        } else {
+            "closed"
+        },
+        load.timeout_ms,
+        load.value_bytes,
+        if load.tls { "on" } else { "off" },
+        if load.target.is_some() {
+            " (or the given --target)"
+        } else {
+            ""
+        }
+    );
+    let _ = writeln!(
+        o,
+        "- Mixes: `audit` = the seed's groups prog+run, write+read, grant+revoke, link+walk, write+seal, stats, audit (limit 100), equal weights; `legacy` = the same without audit. Each rpc is one op.\n"
+    );
+    let _ = writeln!(o, "## Verdict\n\n{}", verdict(runs));
+    let _ = writeln!(o, "## Summary\n\n{}", summary_table(runs));
+    let _ = writeln!(
+        o,
+        "Latency is of successful ops, from when the op started (open loop: from when it was due) to its answer; failed ops are counted by cause instead. Handshakes include the persistent connections' one per user. CPU is user+system time of each process during the run, divided by its ops.\n"
+    );
+    let name = svg
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let _ = writeln!(o, "![Latency percentiles by model]({name})\n");
+    let _ = writeln!(o, "## Per op\n\n{}", op_tables(runs));
+    let verified: Vec<String> = runs
+        .iter()
+        .filter_map(|r| {
+            r.verified.as_ref().map(|v| {
+                format!(
+                    "| {} | {} | {} | {} | {} | {} | {} |",
+                    r.model.name(),
+                    r.mix,
+                    v.writes,
+                    v.sealed,
+                    v.program_cells,
+                    v.runs,
+                    if v.problems.is_empty() {
+                        "none".to_string()
+                    } else {
+                        v.problems.join("; ")
+                    }
+                )
+            })
+        })
+        .collect();
+    if !verified.is_empty() {
+        let _ = writeln!(
+            o,
+            "## Read back after each run\n\n| model | mix | writes | sealed cells | program cells | runs | problems |\n|---|---|---:|---:|---:|---:|---|\n{}\n",
+            verified.join("\n")
+        );
+    }
+    let _ = writeln!(
+        o,
+        "## The server's own histograms\n\n{}",
+        server_tables(runs)
+    );
+    o
+}

@@ -1,0 +1,198 @@
+//! The server's side of a run: its own latency histograms for the run's window (two scrapes of
+//! /metrics, subtracted) and the CPU time of both processes.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
+use serde::Serialize;
+
+const HANDLING: &str = "grpc_server_handling_seconds_bucket";
+
+/// Cumulative bucket counts by (method, code, auth) → (le → count).
+pub type Buckets = BTreeMap<(String, String, String), BTreeMap<u64, f64>>;
+
+/// Parse the server's request-latency buckets out of a /metrics page. `le` is kept in
+/// nanoseconds so it sorts as a number; +Inf is `u64::MAX`.
+pub fn parse(text: &str) -> Buckets {
+    let mut out = Buckets::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix(HANDLING) else {
+            continue;
+        };
+        let Some((labels, value)) = rest.strip_prefix('{').and_then(|r| r.split_once("} ")) else {
+            continue;
+        };
+        let mut get = BTreeMap::new();
+        for kv in labels.split(',') {
+            if let Some((k, v)) = kv.split_once('=') {
+                get.insert(k.trim(), v.trim().trim_matches('"'));
+            }
+        }
+        let (Some(m), Some(code), Some(auth), Some(le), Ok(n)) = (
+            get.get("grpc_method"),
+            get.get("grpc_code"),
+            get.get("auth"),
+            get.get("le"),
+            value.trim().parse::<f64>(),
+        ) else {
+            continue;
+        };
+        let le = if *le == "+Inf" {
+            u64::MAX
+        } else {
+            match le.parse::<f64>() {
+                Ok(s) => (s * 1e9).round() as u64,
+                Err(_) => continue,
+            }
+        };
+        out.entry((m.to_string(), code.to_string(), auth.to_string()))
+            .or_default()
+            .insert(le, n);
+    }
+    out
+}
+
+/// One method's latency as the server saw it during the window.
+#[derive(Debug, Clone, Serialize)]
+pub struct ServerOp {
+    pub method: String,
+    pub auth: String,
+    pub ok: u64,
+    /// Calls that ended with another code, by code.
+    pub failed: BTreeMap<String, u64>,
+    /// Quantiles of the OK calls, interpolated within buckets (ms).
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+}
+
+/// Quantile `q` of cumulative buckets (le ns → count), linear within the bucket.
+fn quantile(b: &BTreeMap<u64, f64>, q: f64) -> f64 {
+    let total = b.get(&u64::MAX).copied().unwrap_or(0.0);
+    if total <= 0.0 {
+        return f64::NAN;
+    }
+    let rank = q * total;
+    let (mut prev_le, mut prev_n) = (0u64, 0.0);
+    for (&le, &n) in b {
+        if n >= rank {
+            if le == u64::MAX {
+                return prev_le as f64 / 1e6;
+            }
+            let frac = if n > prev_n {
+                (rank - prev_n) / (n - prev_n)
+            } else {
+                0.0
+            };
+            return (prev_le as f64 + frac * (le - prev_le) as f64) / 1e6;
+        }
+        (prev_le, prev_n) = (le, n);
+    }
+    prev_le as f64 / 1e6
+}
+
+/// What happened between two scrapes.
+pub fn window(before: &Buckets, after: &Buckets) -> Vec<ServerOp> {
+    let mut by_method: BTreeMap<(String, String), ServerOp> = BTreeMap::new();
+    for (key @ (method, code, auth), b) in after {
+        let delta: BTreeMap<u64, f64> = b
+            .iter()
+            .map(|(le, n)| {
+                let was = before
+                    .get(key)
+                    .and_then(|x| x.get(le))
+                    .copied()
+                    .unwrap_or(0.0);
+                (*le, n - was)
+            })
+            .collect();
+        let count = delta.get(&u64::MAX).copied().unwrap_or(0.0).round() as u64;
+        if count == 0 {
+            continue;
+        }
+        let op = by_method
+            .entry((method.clone(), auth.clone()))
+            .or_insert_with(|| ServerOp {
+                method: method.clone(),
+                auth: auth.clone(),
+                ok: 0,
+                failed: BTreeMap::new(),
+                p50_ms: f64::NAN,
+                p99_ms: f64::NAN,
+            });
+        if code == "OK" {
+            op.ok = count;
+            op.p50_ms = quantile(&delta, 0.5);
+            op.p99_ms = quantile(&delta, 0.99);
+        } else {
+            op.failed.insert(code.clone(), count);
+        }
+    }
+    by_method.into_values().collect()
+}
+
+/// Scrape the request histograms now (empty when there is no admin address to ask).
+pub fn scrape(admin: Option<SocketAddr>) -> Buckets {
+    admin
+        .and_then(|a| cube_testkit::admin_get(a, "/metrics").ok())
+        .map(|(_, body)| parse(&body))
+        .unwrap_or_default()
+}
+
+/// User + system CPU seconds of a process so far (`/proc/PID/stat`, Linux).
+pub fn cpu_seconds(pid: Option<u32>) -> Option<f64> {
+    let path = match pid {
+        Some(p) => format!("/proc/{p}/stat"),
+        None => "/proc/self/stat".into(),
+    };
+    let stat = std::fs::read_to_string(path).ok()?;
+    // Fields after the command name (which may hold spaces) start at the last ')'.
+    let after = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = after.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, i.e. 11 and 12 after the name.
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / clock_ticks())
+}
+
+fn clock_ticks() -> f64 {
+    // USER_HZ is 100 on every Linux architecture Cube builds for.
+    100.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PAGE: &str = r#"# TYPE grpc_server_handling_seconds histogram
+grpc_server_handling_seconds_bucket{grpc_type="unary",grpc_service="cube.v1.Cells",grpc_method="Read",grpc_code="OK",auth="call",le="0.001"} 50
+grpc_server_handling_seconds_bucket{grpc_type="unary",grpc_service="cube.v1.Cells",grpc_method="Read",grpc_code="OK",auth="call",le="0.002"} 90
+grpc_server_handling_seconds_bucket{grpc_type="unary",grpc_service="cube.v1.Cells",grpc_method="Read",grpc_code="OK",auth="call",le="+Inf"} 100
+grpc_server_handling_seconds_bucket{grpc_type="unary",grpc_service="cube.v1.Cells",grpc_method="Read",grpc_code="Unauthenticated",auth="none",le="+Inf"} 3
+grpc_server_handling_seconds_count{grpc_type="unary",grpc_service="cube.v1.Cells",grpc_method="Read",grpc_code="OK",auth="call"} 100
+"#;
+
+    #[test]
+    fn the_window_is_the_difference_of_two_scrapes() {
+        let before = parse(
+            &PAGE
+                .replace("} 50", "} 10")
+                .replace("} 90", "} 10")
+                .replace("} 100\n", "} 10\n")
+                .replace("} 3\n", "} 0\n"),
+        );
+        let after = parse(PAGE);
+        let w = window(&before, &after);
+        let read = w.iter().find(|o| o.auth == "call").unwrap();
+        assert_eq!(read.ok, 90);
+        // 40 of 90 in the first bucket, 40 in (1 ms, 2 ms]: the median sits at 1.125 ms.
+        assert!((read.p50_ms - 1.125).abs() < 1e-9, "{}", read.p50_ms);
+        let refused = w.iter().find(|o| o.auth == "none").unwrap();
+        assert_eq!(refused.failed.get("Unauthenticated"), Some(&3));
+        assert_eq!(refused.ok, 0);
+    }
+
+    #[test]
+    fn own_cpu_time_is_readable() {
+        let t = cpu_seconds(None).unwrap();
+        assert!(t >= 0.0);
+    }
+}

@@ -1,0 +1,919 @@
+//! One simulated user: its connection (per the auth model), its op loop and the ledger of what
+//! the server acknowledged to it, which the checks during the run and the verification after it
+//! compare the server's answers with.
+//!
+//! Every user owns the cells of one x coordinate (planes: z=1 writes, 2 programs, 3 sealed
+//! cells, 4 its link chain), so what a user reads back is fully determined by what it was
+//! acknowledged: any other answer is a `mismatch`, counted as a failure like a gRPC error.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use cube_api::v1::access_client::AccessClient;
+use cube_api::v1::cells_client::CellsClient;
+use cube_api::v1::tenant_client::TenantClient;
+use cube_api::v1::{
+    AuditRequest, Capability, Cell, Coord, GrantRequest, LinkRequest, ProgRequest, ReadRequest,
+    RegionRequest, RevokeRequest, RunRequest, SealRequest, StatsRequest, WalkRequest, WriteRequest,
+};
+use cube_auth::Credentials;
+use cube_auth::client::{CallSigner, Signing, handshake, verify_audit_entries};
+use hdrhistogram::Histogram;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use sha2::{Digest, Sha256};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+
+use super::Model;
+use super::mix::{Group, Mix};
+
+/// The response header carrying Region's next page token (docs/protocol.md).
+const NEXT_PAGE_TOKEN: &str = "x-cube-next-page-token-bin";
+
+const WRITES: i32 = 1;
+const PROGRAMS: i32 = 2;
+const SEALED: i32 = 3;
+const CHAIN: i32 = 4;
+const WALK_DEPTH: u32 = 8;
+
+/// Where and as whom the users connect.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// `http://host:port` or `https://host:port`.
+    pub endpoint: String,
+    pub tls: Option<ClientTlsConfig>,
+    pub creds: Credentials,
+    /// A second key of the same tenant that grant/revoke toggle READ on.
+    pub grant_key: String,
+    pub connect_timeout: Duration,
+}
+
+impl Target {
+    pub async fn connect(&self) -> anyhow::Result<Channel> {
+        let mut ep = Endpoint::from_shared(self.endpoint.clone())?
+            .tcp_nodelay(true)
+            .connect_timeout(self.connect_timeout);
+        if let Some(tls) = &self.tls {
+            ep = ep.tls_config(tls.clone())?;
+        }
+        Ok(ep.connect().await?)
+    }
+}
+
+/// What every user of a run shares.
+pub struct RunCtx {
+    pub target: Target,
+    pub model: Model,
+    pub mix: Mix,
+    pub op_timeout: Duration,
+    /// Per-user pacing in open-loop mode: op k is due at `start + k * interval`.
+    pub interval: Option<Duration>,
+    pub start: Instant,
+    pub end: Instant,
+    pub value_bytes: usize,
+    /// Mutations acknowledged so far by every user: where Audit's `from_seq` is drawn from.
+    pub mutations: AtomicU64,
+    pub seed: u64,
+    /// x coordinate of user 0; users own `x_base + index`.
+    pub x_base: i32,
+}
+
+/// The outcome class of one rpc.
+#[derive(Debug)]
+enum Outcome {
+    Ok,
+    Failed(String),
+}
+
+fn status_class(s: &tonic::Status) -> String {
+    format!("{:?}", s.code())
+}
+
+fn failed(s: tonic::Status) -> Outcome {
+    Outcome::Failed(status_class(&s))
+}
+
+/// Latency (µs) of successful ops and failure counts by class, per rpc.
+pub struct OpStats {
+    pub ok: Histogram<u64>,
+    pub failures: BTreeMap<String, u64>,
+}
+
+impl OpStats {
+    fn new() -> OpStats {
+        OpStats {
+            ok: hist(),
+            failures: BTreeMap::new(),
+        }
+    }
+
+    pub fn merge(&mut self, other: &OpStats) {
+        self.ok.add(&other.ok).expect("same bounds");
+        for (k, v) in &other.failures {
+            *self.failures.entry(k.clone()).or_default() += v;
+        }
+    }
+}
+
+pub fn hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("bounds")
+}
+
+/// What one user brings back.
+pub struct UserResult {
+    pub per_op: BTreeMap<&'static str, OpStats>,
+    pub handshakes: u64,
+    pub handshake_us: Histogram<u64>,
+    /// Ops started more than 1 ms after they were due (open loop only).
+    pub late_starts: u64,
+    pub mismatch_examples: Vec<String>,
+    pub ledger: Ledger,
+}
+
+/// What the server acknowledged to one user.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    pub x: i32,
+    next_write: i32,
+    /// y of acknowledged writes (plane WRITES).
+    writes: Vec<i32>,
+    next_prog: i32,
+    programs: Vec<ProgCell>,
+    /// Links k → k+1 acknowledged for every k < chain_len.
+    chain_len: i32,
+    next_link: i32,
+    /// A Link failed: the chain beyond it is unknown, so walks are no longer checked.
+    chain_unknown: bool,
+    next_seal: i32,
+    /// y of cells written and sealed (plane SEALED).
+    sealed: Vec<i32>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct ProgCell {
+    y: i32,
+    acked_runs: u64,
+    /// Runs that failed or timed out: each may or may not have been counted by the server.
+    unknown_runs: u64,
+}
+
+impl ProgCell {
+    fn run_count_ok(&self, n: u64) -> bool {
+        (self.acked_runs..=self.acked_runs + self.unknown_runs).contains(&n)
+    }
+}
+
+fn coord(x: i32, y: i32, z: i32) -> Option<Coord> {
+    Some(Coord { x, y, z })
+}
+
+/// The value written at (x, y, z): deterministic, incompressible-looking bytes.
+pub fn value_of(x: i32, y: i32, z: i32, len: usize) -> Vec<u8> {
+    let mut s = (x as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ (y as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F)
+        ^ (z as u64).wrapping_mul(0x1656_67B1_9E37_79F9);
+    (0..len)
+        .map(|_| {
+            // splitmix64
+            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = s;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            (z ^ (z >> 31)) as u8
+        })
+        .collect()
+}
+
+fn program_of(x: i32, y: i32) -> Vec<u8> {
+    format!("program {x}/{y}: emit(input)").into_bytes()
+}
+
+type Cells = CellsClient<Signing<Channel>>;
+type Access = AccessClient<Signing<Channel>>;
+type TenantC = TenantClient<Signing<Channel>>;
+
+/// The three clients over one connection.
+#[derive(Clone)]
+pub struct Clients {
+    cells: Cells,
+    access: Access,
+    tenant: TenantC,
+}
+
+impl Clients {
+    fn new(ch: Signing<Channel>) -> Clients {
+        Clients {
+            cells: CellsClient::new(ch.clone()),
+            access: AccessClient::new(ch.clone()),
+            tenant: TenantClient::new(ch),
+        }
+    }
+}
+
+/// A connection authenticated per `model`; returns the clients and, for a handshake, its
+/// duration.
+async fn open(target: &Target, model: Model) -> Result<(Clients, Option<Duration>), Outcome> {
+    let t = Instant::now();
+    let ch = target
+        .connect()
+        .await
+        .map_err(|_| Outcome::Failed("connect".into()))?;
+    match model {
+        Model::Call => {
+            let secret = target
+                .creds
+                .secret()
+                .map_err(|_| Outcome::Failed("bad secret".into()))?;
+            let signer = CallSigner::new(&target.creds.tenant, &target.creds.key_id, secret);
+            Ok((Clients::new(Signing::new(ch, signer)), None))
+        }
+        Model::Connection | Model::Churn => {
+            handshake(ch.clone(), &target.creds)
+                .await
+                .map_err(|e| match e {
+                    cube_auth::client::HandshakeError::Refused(s) => {
+                        Outcome::Failed(format!("handshake {}", status_class(&s)))
+                    }
+                    _ => Outcome::Failed("handshake proof".into()),
+                })?;
+            Ok((Clients::new(Signing::passthrough(ch)), Some(t.elapsed())))
+        }
+    }
+}
+
+/// One rpc of a group.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    Prog,
+    Run,
+    Write,
+    Read,
+    Grant,
+    Revoke,
+    Link,
+    Walk,
+    SealWrite,
+    Seal,
+    Stats,
+    Audit,
+}
+
+impl Step {
+    fn name(self) -> &'static str {
+        match self {
+            Step::Prog => "Prog",
+            Step::Run => "Run",
+            Step::Write | Step::SealWrite => "Write",
+            Step::Read => "Read",
+            Step::Grant => "Grant",
+            Step::Revoke => "Revoke",
+            Step::Link => "Link",
+            Step::Walk => "Walk",
+            Step::Seal => "Seal",
+            Step::Stats => "Stats",
+            Step::Audit => "Audit",
+        }
+    }
+
+    fn of(g: Group) -> &'static [Step] {
+        match g {
+            Group::ProgRun => &[Step::Prog, Step::Run],
+            Group::WriteRead => &[Step::Write, Step::Read],
+            Group::GrantRevoke => &[Step::Grant, Step::Revoke],
+            Group::LinkWalk => &[Step::Link, Step::Walk],
+            Group::Seal => &[Step::SealWrite, Step::Seal],
+            Group::Stats => &[Step::Stats],
+            Group::Audit => &[Step::Audit],
+        }
+    }
+}
+
+struct User {
+    ctx: Arc<RunCtx>,
+    rng: StdRng,
+    ledger: Ledger,
+    mismatches: Vec<String>,
+}
+
+impl User {
+    fn mismatch(&mut self, what: String) -> Outcome {
+        if self.mismatches.len() < 5 {
+            self.mismatches.push(what);
+        }
+        Outcome::Failed("mismatch".into())
+    }
+
+    fn acked_mutation(&self) {
+        self.ctx.mutations.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Run one rpc and fold its answer into the ledger.
+    async fn step(&mut self, c: &mut Clients, step: Step) -> Outcome {
+        let x = self.ledger.x;
+        let vb = self.ctx.value_bytes;
+        match step {
+            Step::Prog => {
+                let y = self.ledger.next_prog;
+                self.ledger.next_prog += 1;
+                let req = ProgRequest {
+                    coord: coord(x, y, PROGRAMS),
+                    program: program_of(x, y),
+                };
+                match c.cells.prog(req).await {
+                    Ok(_) => {
+                        self.ledger.programs.push(ProgCell {
+                            y,
+                            acked_runs: 0,
+                            unknown_runs: 0,
+                        });
+                        self.acked_mutation();
+                        Outcome::Ok
+                    }
+                    Err(s) => failed(s),
+                }
+            }
+            Step::Run => {
+                if self.ledger.programs.is_empty() {
+                    return Outcome::Ok;
+                }
+                let i = self.rng.gen_range(0..self.ledger.programs.len());
+                let p = self.ledger.programs[i];
+                let input: [u8; 16] = self.rng.r#gen();
+                let r = c
+                    .cells
+                    .run(RunRequest {
+                        coord: coord(x, p.y, PROGRAMS),
+                        input: input.to_vec(),
+                    })
+                    .await;
+                match r {
+                    Ok(resp) => {
+                        let resp = resp.into_inner();
+                        let cell = &mut self.ledger.programs[i];
+                        cell.acked_runs += 1;
+                        let cell = *cell;
+                        self.acked_mutation();
+                        if resp.program != program_of(x, p.y) {
+                            self.mismatch(format!("Run ({x},{},2) returned another program", p.y))
+                        } else if !cell.run_count_ok(resp.run_count) {
+                            self.mismatch(format!(
+                                "Run ({x},{},2) says run_count {} after {} acknowledged runs (+{} unknown)",
+                                p.y, resp.run_count, cell.acked_runs, cell.unknown_runs
+                            ))
+                        } else {
+                            Outcome::Ok
+                        }
+                    }
+                    Err(s) => {
+                        self.ledger.programs[i].unknown_runs += 1;
+                        failed(s)
+                    }
+                }
+            }
+            Step::Write => {
+                let y = self.ledger.next_write;
+                self.ledger.next_write += 1;
+                let req = WriteRequest {
+                    coord: coord(x, y, WRITES),
+                    value: value_of(x, y, WRITES, vb),
+                    expected_version: None,
+                };
+                match c.cells.write(req).await {
+                    Ok(_) => {
+                        self.ledger.writes.push(y);
+                        self.acked_mutation();
+                        Outcome::Ok
+                    }
+                    Err(s) => failed(s),
+                }
+            }
+            Step::Read => {
+                if self.ledger.writes.is_empty() {
+                    return Outcome::Ok;
+                }
+                let y = self.ledger.writes[self.rng.gen_range(0..self.ledger.writes.len())];
+                match c
+                    .cells
+                    .read(ReadRequest {
+                        coord: coord(x, y, WRITES),
+                    })
+                    .await
+                {
+                    Ok(r) => {
+                        let r = r.into_inner();
+                        if !r.found || r.value != value_of(x, y, WRITES, vb) {
+                            self.mismatch(format!(
+                                "Read ({x},{y},1): acknowledged write {}",
+                                if r.found {
+                                    "has another value"
+                                } else {
+                                    "not found"
+                                }
+                            ))
+                        } else {
+                            Outcome::Ok
+                        }
+                    }
+                    Err(s) => failed(s),
+                }
+            }
+            Step::Grant | Step::Revoke => {
+                let key_id = self.ctx.target.grant_key.clone();
+                let capabilities = vec![Capability::Read as i32];
+                let r = if matches!(step, Step::Grant) {
+                    c.access
+                        .grant(GrantRequest {
+                            key_id,
+                            capabilities,
+                        })
+                        .await
+                        .map(|_| ())
+                } else {
+                    c.access
+                        .revoke(RevokeRequest {
+                            key_id,
+                            capabilities,
+                        })
+                        .await
+                        .map(|_| ())
+                };
+                match r {
+                    Ok(()) => {
+                        self.acked_mutation();
+                        Outcome::Ok
+                    }
+                    Err(s) => failed(s),
+                }
+            }
+            Step::Link => {
+                let k = self.ledger.next_link;
+                self.ledger.next_link += 1;
+                let r = c
+                    .cells
+                    .link(LinkRequest {
+                        from: coord(x, k, CHAIN),
+                        to: coord(x, k + 1, CHAIN),
+                        label: "next".into(),
+                    })
+                    .await;
+                match r {
+                    Ok(_) => {
+                        if !self.ledger.chain_unknown {
+                            self.ledger.chain_len = k + 1;
+                        }
+                        self.acked_mutation();
+                        Outcome::Ok
+                    }
+                    Err(s) => {
+                        self.ledger.chain_unknown = true;
+                        failed(s)
+                    }
+                }
+            }
+            Step::Walk => {
+                let len = self.ledger.chain_len;
+                let start = self.rng.gen_range(0..=len);
+                let r = c
+                    .cells
+                    .walk(WalkRequest {
+                        start: coord(x, start, CHAIN),
+                        max_depth: WALK_DEPTH,
+                        limit: 64,
+                        labels: vec!["next".into()],
+                    })
+                    .await;
+                match r {
+                    Ok(resp) => {
+                        let visits = resp.into_inner().visits;
+                        let want = (len - start).min(WALK_DEPTH as i32) as usize;
+                        let chain_ok = visits.iter().enumerate().all(|(i, v)| {
+                            v.depth == i as u32 + 1
+                                && v.coord == coord(x, start + i as i32 + 1, CHAIN)
+                        });
+                        if !self.ledger.chain_unknown && (visits.len() != want || !chain_ok) {
+                            self.mismatch(format!(
+                                "Walk from ({x},{start},4): {} visits, {want} expected along the acknowledged chain",
+                                visits.len()
+                            ))
+                        } else {
+                            Outcome::Ok
+                        }
+                    }
+                    Err(s) => failed(s),
+                }
+            }
+            Step::SealWrite => {
+                let y = self.ledger.next_seal;
+                self.ledger.next_seal += 1;
+                let req = WriteRequest {
+                    coord: coord(x, y, SEALED),
+                    value: value_of(x, y, SEALED, vb),
+                    expected_version: None,
+                };
+                match c.cells.write(req).await {
+                    Ok(_) => {
+                        self.acked_mutation();
+                        Outcome::Ok
+                    }
+                    Err(s) => failed(s),
+                }
+            }
+            Step::Seal => {
+                // Seals the cell the preceding SealWrite wrote (or tried to).
+                let y = self.ledger.next_seal - 1;
+                match c
+                    .cells
+                    .seal(SealRequest {
+                        coord: coord(x, y, SEALED),
+                    })
+                    .await
+                {
+                    Ok(r) => {
+                        self.acked_mutation();
+                        let digest = Sha256::digest(value_of(x, y, SEALED, vb));
+                        if r.into_inner().digest != digest.as_slice() {
+                            self.mismatch(format!("Seal ({x},{y},3): digest of another value"))
+                        } else {
+                            self.ledger.sealed.push(y);
+                            Outcome::Ok
+                        }
+                    }
+                    Err(s) => failed(s),
+                }
+            }
+            Step::Stats => {
+                let pick = if self.ledger.programs.is_empty() || self.rng.gen_bool(0.5) {
+                    None
+                } else {
+                    Some(self.rng.gen_range(0..self.ledger.programs.len()))
+                };
+                let req = StatsRequest {
+                    coord: pick.and_then(|i| coord(x, self.ledger.programs[i].y, PROGRAMS)),
+                };
+                match c.tenant.stats(req).await {
+                    Ok(r) => {
+                        let r = r.into_inner();
+                        match pick {
+                            Some(i) => {
+                                let p = self.ledger.programs[i];
+                                let n = r.cell.map(|c| c.run_count).unwrap_or(0);
+                                if p.run_count_ok(n) {
+                                    Outcome::Ok
+                                } else {
+                                    self.mismatch(format!(
+                                        "Stats ({x},{},2): run_count {n} after {} acknowledged runs (+{} unknown)",
+                                        p.y, p.acked_runs, p.unknown_runs
+                                    ))
+                                }
+                            }
+                            None if r.totals.is_none() => {
+                                self.mismatch("Stats without totals".into())
+                            }
+                            None => Outcome::Ok,
+                        }
+                    }
+                    Err(s) => failed(s),
+                }
+            }
+            Step::Audit => {
+                let head = self.ctx.mutations.load(Ordering::Relaxed).max(1);
+                let from_seq = self.rng.gen_range(1..=head);
+                let r = c
+                    .tenant
+                    .audit(AuditRequest {
+                        from_seq,
+                        limit: 100,
+                    })
+                    .await;
+                let mut stream = match r {
+                    Ok(s) => s.into_inner(),
+                    Err(s) => return failed(s),
+                };
+                let mut entries = Vec::new();
+                loop {
+                    match stream.message().await {
+                        Ok(Some(e)) => entries.push(e),
+                        Ok(None) => break,
+                        Err(s) => return failed(s),
+                    }
+                }
+                if entries.len() > 100 {
+                    self.mismatch(format!(
+                        "Audit limit 100 returned {} entries",
+                        entries.len()
+                    ))
+                } else if let Err((seq, why)) = verify_audit_entries(&entries) {
+                    self.mismatch(format!(
+                        "Audit page from {from_seq}: chain broken at {seq}: {why}"
+                    ))
+                } else {
+                    Outcome::Ok
+                }
+            }
+        }
+    }
+}
+
+/// Drive one user until `ctx.end`. `conn` is the persistent connection of the `connection` and
+/// `call` models (opened before the clock starts); `churn` opens one per op.
+pub async fn run_user(ctx: Arc<RunCtx>, index: usize, conn: Option<Clients>) -> UserResult {
+    let mut user = User {
+        rng: StdRng::seed_from_u64(ctx.seed ^ (index as u64).wrapping_mul(0x9E37_79B9)),
+        ledger: Ledger {
+            x: ctx.x_base + index as i32,
+            ..Ledger::default()
+        },
+        ctx: ctx.clone(),
+        mismatches: Vec::new(),
+    };
+    let mut per_op: BTreeMap<&'static str, OpStats> = BTreeMap::new();
+    let (mut handshakes, mut handshake_us, mut late_starts) = (0u64, hist(), 0u64);
+    let mut due = ctx.start;
+    let mut conn = conn;
+    'run: loop {
+        let group = ctx.mix.pick(&mut user.rng);
+        for &step in Step::of(group) {
+            // Closed loop: start now. Open loop: start when due, and time from then, so a slow
+            // server's queueing shows up in latency instead of being omitted.
+            let begin = match ctx.interval {
+                None => Instant::now(),
+                Some(iv) => {
+                    let d = due;
+                    due += iv;
+                    tokio::time::sleep_until(d.into()).await;
+                    if Instant::now() > d + Duration::from_millis(1) {
+                        late_starts += 1;
+                    }
+                    d
+                }
+            };
+            if begin >= ctx.end {
+                break 'run;
+            }
+            let outcome = tokio::time::timeout(ctx.op_timeout, async {
+                let mut fresh;
+                let clients = match conn.as_mut() {
+                    Some(c) => c,
+                    None => match open(&ctx.target, ctx.model).await {
+                        Ok((c, hs)) => {
+                            if let Some(hs) = hs {
+                                handshakes += 1;
+                                let _ = handshake_us.record(hs.as_micros() as u64);
+                            }
+                            fresh = c;
+                            &mut fresh
+                        }
+                        Err(o) => return o,
+                    },
+                };
+                user.step(clients, step).await
+            })
+            .await
+            .unwrap_or_else(|_| Outcome::Failed("timeout".into()));
+            let stats = per_op.entry(step.name()).or_insert_with(OpStats::new);
+            match outcome {
+                Outcome::Ok => {
+                    let _ = stats.ok.record(begin.elapsed().as_micros().max(1) as u64);
+                }
+                Outcome::Failed(class) => *stats.failures.entry(class).or_default() += 1,
+            }
+        }
+    }
+    // Churn's connections are closed by now; the persistent one closes when dropped here.
+    drop(conn);
+    UserResult {
+        per_op,
+        handshakes,
+        handshake_us,
+        late_starts,
+        mismatch_examples: user.mismatches,
+        ledger: user.ledger,
+    }
+}
+
+/// Open the persistent connection of a user (not timed as part of the run).
+pub async fn persistent(target: &Target, model: Model) -> anyhow::Result<(Clients, bool)> {
+    match open(target, model).await {
+        Ok((c, hs)) => Ok((c, hs.is_some())),
+        Err(Outcome::Failed(why)) => anyhow::bail!("opening a user's connection failed: {why}"),
+        Err(Outcome::Ok) => unreachable!("open never fails with Ok"),
+    }
+}
+
+/// What verification after a run found.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct Verified {
+    pub writes: u64,
+    pub sealed: u64,
+    pub program_cells: u64,
+    pub runs: u64,
+    pub problems: Vec<String>,
+}
+
+impl Verified {
+    pub fn merge(&mut self, o: Verified) {
+        self.writes += o.writes;
+        self.sealed += o.sealed;
+        self.program_cells += o.program_cells;
+        self.runs += o.runs;
+        for p in o.problems {
+            if self.problems.len() < 20 {
+                self.problems.push(p);
+            }
+        }
+    }
+}
+
+/// Every cell of the box, page by page.
+async fn region_all(c: &mut Cells, x: i32, z: i32, max_y: i32) -> Result<Vec<Cell>, tonic::Status> {
+    let mut out = Vec::new();
+    let mut token = Vec::new();
+    loop {
+        let resp = c
+            .region(RegionRequest {
+                min: coord(x, 0, z),
+                max: coord(x, max_y, z),
+                limit: 1000,
+                page_token: token,
+            })
+            .await?;
+        let next = resp
+            .metadata()
+            .get_bin(NEXT_PAGE_TOKEN)
+            .and_then(|v| v.to_bytes().ok())
+            .map(|b| b.to_vec());
+        let mut stream = resp.into_inner();
+        while let Some(cell) = stream.message().await? {
+            out.push(cell);
+        }
+        match next {
+            Some(t) if !t.is_empty() => token = t,
+            _ => return Ok(out),
+        }
+    }
+}
+
+/// Compare a plane's cells as the server returned them with what it acknowledged: every
+/// acknowledged y present with its exact value and seal flag. Cells that were never
+/// acknowledged (a timed-out write may still have been applied) are not an error.
+fn check_plane(
+    x: i32,
+    z: i32,
+    acked: &[i32],
+    sealed: bool,
+    cells: &[Cell],
+    value_bytes: usize,
+) -> Vec<String> {
+    let got: BTreeMap<i32, &Cell> = cells
+        .iter()
+        .filter_map(|c| c.coord.filter(|k| k.x == x && k.z == z).map(|k| (k.y, c)))
+        .collect();
+    let mut out = Vec::new();
+    for &y in acked {
+        match got.get(&y) {
+            Some(c) if c.value == value_of(x, y, z, value_bytes) && c.sealed == sealed => {}
+            Some(c) if c.sealed != sealed => out.push(format!(
+                "cell ({x},{y},{z}) is {}sealed, acknowledged as {}sealed",
+                if c.sealed { "" } else { "not " },
+                if sealed { "" } else { "not " }
+            )),
+            Some(_) => out.push(format!(
+                "cell ({x},{y},{z}) holds another value than the acknowledged one"
+            )),
+            None => out.push(format!("acknowledged cell ({x},{y},{z}) is missing")),
+        }
+    }
+    out
+}
+
+/// Read back everything the server acknowledged to this user: every write and sealed cell with
+/// its exact value (and seal flag), and every program cell's run count.
+pub async fn verify(target: Target, ledger: Ledger, value_bytes: usize) -> Verified {
+    let mut v = Verified::default();
+    let problem = |v: &mut Verified, p: String| {
+        if v.problems.len() < 20 {
+            v.problems.push(p);
+        }
+    };
+    let mut c = match open(&target, Model::Connection).await {
+        Ok((c, _)) => c,
+        Err(o) => {
+            problem(
+                &mut v,
+                format!("could not open a connection to verify: {o:?}"),
+            );
+            return v;
+        }
+    };
+    let x = ledger.x;
+    for (z, acked, sealed) in [
+        (WRITES, &ledger.writes, false),
+        (SEALED, &ledger.sealed, true),
+    ] {
+        if acked.is_empty() {
+            continue;
+        }
+        let max_y = acked.iter().copied().max().unwrap_or(0);
+        let cells = match region_all(&mut c.cells, x, z, max_y).await {
+            Ok(cells) => cells,
+            Err(s) => {
+                problem(
+                    &mut v,
+                    format!("Region of user {x} plane {z}: {}", status_class(&s)),
+                );
+                continue;
+            }
+        };
+        for p in check_plane(x, z, acked, sealed, &cells, value_bytes) {
+            problem(&mut v, p);
+        }
+        if sealed {
+            v.sealed += acked.len() as u64;
+        } else {
+            v.writes += acked.len() as u64;
+        }
+    }
+    for p in &ledger.programs {
+        match c
+            .tenant
+            .stats(StatsRequest {
+                coord: coord(x, p.y, PROGRAMS),
+            })
+            .await
+        {
+            Ok(r) => {
+                let n = r.into_inner().cell.map(|c| c.run_count).unwrap_or(0);
+                if !p.run_count_ok(n) {
+                    problem(
+                        &mut v,
+                        format!(
+                            "program ({x},{},2) ran {n} times, {} runs acknowledged (+{} unknown)",
+                            p.y, p.acked_runs, p.unknown_runs
+                        ),
+                    );
+                }
+                v.runs += p.acked_runs;
+            }
+            Err(s) => problem(
+                &mut v,
+                format!("Stats of ({x},{},2): {}", p.y, status_class(&s)),
+            ),
+        }
+    }
+    v.program_cells = ledger.programs.len() as u64;
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cell(x: i32, y: i32, z: i32, value: Vec<u8>, sealed: bool) -> Cell {
+        Cell {
+            coord: coord(x, y, z),
+            value,
+            version: 1,
+            sealed,
+        }
+    }
+
+    #[test]
+    fn verification_names_missing_changed_and_unsealed_cells() {
+        let (x, z, vb) = (7, WRITES, 32);
+        let good = |y| cell(x, y, z, value_of(x, y, z, vb), false);
+        let cells = vec![
+            good(0),
+            cell(x, 1, z, value_of(x, 1, z, vb + 1), false),
+            good(3), // never acknowledged (a timed-out write): not an error
+            good(4),
+        ];
+        let p = check_plane(x, z, &[0, 1, 2, 4], false, &cells, vb);
+        assert_eq!(p.len(), 2, "{p:?}");
+        assert!(p[0].contains("(7,1,1) holds another value"), "{p:?}");
+        assert!(p[1].contains("(7,2,1) is missing"), "{p:?}");
+        let p = check_plane(x, z, &[0], true, &cells, vb);
+        assert!(p[0].contains("is not sealed"), "{p:?}");
+        assert!(check_plane(x, z, &[0, 4], false, &cells, vb).is_empty());
+    }
+
+    #[test]
+    fn a_run_count_is_right_between_acknowledged_and_acknowledged_plus_unknown() {
+        let p = ProgCell {
+            y: 0,
+            acked_runs: 5,
+            unknown_runs: 2,
+        };
+        assert!(!p.run_count_ok(4));
+        assert!(p.run_count_ok(5) && p.run_count_ok(7));
+        assert!(!p.run_count_ok(8));
+    }
+
+    #[test]
+    fn values_are_deterministic_and_differ_by_coordinate() {
+        assert_eq!(value_of(1, 2, 3, 64), value_of(1, 2, 3, 64));
+        assert_ne!(value_of(1, 2, 3, 64), value_of(1, 3, 2, 64));
+        assert_eq!(value_of(-5, i32::MAX, 0, 100).len(), 100);
+    }
+}

@@ -10,78 +10,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cube_store::{
-    BackendError, BatchOp, Caller, Command, Coord, MemBackend, SledBackend, StateBackend,
+    BatchOp, Caller, Command, Coord, FjallBackend, MemBackend, SledBackend, StateBackend,
     StateLimits, TenantState,
 };
-
-/// fjall behind the store's trait: one keyspace, one partition; its own journal is not synced
-/// per batch (the WAL is the log; `flush` is the checkpoint).
-struct FjallBackend {
-    keyspace: fjall::Keyspace,
-    part: fjall::PartitionHandle,
-}
-
-impl std::fmt::Debug for FjallBackend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("FjallBackend")
-    }
-}
-
-fn ferr(e: impl std::fmt::Display) -> BackendError {
-    BackendError(e.to_string())
-}
-
-impl FjallBackend {
-    fn open(dir: &std::path::Path) -> FjallBackend {
-        let keyspace = fjall::Config::new(dir).open().unwrap();
-        let part = keyspace
-            .open_partition("state", fjall::PartitionCreateOptions::default())
-            .unwrap();
-        FjallBackend { keyspace, part }
-    }
-}
-
-impl StateBackend for FjallBackend {
-    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError> {
-        Ok(self.part.get(key).map_err(ferr)?.map(|v| v.to_vec()))
-    }
-
-    fn range(&self, start: &[u8], end: &[u8]) -> cube_store::RangeIter<'_> {
-        Box::new(
-            self.part
-                .range(start.to_vec()..end.to_vec())
-                .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())).map_err(ferr)),
-        )
-    }
-
-    fn get_lt(&self, key: &[u8]) -> Result<Option<(Vec<u8>, Vec<u8>)>, BackendError> {
-        match self.part.range(..key.to_vec()).next_back() {
-            None => Ok(None),
-            Some(r) => r.map(|(k, v)| Some((k.to_vec(), v.to_vec()))).map_err(ferr),
-        }
-    }
-
-    fn apply(&self, batch: Vec<BatchOp>) -> Result<(), BackendError> {
-        let mut b = self.keyspace.batch();
-        for op in batch {
-            match op {
-                BatchOp::Put(k, v) => b.insert(&self.part, k, v),
-                BatchOp::Remove(k) => b.remove(&self.part, k),
-            }
-        }
-        b.commit().map_err(ferr)
-    }
-
-    fn flush(&self) -> Result<(), BackendError> {
-        self.keyspace
-            .persist(fjall::PersistMode::SyncAll)
-            .map_err(ferr)
-    }
-
-    fn size_on_disk(&self) -> u64 {
-        self.keyspace.disk_space()
-    }
-}
 
 fn run(name: &str, backend: Arc<dyn StateBackend>, n: u64, batch: usize) {
     let mut s = TenantState::open(backend, StateLimits::default()).unwrap();
@@ -141,7 +72,12 @@ fn main() {
         64,
     );
     let dir = tempfile::tempdir().unwrap();
-    run("fjall", Arc::new(FjallBackend::open(dir.path())), n, 64);
+    run(
+        "fjall",
+        Arc::new(FjallBackend::open(dir.path(), CACHE).unwrap()),
+        n,
+        64,
+    );
     raw_sled(n);
     open_cost(100);
 }
@@ -170,7 +106,7 @@ fn open_cost(n: usize) {
             let b: Arc<dyn StateBackend> = if name == "sled" {
                 Arc::new(SledBackend::open(&path, 8 << 20).unwrap())
             } else {
-                Arc::new(FjallBackend::open(&path))
+                Arc::new(FjallBackend::open(&path, 8 << 20).unwrap())
             };
             b.apply(vec![BatchOp::Put(b"k".to_vec(), vec![1; 100])])
                 .unwrap();

@@ -1,10 +1,11 @@
-//! Where a tenant's applied state lives: a small ordered key-value interface and its sled
-//! implementation.
+//! Where a tenant's applied state lives: a small ordered key-value interface and its
+//! implementations.
 //!
-//! sled is beta and unmaintained upstream, so the rest of the store sees only
-//! [`StateBackend`]: ordered keys, atomic batches, range scans and an explicit flush (the
-//! checkpoint). Replacing sled means implementing these five methods. [`MemBackend`] is the
-//! second implementation, used by the state machine's tests.
+//! The rest of the store sees only [`StateBackend`]: ordered keys, atomic batches, range scans
+//! and an explicit flush (the checkpoint). [`FjallBackend`] (an LSM tree) is what cubed uses;
+//! [`SledBackend`] is what it used before, kept to migrate old state directories and for
+//! comparison (sled is beta and unmaintained upstream, and its apply cost 3-4x fjall's: the
+//! measurements are in docs/benchmarks.md). [`MemBackend`] serves the state machine's tests.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -124,6 +125,186 @@ impl StateBackend for SledBackend {
     }
 }
 
+/// Memtable size of a tenant's state partition: writes are absorbed here and flushed to sorted
+/// segment files by fjall's flush worker. Small, because up to `--max-open-tenants` of them
+/// live at once.
+const FJALL_MEMTABLE_BYTES: u32 = 4 << 20;
+/// Journal bytes fjall keeps before it forces memtables to disk: bounds what an open replays
+/// (fjall's minimum is 24 MiB).
+const FJALL_JOURNAL_BYTES: u64 = 24 << 20;
+/// Memtables (active + sealed) per tenant before writes wait for a flush.
+const FJALL_WRITE_BUFFER_BYTES: u64 = 16 << 20;
+
+/// A tenant's state in its own fjall keyspace (an LSM tree): one partition, one flush and one
+/// compaction worker. fjall's own journal is not synced per batch (the WAL is the log;
+/// [`StateBackend::flush`], the checkpoint, syncs it), and batches are not even handed to the
+/// OS until then: after a crash the journal comes back as a prefix of whole batches, which is
+/// all recovery needs. fjall takes no lock on its directory, so this backend holds one
+/// (`LOCK`, an advisory file lock) for as long as it lives.
+pub struct FjallBackend {
+    part: fjall::PartitionHandle,
+    keyspace: fjall::Keyspace,
+    // Declared last: released only after the keyspace has stopped its threads and closed its
+    // files.
+    _lock: std::fs::File,
+}
+
+impl std::fmt::Debug for FjallBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FjallBackend").finish_non_exhaustive()
+    }
+}
+
+fn fjall_err(e: impl std::fmt::Display) -> BackendError {
+    BackendError(e.to_string())
+}
+
+/// The message [`FjallBackend::open`] fails with while another handle holds the directory.
+const LOCKED: &str = "state directory is locked by another open handle";
+
+impl FjallBackend {
+    /// Open (or create) the keyspace in `dir` with a block cache of `cache_bytes`.
+    pub fn open(dir: &Path, cache_bytes: u64) -> Result<FjallBackend, BackendError> {
+        std::fs::create_dir_all(dir).map_err(fjall_err)?;
+        let lock = std::fs::File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join("LOCK"))
+            .map_err(|e| BackendError(format!("opening the state lock file: {e}")))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => return Err(BackendError(LOCKED.into())),
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(BackendError(format!("locking the state directory: {e}")));
+            }
+        }
+        let keyspace = fjall::Config::new(dir)
+            .cache_size(cache_bytes)
+            .flush_workers(1)
+            .compaction_workers(1)
+            .manual_journal_persist(true)
+            .max_journaling_size(FJALL_JOURNAL_BYTES)
+            .max_write_buffer_size(FJALL_WRITE_BUFFER_BYTES)
+            .open()
+            .map_err(|e| BackendError(format!("opening state keyspace: {e}")))?;
+        let part = keyspace
+            .open_partition(
+                "state",
+                fjall::PartitionCreateOptions::default()
+                    .manual_journal_persist(true)
+                    .max_memtable_size(FJALL_MEMTABLE_BYTES),
+            )
+            .map_err(|e| BackendError(format!("opening state partition: {e}")))?;
+        Ok(FjallBackend {
+            part,
+            keyspace,
+            _lock: lock,
+        })
+    }
+
+    /// Whether an open failed because another handle still holds the directory (a passivated
+    /// tenant whose last reader has not finished yet).
+    pub fn is_locked(e: &BackendError) -> bool {
+        e.0 == LOCKED
+    }
+}
+
+impl StateBackend for FjallBackend {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError> {
+        Ok(self.part.get(key).map_err(fjall_err)?.map(|v| v.to_vec()))
+    }
+
+    fn range(&self, start: &[u8], end: &[u8]) -> RangeIter<'_> {
+        Box::new(
+            self.part
+                .range(start.to_vec()..end.to_vec())
+                .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())).map_err(fjall_err)),
+        )
+    }
+
+    fn get_lt(&self, key: &[u8]) -> Result<Option<(Vec<u8>, Vec<u8>)>, BackendError> {
+        match self.part.range(..key.to_vec()).next_back() {
+            None => Ok(None),
+            Some(r) => r
+                .map(|(k, v)| Some((k.to_vec(), v.to_vec())))
+                .map_err(fjall_err),
+        }
+    }
+
+    fn apply(&self, batch: Vec<BatchOp>) -> Result<(), BackendError> {
+        let mut b = self.keyspace.batch();
+        for op in batch {
+            match op {
+                BatchOp::Put(k, v) => b.insert(&self.part, k, v),
+                BatchOp::Remove(k) => b.remove(&self.part, k),
+            }
+        }
+        b.commit().map_err(fjall_err)
+    }
+
+    fn flush(&self) -> Result<(), BackendError> {
+        self.keyspace
+            .persist(fjall::PersistMode::SyncAll)
+            .map_err(fjall_err)
+    }
+
+    fn size_on_disk(&self) -> u64 {
+        self.keyspace.disk_space()
+    }
+}
+
+/// Convert a tenant state directory written by an earlier build (sled) to fjall, in place:
+/// every pair is copied into a new keyspace beside it (`state.migrating`), synced, and the
+/// directories are swapped (`state` → `state.sled-old`, `state.migrating` → `state`). A crash at
+/// any point leaves a state the next call finishes or redoes. Returns whether it migrated.
+pub fn migrate_sled_state(dir: &Path, cache_bytes: u64) -> Result<bool, BackendError> {
+    let io = |what: &str, e: std::io::Error| BackendError(format!("migrating state: {what}: {e}"));
+    let tmp = dir.with_extension("migrating");
+    let old = dir.with_extension("sled-old");
+    if old.exists() {
+        // Crashed after the first rename: finish the swap, then drop the old copy.
+        if !dir.exists() {
+            std::fs::rename(&tmp, dir).map_err(|e| io("finishing the swap", e))?;
+            sync_parent(dir).map_err(|e| io("syncing the tenant directory", e))?;
+        }
+        std::fs::remove_dir_all(&old).map_err(|e| io("removing the old store", e))?;
+        return Ok(true);
+    }
+    if !dir.join("conf").exists() || dir.join("version").exists() {
+        return Ok(false);
+    }
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(|e| io("removing an unfinished copy", e))?;
+    }
+    {
+        let from = SledBackend::open(dir, cache_bytes)?;
+        let to = FjallBackend::open(&tmp, cache_bytes)?;
+        let mut batch = Vec::with_capacity(4096);
+        for pair in from.range(b"", b"\xff") {
+            let (k, v) = pair?;
+            batch.push(BatchOp::Put(k, v));
+            if batch.len() == 4096 {
+                to.apply(std::mem::take(&mut batch))?;
+            }
+        }
+        to.apply(batch)?;
+        to.flush()?;
+    }
+    std::fs::rename(dir, &old).map_err(|e| io("moving the old store aside", e))?;
+    std::fs::rename(&tmp, dir).map_err(|e| io("moving the new store in", e))?;
+    sync_parent(dir).map_err(|e| io("syncing the tenant directory", e))?;
+    std::fs::remove_dir_all(&old).map_err(|e| io("removing the old store", e))?;
+    Ok(true)
+}
+
+fn sync_parent(dir: &Path) -> std::io::Result<()> {
+    match dir.parent() {
+        Some(p) => std::fs::File::open(p)?.sync_all(),
+        None => Ok(()),
+    }
+}
+
 /// An in-memory backend: the same contract with nothing on disk (flush is a no-op). For tests
 /// of the state machine, which would otherwise spend their time in sled.
 #[derive(Debug, Default)]
@@ -183,6 +364,76 @@ impl StateBackend for MemBackend {
 mod tests {
     use super::*;
 
+    fn pairs(b: &dyn StateBackend) -> Vec<(Vec<u8>, Vec<u8>)> {
+        b.range(b"", b"\xff").map(|r| r.unwrap()).collect()
+    }
+
+    #[test]
+    fn a_sled_state_directory_is_migrated_to_fjall_with_every_pair() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("state");
+        let want: Vec<(Vec<u8>, Vec<u8>)> = (0..10_000u32)
+            .map(|i| (format!("c{i:08}").into_bytes(), i.to_le_bytes().repeat(9)))
+            .collect();
+        {
+            let sled = SledBackend::open(&dir, 1 << 20).unwrap();
+            sled.apply(
+                want.iter()
+                    .cloned()
+                    .map(|(k, v)| BatchOp::Put(k, v))
+                    .collect(),
+            )
+            .unwrap();
+            sled.flush().unwrap();
+        }
+        assert!(migrate_sled_state(&dir, 1 << 20).unwrap());
+        assert!(!migrate_sled_state(&dir, 1 << 20).unwrap(), "only once");
+        let f = FjallBackend::open(&dir, 1 << 20).unwrap();
+        assert_eq!(pairs(&f), want);
+        assert!(!root.path().join("state.sled-old").exists());
+        assert!(!root.path().join("state.migrating").exists());
+    }
+
+    #[test]
+    fn a_migration_interrupted_between_the_renames_is_finished() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("state");
+        {
+            let f = FjallBackend::open(&root.path().join("state.migrating"), 1 << 20).unwrap();
+            f.apply(vec![BatchOp::Put(b"k".to_vec(), b"v".to_vec())])
+                .unwrap();
+            f.flush().unwrap();
+        }
+        std::fs::create_dir_all(root.path().join("state.sled-old")).unwrap();
+        assert!(migrate_sled_state(&dir, 1 << 20).unwrap());
+        let f = FjallBackend::open(&dir, 1 << 20).unwrap();
+        assert_eq!(f.get(b"k").unwrap(), Some(b"v".to_vec()));
+        assert!(!root.path().join("state.sled-old").exists());
+    }
+
+    #[test]
+    fn a_second_open_of_one_fjall_directory_is_refused_while_the_first_lives() {
+        let root = tempfile::tempdir().unwrap();
+        let first = FjallBackend::open(root.path(), 1 << 20).unwrap();
+        let e = FjallBackend::open(root.path(), 1 << 20).unwrap_err();
+        assert!(FjallBackend::is_locked(&e), "{e}");
+        drop(first);
+        FjallBackend::open(root.path(), 1 << 20).unwrap();
+    }
+
+    #[test]
+    fn fjall_survives_reopen_with_what_was_flushed() {
+        let root = tempfile::tempdir().unwrap();
+        {
+            let f = FjallBackend::open(root.path(), 1 << 20).unwrap();
+            exercise(&f);
+            f.flush().unwrap();
+        }
+        let f = FjallBackend::open(root.path(), 1 << 20).unwrap();
+        assert_eq!(f.get(b"a2").unwrap(), Some(b"y".to_vec()));
+        assert_eq!(f.get(b"a1").unwrap(), None);
+    }
+
     fn exercise(b: &dyn StateBackend) {
         b.apply(vec![
             BatchOp::Put(b"a1".to_vec(), b"x".to_vec()),
@@ -203,10 +454,12 @@ mod tests {
     }
 
     #[test]
-    fn sled_and_memory_backends_agree() {
+    fn every_backend_agrees() {
         exercise(&MemBackend::default());
         let dir = tempfile::tempdir().unwrap();
         exercise(&SledBackend::open(dir.path(), 1 << 20).unwrap());
+        let dir = tempfile::tempdir().unwrap();
+        exercise(&FjallBackend::open(dir.path(), 1 << 20).unwrap());
     }
 
     #[test]

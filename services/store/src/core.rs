@@ -22,7 +22,7 @@ use cube_wal::{
 use prost::Message;
 
 use crate::StoreError;
-use crate::backend::{BackendError, SledBackend, StateBackend};
+use crate::backend::{BackendError, FjallBackend, StateBackend, migrate_sled_state};
 use crate::state::{
     ApplyError, Caller, Command, Coord, Effect, Hint, Prepared, Reply, StateLimits, TenantState,
 };
@@ -159,12 +159,12 @@ const REPLAY_BATCH: usize = 4096;
 /// How long to wait for a passivated predecessor to let go of the state store's lock.
 const LOCK_WAIT: Duration = Duration::from_secs(5);
 
-fn open_backend(tenant: &str, dir: &Path, cache: u64) -> Result<SledBackend, StoreError> {
+fn open_backend(tenant: &str, dir: &Path, cache: u64) -> Result<FjallBackend, StoreError> {
     let deadline = Instant::now() + LOCK_WAIT;
     loop {
-        match SledBackend::open(dir, cache) {
+        match FjallBackend::open(dir, cache) {
             Ok(b) => return Ok(b),
-            Err(e) if SledBackend::is_locked(&e) && Instant::now() < deadline => {
+            Err(e) if FjallBackend::is_locked(&e) && Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(5));
             }
             Err(e) => {
@@ -189,8 +189,20 @@ impl<T> TenantCore<T> {
         notify: Option<DurableNotify>,
     ) -> Result<(TenantCore<T>, RecoveryReport), StoreError> {
         let started = Instant::now();
-        // sled creates its directory without fsyncing the parents: create it (and the tenant's
-        // directory entry) durably first.
+        // A state directory from a build that kept tenant state in sled is converted once.
+        match migrate_sled_state(state_dir, config.state_cache_bytes) {
+            Ok(true) => tracing::info!(tenant, "tenant state migrated from sled to fjall"),
+            Ok(false) => {}
+            Err(e) => {
+                tracing::error!(tenant, error = %e, "tenant state migration failed");
+                return Err(StoreError::Unavailable(format!(
+                    "tenant '{tenant}' is unavailable: its state store could not be migrated \
+                     (see the server log)"
+                )));
+            }
+        }
+        // The store's directory (and the tenant's directory entry) is created durably first:
+        // fjall does not fsync the parents of the directories it creates.
         cube_wal::create_dir_durably(state_dir).map_err(|e| open_error(tenant, &e))?;
         let backend: Arc<dyn StateBackend> =
             Arc::new(open_backend(tenant, state_dir, config.state_cache_bytes)?);

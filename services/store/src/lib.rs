@@ -1,7 +1,7 @@
 //! cube-store: everything a tenant's data goes through below the gRPC layer.
 //!
 //! - [`TenantState`]: the plain state machine (validation against logical state, apply), over
-//!   a [`StateBackend`] (sled per tenant; the trait keeps sled replaceable).
+//!   a [`StateBackend`] (an fjall keyspace per tenant; sled before it, see docs/benchmarks.md).
 //! - [`TenantCore`]: state + WAL shard + writes waiting for durability (no actor types).
 //! - [`TenantActor`]: the actix shell around a core; [`TenantDirectory`] starts one per tenant.
 //! - [`Catalog`]: tenants and keys in sled.
@@ -24,7 +24,9 @@ mod walop;
 
 pub use actor::TenantActor;
 pub use audit::AuditEntry;
-pub use backend::{BackendError, BatchOp, MemBackend, RangeIter, SledBackend, StateBackend};
+pub use backend::{
+    BackendError, BatchOp, FjallBackend, MemBackend, RangeIter, SledBackend, StateBackend,
+};
 pub use catalog::{Capability, Catalog, CatalogOpenError, KeyInfo, validate_tenant_name};
 pub use core::{CheckpointPolicy, CoreConfig, TenantCore, describe_policy};
 pub use cube_wal::SyncPolicy;

@@ -44,7 +44,9 @@ fn allocator_settings() {
 fn run() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+            // fjall logs every keyspace it opens at info: one line per tenant wake-up.
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,fjall=warn,lsm_tree=warn".into()),
         )
         .with_writer(std::io::stderr)
         .init();

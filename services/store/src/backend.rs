@@ -129,9 +129,10 @@ impl StateBackend for SledBackend {
 /// segment files by fjall's flush worker. Small, because up to `--max-open-tenants` of them
 /// live at once.
 const FJALL_MEMTABLE_BYTES: u32 = 4 << 20;
-/// Journal bytes fjall keeps before it forces memtables to disk: bounds what an open replays
-/// (fjall's minimum is 24 MiB).
-const FJALL_JOURNAL_BYTES: u64 = 24 << 20;
+/// Journal bytes fjall keeps before it makes writers wait for memtable flushes: bounds what an
+/// open replays. fjall counts each journal file at its preallocated 32 MiB, so at its minimum
+/// (24 MiB) every rotation stalled writes in 100 ms steps; 96 MiB leaves room for three.
+const FJALL_JOURNAL_BYTES: u64 = 96 << 20;
 /// Memtables (active + sealed) per tenant before writes wait for a flush.
 const FJALL_WRITE_BUFFER_BYTES: u64 = 16 << 20;
 
@@ -142,11 +143,33 @@ const FJALL_WRITE_BUFFER_BYTES: u64 = 16 << 20;
 /// all recovery needs. fjall takes no lock on its directory, so this backend holds one
 /// (`LOCK`, an advisory file lock) for as long as it lives.
 pub struct FjallBackend {
+    /// Always `Some` until drop, which hands it to a thread of its own (see `Drop`).
+    open: Option<OpenKeyspace>,
+}
+
+struct OpenKeyspace {
     part: fjall::PartitionHandle,
     keyspace: fjall::Keyspace,
     // Declared last: released only after the keyspace has stopped its threads and closed its
     // files.
     _lock: std::fs::File,
+}
+
+impl Drop for FjallBackend {
+    /// Closing a keyspace waits for its background threads, and its monitor thread sleeps 250
+    /// ms between rounds: done on the actor's thread, every passivation would stall the other
+    /// tenants of that thread for up to a quarter second. So the close (and the release of the
+    /// lock after it) happens on a short-lived thread; a reopen waits for the lock.
+    fn drop(&mut self) {
+        if let Some(open) = self.open.take() {
+            let spawned = std::thread::Builder::new()
+                .name("fjall-close".into())
+                .spawn(move || drop(open));
+            if let Err(e) = spawned {
+                tracing::warn!(error = %e, "no thread to close a state store on; closing inline");
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for FjallBackend {
@@ -197,9 +220,11 @@ impl FjallBackend {
             )
             .map_err(|e| BackendError(format!("opening state partition: {e}")))?;
         Ok(FjallBackend {
-            part,
-            keyspace,
-            _lock: lock,
+            open: Some(OpenKeyspace {
+                part,
+                keyspace,
+                _lock: lock,
+            }),
         })
     }
 
@@ -210,21 +235,41 @@ impl FjallBackend {
     }
 }
 
+impl FjallBackend {
+    /// Close now, on this thread: when returning, the files are closed and the lock released.
+    pub fn close(mut self) {
+        drop(self.open.take());
+    }
+
+    fn ks(&self) -> &OpenKeyspace {
+        // INVARIANT: `open` is Some from construction until drop.
+        self.open
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("used after drop"))
+    }
+}
+
 impl StateBackend for FjallBackend {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError> {
-        Ok(self.part.get(key).map_err(fjall_err)?.map(|v| v.to_vec()))
+        Ok(self
+            .ks()
+            .part
+            .get(key)
+            .map_err(fjall_err)?
+            .map(|v| v.to_vec()))
     }
 
     fn range(&self, start: &[u8], end: &[u8]) -> RangeIter<'_> {
         Box::new(
-            self.part
+            self.ks()
+                .part
                 .range(start.to_vec()..end.to_vec())
                 .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())).map_err(fjall_err)),
         )
     }
 
     fn get_lt(&self, key: &[u8]) -> Result<Option<(Vec<u8>, Vec<u8>)>, BackendError> {
-        match self.part.range(..key.to_vec()).next_back() {
+        match self.ks().part.range(..key.to_vec()).next_back() {
             None => Ok(None),
             Some(r) => r
                 .map(|(k, v)| Some((k.to_vec(), v.to_vec())))
@@ -233,24 +278,34 @@ impl StateBackend for FjallBackend {
     }
 
     fn apply(&self, batch: Vec<BatchOp>) -> Result<(), BackendError> {
-        let mut b = self.keyspace.batch();
+        let mut b = self.ks().keyspace.batch();
         for op in batch {
             match op {
-                BatchOp::Put(k, v) => b.insert(&self.part, k, v),
-                BatchOp::Remove(k) => b.remove(&self.part, k),
+                BatchOp::Put(k, v) => b.insert(&self.ks().part, k, v),
+                BatchOp::Remove(k) => b.remove(&self.ks().part, k),
             }
         }
         b.commit().map_err(fjall_err)
     }
 
+    /// The checkpoint: the memtable is written out as a segment (fsynced by fjall) and the
+    /// journal is synced. Writing the memtable out, rather than only syncing the journal, is
+    /// what makes the checkpoint independent of the journal: fjall ignores a failed journal
+    /// write (the batch still reaches the memtable), so a journal may miss a batch that later
+    /// ones follow; the memtable never does. It also leaves little journal to replay on open.
     fn flush(&self) -> Result<(), BackendError> {
-        self.keyspace
+        self.ks()
+            .part
+            .rotate_memtable_and_wait()
+            .map_err(fjall_err)?;
+        self.ks()
+            .keyspace
             .persist(fjall::PersistMode::SyncAll)
             .map_err(fjall_err)
     }
 
     fn size_on_disk(&self) -> u64 {
-        self.keyspace.disk_space()
+        self.ks().keyspace.disk_space()
     }
 }
 
@@ -290,6 +345,8 @@ pub fn migrate_sled_state(dir: &Path, cache_bytes: u64) -> Result<bool, BackendE
         }
         to.apply(batch)?;
         to.flush()?;
+        // Closed before the rename, not on the background thread a drop would use.
+        to.close();
     }
     std::fs::rename(dir, &old).map_err(|e| io("moving the old store aside", e))?;
     std::fs::rename(&tmp, dir).map_err(|e| io("moving the new store in", e))?;
@@ -364,6 +421,31 @@ impl StateBackend for MemBackend {
 mod tests {
     use super::*;
 
+    /// Open, waiting (as `TenantCore` does) for a just-dropped handle to release the lock: both
+    /// stores let go of it on a thread of their own shortly after the drop.
+    fn fjall(dir: &Path) -> FjallBackend {
+        retry(|| FjallBackend::open(dir, 1 << 20), FjallBackend::is_locked)
+    }
+
+    fn sled(dir: &Path) -> SledBackend {
+        retry(|| SledBackend::open(dir, 1 << 20), SledBackend::is_locked)
+    }
+
+    fn retry<B>(
+        open: impl Fn() -> Result<B, BackendError>,
+        locked: fn(&BackendError) -> bool,
+    ) -> B {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            match open() {
+                Err(e) if locked(&e) && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                r => return r.unwrap(),
+            }
+        }
+    }
+
     fn pairs(b: &dyn StateBackend) -> Vec<(Vec<u8>, Vec<u8>)> {
         b.range(b"", b"\xff").map(|r| r.unwrap()).collect()
     }
@@ -376,7 +458,7 @@ mod tests {
             .map(|i| (format!("c{i:08}").into_bytes(), i.to_le_bytes().repeat(9)))
             .collect();
         {
-            let sled = SledBackend::open(&dir, 1 << 20).unwrap();
+            let sled = sled(&dir);
             sled.apply(
                 want.iter()
                     .cloned()
@@ -388,7 +470,7 @@ mod tests {
         }
         assert!(migrate_sled_state(&dir, 1 << 20).unwrap());
         assert!(!migrate_sled_state(&dir, 1 << 20).unwrap(), "only once");
-        let f = FjallBackend::open(&dir, 1 << 20).unwrap();
+        let f = fjall(&dir);
         assert_eq!(pairs(&f), want);
         assert!(!root.path().join("state.sled-old").exists());
         assert!(!root.path().join("state.migrating").exists());
@@ -399,14 +481,14 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let dir = root.path().join("state");
         {
-            let f = FjallBackend::open(&root.path().join("state.migrating"), 1 << 20).unwrap();
+            let f = fjall(&root.path().join("state.migrating"));
             f.apply(vec![BatchOp::Put(b"k".to_vec(), b"v".to_vec())])
                 .unwrap();
             f.flush().unwrap();
         }
         std::fs::create_dir_all(root.path().join("state.sled-old")).unwrap();
         assert!(migrate_sled_state(&dir, 1 << 20).unwrap());
-        let f = FjallBackend::open(&dir, 1 << 20).unwrap();
+        let f = fjall(&dir);
         assert_eq!(f.get(b"k").unwrap(), Some(b"v".to_vec()));
         assert!(!root.path().join("state.sled-old").exists());
     }
@@ -418,18 +500,18 @@ mod tests {
         let e = FjallBackend::open(root.path(), 1 << 20).unwrap_err();
         assert!(FjallBackend::is_locked(&e), "{e}");
         drop(first);
-        FjallBackend::open(root.path(), 1 << 20).unwrap();
+        fjall(root.path());
     }
 
     #[test]
     fn fjall_survives_reopen_with_what_was_flushed() {
         let root = tempfile::tempdir().unwrap();
         {
-            let f = FjallBackend::open(root.path(), 1 << 20).unwrap();
+            let f = fjall(root.path());
             exercise(&f);
             f.flush().unwrap();
         }
-        let f = FjallBackend::open(root.path(), 1 << 20).unwrap();
+        let f = fjall(root.path());
         assert_eq!(f.get(b"a2").unwrap(), Some(b"y".to_vec()));
         assert_eq!(f.get(b"a1").unwrap(), None);
     }
@@ -471,7 +553,7 @@ mod tests {
                 .unwrap();
             b.flush().unwrap();
         }
-        let b = SledBackend::open(dir.path(), 1 << 20).unwrap();
+        let b = sled(dir.path());
         assert_eq!(b.get(b"k").unwrap(), Some(b"v".to_vec()));
     }
 }

@@ -114,6 +114,14 @@ pub(crate) fn audit_key(seq: u64) -> [u8; 9] {
     k
 }
 
+/// The first audit seq of the chunk stored under `key` (an [`audit_key`]).
+pub(crate) fn audit_seq_of(key: &[u8]) -> Option<u64> {
+    match key {
+        [AUDIT, rest @ ..] => rest.try_into().ok().map(u64::from_be_bytes),
+        _ => None,
+    }
+}
+
 pub(crate) fn audit_end() -> Vec<u8> {
     vec![AUDIT + 1]
 }

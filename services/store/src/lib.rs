@@ -19,6 +19,7 @@ mod keys;
 mod layout;
 mod morton;
 mod runtime;
+mod space;
 mod state;
 mod walop;
 
@@ -36,6 +37,7 @@ pub use directory::{
 pub use error::StoreError;
 pub use keys::Totals;
 pub use layout::DataDir;
+pub use space::SpaceGuard;
 pub use state::{
     Caller, CellView, Command, Coord, Effect, Hint, MAX_LABEL_BYTES, MAX_WALK_DEPTH, Prepared,
     RegionPage, Reply, RunRecord, StateLimits, StateReader, TenantState,

@@ -436,7 +436,11 @@ impl StateReader {
         let Some(cell) = self.stored_cell(coord).map_err(|e| storage_error(&e))? else {
             return Ok(None);
         };
-        let (s, e) = keys::runs_of(coord);
+        let (_, e) = keys::runs_of(coord);
+        // Only the newest `recent` runs: older ones were removed (telemetry retention), and an
+        // LSM store keeps removed keys as tombstones a scan from run 0 would walk through.
+        let first = cell.runs.saturating_sub(recent as u64).saturating_add(1);
+        let s = keys::run_key(coord, first).to_vec();
         let mut records = VecDeque::new();
         for item in self.store.range(&s, &e) {
             let (_, v) = item.map_err(|e| storage_error(&e))?;
@@ -544,6 +548,8 @@ pub struct TenantState {
     /// Head of the audit chain including entries not applied yet, so consecutive changes in one
     /// batch chain correctly.
     audit_head: AuditHead,
+    /// Every audit chunk starting below this seq has been removed: where expiry scans from.
+    audit_floor: u64,
 }
 
 impl TenantState {
@@ -563,6 +569,7 @@ impl TenantState {
             totals,
             applied_audit: head.clone(),
             audit_head: head,
+            audit_floor: 0,
         })
     }
 
@@ -917,6 +924,7 @@ impl TenantState {
         };
         let mut totals = self.totals.clone();
         let mut head = self.applied_audit.clone();
+        let mut floor = self.audit_floor;
         let mut last = self.applied_seq;
         let mut touched = Vec::with_capacity(records.len());
         let mut audits = Vec::new();
@@ -948,13 +956,14 @@ impl TenantState {
         if let Some(first) = audits.first().map(|a| a.seq) {
             let chunk = AuditChunk { entries: audits };
             txn.put(keys::audit_key(first).to_vec(), chunk.encode_to_vec());
-            self.expire_audit(&mut txn, head.next_seq, first)?;
+            floor = self.expire_audit(&mut txn, head.next_seq, first)?;
         }
         txn.put(keys::META_APPLIED.to_vec(), last.to_be_bytes().to_vec());
         txn.put(keys::META_TOTALS.to_vec(), totals.encode_to_vec());
         txn.put(keys::META_AUDIT_HEAD.to_vec(), head.encode_to_vec());
         let batch = txn.into_batch();
         self.store.apply(batch)?;
+        self.audit_floor = floor;
         self.applied_seq = last;
         self.totals = totals;
         self.applied_audit = head;
@@ -983,27 +992,33 @@ impl TenantState {
         txn: &mut Txn<'_>,
         next_seq: u64,
         new_chunk: u64,
-    ) -> Result<(), ApplyError> {
+    ) -> Result<u64, ApplyError> {
         let keep_from = next_seq.saturating_sub(self.limits.audit_retention.max(1));
         if keep_from <= 1 {
-            return Ok(());
+            return Ok(self.audit_floor);
         }
-        // Chunks starting at or before `keep_from`: all but the last of them end before it.
+        // Chunks starting at or before `keep_from`: all but the last of them end before it. The
+        // scan starts at the floor, not at 0: below it are only removed chunks, which an LSM
+        // store keeps as tombstones until compaction, so scanning them on every apply would
+        // make each apply slower than the last.
         let mut starts = Vec::new();
-        for item in self
-            .store
-            .range(&keys::audit_key(0), &keys::audit_key(keep_from + 1))
-        {
+        for item in self.store.range(
+            &keys::audit_key(self.audit_floor),
+            &keys::audit_key(keep_from + 1),
+        ) {
             starts.push(item?.0);
         }
         if new_chunk <= keep_from {
             starts.push(keys::audit_key(new_chunk).to_vec());
         }
-        starts.pop();
+        let floor = starts
+            .pop()
+            .and_then(|k| keys::audit_seq_of(&k))
+            .unwrap_or(self.audit_floor);
         for key in starts {
             txn.remove(key);
         }
-        Ok(())
+        Ok(floor)
     }
 
     /// Drop every pending change: its records will never be applied (poisoned shard).

@@ -23,6 +23,8 @@ pub const DEFAULT_AUDIT_RETENTION: usize = 100_000;
 pub const DEFAULT_CHECKPOINT_BYTES: u64 = 64 << 20;
 pub const DEFAULT_CHECKPOINT_SECS: u64 = 60;
 pub const DEFAULT_STATE_CACHE_BYTES: u64 = 8 << 20;
+/// Writes are refused below this much free space in the data directory's file system.
+pub const DEFAULT_MIN_FREE_BYTES: u64 = 256 << 20;
 pub const DEFAULT_IDLE_SECS: u64 = 300;
 pub const DEFAULT_MAX_OPEN_TENANTS: usize = 256;
 pub const DEFAULT_REGION_MAX_CELLS: u32 = 10_000;
@@ -239,6 +241,10 @@ pub struct ServeArgs {
     /// Page cache of each open tenant's state store, in bytes.
     #[arg(long, env = "CUBE_STATE_CACHE_BYTES", default_value_t = DEFAULT_STATE_CACHE_BYTES)]
     pub state_cache_bytes: u64,
+    /// Refuse writes (RESOURCE_EXHAUSTED) while the data directory's file system has less than
+    /// this many bytes free; they resume by themselves once space is freed. 0 turns it off.
+    #[arg(long, env = "CUBE_MIN_FREE_BYTES", default_value_t = DEFAULT_MIN_FREE_BYTES)]
+    pub min_free_bytes: u64,
     /// Close (passivate) a tenant after this many seconds without a call; its next call reopens it.
     #[arg(long, env = "CUBE_IDLE_SECS", default_value_t = DEFAULT_IDLE_SECS)]
     pub idle_secs: u64,
@@ -284,6 +290,7 @@ pub struct ServeConfig {
     pub wal_segment_max_bytes: u64,
     pub checkpoint: cube_store::CheckpointPolicy,
     pub state_cache_bytes: u64,
+    pub min_free_bytes: u64,
     pub idle_after: std::time::Duration,
     pub max_open_tenants: usize,
     pub scan_limits: cube_gateway::ScanLimits,
@@ -375,6 +382,7 @@ impl ServeArgs {
                 every: std::time::Duration::from_secs(self.checkpoint_secs),
             },
             state_cache_bytes: self.state_cache_bytes,
+            min_free_bytes: self.min_free_bytes,
             idle_after: std::time::Duration::from_secs(self.idle_secs),
             max_open_tenants: self.max_open_tenants,
             scan_limits: cube_gateway::ScanLimits {

@@ -13,9 +13,13 @@ use anyhow::{Context, bail};
 use cube_auth::Credentials;
 use cube_gateway::{Gateway, GatewayConfig, TlsSettings};
 use cube_store::{
-    Catalog, CatalogOpenError, CoreConfig, DataDir, DirectoryConfig, StateLimits, TenantDirectory,
+    Catalog, CatalogOpenError, CoreConfig, DataDir, DirectoryConfig, SpaceGuard, StateLimits,
+    TenantDirectory,
 };
 use cube_wal::{SegmentSizing, WalOptions};
+
+/// How often the data directory's free space is checked (see `--min-free-bytes`).
+const SPACE_CHECK_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
 use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
 
@@ -101,6 +105,11 @@ pub async fn run(
                 },
                 checkpoint: config.checkpoint,
                 state_cache_bytes: config.state_cache_bytes,
+                space: (config.min_free_bytes > 0).then(|| {
+                    let guard = SpaceGuard::new(data.root().to_path_buf(), config.min_free_bytes);
+                    guard.start(SPACE_CHECK_EVERY);
+                    guard
+                }),
             },
             mailbox_capacity: config.mailbox_capacity,
             actor_threads: config.actor_threads,

@@ -159,6 +159,13 @@ pub static WAL_BYTES: LazyLock<IntCounter> = LazyLock::new(|| {
         "Bytes of records written to WAL segments.",
     )
 });
+/// Free bytes of the data directory's file system (below `--min-free-bytes`, writes are refused).
+pub static DISK_FREE_BYTES: LazyLock<IntGauge> = LazyLock::new(|| {
+    gauge(
+        "cube_disk_free_bytes",
+        "Free bytes of the data directory's file system, as last checked.",
+    )
+});
 /// Tenants with an open actor.
 pub static TENANTS_ACTIVE: LazyLock<IntGauge> =
     LazyLock::new(|| gauge("cube_tenants_active", "Tenants with an open actor and WAL."));

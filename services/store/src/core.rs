@@ -57,6 +57,8 @@ pub struct CoreConfig {
     pub checkpoint: CheckpointPolicy,
     /// Page cache of the tenant's state store.
     pub state_cache_bytes: u64,
+    /// Writes are refused while this says the disk is nearly full (none: never).
+    pub space: Option<Arc<crate::SpaceGuard>>,
 }
 
 impl Default for CoreConfig {
@@ -66,6 +68,7 @@ impl Default for CoreConfig {
             limits: StateLimits::default(),
             checkpoint: CheckpointPolicy::default(),
             state_cache_bytes: 8 << 20,
+            space: None,
         }
     }
 }
@@ -77,9 +80,14 @@ pub struct SharedStats {
     /// Highest seq acknowledged to a caller.
     pub last_seq: AtomicU64,
     pub checkpoint_seq: AtomicU64,
-    /// The tenant refuses writes until the server restarts (it is never passivated, so
-    /// reopening cannot clear this).
+    /// The tenant refuses writes. Unless `reopenable`, until the server restarts (it is never
+    /// passivated, so reopening cannot clear this).
     pub poisoned: std::sync::atomic::AtomicBool,
+    /// What poisoned it left nothing in doubt (a failed write or apply, not a failed fsync):
+    /// the directory closes the tenant so that its next call reopens it, replaying its log.
+    pub reopenable: std::sync::atomic::AtomicBool,
+    /// It was poisoned because the file system was full: writes answer RESOURCE_EXHAUSTED.
+    pub no_space: std::sync::atomic::AtomicBool,
 }
 
 /// The durability policy as Stats shows it.
@@ -140,6 +148,7 @@ pub struct TenantCore<T> {
     bytes_since_checkpoint: u64,
     last_checkpoint: Instant,
     stats: Arc<SharedStats>,
+    space: Option<Arc<crate::SpaceGuard>>,
     /// Reused encoding buffer (one allocation per core, not per write).
     scratch: Vec<u8>,
 }
@@ -282,6 +291,7 @@ impl<T> TenantCore<T> {
             window,
             policy,
             checkpoint: config.checkpoint,
+            space: config.space.clone(),
             checkpoint_seq,
             checkpoint_running: false,
             // The open just flushed everything applied.
@@ -407,12 +417,12 @@ impl<T> TenantCore<T> {
                     }
                 }
             }
-            DurableEvent::Poisoned => {
-                self.poison();
-                let msg = self.poisoned_message();
+            DurableEvent::Poisoned | DurableEvent::WriteFailed { .. } => {
+                self.poison_after(event);
+                let err = self.poisoned_error();
                 self.waiting
                     .drain(..)
-                    .map(|w| (w.token, Err(StoreError::Unavailable(msg.clone()))))
+                    .map(|w| (w.token, Err(err.clone())))
                     .collect()
             }
         }
@@ -481,7 +491,16 @@ impl<T> TenantCore<T> {
 
     fn writable(&self) -> Result<(), StoreError> {
         if self.is_poisoned() {
-            return Err(StoreError::Unavailable(self.poisoned_message()));
+            return Err(self.poisoned_error());
+        }
+        if let Some(g) = self.space.as_ref().filter(|g| g.low()) {
+            return Err(StoreError::ResourceExhausted(format!(
+                "tenant '{}' cannot take writes now: the server's data directory has less than \
+                 {} MiB free. Nothing acknowledged is lost and reads still work; writes resume \
+                 by themselves once space is freed",
+                self.tenant,
+                g.min_free() >> 20
+            )));
         }
         if self.wal.is_none() {
             return Err(shutting_down());
@@ -494,13 +513,30 @@ impl<T> TenantCore<T> {
         self.stats.poisoned.load(Ordering::Relaxed)
     }
 
+    /// Poisoned for good (a failed fsync, a failed checkpoint).
     fn poison(&mut self) {
+        self.poison_after(DurableEvent::Poisoned);
+    }
+
+    /// Poisoned by `event`: for good, or reopenable after a failed write. The first cause
+    /// decides, except that a later permanent one makes it permanent.
+    fn poison_after(&mut self, event: DurableEvent) {
+        let (reopenable, no_space) = match event {
+            DurableEvent::WriteFailed { no_space } => (true, no_space),
+            _ => (false, false),
+        };
         if !self.stats.poisoned.swap(true, Ordering::Relaxed) {
             cube_metrics::TENANTS_UNAVAILABLE.inc();
+            self.stats.reopenable.store(reopenable, Ordering::Relaxed);
+            self.stats.no_space.store(no_space, Ordering::Relaxed);
+        } else if !reopenable {
+            self.stats.reopenable.store(false, Ordering::Relaxed);
         }
         self.state.discard_pending();
     }
 
+    /// Applying durable records failed. They stay in the log and the next start replays them;
+    /// not before, because the state store's failure may have been a failed fsync.
     fn apply_failed(&mut self, e: &ApplyError) -> StoreError {
         tracing::error!(tenant = %self.tenant, error = %e, "applying durable records failed; tenant poisoned");
         self.poison();
@@ -509,6 +545,28 @@ impl<T> TenantCore<T> {
              will be applied when the server restarts",
             self.tenant
         ))
+    }
+
+    /// What a write to a poisoned tenant is answered with.
+    fn poisoned_error(&self) -> StoreError {
+        if self.stats.no_space.load(Ordering::Relaxed)
+            && self.stats.reopenable.load(Ordering::Relaxed)
+        {
+            StoreError::ResourceExhausted(format!(
+                "tenant '{}' cannot take writes: the server's disk is full. Nothing acknowledged is \
+                 lost and reads still work; retry after space is freed (the tenant reopens by \
+                 itself within seconds)",
+                self.tenant
+            ))
+        } else if self.stats.reopenable.load(Ordering::Relaxed) {
+            StoreError::Unavailable(format!(
+                "tenant '{}' is unavailable: a write to its storage failed. Nothing acknowledged \
+                 is lost; it reopens by itself within seconds, retry then",
+                self.tenant
+            ))
+        } else {
+            StoreError::Unavailable(self.poisoned_message())
+        }
     }
 
     fn poisoned_message(&self) -> String {
@@ -525,9 +583,19 @@ impl<T> TenantCore<T> {
                 "the encoded change exceeds the {max}-byte record limit"
             )),
             WalError::Closed => shutting_down(),
+            // The syncer failed and its event is on the way: take the cause from the shard.
+            WalError::Poisoned => {
+                let event = self
+                    .wal
+                    .as_ref()
+                    .and_then(|w| w.failure())
+                    .unwrap_or(DurableEvent::Poisoned);
+                self.poison_after(event);
+                self.poisoned_error()
+            }
             _ => {
                 self.poison();
-                StoreError::Unavailable(self.poisoned_message())
+                self.poisoned_error()
             }
         }
     }

@@ -239,6 +239,9 @@ impl std::fmt::Debug for TenantDirectory {
 /// Attempts of a call that keeps meeting a tenant being passivated.
 const RETIRED_RETRIES: usize = 8;
 
+/// How often the janitor closes tenants poisoned by a failed write, so they can reopen.
+const REOPEN_FAILED_EVERY: Duration = Duration::from_secs(1);
+
 impl TenantDirectory {
     /// A directory whose tenants take their durability policy from `catalog` (policy `sync`
     /// for every tenant without one).
@@ -454,9 +457,11 @@ impl TenantDirectory {
             None => return false, // still opening
             Some(Err(_)) => None,
             Some(Ok(h)) => {
-                // A poisoned tenant stays open and refusing until the server restarts: a reopen
-                // would read back pages whose fsync failed as if they were durable.
-                if h.stats.poisoned.load(Ordering::Relaxed) || !h.try_retire() {
+                // A tenant poisoned by a failed fsync stays open and refusing until the server
+                // restarts: a reopen would read back pages whose fsync failed as if they were
+                // durable. One poisoned by a failed write (a full disk) may reopen.
+                let poisoned = h.stats.poisoned.load(Ordering::Relaxed);
+                if (poisoned && !h.stats.reopenable.load(Ordering::Relaxed)) || !h.try_retire() {
                     return false;
                 }
                 Some(h.clone())
@@ -475,6 +480,9 @@ impl TenantDirectory {
                 let _ = rx.await;
                 cube_metrics::TENANTS_ACTIVE.dec();
                 cube_metrics::TENANTS_PASSIVATED.inc();
+                if h.stats.poisoned.load(Ordering::Relaxed) {
+                    cube_metrics::TENANTS_UNAVAILABLE.dec();
+                }
                 tracing::debug!(tenant, "tenant passivated");
             }
             None => cube_metrics::TENANTS_UNAVAILABLE.dec(),
@@ -487,13 +495,44 @@ impl TenantDirectory {
         let weak = Arc::downgrade(self);
         let every =
             (self.config.idle_after / 4).clamp(Duration::from_millis(50), Duration::from_secs(10));
+        let tick = every.min(REOPEN_FAILED_EVERY);
         tokio::spawn(async move {
+            let mut idle_check = tokio::time::Instant::now();
             loop {
-                tokio::time::sleep(every).await;
+                tokio::time::sleep(tick).await;
                 let Some(dir) = weak.upgrade() else { return };
-                dir.passivate_idle().await;
+                dir.close_failed().await;
+                if idle_check.elapsed() >= every {
+                    idle_check = tokio::time::Instant::now();
+                    dir.passivate_idle().await;
+                }
             }
         });
+    }
+
+    /// Close every tenant that a failed write poisoned (a full disk) or that failed to open, so
+    /// its next call opens it afresh: recovery replays its log, and tells whether there is room
+    /// again. Tenants poisoned by a failed fsync are left alone (see `passivate_claimed`).
+    pub async fn close_failed(&self) -> usize {
+        let failed: Vec<(String, Arc<Slot>)> = {
+            let map = self.tenants.read().unwrap_or_else(|p| p.into_inner());
+            map.iter()
+                .filter(|(_, s)| match s.opened.get() {
+                    Some(Ok(h)) => h.stats.reopenable.load(Ordering::Relaxed),
+                    Some(Err(_)) => true,
+                    None => false,
+                })
+                .map(|(n, s)| (n.clone(), Arc::clone(s)))
+                .collect()
+        };
+        let mut n = 0;
+        for (name, slot) in failed {
+            if self.passivate(&name, &slot).await {
+                tracing::info!(tenant = %name, "closed a failed tenant; its next call reopens it");
+                n += 1;
+            }
+        }
+        n
     }
 
     /// Stop every tenant: answer or fail what is queued, final fdatasync and checkpoint.

@@ -37,7 +37,30 @@ pub enum WalError {
 }
 
 impl WalError {
+    /// What this failure of the syncer means for the shard's future: a failed fdatasync (of a
+    /// segment or of the directory) poisons it for good; any other failed write leaves it
+    /// reopenable (see [`crate::DurableEvent`]).
+    pub fn after_syncer_failure(&self) -> crate::DurableEvent {
+        match self {
+            WalError::Io { op, source }
+                if !op.starts_with("fdatasync") && !op.starts_with("syncing") =>
+            {
+                crate::DurableEvent::WriteFailed {
+                    no_space: is_no_space(source),
+                }
+            }
+            _ => crate::DurableEvent::Poisoned,
+        }
+    }
+
     pub(crate) fn io(op: &'static str) -> impl FnOnce(io::Error) -> WalError {
         move |source| WalError::Io { op, source }
     }
+}
+
+/// The file system is full (ENOSPC) or the quota is used up (EDQUOT).
+pub fn is_no_space(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::StorageFull
+        || e.kind() == io::ErrorKind::QuotaExceeded
+        || matches!(e.raw_os_error(), Some(28 | 122))
 }

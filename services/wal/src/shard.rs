@@ -29,9 +29,15 @@ use crate::{ReplayVisitor, WalError};
 pub enum DurableEvent {
     /// Every record with a sequence number `<=` this is durable (fdatasync'ed).
     Durable(u64),
-    /// A write or fdatasync failed; records after the last `Durable` are not durable and never
-    /// will be. The shard is poisoned.
+    /// An fdatasync failed; records after the last `Durable` are not durable and never will
+    /// be. The shard is poisoned for good: after a failed fsync the kernel may have dropped the
+    /// dirty pages, so a reopen could read back data that is not on disk.
     Poisoned,
+    /// A write failed before any fdatasync of it (creating a segment on a full disk, say). The
+    /// shard accepts nothing more, but nothing it reported durable is in doubt and no fsync
+    /// failed, so reopening it (recovery cuts the torn tail) is safe once the cause is gone.
+    /// `no_space` when the file system was full (ENOSPC or EDQUOT).
+    WriteFailed { no_space: bool },
 }
 
 /// Called on the syncer thread after each fdatasync. Must be quick (send a message, wake a task).
@@ -157,6 +163,8 @@ struct State {
     durable_waiters: usize,
     closing: bool,
     poisoned: bool,
+    /// What poisoned it (set with `poisoned`).
+    failure: Option<DurableEvent>,
 }
 
 /// Every segment file of the shard, oldest first; the last one is the active segment. Shared
@@ -255,6 +263,7 @@ impl WalShard {
                 durable_waiters: 0,
                 closing: false,
                 poisoned: false,
+                failure: None,
             }),
             work: Condvar::new(),
             durable_cv: Condvar::new(),
@@ -348,6 +357,12 @@ impl WalShard {
     /// Highest sequence number the syncer has written to a segment file: it survives a crash of
     /// this process, but not a power failure until it is also durable. Under
     /// [`SyncPolicy::Always`] it moves together with [`WalShard::durable_seq`].
+    /// What poisoned the shard, if it is poisoned: [`DurableEvent::Poisoned`] (a failed
+    /// fdatasync) or [`DurableEvent::WriteFailed`].
+    pub fn failure(&self) -> Option<DurableEvent> {
+        self.shared.lock().failure
+    }
+
     pub fn written_seq(&self) -> u64 {
         self.shared.lock().written
     }
@@ -611,14 +626,16 @@ fn syncer_loop(shared: &Shared, mut writer: SegmentWriter, policy: SyncPolicy, m
 
 /// A write or fdatasync failed: nothing after the last durable seq will ever be reported durable.
 fn poison(shared: &Shared, e: &WalError) {
-    tracing::error!(dir = %shared.dir.display(), error = %e, "wal write failed; shard poisoned");
+    let event = e.after_syncer_failure();
+    tracing::error!(dir = %shared.dir.display(), error = %e, reopenable = event != DurableEvent::Poisoned, "wal write failed; shard poisoned");
     let mut st = shared.lock();
     st.poisoned = true;
+    st.failure = Some(event);
     st.pending.clear();
     shared.durable_cv.notify_all();
     drop(st);
     if let Some(notify) = &shared.notify {
-        notify(DurableEvent::Poisoned);
+        notify(event);
     }
 }
 

@@ -768,3 +768,26 @@ fn relaxed_policy_is_not_the_default() {
     assert_eq!(WalOptions::default().sync, SyncPolicy::Always);
     assert_eq!(SyncPolicy::default(), SyncPolicy::Always);
 }
+
+#[test]
+fn a_failed_fsync_poisons_for_good_and_a_failed_write_leaves_the_shard_reopenable() {
+    let io = |op: &'static str, errno: i32| WalError::Io {
+        op,
+        source: std::io::Error::from_raw_os_error(errno),
+    };
+    assert_eq!(io("fdatasync", 5).after_syncer_failure(), DurableEvent::Poisoned);
+    assert_eq!(io("fdatasync", 28).after_syncer_failure(), DurableEvent::Poisoned);
+    assert_eq!(
+        io("syncing wal directory", 5).after_syncer_failure(),
+        DurableEvent::Poisoned
+    );
+    assert_eq!(
+        io("creating segment", 28).after_syncer_failure(),
+        DurableEvent::WriteFailed { no_space: true }
+    );
+    assert_eq!(
+        io("writing batch", 5).after_syncer_failure(),
+        DurableEvent::WriteFailed { no_space: false }
+    );
+    assert_eq!(WalError::Closed.after_syncer_failure(), DurableEvent::Poisoned);
+}

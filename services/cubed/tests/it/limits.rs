@@ -130,3 +130,26 @@ async fn compare_and_set_and_bad_requests() {
         err.message()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn below_min_free_bytes_writes_are_refused_as_resource_exhausted_and_reads_still_work() {
+    // A minimum no disk meets: the data directory counts as nearly full from the start.
+    let server = TestServer::start_with(cubed(), &["--min-free-bytes", &u64::MAX.to_string()])
+        .unwrap();
+    let mut c = server.cells(&server.demo).await.unwrap();
+    let err = c.write(write(1, 2, 3, b"x")).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert!(
+        err.message().contains("free") && err.message().contains("resume"),
+        "{}",
+        err.message()
+    );
+    let r = c.read(read(1, 2, 3)).await.unwrap().into_inner();
+    assert!(!r.found);
+    assert!(server.metric("cube_disk_free_bytes").unwrap() > 0.0);
+
+    // With the check off (0), the same server's writes go through.
+    let server = TestServer::start_with(cubed(), &["--min-free-bytes", "0"]).unwrap();
+    let mut c = server.cells(&server.demo).await.unwrap();
+    c.write(write(1, 2, 3, b"x")).await.unwrap();
+}

@@ -1,0 +1,102 @@
+//! Refusing writes before the disk fills up.
+//!
+//! A full file system is the one failure a storage process can see coming. fjall ignores a
+//! failed write to its journal (the batch still reaches the memtable, so the journal would
+//! silently miss it), and the WAL's segment creation would fail mid-batch. So cubed checks the
+//! data directory's free space a few times a second and, below `--min-free-bytes`, answers
+//! writes RESOURCE_EXHAUSTED before they reach either. Reads keep working, and writes resume by
+//! themselves once space is freed. A disk that fills faster than the check runs still ends in
+//! the WAL's own handling of a failed write (docs/durability.md, "Disk full").
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+#[derive(Debug)]
+pub struct SpaceGuard {
+    dir: PathBuf,
+    min_free: u64,
+    low: AtomicBool,
+    free: AtomicU64,
+}
+
+impl SpaceGuard {
+    /// A guard for the file system holding `dir`, checked once now.
+    pub fn new(dir: PathBuf, min_free: u64) -> Arc<SpaceGuard> {
+        let g = Arc::new(SpaceGuard {
+            dir,
+            min_free,
+            low: AtomicBool::new(false),
+            free: AtomicU64::new(u64::MAX),
+        });
+        g.check();
+        g
+    }
+
+    /// Ask the file system now; returns the free bytes (for unprivileged users).
+    pub fn check(&self) -> u64 {
+        let free = match nix::sys::statvfs::statvfs(&self.dir) {
+            Ok(s) => s.blocks_available().saturating_mul(s.fragment_size()),
+            // Cannot tell: do not refuse writes on a guess; the WAL still handles a real ENOSPC.
+            Err(_) => u64::MAX,
+        };
+        let low = free < self.min_free;
+        if self.low.swap(low, Ordering::Relaxed) != low {
+            if low {
+                tracing::warn!(
+                    free,
+                    min_free = self.min_free,
+                    "data directory nearly full; refusing writes"
+                );
+            } else {
+                tracing::info!(free, "free space is back; accepting writes");
+            }
+        }
+        self.free.store(free, Ordering::Relaxed);
+        cube_metrics::DISK_FREE_BYTES.set(free.min(i64::MAX as u64) as i64);
+        free
+    }
+
+    /// Whether writes are refused now.
+    pub fn low(&self) -> bool {
+        self.low.load(Ordering::Relaxed)
+    }
+
+    pub fn min_free(&self) -> u64 {
+        self.min_free
+    }
+
+    /// Check every `every` on a thread of its own until the guard is dropped.
+    pub fn start(self: &Arc<Self>, every: Duration) {
+        let weak: Weak<SpaceGuard> = Arc::downgrade(self);
+        let _ = std::thread::Builder::new()
+            .name("space-guard".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(every);
+                    match weak.upgrade() {
+                        Some(g) => {
+                            g.check();
+                        }
+                        None => return,
+                    }
+                }
+            });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn below_the_minimum_writes_are_refused_and_above_it_they_are_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let roomy = SpaceGuard::new(dir.path().to_path_buf(), 1);
+        assert!(!roomy.low());
+        assert!(roomy.check() > 1);
+        let starved = SpaceGuard::new(dir.path().to_path_buf(), u64::MAX);
+        assert!(starved.low());
+    }
+}

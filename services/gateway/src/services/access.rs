@@ -81,9 +81,16 @@ impl AccessService {
         self.directory
             .call(principal.tenant(), event, &principal.name())
             .await?;
-        let caps = self
-            .catalog
-            .change_capabilities(principal.tenant(), key_id, grant, revoke)?;
+        // The catalog change ends in an fsync: off the async workers.
+        let (catalog, tenant, key) = (
+            self.catalog.clone(),
+            principal.tenant().to_string(),
+            key_id.to_string(),
+        );
+        let (grant, revoke) = (grant.to_vec(), revoke.to_vec());
+        let caps =
+            super::blocking(move || catalog.change_capabilities(&tenant, &key, &grant, &revoke))
+                .await?;
         Ok(to_proto(caps))
     }
 }

@@ -28,6 +28,8 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 pub struct TestServer {
     bin: PathBuf,
     root: tempfile::TempDir,
+    /// The data directory: `<root>/data` unless started with [`TestServer::start_at`].
+    data: PathBuf,
     extra_args: Vec<String>,
     /// Environment of the next start (e.g. `CUBE_FAILPOINT`).
     env: Vec<(String, String)>,
@@ -53,7 +55,7 @@ impl TestServer {
     }
 
     pub fn data_dir(&self) -> PathBuf {
-        self.root.path().join("data")
+        self.data.clone()
     }
 
     /// The WAL segment of `tenant` that starts at `first_seq`, from the server's own layout
@@ -161,10 +163,31 @@ impl TestServer {
         extra_args: &[&str],
         env: &[(&str, &str)],
     ) -> anyhow::Result<TestServer> {
+        Self::start_full(bin, None, extra_args, env)
+    }
+
+    /// Start with the data directory at `data_dir` (a file system of the caller's choosing:
+    /// a small one that fills up, a loop device), which may already hold data.
+    pub fn start_at(
+        bin: &Path,
+        data_dir: &Path,
+        extra_args: &[&str],
+    ) -> anyhow::Result<TestServer> {
+        Self::start_full(bin, Some(data_dir), extra_args, &[])
+    }
+
+    fn start_full(
+        bin: &Path,
+        data_dir: Option<&Path>,
+        extra_args: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<TestServer> {
         let root = tempfile::tempdir()?;
+        let data = data_dir.map_or_else(|| root.path().join("data"), Path::to_path_buf);
         let mut server = TestServer {
             bin: bin.to_path_buf(),
             root,
+            data,
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
             env: env
                 .iter()

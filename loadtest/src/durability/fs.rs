@@ -1,0 +1,117 @@
+//! File systems the harness puts a server's data directory on: a small tmpfs that fills up
+//! (scenario E) and an ext4 image on a loop device whose power can be "cut" (scenario D). Both
+//! need root; each is undone on drop.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, bail};
+
+fn run(cmd: &str, args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(cmd)
+        .args(args)
+        .output()
+        .with_context(|| format!("running {cmd}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd} {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// Why the loop-device scenario cannot run here, if it cannot.
+pub fn loop_unsupported() -> Option<String> {
+    if run("id", &["-u"]).ok().as_deref() != Some("0") {
+        return Some("needs root (mount, losetup)".into());
+    }
+    for tool in ["losetup", "mkfs.ext4", "mount", "umount", "cp"] {
+        if run("sh", &["-c", &format!("command -v {tool}")]).is_err() {
+            return Some(format!("{tool} is not installed"));
+        }
+    }
+    if !Path::new("/dev/loop-control").exists() {
+        return Some("no /dev/loop-control (loop devices unavailable)".into());
+    }
+    None
+}
+
+/// A mounted file system, unmounted (and its loop device detached) on drop.
+pub struct Mount {
+    pub dir: PathBuf,
+    device: Option<String>,
+}
+
+impl Mount {
+    /// A tmpfs of `bytes` at `dir`.
+    pub fn tmpfs(dir: &Path, bytes: u64) -> anyhow::Result<Mount> {
+        std::fs::create_dir_all(dir)?;
+        let d = dir.to_string_lossy();
+        run(
+            "mount",
+            &["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs", &d],
+        )?;
+        Ok(Mount {
+            dir: dir.to_path_buf(),
+            device: None,
+        })
+    }
+
+    /// Format `image` (created sparse, `bytes` long) as ext4 if `format`, attach it to a loop
+    /// device and mount it at `dir`.
+    pub fn ext4_image(image: &Path, bytes: u64, format: bool, dir: &Path) -> anyhow::Result<Mount> {
+        let img = image.to_string_lossy();
+        if format {
+            let f = std::fs::File::create(image)?;
+            f.set_len(bytes)?;
+            run("mkfs.ext4", &["-q", "-F", &img])?;
+        }
+        let device = run("losetup", &["-f", "--show", &img])?;
+        std::fs::create_dir_all(dir)?;
+        if let Err(e) = run("mount", &[&device, &dir.to_string_lossy()]) {
+            let _ = run("losetup", &["-d", &device]);
+            return Err(e);
+        }
+        Ok(Mount {
+            dir: dir.to_path_buf(),
+            device: Some(device),
+        })
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let d = self.dir.to_string_lossy().to_string();
+        if run("umount", &[&d]).is_err() {
+            let _ = run("umount", &["-l", &d]);
+        }
+        if let Some(dev) = &self.device {
+            let _ = run("losetup", &["-d", dev]);
+        }
+    }
+}
+
+/// Copy the image as the device holds it now: what reached the block device survives, what
+/// still sat in the mounted file system's page cache does not. This copy is the power cut.
+pub fn snapshot(image: &Path, to: &Path) -> anyhow::Result<()> {
+    run(
+        "cp",
+        &[
+            "--sparse=always",
+            &image.to_string_lossy(),
+            &to.to_string_lossy(),
+        ],
+    )?;
+    Ok(())
+}
+
+/// Free bytes of the file system holding `dir`.
+pub fn free_bytes(dir: &Path) -> anyhow::Result<u64> {
+    let out = run("df", &["-B1", "--output=avail", &dir.to_string_lossy()])?;
+    out.lines()
+        .last()
+        .and_then(|l| l.trim().parse().ok())
+        .context("parsing df's output")
+}

@@ -1,0 +1,338 @@
+//! `cube-durability`: writers of self-checking records against a real cubed, the server stopped
+//! or cut in five ways, and every acknowledged record verified afterwards (issue 6).
+//!
+//! Each writer writes its records one at a time (sequence 0, 1, 2, ... at cell (writer, seq,
+//! 7)); the harness keeps, outside the server, how many of each writer's records were
+//! acknowledged (and saves it as `acked.json` in the work directory). Verification reads every
+//! writer's column back with Region and demands: every acknowledged record present and whole
+//! (exact count), a contiguous prefix (no holes), and at most one record beyond the
+//! acknowledged ones (the write in flight when the server went away).
+
+pub mod fs;
+pub mod record;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use cube_api::v1::cells_client::CellsClient;
+use cube_api::v1::{Coord, ReadRequest, RegionRequest, WriteRequest};
+use cube_auth::Credentials;
+use cube_auth::client::{CallSigner, Signing};
+use cube_testkit::TestServer;
+use serde::Serialize;
+use tonic::Code;
+use tonic::transport::{Channel, Endpoint};
+
+/// The plane the records live on.
+const Z: i32 = 7;
+const NEXT_PAGE_TOKEN: &str = "x-cube-next-page-token-bin";
+
+type Cells = CellsClient<Signing<Channel>>;
+
+/// How many records of each writer were acknowledged.
+pub struct Ledger {
+    acked: Vec<AtomicU64>,
+    pub value_bytes: usize,
+}
+
+impl Ledger {
+    pub fn new(writers: usize, value_bytes: usize) -> Ledger {
+        Ledger {
+            acked: (0..writers).map(|_| AtomicU64::new(0)).collect(),
+            value_bytes: value_bytes.max(record::MIN_LEN),
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.acked.iter().map(|a| a.load(Ordering::SeqCst)).sum()
+    }
+
+    pub fn counts(&self) -> Vec<u64> {
+        self.acked
+            .iter()
+            .map(|a| a.load(Ordering::SeqCst))
+            .collect()
+    }
+
+    /// Written after every phase: the record of what was acknowledged lives outside the server.
+    pub fn save(&self, path: &Path) -> anyhow::Result<()> {
+        std::fs::write(path, serde_json::to_vec(&self.counts())?)?;
+        Ok(())
+    }
+}
+
+async fn cells(addr: std::net::SocketAddr, creds: &Credentials) -> anyhow::Result<Cells> {
+    let ch = Endpoint::from_shared(format!("http://{addr}"))?
+        .tcp_nodelay(true)
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await?;
+    let signer = CallSigner::new(&creds.tenant, &creds.key_id, creds.secret()?);
+    Ok(CellsClient::new(Signing::new(ch, signer)))
+}
+
+/// When the writers stop.
+#[derive(Clone)]
+pub struct Until {
+    /// Total acknowledged bytes (over all writers, since the ledger began).
+    pub bytes: u64,
+    pub deadline: Instant,
+    /// Set by the scenario just before it stops or kills the server.
+    pub stop: Arc<AtomicBool>,
+    /// Keep retrying a record refused as RESOURCE_EXHAUSTED / UNAVAILABLE (disk full).
+    pub retry_refused: bool,
+}
+
+/// What the writers saw.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct WriteStats {
+    pub acked_this_phase: u64,
+    /// Refusals by gRPC code while the server was meant to be serving.
+    pub refused: BTreeMap<String, u64>,
+    pub seconds: f64,
+}
+
+/// Run one writer task per ledger slot until `until`.
+pub async fn write(
+    addr: std::net::SocketAddr,
+    creds: &Credentials,
+    ledger: &Arc<Ledger>,
+    until: Until,
+) -> anyhow::Result<WriteStats> {
+    let started = Instant::now();
+    let before = ledger.total();
+    let mut tasks = Vec::new();
+    for w in 0..ledger.acked.len() {
+        let mut c = cells(addr, creds).await?;
+        let (ledger, until) = (ledger.clone(), until.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut refused: BTreeMap<String, u64> = BTreeMap::new();
+            let len = ledger.value_bytes as u64;
+            loop {
+                if until.stop.load(Ordering::SeqCst)
+                    || Instant::now() >= until.deadline
+                    || ledger.total() * len >= until.bytes
+                {
+                    break;
+                }
+                let seq = ledger.acked[w].load(Ordering::SeqCst);
+                let req = WriteRequest {
+                    coord: Some(Coord {
+                        x: w as i32,
+                        y: seq as i32,
+                        z: Z,
+                    }),
+                    value: record::encode(w as u32, seq, ledger.value_bytes),
+                    expected_version: None,
+                };
+                match c.write(req).await {
+                    Ok(_) => {
+                        ledger.acked[w].fetch_add(1, Ordering::SeqCst);
+                    }
+                    Err(_) if until.stop.load(Ordering::SeqCst) => break,
+                    Err(s) => {
+                        *refused.entry(format!("{:?}", s.code())).or_default() += 1;
+                        let full = matches!(s.code(), Code::ResourceExhausted | Code::Unavailable);
+                        if !(until.retry_refused && full) {
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            }
+            refused
+        }));
+    }
+    let mut stats = WriteStats::default();
+    for t in tasks {
+        for (k, v) in t.await? {
+            *stats.refused.entry(k).or_default() += v;
+        }
+    }
+    stats.acked_this_phase = ledger.total() - before;
+    stats.seconds = started.elapsed().as_secs_f64();
+    Ok(stats)
+}
+
+/// What verification found over all writers.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct Verification {
+    pub acked: u64,
+    /// Acknowledged records found whole and in place: must equal `acked`.
+    pub found_acked: u64,
+    pub missing: u64,
+    pub corrupt: u64,
+    pub misplaced: u64,
+    /// Sequence numbers absent below a present one.
+    pub holes: u64,
+    /// Records beyond the acknowledged ones (at most one per writer: its write in flight).
+    pub beyond_acked: u64,
+    pub problems: Vec<String>,
+    pub ok: bool,
+}
+
+/// Every record of writer `w`'s column, by seq.
+async fn column(c: &mut Cells, w: i32) -> Result<BTreeMap<i32, Vec<u8>>, tonic::Status> {
+    let mut out = BTreeMap::new();
+    let mut token = Vec::new();
+    loop {
+        let resp = c
+            .region(RegionRequest {
+                min: Some(Coord { x: w, y: 0, z: Z }),
+                max: Some(Coord {
+                    x: w,
+                    y: i32::MAX,
+                    z: Z,
+                }),
+                limit: 1000,
+                page_token: token,
+            })
+            .await?;
+        let next = resp
+            .metadata()
+            .get_bin(NEXT_PAGE_TOKEN)
+            .and_then(|v| v.to_bytes().ok())
+            .map(|b| b.to_vec());
+        let mut s = resp.into_inner();
+        while let Some(cell) = s.message().await? {
+            if let Some(k) = cell.coord {
+                out.insert(k.y, cell.value);
+            }
+        }
+        match next {
+            Some(t) if !t.is_empty() => token = t,
+            _ => return Ok(out),
+        }
+    }
+}
+
+pub async fn verify(server: &TestServer, ledger: &Ledger) -> anyhow::Result<Verification> {
+    let mut v = Verification::default();
+    let mut c = cells(server.addr, &server.demo).await?;
+    let note = |v: &mut Verification, p: String| {
+        if v.problems.len() < 20 {
+            v.problems.push(p);
+        }
+    };
+    for (w, acked) in ledger.counts().into_iter().enumerate() {
+        v.acked += acked;
+        let col = column(&mut c, w as i32)
+            .await
+            .with_context(|| format!("reading writer {w}'s records back"))?;
+        for seq in 0..acked {
+            match col.get(&(seq as i32)) {
+                None => {
+                    v.missing += 1;
+                    note(
+                        &mut v,
+                        format!("writer {w}: acknowledged record {seq} is missing"),
+                    );
+                }
+                Some(value) => match record::check(value, w as u32, seq, ledger.value_bytes) {
+                    record::Check::Good => v.found_acked += 1,
+                    record::Check::Corrupt => {
+                        v.corrupt += 1;
+                        note(&mut v, format!("writer {w}: record {seq} fails its CRC"));
+                    }
+                    record::Check::Misplaced { writer, seq: s } => {
+                        v.misplaced += 1;
+                        note(
+                            &mut v,
+                            format!("writer {w}: record {seq} holds writer {writer}'s record {s}"),
+                        );
+                    }
+                },
+            }
+        }
+        let beyond: Vec<i32> = col.keys().copied().filter(|&y| y as u64 >= acked).collect();
+        v.beyond_acked += beyond.len() as u64;
+        if beyond.len() > 1 {
+            note(
+                &mut v,
+                format!(
+                    "writer {w}: {} records beyond the acknowledged {acked}",
+                    beyond.len()
+                ),
+            );
+        }
+        if let Some(&max) = col.keys().next_back() {
+            let holes = (max as u64 + 1).saturating_sub(col.len() as u64);
+            if holes > 0 {
+                v.holes += holes;
+                note(
+                    &mut v,
+                    format!("writer {w}: {holes} holes below record {max}"),
+                );
+            }
+        }
+        for y in &beyond {
+            if record::check(&col[y], w as u32, *y as u64, ledger.value_bytes)
+                != record::Check::Good
+            {
+                v.corrupt += 1;
+                note(
+                    &mut v,
+                    format!("writer {w}: unacknowledged record {y} is not whole"),
+                );
+            }
+        }
+    }
+    v.ok = v.found_acked == v.acked
+        && v.missing == 0
+        && v.corrupt == 0
+        && v.misplaced == 0
+        && v.holes == 0
+        && v.beyond_acked <= ledger.acked.len() as u64;
+    Ok(v)
+}
+
+/// Read a few acknowledged records one by one (reads must work while writes are refused).
+pub async fn spot_read(server: &TestServer, ledger: &Ledger, n: usize) -> anyhow::Result<usize> {
+    let mut c = cells(server.addr, &server.demo).await?;
+    let mut good = 0;
+    for (w, acked) in ledger.counts().into_iter().enumerate().take(n) {
+        if acked == 0 {
+            continue;
+        }
+        let seq = acked - 1;
+        let r = c
+            .read(ReadRequest {
+                coord: Some(Coord {
+                    x: w as i32,
+                    y: seq as i32,
+                    z: Z,
+                }),
+            })
+            .await?
+            .into_inner();
+        if r.found
+            && record::check(&r.value, w as u32, seq, ledger.value_bytes) == record::Check::Good
+        {
+            good += 1;
+        } else {
+            bail!(
+                "writer {w}: acknowledged record {seq} did not read back while the disk was full"
+            );
+        }
+    }
+    Ok(good)
+}
+
+/// Make everything the server wrote so far reach the disk (the set-up before a power cut: the
+/// tenant and its credentials exist before the writes under test start).
+pub fn sync_all() {
+    let _ = std::process::Command::new("sync").status();
+}
+
+pub fn cubed_default() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join("cubed")))
+        .unwrap_or_else(|| PathBuf::from("cubed"))
+}
+
+pub mod scenarios;

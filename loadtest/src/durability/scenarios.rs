@@ -1,0 +1,418 @@
+//! The five ways the server goes away (or runs out of room), each ending in verification.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use cube_testkit::TestServer;
+use rand::Rng;
+use serde::Serialize;
+
+use super::{Ledger, Until, Verification, WriteStats, fs, spot_read, sync_all, verify, write};
+
+/// Shared settings of a run.
+pub struct Settings {
+    pub cubed: PathBuf,
+    pub writers: usize,
+    pub value_bytes: usize,
+    /// Acknowledged bytes each writing phase aims for.
+    pub size: u64,
+    pub repeat: usize,
+    /// Where images, mounts and ledgers go.
+    pub work: PathBuf,
+}
+
+/// One repetition: what was written, what came back.
+#[derive(Debug, Clone, Serialize)]
+pub struct Round {
+    pub what: String,
+    pub write: WriteStats,
+    pub verified: Verification,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ScenarioReport {
+    pub name: String,
+    pub title: String,
+    /// Set when the scenario could not run here, with the reason.
+    pub skipped: Option<String>,
+    pub rounds: Vec<Round>,
+    pub notes: Vec<String>,
+    pub ok: bool,
+}
+
+impl ScenarioReport {
+    fn new(name: &str, title: &str) -> ScenarioReport {
+        ScenarioReport {
+            name: name.into(),
+            title: title.into(),
+            skipped: None,
+            rounds: Vec::new(),
+            notes: Vec::new(),
+            ok: false,
+        }
+    }
+
+    fn finish(mut self) -> ScenarioReport {
+        self.ok = self.skipped.is_none() && self.rounds.iter().all(|r| r.verified.ok);
+        self
+    }
+}
+
+fn until(bytes: u64, secs: f64) -> (Until, Arc<AtomicBool>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    (
+        Until {
+            bytes,
+            deadline: Instant::now() + Duration::from_secs_f64(secs),
+            stop: stop.clone(),
+            retry_refused: false,
+        },
+        stop,
+    )
+}
+
+fn target(ledger: &Ledger, s: &Settings) -> u64 {
+    ledger.total() * ledger.value_bytes as u64 + s.size
+}
+
+fn progress(name: &str, round: &Round) {
+    let v = &round.verified;
+    eprintln!(
+        "  [{name}] {}: acknowledged {} (+{} this round), found {} whole, missing {}, corrupt {}, holes {}, in flight {} -> {}",
+        round.what,
+        v.acked,
+        round.write.acked_this_phase,
+        v.found_acked,
+        v.missing,
+        v.corrupt,
+        v.holes,
+        v.beyond_acked,
+        if v.ok { "ok" } else { "LOST DATA" }
+    );
+}
+
+/// A: SIGTERM (graceful stop) after the writes, restart, verify.
+pub async fn graceful(s: &Settings) -> anyhow::Result<ScenarioReport> {
+    let mut rep = ScenarioReport::new("A", "graceful stop (SIGTERM), restart, verify");
+    let mut server = tokio::task::block_in_place(|| TestServer::start(&s.cubed))?;
+    let ledger = Arc::new(Ledger::new(s.writers, s.value_bytes));
+    for i in 0..s.repeat {
+        let (u, _) = until(target(&ledger, s), 600.0);
+        let w = write(server.addr, &server.demo, &ledger, u).await?;
+        let status = tokio::task::block_in_place(|| server.sigterm())?;
+        if !status.success() {
+            bail!("cubed exited with {status} after SIGTERM");
+        }
+        ledger.save(&s.work.join("acked-A.json"))?;
+        tokio::task::block_in_place(|| server.restart())?;
+        let round = Round {
+            what: format!(
+                "round {}: SIGTERM exit {}",
+                i + 1,
+                status.code().unwrap_or(-1)
+            ),
+            write: w,
+            verified: verify(&server, &ledger).await?,
+        };
+        progress("A", &round);
+        rep.rounds.push(round);
+    }
+    Ok(rep.finish())
+}
+
+/// B: kill -9 while idle (every write answered), restart, verify.
+pub async fn kill_idle(s: &Settings) -> anyhow::Result<ScenarioReport> {
+    let mut rep = ScenarioReport::new("B", "kill -9 while idle, restart, verify");
+    let mut server = tokio::task::block_in_place(|| TestServer::start(&s.cubed))?;
+    let ledger = Arc::new(Ledger::new(s.writers, s.value_bytes));
+    for i in 0..s.repeat {
+        let (u, _) = until(target(&ledger, s), 600.0);
+        let w = write(server.addr, &server.demo, &ledger, u).await?;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        tokio::task::block_in_place(|| server.kill9())?;
+        ledger.save(&s.work.join("acked-B.json"))?;
+        tokio::task::block_in_place(|| server.restart())?;
+        let round = Round {
+            what: format!("round {}: kill -9 idle", i + 1),
+            write: w,
+            verified: verify(&server, &ledger).await?,
+        };
+        progress("B", &round);
+        rep.rounds.push(round);
+    }
+    Ok(rep.finish())
+}
+
+/// Write until `stop` is set by a timer that kills the server at a random moment.
+async fn write_and_kill(
+    server: &mut TestServer,
+    ledger: &Arc<Ledger>,
+    s: &Settings,
+    kill_after: Duration,
+    at_cut: impl FnOnce(),
+) -> anyhow::Result<WriteStats> {
+    let (u, stop) = until(u64::MAX, 600.0);
+    let (addr, creds) = (server.addr, server.demo.clone());
+    let writers = {
+        let ledger = ledger.clone();
+        tokio::spawn(async move { write(addr, &creds, &ledger, u).await })
+    };
+    tokio::time::sleep(kill_after).await;
+    // The stop flag first, so the writers take the errors that follow as the end, not as
+    // refusals; then the kill, while their writes are in flight.
+    stop.store(true, Ordering::SeqCst);
+    tokio::task::block_in_place(|| server.kill9())?;
+    at_cut();
+    let w = writers.await??;
+    ledger.save(&s.work.join("acked.json"))?;
+    let _ = s;
+    Ok(w)
+}
+
+/// C: kill -9 at a random moment during writes, restart, verify; K times on the same data.
+pub async fn kill_writing(s: &Settings) -> anyhow::Result<ScenarioReport> {
+    let mut rep = ScenarioReport::new(
+        "C",
+        "kill -9 at a random moment during writes, restart, verify",
+    );
+    let mut server = tokio::task::block_in_place(|| TestServer::start(&s.cubed))?;
+    let ledger = Arc::new(Ledger::new(s.writers, s.value_bytes));
+    for i in 0..s.repeat {
+        let after = Duration::from_millis(rand::thread_rng().gen_range(300..2500));
+        let w = write_and_kill(&mut server, &ledger, s, after, || {}).await?;
+        tokio::task::block_in_place(|| server.restart())?;
+        let round = Round {
+            what: format!(
+                "round {}: kill -9 after {} ms of writing",
+                i + 1,
+                after.as_millis()
+            ),
+            write: w,
+            verified: verify(&server, &ledger).await?,
+        };
+        progress("C", &round);
+        rep.rounds.push(round);
+    }
+    Ok(rep.finish())
+}
+
+/// D: power loss. The data directory is on ext4 on a loop device; at a random moment during
+/// writes the server is killed and the image copied as the device holds it: whatever was still
+/// only in the page cache (not fdatasync'ed, not yet written back) is not in the copy. The
+/// server restarts on the copy and everything acknowledged is verified. A control round with
+/// the relaxed policy (acknowledges before fdatasync) must lose records, or the method would
+/// not be cutting anything.
+pub async fn power_loss(s: &Settings) -> anyhow::Result<ScenarioReport> {
+    let mut rep = ScenarioReport::new(
+        "D",
+        "power loss: kill -9 and keep only what reached the (loop) block device, restart, verify",
+    );
+    if let Some(why) = fs::loop_unsupported() {
+        rep.skipped = Some(why);
+        return Ok(rep.finish());
+    }
+    for i in 0..=s.repeat {
+        let control = i == s.repeat;
+        let dir = s.work.join(format!("D{i}"));
+        std::fs::create_dir_all(&dir)?;
+        let (image, snap) = (dir.join("disk.img"), dir.join("after-cut.img"));
+        let ledger = Arc::new(Ledger::new(s.writers, s.value_bytes));
+        let after = Duration::from_millis(rand::thread_rng().gen_range(500..2500));
+        let w = {
+            let live = fs::Mount::ext4_image(&image, 1 << 30, true, &dir.join("live"))?;
+            let data = live.dir.join("data");
+            let mut server =
+                tokio::task::block_in_place(|| TestServer::start_at(&s.cubed, &data, &[]))?;
+            if control {
+                let out = server.cli(&[
+                    "tenant",
+                    "durability",
+                    &server.demo.tenant,
+                    "relaxed",
+                    "--max-delay-ms",
+                    "10000",
+                    "--max-records",
+                    "1000000",
+                ])?;
+                if !out.status.success() {
+                    bail!(
+                        "setting the relaxed policy: {}",
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                }
+            }
+            // Set-up (tenant, credentials) is on disk before the writes under test start.
+            sync_all();
+            write_and_kill(&mut server, &ledger, s, after, || {
+                if let Err(e) = fs::snapshot(&image, &snap) {
+                    eprintln!("  [D] snapshot failed: {e}");
+                }
+            })
+            .await?
+            // `live` unmounts here: its dirty pages go to the original image, not the copy.
+        };
+        let after_cut = fs::Mount::ext4_image(&snap, 1 << 30, false, &dir.join("after"))
+            .context("mounting the image as it was at the cut")?;
+        let server = tokio::task::block_in_place(|| {
+            TestServer::start_at(&s.cubed, &after_cut.dir.join("data"), &[])
+        })?;
+        let verified = verify(&server, &ledger).await?;
+        drop(server);
+        drop(after_cut);
+        let _ = std::fs::remove_dir_all(&dir);
+        let round = Round {
+            what: if control {
+                format!(
+                    "control (relaxed policy, max delay 10 s): cut after {} ms",
+                    after.as_millis()
+                )
+            } else {
+                format!("round {}: cut after {} ms", i + 1, after.as_millis())
+            },
+            write: w,
+            verified,
+        };
+        progress("D", &round);
+        if control {
+            let lost = round.verified.missing;
+            rep.notes.push(if lost > 0 {
+                format!(
+                    "control: with the relaxed policy the cut lost {lost} of {} acknowledged records, as that policy allows: the method does drop unsynced data",
+                    round.verified.acked
+                )
+            } else {
+                format!(
+                    "control: with the relaxed policy the cut lost nothing of {} acknowledged records: writeback had reached the device; the method was not exercised this time",
+                    round.verified.acked
+                )
+            });
+        } else {
+            rep.rounds.push(round);
+        }
+    }
+    Ok(rep.finish())
+}
+
+/// E: disk full. The data directory is on a small tmpfs; a ballast file takes all but a little
+/// of it; writes must then be refused with RESOURCE_EXHAUSTED (or UNAVAILABLE), reads must
+/// still work, and once the ballast is removed writes must resume. Then a restart, and
+/// everything acknowledged is verified.
+pub async fn disk_full(s: &Settings) -> anyhow::Result<ScenarioReport> {
+    let mut rep = ScenarioReport::new(
+        "E",
+        "disk full: writes refused, reads served, writes resume once space is freed; restart, verify",
+    );
+    if let Some(why) = fs::loop_unsupported() {
+        rep.skipped = Some(why);
+        return Ok(rep.finish());
+    }
+    let min_free: u64 = 8 << 20;
+    let mnt = fs::Mount::tmpfs(&s.work.join("E"), 256 << 20)?;
+    let data = mnt.dir.join("data");
+    let mut server = tokio::task::block_in_place(|| {
+        TestServer::start_at(
+            &s.cubed,
+            &data,
+            &["--min-free-bytes", &min_free.to_string()],
+        )
+    })?;
+    let ledger = Arc::new(Ledger::new(s.writers, s.value_bytes));
+    // Some data first, then ballast leaving a few MiB above the guard.
+    let (u, _) = until((4 << 20).min(s.size), 60.0);
+    let w1 = write(server.addr, &server.demo, &ledger, u).await?;
+    let ballast = mnt.dir.join("ballast");
+    let free = fs::free_bytes(&mnt.dir)?;
+    fill(&ballast, free.saturating_sub(min_free + (4 << 20)))?;
+    // Write until refused.
+    let stop = Arc::new(AtomicBool::new(false));
+    let u = Until {
+        bytes: u64::MAX,
+        deadline: Instant::now() + Duration::from_secs(20),
+        stop: stop.clone(),
+        retry_refused: false,
+    };
+    let w2 = write(server.addr, &server.demo, &ledger, u).await?;
+    let refused: u64 = w2.refused.values().sum();
+    let odd: Vec<_> = w2
+        .refused
+        .keys()
+        .filter(|k| !matches!(k.as_str(), "ResourceExhausted" | "Unavailable"))
+        .cloned()
+        .collect();
+    rep.notes.push(format!(
+        "full: {} more records acknowledged, then writes refused {:?}",
+        w2.acked_this_phase, w2.refused
+    ));
+    let reads = spot_read(&server, &ledger, s.writers).await?;
+    rep.notes.push(format!(
+        "while full: {reads} acknowledged records read back one by one"
+    ));
+    // Free the space; writers retry refused records until they get through.
+    std::fs::remove_file(&ballast)?;
+    let before = ledger.total();
+    let u = Until {
+        bytes: target(&ledger, s).min(ledger.total() * ledger.value_bytes as u64 + (8 << 20)),
+        deadline: Instant::now() + Duration::from_secs(30),
+        stop: Arc::new(AtomicBool::new(false)),
+        retry_refused: true,
+    };
+    let resumed_at = Instant::now();
+    let w3 = write(server.addr, &server.demo, &ledger, u).await?;
+    let resumed = ledger.total() - before;
+    rep.notes.push(format!(
+        "space freed: {resumed} records acknowledged in {:.1} s ({} refusals while resuming)",
+        resumed_at.elapsed().as_secs_f64(),
+        w3.refused.values().sum::<u64>()
+    ));
+    let status = tokio::task::block_in_place(|| server.sigterm())?;
+    tokio::task::block_in_place(|| server.restart())?;
+    let mut verified = verify(&server, &ledger).await?;
+    let mut problems = Vec::new();
+    if refused == 0 {
+        problems.push("the full disk never refused a write".to_string());
+    }
+    if !odd.is_empty() {
+        problems.push(format!("writes were refused with other codes: {odd:?}"));
+    }
+    if resumed == 0 {
+        problems.push("writes did not resume after space was freed".into());
+    }
+    if !status.success() {
+        problems.push(format!("SIGTERM exit status {status}"));
+    }
+    if !problems.is_empty() {
+        verified.ok = false;
+        verified.problems.extend(problems);
+    }
+    let round = Round {
+        what: "fill, refuse, read, free, resume, SIGTERM, restart".into(),
+        write: WriteStats {
+            acked_this_phase: w1.acked_this_phase + w2.acked_this_phase + w3.acked_this_phase,
+            refused: w2.refused,
+            seconds: w1.seconds + w2.seconds + w3.seconds,
+        },
+        verified,
+    };
+    progress("E", &round);
+    rep.rounds.push(round);
+    drop(server);
+    drop(mnt);
+    Ok(rep.finish())
+}
+
+/// A file of `bytes` (written, not sparse: tmpfs counts written pages).
+fn fill(path: &Path, bytes: u64) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path)?;
+    let chunk = vec![0xA5u8; 1 << 20];
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(chunk.len() as u64) as usize;
+        f.write_all(&chunk[..n])?;
+        left -= n as u64;
+    }
+    Ok(())
+}

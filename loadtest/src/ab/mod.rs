@@ -110,6 +110,10 @@ pub struct LoadArgs {
     /// cubed binary of the embedded server (default: the one next to cube-load).
     #[arg(long)]
     pub cubed: Option<PathBuf>,
+    /// Extra flag for the embedded server, e.g. `--server-flag=--audit-retention=1000`
+    /// (repeatable).
+    #[arg(long = "server-flag", allow_hyphen_values = true)]
+    pub server_flags: Vec<String>,
 }
 
 /// A server to run against and how to reach it; an embedded one is stopped on drop.
@@ -166,8 +170,11 @@ impl LoadArgs {
             .cubed
             .clone()
             .unwrap_or_else(|| default_cubed.to_path_buf());
-        let flags: &[&str] = if self.tls { &["--tls-dev"] } else { &[] };
-        let server = tokio::task::block_in_place(|| TestServer::start_with(&cubed, flags))
+        let mut flags: Vec<&str> = self.server_flags.iter().map(String::as_str).collect();
+        if self.tls {
+            flags.push("--tls-dev");
+        }
+        let server = tokio::task::block_in_place(|| TestServer::start_with(&cubed, &flags))
             .with_context(|| format!("starting {}", cubed.display()))?;
         let out = server.cli(&["key", "create", &server.demo.tenant])?;
         if !out.status.success() {

@@ -83,7 +83,8 @@ pub fn svg(title: &str, panels: &[Panel<'_>]) -> String {
         let pw = W - LEFT - RIGHT;
         let ph = H - TOP - BOTTOM;
         let x_of = |q: f64| ox + LEFT + nines(q) / MAX_X * pw;
-        let y_of = |ms: f64| TOP + 10.0 + ph - (ms.max(lo).log10() - dlo) / (dhi - dlo) * ph;
+        let y_of =
+            |ms: f64| TOP + 10.0 + ph - (ms.max(10f64.powf(dlo)).log10() - dlo) / (dhi - dlo) * ph;
         let _ = writeln!(
             o,
             r##"<text x="{}" y="{}" text-anchor="middle" font-weight="bold">{}</text>"##,

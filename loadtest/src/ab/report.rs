@@ -18,6 +18,7 @@ use super::{LoadArgs, Model};
 #[derive(Debug, Clone, Serialize)]
 pub struct Lat {
     pub count: u64,
+    pub min_ms: f64,
     pub mean_ms: f64,
     pub p50_ms: f64,
     pub p95_ms: f64,
@@ -30,6 +31,7 @@ impl Lat {
         let ms = |us: u64| us as f64 / 1000.0;
         Lat {
             count: h.len(),
+            min_ms: ms(h.min()),
             mean_ms: h.mean() / 1000.0,
             p50_ms: ms(h.value_at_quantile(0.5)),
             p95_ms: ms(h.value_at_quantile(0.95)),
@@ -321,7 +323,7 @@ fn verdict(runs: &[RunReport]) -> String {
     if let Some(w) = worst {
         let _ = writeln!(
             v,
-            "1. **Error rate.** {} The lowest ok% was {:.3}% ({} model, {} mix){}.",
+            "- **Error rate.** {} The lowest ok% was {:.3}% ({} model, {} mix){}.",
             if all_ok {
                 "Every model reached at least 99.9% ok in both mixes, with and without the audit op."
             } else {
@@ -350,7 +352,7 @@ fn verdict(runs: &[RunReport]) -> String {
         let timeout = audit_p99[0].2 as f64;
         let _ = writeln!(
             v,
-            "2. **The audit op.** Its p99 was at most {worst:.2} ms ({:.2}% of the {timeout:.0} ms per-op timeout), so audit no longer times out and no longer blurs the comparison as it did in the seed.",
+            "- **The audit op.** Its p99 was at most {worst:.2} ms ({:.2}% of the {timeout:.0} ms per-op timeout), so audit no longer times out and no longer blurs the comparison as it did in the seed.",
             100.0 * worst / timeout
         );
     }
@@ -364,7 +366,7 @@ fn verdict(runs: &[RunReport]) -> String {
         let ratio = call.ops_per_sec / conn.ops_per_sec;
         let _ = writeln!(
             v,
-            "3. **Per-call signing vs one handshake per connection ({mix} mix).** `call` did {:.0} ops/s, {:.1}% of `connection`'s {:.0} ops/s (p50 {:.3} vs {:.3} ms); server CPU per op {} vs {} µs. {}",
+            "- **Per-call signing vs one handshake per connection ({mix} mix).** `call` did {:.0} ops/s, {:.1}% of `connection`'s {:.0} ops/s (p50 {:.3} vs {:.3} ms); server CPU per op {} vs {} µs. {}",
             call.ops_per_sec,
             100.0 * ratio,
             conn.ops_per_sec,
@@ -386,7 +388,7 @@ fn verdict(runs: &[RunReport]) -> String {
         let hs_per_sec = churn.handshakes as f64 / churn.seconds;
         let _ = writeln!(
             v,
-            "4. **A new connection and handshake per op (`churn`, the seed's model A).** {:.0} ops/s with {} handshakes in {:.0} s ({:.0}/s, {:.1}× the seed's {:.0}/s), mean op {:.3} ms vs {:.3} ms on a persistent connection: {:.1}× slower per op. Authenticating once per connection is the cheaper model; authenticating every op is sound but pays a connection and a handshake each time.",
+            "- **A new connection and handshake per op (`churn`, the seed's model A).** {:.0} ops/s with {} handshakes in {:.0} s ({:.0}/s, {:.1}× the seed's {:.0}/s), mean op {:.3} ms vs {:.3} ms on a persistent connection: {:.1}× slower per op. Authenticating once per connection is the cheaper model; authenticating every op is sound but pays a connection and a handshake each time.",
             churn.ops_per_sec,
             churn.handshakes,
             churn.seconds,
@@ -405,11 +407,16 @@ fn verdict(runs: &[RunReport]) -> String {
     {
         let _ = writeln!(
             v,
-            "5. **Against the seed.** The slowest persistent run did {:.0} ops/s with {} users, {:.0}× the seed's best (~{:.0} ops/s: 29 ms per op for 8 users).",
+            "- **Against the seed.** The slowest persistent run did {:.0} ops/s with {} users, {:.0}× the seed's best (~{:.0} ops/s: 29 ms per op for 8 users); the target is at least 50×, so it is {}.",
             slowest.ops_per_sec,
             slowest.users,
             slowest.ops_per_sec / SEED_OPS_PER_SEC,
-            SEED_OPS_PER_SEC
+            SEED_OPS_PER_SEC,
+            if slowest.ops_per_sec >= 50.0 * SEED_OPS_PER_SEC {
+                "met"
+            } else {
+                "**not met** on this machine: with 8 users in a closed loop each op waits for the one before it, and most ops here are durable mutations"
+            }
         );
     }
     let cpu: Vec<(f64, f64)> = runs
@@ -420,7 +427,7 @@ fn verdict(runs: &[RunReport]) -> String {
         let all_below = cpu.iter().all(|(c, s)| c < s);
         let _ = writeln!(
             v,
-            "6. **The load driver is not the bottleneck**: its CPU per op was {} the server's in {} of {} runs (largest client/server ratio {:.2}).",
+            "- **The load driver is not the bottleneck**: its CPU per op was {} the server's in {} of {} runs (largest client/server ratio {:.2}).",
             if all_below {
                 "below"
             } else {
@@ -509,7 +516,7 @@ pub fn ab_markdown(
     if !verified.is_empty() {
         let _ = writeln!(
             o,
-            "## Read back after each run\n\n| model | mix | writes | sealed cells | program cells | runs | problems |\n|---|---|---:|---:|---:|---:|---|\n{}\n",
+            "\n## Read back after each run\n\n| model | mix | writes | sealed cells | program cells | runs | problems |\n|---|---|---:|---:|---:|---:|---|\n{}\n",
             verified.join("\n")
         );
     }

@@ -775,8 +775,14 @@ fn a_failed_fsync_poisons_for_good_and_a_failed_write_leaves_the_shard_reopenabl
         op,
         source: std::io::Error::from_raw_os_error(errno),
     };
-    assert_eq!(io("fdatasync", 5).after_syncer_failure(), DurableEvent::Poisoned);
-    assert_eq!(io("fdatasync", 28).after_syncer_failure(), DurableEvent::Poisoned);
+    assert_eq!(
+        io("fdatasync", 5).after_syncer_failure(),
+        DurableEvent::Poisoned
+    );
+    assert_eq!(
+        io("fdatasync", 28).after_syncer_failure(),
+        DurableEvent::Poisoned
+    );
     assert_eq!(
         io("syncing wal directory", 5).after_syncer_failure(),
         DurableEvent::Poisoned
@@ -789,5 +795,8 @@ fn a_failed_fsync_poisons_for_good_and_a_failed_write_leaves_the_shard_reopenabl
         io("writing batch", 5).after_syncer_failure(),
         DurableEvent::WriteFailed { no_space: false }
     );
-    assert_eq!(WalError::Closed.after_syncer_failure(), DurableEvent::Poisoned);
+    assert_eq!(
+        WalError::Closed.after_syncer_failure(),
+        DurableEvent::Poisoned
+    );
 }

@@ -134,8 +134,8 @@ async fn compare_and_set_and_bad_requests() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn below_min_free_bytes_writes_are_refused_as_resource_exhausted_and_reads_still_work() {
     // A minimum no disk meets: the data directory counts as nearly full from the start.
-    let server = TestServer::start_with(cubed(), &["--min-free-bytes", &u64::MAX.to_string()])
-        .unwrap();
+    let server =
+        TestServer::start_with(cubed(), &["--min-free-bytes", &u64::MAX.to_string()]).unwrap();
     let mut c = server.cells(&server.demo).await.unwrap();
     let err = c.write(write(1, 2, 3, b"x")).await.unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");

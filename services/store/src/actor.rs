@@ -148,12 +148,14 @@ impl Handler<Shutdown> for TenantActor {
         };
         // The final fdatasync and checkpoint run on the blocking pool, not on this actor's
         // thread. The checkpoint makes the next open (after a restart or passivation) replay
-        // nothing; the WAL segments it covers are deleted by that open.
+        // nothing; when it covers the whole log, the log's files are removed here so that the
+        // next open does not even read them.
+        let wal_dir = wal.dir().to_path_buf();
         let close = async move { tokio::task::spawn_blocking(move || wal.close()).await };
         ctx.wait(close.into_actor(self).map(move |closed, act, ctx| {
-            let event = match closed {
-                Ok(Ok(durable)) => DurableEvent::Durable(durable),
-                _ => DurableEvent::Poisoned,
+            let (event, final_seq) = match closed {
+                Ok(Ok(durable)) => (DurableEvent::Durable(durable), Some(durable)),
+                _ => (DurableEvent::Poisoned, None),
             };
             Self::answer(act.core.on_durable(event));
             let job = act.core.begin_checkpoint();
@@ -175,6 +177,15 @@ impl Handler<Shutdown> for TenantActor {
                         ))
                     });
                     act.core.finish_checkpoint(seq, r);
+                }
+                if let Some(last) = final_seq
+                    && !act.core.is_poisoned_now()
+                    && act.core.checkpoint_seq() >= last
+                {
+                    match cube_wal::remove_covered_log(&wal_dir) {
+                        Ok(n) => tracing::debug!(tenant = act.core.tenant(), removed = n, "log covered by the checkpoint removed"),
+                        Err(e) => tracing::warn!(tenant = act.core.tenant(), error = %e, "could not remove the checkpointed log; the next open reads it"),
+                    }
                 }
                 tracing::debug!(tenant = act.core.tenant(), "tenant closed");
                 let _ = msg.done.send(());

@@ -333,7 +333,16 @@ pub fn migrate_sled_state(dir: &Path, cache_bytes: u64) -> Result<bool, BackendE
         std::fs::remove_dir_all(&tmp).map_err(|e| io("removing an unfinished copy", e))?;
     }
     {
-        let from = SledBackend::open(dir, cache_bytes)?;
+        // sled lets go of its lock on a thread of its own shortly after a handle is dropped.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let from = loop {
+            match SledBackend::open(dir, cache_bytes) {
+                Err(e) if SledBackend::is_locked(&e) && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                r => break r?,
+            }
+        };
         let to = FjallBackend::open(&tmp, cache_bytes)?;
         let mut batch = Vec::with_capacity(4096);
         for pair in from.range(b"", b"\xff") {

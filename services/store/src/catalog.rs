@@ -474,7 +474,17 @@ mod tests {
             assert!(!c.revoke_key("acme", &second.key_id).unwrap());
             (first, second)
         };
-        let c = Catalog::open(&path).unwrap();
+        // sled releases the first handle's lock on a thread of its own, shortly after the drop.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let c = loop {
+            match Catalog::open(&path) {
+                Ok(c) => break c,
+                Err(CatalogOpenError::Locked) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(5))
+                }
+                Err(e) => panic!("reopening the catalog: {e}"),
+            }
+        };
         assert_eq!(c.key("acme", &first.key_id).unwrap().secret, first.secret);
         let caps = c
             .change_capabilities("acme", &first.key_id, &[], &[Capability::Write])

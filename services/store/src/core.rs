@@ -222,6 +222,7 @@ impl<T> TenantCore<T> {
                  log)"
             ))
         })?;
+        let store_opened = started.elapsed();
         let start_after = state.applied_seq();
         let mut buffered: Vec<(u64, WalOp)> = Vec::with_capacity(REPLAY_BATCH);
         let opened = WalShard::open(
@@ -247,6 +248,7 @@ impl<T> TenantCore<T> {
         // What the store recovered may still be only in the page cache (a kill -9 leaves its
         // unsynced writes there), and the replay added more: flush before anything relies on it.
         // Only then are the WAL segments it covers not needed any more.
+        let replayed = started.elapsed();
         let checkpoint_seq = match state.backend().flush() {
             Ok(()) => state.applied_seq(),
             Err(e) => {
@@ -268,6 +270,9 @@ impl<T> TenantCore<T> {
             records = report.records_replayed,
             last_seq = report.last_seq,
             truncated_bytes = report.truncated_bytes,
+            store_open_ms = store_opened.as_millis() as u64,
+            replay_ms = (replayed - store_opened).as_millis() as u64,
+            total_ms = started.elapsed().as_millis() as u64,
             "tenant recovered"
         );
         let durable = wal.durable_seq();
@@ -301,6 +306,15 @@ impl<T> TenantCore<T> {
             scratch: Vec::with_capacity(256),
         };
         Ok((core, report))
+    }
+
+    /// Highest WAL seq the state store holds durably.
+    pub fn checkpoint_seq(&self) -> u64 {
+        self.checkpoint_seq
+    }
+
+    pub fn is_poisoned_now(&self) -> bool {
+        self.is_poisoned()
     }
 
     pub fn tenant(&self) -> &str {

@@ -21,6 +21,45 @@ use tonic::transport::{Channel, Endpoint};
 /// A Cells client that signs every call.
 pub type SignedCells = CellsClient<Signing<Channel>>;
 
+/// The response header carrying Region's next page token (docs/protocol.md, "Region: paging
+/// through a box").
+pub const NEXT_PAGE_TOKEN: &str = "x-cube-next-page-token-bin";
+
+/// Every cell of the inclusive box `[min, max]`, following Region's page tokens, `page` cells
+/// per call.
+pub async fn region_all(
+    c: &mut SignedCells,
+    min: cube_api::v1::Coord,
+    max: cube_api::v1::Coord,
+    page: u32,
+) -> Result<Vec<cube_api::v1::Cell>, tonic::Status> {
+    let mut out = Vec::new();
+    let mut token = Vec::new();
+    loop {
+        let resp = c
+            .region(cube_api::v1::RegionRequest {
+                min: Some(min),
+                max: Some(max),
+                limit: page,
+                page_token: token,
+            })
+            .await?;
+        let next = resp
+            .metadata()
+            .get_bin(NEXT_PAGE_TOKEN)
+            .and_then(|v| v.to_bytes().ok())
+            .map(|b| b.to_vec());
+        let mut stream = resp.into_inner();
+        while let Some(cell) = stream.message().await? {
+            out.push(cell);
+        }
+        match next {
+            Some(t) if !t.is_empty() => token = t,
+            _ => return Ok(out),
+        }
+    }
+}
+
 const READY_PREFIX: &str = "cubed ready: grpc=";
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 

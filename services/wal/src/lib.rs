@@ -17,7 +17,7 @@ mod tests;
 
 pub use error::{WalError, is_no_space};
 pub use recovery::RecoveryReport;
-pub use segment::{SegmentSizing, segment_file_name};
+pub use segment::{SegmentSizing, remove_covered_log, segment_file_name};
 pub use shard::{
     DurableEvent, DurableNotify, SyncPolicy, WalOptions, WalShard, create_dir_durably,
 };

@@ -28,6 +28,34 @@ pub(crate) fn parse_segment_file_name(name: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
+/// Remove every segment (and pre-zeroed spare) of a closed shard's directory, then sync the
+/// directory. Only for a log the state store's checkpoint covers entirely: the next open finds
+/// no segment and starts the log at the checkpoint's seq + 1 (see recovery), instead of reading
+/// the last segment through to skip records it no longer needs.
+pub fn remove_covered_log(dir: &Path) -> io::Result<usize> {
+    let mut removed = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let ours = parse_segment_file_name(&name).is_some()
+            || name
+                .strip_suffix(&format!(".{SPARE_EXT}"))
+                .is_some_and(|d| d.len() == 20);
+        if ours {
+            match std::fs::remove_file(entry.path()) {
+                Ok(()) => removed += 1,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    if removed > 0 {
+        sync_dir(dir)?;
+    }
+    Ok(removed)
+}
+
 pub(crate) fn spare_path(dir: &Path, first_seq_hint: u64) -> PathBuf {
     dir.join(format!("{first_seq_hint:020}.{SPARE_EXT}"))
 }

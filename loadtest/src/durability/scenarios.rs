@@ -168,7 +168,6 @@ async fn write_and_kill(
     at_cut();
     let w = writers.await??;
     ledger.save(&s.work.join("acked.json"))?;
-    let _ = s;
     Ok(w)
 }
 

@@ -179,7 +179,7 @@ impl Handler<Shutdown> for TenantActor {
                     act.core.finish_checkpoint(seq, r);
                 }
                 if let Some(last) = final_seq
-                    && !act.core.is_poisoned_now()
+                    && !act.core.is_poisoned()
                     && act.core.checkpoint_seq() >= last
                 {
                     match cube_wal::remove_covered_log(&wal_dir, last + 1) {

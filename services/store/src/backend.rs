@@ -138,9 +138,9 @@ const FJALL_WRITE_BUFFER_BYTES: u64 = 16 << 20;
 
 /// A tenant's state in its own fjall keyspace (an LSM tree): one partition, one flush and one
 /// compaction worker. fjall's own journal is not synced per batch (the WAL is the log;
-/// [`StateBackend::flush`], the checkpoint, syncs it), and batches are not even handed to the
-/// OS until then: after a crash the journal comes back as a prefix of whole batches, which is
-/// all recovery needs. fjall takes no lock on its directory, so this backend holds one
+/// [`StateBackend::flush`], the checkpoint, syncs it), and batches reach the OS only when
+/// fjall's journal buffer fills: after a crash the journal comes back as a prefix of whole
+/// batches, which is all recovery needs. fjall takes no lock on its directory, so this backend holds one
 /// (`LOCK`, an advisory file lock) for as long as it lives.
 pub struct FjallBackend {
     /// Always `Some` until drop, which hands it to a thread of its own (see `Drop`).
@@ -233,9 +233,7 @@ impl FjallBackend {
     pub fn is_locked(e: &BackendError) -> bool {
         e.0 == LOCKED
     }
-}
 
-impl FjallBackend {
     /// Close now, on this thread: when returning, the files are closed and the lock released.
     pub fn close(mut self) {
         drop(self.open.take());
@@ -309,6 +307,28 @@ impl StateBackend for FjallBackend {
     }
 }
 
+/// How long an open waits for a just-closed handle of the same store to release its lock.
+pub const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Open with `open`, retrying for up to [`LOCK_WAIT`] while `locked` says another handle still
+/// holds the store: both fjall (here, see `Drop for FjallBackend`) and sled let go of their lock
+/// on a thread of their own shortly after a handle is dropped, and a passivated tenant's last
+/// reader may still hold one.
+pub fn open_waiting<B>(
+    open: impl Fn() -> Result<B, BackendError>,
+    locked: fn(&BackendError) -> bool,
+) -> Result<B, BackendError> {
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        match open() {
+            Err(e) if locked(&e) && std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            r => return r,
+        }
+    }
+}
+
 /// Convert a tenant state directory written by an earlier build (sled) to fjall, in place:
 /// every pair is copied into a new keyspace beside it (`state.migrating`), synced, and the
 /// directories are swapped (`state` → `state.sled-old`, `state.migrating` → `state`). A crash at
@@ -333,16 +353,10 @@ pub fn migrate_sled_state(dir: &Path, cache_bytes: u64) -> Result<bool, BackendE
         std::fs::remove_dir_all(&tmp).map_err(|e| io("removing an unfinished copy", e))?;
     }
     {
-        // sled lets go of its lock on a thread of its own shortly after a handle is dropped.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        let from = loop {
-            match SledBackend::open(dir, cache_bytes) {
-                Err(e) if SledBackend::is_locked(&e) && std::time::Instant::now() < deadline => {
-                    std::thread::sleep(std::time::Duration::from_millis(5));
-                }
-                r => break r?,
-            }
-        };
+        let from = open_waiting(
+            || SledBackend::open(dir, cache_bytes),
+            SledBackend::is_locked,
+        )?;
         let to = FjallBackend::open(&tmp, cache_bytes)?;
         let mut batch = Vec::with_capacity(4096);
         for pair in from.range(b"", b"\xff") {
@@ -430,29 +444,13 @@ impl StateBackend for MemBackend {
 mod tests {
     use super::*;
 
-    /// Open, waiting (as `TenantCore` does) for a just-dropped handle to release the lock: both
-    /// stores let go of it on a thread of their own shortly after the drop.
+    /// Open, waiting (as `TenantCore` does) for a just-dropped handle to release the lock.
     fn fjall(dir: &Path) -> FjallBackend {
-        retry(|| FjallBackend::open(dir, 1 << 20), FjallBackend::is_locked)
+        open_waiting(|| FjallBackend::open(dir, 1 << 20), FjallBackend::is_locked).unwrap()
     }
 
     fn sled(dir: &Path) -> SledBackend {
-        retry(|| SledBackend::open(dir, 1 << 20), SledBackend::is_locked)
-    }
-
-    fn retry<B>(
-        open: impl Fn() -> Result<B, BackendError>,
-        locked: fn(&BackendError) -> bool,
-    ) -> B {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        loop {
-            match open() {
-                Err(e) if locked(&e) && std::time::Instant::now() < deadline => {
-                    std::thread::sleep(std::time::Duration::from_millis(5));
-                }
-                r => return r.unwrap(),
-            }
-        }
+        open_waiting(|| SledBackend::open(dir, 1 << 20), SledBackend::is_locked).unwrap()
     }
 
     fn pairs(b: &dyn StateBackend) -> Vec<(Vec<u8>, Vec<u8>)> {

@@ -22,7 +22,7 @@ use cube_wal::{
 use prost::Message;
 
 use crate::StoreError;
-use crate::backend::{BackendError, FjallBackend, StateBackend, migrate_sled_state};
+use crate::backend::{BackendError, FjallBackend, StateBackend, migrate_sled_state, open_waiting};
 use crate::state::{
     ApplyError, Caller, Command, Coord, Effect, Hint, Prepared, Reply, StateLimits, TenantState,
 };
@@ -165,26 +165,14 @@ impl<T> std::fmt::Debug for TenantCore<T> {
 /// Records replayed per state-store batch during recovery.
 const REPLAY_BATCH: usize = 4096;
 
-/// How long to wait for a passivated predecessor to let go of the state store's lock.
-const LOCK_WAIT: Duration = Duration::from_secs(5);
-
 fn open_backend(tenant: &str, dir: &Path, cache: u64) -> Result<FjallBackend, StoreError> {
-    let deadline = Instant::now() + LOCK_WAIT;
-    loop {
-        match FjallBackend::open(dir, cache) {
-            Ok(b) => return Ok(b),
-            Err(e) if FjallBackend::is_locked(&e) && Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Err(e) => {
-                tracing::error!(tenant, error = %e, "tenant state store failed to open");
-                return Err(StoreError::Unavailable(format!(
-                    "tenant '{tenant}' is unavailable: its state store could not be opened (see \
-                     the server log)"
-                )));
-            }
-        }
-    }
+    open_waiting(|| FjallBackend::open(dir, cache), FjallBackend::is_locked).map_err(|e| {
+        tracing::error!(tenant, error = %e, "tenant state store failed to open");
+        StoreError::Unavailable(format!(
+            "tenant '{tenant}' is unavailable: its state store could not be opened (see the \
+             server log)"
+        ))
+    })
 }
 
 impl<T> TenantCore<T> {
@@ -311,10 +299,6 @@ impl<T> TenantCore<T> {
     /// Highest WAL seq the state store holds durably.
     pub fn checkpoint_seq(&self) -> u64 {
         self.checkpoint_seq
-    }
-
-    pub fn is_poisoned_now(&self) -> bool {
-        self.is_poisoned()
     }
 
     pub fn tenant(&self) -> &str {
@@ -523,7 +507,7 @@ impl<T> TenantCore<T> {
     }
 
     /// The one flag, shared with the directory so a poisoned tenant is never passivated.
-    fn is_poisoned(&self) -> bool {
+    pub fn is_poisoned(&self) -> bool {
         self.stats.poisoned.load(Ordering::Relaxed)
     }
 

@@ -15,7 +15,7 @@ mod shard;
 #[cfg(test)]
 mod tests;
 
-pub use error::{WalError, is_no_space};
+pub use error::WalError;
 pub use recovery::RecoveryReport;
 pub use segment::{SegmentSizing, remove_covered_log, segment_file_name};
 pub use shard::{

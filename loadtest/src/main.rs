@@ -4,13 +4,15 @@
 //! `cube-load e2e` starts both servers as child processes on loopback, drives the same shape of
 //! load at each (connections × calls in flight, closed loop), and prints a Markdown table with
 //! calls/s, latency quantiles and the ratios to echo. `cube-load run | ab | stress` are the
-//! auth-model A/B driver (src/ab/).
+//! auth-model A/B driver (src/ab/); `cube-load bench` measures Cube beside the raw disk, SQLite,
+//! etcd and Redis on the same disk (src/bench/).
 
 // A load driver: a panic is a failed run with a backtrace.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod ab;
 mod auth_cost;
+mod bench;
 mod datamodel;
 mod drive;
 mod echo;
@@ -43,6 +45,8 @@ enum Cmd {
     Ab(ab::AbArgs),
     /// CI gate: both persistent models at once; fails on any failed op or lost write.
     Stress(ab::StressArgs),
+    /// Cube side by side with the raw disk, SQLite, etcd and Redis, in one run on one disk.
+    Bench(bench::BenchArgs),
     /// Serve the echo baseline (used by `e2e` as a child process).
     EchoServer {
         #[arg(long, default_value = "127.0.0.1:0")]
@@ -74,6 +78,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::Run(args) => rt.block_on(ab::run(args, sibling_cubed())),
         Cmd::Ab(args) => rt.block_on(ab::ab(args, sibling_cubed())),
         Cmd::Stress(args) => rt.block_on(ab::stress(args, sibling_cubed())),
+        Cmd::Bench(args) => rt.block_on(bench::run(args, sibling_cubed())),
         Cmd::EchoServer { listen } => rt.block_on(echo::serve(listen)),
     }
 }

@@ -1,0 +1,244 @@
+//! Cube: a real `cubed` (default flags) with its data directory in the bench's directory,
+//! clients authenticated once per connection with the HMAC handshake. Single cells in tenant
+//! `demo`; the bulk load and the scan grid each in a tenant of their own, so each starts from an
+//! empty store like the peers' fresh tables.
+
+use std::ops::Range;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use cube_api::v1::cells_client::CellsClient;
+use cube_api::v1::{Coord, ReadRequest, RegionRequest, WriteRequest};
+use cube_auth::Credentials;
+use cube_testkit::{NEXT_PAGE_TOKEN, TestServer};
+use indicatif::ProgressBar;
+use tonic::transport::Channel;
+
+use super::driver::{
+    BatchWriter, BulkResult, CellKey, Conn, Op, Rates, ScanResult, SingleCell, closed_loop, load,
+};
+use super::{Results, ScanGrid, Settings, progress, remove_data};
+
+pub const SYSTEM: &str = "Cube";
+/// cubed's default cap on one Region response (`--region-max-cells`); the page token continues.
+const REGION_PAGE: u32 = 10_000;
+/// The scan grid is loaded by this many writers over this many connections.
+const SCAN_LOAD_WRITERS: usize = 128;
+const SCAN_LOAD_CONNECTIONS: usize = 16;
+
+type Cells = CellsClient<Channel>;
+
+fn coord(x: i32, y: i32, z: i32) -> Option<Coord> {
+    Some(Coord { x, y, z })
+}
+
+struct CubeCell(Cells);
+
+impl SingleCell for CubeCell {
+    async fn write(&mut self, key: CellKey, value: &[u8]) -> anyhow::Result<()> {
+        self.0
+            .write(WriteRequest {
+                coord: coord(key.client as i32, key.i as i32, 0),
+                value: value.to_vec(),
+                expected_version: None,
+            })
+            .await?;
+        Ok(())
+    }
+
+    async fn read(&mut self, key: CellKey) -> anyhow::Result<()> {
+        let r = self
+            .0
+            .read(ReadRequest {
+                coord: coord(key.client as i32, key.i as i32, 0),
+            })
+            .await?
+            .into_inner();
+        if !r.found {
+            bail!("cell ({}, {}, 0) not found", key.client, key.i);
+        }
+        Ok(())
+    }
+}
+
+/// Where a batch writer puts item `i`.
+#[derive(Clone, Copy)]
+enum Layout {
+    /// Bulk items on a 1024-wide plane.
+    Plane,
+    Grid(ScanGrid),
+}
+
+struct CubeWriter {
+    client: Cells,
+    value: Arc<[u8]>,
+    layout: Layout,
+}
+
+impl BatchWriter for CubeWriter {
+    async fn write_batch(&mut self, range: Range<u64>) -> anyhow::Result<()> {
+        // Cube has no multi-cell write: a batch is single writes, and concurrency (many writers)
+        // is what fills its group commits.
+        for i in range {
+            let (x, y, z) = match self.layout {
+                Layout::Plane => ((i % 1024) as i32, (i / 1024) as i32, 0),
+                Layout::Grid(g) => g.coord(i),
+            };
+            self.client
+                .write(WriteRequest {
+                    coord: coord(x, y, z),
+                    value: self.value.to_vec(),
+                    expected_version: None,
+                })
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+pub async fn run(s: &Settings, root: &Path, out: &mut Results) -> anyhow::Result<()> {
+    let data = root.join("cube");
+    let result = measure(s, &data, out).await;
+    remove_data(&data);
+    result
+}
+
+/// `n` clients, each on its own connection authenticated with the handshake.
+async fn connect(server: &TestServer, creds: &Credentials, n: usize) -> anyhow::Result<Vec<Cells>> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        out.push(server.cells_on_connection(creds).await?);
+    }
+    Ok(out)
+}
+
+async fn measure(s: &Settings, data: &Path, out: &mut Results) -> anyhow::Result<()> {
+    let server = tokio::task::block_in_place(|| TestServer::start_at(&s.cubed, data, &[]))
+        .context("starting cubed")?;
+    let version = std::process::Command::new(&s.cubed)
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|e| format!("unknown ({e})"));
+    out.versions.push(("Cube".into(), version));
+
+    // Single cells.
+    let value: Arc<[u8]> = vec![0xA5; s.value_bytes].into();
+    for &n in &s.clients {
+        let clients = connect(&server, &server.demo, n).await?;
+        let conns = Conn::numbered(clients.into_iter().map(CubeCell).collect());
+        let (conns, w) = closed_loop(SYSTEM, Op::Write, conns, s.window, Arc::clone(&value)).await;
+        out.single.push(w);
+        let (_, r) = closed_loop(SYSTEM, Op::Read, conns, s.window, Arc::clone(&value)).await;
+        out.single.push(r);
+    }
+
+    // Bulk load: many writers of big values into a fresh tenant.
+    let bulk = tokio::task::block_in_place(|| server.create_tenant("bulk"))?;
+    let bulk_value: Arc<[u8]> = vec![0x5A; s.bulk_value_bytes].into();
+    let items = s.bulk_bytes.div_ceil(s.bulk_value_bytes as u64);
+    let writers = connect(&server, &bulk, s.bulk_clients)
+        .await?
+        .into_iter()
+        .map(|client| CubeWriter {
+            client,
+            value: Arc::clone(&bulk_value),
+            layout: Layout::Plane,
+        })
+        .collect();
+    let elapsed = load("Cube bulk", writers, items, 1, s.bulk_value_bytes as u64).await?;
+    out.bulk.push(BulkResult::new(
+        SYSTEM,
+        format!(
+            "{} connections, one {} KiB durable Write per call",
+            s.bulk_clients,
+            s.bulk_value_bytes >> 10
+        ),
+        items * s.bulk_value_bytes as u64,
+        elapsed,
+    ));
+
+    // Scans over a grid in a tenant of its own.
+    let grid = s.scan_grid();
+    let scan = tokio::task::block_in_place(|| server.create_tenant("scan"))?;
+    let conns = connect(&server, &scan, SCAN_LOAD_CONNECTIONS).await?;
+    let writers = (0..SCAN_LOAD_WRITERS)
+        .map(|w| CubeWriter {
+            client: conns[w % conns.len()].clone(),
+            value: Arc::clone(&value),
+            layout: Layout::Grid(grid),
+        })
+        .collect();
+    let t = Instant::now();
+    load("Cube scan load", writers, grid.cells, 64, 1).await?;
+    let load_seconds = t.elapsed().as_secs_f64();
+    let mut c = conns[0].clone();
+    let last = grid.side as i32 - 1;
+    let (mut full, mut part) = (Rates::default(), Rates::default());
+    for _ in 0..s.scan_rounds {
+        let bar = progress::rows("Cube Region (all)", grid.cells);
+        let t = Instant::now();
+        let n = region_count(&mut c, (0, 0, 0), (last, last, last), &bar).await?;
+        full.push(n, t.elapsed());
+        bar.finish_and_clear();
+        let bar = progress::rows("Cube Region (1% box)", grid.box_rows);
+        let m = grid.box_max_xz();
+        let t = Instant::now();
+        let n = region_count(&mut c, (0, 0, 0), (m, last, m), &bar).await?;
+        part.push(n, t.elapsed());
+        bar.finish_and_clear();
+    }
+    out.scans.push(ScanResult::new(
+        SYSTEM,
+        format!(
+            "Cells.Region over the {0}³ grid and over the box [0,{m}]×[0,{last}]×[0,{m}], pages of {REGION_PAGE}",
+            grid.side,
+            m = grid.box_max_xz()
+        ),
+        load_seconds,
+        full,
+        part,
+    ));
+    drop(server);
+    Ok(())
+}
+
+/// Cells in the inclusive box, following Region's page tokens (as `cube_testkit::region_all`,
+/// counting instead of collecting).
+async fn region_count(
+    c: &mut Cells,
+    min: (i32, i32, i32),
+    max: (i32, i32, i32),
+    bar: &ProgressBar,
+) -> anyhow::Result<u64> {
+    let mut n = 0u64;
+    let mut token = Vec::new();
+    loop {
+        let resp = c
+            .region(RegionRequest {
+                min: coord(min.0, min.1, min.2),
+                max: coord(max.0, max.1, max.2),
+                limit: REGION_PAGE,
+                page_token: token,
+            })
+            .await?;
+        let next = resp
+            .metadata()
+            .get_bin(NEXT_PAGE_TOKEN)
+            .and_then(|v| v.to_bytes().ok())
+            .map(|b| b.to_vec());
+        let mut stream = resp.into_inner();
+        let mut page = 0;
+        while stream.message().await?.is_some() {
+            page += 1;
+        }
+        n += page;
+        bar.inc(page);
+        match next {
+            Some(t) if !t.is_empty() => token = t,
+            _ => return Ok(n),
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! The raw disk under the data directory: the fdatasync floor (4 KiB pwrite + fdatasync, one
+//! after another) and sequential write-and-fsync throughput (4 MiB writes, fdatasync after
+//! each). These are the ceilings every durable system on this disk works under.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use anyhow::Context;
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use super::{Settings, progress, remove_data};
+
+const BLOCK: usize = 4 << 10;
+const CHUNK: usize = 4 << 20;
+/// The fsync-floor file is written in full first, so the loop measures fdatasync of data
+/// blocks, not of a growing file's metadata (Cube's WAL segments are pre-zeroed for the same
+/// reason, docs/benchmarks.md); the loop wraps around inside it.
+const FLOOR_FILE_BYTES: u64 = 64 << 20;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct DiskResult {
+    pub fsyncs_per_sec: f64,
+    pub fsync_p50_us: u64,
+    pub fsync_p99_us: u64,
+    pub seq_bytes: u64,
+    pub seq_seconds: f64,
+    pub seq_mib_per_sec: f64,
+}
+
+pub fn run(s: &Settings, root: &Path) -> anyhow::Result<DiskResult> {
+    let dir = root.join("disk");
+    std::fs::create_dir_all(&dir)?;
+    let result = measure(s, &dir);
+    remove_data(&dir);
+    result
+}
+
+fn measure(s: &Settings, dir: &Path) -> anyhow::Result<DiskResult> {
+    // 1. fdatasync floor.
+    let path = dir.join("floor");
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    let zeros = vec![0u8; CHUNK];
+    for off in (0..FLOOR_FILE_BYTES).step_by(CHUNK) {
+        file.write_all_at(&zeros, off)?;
+    }
+    file.sync_all()?;
+    let block = vec![0x5Au8; BLOCK];
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let calls = Arc::new(AtomicU64::new(0));
+    let bar = progress::Timed::start(
+        "disk fdatasync 4 KiB",
+        s.window.warmup + s.window.measure,
+        Arc::clone(&calls),
+    );
+    let start = Instant::now();
+    let (measure_from, end) = (
+        start + s.window.warmup,
+        start + s.window.warmup + s.window.measure,
+    );
+    let mut off = 0u64;
+    loop {
+        let t = Instant::now();
+        file.write_all_at(&block, off)?;
+        file.sync_data()?;
+        let now = Instant::now();
+        calls.fetch_add(1, Ordering::Relaxed);
+        if now >= end {
+            break;
+        }
+        if t >= measure_from {
+            let _ = hist.record((now - t).as_micros().max(1) as u64);
+        }
+        off = (off + BLOCK as u64) % FLOOR_FILE_BYTES;
+    }
+    drop(bar);
+    drop(file);
+    std::fs::remove_file(&path)?;
+    let fsyncs_per_sec = hist.len() as f64 / s.window.measure.as_secs_f64();
+
+    // 2. Sequential write-and-fsync into a new file, as a bulk load into a fresh store does.
+    let path = dir.join("sequential");
+    let mut file =
+        File::create_new(&path).with_context(|| format!("creating {}", path.display()))?;
+    let chunk = vec![0xA5u8; CHUNK];
+    let bar = progress::bytes_or_items("disk sequential 4 MiB+fsync", s.bulk_bytes, 1);
+    let t = Instant::now();
+    let mut written = 0u64;
+    while written < s.bulk_bytes {
+        let n = (s.bulk_bytes - written).min(CHUNK as u64) as usize;
+        file.write_all(&chunk[..n])?;
+        file.sync_data()?;
+        written += n as u64;
+        bar.inc(n as u64);
+    }
+    let seq_seconds = t.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+    drop(file);
+    std::fs::remove_file(&path)?;
+    let r = DiskResult {
+        fsyncs_per_sec,
+        fsync_p50_us: hist.value_at_quantile(0.5),
+        fsync_p99_us: hist.value_at_quantile(0.99),
+        seq_bytes: written,
+        seq_seconds,
+        seq_mib_per_sec: written as f64 / f64::from(1u32 << 20) / seq_seconds,
+    };
+    eprintln!(
+        "disk             fdatasync {:.0}/s p50 {} µs p99 {} µs; sequential {:.0} MiB in {:.2} s = {:.1} MiB/s",
+        r.fsyncs_per_sec,
+        r.fsync_p50_us,
+        r.fsync_p99_us,
+        written as f64 / f64::from(1u32 << 20),
+        r.seq_seconds,
+        r.seq_mib_per_sec
+    );
+    Ok(r)
+}

@@ -1,0 +1,454 @@
+//! The load shapes every system gets: closed-loop single-cell phases (one connection per client,
+//! a warm-up, then a measured window into an HDR histogram) and bulk loads (writers taking
+//! batches from one shared counter until the bytes are written).
+//!
+//! Systems plug in through [`SingleCell`] (async), [`SingleCellBlocking`] (SQLite's own threads)
+//! and [`BatchWriter`]; nothing here knows any system's protocol.
+
+use std::future::Future;
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use super::progress;
+
+/// Warm-up, then the measured window, of each single-cell phase.
+#[derive(Debug, Clone, Copy)]
+pub struct Window {
+    pub warmup: Duration,
+    pub measure: Duration,
+}
+
+/// What a single-cell phase does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Op {
+    Write,
+    Read,
+}
+
+/// The cell a call touches: each client writes its own cells (`client`, 0), (`client`, 1), …
+/// and reads back cells it wrote before.
+#[derive(Debug, Clone, Copy)]
+pub struct CellKey {
+    pub client: u32,
+    pub i: u64,
+}
+
+/// One client (one connection) of an async system.
+pub trait SingleCell: Send + 'static {
+    /// A durable single-cell write (acknowledged only once it is on disk).
+    fn write(
+        &mut self,
+        key: CellKey,
+        value: &[u8],
+    ) -> impl Future<Output = anyhow::Result<()>> + Send;
+    /// A point read of a cell written before; a missing cell is an error.
+    fn read(&mut self, key: CellKey) -> impl Future<Output = anyhow::Result<()>> + Send;
+}
+
+/// One client of a system driven from its own OS thread (SQLite's connections are blocking).
+pub trait SingleCellBlocking: Send {
+    fn write(&mut self, key: CellKey, value: &[u8]) -> anyhow::Result<()>;
+    fn read(&mut self, key: CellKey) -> anyhow::Result<()>;
+}
+
+/// A client and the cells it has written so far (the read phase reads among them).
+pub struct Conn<C> {
+    pub id: u32,
+    pub client: C,
+    written: u64,
+}
+
+impl<C> Conn<C> {
+    pub fn numbered(clients: Vec<C>) -> Vec<Conn<C>> {
+        clients
+            .into_iter()
+            .enumerate()
+            .map(|(id, client)| Conn {
+                id: id as u32,
+                client,
+                written: 0,
+            })
+            .collect()
+    }
+
+    /// The next cell this client writes, or a random one it wrote for a read.
+    fn key(&self, op: Op, rng: &mut StdRng) -> CellKey {
+        let i = match op {
+            Op::Write => self.written,
+            Op::Read if self.written == 0 => 0,
+            Op::Read => rng.gen_range(0..self.written),
+        };
+        CellKey { client: self.id, i }
+    }
+}
+
+/// The result of one closed-loop phase.
+#[derive(Debug, Clone, Serialize)]
+pub struct SinglePhase {
+    pub system: String,
+    pub op: Op,
+    pub clients: usize,
+    /// Calls that started after the warm-up and finished inside the window, successfully.
+    pub ops: u64,
+    pub seconds: f64,
+    pub ops_per_sec: f64,
+    pub p50_us: u64,
+    pub p99_us: u64,
+    pub max_us: u64,
+    pub errors: u64,
+    /// The first error seen in the window, so a failing system is diagnosable from the report.
+    pub first_error: Option<String>,
+}
+
+/// One client's record of a phase.
+struct Recorder {
+    hist: Histogram<u64>,
+    errors: u64,
+    first_error: Option<String>,
+    measure_from: Instant,
+    end: Instant,
+    started: Arc<AtomicU64>,
+}
+
+impl Recorder {
+    fn new(start: Instant, window: Window, started: Arc<AtomicU64>) -> Recorder {
+        let measure_from = start + window.warmup;
+        Recorder {
+            hist: Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid bounds"),
+            errors: 0,
+            first_error: None,
+            measure_from,
+            end: measure_from + window.measure,
+            started,
+        }
+    }
+
+    /// Record a call that started at `t` and just finished; false once the window is over
+    /// (a call finishing after the end is not counted: the window is exactly `measure`).
+    fn record(&mut self, t: Instant, result: anyhow::Result<()>) -> bool {
+        let now = Instant::now();
+        self.started.fetch_add(1, Ordering::Relaxed);
+        if now >= self.end {
+            return false;
+        }
+        if t >= self.measure_from {
+            match result {
+                Ok(()) => {
+                    let _ = self.hist.record((now - t).as_micros().max(1) as u64);
+                }
+                Err(e) => {
+                    self.errors += 1;
+                    if self.first_error.is_none() {
+                        self.first_error = Some(format!("{e:#}"));
+                    }
+                }
+            }
+        }
+        true
+    }
+}
+
+fn summarize(
+    system: &str,
+    op: Op,
+    clients: usize,
+    window: Window,
+    recs: Vec<Recorder>,
+) -> SinglePhase {
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
+    let (mut errors, mut first_error) = (0, None);
+    for r in recs {
+        let _ = hist.add(&r.hist);
+        errors += r.errors;
+        first_error = first_error.or(r.first_error);
+    }
+    let seconds = window.measure.as_secs_f64();
+    let p = SinglePhase {
+        system: system.to_string(),
+        op,
+        clients,
+        ops: hist.len(),
+        seconds,
+        ops_per_sec: hist.len() as f64 / seconds,
+        p50_us: hist.value_at_quantile(0.5),
+        p99_us: hist.value_at_quantile(0.99),
+        max_us: hist.max(),
+        errors,
+        first_error,
+    };
+    let what = match op {
+        Op::Write => "write",
+        Op::Read => "read",
+    };
+    eprintln!(
+        "{:<16} {what:<5} {:>3} clients {:>9.0} ops/s  p50 {:>6} µs  p99 {:>6} µs  errors {}{}",
+        p.system,
+        p.clients,
+        p.ops_per_sec,
+        p.p50_us,
+        p.p99_us,
+        p.errors,
+        p.first_error
+            .as_deref()
+            .map(|e| format!(" (first: {e})"))
+            .unwrap_or_default()
+    );
+    p
+}
+
+/// One closed-loop phase over async clients, one task per client: each finished call starts
+/// the next. Returns the clients (for the next phase) and the result.
+pub async fn closed_loop<C: SingleCell>(
+    system: &str,
+    op: Op,
+    conns: Vec<Conn<C>>,
+    window: Window,
+    value: Arc<[u8]>,
+) -> (Vec<Conn<C>>, SinglePhase) {
+    let n = conns.len();
+    let started = Arc::new(AtomicU64::new(0));
+    let bar = progress::Timed::start(
+        &format!("{system} {op:?} ×{n}"),
+        window.warmup + window.measure,
+        Arc::clone(&started),
+    );
+    let start = Instant::now();
+    let tasks: Vec<_> = conns
+        .into_iter()
+        .map(|mut conn| {
+            let value = Arc::clone(&value);
+            let mut rec = Recorder::new(start, window, Arc::clone(&started));
+            tokio::spawn(async move {
+                let mut rng = StdRng::from_entropy();
+                loop {
+                    let key = conn.key(op, &mut rng);
+                    let t = Instant::now();
+                    let result = match op {
+                        Op::Write => conn.client.write(key, &value).await,
+                        Op::Read => conn.client.read(key).await,
+                    };
+                    if op == Op::Write && result.is_ok() {
+                        conn.written += 1;
+                    }
+                    if !rec.record(t, result) {
+                        return (conn, rec);
+                    }
+                }
+            })
+        })
+        .collect();
+    let (mut conns, mut recs) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for t in tasks {
+        let (conn, rec) = t.await.expect("load task panicked");
+        conns.push(conn);
+        recs.push(rec);
+    }
+    drop(bar);
+    (conns, summarize(system, op, n, window, recs))
+}
+
+/// [`closed_loop`] for blocking clients, one OS thread per client.
+pub fn closed_loop_blocking<C: SingleCellBlocking>(
+    system: &str,
+    op: Op,
+    conns: Vec<Conn<C>>,
+    window: Window,
+    value: &[u8],
+) -> (Vec<Conn<C>>, SinglePhase) {
+    let n = conns.len();
+    let started = Arc::new(AtomicU64::new(0));
+    let bar = progress::Timed::start(
+        &format!("{system} {op:?} ×{n}"),
+        window.warmup + window.measure,
+        Arc::clone(&started),
+    );
+    let start = Instant::now();
+    let (conns, recs): (Vec<_>, Vec<_>) = std::thread::scope(|scope| {
+        let threads: Vec<_> = conns
+            .into_iter()
+            .map(|mut conn| {
+                let mut rec = Recorder::new(start, window, Arc::clone(&started));
+                scope.spawn(move || {
+                    let mut rng = StdRng::from_entropy();
+                    loop {
+                        let key = conn.key(op, &mut rng);
+                        let t = Instant::now();
+                        let result = match op {
+                            Op::Write => conn.client.write(key, value),
+                            Op::Read => conn.client.read(key),
+                        };
+                        if op == Op::Write && result.is_ok() {
+                            conn.written += 1;
+                        }
+                        if !rec.record(t, result) {
+                            return (conn, rec);
+                        }
+                    }
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("load thread panicked"))
+            .unzip()
+    });
+    drop(bar);
+    (conns, summarize(system, op, n, window, recs))
+}
+
+/// A writer of a bulk or scan load: writes items `range` (indexes into the load) durably.
+pub trait BatchWriter: Send + 'static {
+    fn write_batch(&mut self, range: Range<u64>)
+    -> impl Future<Output = anyhow::Result<()>> + Send;
+}
+
+/// A bulk load's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct BulkResult {
+    pub system: String,
+    /// How the system was loaded (its fastest durable batch path).
+    pub method: String,
+    pub bytes: u64,
+    pub seconds: f64,
+    pub mib_per_sec: f64,
+}
+
+impl BulkResult {
+    pub fn new(system: &str, method: String, bytes: u64, elapsed: Duration) -> BulkResult {
+        let seconds = elapsed.as_secs_f64();
+        let r = BulkResult {
+            system: system.into(),
+            method,
+            bytes,
+            seconds,
+            mib_per_sec: bytes as f64 / f64::from(1u32 << 20) / seconds,
+        };
+        eprintln!(
+            "{:<16} bulk  {:.0} MiB in {:.2} s = {:.1} MiB/s ({})",
+            r.system,
+            r.bytes as f64 / f64::from(1u32 << 20),
+            r.seconds,
+            r.mib_per_sec,
+            r.method
+        );
+        r
+    }
+}
+
+/// Scan results of one system.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScanResult {
+    pub system: String,
+    /// How the full scan and the range read were done.
+    pub method: String,
+    pub load_seconds: f64,
+    pub full_rows: u64,
+    pub full_rows_per_sec: f64,
+    pub range_rows: u64,
+    pub range_rows_per_sec: f64,
+}
+
+impl ScanResult {
+    /// Build (and print) a system's scan result from its rounds.
+    pub fn new(
+        system: &str,
+        method: String,
+        load_seconds: f64,
+        full: Rates,
+        part: Rates,
+    ) -> ScanResult {
+        let (full_rows, full_rows_per_sec) = full.result();
+        let (range_rows, range_rows_per_sec) = part.result();
+        let r = ScanResult {
+            system: system.into(),
+            method,
+            load_seconds,
+            full_rows,
+            full_rows_per_sec,
+            range_rows,
+            range_rows_per_sec,
+        };
+        eprintln!(
+            "{:<16} scan  loaded in {:.1} s; full {} rows at {:.0} rows/s; range {} rows at {:.0} rows/s",
+            r.system,
+            r.load_seconds,
+            r.full_rows,
+            r.full_rows_per_sec,
+            r.range_rows,
+            r.range_rows_per_sec
+        );
+        r
+    }
+}
+
+/// Write `items` items, `batch` per call, from every writer at once, taking batches from one
+/// shared counter; `item_bytes` only feeds the progress bar. Returns the elapsed time; the
+/// first error fails the load (a bulk load must complete to mean anything).
+pub async fn load<W: BatchWriter>(
+    label: &str,
+    writers: Vec<W>,
+    items: u64,
+    batch: u64,
+    item_bytes: u64,
+) -> anyhow::Result<Duration> {
+    let bar = progress::bytes_or_items(label, items, item_bytes);
+    let next = Arc::new(AtomicU64::new(0));
+    let batch = batch.max(1);
+    let start = Instant::now();
+    let tasks: Vec<_> = writers
+        .into_iter()
+        .map(|mut w| {
+            let (next, bar) = (Arc::clone(&next), bar.clone());
+            tokio::spawn(async move {
+                loop {
+                    let from = next.fetch_add(batch, Ordering::Relaxed);
+                    if from >= items {
+                        return Ok::<_, anyhow::Error>(());
+                    }
+                    let to = (from + batch).min(items);
+                    w.write_batch(from..to).await?;
+                    bar.inc((to - from) * item_bytes);
+                }
+            })
+        })
+        .collect();
+    let mut first_err = None;
+    for t in tasks {
+        if let Err(e) = t.await? {
+            first_err.get_or_insert(e);
+        }
+    }
+    let elapsed = start.elapsed();
+    bar.finish_and_clear();
+    match first_err {
+        Some(e) => Err(e.context(format!("{label} failed"))),
+        None => Ok(elapsed),
+    }
+}
+
+/// Rows per second over the rounds of a scan: the median rate and the rows of the last round.
+#[derive(Debug, Default)]
+pub struct Rates {
+    rows: u64,
+    rates: Vec<f64>,
+}
+
+impl Rates {
+    pub fn push(&mut self, rows: u64, elapsed: Duration) {
+        self.rows = rows;
+        self.rates.push(rows as f64 / elapsed.as_secs_f64());
+    }
+
+    /// (rows of the last round, median rows/s).
+    pub fn result(self) -> (u64, f64) {
+        (self.rows, crate::drive::median(self.rates))
+    }
+}

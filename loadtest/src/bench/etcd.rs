@@ -1,0 +1,303 @@
+//! etcd, single node, started here on free loopback ports with its data in the bench's
+//! directory, over its gRPC KV API (`proto/etcd/rpc.proto`, a subset of etcd's): Put and
+//! linearizable Range (the default, `serializable=false`) for single cells, Txn of many Puts for
+//! the loads, Range paged with a limit for the scans.
+
+use std::ops::Range;
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use indicatif::ProgressBar;
+use tonic::transport::{Channel, Endpoint};
+
+use super::driver::{
+    BatchWriter, BulkResult, CellKey, Conn, Op, Rates, ScanResult, SingleCell, closed_loop, load,
+};
+use super::process::{PeerProcess, free_port, version};
+use super::{Results, Settings, progress, remove_data};
+
+pub mod pb {
+    tonic::include_proto!("etcdserverpb");
+}
+
+use pb::kv_client::KvClient;
+use pb::request_op::Request;
+use pb::{PutRequest, RangeRequest, RequestOp, TxnRequest};
+
+pub const SYSTEM: &str = "etcd";
+/// etcd's default backend quota is 2 GiB; a 1 GiB bulk load plus MVCC overhead needs more.
+/// 8 GiB is the largest etcd recommends.
+const QUOTA_BACKEND_BYTES: u64 = 8 << 30;
+/// etcd refuses requests over 1.5 MiB (`--max-request-bytes`) and Txns of over 128 operations
+/// (`--max-txn-ops`); bulk Txns stay under both.
+const TXN_BYTES: usize = 1_400_000;
+const MAX_TXN_OPS: usize = 128;
+const PAGE: i64 = 10_000;
+const SCAN_LOAD_CLIENTS: usize = 16;
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+type Kv = KvClient<Channel>;
+
+/// `prefix` followed by `i`, zero-padded so key order is numeric order.
+fn key(prefix: &str, i: u64) -> Vec<u8> {
+    format!("{prefix}{i:010}").into_bytes()
+}
+
+fn cell_key(k: CellKey) -> Vec<u8> {
+    key(&format!("c{:04}/", k.client), k.i)
+}
+
+struct EtcdCell(Kv);
+
+impl SingleCell for EtcdCell {
+    async fn write(&mut self, k: CellKey, value: &[u8]) -> anyhow::Result<()> {
+        self.0
+            .put(PutRequest {
+                key: cell_key(k),
+                value: value.to_vec(),
+                ..Default::default()
+            })
+            .await?;
+        Ok(())
+    }
+
+    async fn read(&mut self, k: CellKey) -> anyhow::Result<()> {
+        let r = self
+            .0
+            .range(RangeRequest {
+                key: cell_key(k),
+                serializable: false,
+                ..Default::default()
+            })
+            .await?
+            .into_inner();
+        if r.kvs.is_empty() {
+            bail!("key c{:04}/{:010} not found", k.client, k.i);
+        }
+        Ok(())
+    }
+}
+
+/// Writes items as Puts inside one Txn per batch.
+struct EtcdWriter {
+    kv: Kv,
+    prefix: &'static str,
+    value: Arc<[u8]>,
+}
+
+impl BatchWriter for EtcdWriter {
+    async fn write_batch(&mut self, range: Range<u64>) -> anyhow::Result<()> {
+        let success = range
+            .map(|i| RequestOp {
+                request: Some(Request::RequestPut(PutRequest {
+                    key: key(self.prefix, i),
+                    value: self.value.to_vec(),
+                    ..Default::default()
+                })),
+            })
+            .collect();
+        self.kv
+            .txn(TxnRequest {
+                success,
+                failure: Vec::new(),
+            })
+            .await?;
+        Ok(())
+    }
+}
+
+async fn connect(endpoint: &str, n: usize) -> anyhow::Result<Vec<Kv>> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let ch = Endpoint::from_shared(endpoint.to_string())?
+            .tcp_nodelay(true)
+            .connect()
+            .await?;
+        out.push(KvClient::new(ch).max_decoding_message_size(64 << 20));
+    }
+    Ok(out)
+}
+
+pub async fn run(s: &Settings, root: &Path, out: &mut Results) -> anyhow::Result<()> {
+    let Some(bin) = &s.etcd_bin else {
+        bail!("etcd binary not resolved");
+    };
+    out.versions
+        .push(("etcd".into(), version(bin, "--version")));
+    let data = root.join("etcd");
+    let result = measure(s, bin, root, &data, out).await;
+    remove_data(&data);
+    result
+}
+
+/// Start etcd and wait until a linearizable Range answers (it has elected itself leader).
+async fn start(bin: &Path, root: &Path, data: &Path) -> anyhow::Result<(PeerProcess, String)> {
+    let client_port = free_port()?;
+    let mut peer_port = free_port()?;
+    while peer_port == client_port {
+        peer_port = free_port()?;
+    }
+    let client = format!("http://127.0.0.1:{client_port}");
+    let peer = format!("http://127.0.0.1:{peer_port}");
+    let mut cmd = Command::new(bin);
+    cmd.args(["--name", "default", "--data-dir"])
+        .arg(data)
+        .args(["--listen-client-urls", &client])
+        .args(["--advertise-client-urls", &client])
+        .args(["--listen-peer-urls", &peer])
+        .args(["--initial-advertise-peer-urls", &peer])
+        .args(["--initial-cluster", &format!("default={peer}")])
+        .args(["--quota-backend-bytes", &QUOTA_BACKEND_BYTES.to_string()]);
+    let mut process = PeerProcess::spawn("etcd", cmd, root.join("etcd.log"))?;
+    process
+        .wait_ready(READY_TIMEOUT, || {
+            let client = client.clone();
+            async move {
+                let mut kv = connect(&client, 1).await?.remove(0);
+                kv.range(RangeRequest {
+                    key: b"ready".to_vec(),
+                    ..Default::default()
+                })
+                .await?;
+                Ok(())
+            }
+        })
+        .await?;
+    Ok((process, client))
+}
+
+async fn measure(
+    s: &Settings,
+    bin: &Path,
+    root: &Path,
+    data: &Path,
+    out: &mut Results,
+) -> anyhow::Result<()> {
+    let (mut process, endpoint) = start(bin, root, data).await?;
+
+    // Single cells.
+    let value: Arc<[u8]> = vec![0xA5; s.value_bytes].into();
+    for &n in &s.clients {
+        let conns = Conn::numbered(
+            connect(&endpoint, n)
+                .await?
+                .into_iter()
+                .map(EtcdCell)
+                .collect(),
+        );
+        let (conns, w) = closed_loop(SYSTEM, Op::Write, conns, s.window, Arc::clone(&value)).await;
+        out.single.push(w);
+        let (_, r) = closed_loop(SYSTEM, Op::Read, conns, s.window, Arc::clone(&value)).await;
+        out.single.push(r);
+        process.check_alive()?;
+    }
+
+    // Bulk: Txns of Puts, under the request-size and operation limits, from many clients.
+    let bulk_value: Arc<[u8]> = vec![0x5A; s.bulk_value_bytes].into();
+    let items = s.bulk_bytes.div_ceil(s.bulk_value_bytes as u64);
+    let per_txn = (TXN_BYTES / (s.bulk_value_bytes + 64)).clamp(1, MAX_TXN_OPS) as u64;
+    let writers = connect(&endpoint, s.bulk_clients)
+        .await?
+        .into_iter()
+        .map(|kv| EtcdWriter {
+            kv,
+            prefix: "b/",
+            value: Arc::clone(&bulk_value),
+        })
+        .collect();
+    let elapsed = load(
+        "etcd bulk",
+        writers,
+        items,
+        per_txn,
+        s.bulk_value_bytes as u64,
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e:#}; etcd log:\n{}", process.log_tail()))?;
+    out.bulk.push(BulkResult::new(
+        SYSTEM,
+        format!(
+            "{} clients, Txn of {per_txn} Puts of {} KiB",
+            s.bulk_clients,
+            s.bulk_value_bytes >> 10
+        ),
+        items * s.bulk_value_bytes as u64,
+        elapsed,
+    ));
+
+    // Scans.
+    let grid = s.scan_grid();
+    let per_txn = MAX_TXN_OPS.min(TXN_BYTES / (s.value_bytes + 64)).max(1) as u64;
+    let writers = connect(&endpoint, SCAN_LOAD_CLIENTS)
+        .await?
+        .into_iter()
+        .map(|kv| EtcdWriter {
+            kv,
+            prefix: "s/",
+            value: Arc::clone(&value),
+        })
+        .collect();
+    let t = Instant::now();
+    load("etcd scan load", writers, grid.cells, per_txn, 1).await?;
+    let load_seconds = t.elapsed().as_secs_f64();
+    let mut kv = connect(&endpoint, 1).await?.remove(0);
+    let (mut full, mut part) = (Rates::default(), Rates::default());
+    for _ in 0..s.scan_rounds {
+        let bar = progress::rows("etcd Range (all)", grid.cells);
+        let t = Instant::now();
+        let n = range_count(&mut kv, b"s/".to_vec(), b"s0".to_vec(), &bar).await?;
+        full.push(n, t.elapsed());
+        bar.finish_and_clear();
+        let bar = progress::rows("etcd Range (1%)", grid.box_rows);
+        let t = Instant::now();
+        let n = range_count(&mut kv, key("s/", 0), key("s/", grid.box_rows), &bar).await?;
+        part.push(n, t.elapsed());
+        bar.finish_and_clear();
+    }
+    out.scans.push(ScanResult::new(
+        SYSTEM,
+        format!(
+            "linearizable Range over the prefix s/ and over [s/0, s/{}), pages of {PAGE}",
+            grid.box_rows
+        ),
+        load_seconds,
+        full,
+        part,
+    ));
+    process.check_alive()?;
+    drop(process);
+    Ok(())
+}
+
+/// Keys in [key, end), paged: each page continues just after the last key returned.
+async fn range_count(
+    kv: &mut Kv,
+    mut key: Vec<u8>,
+    end: Vec<u8>,
+    bar: &ProgressBar,
+) -> anyhow::Result<u64> {
+    let mut n = 0u64;
+    loop {
+        let r = kv
+            .range(RangeRequest {
+                key,
+                range_end: end.clone(),
+                limit: PAGE,
+                ..Default::default()
+            })
+            .await?
+            .into_inner();
+        n += r.kvs.len() as u64;
+        bar.inc(r.kvs.len() as u64);
+        match r.kvs.last() {
+            Some(last) if r.more => {
+                key = last.key.clone();
+                key.push(0);
+            }
+            _ => return Ok(n),
+        }
+    }
+}

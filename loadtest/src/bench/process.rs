@@ -1,0 +1,126 @@
+//! The peer servers (etcd, Redis) as child processes: finding their binaries, free loopback
+//! ports, and a handle that kills the process when dropped, so no run leaves one behind.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+const INSTALL_HINT: &str = "install it with `apt-get install etcd-server redis-server` (Debian/Ubuntu), pass its path (--etcd-bin / --redis-bin), or leave it out with --peers (e.g. --peers disk,echo,cube,sqlite)";
+
+/// `bin` as given if it is a path, else looked up on PATH (then in /usr/bin and /usr/sbin, where
+/// Debian puts them even when PATH is minimal).
+pub fn find_binary(bin: &Path, what: &str) -> anyhow::Result<PathBuf> {
+    if bin.components().count() > 1 {
+        if bin.is_file() {
+            return Ok(bin.to_path_buf());
+        }
+        bail!("{what} not found at {}: {INSTALL_HINT}", bin.display());
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/bin"), PathBuf::from("/usr/sbin")])
+        .map(|d| d.join(bin))
+        .find(|p| p.is_file())
+        .with_context(|| format!("{what} not found on PATH: {INSTALL_HINT}"))
+}
+
+/// The first line of `bin ARG` (its version), or what went wrong.
+pub fn version(bin: &Path, arg: &str) -> String {
+    match Command::new(bin).arg(arg).output() {
+        Ok(out) => String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .next()
+            .unwrap_or("?")
+            .trim()
+            .to_string(),
+        Err(e) => format!("unknown ({e})"),
+    }
+}
+
+/// A free loopback port: bound on port 0 and released (another process could take it in
+/// between; the peers fail loudly if so).
+pub fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// A running peer server, killed (SIGKILL) and reaped on drop.
+pub struct PeerProcess {
+    name: &'static str,
+    child: Child,
+    log: PathBuf,
+}
+
+impl PeerProcess {
+    /// Start `cmd` with stdout and stderr going to `log`.
+    pub fn spawn(
+        name: &'static str,
+        mut cmd: Command,
+        log: PathBuf,
+    ) -> anyhow::Result<PeerProcess> {
+        let out =
+            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let child = cmd
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .stdin(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {name}"))?;
+        Ok(PeerProcess { name, child, log })
+    }
+
+    /// Fails if the process has exited, with the end of its log.
+    pub fn check_alive(&mut self) -> anyhow::Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!(
+                "{} exited ({status}); the end of its log:\n{}",
+                self.name,
+                self.log_tail()
+            );
+        }
+        Ok(())
+    }
+
+    /// The last lines of the process's log.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<_> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
+    /// Retry `probe` until it succeeds, the process dies, or `timeout` passes.
+    pub async fn wait_ready<F, Fut>(
+        &mut self,
+        timeout: Duration,
+        mut probe: F,
+    ) -> anyhow::Result<()>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = anyhow::Result<()>>,
+    {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.check_alive()?;
+            match probe().await {
+                Ok(()) => return Ok(()),
+                Err(e) if Instant::now() > deadline => {
+                    bail!(
+                        "{} not ready after {timeout:?}: {e:#}; the end of its log:\n{}",
+                        self.name,
+                        self.log_tail()
+                    )
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    }
+}
+
+impl Drop for PeerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,407 @@
+//! The report: Markdown tables for stdout (and docs/benchmarks.md), and the target
+//! ratios with their verdicts, each computed from this run's numbers only. A target whose
+//! inputs were not measured (a peer left out, a client count not run) says so instead.
+
+use std::fmt::Write;
+
+use serde::Serialize;
+
+use super::driver::{Op, SinglePhase};
+use super::{Results, ceiling, cube, etcd, redis};
+
+/// The client count the throughput targets are stated at.
+const TARGET_CLIENTS: usize = 64;
+const SQLITE_WAL: &str = "SQLite WAL";
+const SQLITE_DELETE: &str = "SQLite DELETE";
+/// Rows of the single-cell tables, in this order.
+const SYSTEMS: &[&str] = &[
+    ceiling::SYSTEM,
+    cube::SYSTEM,
+    SQLITE_WAL,
+    SQLITE_DELETE,
+    etcd::SYSTEM,
+    redis::SYSTEM,
+];
+
+#[derive(Debug, Serialize)]
+pub struct Target {
+    pub name: String,
+    /// The ratio measured (None: an input was not measured).
+    pub ratio: Option<f64>,
+    /// The same ratio with the echo service in Cube's place: what any gRPC service could reach
+    /// on this machine (None where it does not apply).
+    pub echo_ratio: Option<f64>,
+    /// What the ratio is made of.
+    pub detail: String,
+    /// None for ratios shown without a target.
+    pub met: Option<bool>,
+}
+
+fn phase<'a>(r: &'a Results, system: &str, op: Op, clients: usize) -> Option<&'a SinglePhase> {
+    r.single
+        .iter()
+        .find(|p| p.system == system && p.op == op && p.clients == clients)
+}
+
+/// Thousands separated, no decimals.
+fn n0(v: f64) -> String {
+    if !v.is_finite() {
+        return "—".into();
+    }
+    let s = format!("{:.0}", v.abs());
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if v < 0.0 { format!("-{out}") } else { out }
+}
+
+/// A throughput ratio `a ÷ b` of two single-cell phases at the target client count.
+fn ops_ratio(
+    r: &Results,
+    name: &str,
+    (sys_a, op_a): (&str, Op),
+    (sys_b, op_b): (&str, Op),
+    at_least: Option<f64>,
+) -> Target {
+    let a = phase(r, sys_a, op_a, TARGET_CLIENTS);
+    let b = phase(r, sys_b, op_b, TARGET_CLIENTS);
+    match (a, b) {
+        (Some(a), Some(b)) if b.ops_per_sec > 0.0 => {
+            let ratio = a.ops_per_sec / b.ops_per_sec;
+            let echo_ratio = (sys_a == cube::SYSTEM && sys_b != ceiling::SYSTEM)
+                .then(|| phase(r, ceiling::SYSTEM, op_a, TARGET_CLIENTS))
+                .flatten()
+                .map(|e| e.ops_per_sec / b.ops_per_sec);
+            Target {
+                name: name.into(),
+                ratio: Some(ratio),
+                echo_ratio,
+                detail: format!(
+                    "{} {} ÷ {} {} ops/s",
+                    n0(a.ops_per_sec),
+                    sys_a,
+                    n0(b.ops_per_sec),
+                    sys_b
+                ),
+                met: at_least.map(|t| ratio >= t),
+            }
+        }
+        _ => not_measured(
+            name,
+            &format!("{sys_a} or {sys_b} at {TARGET_CLIENTS} clients"),
+        ),
+    }
+}
+
+fn not_measured(name: &str, what: &str) -> Target {
+    Target {
+        name: name.into(),
+        ratio: None,
+        echo_ratio: None,
+        detail: format!("not measured ({what})"),
+        met: None,
+    }
+}
+
+pub fn targets(r: &Results) -> Vec<Target> {
+    let w = Op::Write;
+    let rd = Op::Read;
+    let cube = cube::SYSTEM;
+    let mut t = vec![
+        ops_ratio(
+            r,
+            "Cube writes ≥ 3× SQLite WAL (64 clients)",
+            (cube, w),
+            (SQLITE_WAL, w),
+            Some(3.0),
+        ),
+        ops_ratio(
+            r,
+            "Cube writes ≥ 10× SQLite DELETE (64 clients)",
+            (cube, w),
+            (SQLITE_DELETE, w),
+            Some(10.0),
+        ),
+        ops_ratio(
+            r,
+            "Cube writes ≥ 2× etcd Put (64 clients)",
+            (cube, w),
+            (etcd::SYSTEM, w),
+            Some(2.0),
+        ),
+        ops_ratio(
+            r,
+            "Cube writes ≥ 0.5× Redis SET (64 clients)",
+            (cube, w),
+            (redis::SYSTEM, w),
+            Some(0.5),
+        ),
+        ops_ratio(
+            r,
+            "Cube writes ÷ echo write-shaped (64 clients)",
+            (cube, w),
+            (ceiling::SYSTEM, w),
+            None,
+        ),
+        ops_ratio(
+            r,
+            "Cube reads ≥ 5× etcd Range (64 clients)",
+            (cube, rd),
+            (etcd::SYSTEM, rd),
+            Some(5.0),
+        ),
+        ops_ratio(
+            r,
+            "Cube reads ÷ echo read-shaped (64 clients)",
+            (cube, rd),
+            (ceiling::SYSTEM, rd),
+            None,
+        ),
+    ];
+    let name = "Cube Read p50 ≤ 1.2× echo read-shaped p50 (1 client)";
+    t.push(
+        match (phase(r, cube, rd, 1), phase(r, ceiling::SYSTEM, rd, 1)) {
+            (Some(c), Some(e)) if e.p50_us > 0 => {
+                let ratio = c.p50_us as f64 / e.p50_us as f64;
+                Target {
+                    name: name.into(),
+                    ratio: Some(ratio),
+                    echo_ratio: None,
+                    detail: format!("{} µs ÷ {} µs", c.p50_us, e.p50_us),
+                    met: Some(ratio <= 1.2),
+                }
+            }
+            _ => not_measured(name, "Cube or echo at 1 client"),
+        },
+    );
+    let name = "Cube bulk load ≥ 60% of the disk's sequential write-and-fsync";
+    let bulk = r.bulk.iter().find(|b| b.system == cube);
+    t.push(match (bulk, &r.disk) {
+        (Some(b), Some(d)) if d.seq_mib_per_sec > 0.0 => {
+            let ratio = b.mib_per_sec / d.seq_mib_per_sec;
+            Target {
+                name: name.into(),
+                ratio: Some(ratio),
+                echo_ratio: None,
+                detail: format!("{:.1} ÷ {:.1} MiB/s", b.mib_per_sec, d.seq_mib_per_sec),
+                met: Some(ratio >= 0.6),
+            }
+        }
+        _ => not_measured(name, "Cube bulk or the disk"),
+    });
+    t
+}
+
+/// Three decimals below 10, so a ratio just past its bound does not print as the bound.
+fn ratio(v: Option<f64>) -> String {
+    match v {
+        Some(v) if v < 10.0 => format!("{v:.3}×"),
+        Some(v) => format!("{v:.1}×"),
+        None => "—".into(),
+    }
+}
+
+fn verdict(t: &Target) -> &'static str {
+    match t.met {
+        Some(true) => "✓",
+        Some(false) => "✗",
+        None => "—",
+    }
+}
+
+fn label(system: &str, op: Op) -> String {
+    match (system, op) {
+        (s, Op::Write) if s == ceiling::SYSTEM => "echo (write-shaped)".into(),
+        (s, Op::Read) if s == ceiling::SYSTEM => "echo (read-shaped)".into(),
+        (s, Op::Write) if s == etcd::SYSTEM => "etcd Put".into(),
+        (s, Op::Read) if s == etcd::SYSTEM => "etcd Range (linearizable)".into(),
+        (s, Op::Write) if s == redis::SYSTEM => "Redis SET".into(),
+        (s, Op::Read) if s == redis::SYSTEM => "Redis GET".into(),
+        (s, Op::Write) if s == cube::SYSTEM => "Cube Cells.Write".into(),
+        (s, Op::Read) if s == cube::SYSTEM => "Cube Cells.Read".into(),
+        (s, Op::Write) => format!("{s} INSERT OR REPLACE"),
+        (s, Op::Read) => format!("{s} SELECT"),
+    }
+}
+
+fn single_table(out: &mut String, r: &Results, op: Op) {
+    let clients = &r.settings.clients;
+    let _ = write!(
+        out,
+        "| {} |",
+        if op == Op::Write {
+            "durable write"
+        } else {
+            "read"
+        }
+    );
+    for c in clients {
+        let _ = write!(out, " {c} client{} |", if *c == 1 { "" } else { "s" });
+    }
+    out.push('\n');
+    out.push_str("|---|");
+    out.push_str(&"---:|".repeat(clients.len()));
+    out.push('\n');
+    for system in SYSTEMS {
+        if !r.single.iter().any(|p| p.system == *system && p.op == op) {
+            continue;
+        }
+        let _ = write!(out, "| {} |", label(system, op));
+        for &c in clients {
+            match phase(r, system, op, c) {
+                Some(p) => {
+                    let _ = write!(
+                        out,
+                        " {} · {} / {}",
+                        n0(p.ops_per_sec),
+                        n0(p.p50_us as f64),
+                        n0(p.p99_us as f64)
+                    );
+                    if p.errors > 0 {
+                        let _ = write!(out, " · **{} errors**", p.errors);
+                    }
+                    out.push_str(" |");
+                }
+                None => out.push_str(" — |"),
+            }
+        }
+        out.push('\n');
+    }
+}
+
+pub fn markdown(r: &Results) -> String {
+    let mut o = String::new();
+    let m = &r.machine;
+    let st = &r.settings;
+    let _ = writeln!(
+        o,
+        "Machine: {} × {}, {:.0} GiB, Linux {}; data on {} ({}, mounted at {}). Date: {}.\n",
+        m.nproc, m.cpu, m.mem_gib, m.kernel, m.fs.device, m.fs.fstype, m.fs.mount_point, m.date_utc
+    );
+    let _ = writeln!(o, "Command: `{}`\n", r.command);
+    let versions: Vec<_> = r
+        .versions
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}"))
+        .collect();
+    let _ = writeln!(o, "Versions: {}.\n", versions.join("; "));
+    let _ = writeln!(
+        o,
+        "Single-cell phases: {} B values, {} s measured after {} s of warm-up, each client on its own connection (closed loop). Bulk: {} MiB in {} KiB values. Scans: {} cells ({}³ grid) of {} B, median of {} rounds.\n",
+        st.value_bytes,
+        st.seconds,
+        st.warmup,
+        st.bulk_bytes >> 20,
+        st.bulk_value_bytes >> 10,
+        n0(st.scan.cells as f64),
+        st.scan.side,
+        st.value_bytes,
+        st.scan_rounds
+    );
+
+    if let Some(d) = &r.disk {
+        o.push_str("| the disk | result |\n|---|---:|\n");
+        let _ = writeln!(
+            o,
+            "| 4 KiB pwrite + fdatasync, one after another (pre-written file) | {} /s · p50 {} µs · p99 {} µs |",
+            n0(d.fsyncs_per_sec),
+            d.fsync_p50_us,
+            d.fsync_p99_us
+        );
+        let _ = writeln!(
+            o,
+            "| sequential write, fdatasync after every 4 MiB ({} MiB, new file) | {:.1} MiB/s |\n",
+            d.seq_bytes >> 20,
+            d.seq_mib_per_sec
+        );
+    }
+
+    if !r.single.is_empty() {
+        o.push_str("Cells: ops/s · p50 / p99 µs.\n\n");
+        single_table(&mut o, r, Op::Write);
+        o.push('\n');
+        single_table(&mut o, r, Op::Read);
+        o.push('\n');
+    }
+
+    if !r.bulk.is_empty() {
+        let raw = r.disk.as_ref().map(|d| d.seq_mib_per_sec);
+        o.push_str(
+            "| bulk load | how | seconds | MiB/s | ÷ disk sequential |\n|---|---|---:|---:|---:|\n",
+        );
+        if let Some(raw) = raw {
+            let _ = writeln!(
+                o,
+                "| the disk (write + fdatasync per 4 MiB) | — | — | {raw:.1} | 100% |"
+            );
+        }
+        for b in &r.bulk {
+            let ratio = raw.map_or("—".into(), |raw| {
+                format!("{:.0}%", 100.0 * b.mib_per_sec / raw)
+            });
+            let _ = writeln!(
+                o,
+                "| {} | {} | {:.2} | {:.1} | {} |",
+                b.system, b.method, b.seconds, b.mib_per_sec, ratio
+            );
+        }
+        o.push('\n');
+    }
+
+    if !r.scans.is_empty() {
+        o.push_str("| scan | load s | full scan rows/s | range rows | range rows/s | how |\n|---|---:|---:|---:|---:|---|\n");
+        for s in &r.scans {
+            let _ = writeln!(
+                o,
+                "| {} | {:.1} | {} | {} | {} | {} |",
+                s.system,
+                s.load_seconds,
+                n0(s.full_rows_per_sec),
+                n0(s.range_rows as f64),
+                n0(s.range_rows_per_sec),
+                s.method
+            );
+        }
+        o.push('\n');
+    }
+
+    o.push_str(
+        "| target | measured | | echo in Cube's place (the gRPC ceiling) |\n|---|---:|:-:|---:|\n",
+    );
+    for t in &r.targets {
+        let _ = writeln!(
+            o,
+            "| {} | {} ({}) | {} | {} |",
+            t.name,
+            ratio(t.ratio),
+            t.detail,
+            verdict(t),
+            ratio(t.echo_ratio)
+        );
+    }
+    if !r.failures.is_empty() {
+        o.push_str("\nFailed parts:\n\n");
+        for (what, e) in &r.failures {
+            let _ = writeln!(o, "- {what}: {}", e.lines().next().unwrap_or(""));
+        }
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::n0;
+
+    #[test]
+    fn numbers_get_thousands_separators() {
+        assert_eq!(n0(0.0), "0");
+        assert_eq!(n0(999.4), "999");
+        assert_eq!(n0(1234.0), "1,234");
+        assert_eq!(n0(1_234_567.0), "1,234,567");
+        assert_eq!(n0(f64::NAN), "—");
+    }
+}

@@ -1,7 +1,8 @@
 //! `cube-load auth-cost`: what each authentication model costs, measured in one run.
 //!
 //! - Read throughput at `in_flight` calls over ONE connection, authenticated once by the
-//!   handshake vs signing every call, in alternating rounds (median ratio reported);
+//!   handshake vs signing every call, in rounds whose order alternates (ABBA…); the median ratio
+//!   is reported, beside the CPU per read that client and server spent in each phase;
 //! - handshake (Challenge + Hello) latency vs one Read's latency on the same connection, one at
 //!   a time.
 
@@ -35,6 +36,47 @@ async fn one_connection(server: &TestServer) -> anyhow::Result<Channel> {
         .tcp_nodelay(true)
         .connect()
         .await?)
+}
+
+/// A throughput phase with the CPU both processes spent on it, per call.
+struct Measured {
+    calls_per_sec: f64,
+    client_us: f64,
+    server_us: f64,
+}
+
+impl Measured {
+    fn cpu_us_per_call(&self) -> f64 {
+        self.client_us + self.server_us
+    }
+}
+
+async fn measured<F, Fut>(
+    name: &str,
+    clients: &[CellsClient<Signing<Channel>>],
+    shape: &crate::drive::LoadShape,
+    call: F,
+    server_pid: Option<u32>,
+) -> Measured
+where
+    F: Fn(CellsClient<Signing<Channel>>, usize, u64) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = bool> + Send,
+{
+    use crate::ab::scrape::cpu_seconds;
+    let before = (cpu_seconds(None), cpu_seconds(server_pid));
+    let p = phase(name, clients, shape, call).await;
+    let after = (cpu_seconds(None), cpu_seconds(server_pid));
+    // The CPU covers the warm-up too, so it is divided by every call made, not only the measured.
+    let total_calls = (p.calls_per_sec * (shape.seconds + shape.warmup)).max(1.0);
+    let per_call = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) => 1e6 * (b - a) / total_calls,
+        _ => f64::NAN,
+    };
+    Measured {
+        calls_per_sec: p.calls_per_sec,
+        client_us: per_call(before.0, after.0),
+        server_us: per_call(before.1, after.1),
+    }
 }
 
 fn hist() -> Histogram<u64> {
@@ -77,20 +119,50 @@ pub async fn run(args: AuthCostArgs, default_cubed: PathBuf) -> anyhow::Result<(
         .is_ok()
     };
     let mut ratios = Vec::new();
-    println!("| round | per-connection reads/s | per-call reads/s | per-call ÷ per-connection |");
-    println!("|---:|---:|---:|---:|");
+    let mut cpu_ratios = Vec::new();
+    println!(
+        "| round | order | per-connection reads/s | per-call reads/s | per-call ÷ per-connection | CPU µs/read per-connection (client + server) | CPU µs/read per-call (client + server) |"
+    );
+    println!("|---:|---|---:|---:|---:|---:|---:|");
+    let pid = server.pid();
     for round in 1..=args.run.rounds {
-        let conn = phase("Read, per-connection", &conn_client, &shape, read).await;
-        let call = phase("Read, per-call signed", &call_client, &shape, read).await;
+        // Alternate which model goes first (ABBA…), so a drift of the machine's speed within a
+        // round does not always favour the same model.
+        let conn_first = round % 2 == 1;
+        let mut conn = None;
+        let mut call = None;
+        for first in [true, false] {
+            if first == conn_first {
+                conn =
+                    Some(measured("Read, per-connection", &conn_client, &shape, read, pid).await);
+            } else {
+                call =
+                    Some(measured("Read, per-call signed", &call_client, &shape, read, pid).await);
+            }
+        }
+        let (Some(conn), Some(call)) = (conn, call) else {
+            unreachable!("both phases ran")
+        };
         let ratio = call.calls_per_sec / conn.calls_per_sec;
         ratios.push(ratio);
+        cpu_ratios.push(conn.cpu_us_per_call() / call.cpu_us_per_call());
         println!(
-            "| {round} | {:.0} | {:.0} | {:.1}% |",
+            "| {round} | {} | {:.0} | {:.0} | {:.1}% | {:.1} + {:.1} | {:.1} + {:.1} |",
+            if conn_first {
+                "conn, call"
+            } else {
+                "call, conn"
+            },
             conn.calls_per_sec,
             call.calls_per_sec,
-            100.0 * ratio
+            100.0 * ratio,
+            conn.client_us,
+            conn.server_us,
+            call.client_us,
+            call.server_us,
         );
     }
+    let cpu_cost = 1.0 - median(cpu_ratios);
     let rounds = ratios.len();
     let median = median(ratios);
 
@@ -123,9 +195,10 @@ pub async fn run(args: AuthCostArgs, default_cubed: PathBuf) -> anyhow::Result<(
     println!();
     let hs_ratio = hs.value_at_quantile(0.5) as f64 / rd.value_at_quantile(0.5).max(1) as f64;
     println!(
-        "Targets: per-call signing costs ≤ 10% of per-connection Read throughput → costs {:.1}% (median of {} rounds); handshake p50 ≤ 3× Read p50 → {:.2}×",
+        "Targets: per-call signing costs ≤ 10% of per-connection Read throughput → costs {:.1}% (median of {} rounds; by CPU per read, client + server: {:.1}%); handshake p50 ≤ 3× Read p50 → {:.2}×",
         100.0 * (1.0 - median),
         rounds,
+        100.0 * cpu_cost,
         hs_ratio
     );
     mixed(&server, &args).await?;

@@ -90,7 +90,13 @@ fn progress(name: &str, round: &Round) {
         v.corrupt,
         v.holes,
         v.beyond_acked,
-        if v.ok { "ok" } else { "LOST DATA" }
+        if v.ok {
+            "ok"
+        } else if v.missing + v.corrupt + v.holes > 0 {
+            "LOST DATA"
+        } else {
+            "FAILED"
+        }
     );
 }
 
@@ -295,10 +301,13 @@ pub async fn power_loss(s: &Settings) -> anyhow::Result<ScenarioReport> {
     Ok(rep.finish())
 }
 
-/// E: disk full. The data directory is on a small tmpfs; a ballast file takes all but a little
-/// of it; writes must then be refused with RESOURCE_EXHAUSTED (or UNAVAILABLE), reads must
+/// E: disk full, twice. The data directory is on a small tmpfs; a ballast file takes all but a
+/// little of it; writes must then be refused with RESOURCE_EXHAUSTED (or UNAVAILABLE), reads must
 /// still work, and once the ballast is removed writes must resume. Then a restart, and
-/// everything acknowledged is verified.
+/// everything acknowledged is verified. The first round runs with the free-space guard
+/// (`--min-free-bytes`), which refuses writes before the disk is full; the second without it
+/// (`--min-free-bytes 0`), so the writes run into ENOSPC themselves: the WAL's write fails, the
+/// tenant is closed and reopened once there is room again.
 pub async fn disk_full(s: &Settings) -> anyhow::Result<ScenarioReport> {
     let mut rep = ScenarioReport::new(
         "E",
@@ -308,8 +317,26 @@ pub async fn disk_full(s: &Settings) -> anyhow::Result<ScenarioReport> {
         rep.skipped = Some(why);
         return Ok(rep.finish());
     }
-    let min_free: u64 = 8 << 20;
-    let mnt = fs::Mount::tmpfs(&s.work.join("E"), 256 << 20)?;
+    for (round, guard) in [(1, Some(8u64 << 20)), (2, None)] {
+        let r = disk_full_round(s, &mut rep.notes, round, guard).await?;
+        progress("E", &r);
+        rep.rounds.push(r);
+    }
+    Ok(rep.finish())
+}
+
+async fn disk_full_round(
+    s: &Settings,
+    notes: &mut Vec<String>,
+    round: usize,
+    guard: Option<u64>,
+) -> anyhow::Result<Round> {
+    let min_free = guard.unwrap_or(0);
+    let label = match guard {
+        Some(b) => format!("round {round}, free-space guard at {} MiB", b >> 20),
+        None => format!("round {round}, no guard (the writes themselves hit ENOSPC)"),
+    };
+    let mnt = fs::Mount::tmpfs(&s.work.join(format!("E{round}")), 256 << 20)?;
     let data = mnt.dir.join("data");
     let mut server = tokio::task::block_in_place(|| {
         TestServer::start_at(
@@ -319,7 +346,7 @@ pub async fn disk_full(s: &Settings) -> anyhow::Result<ScenarioReport> {
         )
     })?;
     let ledger = Arc::new(Ledger::new(s.writers, s.value_bytes));
-    // Some data first, then ballast leaving a few MiB above the guard.
+    // Some data first, then ballast leaving a few MiB (above the guard, if any).
     let (u, _) = until((4 << 20).min(s.size), 60.0);
     let w1 = write(server.addr, &server.demo, &ledger, u).await?;
     let ballast = mnt.dir.join("ballast");
@@ -341,13 +368,13 @@ pub async fn disk_full(s: &Settings) -> anyhow::Result<ScenarioReport> {
         .filter(|k| !matches!(k.as_str(), "ResourceExhausted" | "Unavailable"))
         .cloned()
         .collect();
-    rep.notes.push(format!(
-        "full: {} more records acknowledged, then writes refused {:?}",
+    notes.push(format!(
+        "{label}: full: {} more records acknowledged, then writes refused {:?}",
         w2.acked_this_phase, w2.refused
     ));
     let reads = spot_read(&server, &ledger, s.writers).await?;
-    rep.notes.push(format!(
-        "while full: {reads} acknowledged records read back one by one"
+    notes.push(format!(
+        "{label}: while full: {reads} acknowledged records read back one by one"
     ));
     // Free the space; writers retry refused records until they get through.
     std::fs::remove_file(&ballast)?;
@@ -361,11 +388,13 @@ pub async fn disk_full(s: &Settings) -> anyhow::Result<ScenarioReport> {
     let resumed_at = Instant::now();
     let w3 = write(server.addr, &server.demo, &ledger, u).await?;
     let resumed = ledger.total() - before;
-    rep.notes.push(format!(
-        "space freed: {resumed} records acknowledged in {:.1} s ({} refusals while resuming)",
+    notes.push(format!(
+        "{label}: space freed: {resumed} records acknowledged in {:.1} s ({} refusals while resuming)",
         resumed_at.elapsed().as_secs_f64(),
         w3.refused.values().sum::<u64>()
     ));
+    // The log of this process, before the restart replaces it: shown if the round fails.
+    let log_before = server.log();
     let status = tokio::task::block_in_place(|| server.sigterm())?;
     tokio::task::block_in_place(|| server.restart())?;
     let mut verified = verify(&server, &ledger).await?;
@@ -383,23 +412,25 @@ pub async fn disk_full(s: &Settings) -> anyhow::Result<ScenarioReport> {
         problems.push(format!("SIGTERM exit status {status}"));
     }
     if !problems.is_empty() {
+        let tail: Vec<&str> = log_before.lines().rev().take(12).collect();
+        notes.push(format!(
+            "{label}: the server log ended with:\n{}",
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        ));
         verified.ok = false;
         verified.problems.extend(problems);
     }
-    let round = Round {
-        what: "fill, refuse, read, free, resume, SIGTERM, restart".into(),
+    drop(server);
+    drop(mnt);
+    Ok(Round {
+        what: format!("{label}: fill, refuse, read, free, resume, SIGTERM, restart"),
         write: WriteStats {
             acked_this_phase: w1.acked_this_phase + w2.acked_this_phase + w3.acked_this_phase,
             refused: w2.refused,
             seconds: w1.seconds + w2.seconds + w3.seconds,
         },
         verified,
-    };
-    progress("E", &round);
-    rep.rounds.push(round);
-    drop(server);
-    drop(mnt);
-    Ok(rep.finish())
+    })
 }
 
 /// A file of `bytes` (written, not sparse: tmpfs counts written pages).

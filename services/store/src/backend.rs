@@ -135,6 +135,8 @@ const FJALL_MEMTABLE_BYTES: u32 = 4 << 20;
 const FJALL_JOURNAL_BYTES: u64 = 96 << 20;
 /// Memtables (active + sealed) per tenant before writes wait for a flush.
 const FJALL_WRITE_BUFFER_BYTES: u64 = 16 << 20;
+/// How often [`StateBackend::flush`] looks whether fjall has written the memtable out.
+const FLUSH_POLL: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// A tenant's state in its own fjall keyspace (an LSM tree): one partition, one flush and one
 /// compaction worker. fjall's own journal is not synced per batch (the WAL is the log;
@@ -291,13 +293,25 @@ impl StateBackend for FjallBackend {
     /// what makes the checkpoint independent of the journal: fjall ignores a failed journal
     /// write (the batch still reaches the memtable), so a journal may miss a batch that later
     /// ones follow; the memtable never does. It also leaves little journal to replay on open.
+    ///
+    /// fjall's own `rotate_memtable_and_wait` polls its flush queue with no way out: a flush
+    /// worker that fails (ENOSPC, say) poisons the keyspace and stops, and the queue never
+    /// empties, so a checkpoint, or the flush of an open on a still-full disk, would wait
+    /// forever. This waits for the sealed memtables to be written out and gives up as soon as
+    /// the keyspace is poisoned.
     fn flush(&self) -> Result<(), BackendError> {
-        self.ks()
-            .part
-            .rotate_memtable_and_wait()
-            .map_err(fjall_err)?;
-        self.ks()
-            .keyspace
+        use fjall::AbstractTree;
+        let ks = self.ks();
+        if ks.part.rotate_memtable().map_err(fjall_err)? {
+            while ks.part.tree.sealed_memtable_count() > 0 {
+                // `Buffer` only hands fjall's journal buffer to the OS; it fails once poisoned.
+                ks.keyspace
+                    .persist(fjall::PersistMode::Buffer)
+                    .map_err(fjall_err)?;
+                std::thread::sleep(FLUSH_POLL);
+            }
+        }
+        ks.keyspace
             .persist(fjall::PersistMode::SyncAll)
             .map_err(fjall_err)
     }

@@ -165,6 +165,17 @@ impl<T> std::fmt::Debug for TenantCore<T> {
 /// Records replayed per state-store batch during recovery.
 const REPLAY_BATCH: usize = 4096;
 
+/// A state-store failure with less than this free on the tenant's file system is reported as
+/// a full disk (fjall's errors do not say ENOSPC once its keyspace is poisoned).
+const FULL_DISK_HINT_BYTES: u64 = 16 << 20;
+
+/// Whether `dir`'s file system has less than [`FULL_DISK_HINT_BYTES`] free.
+fn nearly_full(dir: &Path) -> bool {
+    nix::sys::statvfs::statvfs(dir).is_ok_and(|s| {
+        s.blocks_available().saturating_mul(s.fragment_size()) < FULL_DISK_HINT_BYTES
+    })
+}
+
 fn open_backend(tenant: &str, dir: &Path, cache: u64) -> Result<FjallBackend, StoreError> {
     open_waiting(|| FjallBackend::open(dir, cache), FjallBackend::is_locked).map_err(|e| {
         tracing::error!(tenant, error = %e, "tenant state store failed to open");
@@ -533,16 +544,25 @@ impl<T> TenantCore<T> {
         self.state.discard_pending();
     }
 
-    /// Applying durable records failed. They stay in the log and the next start replays them;
-    /// not before, because the state store's failure may have been a failed fsync.
+    /// Applying records to the state store failed (fjall's journal write failed on a full disk,
+    /// say). The records are in the WAL, so the tenant is poisoned *reopenable*: the janitor
+    /// closes it and its next call reopens it, which recovers exactly as a restart would (the
+    /// state store's own recovery, then the WAL after the store's applied seq). A restart is no
+    /// safer: a failed fsync inside fjall (its journal rotation syncs) leaves the same page cache
+    /// and the same files to a new process. While the disk stays full, the reopen fails or
+    /// fails again, and the tenant keeps answering RESOURCE_EXHAUSTED / UNAVAILABLE.
+    /// A record that cannot be applied (`ApplyError::Record`) would fail again after a reopen: it
+    /// poisons the tenant for good.
     fn apply_failed(&mut self, e: &ApplyError) -> StoreError {
-        tracing::error!(tenant = %self.tenant, error = %e, "applying durable records failed; tenant poisoned");
-        self.poison();
-        StoreError::Unavailable(format!(
-            "tenant '{}' is unavailable: its state store failed; the change is in its log and \
-             will be applied when the server restarts",
-            self.tenant
-        ))
+        if matches!(e, ApplyError::Record { .. }) {
+            tracing::error!(tenant = %self.tenant, error = %e, "a durable record cannot be applied; tenant poisoned");
+            self.poison();
+            return self.poisoned_error();
+        }
+        let no_space = self.wal.as_ref().is_some_and(|w| nearly_full(w.dir()));
+        tracing::error!(tenant = %self.tenant, error = %e, no_space, "applying durable records failed; tenant poisoned until it is reopened");
+        self.poison_after(DurableEvent::WriteFailed { no_space });
+        self.poisoned_error()
     }
 
     /// What a write to a poisoned tenant is answered with.

@@ -407,6 +407,20 @@ pub async fn run(args: BenchArgs, default_cubed: PathBuf) -> anyhow::Result<()> 
             .with_context(|| format!("writing {}", path.display()))?;
     }
     drop(root);
+    // A benchmark whose peer did not run, or whose calls failed, measured something else: say so
+    // with the exit status (leave a missing peer out with --peers instead).
+    let failed_calls: u64 = out.single.iter().map(|p| p.errors).sum();
+    if !out.failures.is_empty() || failed_calls > 0 {
+        bail!(
+            "{} part(s) failed ({}) and {failed_calls} call(s) failed",
+            out.failures.len(),
+            out.failures
+                .iter()
+                .map(|(peer, _)| peer.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     Ok(())
 }
 

@@ -34,6 +34,25 @@ pub async fn region_all(
     page: u32,
 ) -> Result<Vec<cube_api::v1::Cell>, tonic::Status> {
     let mut out = Vec::new();
+    region_for_each(c, min, max, page, |cell| out.push(cell)).await?;
+    Ok(out)
+}
+
+/// Hand every cell of the inclusive box `[min, max]` to `f`, in Region's order, following its
+/// page tokens, `page` cells per call; over any connection (signed or handshake-authenticated).
+pub async fn region_for_each<T>(
+    c: &mut CellsClient<T>,
+    min: cube_api::v1::Coord,
+    max: cube_api::v1::Coord,
+    page: u32,
+    mut f: impl FnMut(cube_api::v1::Cell),
+) -> Result<(), tonic::Status>
+where
+    T: tonic::client::GrpcService<tonic::body::Body>,
+    T::Error: Into<tonic::codegen::StdError>,
+    T::ResponseBody: tonic::codegen::Body<Data = tonic::codegen::Bytes> + Send + 'static,
+    <T::ResponseBody as tonic::codegen::Body>::Error: Into<tonic::codegen::StdError> + Send,
+{
     let mut token = Vec::new();
     loop {
         let resp = c
@@ -51,11 +70,11 @@ pub async fn region_all(
             .map(|b| b.to_vec());
         let mut stream = resp.into_inner();
         while let Some(cell) = stream.message().await? {
-            out.push(cell);
+            f(cell);
         }
         match next {
             Some(t) if !t.is_empty() => token = t,
-            _ => return Ok(out),
+            _ => return Ok(()),
         }
     }
 }

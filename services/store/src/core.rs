@@ -712,6 +712,39 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_apply_is_reopenable_but_a_record_that_cannot_be_applied_is_not() {
+        let reopenable = |e: ApplyError| {
+            let dir = tempfile::tempdir().unwrap();
+            let mut core = open(dir.path(), &config());
+            let answer = core.apply_failed(&e);
+            // Either way the tenant refuses changes from now on, with the same answer.
+            let refused = core.handle(write(1, b"a"), &who(), 1).unwrap().1;
+            assert_eq!(refused, Err(answer.clone()));
+            assert!(core.is_poisoned());
+            let r = core.stats.reopenable.load(Ordering::Relaxed);
+            (r, answer)
+        };
+        // The state store failed (fjall's journal write, say): the records are in the WAL, a
+        // reopen recovers them. This disk is not full, so it is UNAVAILABLE, not a full disk.
+        let (r, answer) = reopenable(ApplyError::Backend(BackendError("journal write".into())));
+        assert!(r);
+        let StoreError::Unavailable(msg) = answer else {
+            panic!("{answer:?}")
+        };
+        assert!(msg.contains("reopens by itself"), "{msg}");
+        // A record that cannot be applied would fail again after a reopen.
+        let (r, answer) = reopenable(ApplyError::Record {
+            seq: 1,
+            detail: "unknown op".into(),
+        });
+        assert!(!r);
+        let StoreError::Unavailable(msg) = answer else {
+            panic!("{answer:?}")
+        };
+        assert!(msg.contains("until the server restarts"), "{msg}");
+    }
+
+    #[test]
     fn writes_answer_only_after_durable_and_survive_reopen() {
         let dir = tempfile::tempdir().unwrap();
         let mut core = open(dir.path(), &config());

@@ -26,7 +26,6 @@ TMP=""
 CUBED_PID=""
 PROM_PID=""
 LOAD_PIDS=()
-POLICY_RC_CREATED=0
 
 ok() { printf 'ok   %s\n' "$*"; passed=$((passed + 1)); }
 fail() { printf 'FAIL %s\n' "$*"; failed=$((failed + 1)); }
@@ -85,9 +84,6 @@ cleanup() {
     done
     stop_prometheus
     stop_cubed || rc=1
-    if [ "$POLICY_RC_CREATED" = 1 ]; then
-        rm -f /usr/sbin/policy-rc.d
-    fi
     [ -n "$TMP" ] && rm -rf "$TMP"
     if [ "$rc" != 0 ] && [ "$failed" = 0 ]; then
         fail "aborted (exit status $rc)"
@@ -109,22 +105,8 @@ command -v curl >/dev/null 2>&1 || missing+=(curl)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
 if [ "${#missing[@]}" -gt 0 ]; then
     echo "== installing ${missing[*]} (apt-get)"
-    [ "$(id -u)" = 0 ] || die "need ${missing[*]}: install them (apt-get install ${missing[*]}) or run as root"
-    # Keep the package scripts from starting services: on a machine without systemd (a container)
-    # prometheus' postinst would run its init script, and fails the install if that cannot start.
-    # We run our own prometheus and need no service.
-    if [ ! -e /usr/sbin/policy-rc.d ]; then
-        printf '#!/bin/sh\n# created by deploy/check-dashboards.sh for its apt-get install\nexit 101\n' \
-            >/usr/sbin/policy-rc.d
-        chmod 755 /usr/sbin/policy-rc.d
-        POLICY_RC_CREATED=1
-    fi
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-    if [ "$POLICY_RC_CREATED" = 1 ]; then
-        rm -f /usr/sbin/policy-rc.d
-        POLICY_RC_CREATED=0
-    fi
+    . loadtest/lib/apt.sh
+    apt_install_no_services "${missing[@]}" || die "could not install ${missing[*]}"
 fi
 for tool in promtool prometheus curl python3; do
     command -v "$tool" >/dev/null 2>&1 || die "$tool not found after installing"

@@ -17,19 +17,8 @@ command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 if [ "${#missing[@]}" -gt 0 ]; then
     echo "== installing ${missing[*]} (apt-get)"
-    [ "$(id -u)" = 0 ] || { echo "need ${missing[*]}: apt-get install ${missing[*]}, or run as root" >&2; exit 1; }
-    # The packages would start their own services; the bench starts its own servers on loopback,
-    # so keep the package scripts from starting anything (and from failing without an init system).
-    created_policy=0
-    if [ ! -e /usr/sbin/policy-rc.d ]; then
-        printf '#!/bin/sh\n# created by loadtest/bench-smoke.sh for its apt-get install\nexit 101\n' \
-            >/usr/sbin/policy-rc.d
-        chmod 755 /usr/sbin/policy-rc.d
-        created_policy=1
-    fi
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-    [ "$created_policy" = 1 ] && rm -f /usr/sbin/policy-rc.d
+    . loadtest/lib/apt.sh
+    apt_install_no_services "${missing[@]}"
 fi
 
 "$CUBE_LOAD" bench --quick --peers disk,echo,cube,sqlite,etcd,redis

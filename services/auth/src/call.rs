@@ -75,7 +75,7 @@ impl PreparedKey {
         ] {
             mac.update(part);
         }
-        mac.update(ts_ms.to_string().as_bytes());
+        mac.update(itoa::Buffer::new().format(ts_ms).as_bytes());
         mac.update(b"\n");
         mac.update(nonce.as_bytes());
         mac.finalize().into_bytes().into()

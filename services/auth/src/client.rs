@@ -9,9 +9,16 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use http::HeaderValue;
+use http::{HeaderName, HeaderValue};
 
 use crate::{PreparedKey, Secret, headers};
+
+// Parsed once, not on every call.
+static H_TENANT: HeaderName = HeaderName::from_static(headers::TENANT);
+static H_KEY: HeaderName = HeaderName::from_static(headers::KEY);
+static H_TS: HeaderName = HeaderName::from_static(headers::TS);
+static H_NONCE: HeaderName = HeaderName::from_static(headers::NONCE);
+static H_SIG: HeaderName = HeaderName::from_static(headers::SIG);
 
 /// Who signs: the key prepared once, the constant headers encoded once.
 #[derive(Debug, Clone)]
@@ -51,24 +58,21 @@ impl CallSigner {
         let mut sig = [0u8; 64];
         let _ = hex::encode_to_slice(mac, &mut sig);
         if let (Some(t), Some(k)) = (&self.tenant_header, &self.key_header) {
-            headers_map.insert(headers::TENANT, t.clone());
-            headers_map.insert(headers::KEY, k.clone());
+            headers_map.insert(&H_TENANT, t.clone());
+            headers_map.insert(&H_KEY, k.clone());
         }
         // Values unique to each call are marked sensitive: HPACK then sends them as never-indexed
         // literals instead of churning both ends' dynamic tables (measured: docs/benchmarks.md),
         // and a signature is never kept in a compression context.
-        let mut put = |name: &'static str, value: Option<HeaderValue>| {
+        let mut put = |name: &'static HeaderName, value: Option<HeaderValue>| {
             if let Some(mut v) = value {
                 v.set_sensitive(true);
                 headers_map.insert(name, v);
             }
         };
-        put(headers::TS, Some(HeaderValue::from(ts)));
-        put(
-            headers::NONCE,
-            HeaderValue::from_bytes(nonce.as_bytes()).ok(),
-        );
-        put(headers::SIG, HeaderValue::from_bytes(&sig).ok());
+        put(&H_TS, Some(HeaderValue::from(ts)));
+        put(&H_NONCE, HeaderValue::from_bytes(nonce.as_bytes()).ok());
+        put(&H_SIG, HeaderValue::from_bytes(&sig).ok());
     }
 }
 
@@ -109,12 +113,14 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
-        if let Some(signer) = &self.signer {
-            let path = req.uri().path().to_owned();
-            signer.sign_headers(&path, req.headers_mut());
-        }
-        self.inner.call(req)
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let Some(signer) = &self.signer else {
+            return self.inner.call(req);
+        };
+        // Split so the path can be borrowed while the headers are changed (no copy of it).
+        let (mut parts, body) = req.into_parts();
+        signer.sign_headers(parts.uri.path(), &mut parts.headers);
+        self.inner.call(http::Request::from_parts(parts, body))
     }
 }
 

@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Limits for [`FailureLimiter`].
@@ -42,6 +43,11 @@ struct Peer {
 pub struct FailureLimiter {
     limits: FailureLimits,
     peers: Mutex<HashMap<IpAddr, Peer>>,
+    /// Every call is checked, almost always while nobody is blocked: the latest end of any block
+    /// so far (nanoseconds after `base`), so that [`FailureLimiter::check`] takes the lock only
+    /// while some block may still run.
+    blocks_end: AtomicU64,
+    base: Instant,
 }
 
 impl FailureLimiter {
@@ -49,16 +55,25 @@ impl FailureLimiter {
         FailureLimiter {
             limits,
             peers: Mutex::new(HashMap::new()),
+            blocks_end: AtomicU64::new(0),
+            base: Instant::now(),
         }
     }
 
     /// `Err(remaining cool-down)` while `ip` is blocked.
     pub fn check(&self, ip: IpAddr, now: Instant) -> Result<(), Duration> {
+        if self.since_base(now) >= self.blocks_end.load(Ordering::Relaxed) {
+            return Ok(());
+        }
         let peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
         match peers.get(&ip).and_then(|p| p.blocked_until) {
             Some(until) if until > now => Err(until - now),
             _ => Ok(()),
         }
+    }
+
+    fn since_base(&self, t: Instant) -> u64 {
+        u64::try_from(t.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX)
     }
 
     /// Count one failed authentication of `ip`.
@@ -86,7 +101,10 @@ impl FailureLimiter {
         }
         peer.failures += 1;
         if peer.failures > limits.max_failures {
-            peer.blocked_until = Some(now + limits.cooldown);
+            let until = now + limits.cooldown;
+            peer.blocked_until = Some(until);
+            self.blocks_end
+                .fetch_max(self.since_base(until), Ordering::Relaxed);
             tracing::warn!(%ip, cooldown_secs = limits.cooldown.as_secs(), "too many failed authentications; peer throttled");
         }
     }

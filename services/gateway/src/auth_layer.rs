@@ -268,7 +268,7 @@ impl Authenticator {
         let ts_ms: i64 = ts
             .parse()
             .ok()
-            .filter(|v: &i64| v.to_string() == ts)
+            .filter(|v: &i64| itoa::Buffer::new().format(*v) == ts)
             .ok_or_else(|| {
                 unauthenticated("x-cube-ts must be unix time in milliseconds, in plain decimal")
             })?;

@@ -129,19 +129,14 @@ pub async fn run(args: AuthCostArgs, default_cubed: PathBuf) -> anyhow::Result<(
         // Alternate which model goes first (ABBA…), so a drift of the machine's speed within a
         // round does not always favour the same model.
         let conn_first = round % 2 == 1;
-        let mut conn = None;
-        let mut call = None;
-        for first in [true, false] {
-            if first == conn_first {
-                conn =
-                    Some(measured("Read, per-connection", &conn_client, &shape, read, pid).await);
-            } else {
-                call =
-                    Some(measured("Read, per-call signed", &call_client, &shape, read, pid).await);
-            }
-        }
-        let (Some(conn), Some(call)) = (conn, call) else {
-            unreachable!("both phases ran")
+        let conn_phase = || measured("Read, per-connection", &conn_client, &shape, read, pid);
+        let call_phase = || measured("Read, per-call signed", &call_client, &shape, read, pid);
+        let (conn, call) = if conn_first {
+            let conn = conn_phase().await;
+            (conn, call_phase().await)
+        } else {
+            let call = call_phase().await;
+            (conn_phase().await, call)
         };
         let ratio = call.calls_per_sec / conn.calls_per_sec;
         ratios.push(ratio);

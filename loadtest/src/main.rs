@@ -16,6 +16,7 @@ mod bench;
 mod datamodel;
 mod drive;
 mod echo;
+mod machine;
 mod metrics_cost;
 
 use std::path::PathBuf;

@@ -674,11 +674,11 @@ pub async fn run_user(ctx: Arc<RunCtx>, index: usize, conn: Option<Clients>) -> 
             }
             let stats = per_op.entry(step.name()).or_insert_with(OpStats::new);
             match outcome {
-                Outcome::Skipped => {}
                 Outcome::Ok => {
                     let _ = stats.ok.record(begin.elapsed().as_micros().max(1) as u64);
                 }
                 Outcome::Failed(class) => *stats.failures.entry(class).or_default() += 1,
+                Outcome::Skipped => unreachable!("skipped above"),
             }
         }
     }

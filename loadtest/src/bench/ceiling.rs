@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tonic::transport::Channel;
 
-use super::driver::{CellKey, Conn, Op, SingleCell, closed_loop};
+use super::driver::{CellKey, SingleCell, write_then_read};
 use super::{Results, Settings};
 use crate::echo::EchoChild;
 use crate::echo::pb::EchoRequest;
@@ -52,11 +52,7 @@ pub async fn run(s: &Settings, out: &mut Results) -> anyhow::Result<()> {
                 reply_bytes: s.value_bytes as u32,
             });
         }
-        let conns = Conn::numbered(clients);
-        let (conns, w) = closed_loop(SYSTEM, Op::Write, conns, s.window, Arc::clone(&value)).await;
-        out.single.push(w);
-        let (_, r) = closed_loop(SYSTEM, Op::Read, conns, s.window, Arc::clone(&value)).await;
-        out.single.push(r);
+        write_then_read(SYSTEM, clients, s.window, &value, &mut out.single).await;
     }
     Ok(())
 }

@@ -17,7 +17,7 @@ use indicatif::ProgressBar;
 use tonic::transport::Channel;
 
 use super::driver::{
-    BatchWriter, BulkResult, CellKey, Conn, Op, Rates, ScanResult, SingleCell, closed_loop, load,
+    BatchWriter, CellKey, Rates, ScanResult, SingleCell, bulk, load, write_then_read,
 };
 use super::{Results, ScanGrid, Settings, progress, remove_data};
 
@@ -128,18 +128,14 @@ async fn measure(s: &Settings, data: &Path, out: &mut Results) -> anyhow::Result
     let value: Arc<[u8]> = vec![0xA5; s.value_bytes].into();
     for &n in &s.clients {
         let clients = connect(&server, &server.demo, n).await?;
-        let conns = Conn::numbered(clients.into_iter().map(CubeCell).collect());
-        let (conns, w) = closed_loop(SYSTEM, Op::Write, conns, s.window, Arc::clone(&value)).await;
-        out.single.push(w);
-        let (_, r) = closed_loop(SYSTEM, Op::Read, conns, s.window, Arc::clone(&value)).await;
-        out.single.push(r);
+        let clients = clients.into_iter().map(CubeCell).collect();
+        write_then_read(SYSTEM, clients, s.window, &value, &mut out.single).await;
     }
 
     // Bulk load: many writers of big values into a fresh tenant.
-    let bulk = tokio::task::block_in_place(|| server.create_tenant("bulk"))?;
+    let bulk_tenant = tokio::task::block_in_place(|| server.create_tenant("bulk"))?;
     let bulk_value: Arc<[u8]> = vec![0x5A; s.bulk_value_bytes].into();
-    let items = s.bulk_bytes.div_ceil(s.bulk_value_bytes as u64);
-    let writers = connect(&server, &bulk, s.bulk_clients)
+    let writers = connect(&server, &bulk_tenant, s.bulk_clients)
         .await?
         .into_iter()
         .map(|client| CubeWriter {
@@ -148,17 +144,13 @@ async fn measure(s: &Settings, data: &Path, out: &mut Results) -> anyhow::Result
             layout: Layout::Plane,
         })
         .collect();
-    let elapsed = load("Cube bulk", writers, items, 1, s.bulk_value_bytes as u64).await?;
-    out.bulk.push(BulkResult::new(
-        SYSTEM,
-        format!(
-            "{} connections, one {} KiB durable Write per call",
-            s.bulk_clients,
-            s.bulk_value_bytes >> 10
-        ),
-        items * s.bulk_value_bytes as u64,
-        elapsed,
-    ));
+    let method = format!(
+        "{} connections, one {} KiB durable Write per call",
+        s.bulk_clients,
+        s.bulk_value_bytes >> 10
+    );
+    out.bulk
+        .push(bulk(SYSTEM, method, writers, s.bulk_bytes, s.bulk_value_bytes, 1).await?);
 
     // Scans over a grid in a tenant of its own.
     let grid = s.scan_grid();

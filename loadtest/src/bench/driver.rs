@@ -304,6 +304,58 @@ pub fn closed_loop_blocking<C: SingleCellBlocking>(
     (conns, summarize(system, op, n, window, recs))
 }
 
+/// Durable writes, then reads of what was written, over the same clients (one connection
+/// each): one closed-loop phase each, appended to `out`.
+pub async fn write_then_read<C: SingleCell>(
+    system: &str,
+    clients: Vec<C>,
+    window: Window,
+    value: &Arc<[u8]>,
+    out: &mut Vec<SinglePhase>,
+) {
+    let conns = Conn::numbered(clients);
+    let (conns, w) = closed_loop(system, Op::Write, conns, window, Arc::clone(value)).await;
+    out.push(w);
+    let (_, r) = closed_loop(system, Op::Read, conns, window, Arc::clone(value)).await;
+    out.push(r);
+}
+
+/// [`write_then_read`] for blocking clients.
+pub fn write_then_read_blocking<C: SingleCellBlocking>(
+    system: &str,
+    clients: Vec<C>,
+    window: Window,
+    value: &[u8],
+    out: &mut Vec<SinglePhase>,
+) {
+    let conns = Conn::numbered(clients);
+    let (conns, w) = closed_loop_blocking(system, Op::Write, conns, window, value);
+    out.push(w);
+    let (_, r) = closed_loop_blocking(system, Op::Read, conns, window, value);
+    out.push(r);
+}
+
+/// A bulk load of `bytes` in values of `value_bytes`, `batch` values per call, from every
+/// writer at once; `method` says how, for the report.
+pub async fn bulk<W: BatchWriter>(
+    system: &str,
+    method: String,
+    writers: Vec<W>,
+    bytes: u64,
+    value_bytes: usize,
+    batch: u64,
+) -> anyhow::Result<BulkResult> {
+    let items = bytes.div_ceil(value_bytes as u64);
+    let label = format!("{system} bulk");
+    let elapsed = load(&label, writers, items, batch, value_bytes as u64).await?;
+    Ok(BulkResult::new(
+        system,
+        method,
+        items * value_bytes as u64,
+        elapsed,
+    ))
+}
+
 /// A writer of a bulk or scan load: writes items `range` (indexes into the load) durably.
 pub trait BatchWriter: Send + 'static {
     fn write_batch(&mut self, range: Range<u64>)

@@ -14,7 +14,7 @@ use indicatif::ProgressBar;
 use tonic::transport::{Channel, Endpoint};
 
 use super::driver::{
-    BatchWriter, BulkResult, CellKey, Conn, Op, Rates, ScanResult, SingleCell, closed_loop, load,
+    BatchWriter, CellKey, Rates, ScanResult, SingleCell, bulk, load, write_then_read,
 };
 use super::process::{PeerProcess, free_port, version};
 use super::{Results, Settings, progress, remove_data};
@@ -181,23 +181,17 @@ async fn measure(
     // Single cells.
     let value: Arc<[u8]> = vec![0xA5; s.value_bytes].into();
     for &n in &s.clients {
-        let conns = Conn::numbered(
-            connect(&endpoint, n)
-                .await?
-                .into_iter()
-                .map(EtcdCell)
-                .collect(),
-        );
-        let (conns, w) = closed_loop(SYSTEM, Op::Write, conns, s.window, Arc::clone(&value)).await;
-        out.single.push(w);
-        let (_, r) = closed_loop(SYSTEM, Op::Read, conns, s.window, Arc::clone(&value)).await;
-        out.single.push(r);
+        let clients = connect(&endpoint, n)
+            .await?
+            .into_iter()
+            .map(EtcdCell)
+            .collect();
+        write_then_read(SYSTEM, clients, s.window, &value, &mut out.single).await;
         process.check_alive()?;
     }
 
     // Bulk: Txns of Puts, under the request-size and operation limits, from many clients.
     let bulk_value: Arc<[u8]> = vec![0x5A; s.bulk_value_bytes].into();
-    let items = s.bulk_bytes.div_ceil(s.bulk_value_bytes as u64);
     let per_txn = (TXN_BYTES / (s.bulk_value_bytes + 64)).clamp(1, MAX_TXN_OPS) as u64;
     let writers = connect(&endpoint, s.bulk_clients)
         .await?
@@ -208,25 +202,22 @@ async fn measure(
             value: Arc::clone(&bulk_value),
         })
         .collect();
-    let elapsed = load(
-        "etcd bulk",
+    let method = format!(
+        "{} clients, Txn of {per_txn} Puts of {} KiB",
+        s.bulk_clients,
+        s.bulk_value_bytes >> 10
+    );
+    let loaded = bulk(
+        SYSTEM,
+        method,
         writers,
-        items,
+        s.bulk_bytes,
+        s.bulk_value_bytes,
         per_txn,
-        s.bulk_value_bytes as u64,
     )
     .await
     .map_err(|e| anyhow::anyhow!("{e:#}; etcd log:\n{}", process.log_tail()))?;
-    out.bulk.push(BulkResult::new(
-        SYSTEM,
-        format!(
-            "{} clients, Txn of {per_txn} Puts of {} KiB",
-            s.bulk_clients,
-            s.bulk_value_bytes >> 10
-        ),
-        items * s.bulk_value_bytes as u64,
-        elapsed,
-    ));
+    out.bulk.push(loaded);
 
     // Scans.
     let grid = s.scan_grid();

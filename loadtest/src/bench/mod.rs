@@ -11,7 +11,6 @@ mod cube;
 mod disk;
 mod driver;
 mod etcd;
-mod machine;
 mod process;
 mod progress;
 mod redis;
@@ -267,7 +266,7 @@ impl ScanGrid {
 /// Everything one run measured.
 #[derive(Debug, Serialize)]
 pub struct Results {
-    pub machine: machine::Machine,
+    pub machine: crate::machine::Machine,
     pub command: String,
     pub versions: Vec<(String, String)>,
     pub settings: SettingsSummary,
@@ -338,7 +337,7 @@ pub async fn run(args: BenchArgs, default_cubed: PathBuf) -> anyhow::Result<()> 
         .prefix("cube-bench-")
         .tempdir_in(&s.dir)
         .with_context(|| format!("creating a temporary directory in {}", s.dir.display()))?;
-    let machine = machine::Machine::probe(root.path());
+    let machine = crate::machine::Machine::probe(root.path());
     eprintln!(
         "data under {} on {} ({}, mounted at {}); {:.1} GiB free",
         root.path().display(),

@@ -16,7 +16,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::driver::{
-    BatchWriter, BulkResult, CellKey, Conn, Op, Rates, ScanResult, SingleCell, closed_loop, load,
+    BatchWriter, CellKey, Rates, ScanResult, SingleCell, bulk, load, write_then_read,
 };
 use super::process::{PeerProcess, free_port, version};
 use super::{Results, Settings, progress, remove_data};
@@ -301,17 +301,13 @@ async fn measure(
     // Single cells.
     let value: Arc<[u8]> = vec![0xA5; s.value_bytes].into();
     for &n in &s.clients {
-        let conns = Conn::numbered(connect(port, n).await?.into_iter().map(RedisCell).collect());
-        let (conns, w) = closed_loop(SYSTEM, Op::Write, conns, s.window, Arc::clone(&value)).await;
-        out.single.push(w);
-        let (_, r) = closed_loop(SYSTEM, Op::Read, conns, s.window, Arc::clone(&value)).await;
-        out.single.push(r);
+        let clients = connect(port, n).await?.into_iter().map(RedisCell).collect();
+        write_then_read(SYSTEM, clients, s.window, &value, &mut out.single).await;
         process.check_alive()?;
     }
 
     // Bulk: pipelined SETs from many connections, appendfsync always still on.
     let bulk_value: Arc<[u8]> = vec![0x5A; s.bulk_value_bytes].into();
-    let items = s.bulk_bytes.div_ceil(s.bulk_value_bytes as u64);
     let depth = (PIPELINE_BYTES / s.bulk_value_bytes).max(1) as u64;
     let writers = connect(port, s.bulk_clients)
         .await?
@@ -322,25 +318,22 @@ async fn measure(
             value: Arc::clone(&bulk_value),
         })
         .collect();
-    let elapsed = load(
-        "Redis bulk",
+    let method = format!(
+        "{} connections, pipelines of {depth} SETs of {} KiB",
+        s.bulk_clients,
+        s.bulk_value_bytes >> 10
+    );
+    let loaded = bulk(
+        SYSTEM,
+        method,
         writers,
-        items,
+        s.bulk_bytes,
+        s.bulk_value_bytes,
         depth,
-        s.bulk_value_bytes as u64,
     )
     .await
     .map_err(|e| anyhow::anyhow!("{e:#}; redis log:\n{}", process.log_tail()))?;
-    out.bulk.push(BulkResult::new(
-        SYSTEM,
-        format!(
-            "{} connections, pipelines of {depth} SETs of {} KiB",
-            s.bulk_clients,
-            s.bulk_value_bytes >> 10
-        ),
-        items * s.bulk_value_bytes as u64,
-        elapsed,
-    ));
+    out.bulk.push(loaded);
 
     // Scans.
     let grid = s.scan_grid();

@@ -280,7 +280,14 @@ pub fn markdown(r: &Results) -> String {
     let _ = writeln!(
         o,
         "Machine: {} × {}, {:.0} GiB, Linux {}; data on {} ({}, mounted at {}). Date: {}.\n",
-        m.nproc, m.cpu, m.mem_gib, m.kernel, m.fs.device, m.fs.fstype, m.fs.mount_point, m.date_utc
+        m.host.nproc,
+        m.host.cpu,
+        m.host.mem_gib,
+        m.host.kernel,
+        m.fs.device,
+        m.fs.fstype,
+        m.fs.mount_point,
+        m.host.date_utc
     );
     let _ = writeln!(o, "Command: `{}`\n", r.command);
     let versions: Vec<_> = r

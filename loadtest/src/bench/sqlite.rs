@@ -11,7 +11,7 @@ use anyhow::{Context, bail};
 use rusqlite::{Connection, params};
 
 use super::driver::{
-    BulkResult, CellKey, Conn, Op, Rates, ScanResult, SingleCellBlocking, closed_loop_blocking,
+    BulkResult, CellKey, Rates, ScanResult, SingleCellBlocking, write_then_read_blocking,
 };
 use super::{Results, Settings, progress, remove_data};
 
@@ -124,11 +124,7 @@ fn measure(s: &Settings, journal: Journal, dir: &Path, out: &mut Results) -> any
         let clients = (0..n)
             .map(|_| open(&path).map(SqliteCell))
             .collect::<anyhow::Result<Vec<_>>>()?;
-        let conns = Conn::numbered(clients);
-        let (conns, w) = closed_loop_blocking(system, Op::Write, conns, s.window, &value);
-        out.single.push(w);
-        let (_, r) = closed_loop_blocking(system, Op::Read, conns, s.window, &value);
-        out.single.push(r);
+        write_then_read_blocking(system, clients, s.window, &value, &mut out.single);
     }
 
     // Bulk: one writer, big transactions.

@@ -186,11 +186,14 @@ async fn column(c: &mut Cells, w: i32) -> Result<BTreeMap<i32, Vec<u8>>, tonic::
             z: Z,
         },
     );
-    Ok(cube_testkit::region_all(c, min, max, 1000)
-        .await?
-        .into_iter()
-        .filter_map(|cell| cell.coord.map(|k| (k.y, cell.value)))
-        .collect())
+    let mut out = BTreeMap::new();
+    cube_testkit::region_for_each(c, min, max, 1000, |cell| {
+        if let Some(k) = cell.coord {
+            out.insert(k.y, cell.value);
+        }
+    })
+    .await?;
+    Ok(out)
 }
 
 pub async fn verify(server: &TestServer, ledger: &Ledger) -> anyhow::Result<Verification> {

@@ -92,7 +92,7 @@ fn progress(name: &str, round: &Round) {
         v.beyond_acked,
         if v.ok {
             "ok"
-        } else if v.missing + v.corrupt + v.holes > 0 {
+        } else if v.missing + v.corrupt + v.misplaced + v.holes > 0 {
             "LOST DATA"
         } else {
             "FAILED"
@@ -306,8 +306,9 @@ pub async fn power_loss(s: &Settings) -> anyhow::Result<ScenarioReport> {
 /// still work, and once the ballast is removed writes must resume. Then a restart, and
 /// everything acknowledged is verified. The first round runs with the free-space guard
 /// (`--min-free-bytes`), which refuses writes before the disk is full; the second without it
-/// (`--min-free-bytes 0`), so the writes run into ENOSPC themselves: the WAL's write fails, the
-/// tenant is closed and reopened once there is room again.
+/// (`--min-free-bytes 0`), so the writes run into ENOSPC themselves (fjall's journal first: the
+/// WAL's segments are preallocated): the tenant is poisoned, closed and reopened once there is
+/// room again.
 pub async fn disk_full(s: &Settings) -> anyhow::Result<ScenarioReport> {
     let mut rep = ScenarioReport::new(
         "E",

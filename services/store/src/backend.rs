@@ -325,13 +325,13 @@ impl StateBackend for FjallBackend {
 pub const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Open with `open`, retrying for up to [`LOCK_WAIT`] while `locked` says another handle still
-/// holds the store: both fjall (here, see `Drop for FjallBackend`) and sled let go of their lock
-/// on a thread of their own shortly after a handle is dropped, and a passivated tenant's last
-/// reader may still hold one.
-pub fn open_waiting<B>(
-    open: impl Fn() -> Result<B, BackendError>,
-    locked: fn(&BackendError) -> bool,
-) -> Result<B, BackendError> {
+/// holds the store: both fjall (here, see `Drop for FjallBackend`) and sled (the state stores
+/// and the catalog) let go of their lock on a thread of their own shortly after a handle is
+/// dropped, and a passivated tenant's last reader may still hold one.
+pub fn open_waiting<B, E>(
+    open: impl Fn() -> Result<B, E>,
+    locked: impl Fn(&E) -> bool,
+) -> Result<B, E> {
     let deadline = std::time::Instant::now() + LOCK_WAIT;
     loop {
         match open() {

@@ -475,16 +475,11 @@ mod tests {
             (first, second)
         };
         // sled releases the first handle's lock on a thread of its own, shortly after the drop.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        let c = loop {
-            match Catalog::open(&path) {
-                Ok(c) => break c,
-                Err(CatalogOpenError::Locked) if std::time::Instant::now() < deadline => {
-                    std::thread::sleep(std::time::Duration::from_millis(5))
-                }
-                Err(e) => panic!("reopening the catalog: {e}"),
-            }
-        };
+        let c = crate::backend::open_waiting(
+            || Catalog::open(&path),
+            |e| matches!(e, CatalogOpenError::Locked),
+        )
+        .unwrap();
         assert_eq!(c.key("acme", &first.key_id).unwrap().secret, first.secret);
         let caps = c
             .change_capabilities("acme", &first.key_id, &[], &[Capability::Write])

@@ -40,6 +40,7 @@ pub fn remove_covered_log(dir: &Path, next_seq: u64) -> io::Result<usize> {
     let marker = dir.join(segment_file_name(next_seq));
     std::fs::File::create(&marker)?.sync_all()?;
     sync_dir(dir)?;
+    let spare_suffix = format!(".{SPARE_EXT}");
     let mut removed = 0;
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
@@ -47,7 +48,7 @@ pub fn remove_covered_log(dir: &Path, next_seq: u64) -> io::Result<usize> {
         let name = name.to_string_lossy();
         let ours = parse_segment_file_name(&name).is_some_and(|first| first != next_seq)
             || name
-                .strip_suffix(&format!(".{SPARE_EXT}"))
+                .strip_suffix(&spare_suffix)
                 .is_some_and(|d| d.len() == 20);
         if ours {
             match std::fs::remove_file(entry.path()) {

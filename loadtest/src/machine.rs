@@ -1,18 +1,27 @@
-//! What the run was measured on: CPUs, kernel, memory, and the file system and device holding
-//! the data directory (from /proc; nothing here changes the machine).
+//! What a run was measured on: CPUs, kernel, memory, and the file system and device holding
+//! its data directory (from /proc; nothing here changes the machine). Used by the reports of
+//! `cube-load ab` and `cube-load bench`.
 
 use std::path::Path;
 use std::process::Command;
 
 use serde::Serialize;
 
+/// The computer: CPUs, memory, kernel, and when it was asked.
 #[derive(Debug, Serialize)]
-pub struct Machine {
+pub struct Host {
     pub nproc: usize,
     pub cpu: String,
     pub kernel: String,
     pub mem_gib: f64,
     pub date_utc: String,
+}
+
+/// The computer and the file system a run keeps its data on.
+#[derive(Debug, Serialize)]
+pub struct Machine {
+    #[serde(flatten)]
+    pub host: Host,
     pub fs: FileSystem,
 }
 
@@ -25,8 +34,8 @@ pub struct FileSystem {
     pub free_bytes: u64,
 }
 
-impl Machine {
-    pub fn probe(dir: &Path) -> Machine {
+impl Host {
+    pub fn probe() -> Host {
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
         let mem_kib: f64 = meminfo
@@ -34,7 +43,7 @@ impl Machine {
             .find_map(|l| l.strip_prefix("MemTotal:"))
             .and_then(|v| v.split_whitespace().next()?.parse().ok())
             .unwrap_or(0.0);
-        Machine {
+        Host {
             nproc: std::thread::available_parallelism().map_or(1, usize::from),
             cpu: cpuinfo
                 .lines()
@@ -45,6 +54,14 @@ impl Machine {
                 .map_or_else(|_| "?".into(), |s| s.trim().to_string()),
             mem_gib: mem_kib / f64::from(1u32 << 20),
             date_utc: command_line("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
+        }
+    }
+}
+
+impl Machine {
+    pub fn probe(dir: &Path) -> Machine {
+        Machine {
+            host: Host::probe(),
             fs: FileSystem::of(dir),
         }
     }

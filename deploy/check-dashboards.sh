@@ -111,8 +111,8 @@ fi
 for tool in promtool prometheus curl python3; do
     command -v "$tool" >/dev/null 2>&1 || die "$tool not found after installing"
 done
-[ -x "$CUBED" ] || die "cubed not found at $CUBED (build it: cargo build -p cubed -p cubec, or set CUBED)"
-[ -x "$CUBEC" ] || die "cubec not found at $CUBEC (build it: cargo build -p cubed -p cubec, or set CUBEC)"
+[ -x "$CUBED" ] || die "cubed not found at $CUBED (build it: cargo build --workspace --bins, or set CUBED)"
+[ -x "$CUBEC" ] || die "cubec not found at $CUBEC (build it: cargo build --workspace --bins, or set CUBEC)"
 CUBED=$(cd "$(dirname "$CUBED")" && pwd)/$(basename "$CUBED")
 CUBEC=$(cd "$(dirname "$CUBEC")" && pwd)/$(basename "$CUBEC")
 echo "== $(promtool --version 2>&1 | head -n 1)"

@@ -4,13 +4,13 @@
 # apt-get when missing). It fails if any part cannot run or any call fails; the figures of a debug
 # build on a CI machine are not benchmark results (docs/benchmarks.md has those).
 #
-#   bash loadtest/bench-smoke.sh            # uses target/debug/cube-load (cargo build -p cube-load -p cubed)
+#   bash loadtest/bench-smoke.sh            # uses target/debug/cube-load (cargo build --workspace --bins)
 #   CUBE_LOAD=target/release/cube-load bash loadtest/bench-smoke.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 CUBE_LOAD=${CUBE_LOAD:-target/debug/cube-load}
-[ -x "$CUBE_LOAD" ] || { echo "no $CUBE_LOAD: cargo build -p cube-load -p cubed" >&2; exit 1; }
+[ -x "$CUBE_LOAD" ] || { echo "no $CUBE_LOAD: cargo build --workspace --bins" >&2; exit 1; }
 
 missing=()
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)

@@ -35,7 +35,7 @@ export K6_NO_USAGE_REPORT=true # k6 would otherwise phone home at the end of eac
 export CUBE_P99_MS="${CUBE_P99_MS:-500}"
 
 if [[ ! -x "$CUBED" ]]; then
-  echo "k6/run.sh: no server binary at $CUBED (build it: cargo build -p cubed)" >&2
+  echo "k6/run.sh: no server binary at $CUBED (build it: cargo build --workspace --bins)" >&2
   exit 1
 fi
 

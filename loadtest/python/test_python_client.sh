@@ -21,7 +21,7 @@ CLIENT="$ROOT/loadtest/python/cube_client.py"
 export PYTHONDONTWRITEBYTECODE=1 # no __pycache__ in the repository
 
 if [[ ! -x "$CUBED" ]]; then
-  echo "test_python_client: no server binary at $CUBED (build it: cargo build -p cubed)" >&2
+  echo "test_python_client: no server binary at $CUBED (build it: cargo build --workspace --bins)" >&2
   exit 1
 fi
 

@@ -67,7 +67,7 @@ impl Default for CoreConfig {
             wal: WalOptions::default(),
             limits: StateLimits::default(),
             checkpoint: CheckpointPolicy::default(),
-            state_cache_bytes: 8 << 20,
+            state_cache_bytes: 32 << 20,
             space: None,
         }
     }

@@ -129,13 +129,23 @@ impl StateBackend for SledBackend {
 /// segment files by fjall's flush worker. Small, because up to `--max-open-tenants` of them
 /// live at once.
 const FJALL_MEMTABLE_BYTES: u32 = 4 << 20;
-/// Journal bytes fjall keeps before it makes writers wait for memtable flushes: bounds what an
-/// open replays. fjall counts each journal file at its preallocated 32 MiB, so at its minimum
-/// (24 MiB) every rotation stalled writes in 100 ms steps; 96 MiB leaves room for three.
-const FJALL_JOURNAL_BYTES: u64 = 96 << 20;
-/// Memtables (active + sealed) per tenant before writes wait for a flush.
-const FJALL_WRITE_BUFFER_BYTES: u64 = 16 << 20;
-/// How often [`StateBackend::flush`] looks whether fjall has written the memtable out.
+/// Journal bytes (the active journal included) above which an apply waits for memtable flushes:
+/// bounds what an open replays. fjall counts each journal file at its preallocated 32 MiB, so
+/// this lets the active journal and two sealed ones be; fjall's own stall at its minimum
+/// (24 MiB) stopped writes for 100 ms at every rotation.
+const JOURNAL_BUDGET: u64 = 96 << 20;
+/// Memtables (active + sealed) per tenant above which an apply waits for a flush.
+const WRITE_BUFFER_BUDGET: u64 = 16 << 20;
+/// fjall's own limits, a backstop only: [`FjallBackend::wait_for_room`] keeps below the budgets
+/// above. fjall's stalls wait for its flush worker without ever looking at whether that worker
+/// failed (a full disk), so an apply caught in one would hang on the actor's thread for good.
+const FJALL_JOURNAL_LIMIT: u64 = 4 * JOURNAL_BUDGET;
+const FJALL_WRITE_BUFFER_LIMIT: u64 = 4 * WRITE_BUFFER_BUDGET;
+/// Longest an apply waits for flushes to bring the tenant back under its budgets before it
+/// fails (and the tenant is poisoned, reopenably): a flush worker making no progress for this
+/// long is stuck, not slow.
+const APPLY_STALL_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
+/// How often a flush, or an apply waiting for room, looks whether fjall has written memtables out.
 const FLUSH_POLL: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// A tenant's state in its own fjall keyspace (an LSM tree): one partition, one flush and one
@@ -209,8 +219,8 @@ impl FjallBackend {
             .flush_workers(1)
             .compaction_workers(1)
             .manual_journal_persist(true)
-            .max_journaling_size(FJALL_JOURNAL_BYTES)
-            .max_write_buffer_size(FJALL_WRITE_BUFFER_BYTES)
+            .max_journaling_size(FJALL_JOURNAL_LIMIT)
+            .max_write_buffer_size(FJALL_WRITE_BUFFER_LIMIT)
             .open()
             .map_err(|e| BackendError(format!("opening state keyspace: {e}")))?;
         let part = keyspace
@@ -239,6 +249,37 @@ impl FjallBackend {
     /// Close now, on this thread: when returning, the files are closed and the lock released.
     pub fn close(mut self) {
         drop(self.open.take());
+    }
+
+    /// The tenant's write stall, in place of fjall's: while its memtables or journals are over
+    /// budget, wait for fjall's flush worker to write memtables out, and fail as soon as the
+    /// keyspace is poisoned (that worker failed and will not come back) or after
+    /// [`APPLY_STALL_LIMIT`]. fjall's own stalls loop until the flush happens, whatever became
+    /// of the worker.
+    fn wait_for_room(&self) -> Result<(), BackendError> {
+        let ks = self.ks();
+        let mut deadline = None;
+        while ks.keyspace.write_buffer_size() > WRITE_BUFFER_BUDGET
+            || ks.keyspace.journal_disk_space() > JOURNAL_BUDGET
+        {
+            // `Buffer` only hands fjall's journal buffer to the OS; it fails once poisoned.
+            ks.keyspace
+                .persist(fjall::PersistMode::Buffer)
+                .map_err(fjall_err)?;
+            let until =
+                *deadline.get_or_insert_with(|| std::time::Instant::now() + APPLY_STALL_LIMIT);
+            if std::time::Instant::now() >= until {
+                return Err(BackendError(format!(
+                    "state store flushes made no room in {} s (memtables {} bytes, journals {} \
+                     bytes)",
+                    APPLY_STALL_LIMIT.as_secs(),
+                    ks.keyspace.write_buffer_size(),
+                    ks.keyspace.journal_disk_space()
+                )));
+            }
+            std::thread::sleep(FLUSH_POLL);
+        }
+        Ok(())
     }
 
     fn ks(&self) -> &OpenKeyspace {
@@ -278,6 +319,7 @@ impl StateBackend for FjallBackend {
     }
 
     fn apply(&self, batch: Vec<BatchOp>) -> Result<(), BackendError> {
+        self.wait_for_room()?;
         let mut b = self.ks().keyspace.batch();
         for op in batch {
             match op {
@@ -535,6 +577,34 @@ mod tests {
         let f = fjall(root.path());
         assert_eq!(f.get(b"a2").unwrap(), Some(b"y".to_vec()));
         assert_eq!(f.get(b"a1").unwrap(), None);
+    }
+
+    #[test]
+    fn applies_wait_for_flushes_to_stay_within_the_write_budget() {
+        // 96 MiB in 1 MiB batches, six times the budget: without the wait in `apply`, fjall's own
+        // limit (four times the budget) would let the memtables grow to 64 MiB.
+        let root = tempfile::tempdir().unwrap();
+        let f = fjall(root.path());
+        let value = vec![7u8; 64 << 10];
+        let mut peak = 0;
+        for batch in 0..96u32 {
+            let ops = (0..16u32)
+                .map(|i| BatchOp::Put(format!("k{batch:04}{i:02}").into_bytes(), value.clone()))
+                .collect();
+            f.apply(ops).unwrap();
+            peak = peak.max(f.ks().keyspace.write_buffer_size());
+        }
+        // The budget, plus the batch that crossed it, plus the memtables' per-entry overhead.
+        assert!(
+            peak <= WRITE_BUFFER_BUDGET + (2 << 20),
+            "memtables reached {peak} bytes"
+        );
+        assert_eq!(f.get(b"k009515").unwrap(), Some(value.clone()));
+        f.flush().unwrap();
+        drop(f);
+        let f = fjall(root.path());
+        assert_eq!(f.get(b"k000000").unwrap(), Some(value));
+        assert_eq!(pairs(&f).len(), 96 * 16);
     }
 
     fn exercise(b: &dyn StateBackend) {

@@ -597,7 +597,7 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let f = fjall(root.path());
         let value = vec![7u8; 64 << 10];
-        let batches = (8 * WRITE_BUFFER_BUDGET >> 20) as u32;
+        let batches = ((8 * WRITE_BUFFER_BUDGET) >> 20) as u32;
         let mut peak = 0;
         for batch in 0..batches {
             let ops = (0..16u32)

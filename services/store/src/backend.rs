@@ -128,8 +128,10 @@ impl StateBackend for SledBackend {
 /// Memtable size of a tenant's state partition: writes are absorbed here and flushed to sorted
 /// segment files by fjall's flush worker. Up to `--max-open-tenants` of them live at once, but a
 /// memtable only takes the memory of what was written into it.
-/// NOTE: fjall records a partition's options (this size, the compaction strategy) when it is
-/// created; a state store created by an earlier build keeps its own (4 MiB, leveled).
+/// 16 MiB rather than 4: fewer, larger level-0 runs for compaction to merge (a 1 GiB bulk load of
+/// 64 KiB values: 76-82 -> 96-101 MiB/s, docs/benchmarks.md).
+/// NOTE: fjall records a partition's options (this size included) when it is created; a state
+/// store created by an earlier build keeps its 4 MiB.
 const FJALL_MEMTABLE_BYTES: u32 = 16 << 20;
 /// Journal bytes (the active journal included) above which an apply waits for memtable flushes:
 /// bounds what an open replays. fjall counts each journal file at its preallocated 32 MiB, so
@@ -230,16 +232,10 @@ impl FjallBackend {
                 "state",
                 fjall::PartitionCreateOptions::default()
                     .manual_journal_persist(true)
-                    .max_memtable_size(FJALL_MEMTABLE_BYTES)
-                    // Size-tiered rather than fjall's default leveled compaction, with 16 MiB
-                    // rather than 4 MiB memtables: a 1 GiB bulk load of 64 KiB values went from
-                    // 76-82 to 132-146 MiB/s (docs/benchmarks.md), because leveled compaction
-                    // rewrote each value many times on its way down the levels. Point reads
-                    // check more runs (bloom filters skip most); Region and recovery measured
-                    // within their usual spread.
-                    .compaction_strategy(fjall::compaction::Strategy::SizeTiered(
-                        fjall::compaction::SizeTiered::default(),
-                    )),
+                    // fjall's default leveled compaction. Size-tiered made a 1 GiB bulk load of
+                    // 64 KiB values 1.5x faster but the A/B op mix over 120 s 24% slower (range
+                    // reads of the audit trail over more runs and tombstones): docs/benchmarks.md.
+                    .max_memtable_size(FJALL_MEMTABLE_BYTES),
             )
             .map_err(|e| BackendError(format!("opening state partition: {e}")))?;
         Ok(FjallBackend {

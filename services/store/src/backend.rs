@@ -133,17 +133,19 @@ impl StateBackend for SledBackend {
 /// NOTE: fjall records a partition's options (this size included) when it is created; a state
 /// store created by an earlier build keeps its 4 MiB.
 const FJALL_MEMTABLE_BYTES: u32 = 16 << 20;
-/// Journal bytes (the active journal included) above which an apply waits for memtable flushes:
-/// bounds what an open replays. fjall counts each journal file at its preallocated 32 MiB, so
-/// this lets the active journal and two sealed ones be; fjall's own stall at its minimum
-/// (24 MiB) stopped writes for 100 ms at every rotation.
-const JOURNAL_BUDGET: u64 = 96 << 20;
+/// Journal files (the active one included) above which an apply waits for memtable flushes:
+/// bounds what an open replays. A journal file holds one memtable's batches and is preallocated
+/// to 32 MiB; fjall's own byte-based stall at its minimum (24 MiB) stopped writes for 100 ms at
+/// every rotation. Counted, not measured in bytes: the count needs no `fstat` on every apply.
+const JOURNAL_BUDGET: usize = 3;
+/// fjall's size of a preallocated journal file, which its own journal limit counts.
+const FJALL_JOURNAL_FILE_BYTES: u64 = 32 << 20;
 /// Memtables (active + sealed) per tenant above which an apply waits for a flush.
 const WRITE_BUFFER_BUDGET: u64 = 48 << 20;
 /// fjall's own limits, a backstop only: [`FjallBackend::wait_for_room`] keeps below the budgets
 /// above. fjall's stalls wait for its flush worker without ever looking at whether that worker
 /// failed (a full disk), so an apply caught in one would hang on the actor's thread for good.
-const FJALL_JOURNAL_LIMIT: u64 = 4 * JOURNAL_BUDGET;
+const FJALL_JOURNAL_LIMIT: u64 = 4 * JOURNAL_BUDGET as u64 * FJALL_JOURNAL_FILE_BYTES;
 const FJALL_WRITE_BUFFER_LIMIT: u64 = 4 * WRITE_BUFFER_BUDGET;
 /// Longest an apply waits for flushes to bring the tenant back under its budgets before it
 /// fails (and the tenant is poisoned, reopenably): a flush worker making no progress for this
@@ -233,8 +235,9 @@ impl FjallBackend {
                 fjall::PartitionCreateOptions::default()
                     .manual_journal_persist(true)
                     // fjall's default leveled compaction. Size-tiered made a 1 GiB bulk load of
-                    // 64 KiB values 1.5x faster but the A/B op mix over 120 s 24% slower (range
-                    // reads of the audit trail over more runs and tombstones): docs/benchmarks.md.
+                    // 64 KiB values 1.5x faster but the A/B op mix over 120 s 24% slower (not
+                    // profiled; likely the audit trail's range reads over more runs):
+                    // docs/benchmarks.md.
                     .max_memtable_size(FJALL_MEMTABLE_BYTES),
             )
             .map_err(|e| BackendError(format!("opening state partition: {e}")))?;
@@ -258,35 +261,46 @@ impl FjallBackend {
         drop(self.open.take());
     }
 
-    /// The tenant's write stall, in place of fjall's: while its memtables or journals are over
-    /// budget, wait for fjall's flush worker to write memtables out, and fail as soon as the
-    /// keyspace is poisoned (that worker failed and will not come back) or after
-    /// [`APPLY_STALL_LIMIT`]. fjall's own stalls loop until the flush happens, whatever became
-    /// of the worker.
-    fn wait_for_room(&self) -> Result<(), BackendError> {
+    /// Poll until `done` while fjall's flush worker writes memtables out. Fails as soon as the
+    /// keyspace is poisoned (that worker failed and will not come back), and after `limit` if
+    /// one is given. fjall's own waits (`rotate_memtable_and_wait`, its write stalls) loop
+    /// until the flush happens, whatever became of the worker.
+    fn wait_for_flushes(
+        &self,
+        done: impl Fn(&OpenKeyspace) -> bool,
+        limit: Option<std::time::Duration>,
+    ) -> Result<(), BackendError> {
         let ks = self.ks();
-        let mut deadline = None;
-        while ks.keyspace.write_buffer_size() > WRITE_BUFFER_BUDGET
-            || ks.keyspace.journal_disk_space() > JOURNAL_BUDGET
-        {
+        let deadline = limit.map(|l| std::time::Instant::now() + l);
+        while !done(ks) {
             // `Buffer` only hands fjall's journal buffer to the OS; it fails once poisoned.
             ks.keyspace
                 .persist(fjall::PersistMode::Buffer)
                 .map_err(fjall_err)?;
-            let until =
-                *deadline.get_or_insert_with(|| std::time::Instant::now() + APPLY_STALL_LIMIT);
-            if std::time::Instant::now() >= until {
+            if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
                 return Err(BackendError(format!(
-                    "state store flushes made no room in {} s (memtables {} bytes, journals {} \
-                     bytes)",
-                    APPLY_STALL_LIMIT.as_secs(),
+                    "state store flushes made no room in {} s (memtables {} bytes, {} journal \
+                     files)",
+                    limit.unwrap_or_default().as_secs(),
                     ks.keyspace.write_buffer_size(),
-                    ks.keyspace.journal_disk_space()
+                    ks.keyspace.journal_count()
                 )));
             }
             std::thread::sleep(FLUSH_POLL);
         }
         Ok(())
+    }
+
+    /// The tenant's write stall, in place of fjall's: while its memtables or journals are over
+    /// budget, wait for flushes, for at most [`APPLY_STALL_LIMIT`].
+    fn wait_for_room(&self) -> Result<(), BackendError> {
+        self.wait_for_flushes(
+            |ks| {
+                ks.keyspace.write_buffer_size() <= WRITE_BUFFER_BUDGET
+                    && ks.keyspace.journal_count() <= JOURNAL_BUDGET
+            },
+            Some(APPLY_STALL_LIMIT),
+        )
     }
 
     fn ks(&self) -> &OpenKeyspace {
@@ -352,13 +366,7 @@ impl StateBackend for FjallBackend {
         use fjall::AbstractTree;
         let ks = self.ks();
         if ks.part.rotate_memtable().map_err(fjall_err)? {
-            while ks.part.tree.sealed_memtable_count() > 0 {
-                // `Buffer` only hands fjall's journal buffer to the OS; it fails once poisoned.
-                ks.keyspace
-                    .persist(fjall::PersistMode::Buffer)
-                    .map_err(fjall_err)?;
-                std::thread::sleep(FLUSH_POLL);
-            }
+            self.wait_for_flushes(|ks| ks.part.tree.sealed_memtable_count() == 0, None)?;
         }
         ks.keyspace
             .persist(fjall::PersistMode::SyncAll)
@@ -588,8 +596,9 @@ mod tests {
 
     #[test]
     fn applies_wait_for_flushes_to_stay_within_the_write_budget() {
-        // Eight times the budget in 1 MiB batches: without the wait in `apply`, fjall's own limit
-        // (four times the budget) let the memtables grow past it (to 51 MiB in one run).
+        // Eight times the budget in 1 MiB batches. Without the wait in `apply`, fjall's own limit
+        // (four times the budget) lets the memtables grow past it whenever its flushes fall
+        // behind (to 51 MiB in one run; in others they kept up).
         let root = tempfile::tempdir().unwrap();
         let f = fjall(root.path());
         let value = vec![7u8; 64 << 10];

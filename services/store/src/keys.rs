@@ -8,7 +8,7 @@
 //! c | morton(coord) 12                      -> StoredCell
 //! e | morton(from) 12 | len u8 | label | morton(to) 12   -> (empty)
 //! r | morton(coord) 12 | run number u64 BE  -> walop::Run (telemetry of that run)
-//! a | first audit seq u64 BE                -> AuditChunk (the entries of one applied group)
+//! a | first audit seq u64 BE                -> AuditChunk (up to 16 entries of one applied group)
 //! m | name                                  -> meta (applied seq, totals, audit head)
 //! ```
 
@@ -26,6 +26,10 @@ const AUDIT: u8 = b'a';
 pub(crate) const META_APPLIED: &[u8] = b"m:applied";
 pub(crate) const META_TOTALS: &[u8] = b"m:totals";
 pub(crate) const META_AUDIT_HEAD: &[u8] = b"m:audit-head";
+/// First audit seq from which every chunk holds at most `AUDIT_CHUNK_ENTRIES` entries (u64 BE).
+/// Versions before the cap wrote one chunk per applied group, however large; a store without
+/// this key has only such chunks.
+pub(crate) const META_AUDIT_CAPPED_FROM: &[u8] = b"m:audit-capped-from";
 
 pub(crate) fn z(c: Coord) -> u128 {
     morton::encode(c.x, c.y, c.z)

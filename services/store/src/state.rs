@@ -27,6 +27,9 @@ use crate::walop::{self, Op, WalAudit, WalCoord, WalOp};
 pub const MAX_WALK_DEPTH: u32 = 16;
 /// Longest edge label in bytes.
 pub const MAX_LABEL_BYTES: usize = 64;
+/// Most audit entries stored under one key. An applied group with more is split, so the chunk
+/// holding any seq starts at most this many entries before it.
+const AUDIT_CHUNK_ENTRIES: usize = 16;
 
 /// A cell's address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -459,19 +462,56 @@ impl StateReader {
     /// Up to `limit` retained audit entries with `seq >= from_seq`, in order.
     pub fn audit_page(&self, from_seq: u64, limit: usize) -> Result<Vec<AuditEntry>, StoreError> {
         let (_, _, head) = load_meta(&*self.store).map_err(|e| storage_error(&e))?;
-        let from = from_seq.max(head.next_seq.saturating_sub(self.audit_retention));
-        // The chunk holding `from` starts at or before it.
+        // Audit seqs start at 1.
+        let from = from_seq
+            .max(1)
+            .max(head.next_seq.saturating_sub(self.audit_retention));
+        if from >= head.next_seq || limit == 0 {
+            return Ok(Vec::new());
+        }
+        // The chunk holding `from` starts at or before it, at most AUDIT_CHUNK_ENTRIES - 1
+        // before (chunks are capped when written). Found with a forward scan: a reverse seek
+        // (`get_lt`) in fjall's LSM tree walked back through blocks of every segment and took a
+        // third of the server's CPU in the A/B op mix (docs/benchmarks.md).
+        let window = from.saturating_sub(AUDIT_CHUNK_ENTRIES as u64 - 1);
         let start = match self
             .store
-            .get_lt(&keys::audit_key(from.saturating_add(1)))
-            .map_err(|e| storage_error(&e))?
+            .range(&keys::audit_key(window), &keys::audit_key(from + 1))
+            .next()
         {
-            Some((k, _)) if k.first() == keys::audit_key(0).first() => k,
-            _ => keys::audit_key(from).to_vec(),
+            Some(item) => item.map_err(|e| storage_error(&e))?.0,
+            // No chunk starts in the window. Usually the one holding `from` has just been
+            // expired (`from` was the oldest retained entry when the head was read, and applies
+            // go on beside this read): the page starts at the next chunk. Seeking back instead
+            // would walk over the tombstones of every expired chunk. Only a chunk written before
+            // chunks were capped can start further back.
+            None if from >= audit_capped_from(&*self.store).map_err(|e| storage_error(&e))? => {
+                keys::audit_key(window).to_vec()
+            }
+            None => match self
+                .store
+                .get_lt(&keys::audit_key(from + 1))
+                .map_err(|e| storage_error(&e))?
+            {
+                Some((k, _)) if keys::audit_seq_of(&k).is_some() => k,
+                _ => keys::audit_key(from).to_vec(),
+            },
         };
         let mut out = Vec::new();
-        for item in self.store.range(&start, &keys::audit_end()) {
-            let (_, v) = item.map_err(|e| storage_error(&e))?;
+        let mut chunks = self
+            .store
+            .range(&start, &keys::audit_end())
+            .map(|item| item.map_err(|e| storage_error(&e)))
+            .peekable();
+        while let Some(item) = chunks.next() {
+            let (_, v) = item?;
+            // A chunk followed by another that starts at or before `from` holds nothing the
+            // page needs: skip it without decoding.
+            if let Some(Ok((next, _))) = chunks.peek()
+                && keys::audit_seq_of(next).is_some_and(|s| s <= from)
+            {
+                continue;
+            }
             let chunk = AuditChunk::decode(v.as_slice())
                 .map_err(|e| storage_error(&BackendError(format!("undecodable audit: {e}"))))?;
             for a in chunk.entries {
@@ -505,6 +545,17 @@ fn view(c: StoredCell) -> CellView {
         value: c.value,
         version: c.version,
         sealed: c.sealed,
+    }
+}
+
+/// The first audit seq from which chunks are capped (`u64::MAX` if no version with the cap has
+/// applied anything to this store yet).
+fn audit_capped_from(store: &dyn StateBackend) -> Result<u64, BackendError> {
+    match store.get(keys::META_AUDIT_CAPPED_FROM)? {
+        None => Ok(u64::MAX),
+        Some(b) => Ok(u64::from_be_bytes(b.as_slice().try_into().map_err(
+            |_| BackendError("audit capped-from seq is not 8 bytes".into()),
+        )?)),
     }
 }
 
@@ -557,6 +608,9 @@ pub struct TenantState {
     audit_head: AuditHead,
     /// Every audit chunk starting below this seq has been removed: where expiry scans from.
     audit_floor: u64,
+    /// Written with the next applied batch when this store has no
+    /// [`keys::META_AUDIT_CAPPED_FROM`] yet: the audit head at open.
+    record_capped_from: Option<u64>,
 }
 
 impl TenantState {
@@ -566,7 +620,13 @@ impl TenantState {
         limits: StateLimits,
     ) -> Result<TenantState, BackendError> {
         let (totals, applied_seq, head) = load_meta(&*store)?;
+        // Chunks this version writes are capped; record from where, with the first apply.
+        let capped_from = match audit_capped_from(&*store)? {
+            u64::MAX => Some(head.next_seq),
+            _ => None,
+        };
         Ok(TenantState {
+            record_capped_from: capped_from,
             reader: StateReader::new(Arc::clone(&store), limits.audit_retention),
             store,
             limits,
@@ -960,16 +1020,33 @@ impl TenantState {
         if last == self.applied_seq {
             return Ok(());
         }
-        if let Some(first) = audits.first().map(|a| a.seq) {
-            let chunk = AuditChunk { entries: audits };
-            txn.put(keys::audit_key(first).to_vec(), chunk.encode_to_vec());
-            floor = self.expire_audit(&mut txn, head.next_seq, first)?;
+        if !audits.is_empty() {
+            // At most AUDIT_CHUNK_ENTRIES per chunk, so a page can find the chunk holding any
+            // seq with a short forward scan (see `StateReader::audit_page`).
+            let mut starts = Vec::with_capacity(audits.len().div_ceil(AUDIT_CHUNK_ENTRIES));
+            let mut rest = audits.into_iter().peekable();
+            while let Some(first) = rest.peek().map(|a| a.seq) {
+                let entries: Vec<_> = rest.by_ref().take(AUDIT_CHUNK_ENTRIES).collect();
+                txn.put(
+                    keys::audit_key(first).to_vec(),
+                    AuditChunk { entries }.encode_to_vec(),
+                );
+                starts.push(first);
+            }
+            floor = self.expire_audit(&mut txn, head.next_seq, &starts)?;
         }
         txn.put(keys::META_APPLIED.to_vec(), last.to_be_bytes().to_vec());
         txn.put(keys::META_TOTALS.to_vec(), totals.encode_to_vec());
         txn.put(keys::META_AUDIT_HEAD.to_vec(), head.encode_to_vec());
+        if let Some(seq) = self.record_capped_from {
+            txn.put(
+                keys::META_AUDIT_CAPPED_FROM.to_vec(),
+                seq.to_be_bytes().to_vec(),
+            );
+        }
         let batch = txn.into_batch();
         self.store.apply(batch)?;
+        self.record_capped_from = None;
         self.audit_floor = floor;
         self.applied_seq = last;
         self.totals = totals;
@@ -992,13 +1069,14 @@ impl TenantState {
     }
 
     /// Remove the audit chunks wholly older than the retained window (the newest
-    /// `audit_retention` entries before `next_seq`). `new_chunk` is the first seq of the chunk this
-    /// batch adds. Readers filter the boundary chunk, so they see exactly the window.
+    /// `audit_retention` entries before `next_seq`). `new_chunks`: the first seqs of the chunks
+    /// this batch adds, ascending. Readers filter the boundary chunk, so they see exactly the
+    /// window.
     fn expire_audit(
         &self,
         txn: &mut Txn<'_>,
         next_seq: u64,
-        new_chunk: u64,
+        new_chunks: &[u64],
     ) -> Result<u64, ApplyError> {
         let keep_from = next_seq.saturating_sub(self.limits.audit_retention.max(1));
         if keep_from <= 1 {
@@ -1015,8 +1093,8 @@ impl TenantState {
         ) {
             starts.push(item?.0);
         }
-        if new_chunk <= keep_from {
-            starts.push(keys::audit_key(new_chunk).to_vec());
+        for &first in new_chunks.iter().filter(|&&first| first <= keep_from) {
+            starts.push(keys::audit_key(first).to_vec());
         }
         let floor = starts
             .pop()
@@ -1606,6 +1684,166 @@ mod tests {
         let page = racing.audit_page(1, 2).unwrap();
         assert_eq!(page.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![3, 4]);
         assert_eq!(page[1].prev_hash, page[0].hash);
+    }
+
+    /// Counts reverse seeks; everything else passes through.
+    #[derive(Debug)]
+    struct CountingSeeks {
+        inner: Arc<dyn StateBackend>,
+        seeks: std::sync::atomic::AtomicUsize,
+    }
+
+    impl StateBackend for CountingSeeks {
+        fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError> {
+            self.inner.get(key)
+        }
+        fn range(&self, start: &[u8], end: &[u8]) -> crate::backend::RangeIter<'_> {
+            self.inner.range(start, end)
+        }
+        fn get_lt(&self, key: &[u8]) -> Result<Option<(Vec<u8>, Vec<u8>)>, BackendError> {
+            self.seeks
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.inner.get_lt(key)
+        }
+        fn apply(&self, batch: Vec<crate::backend::BatchOp>) -> Result<(), BackendError> {
+            self.inner.apply(batch)
+        }
+        fn flush(&self) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn size_on_disk(&self) -> u64 {
+            0
+        }
+    }
+
+    #[test]
+    fn large_applied_groups_are_split_and_every_page_starts_at_its_seq_without_a_seek() {
+        let mut h = Harness::new(fresh_with(16, 1000));
+        // Groups of 1, 40 and 17 changes, each applied as one batch.
+        for group in [1usize, 40, 17] {
+            for i in 0..group {
+                h.submit(write(C, &[i as u8])).unwrap();
+            }
+            h.flush();
+        }
+        let chunks: Vec<usize> =
+            h.s.store
+                .range(&keys::audit_key(0), &keys::audit_end())
+                .map(|r| {
+                    AuditChunk::decode(r.unwrap().1.as_slice())
+                        .unwrap()
+                        .entries
+                        .len()
+                })
+                .collect();
+        assert_eq!(chunks, vec![1, 16, 16, 8, 16, 1]);
+        let counting = Arc::new(CountingSeeks {
+            inner: Arc::clone(&h.s.store),
+            seeks: Default::default(),
+        });
+        let reader = StateReader::new(counting.clone(), 1000);
+        for from in 0..=60u64 {
+            for limit in [1usize, 5, 100] {
+                let seqs: Vec<u64> = reader
+                    .audit_page(from, limit)
+                    .unwrap()
+                    .iter()
+                    .map(|e| e.seq)
+                    .collect();
+                let want: Vec<u64> = (from.max(1)..=58).take(limit).collect();
+                assert_eq!(seqs, want, "from {from} limit {limit}");
+            }
+        }
+        assert_eq!(
+            counting.seeks.load(std::sync::atomic::Ordering::Relaxed),
+            0,
+            "a page found its chunk with a reverse seek"
+        );
+    }
+
+    #[test]
+    fn a_page_inside_a_long_chunk_from_an_older_version_still_starts_at_its_seq() {
+        let mut h = Harness::new(fresh_with(16, 1000));
+        for i in 0..40u8 {
+            h.submit(write(C, &[i])).unwrap();
+        }
+        h.flush();
+        // Rewrite the trail as one chunk of 40 entries, as versions before the cap stored it.
+        let mut entries = Vec::new();
+        let mut old = Vec::new();
+        for r in h.s.store.range(&keys::audit_key(0), &keys::audit_end()) {
+            let (k, v) = r.unwrap();
+            entries.extend(AuditChunk::decode(v.as_slice()).unwrap().entries);
+            old.push(crate::backend::BatchOp::Remove(k));
+        }
+        assert_eq!(entries.len(), 40);
+        // Older versions wrote no capped-from marker.
+        old.push(crate::backend::BatchOp::Remove(
+            keys::META_AUDIT_CAPPED_FROM.to_vec(),
+        ));
+        old.push(crate::backend::BatchOp::Put(
+            keys::audit_key(1).to_vec(),
+            AuditChunk { entries }.encode_to_vec(),
+        ));
+        h.s.store.apply(old).unwrap();
+        for from in [1u64, 17, 30, 40] {
+            let seqs: Vec<u64> =
+                h.s.reader()
+                    .audit_page(from, 3)
+                    .unwrap()
+                    .iter()
+                    .map(|e| e.seq)
+                    .collect();
+            let want: Vec<u64> = (from..=40).take(3).collect();
+            assert_eq!(seqs, want, "from {from}");
+        }
+    }
+
+    #[test]
+    fn a_page_from_an_expired_chunk_starts_at_the_oldest_kept_entry_without_a_seek() {
+        let mut h = Harness::new(fresh_with(16, 5));
+        for i in 0..30u8 {
+            h.run(write(C, &[i])).unwrap(); // one chunk per entry; expiry keeps seqs 26..=30
+        }
+        // A reader that believes more is retained asks for entries that expiry has removed,
+        // as a page racing the actor's expiry does.
+        let counting = Arc::new(CountingSeeks {
+            inner: Arc::clone(&h.s.store),
+            seeks: Default::default(),
+        });
+        let seqs: Vec<u64> = StateReader::new(counting.clone(), 1000)
+            .audit_page(3, 100)
+            .unwrap()
+            .iter()
+            .map(|e| e.seq)
+            .collect();
+        assert_eq!(seqs, vec![26, 27, 28, 29, 30]);
+        assert_eq!(counting.seeks.load(std::sync::atomic::Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn retention_smaller_than_an_applied_group_keeps_exactly_the_window() {
+        let mut h = Harness::new(fresh_with(16, 5));
+        for i in 0..50u8 {
+            h.submit(write(C, &[i])).unwrap();
+        }
+        h.flush();
+        let seqs: Vec<u64> =
+            h.s.reader()
+                .audit_page(0, 100)
+                .unwrap()
+                .iter()
+                .map(|e| e.seq)
+                .collect();
+        assert_eq!(seqs, vec![46, 47, 48, 49, 50]);
+        // Chunks of 16: 1..=16 and 17..=32 are gone; 33..=48 holds the window's start (46) and
+        // is kept with 49..=50.
+        let starts: Vec<u64> =
+            h.s.store
+                .range(&keys::audit_key(0), &keys::audit_end())
+                .map(|r| keys::audit_seq_of(&r.unwrap().0).unwrap())
+                .collect();
+        assert_eq!(starts, vec![33, 49]);
     }
 
     #[test]

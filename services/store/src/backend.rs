@@ -130,8 +130,8 @@ impl StateBackend for SledBackend {
 /// memtable only takes the memory of what was written into it.
 /// 16 MiB rather than 4: fewer, larger level-0 runs for compaction to merge (a 1 GiB bulk load of
 /// 64 KiB values: 76-82 -> 96-101 MiB/s, docs/benchmarks.md).
-/// NOTE: fjall records a partition's options (this size included) when it is created; a state
-/// store created by an earlier build keeps its 4 MiB.
+/// NOTE: fjall records a partition's options (this size, the compaction strategy) when it is
+/// created; a state store created by an earlier build keeps its own (4 MiB or leveled).
 const FJALL_MEMTABLE_BYTES: u32 = 16 << 20;
 /// Journal files (the active one included) above which an apply waits for memtable flushes:
 /// bounds what an open replays. A journal file holds one memtable's batches and is preallocated
@@ -234,11 +234,15 @@ impl FjallBackend {
                 "state",
                 fjall::PartitionCreateOptions::default()
                     .manual_journal_persist(true)
-                    // fjall's default leveled compaction. Size-tiered made a 1 GiB bulk load of
-                    // 64 KiB values 1.5x faster but the A/B op mix over 120 s 24% slower (not
-                    // profiled; likely the audit trail's range reads over more runs):
-                    // docs/benchmarks.md.
-                    .max_memtable_size(FJALL_MEMTABLE_BYTES),
+                    .max_memtable_size(FJALL_MEMTABLE_BYTES)
+                    // Size-tiered rather than fjall's default leveled compaction: leveled
+                    // rewrote each value many times on its way down the levels; a 1 GiB bulk
+                    // load of 64 KiB values went from 109-112 to 149-158 MiB/s
+                    // (docs/benchmarks.md). Point reads check more runs (bloom filters skip
+                    // most); 64-client reads, writes and scans measured within their spread.
+                    .compaction_strategy(fjall::compaction::Strategy::SizeTiered(
+                        fjall::compaction::SizeTiered::default(),
+                    )),
             )
             .map_err(|e| BackendError(format!("opening state partition: {e}")))?;
         Ok(FjallBackend {

@@ -1629,14 +1629,30 @@ mod tests {
         assert!(chunks <= 4, "{chunks} audit chunks kept for a window of 3");
     }
 
-    /// A store whose range scans miss one key, as a scan racing the actor's audit expiry does.
+    /// A store whose range scans may miss one key (as a scan racing the actor's audit expiry
+    /// does), counting reverse seeks.
     #[derive(Debug)]
-    struct Racing {
+    struct Observed {
         inner: Arc<dyn StateBackend>,
-        vanished: Vec<u8>,
+        vanished: Option<Vec<u8>>,
+        seeks: std::sync::atomic::AtomicUsize,
     }
 
-    impl StateBackend for Racing {
+    impl Observed {
+        fn new(inner: &Arc<dyn StateBackend>, vanished: Option<Vec<u8>>) -> Arc<Observed> {
+            Arc::new(Observed {
+                inner: Arc::clone(inner),
+                vanished,
+                seeks: Default::default(),
+            })
+        }
+
+        fn seeks(&self) -> usize {
+            self.seeks.load(std::sync::atomic::Ordering::Relaxed)
+        }
+    }
+
+    impl StateBackend for Observed {
         fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError> {
             self.inner.get(key)
         }
@@ -1644,10 +1660,12 @@ mod tests {
             Box::new(
                 self.inner
                     .range(start, end)
-                    .filter(|r| !matches!(r, Ok((k, _)) if *k == self.vanished)),
+                    .filter(|r| !matches!(r, Ok((k, _)) if Some(k) == self.vanished.as_ref())),
             )
         }
         fn get_lt(&self, key: &[u8]) -> Result<Option<(Vec<u8>, Vec<u8>)>, BackendError> {
+            self.seeks
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             self.inner.get_lt(key)
         }
         fn apply(&self, batch: Vec<crate::backend::BatchOp>) -> Result<(), BackendError> {
@@ -1668,10 +1686,7 @@ mod tests {
             h.run(write(C, v)).unwrap(); // one chunk per applied group: seqs 1, 2, 3, 4
         }
         let racing = StateReader::new(
-            Arc::new(Racing {
-                inner: Arc::clone(&h.s.store),
-                vanished: keys::audit_key(2).to_vec(),
-            }),
+            Observed::new(&h.s.store, Some(keys::audit_key(2).to_vec())),
             100,
         );
         let seqs: Vec<u64> = racing
@@ -1684,36 +1699,6 @@ mod tests {
         let page = racing.audit_page(1, 2).unwrap();
         assert_eq!(page.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![3, 4]);
         assert_eq!(page[1].prev_hash, page[0].hash);
-    }
-
-    /// Counts reverse seeks; everything else passes through.
-    #[derive(Debug)]
-    struct CountingSeeks {
-        inner: Arc<dyn StateBackend>,
-        seeks: std::sync::atomic::AtomicUsize,
-    }
-
-    impl StateBackend for CountingSeeks {
-        fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError> {
-            self.inner.get(key)
-        }
-        fn range(&self, start: &[u8], end: &[u8]) -> crate::backend::RangeIter<'_> {
-            self.inner.range(start, end)
-        }
-        fn get_lt(&self, key: &[u8]) -> Result<Option<(Vec<u8>, Vec<u8>)>, BackendError> {
-            self.seeks
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            self.inner.get_lt(key)
-        }
-        fn apply(&self, batch: Vec<crate::backend::BatchOp>) -> Result<(), BackendError> {
-            self.inner.apply(batch)
-        }
-        fn flush(&self) -> Result<(), BackendError> {
-            Ok(())
-        }
-        fn size_on_disk(&self) -> u64 {
-            0
-        }
     }
 
     #[test]
@@ -1737,10 +1722,7 @@ mod tests {
                 })
                 .collect();
         assert_eq!(chunks, vec![1, 16, 16, 8, 16, 1]);
-        let counting = Arc::new(CountingSeeks {
-            inner: Arc::clone(&h.s.store),
-            seeks: Default::default(),
-        });
+        let counting = Observed::new(&h.s.store, None);
         let reader = StateReader::new(counting.clone(), 1000);
         for from in 0..=60u64 {
             for limit in [1usize, 5, 100] {
@@ -1755,7 +1737,7 @@ mod tests {
             }
         }
         assert_eq!(
-            counting.seeks.load(std::sync::atomic::Ordering::Relaxed),
+            counting.seeks(),
             0,
             "a page found its chunk with a reverse seek"
         );
@@ -1807,10 +1789,7 @@ mod tests {
         }
         // A reader that believes more is retained asks for entries that expiry has removed,
         // as a page racing the actor's expiry does.
-        let counting = Arc::new(CountingSeeks {
-            inner: Arc::clone(&h.s.store),
-            seeks: Default::default(),
-        });
+        let counting = Observed::new(&h.s.store, None);
         let seqs: Vec<u64> = StateReader::new(counting.clone(), 1000)
             .audit_page(3, 100)
             .unwrap()
@@ -1818,7 +1797,7 @@ mod tests {
             .map(|e| e.seq)
             .collect();
         assert_eq!(seqs, vec![26, 27, 28, 29, 30]);
-        assert_eq!(counting.seeks.load(std::sync::atomic::Ordering::Relaxed), 0);
+        assert_eq!(counting.seeks(), 0);
     }
 
     #[test]

@@ -1611,14 +1611,7 @@ mod tests {
         for v in [b"d", b"e", b"f", b"g"] {
             h.run(write(C, v)).unwrap();
         }
-        let seqs = |from, limit| {
-            h.s.reader()
-                .audit_page(from, limit)
-                .unwrap()
-                .iter()
-                .map(|e| e.seq)
-                .collect::<Vec<_>>()
-        };
+        let seqs = |from, limit| page_seqs(&h.s.reader(), from, limit);
         assert_eq!(seqs(0, 10), vec![6, 7, 8]);
         assert_eq!(seqs(7, 10), vec![7, 8]);
         assert_eq!(seqs(9, 10), Vec::<u64>::new());
@@ -1701,15 +1694,30 @@ mod tests {
         assert_eq!(page[1].prev_hash, page[0].hash);
     }
 
+    /// The seqs of one audit page.
+    fn page_seqs(reader: &StateReader, from: u64, limit: usize) -> Vec<u64> {
+        reader
+            .audit_page(from, limit)
+            .unwrap()
+            .iter()
+            .map(|e| e.seq)
+            .collect()
+    }
+
+    /// `n` writes applied in one batch (one audit group).
+    fn write_as_one_group(h: &mut Harness, n: u8) {
+        for i in 0..n {
+            h.submit(write(C, &[i])).unwrap();
+        }
+        h.flush();
+    }
+
     #[test]
     fn large_applied_groups_are_split_and_every_page_starts_at_its_seq_without_a_seek() {
         let mut h = Harness::new(fresh_with(16, 1000));
         // Groups of 1, 40 and 17 changes, each applied as one batch.
-        for group in [1usize, 40, 17] {
-            for i in 0..group {
-                h.submit(write(C, &[i as u8])).unwrap();
-            }
-            h.flush();
+        for group in [1, 40, 17] {
+            write_as_one_group(&mut h, group);
         }
         let chunks: Vec<usize> =
             h.s.store
@@ -1726,14 +1734,12 @@ mod tests {
         let reader = StateReader::new(counting.clone(), 1000);
         for from in 0..=60u64 {
             for limit in [1usize, 5, 100] {
-                let seqs: Vec<u64> = reader
-                    .audit_page(from, limit)
-                    .unwrap()
-                    .iter()
-                    .map(|e| e.seq)
-                    .collect();
                 let want: Vec<u64> = (from.max(1)..=58).take(limit).collect();
-                assert_eq!(seqs, want, "from {from} limit {limit}");
+                assert_eq!(
+                    page_seqs(&reader, from, limit),
+                    want,
+                    "from {from} limit {limit}"
+                );
             }
         }
         assert_eq!(
@@ -1746,10 +1752,7 @@ mod tests {
     #[test]
     fn a_page_inside_a_long_chunk_from_an_older_version_still_starts_at_its_seq() {
         let mut h = Harness::new(fresh_with(16, 1000));
-        for i in 0..40u8 {
-            h.submit(write(C, &[i])).unwrap();
-        }
-        h.flush();
+        write_as_one_group(&mut h, 40);
         // Rewrite the trail as one chunk of 40 entries, as versions before the cap stored it.
         let mut entries = Vec::new();
         let mut old = Vec::new();
@@ -1769,15 +1772,8 @@ mod tests {
         ));
         h.s.store.apply(old).unwrap();
         for from in [1u64, 17, 30, 40] {
-            let seqs: Vec<u64> =
-                h.s.reader()
-                    .audit_page(from, 3)
-                    .unwrap()
-                    .iter()
-                    .map(|e| e.seq)
-                    .collect();
             let want: Vec<u64> = (from..=40).take(3).collect();
-            assert_eq!(seqs, want, "from {from}");
+            assert_eq!(page_seqs(&h.s.reader(), from, 3), want, "from {from}");
         }
     }
 
@@ -1790,12 +1786,7 @@ mod tests {
         // A reader that believes more is retained asks for entries that expiry has removed,
         // as a page racing the actor's expiry does.
         let counting = Observed::new(&h.s.store, None);
-        let seqs: Vec<u64> = StateReader::new(counting.clone(), 1000)
-            .audit_page(3, 100)
-            .unwrap()
-            .iter()
-            .map(|e| e.seq)
-            .collect();
+        let seqs = page_seqs(&StateReader::new(counting.clone(), 1000), 3, 100);
         assert_eq!(seqs, vec![26, 27, 28, 29, 30]);
         assert_eq!(counting.seeks(), 0);
     }
@@ -1803,18 +1794,8 @@ mod tests {
     #[test]
     fn retention_smaller_than_an_applied_group_keeps_exactly_the_window() {
         let mut h = Harness::new(fresh_with(16, 5));
-        for i in 0..50u8 {
-            h.submit(write(C, &[i])).unwrap();
-        }
-        h.flush();
-        let seqs: Vec<u64> =
-            h.s.reader()
-                .audit_page(0, 100)
-                .unwrap()
-                .iter()
-                .map(|e| e.seq)
-                .collect();
-        assert_eq!(seqs, vec![46, 47, 48, 49, 50]);
+        write_as_one_group(&mut h, 50);
+        assert_eq!(page_seqs(&h.s.reader(), 0, 100), vec![46, 47, 48, 49, 50]);
         // Chunks of 16: 1..=16 and 17..=32 are gone; 33..=48 holds the window's start (46) and
         // is kept with 49..=50.
         let starts: Vec<u64> =

@@ -470,39 +470,31 @@ impl StateReader {
             return Ok(Vec::new());
         }
         // The chunk holding `from` starts at or before it, at most AUDIT_CHUNK_ENTRIES - 1
-        // before (chunks are capped when written). Found with a forward scan: a reverse seek
-        // (`get_lt`) in fjall's LSM tree walked back through blocks of every segment and took a
-        // third of the server's CPU in the A/B op mix (docs/benchmarks.md).
+        // before (chunks are capped when written), so one forward scan from that window finds
+        // it. A reverse seek (`get_lt`) in fjall's LSM tree took about a third of the server's
+        // CPU in the A/B op mix (docs/benchmarks.md, "Audit pages and reverse seeks").
         let window = from.saturating_sub(AUDIT_CHUNK_ENTRIES as u64 - 1);
-        let start = match self
-            .store
-            .range(&keys::audit_key(window), &keys::audit_key(from + 1))
-            .next()
-        {
-            Some(item) => item.map_err(|e| storage_error(&e))?.0,
-            // No chunk starts in the window. Usually the one holding `from` has just been
-            // expired (`from` was the oldest retained entry when the head was read, and applies
-            // go on beside this read): the page starts at the next chunk. Seeking back instead
-            // would walk over the tombstones of every expired chunk. Only a chunk written before
-            // chunks were capped can start further back.
-            None if from >= audit_capped_from(&*self.store).map_err(|e| storage_error(&e))? => {
-                keys::audit_key(window).to_vec()
-            }
-            None => match self
+        let mut chunks = self.chunks_from(&keys::audit_key(window));
+        // If no chunk starts in the window, usually the one holding `from` has just been expired
+        // (`from` was the oldest retained entry when the head was read, and applies go on beside
+        // this read): the page starts at the next chunk. Only a chunk written before chunks were
+        // capped can start further back, and only then is it sought backwards.
+        let window_empty = match chunks.peek() {
+            Some(Ok((k, _))) => keys::audit_seq_of(k).is_none_or(|s| s > from),
+            Some(Err(_)) => false,
+            None => true,
+        };
+        if window_empty
+            && from < audit_capped_from(&*self.store).map_err(|e| storage_error(&e))?
+            && let Some((k, _)) = self
                 .store
                 .get_lt(&keys::audit_key(from + 1))
                 .map_err(|e| storage_error(&e))?
-            {
-                Some((k, _)) if keys::audit_seq_of(&k).is_some() => k,
-                _ => keys::audit_key(from).to_vec(),
-            },
-        };
+                .filter(|(k, _)| keys::audit_seq_of(k).is_some())
+        {
+            chunks = self.chunks_from(&k);
+        }
         let mut out = Vec::new();
-        let mut chunks = self
-            .store
-            .range(&start, &keys::audit_end())
-            .map(|item| item.map_err(|e| storage_error(&e)))
-            .peekable();
         while let Some(item) = chunks.next() {
             let (_, v) = item?;
             // A chunk followed by another that starts at or before `from` holds nothing the
@@ -533,6 +525,14 @@ impl StateReader {
         Ok(out)
     }
 
+    /// Audit chunks from `start` to the end of the trail, as (key, value).
+    fn chunks_from(&self, start: &[u8]) -> std::iter::Peekable<impl Iterator<Item = Chunk> + '_> {
+        self.store
+            .range(start, &keys::audit_end())
+            .map(|item| item.map_err(|e| storage_error(&e)))
+            .peekable()
+    }
+
     /// The applied totals and the applied WAL seq.
     pub fn totals(&self) -> Result<(Totals, u64), StoreError> {
         let (totals, applied, _) = load_meta(&*self.store).map_err(|e| storage_error(&e))?;
@@ -547,6 +547,9 @@ fn view(c: StoredCell) -> CellView {
         sealed: c.sealed,
     }
 }
+
+/// One stored audit chunk: (key, encoded `AuditChunk`).
+type Chunk = Result<(Vec<u8>, Vec<u8>), StoreError>;
 
 /// The first audit seq from which chunks are capped (`u64::MAX` if no version with the cap has
 /// applied anything to this store yet).

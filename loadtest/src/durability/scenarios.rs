@@ -326,6 +326,9 @@ pub async fn disk_full(s: &Settings) -> anyhow::Result<ScenarioReport> {
     Ok(rep.finish())
 }
 
+/// Passes of reads while the disk is full (see `disk_full_round`).
+const READ_PASSES_WHILE_FULL: usize = 3;
+
 async fn disk_full_round(
     s: &Settings,
     notes: &mut Vec<String>,
@@ -373,9 +376,21 @@ async fn disk_full_round(
         "{label}: full: {} more records acknowledged, then writes refused {:?}",
         w2.acked_this_phase, w2.refused
     ));
-    let reads = spot_read(&server, &ledger, s.writers).await?;
+    // Reads must keep working for as long as the disk stays full, not just right after the
+    // refusal: read again after the server's janitor (which reopens failed tenants every
+    // second) has had time to act.
+    let mut reads = 0;
+    for pass in 0..READ_PASSES_WHILE_FULL {
+        if pass > 0 {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+        }
+        reads += spot_read(&server, &ledger, s.writers)
+            .await
+            .with_context(|| format!("{label}: a read while the disk was full (pass {pass})"))?;
+    }
     notes.push(format!(
-        "{label}: while full: {reads} acknowledged records read back one by one"
+        "{label}: while full: {reads} acknowledged records read back one by one, in \
+         {READ_PASSES_WHILE_FULL} passes 1.5 s apart"
     ));
     // Free the space; writers retry refused records until they get through.
     std::fs::remove_file(&ballast)?;

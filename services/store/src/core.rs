@@ -170,7 +170,7 @@ const REPLAY_BATCH: usize = 4096;
 const FULL_DISK_HINT_BYTES: u64 = 16 << 20;
 
 /// Whether `dir`'s file system has less than [`FULL_DISK_HINT_BYTES`] free.
-fn nearly_full(dir: &Path) -> bool {
+pub(crate) fn nearly_full(dir: &Path) -> bool {
     nix::sys::statvfs::statvfs(dir).is_ok_and(|s| {
         s.blocks_available().saturating_mul(s.fragment_size()) < FULL_DISK_HINT_BYTES
     })

@@ -513,12 +513,21 @@ impl TenantDirectory {
     /// Close every tenant that a failed write poisoned (a full disk) or that failed to open, so
     /// its next call opens it afresh: recovery replays its log, and tells whether there is room
     /// again. Tenants poisoned by a failed fsync are left alone (see `passivate_claimed`).
+    ///
+    /// A tenant poisoned by a full disk stays open while its file system is still nearly full:
+    /// open, it serves reads (its state holds everything acknowledged) and refuses writes with
+    /// RESOURCE_EXHAUSTED; reopened, it would have to replay its log into the state store, which
+    /// fails on the full disk and leaves the tenant refusing reads too.
     pub async fn close_failed(&self) -> usize {
         let failed: Vec<(String, Arc<Slot>)> = {
             let map = self.tenants.read().unwrap_or_else(|p| p.into_inner());
             map.iter()
-                .filter(|(_, s)| match s.opened.get() {
-                    Some(Ok(h)) => h.stats.reopenable.load(Ordering::Relaxed),
+                .filter(|(name, s)| match s.opened.get() {
+                    Some(Ok(h)) => {
+                        h.stats.reopenable.load(Ordering::Relaxed)
+                            && !(h.stats.no_space.load(Ordering::Relaxed)
+                                && crate::core::nearly_full(&self.config.data_dir.tenant_wal(name)))
+                    }
                     Some(Err(_)) => true,
                     None => false,
                 })

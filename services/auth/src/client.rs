@@ -6,6 +6,7 @@
 //!   HTTP/2 connection) and checks the server's proof; later calls on it need no credentials.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -43,8 +44,23 @@ impl CallSigner {
         }
     }
 
-    /// Add signed metadata for `method_path` to `headers_map`.
+    /// Add signed metadata for `method_path` to `headers_map`, the per-call values marked
+    /// sensitive (see [`CallSigner::sign_headers_indexing`] for the first call of a connection).
     pub fn sign_headers(&self, method_path: &str, headers_map: &mut http::HeaderMap) {
+        self.sign_headers_indexing(method_path, headers_map, false);
+    }
+
+    /// Add signed metadata for `method_path` to `headers_map`. With `index_names`, the per-call
+    /// values are sent indexable, so HPACK puts `x-cube-ts`, `x-cube-nonce` and `x-cube-sig`
+    /// (with this call's values) into both ends' dynamic tables; later calls on the same
+    /// connection, whose values are sensitive (never indexed), then refer to those names by
+    /// index and send only the values as literals, instead of the names too.
+    pub fn sign_headers_indexing(
+        &self,
+        method_path: &str,
+        headers_map: &mut http::HeaderMap,
+        index_names: bool,
+    ) {
         let ts = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64);
@@ -62,11 +78,14 @@ impl CallSigner {
             headers_map.insert(&H_KEY, k.clone());
         }
         // Values unique to each call are marked sensitive: HPACK then sends them as never-indexed
-        // literals instead of churning both ends' dynamic tables (measured: docs/benchmarks.md),
-        // and a signature is never kept in a compression context.
+        // literals instead of churning both ends' dynamic tables (measured: docs/benchmarks.md).
+        // Only the first call of a connection (`index_names`) leaves its values indexable, to
+        // put the names into the tables; its signature is then kept in both ends' compression
+        // contexts for the connection's life, which gives nothing away: it authenticates that
+        // one call only, and the replay cache refuses it a second time.
         let mut put = |name: &'static HeaderName, value: Option<HeaderValue>| {
             if let Some(mut v) = value {
-                v.set_sensitive(true);
+                v.set_sensitive(!index_names);
                 headers_map.insert(name, v);
             }
         };
@@ -79,10 +98,16 @@ impl CallSigner {
 /// A tower service that signs each request, then passes it on. Built with
 /// [`Signing::passthrough`] it signs nothing (for a connection authenticated by the handshake),
 /// so one client type serves both models.
+///
+/// The first call through a `Signing` (and its clones) sends the per-call headers indexable, so
+/// that later calls send their names as HPACK indexes ([`CallSigner::sign_headers_indexing`]).
+/// That assumes `inner` is one HTTP/2 connection; over several (or after a reconnect) the other
+/// connections get the names as literals, as before: slower, never wrong.
 #[derive(Debug, Clone)]
 pub struct Signing<S> {
     inner: S,
     signer: Option<CallSigner>,
+    names_sent: Arc<AtomicBool>,
 }
 
 impl<S> Signing<S> {
@@ -90,6 +115,7 @@ impl<S> Signing<S> {
         Signing {
             inner,
             signer: Some(signer),
+            names_sent: Arc::default(),
         }
     }
 
@@ -97,6 +123,7 @@ impl<S> Signing<S> {
         Signing {
             inner,
             signer: None,
+            names_sent: Arc::default(),
         }
     }
 }
@@ -119,7 +146,9 @@ where
         };
         // Split so the path can be borrowed while the headers are changed (no copy of it).
         let (mut parts, body) = req.into_parts();
-        signer.sign_headers(parts.uri.path(), &mut parts.headers);
+        let first = !self.names_sent.load(Ordering::Relaxed)
+            && !self.names_sent.swap(true, Ordering::Relaxed);
+        signer.sign_headers_indexing(parts.uri.path(), &mut parts.headers, first);
         self.inner.call(http::Request::from_parts(parts, body))
     }
 }
@@ -190,4 +219,101 @@ pub fn verify_audit_entries(entries: &[cube_api::v1::AuditEntry]) -> Result<usiz
         prev_hash: &e.prev_hash,
         hash: &e.hash,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::CallSignature;
+    use std::convert::Infallible;
+    use std::future::{Ready, ready};
+    use std::sync::Mutex;
+    use tower::Service;
+
+    /// Stands in for the connection: keeps the headers of every request it is given.
+    #[derive(Clone, Default)]
+    struct Recorder(Arc<Mutex<Vec<http::HeaderMap>>>);
+
+    impl Service<http::Request<()>> for Recorder {
+        type Response = ();
+        type Error = Infallible;
+        type Future = Ready<Result<(), Infallible>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, req: http::Request<()>) -> Self::Future {
+            self.0.lock().unwrap().push(req.headers().clone());
+            ready(Ok(()))
+        }
+    }
+
+    const PATH: &str = "/cube.v1.Cells/Read";
+
+    fn read_request() -> http::Request<()> {
+        http::Request::builder().uri(PATH).body(()).unwrap()
+    }
+
+    fn value<'a>(h: &'a http::HeaderMap, name: &HeaderName) -> &'a str {
+        h.get(name).unwrap().to_str().unwrap()
+    }
+
+    #[test]
+    fn only_the_first_call_of_a_connection_sends_its_per_call_values_indexable() {
+        let secret = Secret::from_bytes([7; 32]);
+        let recorder = Recorder::default();
+        let mut first = Signing::new(
+            recorder.clone(),
+            CallSigner::new("acme", "k1", secret.clone()),
+        );
+        // A clone shares the connection (tonic clients clone their service for every call).
+        let mut clone = first.clone();
+        first.call(read_request()).into_inner().unwrap();
+        clone.call(read_request()).into_inner().unwrap();
+        first.call(read_request()).into_inner().unwrap();
+        // Another `Signing` is another connection: its first call puts the names in its tables.
+        let mut other = Signing::new(
+            recorder.clone(),
+            CallSigner::new("acme", "k1", secret.clone()),
+        );
+        other.call(read_request()).into_inner().unwrap();
+
+        let seen = recorder.0.lock().unwrap();
+        let sensitive =
+            |h: &http::HeaderMap| [&H_TS, &H_NONCE, &H_SIG].map(|n| h[n].is_sensitive());
+        assert_eq!(sensitive(&seen[0]), [false; 3]);
+        assert_eq!(sensitive(&seen[1]), [true; 3]);
+        assert_eq!(sensitive(&seen[2]), [true; 3]);
+        assert_eq!(sensitive(&seen[3]), [false; 3]);
+        for h in seen.iter() {
+            // The constant headers are indexable on every call (one byte each once indexed).
+            assert!(!h[&H_TENANT].is_sensitive() && !h[&H_KEY].is_sensitive());
+            // Indexable or not, every call is signed the same way, and verifies.
+            assert!(CallSignature::verify_parts(
+                &secret,
+                PATH,
+                value(h, &H_TENANT),
+                value(h, &H_KEY),
+                value(h, &H_TS).parse().unwrap(),
+                value(h, &H_NONCE),
+                value(h, &H_SIG),
+            ));
+        }
+        // Fresh nonces on every call, the first one included.
+        let mut nonces: Vec<&str> = seen.iter().map(|h| value(h, &H_NONCE)).collect();
+        nonces.sort_unstable();
+        nonces.dedup();
+        assert_eq!(nonces.len(), seen.len());
+    }
+
+    #[test]
+    fn a_passthrough_layer_adds_nothing() {
+        let recorder = Recorder::default();
+        Signing::passthrough(recorder.clone())
+            .call(read_request())
+            .into_inner()
+            .unwrap();
+        assert!(recorder.0.lock().unwrap()[0].is_empty());
+    }
 }

@@ -346,7 +346,14 @@ async fn disk_full_round(
         TestServer::start_at(
             &s.cubed,
             &data,
-            &["--min-free-bytes", &min_free.to_string()],
+            // Idle tenants close after a second, so the tenant is also closed and woken again
+            // by a read while the disk is full (between the read passes below).
+            &[
+                "--min-free-bytes",
+                &min_free.to_string(),
+                "--idle-secs",
+                "1",
+            ],
         )
     })?;
     let ledger = Arc::new(Ledger::new(s.writers, s.value_bytes));
@@ -378,7 +385,7 @@ async fn disk_full_round(
     ));
     // Reads must keep working for as long as the disk stays full, not just right after the
     // refusal: read again after the server's janitor (which reopens failed tenants every
-    // second) has had time to act.
+    // second, and closes idle ones) has had time to act.
     let mut reads = 0;
     for pass in 0..READ_PASSES_WHILE_FULL {
         if pass > 0 {

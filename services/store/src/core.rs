@@ -248,8 +248,18 @@ impl<T> TenantCore<T> {
         // unsynced writes there), and the replay added more: flush before anything relies on it.
         // Only then are the WAL segments it covers not needed any more.
         let replayed = started.elapsed();
+        // On a full disk the flush fails, but the state recovered above is whole (the WAL holds
+        // everything acknowledged): the tenant opens for reads only, refusing changes with
+        // RESOURCE_EXHAUSTED, and no WAL segment is deleted. The directory closes it once
+        // there is room, and the next call opens it again (see `close_failed`).
+        let mut read_only = false;
         let checkpoint_seq = match state.backend().flush() {
             Ok(()) => state.applied_seq(),
+            Err(e) if nearly_full(state_dir) => {
+                tracing::warn!(tenant, error = %e, "tenant state store could not be flushed: the disk is full; serving reads only until space is freed");
+                read_only = true;
+                start_after
+            }
             Err(e) => {
                 tracing::error!(tenant, error = %e, "tenant state store could not be flushed");
                 return Err(StoreError::Unavailable(format!(
@@ -258,7 +268,7 @@ impl<T> TenantCore<T> {
                 )));
             }
         };
-        if let Err(e) = wal.delete_segments_through(checkpoint_seq) {
+        if !read_only && let Err(e) = wal.delete_segments_through(checkpoint_seq) {
             tracing::warn!(tenant, error = %e, "could not delete checkpointed wal segments");
         }
         cube_metrics::RECOVERY_SECONDS.observe(started.elapsed().as_secs_f64());
@@ -286,7 +296,7 @@ impl<T> TenantCore<T> {
             SyncPolicy::Always => 0,
             SyncPolicy::Relaxed { max_records, .. } => max_records,
         };
-        let core = TenantCore {
+        let mut core = TenantCore {
             tenant: tenant.to_string(),
             state,
             wal: Some(wal),
@@ -304,6 +314,9 @@ impl<T> TenantCore<T> {
             stats,
             scratch: Vec::with_capacity(256),
         };
+        if read_only {
+            core.poison_after(DurableEvent::WriteFailed { no_space: true });
+        }
         Ok((core, report))
     }
 

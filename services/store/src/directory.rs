@@ -516,8 +516,9 @@ impl TenantDirectory {
     ///
     /// A tenant poisoned by a full disk stays open while its file system is still nearly full:
     /// open, it serves reads (its state holds everything acknowledged) and refuses writes with
-    /// RESOURCE_EXHAUSTED; reopened, it would have to replay its log into the state store, which
-    /// fails on the full disk and leaves the tenant refusing reads too.
+    /// RESOURCE_EXHAUSTED. Reopened there, it would replay its log into the state store, whose
+    /// flush fails on the full disk: it would come back read-only (`TenantCore::open`), having
+    /// done the work for nothing, once a second.
     pub async fn close_failed(&self) -> usize {
         let failed: Vec<(String, Arc<Slot>)> = {
             let map = self.tenants.read().unwrap_or_else(|p| p.into_inner());

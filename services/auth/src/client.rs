@@ -44,18 +44,13 @@ impl CallSigner {
         }
     }
 
-    /// Add signed metadata for `method_path` to `headers_map`, the per-call values marked
-    /// sensitive (see [`CallSigner::sign_headers_indexing`] for the first call of a connection).
-    pub fn sign_headers(&self, method_path: &str, headers_map: &mut http::HeaderMap) {
-        self.sign_headers_indexing(method_path, headers_map, false);
-    }
-
-    /// Add signed metadata for `method_path` to `headers_map`. With `index_names`, the per-call
-    /// values are sent indexable, so HPACK puts `x-cube-ts`, `x-cube-nonce` and `x-cube-sig`
-    /// (with this call's values) into both ends' dynamic tables; later calls on the same
-    /// connection, whose values are sensitive (never indexed), then refer to those names by
-    /// index and send only the values as literals, instead of the names too.
-    pub fn sign_headers_indexing(
+    /// Add signed metadata for `method_path` to `headers_map`. The per-call values are marked
+    /// sensitive (never indexed) unless `index_names`: then HPACK puts `x-cube-ts`,
+    /// `x-cube-nonce` and `x-cube-sig` (with this call's values) into both ends' dynamic tables,
+    /// and later calls on the same connection refer to those names by index and send only their
+    /// values as literals, instead of the names too. [`Signing`] asks for that on a connection's
+    /// first call.
+    pub fn sign_headers(
         &self,
         method_path: &str,
         headers_map: &mut http::HeaderMap,
@@ -100,7 +95,7 @@ impl CallSigner {
 /// so one client type serves both models.
 ///
 /// The first call through a `Signing` (and its clones) sends the per-call headers indexable, so
-/// that later calls send their names as HPACK indexes ([`CallSigner::sign_headers_indexing`]).
+/// that later calls send their names as HPACK indexes ([`CallSigner::sign_headers`]).
 /// That assumes `inner` is one HTTP/2 connection; over several (or after a reconnect) the other
 /// connections get the names as literals, as before: slower, never wrong.
 #[derive(Debug, Clone)]
@@ -148,7 +143,7 @@ where
         let (mut parts, body) = req.into_parts();
         let first = !self.names_sent.load(Ordering::Relaxed)
             && !self.names_sent.swap(true, Ordering::Relaxed);
-        signer.sign_headers_indexing(parts.uri.path(), &mut parts.headers, first);
+        signer.sign_headers(parts.uri.path(), &mut parts.headers, first);
         self.inner.call(http::Request::from_parts(parts, body))
     }
 }

@@ -485,7 +485,10 @@ impl StateReader {
             None => true,
         };
         if window_empty
-            && from < audit_capped_from(&*self.store).map_err(|e| storage_error(&e))?
+            && from
+                < audit_capped_from(&*self.store)
+                    .map_err(|e| storage_error(&e))?
+                    .unwrap_or(u64::MAX)
             && let Some((k, _)) = self
                 .store
                 .get_lt(&keys::audit_key(from + 1))
@@ -551,15 +554,18 @@ fn view(c: StoredCell) -> CellView {
 /// One stored audit chunk: (key, encoded `AuditChunk`).
 type Chunk = Result<(Vec<u8>, Vec<u8>), StoreError>;
 
-/// The first audit seq from which chunks are capped (`u64::MAX` if no version with the cap has
+/// The first audit seq from which chunks are capped (`None` if no version with the cap has
 /// applied anything to this store yet).
-fn audit_capped_from(store: &dyn StateBackend) -> Result<u64, BackendError> {
-    match store.get(keys::META_AUDIT_CAPPED_FROM)? {
-        None => Ok(u64::MAX),
-        Some(b) => Ok(u64::from_be_bytes(b.as_slice().try_into().map_err(
-            |_| BackendError("audit capped-from seq is not 8 bytes".into()),
-        )?)),
-    }
+fn audit_capped_from(store: &dyn StateBackend) -> Result<Option<u64>, BackendError> {
+    store
+        .get(keys::META_AUDIT_CAPPED_FROM)?
+        .map(|b| {
+            b.as_slice()
+                .try_into()
+                .map(u64::from_be_bytes)
+                .map_err(|_| BackendError("audit capped-from seq is not 8 bytes".into()))
+        })
+        .transpose()
 }
 
 /// (totals, applied seq, audit head) as stored.
@@ -624,12 +630,11 @@ impl TenantState {
     ) -> Result<TenantState, BackendError> {
         let (totals, applied_seq, head) = load_meta(&*store)?;
         // Chunks this version writes are capped; record from where, with the first apply.
-        let capped_from = match audit_capped_from(&*store)? {
-            u64::MAX => Some(head.next_seq),
-            _ => None,
-        };
+        let record_capped_from = audit_capped_from(&*store)?
+            .is_none()
+            .then_some(head.next_seq);
         Ok(TenantState {
-            record_capped_from: capped_from,
+            record_capped_from,
             reader: StateReader::new(Arc::clone(&store), limits.audit_retention),
             store,
             limits,

@@ -12,6 +12,7 @@ mod actor;
 mod audit;
 mod backend;
 mod catalog;
+mod catalog_journal;
 mod core;
 mod directory;
 mod error;

@@ -156,3 +156,57 @@ async fn every_rpc_checks_its_capability() {
             .map(|_| ()),
     );
 }
+
+/// Catalog changes are durable when acknowledged (the catalog's journal, not a sled flush, makes
+/// them so): after kill -9 a revoked capability stays revoked, a granted one stays granted and a
+/// revoked key stays revoked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_catalog_changes_survive_kill_9() {
+    let mut server = TestServer::start(cubed()).unwrap();
+    let second = new_key(&server, "demo");
+    let third = new_key(&server, "demo");
+    let gone = new_key(&server, "demo");
+    let mut admin = AccessClient::new(server.signed(&server.demo).await.unwrap());
+    admin
+        .revoke(RevokeRequest {
+            key_id: second.key_id.clone(),
+            capabilities: vec![Capability::Write as i32],
+        })
+        .await
+        .unwrap();
+    admin
+        .grant(GrantRequest {
+            key_id: third.key_id.clone(),
+            capabilities: vec![Capability::Admin as i32],
+        })
+        .await
+        .unwrap();
+    let out = server
+        .cli(&["key", "revoke", "demo", &gone.key_id])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    server.kill9().unwrap();
+    server.restart().unwrap();
+
+    let mut cells = server.cells(&second).await.unwrap();
+    let err = cells.write(write(2, 2, 2, b"x")).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied);
+    assert!(!cells.read(read(2, 2, 2)).await.unwrap().into_inner().found);
+    let mut third_admin = AccessClient::new(server.signed(&third).await.unwrap());
+    third_admin
+        .grant(GrantRequest {
+            key_id: second.key_id.clone(),
+            capabilities: vec![Capability::Write as i32],
+        })
+        .await
+        .unwrap();
+    cells.write(write(2, 2, 2, b"x")).await.unwrap();
+    let mut revoked = server.cells(&gone).await.unwrap();
+    let err = revoked.read(read(2, 2, 2)).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated);
+}

@@ -2,22 +2,24 @@
 //! in-memory copy of every key so the per-call auth check never touches disk.
 //!
 //! Every change is durable before it returns (a printed secret must survive a crash): it is
-//! appended to the catalog's journal and fdatasync'ed, then inserted into sled, whose own
-//! flushes are off (`catalog_journal.rs` says why and how the two are kept in step). Changes are
-//! serialized by one lock, so a read-modify-write (capabilities, revocation) never loses a
-//! concurrent change.
+//! written to the catalog's journal and inserted into sled, whose own flushes are off, and
+//! returns once an fdatasync of the journal covers it (`catalog_journal.rs` says why and how the
+//! two are kept in step). Changes are computed and written one at a time, under one lock, from
+//! the newest value of what they change (durable or not), so a read-modify-write (capabilities,
+//! revocation) never loses a concurrent change; authentication sees a change once it is durable.
 //! sled holds an exclusive lock on its directory, so while a server runs, the CLI reaches the
 //! catalog through the server's local admin socket instead.
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
 use crate::StoreError;
-use crate::catalog_journal::{AppendError, Journal, Op, RESET_AT, ResetError, Tree};
+use crate::catalog_journal::{Journal, Op, RESET_AT, ResetError, Tree};
 
 /// What a key may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
@@ -100,18 +102,42 @@ pub struct Catalog {
     path: std::path::PathBuf,
     tenants: sled::Tree,
     keys: sled::Tree,
+    /// Every key as of its last *durable* change: what authentication sees.
     cache: RwLock<KeyMap>,
-    /// The journal, and the lock every change holds from its read to its `remember`.
+    /// The journal and the changes written to it but perhaps not synced yet; every change
+    /// holds this lock from reading the current value to writing its record.
     changes: Mutex<JournalState>,
+    /// Group commit: whoever holds this lock fdatasyncs everything written so far, so changes
+    /// made meanwhile share one fdatasync.
+    sync: Mutex<SyncState>,
+    /// Journal position (bytes journaled since open, across resets) at the end of the last
+    /// record written.
+    written: AtomicU64,
+    /// Set when the journal can no longer promise durability (a failed fdatasync, or a reset
+    /// whose rename may not survive a crash), or sled refused a journaled change: further
+    /// changes are refused until the server restarts.
+    failed: AtomicBool,
 }
+
+/// `(tenant, key id)`.
+type KeyName = (String, String);
 
 #[derive(Debug)]
 struct JournalState {
     journal: Journal,
-    /// Set when the journal can no longer promise durability (a failed fdatasync, or a reset
-    /// whose rename may not survive a crash), or sled refused a journaled change: further
-    /// changes are refused until the server restarts.
-    failed: bool,
+    /// Journal position of the end of the last record written.
+    written: u64,
+    /// Keys changed by records not known to be synced yet: each change's end position and the
+    /// key after it, oldest first. The newest is the base of the next change of that key; each
+    /// becomes visible to authentication once synced (see [`Catalog::publish`]).
+    pending: HashMap<KeyName, Vec<(u64, Arc<KeyInfo>)>>,
+}
+
+#[derive(Debug)]
+struct SyncState {
+    file: Arc<std::fs::File>,
+    /// Journal position up to which everything is durable.
+    synced: u64,
 }
 
 impl std::fmt::Debug for Catalog {
@@ -203,10 +229,17 @@ impl Catalog {
             tenants,
             keys,
             cache: RwLock::new(cache),
+            sync: Mutex::new(SyncState {
+                file: journal.file(),
+                synced: 0,
+            }),
             changes: Mutex::new(JournalState {
                 journal,
-                failed: false,
+                written: 0,
+                pending: HashMap::new(),
             }),
+            written: AtomicU64::new(0),
+            failed: AtomicBool::new(false),
         })
     }
 
@@ -216,57 +249,141 @@ impl Catalog {
         self.changes.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Make `ops` durable in the journal, then insert them into sled. Hold the change lock from
-    /// before the change was computed.
-    fn commit(&self, state: &mut JournalState, ops: Vec<Op>) -> Result<(), StoreError> {
-        if state.failed {
+    fn refuse_if_failed(&self) -> Result<(), StoreError> {
+        if self.failed.load(Ordering::Acquire) {
             return Err(StoreError::Unavailable(
                 "the tenant catalog refuses changes after a failed write to its journal; see \
                  the server log, then restart the server"
                     .into(),
             ));
         }
-        match state.journal.append(&ops) {
-            Ok(()) => {}
-            Err(e @ AppendError::Write(_)) => return Err(storage("write its journal", e)),
-            Err(e @ AppendError::Sync(_)) => {
-                // After a failed fdatasync the file's state is unknown (and the page cache may
-                // claim otherwise): never write to it again in this process.
-                state.failed = true;
-                return Err(storage("sync its journal", e));
-            }
+        Ok(())
+    }
+
+    /// The key as the next change sees it: its newest change, durable or not.
+    fn current_key(&self, st: &JournalState, tenant: &str, key_id: &str) -> Option<Arc<KeyInfo>> {
+        st.pending
+            .get(&(tenant.to_string(), key_id.to_string()))
+            .and_then(|v| v.last())
+            .map(|(_, k)| Arc::clone(k))
+            .or_else(|| self.key(tenant, key_id))
+    }
+
+    /// Write `ops` to the journal as one record and insert them into sled; `keys` are the keys
+    /// they change. Not durable yet: pass the returned position to [`Catalog::finish`]. Hold the
+    /// change lock from before the change was computed.
+    fn write_change(
+        &self,
+        st: &mut JournalState,
+        ops: Vec<Op>,
+        keys: &[&Arc<KeyInfo>],
+    ) -> Result<u64, StoreError> {
+        self.refuse_if_failed()?;
+        if st.journal.len() >= RESET_AT {
+            self.start_over(st)?;
         }
+        let n = st
+            .journal
+            .write(&ops)
+            .map_err(|e| storage("write its journal", e))?;
+        st.written += n;
+        self.written.store(st.written, Ordering::Release);
         for op in ops {
             let tree = match op.tree {
                 Tree::Tenants => &self.tenants,
                 Tree::Keys => &self.keys,
             };
             if let Err(e) = tree.insert(op.key, op.value) {
-                // Durable in the journal, so the next open applies it; this process can no
-                // longer keep sled in step.
-                state.failed = true;
+                // In the journal, so the next open applies it; this process can no longer keep
+                // sled in step.
+                self.failed.store(true, Ordering::Release);
                 return Err(storage("apply a change", e));
             }
         }
-        if state.journal.len() >= RESET_AT {
-            // The change is already durable. If sled cannot be flushed or the journal cannot
-            // start over (a full disk), the journal keeps growing and the next change tries again.
-            if let Err(e) = make_durable(&self.db, &self.path) {
-                tracing::warn!(error = %e, "catalog: sled could not be flushed; its journal keeps growing");
+        for k in keys {
+            st.pending
+                .entry((k.tenant.clone(), k.key_id.clone()))
+                .or_default()
+                .push((st.written, Arc::clone(k)));
+        }
+        Ok(st.written)
+    }
+
+    /// Wait until the change ending at `end` is durable (fdatasync'ing if nobody else has), and
+    /// make the keys it changed visible to authentication.
+    fn finish(&self, end: u64) -> Result<(), StoreError> {
+        let synced = self.sync_to(end)?;
+        let mut st = self.lock_changes();
+        self.publish(&mut st, synced);
+        Ok(())
+    }
+
+    /// Group commit: returns a position at or past `end` up to which the journal is durable.
+    fn sync_to(&self, end: u64) -> Result<u64, StoreError> {
+        let mut s = self.sync.lock().unwrap_or_else(|p| p.into_inner());
+        if s.synced >= end {
+            return Ok(s.synced);
+        }
+        self.refuse_if_failed()?;
+        // Every record up to `target` was completely written before this load.
+        let target = self.written.load(Ordering::Acquire);
+        if let Err(e) = s.file.sync_data() {
+            // After a failed fdatasync the file's state is unknown (and the page cache may claim
+            // otherwise): never trust it again in this process.
+            self.failed.store(true, Ordering::Release);
+            return Err(storage("sync its journal", e));
+        }
+        s.synced = target;
+        Ok(target)
+    }
+
+    /// Make every pending change up to `synced` visible to authentication: per key, the newest
+    /// one that is durable.
+    fn publish(&self, st: &mut JournalState, synced: u64) {
+        if st.pending.is_empty() {
+            return;
+        }
+        let mut cache = self.cache.write().unwrap_or_else(|p| p.into_inner());
+        st.pending.retain(|_, versions| {
+            let durable = versions.partition_point(|(end, _)| *end <= synced);
+            if durable > 0 {
+                let info = Arc::clone(&versions[durable - 1].1);
+                cache
+                    .entry(info.tenant.clone())
+                    .or_default()
+                    .insert(info.key_id.clone(), info);
+                versions.drain(..durable);
+            }
+            !versions.is_empty()
+        });
+    }
+
+    /// Past [`RESET_AT`]: make everything journaled durable in sled, then start the journal
+    /// over. If sled cannot be flushed or the journal cannot start over (a full disk), the
+    /// journal keeps growing and the next change tries again.
+    fn start_over(&self, st: &mut JournalState) -> Result<(), StoreError> {
+        let synced = self.sync_to(st.written)?;
+        self.publish(st, synced);
+        if let Err(e) = make_durable(&self.db, &self.path) {
+            tracing::warn!(error = %e, "catalog: sled could not be flushed; its journal keeps growing");
+            return Ok(());
+        }
+        let mut s = self.sync.lock().unwrap_or_else(|p| p.into_inner());
+        match st.journal.reset() {
+            Ok(()) => {}
+            Err(e @ ResetError::NotStarted(_)) => {
+                tracing::warn!(error = %e, "catalog: the journal could not start over; it keeps growing");
                 return Ok(());
             }
-            match state.journal.reset() {
-                Ok(()) => {}
-                Err(e @ ResetError::NotStarted(_)) => {
-                    tracing::warn!(error = %e, "catalog: the journal could not start over; it keeps growing");
-                }
-                Err(e @ ResetError::Unsynced(_)) => {
-                    tracing::error!(error = %e, "catalog: the journal started over but may not survive a crash; refusing catalog changes until restart");
-                    state.failed = true;
-                }
+            Err(e @ ResetError::Unsynced(_)) => {
+                tracing::error!(error = %e, "catalog: the journal started over but may not survive a crash; refusing catalog changes until restart");
+                self.failed.store(true, Ordering::Release);
             }
         }
-        Ok(())
+        // Positions keep growing across resets; the new file starts at `written`.
+        s.file = st.journal.file();
+        s.synced = st.written;
+        self.refuse_if_failed()
     }
 
     /// The key `tenant/key_id`, if it exists (revoked keys included).
@@ -292,24 +409,24 @@ impl Catalog {
     /// Create a tenant and its first key (all capabilities).
     pub fn create_tenant(&self, tenant: &str) -> Result<Arc<KeyInfo>, StoreError> {
         validate_tenant_name(tenant)?;
-        let mut changes = self.lock_changes();
+        let mut st = self.lock_changes();
         if self.tenant_exists(tenant)? {
             return Err(StoreError::AlreadyExists(format!(
                 "tenant '{tenant}' already exists"
             )));
         }
-        let info = fresh_key(
+        let info = Arc::new(fresh_key(
             tenant,
             vec![Capability::Read, Capability::Write, Capability::Admin],
-        );
+        ));
         let record = encode_key(&info)?;
         let tenant_record = serde_json::to_vec(&TenantRecord {
             created_ms: now_ms(),
             relaxed: None,
         })
         .map_err(|e| storage("encode", e))?;
-        self.commit(
-            &mut changes,
+        let end = self.write_change(
+            &mut st,
             vec![
                 Op {
                     tree: Tree::Tenants,
@@ -322,25 +439,30 @@ impl Catalog {
                     value: record,
                 },
             ],
+            &[&info],
         )?;
-        Ok(self.remember(info))
+        drop(st);
+        self.finish(end)?;
+        Ok(info)
     }
 
     /// Create another key for `tenant` (read and write; admin is granted explicitly).
     pub fn create_key(&self, tenant: &str) -> Result<Arc<KeyInfo>, StoreError> {
-        let mut changes = self.lock_changes();
+        let mut st = self.lock_changes();
         if !self.tenant_exists(tenant)? {
             return Err(StoreError::NotFound(format!("no tenant named '{tenant}'")));
         }
-        let info = fresh_key(tenant, vec![Capability::Read, Capability::Write]);
-        self.commit(&mut changes, vec![key_op(&info)?])?;
-        Ok(self.remember(info))
+        let info = Arc::new(fresh_key(tenant, vec![Capability::Read, Capability::Write]));
+        let end = self.write_change(&mut st, vec![key_op(&info)?], &[&info])?;
+        drop(st);
+        self.finish(end)?;
+        Ok(info)
     }
 
     /// Revoke a key. Returns false if it was already revoked.
     pub fn revoke_key(&self, tenant: &str, key_id: &str) -> Result<bool, StoreError> {
-        let mut changes = self.lock_changes();
-        let Some(current) = self.key(tenant, key_id) else {
+        let mut st = self.lock_changes();
+        let Some(current) = self.current_key(&st, tenant, key_id) else {
             return Err(StoreError::NotFound(format!(
                 "tenant '{tenant}' has no key '{key_id}'"
             )));
@@ -350,8 +472,10 @@ impl Catalog {
         }
         let mut info = (*current).clone();
         info.revoked = true;
-        self.commit(&mut changes, vec![key_op(&info)?])?;
-        self.remember(info);
+        let info = Arc::new(info);
+        let end = self.write_change(&mut st, vec![key_op(&info)?], &[&info])?;
+        drop(st);
+        self.finish(end)?;
         Ok(true)
     }
 
@@ -364,8 +488,8 @@ impl Catalog {
         grant: &[Capability],
         revoke: &[Capability],
     ) -> Result<Vec<Capability>, StoreError> {
-        let mut changes = self.lock_changes();
-        let Some(current) = self.key(tenant, key_id).filter(|k| !k.revoked) else {
+        let mut st = self.lock_changes();
+        let Some(current) = self.current_key(&st, tenant, key_id).filter(|k| !k.revoked) else {
             return Err(StoreError::NotFound(format!(
                 "tenant '{tenant}' has no active key '{key_id}'"
             )));
@@ -378,8 +502,11 @@ impl Catalog {
             }
         }
         info.capabilities.sort();
-        self.commit(&mut changes, vec![key_op(&info)?])?;
-        Ok(self.remember(info).capabilities.clone())
+        let info = Arc::new(info);
+        let end = self.write_change(&mut st, vec![key_op(&info)?], &[&info])?;
+        drop(st);
+        self.finish(end)?;
+        Ok(info.capabilities.clone())
     }
 
     fn tenant_record(&self, tenant: &str) -> Result<TenantRecord, StoreError> {
@@ -410,7 +537,7 @@ impl Catalog {
         tenant: &str,
         policy: cube_wal::SyncPolicy,
     ) -> Result<(), StoreError> {
-        let mut changes = self.lock_changes();
+        let mut st = self.lock_changes();
         let mut record = self.tenant_record(tenant)?;
         record.relaxed = match policy {
             cube_wal::SyncPolicy::Always => None,
@@ -436,14 +563,17 @@ impl Catalog {
             }
         };
         let bytes = serde_json::to_vec(&record).map_err(|e| storage("encode", e))?;
-        self.commit(
-            &mut changes,
+        let end = self.write_change(
+            &mut st,
             vec![Op {
                 tree: Tree::Tenants,
                 key: tenant.as_bytes().to_vec(),
                 value: bytes,
             }],
-        )
+            &[],
+        )?;
+        drop(st);
+        self.finish(end)
     }
 
     /// Every tenant with its unrevoked key ids, sorted.
@@ -466,16 +596,6 @@ impl Catalog {
             keys.sort();
         }
         Ok(out)
-    }
-
-    fn remember(&self, info: KeyInfo) -> Arc<KeyInfo> {
-        let info = Arc::new(info);
-        let mut cache = self.cache.write().unwrap_or_else(|p| p.into_inner());
-        cache
-            .entry(info.tenant.clone())
-            .or_default()
-            .insert(info.key_id.clone(), Arc::clone(&info));
-        info
     }
 }
 
@@ -717,6 +837,45 @@ mod tests {
             c.key("acme", &first.key_id).unwrap().capabilities,
             vec![Capability::Read, Capability::Admin]
         );
+    }
+
+    /// Many threads changing keys at once (their fdatasyncs shared by group commit): every
+    /// acknowledged change is visible when acknowledged, and after a reopen.
+    #[test]
+    fn changes_from_many_threads_are_visible_when_acknowledged_and_after_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("catalog");
+        let c = Arc::new(Catalog::open(&path).unwrap());
+        c.create_tenant("acme").unwrap();
+        let workers: Vec<_> = (0..8)
+            .map(|_| {
+                let c = Arc::clone(&c);
+                std::thread::spawn(move || {
+                    let key = c.create_key("acme").unwrap().key_id.clone();
+                    for i in 0..60u32 {
+                        let caps = if i.is_multiple_of(3) {
+                            c.change_capabilities("acme", &key, &[], &[Capability::Write])
+                        } else {
+                            c.change_capabilities("acme", &key, &[Capability::Write], &[])
+                        }
+                        .unwrap();
+                        // Visible to authentication as soon as it is acknowledged.
+                        assert_eq!(c.key("acme", &key).unwrap().capabilities, caps);
+                    }
+                    let revoked = i32::from(c.revoke_key("acme", &key).unwrap());
+                    (key, revoked)
+                })
+            })
+            .collect();
+        let keys: Vec<_> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+        drop(c);
+        let c = reopen(&path);
+        for (key, revoked) in keys {
+            assert_eq!(revoked, 1);
+            let k = c.key("acme", &key).unwrap();
+            assert!(k.revoked);
+            assert_eq!(k.capabilities, vec![Capability::Read, Capability::Write]);
+        }
     }
 
     /// Read-modify-write changes of one key from several threads: none is lost, and a revoked

@@ -1,15 +1,19 @@
 //! The catalog's write-ahead journal: how a catalog change becomes durable without a sled flush.
 //!
 //! A change (a key created, revoked or given other capabilities, a tenant created, a durability
-//! policy set) is appended here as one record and fdatasync'ed *before* it is inserted into sled,
-//! whose own flushes are off. When the journal passes [`RESET_AT`] bytes, sled is flushed and the
-//! journal starts over empty. Opening the catalog replays every whole record into sled, in order,
-//! flushes sled and starts over: replaying a record twice is harmless, since each one carries the
-//! whole new value of what it changes, and the last record for a key is the latest change.
+//! policy set) is written here as one record and inserted into sled, whose own flushes are off;
+//! it is acknowledged, and becomes visible to authentication, once an fdatasync of the journal
+//! that started after its write has completed (group commit: concurrent changes share one). When
+//! the journal passes [`RESET_AT`] bytes, sled is flushed and its files fsynced, and the journal
+//! starts over empty. Opening the catalog replays every whole record into sled, in order, makes
+//! sled durable the same way and starts over: replaying a record twice is harmless, since each
+//! one carries the whole new value of what it changes, and the last record for a key is the
+//! latest change.
 //!
-//! Why not sled's flush per change: `cargo run --release -p cube-store --example catalog_cost`
-//! measured ~120 µs of CPU per flushed sled change against ~50-60 µs for an append and
-//! fdatasync on this machine (docs/benchmarks.md, "Catalog changes").
+//! Why not sled's flush per change: sled 0.34 ends a flush with `sync_file_range`, which neither
+//! flushes the device's write cache nor writes the file's metadata, so a change it "flushed" could
+//! be lost on power loss; and it cost more CPU (`cargo run --release -p cube-store --example
+//! catalog_cost`: ~110 µs per change against ~50 µs; docs/benchmarks.md, "Catalog changes").
 //!
 //! NOTE: on-disk format. The file is zero-filled to [`PREALLOC`] bytes (an fdatasync of a write
 //! inside the file need not update its size). A record is
@@ -22,6 +26,7 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Bytes the journal file is zero-filled to when it starts over.
 pub(crate) const PREALLOC: u64 = 1 << 20;
@@ -45,11 +50,13 @@ pub(crate) struct Op {
     pub value: Vec<u8>,
 }
 
-/// An open journal. Not synchronized: the catalog holds it under its mutation lock.
+/// An open journal. Not synchronized: the catalog holds it under its change lock, and syncs
+/// [`Journal::file`] under a lock of its own (group commit: one fdatasync covers every record
+/// written before it started).
 #[derive(Debug)]
 pub(crate) struct Journal {
     path: PathBuf,
-    file: File,
+    file: Arc<File>,
     len: u64,
 }
 
@@ -67,7 +74,7 @@ impl Journal {
         }
         let (ops, len) = decode_all(&bytes);
         if bytes.is_empty() {
-            let file = start_over(path)?;
+            let file = Arc::new(start_over(path)?);
             return Ok((
                 Journal {
                     path: path.to_path_buf(),
@@ -77,7 +84,7 @@ impl Journal {
                 ops,
             ));
         }
-        let file = File::options().write(true).open(path)?;
+        let file = Arc::new(File::options().write(true).open(path)?);
         Ok((
             Journal {
                 path: path.to_path_buf(),
@@ -93,17 +100,27 @@ impl Journal {
         self.len
     }
 
-    /// Append `ops` as one record and fdatasync it. Nothing is acknowledged on an error. After
-    /// a failed write (the disk full, say) the next append writes at the same offset; after a
-    /// failed fdatasync the file's state is unknown, and the caller must stop appending.
-    pub(crate) fn append(&mut self, ops: &[Op]) -> Result<(), AppendError> {
+    /// The file, for syncing what was written (`sync_data` covers every completed write).
+    pub(crate) fn file(&self) -> Arc<File> {
+        Arc::clone(&self.file)
+    }
+
+    /// Write `ops` as one record after the last one, without syncing it; returns the bytes
+    /// written. After an error (the disk full, say) nothing was added, and the next record is
+    /// written at the same offset.
+    pub(crate) fn write(&mut self, ops: &[Op]) -> io::Result<u64> {
         let record = encode_record(ops);
-        self.file
-            .write_all_at(&record, self.len)
-            .map_err(AppendError::Write)?;
-        self.file.sync_data().map_err(AppendError::Sync)?;
+        self.file.write_all_at(&record, self.len)?;
         self.len += record.len() as u64;
-        Ok(())
+        Ok(record.len() as u64)
+    }
+
+    /// [`Journal::write`], then fdatasync. After a failed fdatasync the file's state is unknown
+    /// and the caller must stop appending.
+    #[cfg(test)]
+    pub(crate) fn append(&mut self, ops: &[Op]) -> Result<(), AppendError> {
+        self.write(ops).map_err(AppendError::Write)?;
+        self.file.sync_data().map_err(AppendError::Sync)
     }
 
     /// Start over empty. Call only once everything journaled is durable elsewhere (sled
@@ -115,13 +132,14 @@ impl Journal {
             let _ = std::fs::remove_file(&tmp);
             return Err(ResetError::NotStarted(e));
         }
-        self.file = file;
+        self.file = Arc::new(file);
         self.len = 0;
         sync_parent(&self.path).map_err(ResetError::Unsynced)
     }
 }
 
 /// Why an append failed.
+#[cfg(test)]
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum AppendError {
     /// The record was not written (whole); the journal is as before.

@@ -203,14 +203,20 @@ impl Catalog {
                 tree.insert(op.key.as_slice(), op.value.as_slice())
                     .map_err(|e| other(&e))?;
             }
-            make_durable(&db, path).map_err(|e| other(&e))?;
-            if let Err(e) = journal.reset() {
-                // Opening the catalog on a full disk must still work (reads, auth): keep the
-                // journal as it is (replaying it again at the next open is harmless).
-                if matches!(e, ResetError::Unsynced(_)) {
-                    return Err(other(&e));
+            // Opening the catalog on a full disk must still work (authentication, reads): if
+            // sled cannot be made durable or the journal cannot start over, keep the journal as
+            // it is (replaying it again at the next open is harmless) and append to it.
+            match make_durable(&db, path) {
+                Err(e) => {
+                    tracing::warn!(error = %e, "catalog journal replayed but sled could not be flushed; the journal is kept");
                 }
-                tracing::warn!(error = %e, "catalog journal replayed but not started over");
+                Ok(()) => match journal.reset() {
+                    Ok(()) => {}
+                    Err(e @ ResetError::Unsynced(_)) => return Err(other(&e)),
+                    Err(e @ ResetError::NotStarted(_)) => {
+                        tracing::warn!(error = %e, "catalog journal replayed but not started over");
+                    }
+                },
             }
             tracing::info!(changes = replay.len(), "catalog journal replayed");
         }

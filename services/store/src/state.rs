@@ -30,6 +30,11 @@ pub const MAX_LABEL_BYTES: usize = 64;
 /// Most audit entries stored under one key. An applied group with more is split, so the chunk
 /// holding any seq starts at most this many entries before it.
 const AUDIT_CHUNK_ENTRIES: usize = 16;
+/// Expiry of old audit chunks runs once at least `audit_retention / 64` (at most this many) more
+/// entries have left the window, not on every apply: its range scan costs about the same
+/// whether it finds one chunk or hundreds. Readers filter to exactly the window, so the extra
+/// stored entries (under 1/64 of the retention) are invisible to them.
+const AUDIT_EXPIRY_STEP_MAX: u64 = 1024;
 
 /// A cell's address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -1086,8 +1091,10 @@ impl TenantState {
         next_seq: u64,
         new_chunks: &[u64],
     ) -> Result<u64, ApplyError> {
-        let keep_from = next_seq.saturating_sub(self.limits.audit_retention.max(1));
-        if keep_from <= 1 {
+        let retention = self.limits.audit_retention.max(1);
+        let keep_from = next_seq.saturating_sub(retention);
+        let step = (retention / 64).min(AUDIT_EXPIRY_STEP_MAX);
+        if keep_from <= 1 || keep_from < self.audit_floor.saturating_add(step) {
             return Ok(self.audit_floor);
         }
         // Chunks starting at or before `keep_from`: all but the last of them end before it. The
@@ -1797,6 +1804,42 @@ mod tests {
         let seqs = page_seqs(&StateReader::new(counting.clone(), 1000), 3, 100);
         assert_eq!(seqs, vec![26, 27, 28, 29, 30]);
         assert_eq!(counting.seeks(), 0);
+    }
+
+    /// With a retention of 640 expiry runs in steps of 10 entries: readers still see exactly
+    /// the window, and at most a step (plus the boundary chunk) more is stored.
+    #[test]
+    fn expiry_in_steps_stores_little_more_than_the_window_and_shows_exactly_it() {
+        let mut h = Harness::new(fresh_with(16, 640));
+        let stored = |h: &Harness| {
+            h.s.store
+                .range(&keys::audit_key(0), &keys::audit_end())
+                .count()
+        };
+        let mut most = 0;
+        for i in 0..1000u32 {
+            h.run(write(C, &i.to_be_bytes()[2..])).unwrap(); // one chunk per entry
+            most = most.max(stored(&h));
+            if i % 97 == 0 || i == 999 {
+                let seqs = page_seqs(&h.s.reader(), 0, 1000);
+                let next = u64::from(i) + 2;
+                let first = next.saturating_sub(640).max(1);
+                assert_eq!(
+                    seqs,
+                    (first..next).collect::<Vec<_>>(),
+                    "after {} writes",
+                    i + 1
+                );
+            }
+        }
+        // Expiry waited for a step (more than the window and its boundary chunk was stored),
+        // and never let more than a step pile up.
+        assert!(most > 640 + 1, "expiry ran on every apply");
+        assert!(
+            most <= 640 + 10 + 1,
+            "{most} chunks stored for a window of 640"
+        );
+        assert!(stored(&h) >= 640);
     }
 
     #[test]

@@ -111,7 +111,7 @@ pub struct Catalog {
     /// made meanwhile share one fdatasync.
     sync: Mutex<SyncState>,
     /// Journal position (bytes journaled since open, across resets) at the end of the last
-    /// record written.
+    /// record written. Changed only under the change lock; read by syncs without it.
     written: AtomicU64,
     /// Set when the journal can no longer promise durability (a failed fdatasync, or a reset
     /// whose rename may not survive a crash), or sled refused a journaled change: further
@@ -125,8 +125,6 @@ type KeyName = (String, String);
 #[derive(Debug)]
 struct JournalState {
     journal: Journal,
-    /// Journal position of the end of the last record written.
-    written: u64,
     /// Keys changed by records not known to be synced yet: each change's end position and the
     /// key after it, oldest first. The newest is the base of the next change of that key; each
     /// becomes visible to authentication once synced (see [`Catalog::publish`]).
@@ -195,14 +193,8 @@ impl Catalog {
         let journal_path = path.with_extension("journal");
         let (mut journal, replay) = Journal::open(&journal_path).map_err(|e| other(&e))?;
         if !replay.is_empty() {
-            for op in &replay {
-                let tree = match op.tree {
-                    Tree::Tenants => &tenants,
-                    Tree::Keys => &keys,
-                };
-                tree.insert(op.key.as_slice(), op.value.as_slice())
-                    .map_err(|e| other(&e))?;
-            }
+            let changes = replay.len();
+            insert_ops(&tenants, &keys, replay).map_err(|e| other(&e))?;
             // Opening the catalog on a full disk must still work (authentication, reads): if
             // sled cannot be made durable or the journal cannot start over, keep the journal as
             // it is (replaying it again at the next open is harmless) and append to it.
@@ -218,7 +210,7 @@ impl Catalog {
                     }
                 },
             }
-            tracing::info!(changes = replay.len(), "catalog journal replayed");
+            tracing::info!(changes, "catalog journal replayed");
         }
         let mut cache = HashMap::new();
         for item in keys.iter() {
@@ -241,7 +233,6 @@ impl Catalog {
             }),
             changes: Mutex::new(JournalState {
                 journal,
-                written: 0,
                 pending: HashMap::new(),
             }),
             written: AtomicU64::new(0),
@@ -275,52 +266,41 @@ impl Catalog {
             .or_else(|| self.key(tenant, key_id))
     }
 
-    /// Write `ops` to the journal as one record and insert them into sled; `keys` are the keys
-    /// they change. Not durable yet: pass the returned position to [`Catalog::finish`]. Hold the
-    /// change lock from before the change was computed.
-    fn write_change(
+    /// Make one change: write `ops` to the journal as one record, insert them into sled, release
+    /// the change lock `st` (taken before the change was computed), and return once the record
+    /// is durable, with `keys` (the keys it changes) visible to authentication.
+    fn commit(
         &self,
-        st: &mut JournalState,
+        mut st: MutexGuard<'_, JournalState>,
         ops: Vec<Op>,
         keys: &[&Arc<KeyInfo>],
-    ) -> Result<u64, StoreError> {
+    ) -> Result<(), StoreError> {
         self.refuse_if_failed()?;
         if st.journal.len() >= RESET_AT {
-            self.start_over(st)?;
+            self.start_over(&mut st)?;
         }
         let n = st
             .journal
             .write(&ops)
             .map_err(|e| storage("write its journal", e))?;
-        st.written += n;
-        self.written.store(st.written, Ordering::Release);
-        for op in ops {
-            let tree = match op.tree {
-                Tree::Tenants => &self.tenants,
-                Tree::Keys => &self.keys,
-            };
-            if let Err(e) = tree.insert(op.key, op.value) {
-                // In the journal, so the next open applies it; this process can no longer keep
-                // sled in step.
-                self.failed.store(true, Ordering::Release);
-                return Err(storage("apply a change", e));
-            }
+        let end = self.written.load(Ordering::Relaxed) + n;
+        self.written.store(end, Ordering::Release);
+        if let Err(e) = insert_ops(&self.tenants, &self.keys, ops) {
+            // In the journal, so the next open applies it; this process can no longer keep
+            // sled in step.
+            self.failed.store(true, Ordering::Release);
+            return Err(storage("apply a change", e));
         }
         for k in keys {
             st.pending
                 .entry((k.tenant.clone(), k.key_id.clone()))
                 .or_default()
-                .push((st.written, Arc::clone(k)));
+                .push((end, Arc::clone(k)));
         }
-        Ok(st.written)
-    }
-
-    /// Wait until the change ending at `end` is durable (fdatasync'ing if nobody else has), and
-    /// make the keys it changed visible to authentication.
-    fn finish(&self, end: u64) -> Result<(), StoreError> {
+        // Wait for the fdatasync without the lock, so that changes made meanwhile share it.
+        drop(st);
         let synced = self.sync_to(end)?;
-        let mut st = self.lock_changes();
-        self.publish(&mut st, synced);
+        self.publish(&mut self.lock_changes(), synced);
         Ok(())
     }
 
@@ -368,7 +348,8 @@ impl Catalog {
     /// over. If sled cannot be flushed or the journal cannot start over (a full disk), the
     /// journal keeps growing and the next change tries again.
     fn start_over(&self, st: &mut JournalState) -> Result<(), StoreError> {
-        let synced = self.sync_to(st.written)?;
+        let written = self.written.load(Ordering::Acquire);
+        let synced = self.sync_to(written)?;
         self.publish(st, synced);
         if let Err(e) = make_durable(&self.db, &self.path) {
             tracing::warn!(error = %e, "catalog: sled could not be flushed; its journal keeps growing");
@@ -388,7 +369,7 @@ impl Catalog {
         }
         // Positions keep growing across resets; the new file starts at `written`.
         s.file = st.journal.file();
-        s.synced = st.written;
+        s.synced = written;
         self.refuse_if_failed()
     }
 
@@ -415,7 +396,7 @@ impl Catalog {
     /// Create a tenant and its first key (all capabilities).
     pub fn create_tenant(&self, tenant: &str) -> Result<Arc<KeyInfo>, StoreError> {
         validate_tenant_name(tenant)?;
-        let mut st = self.lock_changes();
+        let st = self.lock_changes();
         if self.tenant_exists(tenant)? {
             return Err(StoreError::AlreadyExists(format!(
                 "tenant '{tenant}' already exists"
@@ -431,8 +412,8 @@ impl Catalog {
             relaxed: None,
         })
         .map_err(|e| storage("encode", e))?;
-        let end = self.write_change(
-            &mut st,
+        self.commit(
+            st,
             vec![
                 Op {
                     tree: Tree::Tenants,
@@ -447,27 +428,23 @@ impl Catalog {
             ],
             &[&info],
         )?;
-        drop(st);
-        self.finish(end)?;
         Ok(info)
     }
 
     /// Create another key for `tenant` (read and write; admin is granted explicitly).
     pub fn create_key(&self, tenant: &str) -> Result<Arc<KeyInfo>, StoreError> {
-        let mut st = self.lock_changes();
+        let st = self.lock_changes();
         if !self.tenant_exists(tenant)? {
             return Err(StoreError::NotFound(format!("no tenant named '{tenant}'")));
         }
         let info = Arc::new(fresh_key(tenant, vec![Capability::Read, Capability::Write]));
-        let end = self.write_change(&mut st, vec![key_op(&info)?], &[&info])?;
-        drop(st);
-        self.finish(end)?;
+        self.commit(st, vec![key_op(&info)?], &[&info])?;
         Ok(info)
     }
 
     /// Revoke a key. Returns false if it was already revoked.
     pub fn revoke_key(&self, tenant: &str, key_id: &str) -> Result<bool, StoreError> {
-        let mut st = self.lock_changes();
+        let st = self.lock_changes();
         let Some(current) = self.current_key(&st, tenant, key_id) else {
             return Err(StoreError::NotFound(format!(
                 "tenant '{tenant}' has no key '{key_id}'"
@@ -479,9 +456,7 @@ impl Catalog {
         let mut info = (*current).clone();
         info.revoked = true;
         let info = Arc::new(info);
-        let end = self.write_change(&mut st, vec![key_op(&info)?], &[&info])?;
-        drop(st);
-        self.finish(end)?;
+        self.commit(st, vec![key_op(&info)?], &[&info])?;
         Ok(true)
     }
 
@@ -494,7 +469,7 @@ impl Catalog {
         grant: &[Capability],
         revoke: &[Capability],
     ) -> Result<Vec<Capability>, StoreError> {
-        let mut st = self.lock_changes();
+        let st = self.lock_changes();
         let Some(current) = self.current_key(&st, tenant, key_id).filter(|k| !k.revoked) else {
             return Err(StoreError::NotFound(format!(
                 "tenant '{tenant}' has no active key '{key_id}'"
@@ -509,9 +484,7 @@ impl Catalog {
         }
         info.capabilities.sort();
         let info = Arc::new(info);
-        let end = self.write_change(&mut st, vec![key_op(&info)?], &[&info])?;
-        drop(st);
-        self.finish(end)?;
+        self.commit(st, vec![key_op(&info)?], &[&info])?;
         Ok(info.capabilities.clone())
     }
 
@@ -543,7 +516,7 @@ impl Catalog {
         tenant: &str,
         policy: cube_wal::SyncPolicy,
     ) -> Result<(), StoreError> {
-        let mut st = self.lock_changes();
+        let st = self.lock_changes();
         let mut record = self.tenant_record(tenant)?;
         record.relaxed = match policy {
             cube_wal::SyncPolicy::Always => None,
@@ -569,17 +542,15 @@ impl Catalog {
             }
         };
         let bytes = serde_json::to_vec(&record).map_err(|e| storage("encode", e))?;
-        let end = self.write_change(
-            &mut st,
+        self.commit(
+            st,
             vec![Op {
                 tree: Tree::Tenants,
                 key: tenant.as_bytes().to_vec(),
                 value: bytes,
             }],
             &[],
-        )?;
-        drop(st);
-        self.finish(end)
+        )
     }
 
     /// Every tenant with its unrevoked key ids, sorted.
@@ -660,6 +631,22 @@ fn make_durable(db: &sled::Db, dir: &Path) -> Result<(), String> {
     }
     db.flush().map_err(|e| format!("flushing sled: {e}"))?;
     sync_tree(dir).map_err(|e| format!("syncing the catalog's files: {e}"))
+}
+
+/// Insert journal ops into sled's trees, in order.
+fn insert_ops(
+    tenants: &sled::Tree,
+    keys: &sled::Tree,
+    ops: impl IntoIterator<Item = Op>,
+) -> sled::Result<()> {
+    for op in ops {
+        let tree = match op.tree {
+            Tree::Tenants => tenants,
+            Tree::Keys => keys,
+        };
+        tree.insert(op.key, op.value)?;
+    }
+    Ok(())
 }
 
 /// The journal op that stores `info`.

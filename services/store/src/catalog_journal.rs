@@ -73,22 +73,15 @@ impl Journal {
             Err(e) => return Err(e),
         }
         let (ops, len) = decode_all(&bytes);
-        if bytes.is_empty() {
-            let file = Arc::new(start_over(path)?);
-            return Ok((
-                Journal {
-                    path: path.to_path_buf(),
-                    file,
-                    len: 0,
-                },
-                ops,
-            ));
-        }
-        let file = Arc::new(File::options().write(true).open(path)?);
+        let file = if bytes.is_empty() {
+            start_over(path)?
+        } else {
+            File::options().write(true).open(path)?
+        };
         Ok((
             Journal {
                 path: path.to_path_buf(),
-                file,
+                file: Arc::new(file),
                 len,
             },
             ops,
@@ -115,12 +108,11 @@ impl Journal {
         Ok(record.len() as u64)
     }
 
-    /// [`Journal::write`], then fdatasync. After a failed fdatasync the file's state is unknown
-    /// and the caller must stop appending.
+    /// [`Journal::write`], then fdatasync (the catalog syncs under a lock of its own instead).
     #[cfg(test)]
-    pub(crate) fn append(&mut self, ops: &[Op]) -> Result<(), AppendError> {
-        self.write(ops).map_err(AppendError::Write)?;
-        self.file.sync_data().map_err(AppendError::Sync)
+    fn append(&mut self, ops: &[Op]) -> io::Result<()> {
+        self.write(ops)?;
+        self.file.sync_data()
     }
 
     /// Start over empty. Call only once everything journaled is durable elsewhere (sled
@@ -136,18 +128,6 @@ impl Journal {
         self.len = 0;
         sync_parent(&self.path).map_err(ResetError::Unsynced)
     }
-}
-
-/// Why an append failed.
-#[cfg(test)]
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum AppendError {
-    /// The record was not written (whole); the journal is as before.
-    #[error("writing the record: {0}")]
-    Write(io::Error),
-    /// The fdatasync failed: what the file holds is unknown.
-    #[error("syncing the record: {0}")]
-    Sync(io::Error),
 }
 
 /// Why a reset failed.

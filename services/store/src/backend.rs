@@ -133,10 +133,10 @@ impl StateBackend for SledBackend {
 /// NOTE: fjall records a partition's options (this size, the compaction strategy) when it is
 /// created; a state store created by an earlier build keeps its own (4 MiB or leveled).
 const FJALL_MEMTABLE_BYTES: u32 = 16 << 20;
-/// Journal files (the active one included) above which an apply waits for memtable flushes:
-/// bounds what an open replays. A journal file holds one memtable's batches and is preallocated
-/// to 32 MiB; fjall's own byte-based stall at its minimum (24 MiB) stopped writes for 100 ms at
-/// every rotation. Counted, not measured in bytes: the count needs no `fstat` on every apply.
+/// Journal files (the active one included) above which an apply waits for memtable flushes.
+/// Batches are not written to fjall's journal (see [`FjallBackend`]), but fjall still opens one
+/// journal file per memtable, so this counts the memtables not yet flushed; fjall's own
+/// byte-based stall at its minimum (24 MiB) stopped writes for 100 ms at every rotation.
 const JOURNAL_BUDGET: usize = 3;
 /// fjall's size of a preallocated journal file, which its own journal limit counts.
 const FJALL_JOURNAL_FILE_BYTES: u64 = 32 << 20;
@@ -155,11 +155,14 @@ const APPLY_STALL_LIMIT: std::time::Duration = std::time::Duration::from_secs(30
 const FLUSH_POLL: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// A tenant's state in its own fjall keyspace (an LSM tree): one partition, one flush and one
-/// compaction worker. fjall's own journal is not synced per batch (the WAL is the log;
-/// [`StateBackend::flush`], the checkpoint, syncs it), and batches reach the OS only when
-/// fjall's journal buffer fills: after a crash the journal comes back as a prefix of whole
-/// batches, which is all recovery needs. fjall takes no lock on its directory, so this backend holds one
-/// (`LOCK`, an advisory file lock) for as long as it lives.
+/// compaction worker. Batches go to the memtable only, not to fjall's journal (a patched fjall,
+/// `Batch::without_journal`, vendor/fjall/CUBE-PATCH.md): the WAL is the log, and writing every
+/// byte a second time into a journal nobody needs cost a 1 GiB bulk load of 64 KiB values about a
+/// sixth of its throughput (docs/benchmarks.md). After a crash the store holds what its flushed
+/// memtables hold; fjall registers flushes oldest first, so that is a prefix of whole batches,
+/// and [`crate::state::TenantState::applied_seq`] (written in every batch) says where the WAL
+/// replay starts. fjall takes no lock on its directory, so this backend holds one (`LOCK`, an
+/// advisory file lock) for as long as it lives.
 pub struct FjallBackend {
     /// Always `Some` until drop, which hands it to a thread of its own (see `Drop`).
     open: Option<OpenKeyspace>,
@@ -345,7 +348,7 @@ impl StateBackend for FjallBackend {
 
     fn apply(&self, batch: Vec<BatchOp>) -> Result<(), BackendError> {
         self.wait_for_room()?;
-        let mut b = self.ks().keyspace.batch();
+        let mut b = self.ks().keyspace.batch().without_journal();
         for op in batch {
             match op {
                 BatchOp::Put(k, v) => b.insert(&self.ks().part, k, v),
@@ -355,11 +358,10 @@ impl StateBackend for FjallBackend {
         b.commit().map_err(fjall_err)
     }
 
-    /// The checkpoint: the memtable is written out as a segment (fsynced by fjall) and the
-    /// journal is synced. Writing the memtable out, rather than only syncing the journal, is
-    /// what makes the checkpoint independent of the journal: fjall ignores a failed journal
-    /// write (the batch still reaches the memtable), so a journal may miss a batch that later
-    /// ones follow; the memtable never does. It also leaves little journal to replay on open.
+    /// The checkpoint: the memtables are written out as segments (fsynced by fjall), then
+    /// fjall's journal is synced (it holds no batches of ours, see [`FjallBackend`], only what
+    /// fjall itself records there). Afterwards everything applied so far is durable without the
+    /// WAL.
     ///
     /// fjall's own `rotate_memtable_and_wait` polls its flush queue with no way out: a flush
     /// worker that fails (ENOSPC, say) poisons the keyspace and stops, and the queue never
@@ -369,9 +371,11 @@ impl StateBackend for FjallBackend {
     fn flush(&self) -> Result<(), BackendError> {
         use fjall::AbstractTree;
         let ks = self.ks();
-        if ks.part.rotate_memtable().map_err(fjall_err)? {
-            self.wait_for_flushes(|ks| ks.part.tree.sealed_memtable_count() == 0, None)?;
-        }
+        // Wait even when there was nothing to seal: a memtable fjall sealed by itself just before
+        // may still be on its way out, and without fjall's journal it is durable only once
+        // written.
+        ks.part.rotate_memtable().map_err(fjall_err)?;
+        self.wait_for_flushes(|ks| ks.part.tree.sealed_memtable_count() == 0, None)?;
         ks.keyspace
             .persist(fjall::PersistMode::SyncAll)
             .map_err(fjall_err)

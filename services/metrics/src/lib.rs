@@ -214,6 +214,13 @@ pub static WAL_SEGMENTS_DELETED: LazyLock<IntCounter> = LazyLock::new(|| {
         "WAL segments deleted after a checkpoint covered them.",
     )
 });
+/// New WAL segments that reused a covered one instead of being zero-filled.
+pub static WAL_SEGMENTS_RECYCLED: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "cube_wal_segments_recycled_total",
+        "New WAL segments that reused a segment a checkpoint covered instead of zero-filling a new file.",
+    )
+});
 /// Tenant actors stopped because they were idle or evicted by the open-tenant cap.
 pub static TENANTS_PASSIVATED: LazyLock<IntCounter> = LazyLock::new(|| {
     counter(
@@ -247,6 +254,7 @@ pub fn init() {
         &*TENANTS_UNAVAILABLE,
         &*CHECKPOINT_SECONDS,
         &*WAL_SEGMENTS_DELETED,
+        &*WAL_SEGMENTS_RECYCLED,
         &*TENANTS_PASSIVATED,
     );
 }

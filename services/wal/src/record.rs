@@ -1,10 +1,14 @@
 //! Record framing: `len u32 | crc32c u32 | seq u64 | payload`, little endian.
 //!
 //! The CRC covers `len ‖ seq ‖ payload`, so a flipped length is caught too. A header of 16 zero
-//! bytes marks the end of data in a pre-zeroed segment; it can never be a valid record because
-//! sequence numbers start at 1.
+//! bytes ([`END_MARKER`]) marks the end of data; it can never be a valid record because sequence
+//! numbers start at 1. A pre-zeroed segment is zero past its data anyway; in a recycled one, old
+//! records follow, so the writer puts a zero header after every write that leaves room for it.
 
 pub(crate) const HEADER_LEN: usize = 16;
+
+/// Written after the last record of every write (see the module doc).
+pub(crate) const END_MARKER: [u8; HEADER_LEN] = [0; HEADER_LEN];
 
 /// Append one framed record to `buf`.
 pub(crate) fn encode(buf: &mut Vec<u8>, seq: u64, payload: &[u8]) {

@@ -1,11 +1,15 @@
 //! Recovery: read every segment in order, hand records after `start_after` to a visitor, and
 //! decide what an invalid record means.
 //!
-//! - Invalid bytes at the end of the last segment with nothing valid after them are a torn tail
-//!   (a batch whose fdatasync never finished, so nothing in it was acknowledged): they are zeroed,
-//!   fsynced and counted.
-//! - An invalid record followed by a valid one, an invalid record in any segment but the last, or
-//!   a gap in sequence numbers is corruption: [`WalError::Corrupt`], and the shard stays closed.
+//! - A segment's records run from its first seq up; they end at a zero header (the writer puts
+//!   one after every write). What follows it is not data: zeros in a pre-zeroed segment, old
+//!   records (all below the segment's first seq) in a recycled one.
+//! - Invalid bytes instead of that zero header at the end of the last segment, with no valid
+//!   record of a later seq after them, are a torn tail (a batch whose fdatasync never finished,
+//!   so nothing in it was acknowledged): they are zeroed, fsynced and counted.
+//! - An invalid record followed by a valid one of a later seq, a sealed segment whose records
+//!   stop before the next segment's first seq, or a gap in sequence numbers is corruption:
+//!   [`WalError::Corrupt`], and the shard stays closed.
 
 use std::fs::{self, OpenOptions};
 use std::os::unix::fs::FileExt;
@@ -62,7 +66,6 @@ pub(crate) fn recover(
     let mut expected: Option<u64> = None;
 
     for (i, (first_seq, path)) in listed.iter().enumerate() {
-        let is_last = i + 1 == listed.len();
         let name = segment_file_name(*first_seq);
         let size = fs::metadata(path)
             .map_err(WalError::io("reading segment size"))?
@@ -93,7 +96,7 @@ pub(crate) fn recover(
         let data = fs::read(path).map_err(WalError::io("reading segment"))?;
         let mut pos = 0usize;
         let mut exp = *first_seq;
-        let bad_at = loop {
+        let at_end_marker = loop {
             match record::decode(&data[pos..]) {
                 Frame::Record {
                     seq,
@@ -108,34 +111,47 @@ pub(crate) fn recover(
                     exp += 1;
                     pos += total;
                 }
-                Frame::End if data[pos..].iter().all(|b| *b == 0) => break None,
-                _ => break Some(pos),
+                Frame::End => break true,
+                _ => break false,
             }
         };
         expected = Some(exp);
-        if let Some(bad) = bad_at {
-            if !is_last {
+        if let Some((next_first, _)) = listed.get(i + 1) {
+            // A sealed segment holds every record up to the next one's first; what follows them
+            // is not read. A shortfall that ends in zeros is reported by the next segment's
+            // check ("starts at seq"); one that ends in anything else, here.
+            if exp != *next_first && !(at_end_marker && data[pos..].iter().all(|b| *b == 0)) {
                 return Err(corrupt(
                     &name,
-                    bad as u64,
+                    pos as u64,
                     "invalid record in a sealed segment".into(),
                 ));
             }
-            if let Some((off, seq)) = find_valid_record_after(&data, bad, exp) {
-                return Err(corrupt(
-                    &name,
-                    bad as u64,
-                    format!("invalid record followed by valid record {seq} at offset {off}"),
-                ));
-            }
+            continue;
+        }
+        // The last segment. Only zeros (pre-zeroed) or records older than this segment (a
+        // recycled one) may follow the end of data; a valid record of a later seq means one in
+        // between is damaged.
+        let later = if data[pos..].iter().all(|b| *b == 0) {
+            None
+        } else {
+            find_valid_record_after(&data, pos, exp)
+        };
+        if let Some((off, seq)) = later {
+            return Err(corrupt(
+                &name,
+                pos as u64,
+                format!("invalid record followed by valid record {seq} at offset {off}"),
+            ));
+        }
+        write_offset = pos as u64;
+        if !at_end_marker {
+            let bad = pos;
             let dirty_end = data.iter().rposition(|b| *b != 0).map_or(bad, |p| p + 1);
             zero_range(path, bad as u64, (dirty_end - bad) as u64)?;
             report.truncated_bytes += (dirty_end - bad) as u64;
             report.torn_tails += 1;
             tracing::warn!(segment = %name, offset = bad, bytes = dirty_end - bad, "truncated torn wal tail");
-        }
-        if is_last {
-            write_offset = pos as u64;
         }
     }
     let next_seq = expected.unwrap_or(start_after + 1).max(start_after + 1);

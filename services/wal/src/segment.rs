@@ -5,6 +5,10 @@
 //! Segments are created full-size and zero-filled, then fsynced, before any record goes in: on
 //! this class of disk an fdatasync after appending to a growing file costs about twice as much as
 //! one after overwriting allocated blocks, because the file size (metadata) changes every time.
+//! Zero-filling writes every segment's bytes twice, so a segment a checkpoint no longer needs is
+//! kept for reuse instead ([`RECYCLED_NAME`]): its old records carry sequence numbers below the
+//! new segment's first, which recovery can never take for new ones, and every write is followed
+//! by a zero header ([`crate::record`]), so the end of data stays recognisable.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -13,6 +17,9 @@ use std::path::{Path, PathBuf};
 const SEGMENT_EXT: &str = "wal";
 const SPARE_EXT: &str = "spare";
 const ZERO_CHUNK: usize = 1 << 20;
+/// A segment covered by a checkpoint, kept (allocated, fsynced) to become the next segment
+/// instead of zero-filling a new one. At most one per shard; deleted at open like any spare.
+pub(crate) const RECYCLED_NAME: &str = "recycled.spare";
 
 /// The one place a segment's file name is built.
 pub fn segment_file_name(first_seq: u64) -> String {
@@ -47,6 +54,7 @@ pub fn remove_covered_log(dir: &Path, next_seq: u64) -> io::Result<usize> {
         let name = entry.file_name();
         let name = name.to_string_lossy();
         let ours = parse_segment_file_name(&name).is_some_and(|first| first != next_seq)
+            || name == RECYCLED_NAME
             || name
                 .strip_suffix(&spare_suffix)
                 .is_some_and(|d| d.len() == 20);

@@ -21,7 +21,9 @@ use std::time::{Duration, Instant};
 
 use crate::record;
 use crate::recovery::{RecoveryReport, recover};
-use crate::segment::{SegmentSizing, create_zeroed, segment_file_name, spare_path, sync_dir};
+use crate::segment::{
+    RECYCLED_NAME, SegmentSizing, create_zeroed, segment_file_name, spare_path, sync_dir,
+};
 use crate::{ReplayVisitor, WalError};
 
 /// What the syncer reports after each fdatasync.
@@ -175,13 +177,21 @@ struct SegmentTable {
     files: VecDeque<(u64, u64)>,
     /// Sum of the sizes, for [`WalShard::wal_bytes`].
     bytes: u64,
+    /// Size of the covered segment kept as [`RECYCLED_NAME`] for the next rotation, if one is.
+    /// The file is renamed (to it by a deletion, from it by a rotation) only under this table's
+    /// lock, so the two never race.
+    recycled: Option<u64>,
 }
 
 impl SegmentTable {
     fn new(files: impl IntoIterator<Item = (u64, u64)>) -> SegmentTable {
         let files: VecDeque<(u64, u64)> = files.into_iter().collect();
         let bytes = files.iter().map(|(_, size)| size).sum();
-        SegmentTable { files, bytes }
+        SegmentTable {
+            files,
+            bytes,
+            recycled: None,
+        }
     }
 
     /// A new active segment. `replaced_empty`: it took the place (and name) of the empty active
@@ -481,9 +491,16 @@ impl Shared {
         let victims = lock_table(&self.segments).covered_through(seq);
         let (mut deleted, mut freed) = (0usize, 0u64);
         let mut failure = None;
+        let newest = victims.last().map(|(first, _)| *first);
         for (first_seq, size) in victims {
             let name = segment_file_name(first_seq);
-            match fs::remove_file(self.dir.join(&name)) {
+            let path = self.dir.join(&name);
+            let gone = match self.recycle(&path, size, Some(first_seq) == newest) {
+                Ok(true) => Ok(()),
+                Ok(false) => fs::remove_file(&path),
+                Err(e) => Err(e),
+            };
+            match gone {
                 Ok(()) => {}
                 // Already gone (an operator?): the end state is the one wanted.
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -516,6 +533,27 @@ impl Shared {
             Some(e) => Err(e),
             None => Ok((deleted, freed)),
         }
+    }
+}
+
+impl Shared {
+    /// Keep the covered segment at `path` as the shard's recycled segment (renamed to
+    /// [`RECYCLED_NAME`]) if it is the newest one being deleted and larger than the one kept, if
+    /// any. Returns whether it did; if not, the caller deletes the file. The rename is made
+    /// durable by the caller's directory fsync; a crash before leaves either name, both harmless
+    /// (a covered segment, or a spare that open deletes).
+    fn recycle(&self, path: &Path, size: u64, newest: bool) -> std::io::Result<bool> {
+        if !newest {
+            return Ok(false);
+        }
+        let mut table = lock_table(&self.segments);
+        if table.recycled.is_some_and(|kept| kept >= size) {
+            return Ok(false);
+        }
+        // Replaces a smaller recycled file atomically.
+        fs::rename(path, self.dir.join(RECYCLED_NAME))?;
+        table.recycled = Some(size);
+        Ok(true)
     }
 }
 
@@ -648,6 +686,28 @@ fn count_records(mut buf: &[u8]) -> u64 {
     n
 }
 
+/// Write `data` at `offset` followed, if `room` allows, by [`record::END_MARKER`], in one
+/// `pwritev` where the kernel takes it all (the marker is overwritten by the next write).
+fn write_with_end_marker(file: &File, data: &[u8], offset: u64, room: u64) -> std::io::Result<()> {
+    use std::io::IoSlice;
+    let with_marker = data.len() + record::HEADER_LEN;
+    if with_marker as u64 > room {
+        return file.write_all_at(data, offset);
+    }
+    let iov = [IoSlice::new(data), IoSlice::new(&record::END_MARKER)];
+    let offset_arg = i64::try_from(offset).map_err(std::io::Error::other)?;
+    let done = nix::sys::uio::pwritev(file, &iov, offset_arg).map_err(std::io::Error::from)?;
+    if done < with_marker {
+        // A short write: finish both parts with plain writes.
+        let mut all = Vec::with_capacity(with_marker - done);
+        all.extend_from_slice(data.get(done..).unwrap_or_default());
+        let marker_from = done.saturating_sub(data.len());
+        all.extend_from_slice(&record::END_MARKER[marker_from..]);
+        file.write_all_at(&all, offset + done as u64)?;
+    }
+    Ok(())
+}
+
 /// The syncer's exclusive view of the active segment, plus its share of the segment table.
 struct SegmentWriter {
     dir: PathBuf,
@@ -739,16 +799,10 @@ impl SegmentWriter {
             self.active = None;
             fs::remove_file(&path).map_err(WalError::io("replacing empty segment"))?;
         }
-        let spare = match self.spare.take().map(JoinHandle::join) {
-            Some(Ok(Ok((spare_path, file, spare_size)))) if spare_size >= size.max(need) => {
-                fs::rename(&spare_path, &path).map_err(WalError::io("activating spare segment"))?;
-                Some((file, spare_size))
-            }
-            Some(Ok(Ok((spare_path, _, _)))) => {
-                let _ = fs::remove_file(spare_path);
-                None
-            }
-            _ => None,
+        let recycled = self.take_recycled(&path, size.max(need));
+        let spare = match recycled {
+            Some(r) => Some(r),
+            None => self.take_spare(&path, size.max(need))?,
         };
         let (file, capacity) = match spare {
             Some(s) => s,
@@ -769,6 +823,51 @@ impl SegmentWriter {
         Ok(())
     }
 
+    /// The recycled segment, renamed to `path`, if there is one of at least `size` bytes, with a
+    /// zero header written and synced at its start (so that, before its first write, it reads as
+    /// an empty segment rather than a torn one). Any failure just means a fresh segment instead.
+    fn take_recycled(&mut self, path: &Path, size: u64) -> Option<(File, u64)> {
+        let mut table = lock_table(&self.table);
+        let kept = table.recycled.filter(|kept| *kept >= size)?;
+        table.recycled = None;
+        let from = self.dir.join(RECYCLED_NAME);
+        let opened = fs::rename(&from, path).and_then(|()| {
+            let file = OpenOptions::new().read(true).write(true).open(path)?;
+            file.write_all_at(&record::END_MARKER, 0)?;
+            file.sync_data()?;
+            Ok(file)
+        });
+        drop(table);
+        match opened {
+            Ok(file) => {
+                cube_metrics::WAL_SEGMENTS_RECYCLED.inc();
+                Some((file, kept))
+            }
+            Err(e) => {
+                tracing::warn!(dir = %self.dir.display(), error = %e, "could not reuse a recycled wal segment; creating a new one");
+                let _ = fs::remove_file(&from);
+                let _ = fs::remove_file(path);
+                None
+            }
+        }
+    }
+
+    /// The pre-zeroed spare, renamed to `path`, if one was prepared and has at least `size`
+    /// bytes.
+    fn take_spare(&mut self, path: &Path, size: u64) -> Result<Option<(File, u64)>, WalError> {
+        Ok(match self.spare.take().map(JoinHandle::join) {
+            Some(Ok(Ok((spare_path, file, spare_size)))) if spare_size >= size => {
+                fs::rename(&spare_path, path).map_err(WalError::io("activating spare segment"))?;
+                Some((file, spare_size))
+            }
+            Some(Ok(Ok((spare_path, _, _)))) => {
+                let _ = fs::remove_file(spare_path);
+                None
+            }
+            _ => None,
+        })
+    }
+
     /// Start pre-zeroing the next segment once the active one is half full.
     fn maybe_prepare_spare(&mut self, next_first_hint: u64) {
         let Some(a) = &self.active else { return };
@@ -776,6 +875,12 @@ impl SegmentWriter {
             return;
         }
         let size = self.sizing.next(Some(a.capacity), 0);
+        if lock_table(&self.table)
+            .recycled
+            .is_some_and(|kept| kept >= size)
+        {
+            return;
+        }
         let path = spare_path(&self.dir, next_first_hint);
         self.spare = std::thread::Builder::new()
             .name("wal-prealloc".into())
@@ -812,9 +917,7 @@ impl SegmentWriter {
                     source: std::io::Error::other("record does not fit a fresh segment"),
                 });
             }
-            active
-                .file
-                .write_all_at(&rest[..fit], active.offset)
+            write_with_end_marker(&active.file, &rest[..fit], active.offset, room)
                 .map_err(WalError::io("writing batch"))?;
             active.offset += fit as u64;
             active.dirty = true;

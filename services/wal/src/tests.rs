@@ -800,3 +800,121 @@ fn a_failed_fsync_poisons_for_good_and_a_failed_write_leaves_the_shard_reopenabl
         DurableEvent::Poisoned
     );
 }
+
+// ---- Recycled segments ----
+
+/// Offset in the segment starting at `first` where record `seq` starts.
+fn offset_in_segment(first: u64, seq: u64) -> u64 {
+    (first..seq)
+        .map(|s| (crate::RECORD_HEADER_LEN + payload(s).len()) as u64)
+        .sum()
+}
+
+/// Write until the log has rotated into the recycled segment kept by a deletion; returns (the
+/// checkpoint the deletion used, the recycled segment's first seq, the last seq written).
+fn fill_into_a_recycled_segment(wal: &WalShard, dir: &Path) -> (u64, u64, u64) {
+    write_n(wal, 800);
+    let files = wal_files(dir);
+    let through = files[files.len() - 1].0 - 1;
+    let (deleted, _) = wal.delete_segments_through(through).unwrap();
+    assert_eq!(deleted, files.len() - 1);
+    assert!(dir.join(crate::segment::RECYCLED_NAME).exists());
+    let active_first = files[files.len() - 1].0;
+    let mut last = write_n(wal, 1);
+    while wal_files(dir).last().unwrap().0 == active_first {
+        last = write_n(wal, 1);
+    }
+    assert!(
+        !dir.join(crate::segment::RECYCLED_NAME).exists(),
+        "the rotation reused the recycled segment"
+    );
+    let recycled_first = wal_files(dir).last().unwrap().0;
+    (through, recycled_first, last + write_n(wal, 5) - last)
+}
+
+#[test]
+fn a_recycled_segment_holds_old_records_after_the_new_ones_and_replays_only_the_new() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, _, _) = open(dir.path(), small()).unwrap();
+    let (through, recycled_first, last) = fill_into_a_recycled_segment(&wal, dir.path());
+    wal.close().unwrap();
+
+    // The old records are still there past the end of the new ones (it was not zero-filled).
+    let seg = dir.path().join(segment_file_name(recycled_first));
+    let data = fs::read(&seg).unwrap();
+    let end = offset_in_segment(recycled_first, last + 1) as usize;
+    assert_eq!(&data[end..end + crate::RECORD_HEADER_LEN], &[0u8; 16][..]);
+    assert!(
+        data[end + crate::RECORD_HEADER_LEN..]
+            .iter()
+            .any(|b| *b != 0)
+    );
+
+    for _ in 0..2 {
+        let (wal, seen, report) = open_after(dir.path(), small(), through).unwrap();
+        assert_eq!(
+            seqs_checked(&seen),
+            (through + 1..=last).collect::<Vec<_>>()
+        );
+        assert_eq!((report.torn_tails, report.truncated_bytes), (0, 0));
+        assert_eq!(wal.next_seq(), last + 1);
+        wal.close().unwrap();
+    }
+}
+
+#[test]
+fn a_torn_tail_in_a_recycled_segment_is_cut_and_appending_carries_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, _, _) = open(dir.path(), small()).unwrap();
+    let (through, recycled_first, last) = fill_into_a_recycled_segment(&wal, dir.path());
+    wal.close().unwrap();
+    // The last record's payload never fully reached the disk.
+    let seg = dir.path().join(segment_file_name(recycled_first));
+    let at = offset_in_segment(recycled_first, last) + crate::RECORD_HEADER_LEN as u64 + 3;
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&seg)
+        .unwrap()
+        .write_all_at(b"\xde\xad", at)
+        .unwrap();
+
+    let (wal, seen, report) = open_after(dir.path(), small(), through).unwrap();
+    assert_eq!(seqs_checked(&seen), (through + 1..last).collect::<Vec<_>>());
+    assert_eq!(report.torn_tails, 1);
+    assert_eq!(wal.next_seq(), last);
+    let newest = write_n(&wal, 30);
+    wal.close().unwrap();
+    let (_, seen, report) = open_after(dir.path(), small(), through).unwrap();
+    assert_eq!(
+        seqs_checked(&seen),
+        (through + 1..=newest).collect::<Vec<_>>()
+    );
+    assert_eq!(report.torn_tails, 0);
+}
+
+#[test]
+fn a_damaged_record_before_valid_ones_in_a_recycled_segment_is_corruption() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, _, _) = open(dir.path(), small()).unwrap();
+    let (through, recycled_first, last) = fill_into_a_recycled_segment(&wal, dir.path());
+    wal.close().unwrap();
+    assert!(last >= recycled_first + 3);
+    let seg = dir.path().join(segment_file_name(recycled_first));
+    let at =
+        offset_in_segment(recycled_first, recycled_first + 1) + crate::RECORD_HEADER_LEN as u64;
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&seg)
+        .unwrap()
+        .write_all_at(b"\xde\xad", at)
+        .unwrap();
+    match open_after(dir.path(), small(), through) {
+        Err(WalError::Corrupt { detail, .. }) => {
+            assert!(detail.contains("followed by valid record"), "{detail}")
+        }
+        other => panic!(
+            "expected corruption, got {:?}",
+            other.map(|(_, s, _)| s.len())
+        ),
+    }
+}

@@ -22,8 +22,11 @@ fn main() -> ExitCode {
 
 /// mimalloc reads its options from the environment once, at process start. By default it keeps
 /// memory freed by passivated tenants for reuse (2 GiB resident after 10,000 tenants went idle,
-/// against 49 MiB with immediate purging: docs/benchmarks.md), so unless the operator set
-/// `MIMALLOC_PURGE_DELAY` themselves, cubed re-executes itself once with purging on.
+/// against 49 MiB with purging on: docs/benchmarks.md), so unless the operator set
+/// `MIMALLOC_PURGE_DELAY` themselves, cubed re-executes itself once with purging on. Freed pages
+/// are purged after 100 ms, not at once: with 0, every large value's buffers were fresh pages,
+/// faulted in and zeroed again on each write (a 1 GiB bulk load of 64 KiB values 172-181 vs
+/// 206-216 MiB/s; 10,000 idle tenants 53 vs 57 MiB resident: docs/benchmarks.md).
 fn allocator_settings() {
     use std::os::unix::process::CommandExt;
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
@@ -34,7 +37,7 @@ fn allocator_settings() {
     };
     let err = std::process::Command::new(exe)
         .args(std::env::args_os().skip(1))
-        .env("MIMALLOC_PURGE_DELAY", "0")
+        .env("MIMALLOC_PURGE_DELAY", "100")
         .env("MIMALLOC_ARENA_EAGER_COMMIT", "0")
         .exec();
     // exec returns only when it failed: carry on with the allocator's defaults.

@@ -393,7 +393,13 @@ async fn disk_full_round(
         }
         reads += spot_read(&server, &ledger, s.writers)
             .await
-            .with_context(|| format!("{label}: a read while the disk was full (pass {pass})"))?;
+            .with_context(|| {
+                format!(
+                    "{label}: a read while the disk was full (pass {pass}); the server log ended \
+                     with:\n{}",
+                    log_tail(&server.log(), 20)
+                )
+            })?;
     }
     notes.push(format!(
         "{label}: while full: {reads} acknowledged records read back one by one, in \
@@ -435,10 +441,9 @@ async fn disk_full_round(
         problems.push(format!("SIGTERM exit status {status}"));
     }
     if !problems.is_empty() {
-        let tail: Vec<&str> = log_before.lines().rev().take(12).collect();
         notes.push(format!(
             "{label}: the server log ended with:\n{}",
-            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            log_tail(&log_before, 12)
         ));
         verified.ok = false;
         verified.problems.extend(problems);
@@ -454,6 +459,12 @@ async fn disk_full_round(
         },
         verified,
     })
+}
+
+/// The last `n` lines of a server log.
+fn log_tail(log: &str, n: usize) -> String {
+    let tail: Vec<&str> = log.lines().rev().take(n).collect();
+    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
 }
 
 /// A file of `bytes` (written, not sparse: tmpfs counts written pages).

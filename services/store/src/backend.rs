@@ -133,11 +133,12 @@ impl StateBackend for SledBackend {
 /// NOTE: fjall records a partition's options (this size, the compaction strategy) when it is
 /// created; a state store created by an earlier build keeps its own (4 MiB or leveled).
 const FJALL_MEMTABLE_BYTES: u32 = 16 << 20;
-/// Journal files (the active one included) above which an apply waits for memtable flushes.
-/// Batches are not written to fjall's journal (see [`FjallBackend`]), but fjall still opens one
-/// journal file per memtable, so this counts the memtables not yet flushed; fjall's own
-/// byte-based stall at its minimum (24 MiB) stopped writes for 100 ms at every rotation.
-const JOURNAL_BUDGET: usize = 3;
+/// Sealed memtables (waiting for fjall's flush worker) above which an apply waits for flushes.
+/// Counted as memtables, not as fjall's journal files: batches do not go to the journal (see
+/// [`FjallBackend`]), and an empty journal found at open is deleted only after some later flush,
+/// so a journal count can stay over any budget with nothing left to flush. fjall's own
+/// byte-based journal stall at its minimum (24 MiB) stopped writes for 100 ms at every rotation.
+const SEALED_MEMTABLE_BUDGET: usize = 2;
 /// fjall's size of a preallocated journal file, which its own journal limit counts.
 const FJALL_JOURNAL_FILE_BYTES: u64 = 32 << 20;
 /// Memtables (active + sealed) per tenant above which an apply waits for a flush.
@@ -145,7 +146,7 @@ const WRITE_BUFFER_BUDGET: u64 = 48 << 20;
 /// fjall's own limits, a backstop only: [`FjallBackend::wait_for_room`] keeps below the budgets
 /// above. fjall's stalls wait for its flush worker without ever looking at whether that worker
 /// failed (a full disk), so an apply caught in one would hang on the actor's thread for good.
-const FJALL_JOURNAL_LIMIT: u64 = 4 * JOURNAL_BUDGET as u64 * FJALL_JOURNAL_FILE_BYTES;
+const FJALL_JOURNAL_LIMIT: u64 = 4 * (SEALED_MEMTABLE_BUDGET as u64 + 1) * FJALL_JOURNAL_FILE_BYTES;
 const FJALL_WRITE_BUFFER_LIMIT: u64 = 4 * WRITE_BUFFER_BUDGET;
 /// Longest an apply waits for flushes to bring the tenant back under its budgets before it
 /// fails (and the tenant is poisoned, reopenably): a flush worker making no progress for this
@@ -285,12 +286,12 @@ impl FjallBackend {
                 .persist(fjall::PersistMode::Buffer)
                 .map_err(fjall_err)?;
             if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+                use fjall::AbstractTree;
                 return Err(BackendError(format!(
-                    "state store flushes made no room in {} s (memtables {} bytes, {} journal \
-                     files)",
+                    "state store flushes made no room in {} s (memtables {} bytes, {} sealed)",
                     limit.unwrap_or_default().as_secs(),
                     ks.keyspace.write_buffer_size(),
-                    ks.keyspace.journal_count()
+                    ks.part.tree.sealed_memtable_count()
                 )));
             }
             std::thread::sleep(FLUSH_POLL);
@@ -298,13 +299,14 @@ impl FjallBackend {
         Ok(())
     }
 
-    /// The tenant's write stall, in place of fjall's: while its memtables or journals are over
-    /// budget, wait for flushes, for at most [`APPLY_STALL_LIMIT`].
+    /// The tenant's write stall, in place of fjall's: while its memtables are over budget (in
+    /// bytes, or sealed ones in number), wait for flushes, for at most [`APPLY_STALL_LIMIT`].
     fn wait_for_room(&self) -> Result<(), BackendError> {
+        use fjall::AbstractTree;
         self.wait_for_flushes(
             |ks| {
                 ks.keyspace.write_buffer_size() <= WRITE_BUFFER_BUDGET
-                    && ks.keyspace.journal_count() <= JOURNAL_BUDGET
+                    && ks.part.tree.sealed_memtable_count() <= SEALED_MEMTABLE_BUDGET
             },
             Some(APPLY_STALL_LIMIT),
         )
@@ -371,11 +373,24 @@ impl StateBackend for FjallBackend {
     fn flush(&self) -> Result<(), BackendError> {
         use fjall::AbstractTree;
         let ks = self.ks();
-        // Wait even when there was nothing to seal: a memtable fjall sealed by itself just before
-        // may still be on its way out, and without fjall's journal it is durable only once
-        // written.
+        // Everything applied so far has a seqno up to `target`. Wait until the written files
+        // reach it, even when there was nothing to seal (a memtable fjall sealed by itself just
+        // before may still be on its way out, and without fjall's journal it is durable only
+        // once written), but not for memtables sealed later, which a steady load would keep
+        // coming.
+        let target = ks.part.tree.get_highest_seqno();
         ks.part.rotate_memtable().map_err(fjall_err)?;
-        self.wait_for_flushes(|ks| ks.part.tree.sealed_memtable_count() == 0, None)?;
+        if let Some(target) = target {
+            self.wait_for_flushes(
+                |ks| {
+                    ks.part
+                        .tree
+                        .get_highest_persisted_seqno()
+                        .is_some_and(|p| p >= target)
+                },
+                None,
+            )?;
+        }
         ks.keyspace
             .persist(fjall::PersistMode::SyncAll)
             .map_err(fjall_err)
@@ -600,6 +615,47 @@ mod tests {
         let f = fjall(root.path());
         assert_eq!(f.get(b"a2").unwrap(), Some(b"y".to_vec()));
         assert_eq!(f.get(b"a1").unwrap(), None);
+    }
+
+    /// A store whose process died before fjall wrote its memtables out: without fjall's journal
+    /// (batches skip it) nothing of them comes back, which is a prefix (empty here), and the
+    /// empty journal files they leave behind must not stall the next applies. (They did when
+    /// the write stall counted journal files: every apply waited 30 s and failed, so the tenant
+    /// could not replay its log; `cube-durability` scenario E found it.)
+    #[test]
+    fn a_store_killed_before_its_flushes_reopens_as_a_prefix_and_takes_writes() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path();
+        {
+            // No flush worker: sealed memtables stay in memory, as in a process killed before
+            // its flushes ran.
+            let ks = fjall::Config::new(dir)
+                .flush_workers(0)
+                .manual_journal_persist(true)
+                .open()
+                .unwrap();
+            let part = ks
+                .open_partition(
+                    "state",
+                    fjall::PartitionCreateOptions::default().manual_journal_persist(true),
+                )
+                .unwrap();
+            for i in 0..(SEALED_MEMTABLE_BUDGET + 3) {
+                let mut b = ks.batch().without_journal();
+                b.insert(&part, format!("k{i}"), "v");
+                b.commit().unwrap();
+                assert!(part.rotate_memtable().unwrap());
+            }
+            assert!(ks.journal_count() > SEALED_MEMTABLE_BUDGET + 2);
+        }
+        let f = fjall(dir);
+        assert_eq!(pairs(&f), Vec::<(Vec<u8>, Vec<u8>)>::new());
+        f.apply(vec![BatchOp::Put(b"a".to_vec(), b"1".to_vec())])
+            .unwrap();
+        f.flush().unwrap();
+        drop(f);
+        let f = fjall(dir);
+        assert_eq!(pairs(&f), vec![(b"a".to_vec(), b"1".to_vec())]);
     }
 
     /// After a reopen, segments use the patched lsm-tree (vendor/lsm-tree/CUBE-PATCH.md): bloom

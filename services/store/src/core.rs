@@ -224,6 +224,9 @@ impl<T> TenantCore<T> {
         let store_opened = started.elapsed();
         let start_after = state.applied_seq();
         let mut buffered: Vec<(u64, WalOp)> = Vec::with_capacity(REPLAY_BATCH);
+        // A replay batch the state store failed to take (not a bad record): the open fails, but
+        // as the store's failure, which a later open can get past (a full disk, say).
+        let mut store_failed: Option<BackendError> = None;
         let opened = WalShard::open(
             wal_dir,
             config.wal.clone(),
@@ -232,18 +235,29 @@ impl<T> TenantCore<T> {
                 let op = WalOp::decode(payload).map_err(|e| format!("undecodable record: {e}"))?;
                 buffered.push((seq, op));
                 if buffered.len() >= REPLAY_BATCH {
-                    state
-                        .apply_all(std::mem::take(&mut buffered))
-                        .map_err(|e| e.to_string())?;
+                    match state.apply_all(std::mem::take(&mut buffered)) {
+                        Ok(()) => {}
+                        Err(ApplyError::Backend(b)) => {
+                            let detail = b.to_string();
+                            store_failed = Some(b);
+                            return Err(detail);
+                        }
+                        Err(e) => return Err(e.to_string()),
+                    }
                 }
                 Ok(())
             },
             notify,
         );
+        if let Some(b) = store_failed {
+            return Err(replay_store_error(tenant, &b));
+        }
         let (wal, report) = opened.map_err(|e| open_error(tenant, &e))?;
-        state
-            .apply_all(buffered)
-            .map_err(|e| open_error(tenant, &apply_as_wal_error(e)))?;
+        match state.apply_all(buffered) {
+            Ok(()) => {}
+            Err(ApplyError::Backend(b)) => return Err(replay_store_error(tenant, &b)),
+            Err(e) => return Err(open_error(tenant, &apply_as_wal_error(e))),
+        }
         // What the store recovered may still be only in the page cache (a kill -9 leaves its
         // unsynced writes there), and the replay added more: flush before anything relies on it.
         // Only then are the WAL segments it covers not needed any more.
@@ -557,12 +571,12 @@ impl<T> TenantCore<T> {
         self.state.discard_pending();
     }
 
-    /// Applying records to the state store failed (fjall's journal write failed on a full disk,
-    /// say). The records are in the WAL, so the tenant is poisoned *reopenable*: the janitor
-    /// closes it and its next call reopens it, which recovers exactly as a restart would (the
-    /// state store's own recovery, then the WAL after the store's applied seq). A restart is no
-    /// safer: a failed fsync inside fjall (its journal rotation syncs) leaves the same page cache
-    /// and the same files to a new process. While the disk stays full, the reopen fails or
+    /// Applying records to the state store failed (fjall's keyspace poisoned by a memtable flush
+    /// that failed on a full disk, say, or no room after 30 s). The records are in the WAL, so
+    /// the tenant is poisoned *reopenable*: the janitor closes it and its next call reopens it,
+    /// which recovers exactly as a restart would (the store's written files, then the WAL after
+    /// their applied seq). A restart is no safer: files fjall failed to write were never
+    /// registered, so a new process starts from the same ones. While the disk stays full, the reopen fails or
     /// fails again, and the tenant keeps answering RESOURCE_EXHAUSTED / UNAVAILABLE.
     /// A record that cannot be applied (`ApplyError::Record`) would fail again after a reopen: it
     /// poisons the tenant for good.
@@ -640,6 +654,16 @@ fn apply_as_wal_error(e: ApplyError) -> WalError {
             detail: b.to_string(),
         },
     }
+}
+
+/// The state store failed to take replayed records: the log is fine, and a later open (once the
+/// cause, a full disk say, is gone) replays them again.
+fn replay_store_error(tenant: &str, e: &BackendError) -> StoreError {
+    tracing::error!(tenant, error = %e, "tenant state store failed while replaying the wal");
+    StoreError::Unavailable(format!(
+        "tenant '{tenant}' is unavailable: its state store could not take the replayed log (see \
+         the server log); it is retried"
+    ))
 }
 
 fn shutting_down() -> StoreError {
@@ -737,9 +761,9 @@ mod tests {
             let r = core.stats.reopenable.load(Ordering::Relaxed);
             (r, answer)
         };
-        // The state store failed (fjall's journal write, say): the records are in the WAL, a
-        // reopen recovers them. This disk is not full, so it is UNAVAILABLE, not a full disk.
-        let (r, answer) = reopenable(ApplyError::Backend(BackendError("journal write".into())));
+        // The state store failed (a memtable flush, say): the records are in the WAL, a reopen
+        // recovers them. This disk is not full, so it is UNAVAILABLE, not a full disk.
+        let (r, answer) = reopenable(ApplyError::Backend(BackendError("memtable flush".into())));
         assert!(r);
         let StoreError::Unavailable(msg) = answer else {
             panic!("{answer:?}")

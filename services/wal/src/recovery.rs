@@ -112,6 +112,9 @@ pub(crate) fn recover(
                     pos += total;
                 }
                 Frame::End => break true,
+                // Fewer bytes than a header left (the writer had no room for its end marker):
+                // no record fits there, so this is the end, whatever old bytes remain.
+                _ if data.len() - pos < HEADER_LEN => break true,
                 _ => break false,
             }
         };

@@ -550,10 +550,19 @@ impl Shared {
         if table.recycled.is_some_and(|kept| kept >= size) {
             return Ok(false);
         }
-        // Replaces a smaller recycled file atomically.
-        fs::rename(path, self.dir.join(RECYCLED_NAME))?;
-        table.recycled = Some(size);
-        Ok(true)
+        // Replaces a smaller recycled file atomically. If the rename fails (a full directory
+        // block, say), the segment is simply deleted as before.
+        match fs::rename(path, self.dir.join(RECYCLED_NAME)) {
+            Ok(()) => {
+                table.recycled = Some(size);
+                Ok(true)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(e),
+            Err(e) => {
+                tracing::warn!(dir = %self.dir.display(), error = %e, "could not keep a covered wal segment for reuse; deleting it");
+                Ok(false)
+            }
+        }
     }
 }
 
@@ -696,7 +705,12 @@ fn write_with_end_marker(file: &File, data: &[u8], offset: u64, room: u64) -> st
     }
     let iov = [IoSlice::new(data), IoSlice::new(&record::END_MARKER)];
     let offset_arg = i64::try_from(offset).map_err(std::io::Error::other)?;
-    let done = nix::sys::uio::pwritev(file, &iov, offset_arg).map_err(std::io::Error::from)?;
+    let done = loop {
+        match nix::sys::uio::pwritev(file, &iov, offset_arg) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            r => break r.map_err(std::io::Error::from)?,
+        }
+    };
     if done < with_marker {
         // A short write: finish both parts with plain writes.
         let mut all = Vec::with_capacity(with_marker - done);
@@ -827,21 +841,26 @@ impl SegmentWriter {
     /// zero header written and synced at its start (so that, before its first write, it reads as
     /// an empty segment rather than a torn one). Any failure just means a fresh segment instead.
     fn take_recycled(&mut self, path: &Path, size: u64) -> Option<(File, u64)> {
-        let mut table = lock_table(&self.table);
-        let kept = table.recycled.filter(|kept| *kept >= size)?;
-        table.recycled = None;
         let from = self.dir.join(RECYCLED_NAME);
-        let opened = fs::rename(&from, path).and_then(|()| {
+        // Only the bookkeeping and the rename under the table's lock (a deletion may be about to
+        // recycle another file); the fdatasync after it, which the actor's `wal_bytes` would
+        // otherwise wait for, outside.
+        let renamed = {
+            let mut table = lock_table(&self.table);
+            let kept = table.recycled.filter(|kept| *kept >= size)?;
+            table.recycled = None;
+            fs::rename(&from, path).map(|()| kept)
+        };
+        let opened = renamed.and_then(|kept| {
             let file = OpenOptions::new().read(true).write(true).open(path)?;
             file.write_all_at(&record::END_MARKER, 0)?;
             file.sync_data()?;
-            Ok(file)
+            Ok((file, kept))
         });
-        drop(table);
         match opened {
-            Ok(file) => {
+            Ok(reused) => {
                 cube_metrics::WAL_SEGMENTS_RECYCLED.inc();
-                Some((file, kept))
+                Some(reused)
             }
             Err(e) => {
                 tracing::warn!(dir = %self.dir.display(), error = %e, "could not reuse a recycled wal segment; creating a new one");

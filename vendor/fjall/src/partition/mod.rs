@@ -778,7 +778,15 @@ impl PartitionHandle {
             seqnos
         };
 
-        journal_manager.rotate_journal(&mut journal, seqno_map)?;
+        // CUBE PATCH: the memtable is sealed already; if the journal cannot be rotated it is
+        // never queued for flushing, and a later memtable could be flushed before it, which
+        // would break the prefix a caller without the journal relies on. Poison instead, as
+        // `check_memtable_overflow` does for its own rotations.
+        if let Err(e) = journal_manager.rotate_journal(&mut journal, seqno_map) {
+            self.is_poisoned
+                .store(true, std::sync::atomic::Ordering::Release);
+            return Err(e);
+        }
 
         log::trace!("partition: acquiring flush manager lock");
         let mut flush_manager = self.flush_manager.write().expect("lock is poisoned");

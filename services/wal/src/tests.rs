@@ -820,24 +820,40 @@ fn fill_into_a_recycled_segment(wal: &WalShard, dir: &Path) -> (u64, u64, u64) {
     assert_eq!(deleted, files.len() - 1);
     assert!(dir.join(crate::segment::RECYCLED_NAME).exists());
     let active_first = files[files.len() - 1].0;
-    let mut last = write_n(wal, 1);
     while wal_files(dir).last().unwrap().0 == active_first {
-        last = write_n(wal, 1);
+        write_n(wal, 1);
     }
     assert!(
         !dir.join(crate::segment::RECYCLED_NAME).exists(),
         "the rotation reused the recycled segment"
     );
     let recycled_first = wal_files(dir).last().unwrap().0;
-    (through, recycled_first, last + write_n(wal, 5) - last)
+    let last = write_n(wal, 5);
+    (through, recycled_first, last)
+}
+
+/// A closed log whose last segment is a reused one: (checkpoint, its first seq, last seq).
+fn closed_log_in_a_recycled_segment(dir: &Path) -> (u64, u64, u64) {
+    let (wal, _, _) = open(dir, small()).unwrap();
+    let found = fill_into_a_recycled_segment(&wal, dir);
+    wal.close().unwrap();
+    found
+}
+
+/// Overwrite two bytes of segment `first` at `at`.
+fn damage(dir: &Path, first: u64, at: u64) {
+    fs::OpenOptions::new()
+        .write(true)
+        .open(dir.join(segment_file_name(first)))
+        .unwrap()
+        .write_all_at(b"\xde\xad", at)
+        .unwrap();
 }
 
 #[test]
 fn a_recycled_segment_holds_old_records_after_the_new_ones_and_replays_only_the_new() {
     let dir = tempfile::tempdir().unwrap();
-    let (wal, _, _) = open(dir.path(), small()).unwrap();
-    let (through, recycled_first, last) = fill_into_a_recycled_segment(&wal, dir.path());
-    wal.close().unwrap();
+    let (through, recycled_first, last) = closed_log_in_a_recycled_segment(dir.path());
 
     // The old records are still there past the end of the new ones (it was not zero-filled).
     let seg = dir.path().join(segment_file_name(recycled_first));
@@ -865,18 +881,10 @@ fn a_recycled_segment_holds_old_records_after_the_new_ones_and_replays_only_the_
 #[test]
 fn a_torn_tail_in_a_recycled_segment_is_cut_and_appending_carries_on() {
     let dir = tempfile::tempdir().unwrap();
-    let (wal, _, _) = open(dir.path(), small()).unwrap();
-    let (through, recycled_first, last) = fill_into_a_recycled_segment(&wal, dir.path());
-    wal.close().unwrap();
+    let (through, recycled_first, last) = closed_log_in_a_recycled_segment(dir.path());
     // The last record's payload never fully reached the disk.
-    let seg = dir.path().join(segment_file_name(recycled_first));
     let at = offset_in_segment(recycled_first, last) + crate::RECORD_HEADER_LEN as u64 + 3;
-    fs::OpenOptions::new()
-        .write(true)
-        .open(&seg)
-        .unwrap()
-        .write_all_at(b"\xde\xad", at)
-        .unwrap();
+    damage(dir.path(), recycled_first, at);
 
     let (wal, seen, report) = open_after(dir.path(), small(), through).unwrap();
     assert_eq!(seqs_checked(&seen), (through + 1..last).collect::<Vec<_>>());
@@ -895,19 +903,11 @@ fn a_torn_tail_in_a_recycled_segment_is_cut_and_appending_carries_on() {
 #[test]
 fn a_damaged_record_before_valid_ones_in_a_recycled_segment_is_corruption() {
     let dir = tempfile::tempdir().unwrap();
-    let (wal, _, _) = open(dir.path(), small()).unwrap();
-    let (through, recycled_first, last) = fill_into_a_recycled_segment(&wal, dir.path());
-    wal.close().unwrap();
+    let (through, recycled_first, last) = closed_log_in_a_recycled_segment(dir.path());
     assert!(last >= recycled_first + 3);
-    let seg = dir.path().join(segment_file_name(recycled_first));
     let at =
         offset_in_segment(recycled_first, recycled_first + 1) + crate::RECORD_HEADER_LEN as u64;
-    fs::OpenOptions::new()
-        .write(true)
-        .open(&seg)
-        .unwrap()
-        .write_all_at(b"\xde\xad", at)
-        .unwrap();
+    damage(dir.path(), recycled_first, at);
     match open_after(dir.path(), small(), through) {
         Err(WalError::Corrupt { detail, .. }) => {
             assert!(detail.contains("followed by valid record"), "{detail}")

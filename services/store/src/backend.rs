@@ -377,16 +377,20 @@ impl StateBackend for FjallBackend {
         // reach it, even when there was nothing to seal (a memtable fjall sealed by itself just
         // before may still be on its way out, and without fjall's journal it is durable only
         // once written), but not for memtables sealed later, which a steady load would keep
-        // coming.
+        // coming. Or until no sealed memtable is left at all: that too covers `target`, and it
+        // ends the wait should compaction ever drop the item that carried `target` (a
+        // tombstone) before this looks.
         let target = ks.part.tree.get_highest_seqno();
         ks.part.rotate_memtable().map_err(fjall_err)?;
         if let Some(target) = target {
             self.wait_for_flushes(
                 |ks| {
-                    ks.part
-                        .tree
-                        .get_highest_persisted_seqno()
-                        .is_some_and(|p| p >= target)
+                    ks.part.tree.sealed_memtable_count() == 0
+                        || ks
+                            .part
+                            .tree
+                            .get_highest_persisted_seqno()
+                            .is_some_and(|p| p >= target)
                 },
                 None,
             )?;

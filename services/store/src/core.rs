@@ -224,9 +224,9 @@ impl<T> TenantCore<T> {
         let store_opened = started.elapsed();
         let start_after = state.applied_seq();
         let mut buffered: Vec<(u64, WalOp)> = Vec::with_capacity(REPLAY_BATCH);
-        // A replay batch the state store failed to take (not a bad record): the open fails, but
-        // as the store's failure, which a later open can get past (a full disk, say).
-        let mut store_failed: Option<BackendError> = None;
+        // Why a replay batch could not be applied, if one could not: stops the WAL's reading,
+        // and is reported by `replay_error` rather than as the WAL's error.
+        let mut apply_failed: Option<ApplyError> = None;
         let opened = WalShard::open(
             wal_dir,
             config.wal.clone(),
@@ -234,33 +234,26 @@ impl<T> TenantCore<T> {
             &mut |seq, payload| {
                 let op = WalOp::decode(payload).map_err(|e| format!("undecodable record: {e}"))?;
                 buffered.push((seq, op));
-                if buffered.len() >= REPLAY_BATCH {
-                    match state.apply_all(std::mem::take(&mut buffered)) {
-                        Ok(()) => {}
-                        Err(ApplyError::Backend(b)) => {
-                            let detail = b.to_string();
-                            store_failed = Some(b);
-                            return Err(detail);
-                        }
-                        Err(e) => return Err(e.to_string()),
-                    }
+                if buffered.len() >= REPLAY_BATCH
+                    && let Err(e) = state.apply_all(std::mem::take(&mut buffered))
+                {
+                    let detail = e.to_string();
+                    apply_failed = Some(e);
+                    return Err(detail);
                 }
                 Ok(())
             },
             notify,
         );
-        if let Some(b) = store_failed {
-            return Err(replay_store_error(tenant, &b));
+        if let Some(e) = apply_failed {
+            return Err(replay_error(tenant, e));
         }
         let (wal, report) = opened.map_err(|e| open_error(tenant, &e))?;
-        match state.apply_all(buffered) {
-            Ok(()) => {}
-            Err(ApplyError::Backend(b)) => return Err(replay_store_error(tenant, &b)),
-            Err(e) => return Err(open_error(tenant, &apply_as_wal_error(e))),
-        }
-        // What the store recovered may still be only in the page cache (a kill -9 leaves its
-        // unsynced writes there), and the replay added more: flush before anything relies on it.
-        // Only then are the WAL segments it covers not needed any more.
+        state
+            .apply_all(buffered)
+            .map_err(|e| replay_error(tenant, e))?;
+        // The replayed batches are only in memtables: flush before anything relies on them.
+        // Only then are the WAL segments the store covers not needed any more.
         let replayed = started.elapsed();
         // On a full disk the flush fails, but the state recovered above is whole (the WAL holds
         // everything acknowledged): the tenant opens for reads only, refusing changes with
@@ -576,8 +569,9 @@ impl<T> TenantCore<T> {
     /// the tenant is poisoned *reopenable*: the janitor closes it and its next call reopens it,
     /// which recovers exactly as a restart would (the store's written files, then the WAL after
     /// their applied seq). A restart is no safer: files fjall failed to write were never
-    /// registered, so a new process starts from the same ones. While the disk stays full, the reopen fails or
-    /// fails again, and the tenant keeps answering RESOURCE_EXHAUSTED / UNAVAILABLE.
+    /// registered, so a new process starts from the same ones. While the disk stays full, the
+    /// reopen fails or fails again, and the tenant keeps answering RESOURCE_EXHAUSTED /
+    /// UNAVAILABLE.
     /// A record that cannot be applied (`ApplyError::Record`) would fail again after a reopen: it
     /// poisons the tenant for good.
     fn apply_failed(&mut self, e: &ApplyError) -> StoreError {
@@ -646,24 +640,20 @@ impl<T> TenantCore<T> {
     }
 }
 
-fn apply_as_wal_error(e: ApplyError) -> WalError {
+/// A replayed record that could not be applied. A bad record needs an operator; a state store
+/// that failed to take it (a full disk, say) does not: the log is fine, and a later open replays
+/// it again.
+fn replay_error(tenant: &str, e: ApplyError) -> StoreError {
     match e {
-        ApplyError::Record { seq, detail } => WalError::Replay { seq, detail },
-        ApplyError::Backend(b) => WalError::Replay {
-            seq: 0,
-            detail: b.to_string(),
-        },
+        ApplyError::Record { seq, detail } => open_error(tenant, &WalError::Replay { seq, detail }),
+        ApplyError::Backend(b) => {
+            tracing::error!(tenant, error = %b, "tenant state store failed while replaying the wal");
+            StoreError::Unavailable(format!(
+                "tenant '{tenant}' is unavailable: its state store could not take the replayed \
+                 log (see the server log); it is retried"
+            ))
+        }
     }
-}
-
-/// The state store failed to take replayed records: the log is fine, and a later open (once the
-/// cause, a full disk say, is gone) replays them again.
-fn replay_store_error(tenant: &str, e: &BackendError) -> StoreError {
-    tracing::error!(tenant, error = %e, "tenant state store failed while replaying the wal");
-    StoreError::Unavailable(format!(
-        "tenant '{tenant}' is unavailable: its state store could not take the replayed log (see \
-         the server log); it is retried"
-    ))
 }
 
 fn shutting_down() -> StoreError {

@@ -149,12 +149,11 @@ pub(crate) fn recover(
         }
         write_offset = pos as u64;
         if !at_end_marker {
-            let bad = pos;
-            let dirty_end = data.iter().rposition(|b| *b != 0).map_or(bad, |p| p + 1);
-            zero_range(path, bad as u64, (dirty_end - bad) as u64)?;
-            report.truncated_bytes += (dirty_end - bad) as u64;
+            let dirty_end = data.iter().rposition(|b| *b != 0).map_or(pos, |p| p + 1);
+            zero_range(path, pos as u64, (dirty_end - pos) as u64)?;
+            report.truncated_bytes += (dirty_end - pos) as u64;
             report.torn_tails += 1;
-            tracing::warn!(segment = %name, offset = bad, bytes = dirty_end - bad, "truncated torn wal tail");
+            tracing::warn!(segment = %name, offset = pos, bytes = dirty_end - pos, "truncated torn wal tail");
         }
     }
     let next_seq = expected.unwrap_or(start_after + 1).max(start_after + 1);

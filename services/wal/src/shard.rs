@@ -495,10 +495,10 @@ impl Shared {
         for (first_seq, size) in victims {
             let name = segment_file_name(first_seq);
             let path = self.dir.join(&name);
-            let gone = match self.recycle(&path, size, Some(first_seq) == newest) {
-                Ok(true) => Ok(()),
-                Ok(false) => fs::remove_file(&path),
-                Err(e) => Err(e),
+            let gone = if Some(first_seq) == newest && self.recycle(&path, size) {
+                Ok(())
+            } else {
+                fs::remove_file(&path)
             };
             match gone {
                 Ok(()) => {}
@@ -534,33 +534,27 @@ impl Shared {
             None => Ok((deleted, freed)),
         }
     }
-}
 
-impl Shared {
-    /// Keep the covered segment at `path` as the shard's recycled segment (renamed to
-    /// [`RECYCLED_NAME`]) if it is the newest one being deleted and larger than the one kept, if
-    /// any. Returns whether it did; if not, the caller deletes the file. The rename is made
-    /// durable by the caller's directory fsync; a crash before leaves either name, both harmless
-    /// (a covered segment, or a spare that open deletes).
-    fn recycle(&self, path: &Path, size: u64, newest: bool) -> std::io::Result<bool> {
-        if !newest {
-            return Ok(false);
-        }
+    /// Keep the covered segment at `path` (`size` bytes) as the shard's recycled segment,
+    /// renamed to [`RECYCLED_NAME`], unless one at least as large is kept already. Returns
+    /// whether it did; if not (or if the rename failed: a full directory block, say), the caller
+    /// deletes the file. The rename is made durable by the caller's directory fsync; a crash
+    /// before leaves either name, both harmless (a covered segment, or a spare that open
+    /// deletes).
+    fn recycle(&self, path: &Path, size: u64) -> bool {
         let mut table = lock_table(&self.segments);
         if table.recycled.is_some_and(|kept| kept >= size) {
-            return Ok(false);
+            return false;
         }
-        // Replaces a smaller recycled file atomically. If the rename fails (a full directory
-        // block, say), the segment is simply deleted as before.
+        // Replaces a smaller recycled file atomically.
         match fs::rename(path, self.dir.join(RECYCLED_NAME)) {
             Ok(()) => {
                 table.recycled = Some(size);
-                Ok(true)
+                true
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(e),
             Err(e) => {
                 tracing::warn!(dir = %self.dir.display(), error = %e, "could not keep a covered wal segment for reuse; deleting it");
-                Ok(false)
+                false
             }
         }
     }
@@ -813,12 +807,11 @@ impl SegmentWriter {
             self.active = None;
             fs::remove_file(&path).map_err(WalError::io("replacing empty segment"))?;
         }
-        let recycled = self.take_recycled(&path, size.max(need));
-        let spare = match recycled {
-            Some(r) => Some(r),
+        let ready = match self.take_recycled(&path, size.max(need)) {
+            Some(reused) => Some(reused),
             None => self.take_spare(&path, size.max(need))?,
         };
-        let (file, capacity) = match spare {
+        let (file, capacity) = match ready {
             Some(s) => s,
             None => (
                 create_zeroed(&path, size).map_err(WalError::io("creating segment"))?,

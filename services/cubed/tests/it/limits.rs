@@ -51,7 +51,7 @@ async fn a_full_tenant_queue_answers_resource_exhausted_at_once_and_loses_nothin
                 assert!(e.message().contains("busy"), "{}", e.message());
                 busy += 1;
             }
-            (_, Err(e)) => panic!("unexpected {e:?}"),
+            (_, Err(e)) => panic!("unexpected {e:?}\nserver log:\n{}", server.log()),
         }
     }
     assert!(busy > 0, "no call was refused with a queue of 2");

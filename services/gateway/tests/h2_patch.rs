@@ -1,0 +1,114 @@
+//! The behaviour `vendor/h2`'s patch exists for (vendor/h2/CUBE-PATCH.md): a client's new
+//! stream is opened at once, so it has send capacity before the connection task has run, and a
+//! request's HEADERS and DATA frames leave in one write. With upstream h2 the capacity stays 0
+//! until the connection task has written the HEADERS frame on its own.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, DuplexStream, ReadBuf};
+
+/// A transport that records the size of every write.
+struct CountingIo {
+    inner: DuplexStream,
+    writes: Arc<Mutex<Vec<usize>>>,
+}
+
+impl AsyncRead for CountingIo {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for CountingIo {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = &r {
+            self.writes
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(*n);
+        }
+        r
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_new_request_stream_has_capacity_at_once_and_goes_out_in_one_write() {
+    let (client_io, server_io) = tokio::io::duplex(1 << 20);
+    let (got_tx, got_rx) = tokio::sync::oneshot::channel();
+    let server = tokio::spawn(async move {
+        let mut conn = h2::server::handshake(server_io).await.unwrap();
+        let (req, mut respond) = conn.accept().await.unwrap().unwrap();
+        let mut body = req.into_body();
+        let mut got = Vec::new();
+        while let Some(chunk) = body.data().await {
+            got.extend_from_slice(&chunk.unwrap());
+        }
+        respond
+            .send_response(http::Response::new(()), true)
+            .unwrap();
+        let _ = got_tx.send(got);
+        // Polling the connection is what writes the response; keep doing it.
+        while let Some(Ok(_)) = conn.accept().await {}
+    });
+
+    let writes = Arc::new(Mutex::new(Vec::new()));
+    let io = CountingIo {
+        inner: client_io,
+        writes: Arc::clone(&writes),
+    };
+    let (client, conn) = h2::client::handshake(io).await.unwrap();
+    let conn = tokio::spawn(conn);
+    let mut client = client.ready().await.unwrap();
+    // Let the connection task exchange SETTINGS, then forget the writes that took.
+    tokio::task::yield_now().await;
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    writes.lock().unwrap().clear();
+
+    let req = http::Request::post("http://cube.test/cube.v1.Cells/Read")
+        .body(())
+        .unwrap();
+    let (response, mut stream) = client.send_request(req, false).unwrap();
+    // No await since send_request: the connection task has not run.
+    stream.reserve_capacity(5);
+    assert!(
+        stream.capacity() >= 5,
+        "a new stream got no send capacity before the connection task ran (upstream h2 \
+         behaviour: is vendor/h2's patch applied?)"
+    );
+    stream
+        .send_data(tonic::codegen::Bytes::from_static(b"hello"), true)
+        .unwrap();
+    let response = response.await.unwrap();
+    assert_eq!(response.status(), http::StatusCode::OK);
+
+    let request_writes: Vec<usize> = writes.lock().unwrap().clone();
+    // HEADERS (9-byte frame header + the header block) and DATA (9 + 5 bytes) together.
+    assert_eq!(
+        request_writes.len(),
+        1,
+        "HEADERS and DATA should leave in one write; the writes were {request_writes:?}"
+    );
+    assert!(request_writes[0] > 9 + 9 + 5, "{request_writes:?}");
+    assert_eq!(got_rx.await.unwrap(), b"hello");
+    server.abort();
+    conn.abort();
+}

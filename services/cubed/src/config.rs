@@ -217,7 +217,7 @@ pub struct ServeArgs {
     /// Allowed clock skew of signed calls, seconds.
     #[arg(long, env = "CUBE_SKEW_SECS", default_value_t = DEFAULT_SKEW_SECS)]
     pub skew_secs: u64,
-    /// Nonces the replay cache remembers at most (about 100 bytes each).
+    /// Nonces the replay cache remembers at most (24 bytes each, up to ~50 with growth slack).
     #[arg(long, env = "CUBE_REPLAY_CAPACITY", default_value_t = DEFAULT_REPLAY_CAPACITY)]
     pub replay_capacity: usize,
     /// Requests queued per tenant before callers get RESOURCE_EXHAUSTED.

@@ -7,9 +7,17 @@
 //! the watermark the same way, so a backwards step of the server clock cannot re-admit them. The
 //! watermark starts at the server's start time, so a call captured before a restart cannot be
 //! replayed after it.
+//!
+//! What is remembered of a (key, nonce) pair is a 64-bit fingerprint, a SipHash under keys drawn
+//! at random when the server starts (so a client cannot aim at another's fingerprints), not the
+//! 128-bit nonce and the key: 16 bytes of queue and 8 of set per nonce instead of 32 and 32. Two
+//! different pairs share a fingerprint with probability ~2^-64 per pair; a shard holds at most
+//! `capacity / 16`, so at the default capacity a call is wrongly refused as a replay with odds of
+//! about 1 in 3·10^14, and then the client signs again with a new nonce. No replay is ever let
+//! through by it.
 
 use std::collections::{HashSet, VecDeque};
-use std::hash::{BuildHasherDefault, DefaultHasher, Hash, Hasher};
+use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher, Hash, Hasher, RandomState};
 use std::sync::Mutex;
 
 const SHARDS: usize = 16;
@@ -23,40 +31,32 @@ pub enum ReplayError {
     TooOld,
 }
 
-/// Nonces are 128 random bits chosen by clients: folding them is as good a hash as SipHash and
-/// much cheaper on the per-call path. A client choosing colliding nonces only slows itself down
-/// (its own entries share buckets), because the key hash is mixed in too.
+/// The set's keys are already SipHash outputs: hashing them again would only cost time.
 #[derive(Default)]
-struct NonceHasher(u64);
+struct Prehashed(u64);
 
-impl Hasher for NonceHasher {
+impl Hasher for Prehashed {
     fn finish(&self) -> u64 {
         self.0
     }
     fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is used (the keys are `u64`); fold anything else.
         for chunk in bytes.chunks(8) {
             let mut b = [0u8; 8];
             b[..chunk.len()].copy_from_slice(chunk);
-            self.0 = (self.0 ^ u64::from_le_bytes(b))
-                .rotate_left(29)
-                .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            self.0 = (self.0 ^ u64::from_le_bytes(b)).rotate_left(29);
         }
     }
     fn write_u64(&mut self, v: u64) {
-        self.0 = (self.0 ^ v)
-            .rotate_left(29)
-            .wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-    fn write_u128(&mut self, v: u128) {
-        self.write_u64(v as u64);
-        self.write_u64((v >> 64) as u64);
+        self.0 = v;
     }
 }
 
 struct Shard {
-    seen: HashSet<(u64, u128), BuildHasherDefault<NonceHasher>>,
-    // Insertion order, for eviction: (ts_ms, key hash, nonce).
-    order: VecDeque<(i64, u64, u128)>,
+    /// Fingerprints of the remembered (key, nonce) pairs.
+    seen: HashSet<u64, BuildHasherDefault<Prehashed>>,
+    /// Insertion order, for eviction: (ts_ms, fingerprint).
+    order: VecDeque<(i64, u64)>,
     watermark: i64,
 }
 
@@ -65,6 +65,8 @@ pub struct ReplayCache {
     shards: Vec<Mutex<Shard>>,
     per_shard: usize,
     skew_ms: i64,
+    /// Keys of the fingerprint hash, random per process.
+    fingerprint: RandomState,
 }
 
 impl std::fmt::Debug for ReplayCache {
@@ -76,8 +78,8 @@ impl std::fmt::Debug for ReplayCache {
 }
 
 impl ReplayCache {
-    /// At most `capacity` nonces (about 100 bytes each); calls with timestamps before
-    /// `start_ms` are refused.
+    /// At most `capacity` nonces (24 bytes each, up to about twice that with the queue's and the
+    /// set's growth slack); calls with timestamps before `start_ms` are refused.
     pub fn new(capacity: usize, skew_ms: i64, start_ms: i64) -> ReplayCache {
         let per_shard = capacity.div_ceil(SHARDS).max(1);
         // A client may sign in the very millisecond the server started (it answers within
@@ -97,6 +99,7 @@ impl ReplayCache {
             shards,
             per_shard,
             skew_ms,
+            fingerprint: RandomState::new(),
         }
     }
 
@@ -111,18 +114,18 @@ impl ReplayCache {
     ) -> Result<(), ReplayError> {
         let mut h = DefaultHasher::new();
         (tenant, key_id).hash(&mut h);
-        let key_hash = h.finish();
+        let fp = self.fingerprint.hash_one((h.finish(), nonce));
         let shard_index = (nonce as usize) % SHARDS;
         let mut shard = self.shards[shard_index]
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         let expired_before = now_ms - self.skew_ms;
-        while let Some(&(ts, k, n)) = shard.order.front() {
+        while let Some(&(ts, old)) = shard.order.front() {
             if ts >= expired_before {
                 break;
             }
             shard.order.pop_front();
-            shard.seen.remove(&(k, n));
+            shard.seen.remove(&old);
             // Forgetting a nonce raises the floor, so a clock stepping backwards cannot make a
             // forgotten call acceptable again.
             shard.watermark = shard.watermark.max(ts);
@@ -130,20 +133,20 @@ impl ReplayCache {
         if ts_ms <= shard.watermark {
             return Err(ReplayError::TooOld);
         }
-        if shard.seen.contains(&(key_hash, nonce)) {
+        if shard.seen.contains(&fp) {
             return Err(ReplayError::Replayed);
         }
         if shard.order.len() >= self.per_shard
-            && let Some((ts, k, n)) = shard.order.pop_front()
+            && let Some((ts, old)) = shard.order.pop_front()
         {
-            shard.seen.remove(&(k, n));
+            shard.seen.remove(&old);
             shard.watermark = shard.watermark.max(ts);
             if ts_ms <= shard.watermark {
                 return Err(ReplayError::TooOld);
             }
         }
-        shard.seen.insert((key_hash, nonce));
-        shard.order.push_back((ts_ms, key_hash, nonce));
+        shard.seen.insert(fp);
+        shard.order.push_back((ts_ms, fp));
         Ok(())
     }
 
@@ -173,6 +176,27 @@ mod tests {
             Err(ReplayError::Replayed)
         );
         assert_eq!(c.check_and_insert(("a", "k2"), 7, 1_000, 1_001), Ok(()));
+    }
+
+    #[test]
+    fn distinct_nonces_and_keys_do_not_collide() {
+        // Fingerprints, not the pairs, are kept: 100,000 distinct pairs must all be new.
+        let c = ReplayCache::new(1_000_000, 300_000, 0);
+        for i in 0..50_000u128 {
+            let nonce = i.wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835);
+            assert_eq!(c.check_and_insert(("a", "k1"), nonce, 1_000, 1_000), Ok(()));
+            assert_eq!(c.check_and_insert(("a", "k2"), nonce, 1_000, 1_000), Ok(()));
+        }
+        assert_eq!(c.len(), 100_000);
+        assert_eq!(
+            c.check_and_insert(
+                ("a", "k2"),
+                7u128.wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835),
+                1_000,
+                1_000
+            ),
+            Err(ReplayError::Replayed)
+        );
     }
 
     #[test]

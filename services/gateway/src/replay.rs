@@ -17,7 +17,7 @@
 //! through by it.
 
 use std::collections::{HashSet, VecDeque};
-use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher, Hash, Hasher, RandomState};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
 use std::sync::Mutex;
 
 const SHARDS: usize = 16;
@@ -112,9 +112,7 @@ impl ReplayCache {
         ts_ms: i64,
         now_ms: i64,
     ) -> Result<(), ReplayError> {
-        let mut h = DefaultHasher::new();
-        (tenant, key_id).hash(&mut h);
-        let fp = self.fingerprint.hash_one((h.finish(), nonce));
+        let fp = self.fingerprint.hash_one((tenant, key_id, nonce));
         let shard_index = (nonce as usize) % SHARDS;
         let mut shard = self.shards[shard_index]
             .lock()

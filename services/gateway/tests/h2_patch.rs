@@ -79,7 +79,6 @@ async fn a_new_request_stream_has_capacity_at_once_and_goes_out_in_one_write() {
     let conn = tokio::spawn(conn);
     let mut client = client.ready().await.unwrap();
     // Let the connection task exchange SETTINGS, then forget the writes that took.
-    tokio::task::yield_now().await;
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     writes.lock().unwrap().clear();
 

@@ -5,6 +5,7 @@
 //! way the output is the same.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -108,7 +109,7 @@ async fn execute(data_dir: &Path, op: Op<'_>) -> anyhow::Result<Outcome> {
             return remote(client, &op).await;
         }
         match Catalog::open(&data.catalog()) {
-            Ok(catalog) => return local(&data, &catalog, &op),
+            Ok(catalog) => return local(&data, &Arc::new(catalog), &op),
             Err(CatalogOpenError::Locked) => tokio::time::sleep(Duration::from_millis(100)).await,
             Err(e) => return Err(e).context("opening the catalog"),
         }
@@ -131,12 +132,12 @@ fn credentials(k: &KeyInfo) -> Credentials {
 /// Principal of audit entries made by these commands.
 const OPERATOR: &str = "operator";
 
-fn local(data: &DataDir, catalog: &Catalog, op: &Op<'_>) -> anyhow::Result<Outcome> {
+fn local(data: &DataDir, catalog: &Arc<Catalog>, op: &Op<'_>) -> anyhow::Result<Outcome> {
     // The server is stopped, so the CLI writes the audit event into the tenant's log itself.
     // The catalog change is made (and a new secret exists only in this process): a failure to
     // record it must not swallow the credentials, so it is reported, not returned.
     let record = |tenant: &str, op: &str, detail: String| -> anyhow::Result<()> {
-        if let Err(e) = record_event_offline(data, tenant, OPERATOR, op, detail) {
+        if let Err(e) = record_event_offline(data, catalog, tenant, OPERATOR, op, detail) {
             eprintln!(
                 "cubed: warning: the change was made but its audit event could not be recorded: {e}"
             );

@@ -110,6 +110,7 @@ pub async fn run(
                     guard.start(SPACE_CHECK_EVERY);
                     guard
                 }),
+                catalog: Some(Arc::clone(&catalog)),
             },
             mailbox_capacity: config.mailbox_capacity,
             actor_threads: config.actor_threads,
@@ -119,6 +120,23 @@ pub async fn run(
         Some(Arc::clone(&catalog)),
     )?);
     directory.start_janitor();
+    // Before serving: a tenant left open by a crash replays its log, which puts back in force
+    // the capability changes that were durable only there (see `recover_unclosed`).
+    let tenants = catalog
+        .list()
+        .map_err(|e| anyhow::anyhow!("listing the catalog's tenants: {e}"))?;
+    let started = std::time::Instant::now();
+    let (recovered, failed) = directory
+        .recover_unclosed(tenants.into_iter().map(|(name, _)| name))
+        .await;
+    if recovered + failed > 0 {
+        tracing::info!(
+            recovered,
+            failed,
+            ms = started.elapsed().as_millis() as u64,
+            "tenants left open by the last run recovered before serving"
+        );
+    }
     let gateway = Gateway::new(
         Arc::clone(&catalog),
         Arc::clone(&directory),

@@ -155,7 +155,6 @@ impl Gateway {
             .add_service(cells)
             .add_service(
                 AccessServer::new(AccessService {
-                    catalog: Arc::clone(&self.catalog),
                     directory: Arc::clone(&self.directory),
                 })
                 .max_decoding_message_size(max),

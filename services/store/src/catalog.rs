@@ -7,6 +7,10 @@
 //! two are kept in step). Changes are computed and written one at a time, under one lock, from
 //! the newest value of what they change (durable or not), so a read-modify-write (capabilities,
 //! revocation) never loses a concurrent change; authentication sees a change once it is durable.
+//! The exception is a capability change made through a tenant (`Access.Grant` / `Revoke`): the
+//! tenant's WAL record is its durable copy, and the tenant sets it here without the journal
+//! ([`Catalog::apply_logged_capabilities`]) and makes the catalog durable before its checkpoint
+//! lets the record go ([`Catalog::make_durable`]).
 //! sled holds an exclusive lock on its directory, so while a server runs, the CLI reaches the
 //! catalog through the server's local admin socket instead.
 
@@ -486,6 +490,60 @@ impl Catalog {
         let info = Arc::new(info);
         self.commit(st, vec![key_op(&info)?], &[&info])?;
         Ok(info.capabilities.clone())
+    }
+
+    /// Set the capabilities of `tenant/key_id` to `capabilities`, as a record of the tenant's
+    /// WAL says (`Access.Grant` / `Access.Revoke`, applied or replayed by the tenant's core):
+    /// visible to authentication at once, inserted into sled, but **not** journaled. The tenant's
+    /// WAL record is what makes the change durable; the tenant calls [`Catalog::make_durable`]
+    /// before a checkpoint lets that record go, and replays it after a crash. A key that does not
+    /// exist is left alone (false).
+    pub fn apply_logged_capabilities(
+        &self,
+        tenant: &str,
+        key_id: &str,
+        capabilities: &[Capability],
+    ) -> Result<bool, StoreError> {
+        let mut st = self.lock_changes();
+        let Some(current) = self.current_key(&st, tenant, key_id) else {
+            return Ok(false);
+        };
+        let mut caps = capabilities.to_vec();
+        caps.sort();
+        caps.dedup();
+        if current.capabilities == caps {
+            return Ok(true);
+        }
+        let mut info = (*current).clone();
+        info.capabilities.clone_from(&caps);
+        let info = Arc::new(info);
+        insert_ops(&self.tenants, &self.keys, vec![key_op(&info)?])
+            .map_err(|e| storage("apply a change", e))?;
+        // A journaled change of this key still waiting for its fdatasync (a revocation) must not
+        // bring the old capabilities back when it is published.
+        if let Some(versions) = st
+            .pending
+            .get_mut(&(tenant.to_string(), key_id.to_string()))
+        {
+            for (_, k) in versions.iter_mut() {
+                let mut newer = (**k).clone();
+                newer.capabilities.clone_from(&caps);
+                *k = Arc::new(newer);
+            }
+        }
+        self.cache
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(tenant.to_string())
+            .or_default()
+            .insert(key_id.to_string(), info);
+        Ok(true)
+    }
+
+    /// Make everything the catalog holds durable (sled flushed, its files fsynced), changes
+    /// made by [`Catalog::apply_logged_capabilities`] included.
+    pub fn make_durable(&self) -> Result<(), StoreError> {
+        make_durable(&self.db, &self.path).map_err(|e| storage("sync itself", e))
     }
 
     fn tenant_record(&self, tenant: &str) -> Result<TenantRecord, StoreError> {

@@ -10,7 +10,7 @@
 //! its group → answered. A checkpoint flushes the state store and then deletes the WAL segments
 //! it covers; recovery opens the state store and replays only the WAL after its applied seq.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,12 +21,12 @@ use cube_wal::{
 };
 use prost::Message;
 
-use crate::StoreError;
 use crate::backend::{BackendError, FjallBackend, StateBackend, migrate_sled_state, open_waiting};
 use crate::state::{
     ApplyError, Caller, Command, Coord, Effect, Hint, Prepared, Reply, StateLimits, TenantState,
 };
-use crate::walop::WalOp;
+use crate::walop::{self, Op, WalOp};
+use crate::{Capability, Catalog, StoreError};
 
 /// An answer for a caller: its token and the result.
 pub type Answer<T> = (T, Result<Reply, StoreError>);
@@ -59,6 +59,10 @@ pub struct CoreConfig {
     pub state_cache_bytes: u64,
     /// Writes are refused while this says the disk is nearly full (none: never).
     pub space: Option<Arc<crate::SpaceGuard>>,
+    /// Where the tenant's keys live: capability changes (`Command::ChangeCapabilities`) are
+    /// read from and applied to it. Without one they are refused, and opening a log that holds
+    /// one fails.
+    pub catalog: Option<Arc<Catalog>>,
 }
 
 impl Default for CoreConfig {
@@ -69,6 +73,7 @@ impl Default for CoreConfig {
             checkpoint: CheckpointPolicy::default(),
             state_cache_bytes: 32 << 20,
             space: None,
+            catalog: None,
         }
     }
 }
@@ -115,6 +120,9 @@ struct Waiting<T> {
 /// A checkpoint to run off the actor's thread: flush the state store as of `seq`.
 pub struct CheckpointJob {
     backend: Arc<dyn StateBackend>,
+    /// Set when capability changes were applied since the last checkpoint: they are durable
+    /// only in the WAL until the catalog is synced, which must happen before the WAL goes.
+    catalog: Option<Arc<Catalog>>,
     pub seq: u64,
 }
 
@@ -123,6 +131,11 @@ impl CheckpointJob {
     pub fn run(self) -> Result<Duration, BackendError> {
         cube_wal::failpoint::hit("checkpoint-before-flush");
         let started = Instant::now();
+        if let Some(catalog) = &self.catalog {
+            catalog
+                .make_durable()
+                .map_err(|e| BackendError(format!("syncing the catalog: {e}")))?;
+        }
         self.backend.flush()?;
         cube_wal::failpoint::hit("checkpoint-after-flush");
         Ok(started.elapsed())
@@ -151,6 +164,12 @@ pub struct TenantCore<T> {
     space: Option<Arc<crate::SpaceGuard>>,
     /// Reused encoding buffer (one allocation per core, not per write).
     scratch: Vec<u8>,
+    catalog: Option<Arc<Catalog>>,
+    /// Per key, the capability set of its newest logged but unapplied change, with that
+    /// change's seq: the next change of the key starts from it.
+    pending_caps: HashMap<String, (u64, Vec<Capability>)>,
+    /// Capability changes were applied to the catalog since the last checkpoint began.
+    catalog_dirty: bool,
 }
 
 impl<T> std::fmt::Debug for TenantCore<T> {
@@ -227,12 +246,26 @@ impl<T> TenantCore<T> {
         // Why a replay batch could not be applied, if one could not: stops the WAL's reading,
         // and is reported by `replay_error` rather than as the WAL's error.
         let mut apply_failed: Option<ApplyError> = None;
+        // Capability changes replayed, for the catalog (in log order).
+        let mut replayed_caps: Vec<(u64, String, Vec<Capability>)> = Vec::new();
         let opened = WalShard::open(
             wal_dir,
             config.wal.clone(),
             start_after,
             &mut |seq, payload| {
                 let op = WalOp::decode(payload).map_err(|e| format!("undecodable record: {e}"))?;
+                if let Some(change) = caps_change(seq, &op) {
+                    // Checked before the record's batch is applied: without the catalog the
+                    // change would be lost once a checkpoint covered its record.
+                    if config.catalog.is_none() {
+                        return Err(
+                            "the log holds a capability change and no catalog was given \
+                                    to apply it to"
+                                .into(),
+                        );
+                    }
+                    replayed_caps.push(change);
+                }
                 buffered.push((seq, op));
                 if buffered.len() >= REPLAY_BATCH
                     && let Err(e) = state.apply_all(std::mem::take(&mut buffered))
@@ -252,6 +285,24 @@ impl<T> TenantCore<T> {
         state
             .apply_all(buffered)
             .map_err(|e| replay_error(tenant, e))?;
+        // Capability changes logged since the last checkpoint may not have reached the catalog's
+        // disk: set them again, and make the catalog durable before the checkpoint below lets
+        // their records go.
+        if let Some(catalog) = config
+            .catalog
+            .as_ref()
+            .filter(|_| !replayed_caps.is_empty())
+        {
+            for (_, key_id, caps) in &replayed_caps {
+                catalog.apply_logged_capabilities(tenant, key_id, caps)?;
+            }
+            catalog.make_durable()?;
+            tracing::info!(
+                tenant,
+                changes = replayed_caps.len(),
+                "capability changes replayed into the catalog"
+            );
+        }
         // The replayed batches are only in memtables: flush before anything relies on them.
         // Only then are the WAL segments the store covers not needed any more.
         let replayed = started.elapsed();
@@ -320,6 +371,9 @@ impl<T> TenantCore<T> {
             last_checkpoint: Instant::now(),
             stats,
             scratch: Vec::with_capacity(256),
+            catalog: config.catalog.clone(),
+            pending_caps: HashMap::new(),
+            catalog_dirty: false,
         };
         if read_only {
             core.poison_after(DurableEvent::WriteFailed { no_space: true });
@@ -361,7 +415,15 @@ impl<T> TenantCore<T> {
         {
             return Some((token, Err(e)));
         }
-        let (op, reply, effect) = match self.state.prepare(cmd, caller) {
+        let prepared = match cmd {
+            Command::ChangeCapabilities {
+                key_id,
+                grant,
+                revoke,
+            } => self.prepare_capabilities(key_id, &grant, &revoke, caller),
+            cmd => self.state.prepare(cmd, caller),
+        };
+        let (op, reply, effect) = match prepared {
             Err(e) => return Some((token, Err(e))),
             Ok(Prepared::Immediate(reply)) => return Some((token, Ok(reply))),
             Ok(Prepared::Log { op, reply, effect }) => (op, reply, effect),
@@ -377,7 +439,13 @@ impl<T> TenantCore<T> {
             Err(e) => return Some((token, Err(self.append_error(&e)))),
         };
         self.bytes_since_checkpoint += self.scratch.len() as u64;
-        if self.waiting.is_empty() && seq <= self.durable + self.window {
+        if let Some((_, key_id, caps)) = caps_change(seq, &op) {
+            self.pending_caps.insert(key_id, (seq, caps));
+        }
+        // A capability change (a revocation, say) is never acknowledged before it is durable,
+        // whatever the tenant's policy; the changes after it wait behind it.
+        let relaxed_ok = !matches!(op.op, Some(Op::Caps(_)));
+        if relaxed_ok && self.waiting.is_empty() && seq <= self.durable + self.window {
             // Relaxed policy, inside the window: apply and answer before the fsync.
             let hints = match effect {
                 Effect::Cell(c, _, hint) => vec![(c, hint)],
@@ -422,12 +490,19 @@ impl<T> TenantCore<T> {
                 let mut records = Vec::with_capacity(group.len());
                 let mut replies = Vec::with_capacity(group.len());
                 let mut hints = Vec::with_capacity(group.len());
+                let mut caps = Vec::new();
                 for w in group {
+                    caps.extend(caps_change(w.seq, &w.op));
                     records.push((w.seq, w.op));
                     replies.push((w.token, w.reply, w.seq));
                     hints.extend(w.hint);
                 }
-                match self.state.apply_hinted(records, hints) {
+                let applied = self
+                    .state
+                    .apply_hinted(records, hints)
+                    .map_err(|e| self.apply_failed(&e))
+                    .and_then(|()| self.apply_caps(caps));
+                match applied {
                     Ok(()) => {
                         if let Some((_, _, last)) = replies.last() {
                             self.stats.last_seq.store(*last, Ordering::Relaxed);
@@ -437,13 +512,10 @@ impl<T> TenantCore<T> {
                             .map(|(token, reply, seq)| (token, Ok(Prepared::seal(reply, seq))))
                             .collect()
                     }
-                    Err(e) => {
-                        let err = self.apply_failed(&e);
-                        replies
-                            .into_iter()
-                            .map(|(token, _, _)| (token, Err(err.clone())))
-                            .collect()
-                    }
+                    Err(err) => replies
+                        .into_iter()
+                        .map(|(token, _, _)| (token, Err(err.clone())))
+                        .collect(),
                 }
             }
             DurableEvent::Poisoned | DurableEvent::WriteFailed { .. } => {
@@ -474,8 +546,15 @@ impl<T> TenantCore<T> {
         }
         self.checkpoint_running = true;
         self.bytes_since_checkpoint = 0;
+        // A failed checkpoint poisons the tenant, so the flag need not come back.
+        let catalog = if std::mem::take(&mut self.catalog_dirty) {
+            self.catalog.clone()
+        } else {
+            None
+        };
         Some(CheckpointJob {
             backend: self.state.backend(),
+            catalog,
             seq: self.state.applied_seq(),
         })
     }
@@ -537,6 +616,84 @@ impl<T> TenantCore<T> {
         Ok(())
     }
 
+    /// Compute a key's new capability set from its newest one (a logged change not applied yet,
+    /// or the catalog's) and prepare the record that logs it.
+    fn prepare_capabilities(
+        &self,
+        key_id: String,
+        grant: &[Capability],
+        revoke: &[Capability],
+        caller: &Caller,
+    ) -> Result<Prepared, StoreError> {
+        if key_id.is_empty() {
+            return Err(StoreError::InvalidArgument("key_id is required".into()));
+        }
+        let Some(catalog) = &self.catalog else {
+            return Err(StoreError::FailedPrecondition(
+                "capabilities cannot be changed here: no catalog".into(),
+            ));
+        };
+        // Only keys of this tenant: another tenant's key id is simply not found.
+        let Some(key) = catalog.key(&self.tenant, &key_id).filter(|k| !k.revoked) else {
+            return Err(StoreError::NotFound(format!(
+                "tenant '{}' has no active key '{key_id}'",
+                self.tenant
+            )));
+        };
+        let mut caps = match self.pending_caps.get(&key_id) {
+            Some((_, caps)) => caps.clone(),
+            None => key.capabilities.clone(),
+        };
+        caps.retain(|c| !revoke.contains(c));
+        for c in grant {
+            if !caps.contains(c) {
+                caps.push(*c);
+            }
+        }
+        caps.sort();
+        let (audit_op, named) = if grant.is_empty() {
+            ("revoke", revoke)
+        } else {
+            ("grant", grant)
+        };
+        let detail = format!("key={key_id} capabilities={named:?}");
+        Ok(self
+            .state
+            .prepare_capabilities(key_id, caps, audit_op, detail, caller))
+    }
+
+    /// Set in the catalog the capability changes of records just applied (in log order), so the
+    /// next call of those keys sees them. A catalog that cannot take one poisons the tenant: its
+    /// record is durable, and reopening replays it.
+    fn apply_caps(
+        &mut self,
+        changes: Vec<(u64, String, Vec<Capability>)>,
+    ) -> Result<(), StoreError> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let Some(catalog) = self.catalog.clone() else {
+            // `prepare_capabilities` refuses every change without a catalog.
+            return Ok(());
+        };
+        self.catalog_dirty = true;
+        for (seq, key_id, caps) in changes {
+            if let Err(e) = catalog.apply_logged_capabilities(&self.tenant, &key_id, &caps) {
+                tracing::error!(tenant = %self.tenant, error = %e, "a capability change could not be applied to the catalog; tenant poisoned until it is reopened");
+                self.poison_after(DurableEvent::WriteFailed { no_space: false });
+                return Err(self.poisoned_error());
+            }
+            if self
+                .pending_caps
+                .get(&key_id)
+                .is_some_and(|(s, _)| *s <= seq)
+            {
+                self.pending_caps.remove(&key_id);
+            }
+        }
+        Ok(())
+    }
+
     /// The one flag, shared with the directory so a poisoned tenant is never passivated.
     pub fn is_poisoned(&self) -> bool {
         self.stats.poisoned.load(Ordering::Relaxed)
@@ -562,6 +719,7 @@ impl<T> TenantCore<T> {
             self.stats.reopenable.store(false, Ordering::Relaxed);
         }
         self.state.discard_pending();
+        self.pending_caps.clear();
     }
 
     /// Applying records to the state store failed (fjall's keyspace poisoned by a memtable flush
@@ -637,6 +795,16 @@ impl<T> TenantCore<T> {
                 self.poisoned_error()
             }
         }
+    }
+}
+
+/// The capability change a record makes, if it makes one: (seq, key id, new capability set).
+fn caps_change(seq: u64, op: &WalOp) -> Option<(u64, String, Vec<Capability>)> {
+    match &op.op {
+        Some(Op::Caps(c)) => {
+            walop::caps_from_wire(&c.capabilities).map(|caps| (seq, c.key_id.clone(), caps))
+        }
+        _ => None,
     }
 }
 
@@ -801,6 +969,123 @@ mod tests {
             panic!()
         };
         assert_eq!((cell.value.as_slice(), cell.version), (&b"b"[..], 2));
+    }
+
+    fn caps(key_id: &str, grant: &[Capability], revoke: &[Capability]) -> Command {
+        Command::ChangeCapabilities {
+            key_id: key_id.into(),
+            grant: grant.to_vec(),
+            revoke: revoke.to_vec(),
+        }
+    }
+
+    #[test]
+    fn capability_changes_are_logged_applied_to_the_catalog_and_replayed_after_a_crash() {
+        use Capability::{Admin, Read, Write};
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = Arc::new(Catalog::open(&dir.path().join("catalog")).unwrap());
+        let key = catalog.create_tenant("t").unwrap();
+        assert_eq!(key.capabilities, vec![Read, Write, Admin]);
+        let config = CoreConfig {
+            catalog: Some(Arc::clone(&catalog)),
+            ..config()
+        };
+        let now = |catalog: &Catalog| catalog.key("t", &key.key_id).unwrap().capabilities.clone();
+        let mut core = open(dir.path(), &config);
+        // Two changes of one key in one group: the second starts from the first.
+        assert!(
+            core.handle(caps(&key.key_id, &[], &[Write]), &who(), 1)
+                .is_none()
+        );
+        assert!(
+            core.handle(caps(&key.key_id, &[], &[Admin]), &who(), 2)
+                .is_none()
+        );
+        // Not in force before it is durable.
+        assert_eq!(now(&catalog), vec![Read, Write, Admin]);
+        let answers = settle(&mut core);
+        assert_eq!(
+            answers,
+            vec![
+                (
+                    1,
+                    Ok(Reply::Capabilities {
+                        capabilities: vec![Read, Admin],
+                        seq: 1
+                    })
+                ),
+                (
+                    2,
+                    Ok(Reply::Capabilities {
+                        capabilities: vec![Read],
+                        seq: 2
+                    })
+                ),
+            ]
+        );
+        assert_eq!(now(&catalog), vec![Read]);
+        // The audit entries are in the same records.
+        let trail = core.state().reader().audit_page(1, 10).unwrap();
+        let ops: Vec<_> = trail
+            .iter()
+            .map(|e| (e.op.as_str(), e.detail.as_str()))
+            .collect();
+        assert_eq!(ops.len(), 2);
+        assert_eq!(ops[0].0, "revoke");
+        assert!(
+            ops[0].1.contains(&key.key_id) && ops[0].1.contains("Write"),
+            "{ops:?}"
+        );
+        // Unknown, or another tenant's, key: not found, nothing logged.
+        let other = catalog.create_tenant("u").unwrap();
+        for id in ["k-nope", other.key_id.as_str()] {
+            assert!(matches!(
+                core.handle(caps(id, &[Write], &[]), &who(), 3),
+                Some((3, Err(StoreError::NotFound(_))))
+            ));
+        }
+        assert!(
+            core.handle(caps(&key.key_id, &[Write], &[]), &who(), 4)
+                .is_none()
+        );
+        assert_eq!(settle(&mut core).len(), 1);
+        assert_eq!(now(&catalog), vec![Read, Write]);
+
+        // A crash: the log survives, the catalog's in-memory change does not (put the key back
+        // as a catalog reopened from files that never saw the changes would have it).
+        core.take_wal().unwrap().close().unwrap();
+        drop(core);
+        catalog
+            .apply_logged_capabilities("t", &key.key_id, &[Read, Write, Admin])
+            .unwrap();
+        // Without a catalog such a log is refused, not replayed without its changes.
+        let without = CoreConfig {
+            catalog: None,
+            ..config.clone()
+        };
+        let refused = TenantCore::<u32>::open(
+            "t",
+            &dir.path().join("wal"),
+            &dir.path().join("state"),
+            &without,
+            None,
+        );
+        assert!(
+            matches!(refused, Err(StoreError::Unavailable(_))),
+            "{refused:?}"
+        );
+        let mut core = open(dir.path(), &config);
+        assert_eq!(
+            now(&catalog),
+            vec![Read, Write],
+            "replay puts the changes back"
+        );
+        // The reopen checkpointed what it replayed, catalog first: nothing is replayed again.
+        core.take_wal().unwrap().close().unwrap();
+        drop(core);
+        let core = open(dir.path(), &without);
+        assert_eq!(now(&catalog), vec![Read, Write]);
+        drop(core);
     }
 
     #[test]

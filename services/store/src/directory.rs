@@ -149,15 +149,20 @@ impl TenantHandle {
 }
 
 /// Append one audit event to a tenant's log while no server runs (the CLI's offline path for
-/// key and tenant changes). Returns once the record is durable and applied.
+/// key and tenant changes). Returns once the record is durable and applied. `catalog` is the
+/// catalog the CLI holds (the tenant's log may hold capability changes to replay into it).
 pub fn record_event_offline(
     data_dir: &DataDir,
+    catalog: &Arc<Catalog>,
     tenant: &str,
     principal: &str,
     op: &str,
     detail: String,
 ) -> Result<(), StoreError> {
-    let config = CoreConfig::default();
+    let config = CoreConfig {
+        catalog: Some(Arc::clone(catalog)),
+        ..CoreConfig::default()
+    };
     let (mut core, _) = TenantCore::<()>::open(
         tenant,
         &data_dir.tenant_wal(tenant),
@@ -319,6 +324,38 @@ impl TenantDirectory {
             .clone()
     }
 
+    /// Open every tenant of `tenants` whose log may hold records that neither its state store
+    /// nor the catalog has durably (its server stopped without closing it: kill -9, power loss).
+    /// A capability change (`Access.Grant` / `Access.Revoke`) is durable in the tenant's log
+    /// first and reaches the catalog's files only at the tenant's next checkpoint, so the server
+    /// calls this before it serves: replaying the log puts every such change back in force.
+    /// Returns (opened, failed); a tenant that fails to open stays unavailable, as it would on
+    /// its first call.
+    pub async fn recover_unclosed(
+        &self,
+        tenants: impl IntoIterator<Item = String>,
+    ) -> (usize, usize) {
+        let (mut opened, mut failed) = (0, 0);
+        for tenant in tenants {
+            let dir = self.config.data_dir.tenant_wal(&tenant);
+            match cube_wal::log_may_need_replay(&dir) {
+                Ok(false) => continue,
+                Ok(true) => {}
+                Err(e) => {
+                    tracing::warn!(tenant, error = %e, "could not look at the tenant's log; opening it");
+                }
+            }
+            match self.get(&tenant).await {
+                Ok(_) => opened += 1,
+                Err(e) => {
+                    tracing::error!(tenant, error = %e, "tenant could not be recovered at start");
+                    failed += 1;
+                }
+            }
+        }
+        (opened, failed)
+    }
+
     /// Tenants with a slot (open, opening or failed).
     pub fn open_count(&self) -> usize {
         self.tenants.read().unwrap_or_else(|p| p.into_inner()).len()
@@ -336,6 +373,9 @@ impl TenantDirectory {
         let state_dir = self.config.data_dir.tenant_state(tenant);
         let mut config = self.config.core.clone();
         config.wal.sync = self.policy_of(tenant);
+        if config.catalog.is_none() {
+            config.catalog = self.catalog.clone();
+        }
         let name = tenant.to_string();
         // The syncer reports to the actor, which does not exist until the WAL is open.
         let addr_slot: Arc<OnceLock<Addr<TenantActor>>> = Arc::new(OnceLock::new());

@@ -16,12 +16,12 @@ use std::sync::Arc;
 use prost::Message;
 use sha2::{Digest, Sha256};
 
-use crate::StoreError;
 use crate::audit::AuditEntry;
 use crate::backend::{BackendError, BatchOp, StateBackend};
 use crate::keys::{self, AuditChunk, AuditHead, StoredCell, Totals};
 use crate::morton;
 use crate::walop::{self, Op, WalAudit, WalCoord, WalOp};
+use crate::{Capability, StoreError};
 
 /// Walk depth cap (and default).
 pub const MAX_WALK_DEPTH: u32 = 16;
@@ -111,6 +111,14 @@ pub enum Command {
     Seal {
         coord: Coord,
     },
+    /// Add `grant` to and remove `revoke` from the capabilities of the tenant's key `key_id`
+    /// (`Access.Grant` / `Access.Revoke`). Handled by the tenant's core, which reads the key from
+    /// the catalog: one WAL record holds the new capability set and its audit entry.
+    ChangeCapabilities {
+        key_id: String,
+        grant: Vec<Capability>,
+        revoke: Vec<Capability>,
+    },
 }
 
 /// Who asks, and when: what the audit entry of a change records.
@@ -171,6 +179,11 @@ pub enum Reply {
         digest: Vec<u8>,
         version: u64,
     },
+    /// The key's capabilities after the change (sorted), durable at this WAL seq.
+    Capabilities {
+        capabilities: Vec<Capability>,
+        seq: u64,
+    },
 }
 
 impl Reply {
@@ -185,6 +198,10 @@ impl Reply {
                 seq: new_seq,
             },
             Reply::Recorded { .. } => Reply::Recorded { seq: new_seq },
+            Reply::Capabilities { capabilities, .. } => Reply::Capabilities {
+                capabilities,
+                seq: new_seq,
+            },
             Reply::Programmed { version, .. } => Reply::Programmed {
                 version,
                 seq: new_seq,
@@ -907,8 +924,41 @@ impl TenantState {
                     caller,
                 ));
             }
+            Command::ChangeCapabilities { .. } => {
+                return Err(StoreError::FailedPrecondition(
+                    "capability changes are made by the tenant's core, which has the catalog"
+                        .into(),
+                ));
+            }
         };
         Ok(self.log(op, audit_op.to_string(), detail, reply, effect, caller))
+    }
+
+    /// Log `key_id`'s new capability set `capabilities` (computed by the caller from the key's
+    /// newest set) with its audit entry (`audit_op` "grant" or "revoke", `detail` what changed).
+    pub(crate) fn prepare_capabilities(
+        &self,
+        key_id: String,
+        capabilities: Vec<Capability>,
+        audit_op: &str,
+        detail: String,
+        caller: &Caller,
+    ) -> Prepared {
+        let op = Op::Caps(walop::KeyCaps {
+            key_id,
+            capabilities: walop::caps_to_wire(&capabilities),
+        });
+        self.log(
+            op,
+            audit_op.to_string(),
+            detail,
+            Reply::Capabilities {
+                capabilities,
+                seq: 0,
+            },
+            Effect::Nothing,
+            caller,
+        )
     }
 
     fn log(
@@ -1304,6 +1354,13 @@ fn apply_one(
             Some(Target::Edge(key))
         }
         Some(Op::Event(_)) => None,
+        // The catalog's part is applied by the tenant's core (see `TenantCore::apply_caps`).
+        Some(Op::Caps(c)) => {
+            if walop::caps_from_wire(&c.capabilities).is_none() {
+                return Err(bad("record names an unknown capability"));
+            }
+            None
+        }
         None => return Err(bad("record holds no known operation")),
     })
 }
@@ -2048,6 +2105,7 @@ mod tests {
                     existed: self.edges.remove(&(from, label, to)),
                 },
                 Command::Event { .. } => Reply::Recorded { seq: 0 },
+                Command::ChangeCapabilities { .. } => return Err("not generated"),
             })
         }
 

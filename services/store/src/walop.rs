@@ -7,7 +7,7 @@ use prost::Message;
 
 #[derive(Clone, PartialEq, Message)]
 pub struct WalOp {
-    #[prost(oneof = "Op", tags = "1, 2, 3, 4, 5, 6, 7, 8")]
+    #[prost(oneof = "Op", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9")]
     pub op: Option<Op>,
     /// The audit entry recording this change, written in the same record (so atomically).
     #[prost(message, optional, tag = "15")]
@@ -60,6 +60,44 @@ pub enum Op {
     /// Make a cell immutable.
     #[prost(message, tag = "8")]
     Seal(Seal),
+    /// Set a key's capabilities (`Access.Grant` / `Access.Revoke`). Changes no tenant state:
+    /// applying (or replaying) it sets the key's capabilities in the catalog.
+    #[prost(message, tag = "9")]
+    Caps(KeyCaps),
+}
+
+/// A key's whole capability set after a grant or revoke (absolute, so replaying it any number
+/// of times, in log order, ends in the same catalog).
+#[derive(Clone, PartialEq, Message)]
+pub struct KeyCaps {
+    #[prost(string, tag = "1")]
+    pub key_id: String,
+    /// 1 = read, 2 = write, 3 = admin (see [`caps_to_wire`]).
+    #[prost(uint32, repeated, tag = "2")]
+    pub capabilities: Vec<u32>,
+}
+
+/// NOTE: on-disk numbers of the capabilities in [`KeyCaps`]; never renumbered.
+pub fn caps_to_wire(caps: &[crate::Capability]) -> Vec<u32> {
+    caps.iter()
+        .map(|c| match c {
+            crate::Capability::Read => 1,
+            crate::Capability::Write => 2,
+            crate::Capability::Admin => 3,
+        })
+        .collect()
+}
+
+/// The inverse of [`caps_to_wire`]; `None` if a number is unknown.
+pub fn caps_from_wire(wire: &[u32]) -> Option<Vec<crate::Capability>> {
+    wire.iter()
+        .map(|n| match n {
+            1 => Some(crate::Capability::Read),
+            2 => Some(crate::Capability::Write),
+            3 => Some(crate::Capability::Admin),
+            _ => None,
+        })
+        .collect()
 }
 
 #[derive(Clone, PartialEq, Message)]

@@ -17,7 +17,7 @@ mod tests;
 
 pub use error::WalError;
 pub use recovery::RecoveryReport;
-pub use segment::{SegmentSizing, remove_covered_log, segment_file_name};
+pub use segment::{SegmentSizing, log_may_need_replay, remove_covered_log, segment_file_name};
 pub use shard::{
     DurableEvent, DurableNotify, SyncPolicy, WalOptions, WalShard, create_dir_durably,
 };

@@ -72,6 +72,27 @@ pub fn remove_covered_log(dir: &Path, next_seq: u64) -> io::Result<usize> {
     Ok(removed)
 }
 
+/// Whether the shard in `dir` may hold records an open would replay: some segment file is not
+/// empty. A shard closed cleanly (see [`remove_covered_log`]) or never opened has none; one that
+/// was open when its process died has its preallocated active segment at least. Conservative:
+/// a non-empty segment whose records a checkpoint already covers also counts.
+pub fn log_may_need_replay(dir: &Path) -> io::Result<bool> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name();
+        if name.to_str().and_then(parse_segment_file_name).is_some() && entry.metadata()?.len() > 0
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 pub(crate) fn spare_path(dir: &Path, first_seq_hint: u64) -> PathBuf {
     dir.join(format!("{first_seq_hint:020}.{SPARE_EXT}"))
 }

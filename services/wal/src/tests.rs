@@ -918,3 +918,28 @@ fn a_damaged_record_before_valid_ones_in_a_recycled_segment_is_corruption() {
         ),
     }
 }
+
+#[test]
+fn a_log_needs_replay_until_it_is_closed_and_removed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("wal");
+    assert!(!crate::log_may_need_replay(&dir).unwrap(), "no directory");
+    let (wal, _, _) = open(&dir, small()).unwrap();
+    let seq = wal.append(b"x").unwrap();
+    wal.wait_durable(seq).unwrap();
+    // Open (or killed while open): the active segment holds records.
+    assert!(crate::log_may_need_replay(&dir).unwrap());
+    let last = wal.close().unwrap();
+    assert!(
+        crate::log_may_need_replay(&dir).unwrap(),
+        "closed, not removed"
+    );
+    // What a clean close does once the checkpoint covers the log: one empty marker segment.
+    crate::remove_covered_log(&dir, last + 1).unwrap();
+    assert!(!crate::log_may_need_replay(&dir).unwrap());
+    // Reopening it creates an active segment again.
+    let (wal, seen, _) = open_after(&dir, small(), last).unwrap();
+    assert!(seen.is_empty());
+    assert!(crate::log_may_need_replay(&dir).unwrap());
+    drop(wal);
+}

@@ -157,9 +157,10 @@ async fn every_rpc_checks_its_capability() {
     );
 }
 
-/// Catalog changes are durable when acknowledged (the catalog's journal, not a sled flush, makes
-/// them so): after kill -9 a revoked capability stays revoked, a granted one stays granted and a
-/// revoked key stays revoked.
+/// Catalog changes are durable when acknowledged: after kill -9 a revoked capability stays
+/// revoked and a granted one stays granted (durable in the tenant's log, put back in force by the
+/// replay the server runs before it serves), and a revoked key stays revoked (the catalog's
+/// journal).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_catalog_changes_survive_kill_9() {
     let mut server = TestServer::start(cubed()).unwrap();

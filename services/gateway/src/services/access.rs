@@ -5,14 +5,13 @@
 use std::sync::Arc;
 
 use cube_api::v1::{self, access_server::Access};
-use cube_store::{Capability, Catalog, Command, TenantDirectory};
+use cube_store::{Capability, Command, Reply, TenantDirectory};
 use tonic::{Request, Response, Status};
 
 use crate::ApiError;
 use crate::principal::Principal;
 
 pub(crate) struct AccessService {
-    pub catalog: Arc<Catalog>,
     pub directory: Arc<TenantDirectory>,
 }
 
@@ -45,53 +44,34 @@ fn to_proto(caps: Vec<Capability>) -> Vec<i32> {
 }
 
 impl AccessService {
-    /// Record the change in the tenant's audit trail (durably), then make it. If the server dies
-    /// in between, the trail shows a change that did not happen: over-reporting, never hiding.
+    /// One record in the tenant's log holds the key's new capability set and the audit entry
+    /// recording the change, so the two are durable together (or not at all). The tenant's
+    /// actor computes the set from the key's newest one, so concurrent changes of a key are all
+    /// kept, and puts it in force before answering.
     async fn change(
         &self,
         principal: &Principal,
         key_id: &str,
         grant: &[Capability],
         revoke: &[Capability],
-    ) -> Result<Vec<i32>, ApiError> {
+    ) -> Result<Vec<i32>, Status> {
         if key_id.is_empty() {
-            return Err(ApiError::Invalid("key_id is required".into()));
+            return Err(ApiError::Invalid("key_id is required".into()).into());
         }
-        // Only keys of the caller's own tenant: another tenant's key id is simply not found.
-        if self
-            .catalog
-            .key(principal.tenant(), key_id)
-            .filter(|k| !k.revoked)
-            .is_none()
-        {
-            return Err(ApiError::Store(cube_store::StoreError::NotFound(format!(
-                "tenant '{}' has no active key '{key_id}'",
-                principal.tenant()
-            ))));
+        let cmd = Command::ChangeCapabilities {
+            key_id: key_id.to_string(),
+            grant: grant.to_vec(),
+            revoke: revoke.to_vec(),
+        };
+        let reply = self
+            .directory
+            .call(principal.tenant(), cmd, &principal.name())
+            .await
+            .map_err(ApiError::from)?;
+        match reply {
+            Reply::Capabilities { capabilities, .. } => Ok(to_proto(capabilities)),
+            other => Err(super::cells::unexpected(&other)),
         }
-        let (op, caps) = if grant.is_empty() {
-            ("revoke", revoke)
-        } else {
-            ("grant", grant)
-        };
-        let event = Command::Event {
-            op: op.into(),
-            detail: format!("key={key_id} capabilities={caps:?}"),
-        };
-        self.directory
-            .call(principal.tenant(), event, &principal.name())
-            .await?;
-        // The catalog change ends in an fsync: off the async workers.
-        let (catalog, tenant, key) = (
-            self.catalog.clone(),
-            principal.tenant().to_string(),
-            key_id.to_string(),
-        );
-        let (grant, revoke) = (grant.to_vec(), revoke.to_vec());
-        let caps =
-            super::blocking(move || catalog.change_capabilities(&tenant, &key, &grant, &revoke))
-                .await?;
-        Ok(to_proto(caps))
     }
 }
 

@@ -52,7 +52,7 @@ impl CellsService {
     }
 }
 
-fn unexpected(reply: &Reply) -> Status {
+pub(super) fn unexpected(reply: &Reply) -> Status {
     tracing::error!(?reply, "store answered with the wrong reply kind");
     Status::internal("internal error")
 }

@@ -286,17 +286,16 @@ impl<T> TenantCore<T> {
             .apply_all(buffered)
             .map_err(|e| replay_error(tenant, e))?;
         // Capability changes logged since the last checkpoint may not have reached the catalog's
-        // disk: set them again, and make the catalog durable before the checkpoint below lets
+        // disk: set them again; the checkpoint below makes the catalog durable before it lets
         // their records go.
-        if let Some(catalog) = config
+        let catalog_to_sync = config
             .catalog
             .as_ref()
-            .filter(|_| !replayed_caps.is_empty())
-        {
+            .filter(|_| !replayed_caps.is_empty());
+        if let Some(catalog) = catalog_to_sync {
             for (_, key_id, caps) in &replayed_caps {
                 catalog.apply_logged_capabilities(tenant, key_id, caps)?;
             }
-            catalog.make_durable()?;
             tracing::info!(
                 tenant,
                 changes = replayed_caps.len(),
@@ -311,15 +310,20 @@ impl<T> TenantCore<T> {
         // RESOURCE_EXHAUSTED, and no WAL segment is deleted. The directory closes it once
         // there is room, and the next call opens it again (see `close_failed`).
         let mut read_only = false;
-        let checkpoint_seq = match state.backend().flush() {
+        let synced = match catalog_to_sync {
+            Some(catalog) => catalog.make_durable().map_err(|e| e.to_string()),
+            None => Ok(()),
+        }
+        .and_then(|()| state.backend().flush().map_err(|e| e.to_string()));
+        let checkpoint_seq = match synced {
             Ok(()) => state.applied_seq(),
             Err(e) if nearly_full(state_dir) => {
-                tracing::warn!(tenant, error = %e, "tenant state store could not be flushed: the disk is full; serving reads only until space is freed");
+                tracing::warn!(tenant, error = %e, "tenant state store or catalog could not be synced: the disk is full; serving reads only until space is freed");
                 read_only = true;
                 start_after
             }
             Err(e) => {
-                tracing::error!(tenant, error = %e, "tenant state store could not be flushed");
+                tracing::error!(tenant, error = %e, "tenant state store or catalog could not be synced");
                 return Err(StoreError::Unavailable(format!(
                     "tenant '{tenant}' is unavailable: its state store could not be synced (see \
                      the server log)"

@@ -1,7 +1,8 @@
 //! `cube.v1.Tenant`: statistics, run telemetry and the audit trail.
 //!
-//! Everything here reads the tenant's applied state on a blocking thread, never through the
-//! tenant's actor, so it does not queue behind or block writers.
+//! Everything here reads the tenant's applied state, never through the tenant's actor, so it does
+//! not queue behind or block writers: the totals (one key, like `Cells.Read`) on the handler's
+//! task, run telemetry and audit pages (scans that may touch disk) on a blocking thread.
 
 use std::sync::Arc;
 
@@ -10,6 +11,7 @@ use cube_store::{Capability, Coord, TenantDirectory};
 use tonic::{Request, Response, Status};
 
 use super::{blocking, tenant_of};
+use crate::ApiError;
 use crate::principal::Principal;
 
 /// Entries per Audit call when the request says 0, and the most it may ask for.
@@ -58,7 +60,8 @@ impl Tenant for TenantService {
                 }),
             }));
         }
-        let (totals, _) = blocking(move || reader.totals()).await?;
+        // One point lookup, like Cells.Read: answered on the handler's task.
+        let (totals, _) = reader.totals().map_err(ApiError::from)?;
         let log = tenant.log_stats();
         Ok(Response::new(v1::StatsResponse {
             totals: Some(v1::TenantTotals {

@@ -244,6 +244,9 @@ impl std::fmt::Debug for TenantDirectory {
 /// Attempts of a call that keeps meeting a tenant being passivated.
 const RETIRED_RETRIES: usize = 8;
 
+/// Tenants recovered at once by [`TenantDirectory::recover_unclosed`].
+const RECOVERY_CONCURRENCY: usize = 4;
+
 /// How often the janitor closes tenants poisoned by a failed write, so they can reopen.
 const REOPEN_FAILED_EVERY: Duration = Duration::from_secs(1);
 
@@ -335,25 +338,30 @@ impl TenantDirectory {
         &self,
         tenants: impl IntoIterator<Item = String>,
     ) -> (usize, usize) {
-        let (mut opened, mut failed) = (0, 0);
-        for tenant in tenants {
-            let dir = self.config.data_dir.tenant_wal(&tenant);
-            match cube_wal::log_may_need_replay(&dir) {
-                Ok(false) => continue,
-                Ok(true) => {}
-                Err(e) => {
-                    tracing::warn!(tenant, error = %e, "could not look at the tenant's log; opening it");
+        use futures::StreamExt;
+        let candidates = tenants.into_iter().filter(|tenant| {
+            let dir = self.config.data_dir.tenant_wal(tenant);
+            cube_wal::log_may_need_replay(&dir).unwrap_or_else(|e| {
+                tracing::warn!(tenant, error = %e, "could not look at the tenant's log; recovering it");
+                true
+            })
+        });
+        // A few at once: each open waits on fsyncs more than it uses a core.
+        let results: Vec<bool> = futures::stream::iter(candidates)
+            .map(|tenant| async move {
+                match self.get(&tenant).await {
+                    Ok(_) => true,
+                    Err(e) => {
+                        tracing::error!(tenant, error = %e, "tenant could not be recovered at start");
+                        false
+                    }
                 }
-            }
-            match self.get(&tenant).await {
-                Ok(_) => opened += 1,
-                Err(e) => {
-                    tracing::error!(tenant, error = %e, "tenant could not be recovered at start");
-                    failed += 1;
-                }
-            }
-        }
-        (opened, failed)
+            })
+            .buffer_unordered(RECOVERY_CONCURRENCY)
+            .collect()
+            .await;
+        let opened = results.iter().filter(|ok| **ok).count();
+        (opened, results.len() - opened)
     }
 
     /// Tenants with a slot (open, opening or failed).

@@ -16,7 +16,8 @@ use cube_api::v1::{
 };
 use cube_auth::{Credentials, Secret};
 use cube_store::{
-    Catalog, CatalogOpenError, DataDir, KeyInfo, SyncPolicy, describe_policy, record_event_offline,
+    Catalog, CatalogOpenError, Command, DataDir, KeyInfo, Reply, StoreError, SyncPolicy,
+    describe_policy, record_event_offline, run_offline,
 };
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
@@ -156,11 +157,27 @@ fn local(data: &DataDir, catalog: &Arc<Catalog>, op: &Op<'_>) -> anyhow::Result<
             Outcome::Credentials(credentials(&key))
         }
         Op::RevokeKey(tenant, key) => {
-            let revoked = catalog.revoke_key(tenant, key)?;
-            if revoked {
-                record(tenant, "key.revoke", format!("key={key}"))?;
+            if catalog.key(tenant, key).is_none() {
+                return Err(
+                    StoreError::NotFound(format!("tenant '{tenant}' has no key '{key}'")).into(),
+                );
             }
-            Outcome::Revoked(revoked)
+            // One record of the tenant's log holds the revocation and its audit entry.
+            let cmd = Command::RevokeKey {
+                key_id: key.to_string(),
+            };
+            match run_offline(data, catalog, tenant, OPERATOR, cmd) {
+                Ok(Reply::KeyRevoked { revoked, .. }) => Outcome::Revoked(revoked),
+                Ok(other) => bail!("unexpected answer to a key revocation: {other:?}"),
+                Err(e) => {
+                    // A revocation must not depend on the tenant's log being healthy.
+                    eprintln!(
+                        "cubed: warning: the tenant's log could not take the revocation ({e}); \
+                         revoking through the catalog, without an audit entry"
+                    );
+                    Outcome::Revoked(catalog.revoke_key(tenant, key)?)
+                }
+            }
         }
         Op::KeyIsActive(tenant, key) => {
             Outcome::Active(catalog.key(tenant, key).is_some_and(|k| !k.revoked))

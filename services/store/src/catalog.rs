@@ -7,10 +7,10 @@
 //! two are kept in step). Changes are computed and written one at a time, under one lock, from
 //! the newest value of what they change (durable or not), so a read-modify-write (capabilities,
 //! revocation) never loses a concurrent change; authentication sees a change once it is durable.
-//! The exception is a capability change made through a tenant (`Access.Grant` / `Revoke`): the
-//! tenant's WAL record is its durable copy, and the tenant sets it here without the journal
-//! ([`Catalog::apply_logged_capabilities`]) and makes the catalog durable before its checkpoint
-//! lets the record go ([`Catalog::make_durable`]).
+//! The exception is a key change made through a tenant (`Access.Grant` / `Revoke`, a key
+//! revocation): the tenant's WAL record is its durable copy, and the tenant makes it here without
+//! the journal ([`Catalog::apply_logged_capabilities`], [`Catalog::apply_logged_revocation`]) and
+//! makes the catalog durable before its checkpoint lets the record go ([`Catalog::make_durable`]).
 //! sled holds an exclusive lock on its directory, so while a server runs, the CLI reaches the
 //! catalog through the server's local admin socket instead.
 
@@ -352,19 +352,30 @@ impl Catalog {
     /// over. If sled cannot be flushed or the journal cannot start over (a full disk), the
     /// journal keeps growing and the next change tries again.
     fn start_over(&self, st: &mut JournalState) -> Result<(), StoreError> {
+        if let Err(why) = self.flush_and_restart(st)? {
+            tracing::warn!(error = %why, "catalog: its journal keeps growing");
+        }
+        Ok(())
+    }
+
+    /// Make everything in sled durable (its files fsynced), then start the journal over: every
+    /// record it held is then older than, or the same as, what sled's files hold. The inner
+    /// `Err` says why that did not happen (sled could not be flushed, or the journal could not
+    /// start over: it then keeps its records, and replaying them again is harmless unless sled
+    /// holds newer values that did not come through the journal, see
+    /// [`Catalog::make_durable`]); the outer one is a failure that stops catalog changes.
+    fn flush_and_restart(&self, st: &mut JournalState) -> Result<Result<(), String>, StoreError> {
         let written = self.written.load(Ordering::Acquire);
         let synced = self.sync_to(written)?;
         self.publish(st, synced);
         if let Err(e) = make_durable(&self.db, &self.path) {
-            tracing::warn!(error = %e, "catalog: sled could not be flushed; its journal keeps growing");
-            return Ok(());
+            return Ok(Err(format!("sled could not be flushed: {e}")));
         }
         let mut s = self.sync.lock().unwrap_or_else(|p| p.into_inner());
         match st.journal.reset() {
             Ok(()) => {}
             Err(e @ ResetError::NotStarted(_)) => {
-                tracing::warn!(error = %e, "catalog: the journal could not start over; it keeps growing");
-                return Ok(());
+                return Ok(Err(format!("the journal could not start over: {e}")));
             }
             Err(e @ ResetError::Unsynced(_)) => {
                 tracing::error!(error = %e, "catalog: the journal started over but may not survive a crash; refusing catalog changes until restart");
@@ -374,7 +385,8 @@ impl Catalog {
         // Positions keep growing across resets; the new file starts at `written`.
         s.file = st.journal.file();
         s.synced = written;
-        self.refuse_if_failed()
+        self.refuse_if_failed()?;
+        Ok(Ok(()))
     }
 
     /// The key `tenant/key_id`, if it exists (revoked keys included).
@@ -446,7 +458,9 @@ impl Catalog {
         Ok(info)
     }
 
-    /// Revoke a key. Returns false if it was already revoked.
+    /// Revoke a key through the journal. Returns false if it was already revoked. The server and
+    /// the CLI revoke through the tenant's log (`Command::RevokeKey`) and come here only when
+    /// that log cannot take it.
     pub fn revoke_key(&self, tenant: &str, key_id: &str) -> Result<bool, StoreError> {
         let st = self.lock_changes();
         let Some(current) = self.current_key(&st, tenant, key_id) else {
@@ -540,10 +554,55 @@ impl Catalog {
         Ok(true)
     }
 
-    /// Make everything the catalog holds durable (sled flushed, its files fsynced), changes
-    /// made by [`Catalog::apply_logged_capabilities`] included.
+    /// Mark `tenant/key_id` revoked, as a record of the tenant's WAL says (`Admin.RevokeKey`,
+    /// `cubed key revoke`): like [`Catalog::apply_logged_capabilities`], in force at once, in
+    /// sled, not journaled. Returns false if the key does not exist or was revoked already.
+    pub fn apply_logged_revocation(&self, tenant: &str, key_id: &str) -> Result<bool, StoreError> {
+        let mut st = self.lock_changes();
+        let Some(current) = self.current_key(&st, tenant, key_id) else {
+            return Ok(false);
+        };
+        if current.revoked {
+            return Ok(false);
+        }
+        let mut info = (*current).clone();
+        info.revoked = true;
+        let info = Arc::new(info);
+        insert_ops(&self.tenants, &self.keys, vec![key_op(&info)?])
+            .map_err(|e| storage("apply a change", e))?;
+        if let Some(versions) = st
+            .pending
+            .get_mut(&(tenant.to_string(), key_id.to_string()))
+        {
+            for (_, k) in versions.iter_mut() {
+                let mut newer = (**k).clone();
+                newer.revoked = true;
+                *k = Arc::new(newer);
+            }
+        }
+        self.cache
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(tenant.to_string())
+            .or_default()
+            .insert(key_id.to_string(), info);
+        Ok(true)
+    }
+
+    /// Make everything the catalog holds durable (sled flushed, its files fsynced), the key
+    /// changes made by [`Catalog::apply_logged_capabilities`] and
+    /// [`Catalog::apply_logged_revocation`] included, and start the journal over. The reset
+    /// matters: those changes do not go through the journal, so a journal record written before
+    /// one of them (the key's creation, say) would, replayed at the next open, put the key's older
+    /// value back over the newer one in sled's files, after the tenant's log that holds the newer
+    /// one was deleted. A failure of either step is an error (the caller's checkpoint fails and
+    /// keeps the log).
     pub fn make_durable(&self) -> Result<(), StoreError> {
-        make_durable(&self.db, &self.path).map_err(|e| storage("sync itself", e))
+        let mut st = self.lock_changes();
+        match self.flush_and_restart(&mut st)? {
+            Ok(()) => Ok(()),
+            Err(why) => Err(storage("sync itself", why)),
+        }
     }
 
     fn tenant_record(&self, tenant: &str) -> Result<TenantRecord, StoreError> {
@@ -778,6 +837,35 @@ mod tests {
                 std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
             }
         }
+    }
+
+    /// Key changes made from a tenant's log do not go through the journal; once the catalog is
+    /// made durable (a tenant's checkpoint, after which the log that held them is deleted), the
+    /// next open must not replay an older journal record of the same key over them.
+    #[test]
+    fn logged_key_changes_made_durable_survive_a_reopen_of_the_journal() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("catalog");
+        let (first, second) = {
+            let c = Catalog::open(&path).unwrap();
+            // Journaled: the key records as created.
+            let first = c.create_tenant("acme").unwrap();
+            let second = c.create_key("acme").unwrap();
+            assert!(
+                c.apply_logged_capabilities("acme", &first.key_id, &[Capability::Read])
+                    .unwrap()
+            );
+            assert!(c.apply_logged_revocation("acme", &second.key_id).unwrap());
+            assert!(!c.apply_logged_revocation("acme", &second.key_id).unwrap());
+            c.make_durable().unwrap();
+            (first, second)
+        };
+        let c = reopen(&path);
+        assert_eq!(
+            c.key("acme", &first.key_id).unwrap().capabilities,
+            vec![Capability::Read]
+        );
+        assert!(c.key("acme", &second.key_id).unwrap().revoked);
     }
 
     /// A change acknowledged since sled's last flush lives only in the journal: put back a copy

@@ -10,7 +10,7 @@
 //! its group → answered. A checkpoint flushes the state store and then deletes the WAL segments
 //! it covers; recovery opens the state store and replays only the WAL after its applied seq.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -168,7 +168,9 @@ pub struct TenantCore<T> {
     /// Per key, the capability set of its newest logged but unapplied change, with that
     /// change's seq: the next change of the key starts from it.
     pending_caps: HashMap<String, (u64, Vec<Capability>)>,
-    /// Capability changes were applied to the catalog since the last checkpoint began.
+    /// Keys whose revocation is logged but not applied yet.
+    pending_revokes: HashSet<String>,
+    /// Key changes were applied to the catalog since the last checkpoint began.
     catalog_dirty: bool,
 }
 
@@ -246,25 +248,24 @@ impl<T> TenantCore<T> {
         // Why a replay batch could not be applied, if one could not: stops the WAL's reading,
         // and is reported by `replay_error` rather than as the WAL's error.
         let mut apply_failed: Option<ApplyError> = None;
-        // Capability changes replayed, for the catalog (in log order).
-        let mut replayed_caps: Vec<(u64, String, Vec<Capability>)> = Vec::new();
+        // Key changes replayed (capabilities, revocations), for the catalog (in log order).
+        let mut replayed_keys: Vec<KeyChange> = Vec::new();
         let opened = WalShard::open(
             wal_dir,
             config.wal.clone(),
             start_after,
             &mut |seq, payload| {
                 let op = WalOp::decode(payload).map_err(|e| format!("undecodable record: {e}"))?;
-                if let Some(change) = caps_change(seq, &op) {
+                if let Some(change) = key_change(seq, &op) {
                     // Checked before the record's batch is applied: without the catalog the
                     // change would be lost once a checkpoint covered its record.
                     if config.catalog.is_none() {
                         return Err(
-                            "the log holds a capability change and no catalog was given \
-                                    to apply it to"
+                            "the log holds a key change and no catalog was given to apply it to"
                                 .into(),
                         );
                     }
-                    replayed_caps.push(change);
+                    replayed_keys.push(change);
                 }
                 buffered.push((seq, op));
                 if buffered.len() >= REPLAY_BATCH
@@ -285,21 +286,21 @@ impl<T> TenantCore<T> {
         state
             .apply_all(buffered)
             .map_err(|e| replay_error(tenant, e))?;
-        // Capability changes logged since the last checkpoint may not have reached the catalog's
-        // disk: set them again; the checkpoint below makes the catalog durable before it lets
+        // Key changes logged since the last checkpoint may not have reached the catalog's disk:
+        // make them again; the checkpoint below makes the catalog durable before it lets
         // their records go.
         let catalog_to_sync = config
             .catalog
             .as_ref()
-            .filter(|_| !replayed_caps.is_empty());
+            .filter(|_| !replayed_keys.is_empty());
         if let Some(catalog) = catalog_to_sync {
-            for (_, key_id, caps) in &replayed_caps {
-                catalog.apply_logged_capabilities(tenant, key_id, caps)?;
+            for (_, key_id, edit) in &replayed_keys {
+                apply_key_edit(catalog, tenant, key_id, edit)?;
             }
             tracing::info!(
                 tenant,
-                changes = replayed_caps.len(),
-                "capability changes replayed into the catalog"
+                changes = replayed_keys.len(),
+                "key changes replayed into the catalog"
             );
         }
         // The replayed batches are only in memtables: flush before anything relies on them.
@@ -377,6 +378,7 @@ impl<T> TenantCore<T> {
             scratch: Vec::with_capacity(256),
             catalog: config.catalog.clone(),
             pending_caps: HashMap::new(),
+            pending_revokes: HashSet::new(),
             catalog_dirty: false,
         };
         if read_only {
@@ -425,6 +427,7 @@ impl<T> TenantCore<T> {
                 grant,
                 revoke,
             } => self.prepare_capabilities(key_id, &grant, &revoke, caller),
+            Command::RevokeKey { key_id } => self.prepare_key_revocation(key_id, caller),
             cmd => self.state.prepare(cmd, caller),
         };
         let (op, reply, effect) = match prepared {
@@ -443,12 +446,18 @@ impl<T> TenantCore<T> {
             Err(e) => return Some((token, Err(self.append_error(&e)))),
         };
         self.bytes_since_checkpoint += self.scratch.len() as u64;
-        if let Some((_, key_id, caps)) = caps_change(seq, &op) {
-            self.pending_caps.insert(key_id, (seq, caps));
+        match key_change(seq, &op) {
+            Some((_, key_id, KeyEdit::Caps(caps))) => {
+                self.pending_caps.insert(key_id, (seq, caps));
+            }
+            Some((_, key_id, KeyEdit::Revoke)) => {
+                self.pending_revokes.insert(key_id);
+            }
+            None => {}
         }
-        // A capability change (a revocation, say) is never acknowledged before it is durable,
-        // whatever the tenant's policy; the changes after it wait behind it.
-        let relaxed_ok = !matches!(op.op, Some(Op::Caps(_)));
+        // A key change (a capability revoked, a key revoked) is never acknowledged before it is
+        // durable, whatever the tenant's policy; the changes after it wait behind it.
+        let relaxed_ok = !matches!(op.op, Some(Op::Caps(_) | Op::KeyRevoke(_)));
         if relaxed_ok && self.waiting.is_empty() && seq <= self.durable + self.window {
             // Relaxed policy, inside the window: apply and answer before the fsync.
             let hints = match effect {
@@ -494,9 +503,9 @@ impl<T> TenantCore<T> {
                 let mut records = Vec::with_capacity(group.len());
                 let mut replies = Vec::with_capacity(group.len());
                 let mut hints = Vec::with_capacity(group.len());
-                let mut caps = Vec::new();
+                let mut key_changes = Vec::new();
                 for w in group {
-                    caps.extend(caps_change(w.seq, &w.op));
+                    key_changes.extend(key_change(w.seq, &w.op));
                     records.push((w.seq, w.op));
                     replies.push((w.token, w.reply, w.seq));
                     hints.extend(w.hint);
@@ -505,7 +514,7 @@ impl<T> TenantCore<T> {
                     .state
                     .apply_hinted(records, hints)
                     .map_err(|e| self.apply_failed(&e))
-                    .and_then(|()| self.apply_caps(caps));
+                    .and_then(|()| self.apply_key_changes(key_changes));
                 match applied {
                     Ok(()) => {
                         if let Some((_, _, last)) = replies.last() {
@@ -638,7 +647,10 @@ impl<T> TenantCore<T> {
             ));
         };
         // Only keys of this tenant: another tenant's key id is simply not found.
-        let Some(key) = catalog.key(&self.tenant, &key_id).filter(|k| !k.revoked) else {
+        let Some(key) = catalog
+            .key(&self.tenant, &key_id)
+            .filter(|k| !k.revoked && !self.pending_revokes.contains(&key_id))
+        else {
             return Err(StoreError::NotFound(format!(
                 "tenant '{}' has no active key '{key_id}'",
                 self.tenant
@@ -666,33 +678,63 @@ impl<T> TenantCore<T> {
             .prepare_capabilities(key_id, caps, audit_op, detail, caller))
     }
 
-    /// Set in the catalog the capability changes of records just applied (in log order), so the
-    /// next call of those keys sees them. A catalog that cannot take one poisons the tenant: its
+    /// Prepare the revocation of `key_id`, or answer at once that it was revoked already.
+    fn prepare_key_revocation(
+        &self,
+        key_id: String,
+        caller: &Caller,
+    ) -> Result<Prepared, StoreError> {
+        let Some(catalog) = &self.catalog else {
+            return Err(StoreError::FailedPrecondition(
+                "keys cannot be revoked here: no catalog".into(),
+            ));
+        };
+        let Some(key) = catalog.key(&self.tenant, &key_id) else {
+            return Err(StoreError::NotFound(format!(
+                "tenant '{}' has no key '{key_id}'",
+                self.tenant
+            )));
+        };
+        if key.revoked || self.pending_revokes.contains(&key_id) {
+            return Ok(Prepared::Immediate(Reply::KeyRevoked {
+                revoked: false,
+                seq: 0,
+            }));
+        }
+        Ok(self.state.prepare_key_revocation(key_id, caller))
+    }
+
+    /// Make in the catalog the key changes of records just applied (in log order), so the next
+    /// call of those keys sees them. A catalog that cannot take one poisons the tenant: its
     /// record is durable, and reopening replays it.
-    fn apply_caps(
-        &mut self,
-        changes: Vec<(u64, String, Vec<Capability>)>,
-    ) -> Result<(), StoreError> {
+    fn apply_key_changes(&mut self, changes: Vec<KeyChange>) -> Result<(), StoreError> {
         if changes.is_empty() {
             return Ok(());
         }
         let Some(catalog) = self.catalog.clone() else {
-            // `prepare_capabilities` refuses every change without a catalog.
+            // Key changes are refused without a catalog, so none was logged.
             return Ok(());
         };
         self.catalog_dirty = true;
-        for (seq, key_id, caps) in changes {
-            if let Err(e) = catalog.apply_logged_capabilities(&self.tenant, &key_id, &caps) {
-                tracing::error!(tenant = %self.tenant, error = %e, "a capability change could not be applied to the catalog; tenant poisoned until it is reopened");
+        for (seq, key_id, edit) in changes {
+            if let Err(e) = apply_key_edit(&catalog, &self.tenant, &key_id, &edit) {
+                tracing::error!(tenant = %self.tenant, error = %e, "a key change could not be applied to the catalog; tenant poisoned until it is reopened");
                 self.poison_after(DurableEvent::WriteFailed { no_space: false });
                 return Err(self.poisoned_error());
             }
-            if self
-                .pending_caps
-                .get(&key_id)
-                .is_some_and(|(s, _)| *s <= seq)
-            {
-                self.pending_caps.remove(&key_id);
+            match edit {
+                KeyEdit::Caps(_) => {
+                    if self
+                        .pending_caps
+                        .get(&key_id)
+                        .is_some_and(|(s, _)| *s <= seq)
+                    {
+                        self.pending_caps.remove(&key_id);
+                    }
+                }
+                KeyEdit::Revoke => {
+                    self.pending_revokes.remove(&key_id);
+                }
             }
         }
         Ok(())
@@ -724,6 +766,7 @@ impl<T> TenantCore<T> {
         }
         self.state.discard_pending();
         self.pending_caps.clear();
+        self.pending_revokes.clear();
     }
 
     /// Applying records to the state store failed (fjall's keyspace poisoned by a memtable flush
@@ -802,13 +845,36 @@ impl<T> TenantCore<T> {
     }
 }
 
-/// The capability change a record makes, if it makes one: (seq, key id, new capability set).
-fn caps_change(seq: u64, op: &WalOp) -> Option<(u64, String, Vec<Capability>)> {
+/// What a record does to one of the tenant's keys in the catalog.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum KeyEdit {
+    /// Its whole new capability set.
+    Caps(Vec<Capability>),
+    Revoke,
+}
+
+/// A key change of a record: (seq, key id, what).
+type KeyChange = (u64, String, KeyEdit);
+
+/// The key change a record makes, if it makes one.
+fn key_change(seq: u64, op: &WalOp) -> Option<KeyChange> {
     match &op.op {
-        Some(Op::Caps(c)) => {
-            walop::caps_from_wire(&c.capabilities).map(|caps| (seq, c.key_id.clone(), caps))
-        }
+        Some(Op::Caps(c)) => walop::caps_from_wire(&c.capabilities)
+            .map(|caps| (seq, c.key_id.clone(), KeyEdit::Caps(caps))),
+        Some(Op::KeyRevoke(r)) => Some((seq, r.key_id.clone(), KeyEdit::Revoke)),
         _ => None,
+    }
+}
+
+fn apply_key_edit(
+    catalog: &Catalog,
+    tenant: &str,
+    key_id: &str,
+    edit: &KeyEdit,
+) -> Result<bool, StoreError> {
+    match edit {
+        KeyEdit::Caps(caps) => catalog.apply_logged_capabilities(tenant, key_id, caps),
+        KeyEdit::Revoke => catalog.apply_logged_revocation(tenant, key_id),
     }
 }
 
@@ -1089,6 +1155,96 @@ mod tests {
         drop(core);
         let core = open(dir.path(), &without);
         assert_eq!(now(&catalog), vec![Read, Write]);
+        drop(core);
+    }
+
+    fn copy_dir(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            let target = to.join(entry.file_name());
+            if entry.file_type().unwrap().is_dir() {
+                copy_dir(&entry.path(), &target);
+            } else {
+                std::fs::copy(entry.path(), target).unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn a_key_revocation_is_logged_applied_to_the_catalog_and_replayed_after_a_crash() {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = Arc::new(Catalog::open(&dir.path().join("catalog")).unwrap());
+        let first = catalog.create_tenant("t").unwrap();
+        let second = catalog.create_key("t").unwrap();
+        let config = CoreConfig {
+            catalog: Some(Arc::clone(&catalog)),
+            ..config()
+        };
+        // A copy of the catalog as its files are before the revocation.
+        catalog.make_durable().unwrap();
+        copy_dir(&dir.path().join("catalog"), &dir.path().join("copy"));
+        std::fs::copy(
+            dir.path().join("catalog.journal"),
+            dir.path().join("copy.journal"),
+        )
+        .unwrap();
+
+        let revoked = |c: &Catalog| c.key("t", &second.key_id).unwrap().revoked;
+        let revoke = |id: &str| Command::RevokeKey { key_id: id.into() };
+        let mut core = open(dir.path(), &config);
+        assert!(core.handle(revoke(&second.key_id), &who(), 1).is_none());
+        // Logged, not durable: not in force, but the key takes no other change meanwhile.
+        assert!(!revoked(&catalog));
+        assert!(matches!(
+            core.handle(caps(&second.key_id, &[Capability::Admin], &[]), &who(), 2),
+            Some((2, Err(StoreError::NotFound(_))))
+        ));
+        assert_eq!(
+            core.handle(revoke(&second.key_id), &who(), 3),
+            Some((
+                3,
+                Ok(Reply::KeyRevoked {
+                    revoked: false,
+                    seq: 0
+                })
+            ))
+        );
+        assert_eq!(
+            settle(&mut core),
+            vec![(
+                1,
+                Ok(Reply::KeyRevoked {
+                    revoked: true,
+                    seq: 1
+                })
+            )]
+        );
+        assert!(revoked(&catalog));
+        assert!(!catalog.key("t", &first.key_id).unwrap().revoked);
+        let trail = core.state().reader().audit_page(1, 10).unwrap();
+        assert_eq!(trail.len(), 1);
+        assert_eq!(
+            (trail[0].op.as_str(), trail[0].detail.clone()),
+            ("key.revoke", format!("key={}", second.key_id))
+        );
+        assert!(matches!(
+            core.handle(revoke("k-nope"), &who(), 4),
+            Some((4, Err(StoreError::NotFound(_))))
+        ));
+
+        // A crash: the log survives; opened with the copy (whose files never saw the
+        // revocation), the replay revokes the key there too.
+        core.take_wal().unwrap().close().unwrap();
+        drop(core);
+        let copy = Arc::new(Catalog::open(&dir.path().join("copy")).unwrap());
+        assert!(!revoked(&copy));
+        let with_copy = CoreConfig {
+            catalog: Some(Arc::clone(&copy)),
+            ..config.clone()
+        };
+        let core = open(dir.path(), &with_copy);
+        assert!(revoked(&copy), "replay revokes the key");
         drop(core);
     }
 

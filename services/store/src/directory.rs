@@ -150,7 +150,7 @@ impl TenantHandle {
 
 /// Append one audit event to a tenant's log while no server runs (the CLI's offline path for
 /// key and tenant changes). Returns once the record is durable and applied. `catalog` is the
-/// catalog the CLI holds (the tenant's log may hold capability changes to replay into it).
+/// catalog the CLI holds (the tenant's log may hold key changes to replay into it).
 pub fn record_event_offline(
     data_dir: &DataDir,
     catalog: &Arc<Catalog>,
@@ -159,6 +159,23 @@ pub fn record_event_offline(
     op: &str,
     detail: String,
 ) -> Result<(), StoreError> {
+    let event = Command::Event {
+        op: op.into(),
+        detail,
+    };
+    run_offline(data_dir, catalog, tenant, principal, event).map(|_| ())
+}
+
+/// Run one command against a tenant while no server runs: open it (recovering its log), handle
+/// the command, close the log (fdatasync), apply, checkpoint. Returns the command's answer once
+/// its change is durable and applied (and in force in `catalog`, for a key change).
+pub fn run_offline(
+    data_dir: &DataDir,
+    catalog: &Arc<Catalog>,
+    tenant: &str,
+    principal: &str,
+    cmd: Command,
+) -> Result<Reply, StoreError> {
     let config = CoreConfig {
         catalog: Some(Arc::clone(catalog)),
         ..CoreConfig::default()
@@ -174,31 +191,27 @@ pub fn record_event_offline(
         principal: principal.to_string(),
         ts_ms: now_ms(),
     };
-    if let Some((_, Err(e))) = core.handle(
-        Command::Event {
-            op: op.into(),
-            detail,
-        },
-        &caller,
-        (),
-    ) {
-        return Err(e);
-    }
+    let immediate = core.handle(cmd, &caller, ());
     let synced = core.take_wal().map(cube_wal::WalShard::close);
     let Some(Ok(durable)) = synced else {
         return Err(StoreError::Unavailable(format!(
-            "tenant '{tenant}': the audit event could not be synced"
+            "tenant '{tenant}': the change could not be synced"
         )));
     };
+    let mut answer = immediate.map(|(_, r)| r);
     for (_, r) in core.on_durable(cube_wal::DurableEvent::Durable(durable)) {
-        r?;
+        answer = Some(r);
     }
     if let Some(job) = core.begin_checkpoint() {
         let seq = job.seq;
         let r = job.run();
         core.finish_checkpoint(seq, r);
     }
-    Ok(())
+    answer.unwrap_or_else(|| {
+        Err(StoreError::Unavailable(format!(
+            "tenant '{tenant}': the change was not answered"
+        )))
+    })
 }
 
 fn now_ms() -> i64 {

@@ -119,6 +119,11 @@ pub enum Command {
         grant: Vec<Capability>,
         revoke: Vec<Capability>,
     },
+    /// Revoke the tenant's key `key_id`. Handled by the tenant's core like
+    /// `ChangeCapabilities`: one WAL record holds the revocation and its `key.revoke` entry.
+    RevokeKey {
+        key_id: String,
+    },
 }
 
 /// Who asks, and when: what the audit entry of a change records.
@@ -184,6 +189,11 @@ pub enum Reply {
         capabilities: Vec<Capability>,
         seq: u64,
     },
+    /// `revoked`: this call revoked the key (durable at `seq`); false if it already was.
+    KeyRevoked {
+        revoked: bool,
+        seq: u64,
+    },
 }
 
 impl Reply {
@@ -200,6 +210,10 @@ impl Reply {
             Reply::Recorded { .. } => Reply::Recorded { seq: new_seq },
             Reply::Capabilities { capabilities, .. } => Reply::Capabilities {
                 capabilities,
+                seq: new_seq,
+            },
+            Reply::KeyRevoked { revoked, .. } => Reply::KeyRevoked {
+                revoked,
                 seq: new_seq,
             },
             Reply::Programmed { version, .. } => Reply::Programmed {
@@ -924,10 +938,9 @@ impl TenantState {
                     caller,
                 ));
             }
-            Command::ChangeCapabilities { .. } => {
+            Command::ChangeCapabilities { .. } | Command::RevokeKey { .. } => {
                 return Err(StoreError::FailedPrecondition(
-                    "capability changes are made by the tenant's core, which has the catalog"
-                        .into(),
+                    "key changes are made by the tenant's core, which has the catalog".into(),
                 ));
             }
         };
@@ -954,6 +967,22 @@ impl TenantState {
             detail,
             Reply::Capabilities {
                 capabilities,
+                seq: 0,
+            },
+            Effect::Nothing,
+            caller,
+        )
+    }
+
+    /// Log the revocation of `key_id` with its `key.revoke` audit entry.
+    pub(crate) fn prepare_key_revocation(&self, key_id: String, caller: &Caller) -> Prepared {
+        let detail = format!("key={key_id}");
+        self.log(
+            Op::KeyRevoke(walop::KeyRevoke { key_id }),
+            "key.revoke".to_string(),
+            detail,
+            Reply::KeyRevoked {
+                revoked: true,
                 seq: 0,
             },
             Effect::Nothing,
@@ -1361,6 +1390,7 @@ fn apply_one(
             }
             None
         }
+        Some(Op::KeyRevoke(_)) => None,
         None => return Err(bad("record holds no known operation")),
     })
 }
@@ -2105,7 +2135,9 @@ mod tests {
                     existed: self.edges.remove(&(from, label, to)),
                 },
                 Command::Event { .. } => Reply::Recorded { seq: 0 },
-                Command::ChangeCapabilities { .. } => return Err("not generated"),
+                Command::ChangeCapabilities { .. } | Command::RevokeKey { .. } => {
+                    return Err("not generated");
+                }
             })
         }
 

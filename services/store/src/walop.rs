@@ -7,7 +7,7 @@ use prost::Message;
 
 #[derive(Clone, PartialEq, Message)]
 pub struct WalOp {
-    #[prost(oneof = "Op", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9")]
+    #[prost(oneof = "Op", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10")]
     pub op: Option<Op>,
     /// The audit entry recording this change, written in the same record (so atomically).
     #[prost(message, optional, tag = "15")]
@@ -64,6 +64,16 @@ pub enum Op {
     /// applying (or replaying) it sets the key's capabilities in the catalog.
     #[prost(message, tag = "9")]
     Caps(KeyCaps),
+    /// Revoke a key (`Admin.RevokeKey`, `cubed key revoke`). Changes no tenant state: applying
+    /// (or replaying) it marks the key revoked in the catalog. A revocation is never undone.
+    #[prost(message, tag = "10")]
+    KeyRevoke(KeyRevoke),
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct KeyRevoke {
+    #[prost(string, tag = "1")]
+    pub key_id: String,
 }
 
 /// A key's whole capability set after a grant or revoke (absolute, so replaying it any number

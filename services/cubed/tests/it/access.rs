@@ -211,3 +211,55 @@ async fn acknowledged_catalog_changes_survive_kill_9() {
     let err = revoked.read(read(2, 2, 2)).await.unwrap_err();
     assert_eq!(err.code(), Code::Unauthenticated);
 }
+
+/// Capability changes are made durable in the catalog's files by the tenant's checkpoint at a
+/// graceful stop (its log is then removed): after a restart they still hold, and an older
+/// journal record of the key (its creation) does not bring the old capabilities back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capability_changes_survive_a_graceful_restart() {
+    let mut server = TestServer::start(cubed()).unwrap();
+    let second = new_key(&server, "demo");
+    let mut admin = AccessClient::new(server.signed(&server.demo).await.unwrap());
+    admin
+        .revoke(RevokeRequest {
+            key_id: second.key_id.clone(),
+            capabilities: vec![Capability::Write as i32],
+        })
+        .await
+        .unwrap();
+    admin
+        .grant(GrantRequest {
+            key_id: second.key_id.clone(),
+            capabilities: vec![Capability::Admin as i32],
+        })
+        .await
+        .unwrap();
+    drop(admin);
+    let status = tokio::task::block_in_place(|| server.sigterm()).unwrap();
+    assert!(status.success(), "{status:?}");
+    tokio::task::block_in_place(|| server.restart()).unwrap();
+
+    let mut cells = server.cells(&second).await.unwrap();
+    let err = cells.write(write(3, 3, 3, b"x")).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied);
+    // ADMIN held too: the second key can now change capabilities (its own, here).
+    let mut second_admin = AccessClient::new(server.signed(&second).await.unwrap());
+    let caps = second_admin
+        .grant(GrantRequest {
+            key_id: second.key_id.clone(),
+            capabilities: vec![Capability::Write as i32],
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .capabilities;
+    assert_eq!(
+        caps,
+        vec![
+            Capability::Read as i32,
+            Capability::Write as i32,
+            Capability::Admin as i32
+        ]
+    );
+    cells.write(write(3, 3, 3, b"x")).await.unwrap();
+}

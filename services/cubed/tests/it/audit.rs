@@ -147,3 +147,53 @@ async fn a_tampered_entry_is_named_by_verification() {
     assert_eq!(seq, victim);
     assert!(why.contains("altered"), "{why}");
 }
+
+/// A key revocation is one record of the tenant's log with its `key.revoke` entry, whether the
+/// server makes it (admin socket) or the CLI does with the server stopped; revoking a revoked key
+/// records nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_revocations_are_in_the_trail_online_and_offline() {
+    let mut server = TestServer::start(cubed()).unwrap();
+    let new_key = |server: &TestServer| -> Credentials {
+        let out = server.cli(&["key", "create", "demo"]).unwrap();
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let revoke = |server: &TestServer, key: &str| {
+        let out = server.cli(&["key", "revoke", "demo", key]).unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let online = new_key(&server);
+    let offline = new_key(&server);
+    revoke(&server, &online.key_id);
+    revoke(&server, &online.key_id);
+    tokio::task::block_in_place(|| server.sigterm()).unwrap();
+    let stopped = tokio::task::block_in_place(|| revoke(&server, &offline.key_id));
+    assert!(stopped.contains("true"), "{stopped}");
+    tokio::task::block_in_place(|| server.restart()).unwrap();
+
+    for key in [&online, &offline] {
+        let mut c = server.cells(key).await.unwrap();
+        let err = c.read(read(0, 0, 0)).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Unauthenticated, "{err:?}");
+    }
+    let entries = trail(&server, 0, 0).await;
+    let revocations: Vec<(&str, &str)> = entries
+        .iter()
+        .filter(|e| e.op == "key.revoke")
+        .map(|e| (e.principal.as_str(), e.detail.as_str()))
+        .collect();
+    let (a, b) = (
+        format!("key={}", online.key_id),
+        format!("key={}", offline.key_id),
+    );
+    assert_eq!(
+        revocations,
+        vec![("operator", a.as_str()), ("operator", b.as_str())]
+    );
+    assert_eq!(verify_audit_entries(&entries), Ok(entries.len()));
+}

@@ -10,7 +10,7 @@ use tonic::{Request, Response, Status};
 
 use crate::ApiError;
 use crate::connection::ConnectionRegistry;
-use cube_store::{Command, SyncPolicy, TenantDirectory, describe_policy};
+use cube_store::{Command, Reply, StoreError, SyncPolicy, TenantDirectory, describe_policy};
 
 pub(crate) struct AdminService {
     /// `None` on the network listener.
@@ -102,14 +102,37 @@ impl Admin for AdminService {
         req: Request<v1::RevokeKeyRequest>,
     ) -> Result<Response<v1::RevokeKeyResponse>, Status> {
         let r = req.into_inner();
-        let revoked = self
-            .catalog()?
-            .revoke_key(&r.tenant, &r.key_id)
-            .map_err(ApiError::from)?;
-        if revoked {
-            self.record(&r.tenant, "key.revoke", format!("key={}", r.key_id))
-                .await;
+        let catalog = self.catalog()?;
+        if catalog.key(&r.tenant, &r.key_id).is_none() {
+            return Err(ApiError::from(StoreError::NotFound(format!(
+                "tenant '{}' has no key '{}'",
+                r.tenant, r.key_id
+            )))
+            .into());
         }
+        let revoked = match &self.directory {
+            // One record of the tenant's log holds the revocation and its audit entry.
+            Some(directory) => {
+                let cmd = Command::RevokeKey {
+                    key_id: r.key_id.clone(),
+                };
+                match directory.call(&r.tenant, cmd, OPERATOR).await {
+                    Ok(Reply::KeyRevoked { revoked, .. }) => revoked,
+                    Ok(other) => return Err(super::cells::unexpected(&other)),
+                    Err(e @ StoreError::NotFound(_)) => return Err(ApiError::from(e).into()),
+                    Err(e) => {
+                        // A revocation must not depend on the tenant's log being healthy.
+                        tracing::error!(tenant = %r.tenant, key = %r.key_id, error = %e, "the tenant's log could not take the revocation; revoking through the catalog, without an audit entry");
+                        catalog
+                            .revoke_key(&r.tenant, &r.key_id)
+                            .map_err(ApiError::from)?
+                    }
+                }
+            }
+            None => catalog
+                .revoke_key(&r.tenant, &r.key_id)
+                .map_err(ApiError::from)?,
+        };
         if let Some(connections) = &self.connections {
             let ended = connections.end_sessions_of(&r.tenant, &r.key_id);
             tracing::info!(tenant = %r.tenant, key = %r.key_id, sessions_ended = ended, "key revoked");

@@ -152,9 +152,19 @@ fn local(data: &DataDir, catalog: &Arc<Catalog>, op: &Op<'_>) -> anyhow::Result<
             Outcome::Credentials(credentials(&key))
         }
         Op::CreateKey(tenant) => {
-            let key = catalog.create_key(tenant)?;
-            record(&key.tenant, "key.create", format!("key={}", key.key_id))?;
-            Outcome::Credentials(credentials(&key))
+            if !catalog.tenant_exists(tenant)? {
+                return Err(StoreError::NotFound(format!("no tenant named '{tenant}'")).into());
+            }
+            // One record of the tenant's log holds the new key and its audit entry.
+            match run_offline(data, catalog, tenant, OPERATOR, Command::CreateKey)? {
+                Reply::KeyCreated { key_id, secret, .. } => Outcome::Credentials(Credentials {
+                    tenant: tenant.to_string(),
+                    key_id,
+                    secret: secret.to_hex(),
+                    endpoint: None,
+                }),
+                other => bail!("unexpected answer to a key creation: {other:?}"),
+            }
         }
         Op::RevokeKey(tenant, key) => {
             if catalog.key(tenant, key).is_none() {

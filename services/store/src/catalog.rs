@@ -554,6 +554,35 @@ impl Catalog {
         Ok(true)
     }
 
+    /// A new key for `tenant` (read and write; admin is granted explicitly), not stored: the
+    /// tenant's log records it, and [`Catalog::apply_logged_key_creation`] adds it.
+    pub fn draft_key(&self, tenant: &str) -> Result<KeyInfo, StoreError> {
+        if !self.tenant_exists(tenant)? {
+            return Err(StoreError::NotFound(format!("no tenant named '{tenant}'")));
+        }
+        Ok(fresh_key(tenant, vec![Capability::Read, Capability::Write]))
+    }
+
+    /// Add `key`, as a record of its tenant's WAL says (`Admin.CreateKey`, `cubed key create`):
+    /// like [`Catalog::apply_logged_capabilities`], usable at once, in sled, not journaled.
+    /// Returns false if a key with its id exists already (a replay).
+    pub fn apply_logged_key_creation(&self, key: &KeyInfo) -> Result<bool, StoreError> {
+        let st = self.lock_changes();
+        if self.current_key(&st, &key.tenant, &key.key_id).is_some() {
+            return Ok(false);
+        }
+        let info = Arc::new(key.clone());
+        insert_ops(&self.tenants, &self.keys, vec![key_op(&info)?])
+            .map_err(|e| storage("apply a change", e))?;
+        self.cache
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(key.tenant.clone())
+            .or_default()
+            .insert(key.key_id.clone(), info);
+        Ok(true)
+    }
+
     /// Mark `tenant/key_id` revoked, as a record of the tenant's WAL says (`Admin.RevokeKey`,
     /// `cubed key revoke`): like [`Catalog::apply_logged_capabilities`], in force at once, in
     /// sled, not journaled. Returns false if the key does not exist or was revoked already.

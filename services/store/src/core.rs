@@ -428,6 +428,7 @@ impl<T> TenantCore<T> {
                 revoke,
             } => self.prepare_capabilities(key_id, &grant, &revoke, caller),
             Command::RevokeKey { key_id } => self.prepare_key_revocation(key_id, caller),
+            Command::CreateKey => self.prepare_key_creation(caller),
             cmd => self.state.prepare(cmd, caller),
         };
         let (op, reply, effect) = match prepared {
@@ -453,11 +454,14 @@ impl<T> TenantCore<T> {
             Some((_, key_id, KeyEdit::Revoke)) => {
                 self.pending_revokes.insert(key_id);
             }
-            None => {}
+            Some((_, _, KeyEdit::Create { .. })) | None => {}
         }
         // A key change (a capability revoked, a key revoked) is never acknowledged before it is
         // durable, whatever the tenant's policy; the changes after it wait behind it.
-        let relaxed_ok = !matches!(op.op, Some(Op::Caps(_) | Op::KeyRevoke(_)));
+        let relaxed_ok = !matches!(
+            op.op,
+            Some(Op::Caps(_) | Op::KeyRevoke(_) | Op::KeyCreate(_))
+        );
         if relaxed_ok && self.waiting.is_empty() && seq <= self.durable + self.window {
             // Relaxed policy, inside the window: apply and answer before the fsync.
             let hints = match effect {
@@ -678,6 +682,17 @@ impl<T> TenantCore<T> {
             .prepare_capabilities(key_id, caps, audit_op, detail, caller))
     }
 
+    /// Prepare the creation of a key for this tenant (a fresh id and secret).
+    fn prepare_key_creation(&self, caller: &Caller) -> Result<Prepared, StoreError> {
+        let Some(catalog) = &self.catalog else {
+            return Err(StoreError::FailedPrecondition(
+                "keys cannot be created here: no catalog".into(),
+            ));
+        };
+        let key = catalog.draft_key(&self.tenant)?;
+        Ok(self.state.prepare_key_creation(&key, caller))
+    }
+
     /// Prepare the revocation of `key_id`, or answer at once that it was revoked already.
     fn prepare_key_revocation(
         &self,
@@ -735,6 +750,7 @@ impl<T> TenantCore<T> {
                 KeyEdit::Revoke => {
                     self.pending_revokes.remove(&key_id);
                 }
+                KeyEdit::Create { .. } => {}
             }
         }
         Ok(())
@@ -845,12 +861,18 @@ impl<T> TenantCore<T> {
     }
 }
 
-/// What a record does to one of the tenant's keys in the catalog.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What a record does to one of the tenant's keys in the catalog. (No `Debug`: it may hold a
+/// secret.)
+#[derive(Clone)]
 enum KeyEdit {
     /// Its whole new capability set.
     Caps(Vec<Capability>),
     Revoke,
+    /// A new key.
+    Create {
+        secret: [u8; 32],
+        capabilities: Vec<Capability>,
+    },
 }
 
 /// A key change of a record: (seq, key id, what).
@@ -862,6 +884,18 @@ fn key_change(seq: u64, op: &WalOp) -> Option<KeyChange> {
         Some(Op::Caps(c)) => walop::caps_from_wire(&c.capabilities)
             .map(|caps| (seq, c.key_id.clone(), KeyEdit::Caps(caps))),
         Some(Op::KeyRevoke(r)) => Some((seq, r.key_id.clone(), KeyEdit::Revoke)),
+        Some(Op::KeyCreate(k)) => {
+            let secret: [u8; 32] = k.secret.as_slice().try_into().ok()?;
+            let capabilities = walop::caps_from_wire(&k.capabilities)?;
+            Some((
+                seq,
+                k.key_id.clone(),
+                KeyEdit::Create {
+                    secret,
+                    capabilities,
+                },
+            ))
+        }
         _ => None,
     }
 }
@@ -875,6 +909,16 @@ fn apply_key_edit(
     match edit {
         KeyEdit::Caps(caps) => catalog.apply_logged_capabilities(tenant, key_id, caps),
         KeyEdit::Revoke => catalog.apply_logged_revocation(tenant, key_id),
+        KeyEdit::Create {
+            secret,
+            capabilities,
+        } => catalog.apply_logged_key_creation(&crate::KeyInfo {
+            tenant: tenant.to_string(),
+            key_id: key_id.to_string(),
+            secret: *secret,
+            capabilities: capabilities.clone(),
+            revoked: false,
+        }),
     }
 }
 
@@ -1246,6 +1290,77 @@ mod tests {
         let core = open(dir.path(), &with_copy);
         assert!(revoked(&copy), "replay revokes the key");
         drop(core);
+    }
+
+    #[test]
+    fn a_key_creation_is_logged_applied_to_the_catalog_and_replayed_after_a_crash() {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = Arc::new(Catalog::open(&dir.path().join("catalog")).unwrap());
+        catalog.create_tenant("t").unwrap();
+        let config = CoreConfig {
+            catalog: Some(Arc::clone(&catalog)),
+            ..config()
+        };
+        catalog.make_durable().unwrap();
+        copy_dir(&dir.path().join("catalog"), &dir.path().join("copy"));
+        std::fs::copy(
+            dir.path().join("catalog.journal"),
+            dir.path().join("copy.journal"),
+        )
+        .unwrap();
+
+        let mut core = open(dir.path(), &config);
+        assert!(core.handle(Command::CreateKey, &who(), 1).is_none());
+        let answers = settle(&mut core);
+        let [
+            (
+                1,
+                Ok(Reply::KeyCreated {
+                    key_id,
+                    secret,
+                    capabilities,
+                    seq: 1,
+                }),
+            ),
+        ] = answers.as_slice()
+        else {
+            panic!("{answers:?}")
+        };
+        assert_eq!(capabilities, &vec![Capability::Read, Capability::Write]);
+        let key = catalog.key("t", key_id).expect("usable once answered");
+        assert_eq!(cube_auth::Secret::from_bytes(key.secret), *secret);
+        let trail = core.state().reader().audit_page(1, 10).unwrap();
+        assert_eq!(
+            (trail[0].op.as_str(), trail[0].detail.clone()),
+            ("key.create", format!("key={key_id}"))
+        );
+        core.take_wal().unwrap().close().unwrap();
+        drop(core);
+
+        // A crash: the copy's files never saw the key; the replay adds it, secret and all.
+        let copy = Arc::new(Catalog::open(&dir.path().join("copy")).unwrap());
+        assert!(copy.key("t", key_id).is_none());
+        let with_copy = CoreConfig {
+            catalog: Some(Arc::clone(&copy)),
+            ..config.clone()
+        };
+        let core = open(dir.path(), &with_copy);
+        assert_eq!(copy.key("t", key_id).as_deref(), Some(&*key));
+        drop(core);
+        // Without the tenant in the catalog, nothing is logged.
+        let mut other = TenantCore::<u32>::open(
+            "u",
+            &dir.path().join("u-wal"),
+            &dir.path().join("u-state"),
+            &config,
+            None,
+        )
+        .unwrap()
+        .0;
+        assert!(matches!(
+            other.handle(Command::CreateKey, &who(), 2),
+            Some((2, Err(StoreError::NotFound(_))))
+        ));
     }
 
     #[test]

@@ -124,6 +124,9 @@ pub enum Command {
     RevokeKey {
         key_id: String,
     },
+    /// Create a key for the tenant (read and write), likewise one WAL record with its
+    /// `key.create` entry.
+    CreateKey,
 }
 
 /// Who asks, and when: what the audit entry of a change records.
@@ -194,6 +197,13 @@ pub enum Reply {
         revoked: bool,
         seq: u64,
     },
+    /// A new key, durable at `seq` and usable from the next call.
+    KeyCreated {
+        key_id: String,
+        secret: cube_auth::Secret,
+        capabilities: Vec<Capability>,
+        seq: u64,
+    },
 }
 
 impl Reply {
@@ -214,6 +224,17 @@ impl Reply {
             },
             Reply::KeyRevoked { revoked, .. } => Reply::KeyRevoked {
                 revoked,
+                seq: new_seq,
+            },
+            Reply::KeyCreated {
+                key_id,
+                secret,
+                capabilities,
+                ..
+            } => Reply::KeyCreated {
+                key_id,
+                secret,
+                capabilities,
                 seq: new_seq,
             },
             Reply::Programmed { version, .. } => Reply::Programmed {
@@ -938,7 +959,7 @@ impl TenantState {
                     caller,
                 ));
             }
-            Command::ChangeCapabilities { .. } | Command::RevokeKey { .. } => {
+            Command::ChangeCapabilities { .. } | Command::RevokeKey { .. } | Command::CreateKey => {
                 return Err(StoreError::FailedPrecondition(
                     "key changes are made by the tenant's core, which has the catalog".into(),
                 ));
@@ -967,6 +988,28 @@ impl TenantState {
             detail,
             Reply::Capabilities {
                 capabilities,
+                seq: 0,
+            },
+            Effect::Nothing,
+            caller,
+        )
+    }
+
+    /// Log the creation of `key` (a fresh id and secret) with its `key.create` audit entry.
+    pub(crate) fn prepare_key_creation(&self, key: &crate::KeyInfo, caller: &Caller) -> Prepared {
+        let op = Op::KeyCreate(walop::KeyCreate {
+            key_id: key.key_id.clone(),
+            secret: key.secret.to_vec(),
+            capabilities: walop::caps_to_wire(&key.capabilities),
+        });
+        self.log(
+            op,
+            "key.create".to_string(),
+            format!("key={}", key.key_id),
+            Reply::KeyCreated {
+                key_id: key.key_id.clone(),
+                secret: cube_auth::Secret::from_bytes(key.secret),
+                capabilities: key.capabilities.clone(),
                 seq: 0,
             },
             Effect::Nothing,
@@ -1391,6 +1434,12 @@ fn apply_one(
             None
         }
         Some(Op::KeyRevoke(_)) => None,
+        Some(Op::KeyCreate(k)) => {
+            if k.secret.len() != 32 || walop::caps_from_wire(&k.capabilities).is_none() {
+                return Err(bad("record holds a malformed key"));
+            }
+            None
+        }
         None => return Err(bad("record holds no known operation")),
     })
 }
@@ -2135,7 +2184,9 @@ mod tests {
                     existed: self.edges.remove(&(from, label, to)),
                 },
                 Command::Event { .. } => Reply::Recorded { seq: 0 },
-                Command::ChangeCapabilities { .. } | Command::RevokeKey { .. } => {
+                Command::ChangeCapabilities { .. }
+                | Command::RevokeKey { .. }
+                | Command::CreateKey => {
                     return Err("not generated");
                 }
             })

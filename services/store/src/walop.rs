@@ -7,7 +7,7 @@ use prost::Message;
 
 #[derive(Clone, PartialEq, Message)]
 pub struct WalOp {
-    #[prost(oneof = "Op", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10")]
+    #[prost(oneof = "Op", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11")]
     pub op: Option<Op>,
     /// The audit entry recording this change, written in the same record (so atomically).
     #[prost(message, optional, tag = "15")]
@@ -68,6 +68,23 @@ pub enum Op {
     /// (or replaying) it marks the key revoked in the catalog. A revocation is never undone.
     #[prost(message, tag = "10")]
     KeyRevoke(KeyRevoke),
+    /// Create a key (`Admin.CreateKey`, `cubed key create`). Changes no tenant state: applying
+    /// (or replaying) it adds the key to the catalog. Holds the key's secret, as the catalog
+    /// does (both live in the data directory, mode 0700).
+    #[prost(message, tag = "11")]
+    KeyCreate(KeyCreate),
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct KeyCreate {
+    #[prost(string, tag = "1")]
+    pub key_id: String,
+    /// 32 bytes.
+    #[prost(bytes = "vec", tag = "2")]
+    pub secret: Vec<u8>,
+    /// As in [`KeyCaps`].
+    #[prost(uint32, repeated, tag = "3")]
+    pub capabilities: Vec<u32>,
 }
 
 #[derive(Clone, PartialEq, Message)]

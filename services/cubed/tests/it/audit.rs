@@ -148,14 +148,19 @@ async fn a_tampered_entry_is_named_by_verification() {
     assert!(why.contains("altered"), "{why}");
 }
 
-/// A key revocation is one record of the tenant's log with its `key.revoke` entry, whether the
-/// server makes it (admin socket) or the CLI does with the server stopped; revoking a revoked key
-/// records nothing.
+/// A key creation or revocation is one record of the tenant's log with its `key.create` /
+/// `key.revoke` entry, whether the server makes it (admin socket) or the CLI does with the server
+/// stopped; revoking a revoked key records nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn key_revocations_are_in_the_trail_online_and_offline() {
+async fn key_creations_and_revocations_are_in_the_trail_online_and_offline() {
     let mut server = TestServer::start(cubed()).unwrap();
     let new_key = |server: &TestServer| -> Credentials {
         let out = server.cli(&["key", "create", "demo"]).unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         serde_json::from_slice(&out.stdout).unwrap()
     };
     let revoke = |server: &TestServer, key: &str| {
@@ -174,6 +179,7 @@ async fn key_revocations_are_in_the_trail_online_and_offline() {
     tokio::task::block_in_place(|| server.sigterm()).unwrap();
     let stopped = tokio::task::block_in_place(|| revoke(&server, &offline.key_id));
     assert!(stopped.contains("true"), "{stopped}");
+    let created_offline = tokio::task::block_in_place(|| new_key(&server));
     tokio::task::block_in_place(|| server.restart()).unwrap();
 
     for key in [&online, &offline] {
@@ -181,19 +187,26 @@ async fn key_revocations_are_in_the_trail_online_and_offline() {
         let err = c.read(read(0, 0, 0)).await.unwrap_err();
         assert_eq!(err.code(), tonic::Code::Unauthenticated, "{err:?}");
     }
+    let mut c = server.cells(&created_offline).await.unwrap();
+    c.write(write(5, 5, 5, b"v")).await.unwrap();
+
     let entries = trail(&server, 0, 0).await;
-    let revocations: Vec<(&str, &str)> = entries
+    let keys: Vec<(&str, &str, &str)> = entries
         .iter()
-        .filter(|e| e.op == "key.revoke")
-        .map(|e| (e.principal.as_str(), e.detail.as_str()))
+        .filter(|e| e.op.starts_with("key."))
+        .map(|e| (e.op.as_str(), e.principal.as_str(), e.detail.as_str()))
         .collect();
-    let (a, b) = (
-        format!("key={}", online.key_id),
-        format!("key={}", offline.key_id),
-    );
+    let detail = |k: &Credentials| format!("key={}", k.key_id);
+    let (a, b, n) = (detail(&online), detail(&offline), detail(&created_offline));
     assert_eq!(
-        revocations,
-        vec![("operator", a.as_str()), ("operator", b.as_str())]
+        keys,
+        vec![
+            ("key.create", "operator", a.as_str()),
+            ("key.create", "operator", b.as_str()),
+            ("key.revoke", "operator", a.as_str()),
+            ("key.revoke", "operator", b.as_str()),
+            ("key.create", "operator", n.as_str()),
+        ]
     );
     assert_eq!(verify_audit_entries(&entries), Ok(entries.len()));
 }

@@ -86,15 +86,35 @@ impl Admin for AdminService {
         &self,
         req: Request<v1::CreateKeyRequest>,
     ) -> Result<Response<v1::CreateKeyResponse>, Status> {
-        let key = self
-            .catalog()?
-            .create_key(&req.into_inner().tenant)
-            .map_err(ApiError::from)?;
-        self.record(&key.tenant, "key.create", format!("key={}", key.key_id))
-            .await;
-        Ok(Response::new(v1::CreateKeyResponse {
-            credentials: Some(credentials(&key)),
-        }))
+        let tenant = req.into_inner().tenant;
+        let catalog = self.catalog()?;
+        let Some(directory) = &self.directory else {
+            let key = catalog.create_key(&tenant).map_err(ApiError::from)?;
+            return Ok(Response::new(v1::CreateKeyResponse {
+                credentials: Some(credentials(&key)),
+            }));
+        };
+        if !catalog.tenant_exists(&tenant).map_err(ApiError::from)? {
+            return Err(ApiError::from(StoreError::NotFound(format!(
+                "no tenant named '{tenant}'"
+            )))
+            .into());
+        }
+        // One record of the tenant's log holds the new key and its audit entry.
+        match directory
+            .call(&tenant, Command::CreateKey, OPERATOR)
+            .await
+            .map_err(ApiError::from)?
+        {
+            Reply::KeyCreated { key_id, secret, .. } => Ok(Response::new(v1::CreateKeyResponse {
+                credentials: Some(v1::Credentials {
+                    tenant,
+                    key_id,
+                    secret: secret.to_hex(),
+                }),
+            })),
+            other => Err(super::cells::unexpected(&other)),
+        }
     }
 
     async fn revoke_key(

@@ -518,30 +518,55 @@ impl Catalog {
         key_id: &str,
         capabilities: &[Capability],
     ) -> Result<bool, StoreError> {
-        let mut st = self.lock_changes();
-        let Some(current) = self.current_key(&st, tenant, key_id) else {
-            return Ok(false);
-        };
         let mut caps = capabilities.to_vec();
         caps.sort();
         caps.dedup();
-        if current.capabilities == caps {
-            return Ok(true);
-        }
+        self.apply_logged(tenant, key_id, |k| {
+            if k.capabilities == caps {
+                return false;
+            }
+            k.capabilities.clone_from(&caps);
+            true
+        })
+        .map(|found| found.is_some())
+    }
+
+    /// Mark `tenant/key_id` revoked, as a record of the tenant's WAL says (`Admin.RevokeKey`,
+    /// `cubed key revoke`): like [`Catalog::apply_logged_capabilities`], in force at once, in
+    /// sled, not journaled. Returns false if the key does not exist or was revoked already.
+    pub fn apply_logged_revocation(&self, tenant: &str, key_id: &str) -> Result<bool, StoreError> {
+        self.apply_logged(tenant, key_id, |k| !std::mem::replace(&mut k.revoked, true))
+            .map(|changed| changed == Some(true))
+    }
+
+    /// Change the existing key `tenant/key_id` with `edit` (which says whether it changed
+    /// anything) outside the journal: in sled, in the in-memory copy, and in any journaled
+    /// version of the key still waiting for its fdatasync (so that publishing it does not bring
+    /// the old value back). `None` if the key does not exist, else whether it changed.
+    fn apply_logged(
+        &self,
+        tenant: &str,
+        key_id: &str,
+        edit: impl Fn(&mut KeyInfo) -> bool,
+    ) -> Result<Option<bool>, StoreError> {
+        let mut st = self.lock_changes();
+        let Some(current) = self.current_key(&st, tenant, key_id) else {
+            return Ok(None);
+        };
         let mut info = (*current).clone();
-        info.capabilities.clone_from(&caps);
+        if !edit(&mut info) {
+            return Ok(Some(false));
+        }
         let info = Arc::new(info);
         insert_ops(&self.tenants, &self.keys, vec![key_op(&info)?])
             .map_err(|e| storage("apply a change", e))?;
-        // A journaled change of this key still waiting for its fdatasync (a revocation) must not
-        // bring the old capabilities back when it is published.
         if let Some(versions) = st
             .pending
             .get_mut(&(tenant.to_string(), key_id.to_string()))
         {
             for (_, k) in versions.iter_mut() {
                 let mut newer = (**k).clone();
-                newer.capabilities.clone_from(&caps);
+                edit(&mut newer);
                 *k = Arc::new(newer);
             }
         }
@@ -551,7 +576,7 @@ impl Catalog {
             .entry(tenant.to_string())
             .or_default()
             .insert(key_id.to_string(), info);
-        Ok(true)
+        Ok(Some(true))
     }
 
     /// A new key for `tenant` (read and write; admin is granted explicitly), not stored: the
@@ -580,41 +605,6 @@ impl Catalog {
             .entry(key.tenant.clone())
             .or_default()
             .insert(key.key_id.clone(), info);
-        Ok(true)
-    }
-
-    /// Mark `tenant/key_id` revoked, as a record of the tenant's WAL says (`Admin.RevokeKey`,
-    /// `cubed key revoke`): like [`Catalog::apply_logged_capabilities`], in force at once, in
-    /// sled, not journaled. Returns false if the key does not exist or was revoked already.
-    pub fn apply_logged_revocation(&self, tenant: &str, key_id: &str) -> Result<bool, StoreError> {
-        let mut st = self.lock_changes();
-        let Some(current) = self.current_key(&st, tenant, key_id) else {
-            return Ok(false);
-        };
-        if current.revoked {
-            return Ok(false);
-        }
-        let mut info = (*current).clone();
-        info.revoked = true;
-        let info = Arc::new(info);
-        insert_ops(&self.tenants, &self.keys, vec![key_op(&info)?])
-            .map_err(|e| storage("apply a change", e))?;
-        if let Some(versions) = st
-            .pending
-            .get_mut(&(tenant.to_string(), key_id.to_string()))
-        {
-            for (_, k) in versions.iter_mut() {
-                let mut newer = (**k).clone();
-                newer.revoked = true;
-                *k = Arc::new(newer);
-            }
-        }
-        self.cache
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(tenant.to_string())
-            .or_default()
-            .insert(key_id.to_string(), info);
         Ok(true)
     }
 

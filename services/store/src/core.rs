@@ -1202,6 +1202,21 @@ mod tests {
         drop(core);
     }
 
+    /// Where [`snapshot_catalog`] puts its copy, as a catalog path under the test's directory.
+    const SNAPSHOT: &str = "copy";
+
+    /// Copy the files of `catalog` (at `dir`/catalog) as they are now, made durable, to
+    /// `dir`/[`SNAPSHOT`]: a catalog whose files will not see the changes made after this.
+    fn snapshot_catalog(catalog: &Catalog, dir: &Path) {
+        catalog.make_durable().unwrap();
+        copy_dir(&dir.join("catalog"), &dir.join(SNAPSHOT));
+        std::fs::copy(
+            dir.join("catalog.journal"),
+            dir.join(SNAPSHOT).with_extension("journal"),
+        )
+        .unwrap();
+    }
+
     fn copy_dir(from: &Path, to: &Path) {
         std::fs::create_dir_all(to).unwrap();
         for entry in std::fs::read_dir(from).unwrap() {
@@ -1226,13 +1241,7 @@ mod tests {
             ..config()
         };
         // A copy of the catalog as its files are before the revocation.
-        catalog.make_durable().unwrap();
-        copy_dir(&dir.path().join("catalog"), &dir.path().join("copy"));
-        std::fs::copy(
-            dir.path().join("catalog.journal"),
-            dir.path().join("copy.journal"),
-        )
-        .unwrap();
+        snapshot_catalog(&catalog, dir.path());
 
         let revoked = |c: &Catalog| c.key("t", &second.key_id).unwrap().revoked;
         let revoke = |id: &str| Command::RevokeKey { key_id: id.into() };
@@ -1281,7 +1290,7 @@ mod tests {
         // revocation), the replay revokes the key there too.
         core.take_wal().unwrap().close().unwrap();
         drop(core);
-        let copy = Arc::new(Catalog::open(&dir.path().join("copy")).unwrap());
+        let copy = Arc::new(Catalog::open(&dir.path().join(SNAPSHOT)).unwrap());
         assert!(!revoked(&copy));
         let with_copy = CoreConfig {
             catalog: Some(Arc::clone(&copy)),
@@ -1301,13 +1310,7 @@ mod tests {
             catalog: Some(Arc::clone(&catalog)),
             ..config()
         };
-        catalog.make_durable().unwrap();
-        copy_dir(&dir.path().join("catalog"), &dir.path().join("copy"));
-        std::fs::copy(
-            dir.path().join("catalog.journal"),
-            dir.path().join("copy.journal"),
-        )
-        .unwrap();
+        snapshot_catalog(&catalog, dir.path());
 
         let mut core = open(dir.path(), &config);
         assert!(core.handle(Command::CreateKey, &who(), 1).is_none());
@@ -1338,7 +1341,7 @@ mod tests {
         drop(core);
 
         // A crash: the copy's files never saw the key; the replay adds it, secret and all.
-        let copy = Arc::new(Catalog::open(&dir.path().join("copy")).unwrap());
+        let copy = Arc::new(Catalog::open(&dir.path().join(SNAPSHOT)).unwrap());
         assert!(copy.key("t", key_id).is_none());
         let with_copy = CoreConfig {
             catalog: Some(Arc::clone(&copy)),

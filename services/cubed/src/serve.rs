@@ -110,7 +110,8 @@ pub async fn run(
                     guard.start(SPACE_CHECK_EVERY);
                     guard
                 }),
-                catalog: Some(Arc::clone(&catalog)),
+                // Each tenant gets the directory's catalog when it opens.
+                catalog: None,
             },
             mailbox_capacity: config.mailbox_capacity,
             actor_threads: config.actor_threads,

@@ -394,9 +394,7 @@ impl TenantDirectory {
         let state_dir = self.config.data_dir.tenant_state(tenant);
         let mut config = self.config.core.clone();
         config.wal.sync = self.policy_of(tenant);
-        if config.catalog.is_none() {
-            config.catalog = self.catalog.clone();
-        }
+        config.catalog = self.catalog.clone();
         let name = tenant.to_string();
         // The syncer reports to the actor, which does not exist until the WAL is open.
         let addr_slot: Arc<OnceLock<Addr<TenantActor>>> = Arc::new(OnceLock::new());

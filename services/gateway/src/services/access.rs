@@ -55,9 +55,7 @@ impl AccessService {
         grant: &[Capability],
         revoke: &[Capability],
     ) -> Result<Vec<i32>, Status> {
-        if key_id.is_empty() {
-            return Err(ApiError::Invalid("key_id is required".into()).into());
-        }
+        // The tenant's core checks the key id (empty, unknown, another tenant's, revoked).
         let cmd = Command::ChangeCapabilities {
             key_id: key_id.to_string(),
             grant: grant.to_vec(),

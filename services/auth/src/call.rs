@@ -145,12 +145,34 @@ impl CallSignature {
         nonce: &str,
         sig_hex: &str,
     ) -> bool {
+        Self::verify_prepared(
+            &PreparedKey::new(secret),
+            method_path,
+            tenant,
+            key_id,
+            ts_ms,
+            nonce,
+            sig_hex,
+        )
+    }
+
+    /// [`CallSignature::verify_parts`] with the key already prepared (the server keeps one per
+    /// key, so a check hashes only the call's fields).
+    pub fn verify_prepared(
+        key: &PreparedKey,
+        method_path: &str,
+        tenant: &str,
+        key_id: &str,
+        ts_ms: i64,
+        nonce: &str,
+        sig_hex: &str,
+    ) -> bool {
         use subtle_eq::ct_eq;
         let mut sig = [0u8; 32];
         if sig_hex.len() != 64 || hex::decode_to_slice(sig_hex, &mut sig).is_err() {
             return false;
         }
-        let expected = PreparedKey::new(secret).call_mac(method_path, tenant, key_id, ts_ms, nonce);
+        let expected = key.call_mac(method_path, tenant, key_id, ts_ms, nonce);
         ct_eq(&expected, &sig)
     }
 }
@@ -230,6 +252,27 @@ mod tests {
             hex::encode(mac),
             "a5befc7529906f3b79aec5655c8d4ab40a30a1d6a13db8bf42672603dfa873d3"
         );
+    }
+
+    #[test]
+    fn the_prepared_check_accepts_the_test_vector_and_nothing_else() {
+        let key = PreparedKey::new(&vector_secret());
+        let sig = "a5befc7529906f3b79aec5655c8d4ab40a30a1d6a13db8bf42672603dfa873d3";
+        let check = |path: &str, sig: &str| {
+            CallSignature::verify_prepared(
+                &key,
+                path,
+                "acme",
+                "k1",
+                1_700_000_000_000,
+                "000102030405060708090a0b0c0d0e0f",
+                sig,
+            )
+        };
+        assert!(check("/cube.v1.Cells/Write", sig));
+        assert!(!check("/cube.v1.Cells/Read", sig));
+        assert!(!check("/cube.v1.Cells/Write", &sig.replace('a', "b")));
+        assert!(!check("/cube.v1.Cells/Write", &sig[..62]));
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use cube_auth::{CallSignature, Secret, headers};
+use cube_auth::{CallSignature, headers};
 use cube_store::{Catalog, Command, TenantDirectory};
 use std::future::Future;
 use std::pin::Pin;
@@ -292,8 +292,8 @@ impl Authenticator {
                     "unknown or revoked key '{key_id}' for tenant '{tenant}'"
                 ))
             })?;
-        if !CallSignature::verify_parts(
-            &Secret::from_bytes(key.secret),
+        if !CallSignature::verify_prepared(
+            key.prepared_key(),
             path,
             tenant,
             key_id,

@@ -263,6 +263,7 @@ mod tests {
             secret: [0; 32],
             capabilities: vec![],
             revoked: false,
+            prepared: Default::default(),
         })
     }
 

@@ -42,11 +42,40 @@ pub struct KeyInfo {
     pub secret: [u8; 32],
     pub capabilities: Vec<Capability>,
     pub revoked: bool,
+    /// The secret as an HMAC key with its pads hashed, made on first use: a per-call signature
+    /// check then hashes only the call's own fields.
+    pub prepared: PreparedOnce,
 }
 
 impl KeyInfo {
     pub fn has(&self, cap: Capability) -> bool {
         self.capabilities.contains(&cap)
+    }
+
+    /// The secret prepared for HMAC (see [`KeyInfo::prepared`]).
+    pub fn prepared_key(&self) -> &cube_auth::PreparedKey {
+        self.prepared.0.get_or_init(|| {
+            cube_auth::PreparedKey::new(&cube_auth::Secret::from_bytes(self.secret))
+        })
+    }
+}
+
+/// A [`cube_auth::PreparedKey`] computed once from a [`KeyInfo`]'s secret. It is derived from the
+/// secret alone, so two keys compare equal whatever either has cached.
+#[derive(Clone, Default)]
+pub struct PreparedOnce(std::sync::OnceLock<cube_auth::PreparedKey>);
+
+impl PartialEq for PreparedOnce {
+    fn eq(&self, _: &PreparedOnce) -> bool {
+        true
+    }
+}
+
+impl Eq for PreparedOnce {}
+
+impl std::fmt::Debug for PreparedOnce {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PreparedOnce(..)")
     }
 }
 
@@ -733,6 +762,7 @@ fn fresh_key(tenant: &str, capabilities: Vec<Capability>) -> KeyInfo {
         secret: rand_secret(),
         capabilities,
         revoked: false,
+        prepared: PreparedOnce::default(),
     }
 }
 
@@ -820,6 +850,7 @@ fn decode_key(name: &[u8], value: &[u8]) -> Result<KeyInfo, String> {
         secret,
         capabilities: record.capabilities,
         revoked: record.revoked,
+        prepared: PreparedOnce::default(),
     })
 }
 
@@ -835,6 +866,22 @@ mod tests {
         for bad in ["", "-a", "A", "a_b", "a/b", "..", &"a".repeat(64), "é"] {
             assert!(validate_tenant_name(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_keys_prepared_hmac_key_is_its_secrets() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Catalog::open(&dir.path().join("catalog")).unwrap();
+        let key = c.create_tenant("acme").unwrap();
+        let from_catalog = c.key("acme", &key.key_id).unwrap();
+        let mac =
+            |k: &cube_auth::PreparedKey| k.call_mac("/cube.v1.Cells/Read", "acme", "k", 1, "n");
+        let direct = cube_auth::PreparedKey::new(&cube_auth::Secret::from_bytes(key.secret));
+        assert_eq!(mac(from_catalog.prepared_key()), mac(&direct));
+        // Cached from the first use on, and still the secret's own.
+        assert_eq!(mac(from_catalog.prepared_key()), mac(&direct));
+        let other = c.create_tenant("other").unwrap();
+        assert_ne!(mac(other.prepared_key()), mac(&direct));
     }
 
     fn reopen(path: &Path) -> Catalog {

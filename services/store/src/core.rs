@@ -918,6 +918,7 @@ fn apply_key_edit(
             secret: *secret,
             capabilities: capabilities.clone(),
             revoked: false,
+            prepared: Default::default(),
         }),
     }
 }

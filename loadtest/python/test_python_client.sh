@@ -104,13 +104,14 @@ EOF
 then ok "dev-credentials.json: shape, mode 0600, endpoint of the ready line"; else bad "dev-credentials.json: shape, mode 0600, endpoint of the ready line"; fi
 
 # 3-4. per-call signing
-expect_out "per-call: write (1,-2,3)" '{"seq":1,"version":1}' \
+# seq 2: demo's log starts with its tenant.create event.
+expect_out "per-call: write (1,-2,3)" '{"seq":2,"version":1}' \
   --credentials "$DEMO" --auth call write 1 -2 3 hello-call
 expect_out "per-call: read (1,-2,3)" '{"found":true,"sealed":false,"value":"hello-call","version":1}' \
   --credentials "$DEMO" --auth call read 1 -2 3
 
 # 5-6. per-connection handshake (Challenge + Hello, server_mac checked, unsigned calls after)
-expect_out "per-connection: write (1,-2,3) with expected_version 1" '{"seq":2,"version":2}' \
+expect_out "per-connection: write (1,-2,3) with expected_version 1" '{"seq":3,"version":2}' \
   --credentials "$DEMO" --auth connection write 1 -2 3 hello-conn --expected-version 1
 expect_out "per-connection: read (1,-2,3)" '{"found":true,"sealed":false,"value":"hello-conn","version":2}' \
   --credentials "$DEMO" --auth connection read 1 -2 3

@@ -17,7 +17,7 @@ use cube_api::v1::{
 use cube_auth::{Credentials, Secret};
 use cube_store::{
     Catalog, CatalogOpenError, Command, DataDir, KeyInfo, Reply, StoreError, SyncPolicy,
-    describe_policy, record_event_offline, run_offline,
+    describe_policy, open_offline, record_event_offline, run_offline,
 };
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
@@ -148,7 +148,13 @@ fn local(data: &DataDir, catalog: &Arc<Catalog>, op: &Op<'_>) -> anyhow::Result<
     Ok(match op {
         Op::CreateTenant(name) => {
             let key = catalog.create_tenant(name)?;
-            record(&key.tenant, "tenant.create", format!("key={}", key.key_id))?;
+            // The tenant's first open logs its `tenant.create` entry as its log's first record.
+            if let Err(e) = open_offline(data, catalog, &key.tenant) {
+                eprintln!(
+                    "cubed: warning: the tenant was created but could not be opened (its first \
+                     open will record its creation): {e}"
+                );
+            }
             Outcome::Credentials(credentials(&key))
         }
         Op::CreateKey(tenant) => {

@@ -425,6 +425,22 @@ impl Catalog {
     }
 
     /// Whether `tenant` has any key in the in-memory copy (no disk access: for hot paths).
+    /// The ids of `tenant`'s unrevoked keys, sorted (none for an unknown tenant).
+    pub fn active_key_ids(&self, tenant: &str) -> Vec<String> {
+        let cache = self.cache.read().unwrap_or_else(|p| p.into_inner());
+        let mut ids: Vec<String> = cache
+            .get(tenant)
+            .map(|keys| {
+                keys.values()
+                    .filter(|k| !k.revoked)
+                    .map(|k| k.key_id.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        ids.sort();
+        ids
+    }
+
     pub fn has_tenant(&self, tenant: &str) -> bool {
         self.cache
             .read()

@@ -176,41 +176,109 @@ pub fn run_offline(
     principal: &str,
     cmd: Command,
 ) -> Result<Reply, StoreError> {
+    offline(data_dir, catalog, tenant, principal, Some(cmd))?.unwrap_or_else(|| {
+        Err(StoreError::Unavailable(format!(
+            "tenant '{tenant}': the change was not answered"
+        )))
+    })
+}
+
+/// Open a tenant while no server runs, so that a new tenant's log starts with its creation
+/// (see [`creation_event`]), and close it again.
+pub fn open_offline(
+    data_dir: &DataDir,
+    catalog: &Arc<Catalog>,
+    tenant: &str,
+) -> Result<(), StoreError> {
+    offline(data_dir, catalog, tenant, CREATOR, None).map(|_| ())
+}
+
+/// [`run_offline`] of `cmd`, if any: `Ok(None)` when there was none, else its answer.
+fn offline(
+    data_dir: &DataDir,
+    catalog: &Arc<Catalog>,
+    tenant: &str,
+    principal: &str,
+    cmd: Option<Command>,
+) -> Result<Option<Result<Reply, StoreError>>, StoreError> {
     let config = CoreConfig {
         catalog: Some(Arc::clone(catalog)),
         ..CoreConfig::default()
     };
-    let (mut core, _) = TenantCore::<()>::open(
+    let (mut core, report) = TenantCore::<bool>::open(
         tenant,
         &data_dir.tenant_wal(tenant),
         &data_dir.tenant_state(tenant),
         &config,
         None,
     )?;
-    let caller = Caller {
-        principal: principal.to_string(),
-        ts_ms: now_ms(),
+    let mut answer = None;
+    // The token says whose answer it is: `cmd`'s (true) or the creation entry's (false).
+    let mut take = |token: bool, reply: Result<Reply, StoreError>| match (token, reply) {
+        (true, r) => answer = Some(r),
+        (false, Err(e)) => {
+            tracing::error!(tenant, error = %e, "the tenant's creation entry could not be logged")
+        }
+        (false, Ok(_)) => {}
     };
-    let immediate = core.handle(cmd, &caller, ());
+    if let Some(event) = creation_event(Some(catalog), tenant, &report) {
+        let caller = Caller {
+            principal: CREATOR.to_string(),
+            ts_ms: now_ms(),
+        };
+        if let Some((t, r)) = core.handle(event, &caller, false) {
+            take(t, r);
+        }
+    }
+    if let Some(cmd) = cmd {
+        let caller = Caller {
+            principal: principal.to_string(),
+            ts_ms: now_ms(),
+        };
+        if let Some((t, r)) = core.handle(cmd, &caller, true) {
+            take(t, r);
+        }
+    }
     let synced = core.take_wal().map(cube_wal::WalShard::close);
     let Some(Ok(durable)) = synced else {
         return Err(StoreError::Unavailable(format!(
             "tenant '{tenant}': the change could not be synced"
         )));
     };
-    let mut answer = immediate.map(|(_, r)| r);
-    for (_, r) in core.on_durable(cube_wal::DurableEvent::Durable(durable)) {
-        answer = Some(r);
+    for (t, r) in core.on_durable(cube_wal::DurableEvent::Durable(durable)) {
+        take(t, r);
     }
     if let Some(job) = core.begin_checkpoint() {
         let seq = job.seq;
         let r = job.run();
         core.finish_checkpoint(seq, r);
     }
-    answer.unwrap_or_else(|| {
-        Err(StoreError::Unavailable(format!(
-            "tenant '{tenant}': the change was not answered"
-        )))
+    Ok(answer)
+}
+
+/// Principal of a tenant's creation entry (as of the admin commands that create tenants).
+const CREATOR: &str = "operator";
+
+/// The entry a new tenant's log starts with: `tenant.create`, naming the key(s) the tenant was
+/// created with. The catalog makes the tenant first (it must exist to be opened), so the entry
+/// is written by the tenant's first open, before anything else reaches its log: a crash in
+/// between leaves a tenant whose log is still empty, and its next open writes the entry then.
+/// `None` for a log that already holds records, or a tenant the catalog does not know.
+fn creation_event(
+    catalog: Option<&Arc<Catalog>>,
+    tenant: &str,
+    report: &cube_wal::RecoveryReport,
+) -> Option<Command> {
+    if report.last_seq != 0 {
+        return None;
+    }
+    let keys = catalog?.active_key_ids(tenant);
+    if keys.is_empty() {
+        return None;
+    }
+    Some(Command::Event {
+        op: "tenant.create".into(),
+        detail: format!("key={}", keys.join(",")),
     })
 }
 
@@ -404,19 +472,19 @@ impl TenantDirectory {
                 addr.do_send(Durable(event));
             }
         });
-        let core = tokio::task::spawn_blocking(move || {
+        let (core, report) = tokio::task::spawn_blocking(move || {
             TenantCore::open(&name, &wal_dir, &state_dir, &config, Some(notify))
         })
         .await
-        .map_err(|_| StoreError::Unavailable(format!("tenant '{tenant}' failed to open")))??
-        .0;
+        .map_err(|_| StoreError::Unavailable(format!("tenant '{tenant}' failed to open")))??;
+        let creation = creation_event(self.catalog.as_ref(), tenant, &report);
         let reader = core.state().reader();
         let stats = core.stats();
         let durability: Arc<str> = describe_policy(&core.policy()).into();
         let addr =
             TenantActor::start_in_arbiter(self.runtime.pick(), move |_| TenantActor::new(core));
         let _ = addr_slot.set(addr.clone());
-        Ok(TenantHandle {
+        let handle = TenantHandle {
             tenant: tenant.into(),
             addr,
             mailbox_capacity: self.config.mailbox_capacity,
@@ -425,7 +493,20 @@ impl TenantDirectory {
             reader,
             stats,
             durability,
-        })
+        };
+        // Logged before the handle is handed to anyone, so it is the log's first record. If it
+        // cannot be (a full disk: the tenant opened for reads only), the tenant still serves
+        // reads; its trail then starts without the entry.
+        if let Some(event) = creation {
+            let logged = match handle.try_call(event, CREATOR).await {
+                Ok(result) => result.map(|_| ()),
+                Err(_) => Err(stopped()),
+            };
+            if let Err(e) = logged {
+                tracing::error!(tenant, error = %e, "the tenant's creation entry could not be logged");
+            }
+        }
+        Ok(handle)
     }
 
     /// Over the open-tenant cap: passivate the least recently used idle tenants (not `keep`).

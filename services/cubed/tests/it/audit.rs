@@ -72,6 +72,7 @@ async fn changes_and_security_events_form_a_verifiable_chain() {
     assert_eq!(
         ops,
         vec![
+            "tenant.create",
             "write",
             "write",
             "write",
@@ -82,15 +83,16 @@ async fn changes_and_security_events_form_a_verifiable_chain() {
         ]
     );
     let demo = format!("demo/{}", server.demo.key_id);
-    assert_eq!(entries[0].principal, demo);
-    assert_eq!(entries[4].principal, "operator");
-    assert!(entries[5].detail.contains(&second.key_id));
+    assert_eq!(entries[0].principal, "operator");
+    assert_eq!(entries[1].principal, demo);
+    assert_eq!(entries[5].principal, "operator");
+    assert!(entries[6].detail.contains(&second.key_id));
     assert!(
-        entries[6].detail.contains("model=call"),
+        entries[7].detail.contains("model=call"),
         "{}",
-        entries[6].detail
+        entries[7].detail
     );
-    assert_eq!(verify_audit_entries(&entries), Ok(7));
+    assert_eq!(verify_audit_entries(&entries), Ok(8));
     // Paging continues exactly where a page stopped.
     let page = trail(&server, 3, 2).await;
     assert_eq!(page.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![3, 4]);
@@ -105,7 +107,8 @@ async fn a_tampered_entry_is_named_by_verification() {
         c.write(write(x, 0, 0, b"v")).await.unwrap();
     }
     let before = trail(&server, 0, 0).await;
-    assert_eq!(verify_audit_entries(&before), Ok(4));
+    // demo's creation, then the four writes.
+    assert_eq!(verify_audit_entries(&before), Ok(5));
     let victim = before
         .iter()
         .find(|e| e.detail.starts_with("coord=(2, 0, 0)"))
@@ -209,4 +212,66 @@ async fn key_creations_and_revocations_are_in_the_trail_online_and_offline() {
         ]
     );
     assert_eq!(verify_audit_entries(&entries), Ok(entries.len()));
+}
+
+/// A tenant's trail starts with its creation, as the first record of its log, however it was
+/// created: at the first start (demo), through the admin socket, with the server stopped, or by
+/// a catalog change whose server died before it opened the tenant (its first open writes it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_tenants_trail_starts_with_its_creation() {
+    let mut server = TestServer::start(cubed()).unwrap();
+    let online = server.create_tenant("online").unwrap();
+    tokio::task::block_in_place(|| server.sigterm()).unwrap();
+    let offline = tokio::task::block_in_place(|| server.create_tenant("offline")).unwrap();
+    // What a crash right after the catalog made the tenant leaves: the tenant, no log.
+    let unopened = {
+        let catalog = cube_store::Catalog::open(&server.data_dir().join("catalog")).unwrap();
+        let key = catalog.create_tenant("unopened").unwrap();
+        Credentials {
+            tenant: key.tenant.clone(),
+            key_id: key.key_id.clone(),
+            secret: Secret::from_bytes(key.secret).to_hex(),
+            endpoint: None,
+        }
+    };
+    tokio::task::block_in_place(|| server.restart()).unwrap();
+    for creds in [&server.demo.clone(), &online, &offline, &unopened] {
+        let mut c = server.cells(creds).await.unwrap();
+        c.write(write(1, 2, 3, b"v")).await.unwrap();
+        let mut t = TenantClient::new(server.signed(creds).await.unwrap());
+        let mut s = t
+            .audit(AuditRequest {
+                from_seq: 0,
+                limit: 0,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let mut entries = Vec::new();
+        while let Some(e) = s.message().await.unwrap() {
+            entries.push(e);
+        }
+        let principal = format!("{}/{}", creds.tenant, creds.key_id);
+        let ops: Vec<(u64, &str, &str)> = entries
+            .iter()
+            .map(|e| (e.seq, e.op.as_str(), e.principal.as_str()))
+            .collect();
+        assert_eq!(
+            ops[..2],
+            [
+                (1, "tenant.create", "operator"),
+                (2, "write", principal.as_str())
+            ],
+            "{}: {ops:?}",
+            creds.tenant
+        );
+        assert_eq!(entries[0].detail, format!("key={}", creds.key_id));
+        assert_eq!(
+            entries.iter().filter(|e| e.op == "tenant.create").count(),
+            1,
+            "{}",
+            creds.tenant
+        );
+        assert_eq!(verify_audit_entries(&entries), Ok(entries.len()));
+    }
 }

@@ -152,7 +152,8 @@ async fn write_then_graceful_restart_then_read() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!((r.version, r.seq), (1, 1));
+    // Seq 1 is demo's creation entry, the first record of its log.
+    assert_eq!((r.version, r.seq), (1, 2));
     assert!(server.wal_segment("demo", 1).exists());
     assert!(
         tokio::task::block_in_place(|| server.sigterm())
@@ -164,7 +165,7 @@ async fn write_then_graceful_restart_then_read() {
     assert!(!server.wal_segment("demo", 1).exists());
     // ...but for an empty segment holding the log's place, so an older state store is refused.
     assert_eq!(
-        std::fs::metadata(server.wal_segment("demo", 2))
+        std::fs::metadata(server.wal_segment("demo", 3))
             .unwrap()
             .len(),
         0
@@ -180,7 +181,7 @@ async fn write_then_graceful_restart_then_read() {
     assert_eq!((r.value.as_slice(), r.version), (&b"kept"[..], 1));
     // Sequence numbers continue after the restart.
     let r = c.write(write(0, 0, 0, b"next")).await.unwrap().into_inner();
-    assert_eq!(r.seq, 2);
+    assert_eq!(r.seq, 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -75,8 +75,12 @@ impl Admin for AdminService {
             .catalog()?
             .create_tenant(&req.into_inner().name)
             .map_err(ApiError::from)?;
-        self.record(&key.tenant, "tenant.create", format!("key={}", key.key_id))
-            .await;
+        // The tenant's first open logs its `tenant.create` entry as the first record of its log.
+        if let Some(directory) = &self.directory
+            && let Err(e) = directory.get(&key.tenant).await
+        {
+            tracing::error!(tenant = %key.tenant, error = %e, "the new tenant could not be opened; its first open will log its creation");
+        }
         Ok(Response::new(v1::CreateTenantResponse {
             credentials: Some(credentials(&key)),
         }))

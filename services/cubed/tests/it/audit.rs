@@ -13,7 +13,16 @@ use cube_testkit::TestServer;
 use crate::{coord, cubed, read, write};
 
 async fn trail(server: &TestServer, from: u64, limit: u32) -> Vec<AuditEntry> {
-    let mut t = TenantClient::new(server.signed(&server.demo).await.unwrap());
+    trail_of(server, &server.demo, from, limit).await
+}
+
+async fn trail_of(
+    server: &TestServer,
+    creds: &Credentials,
+    from: u64,
+    limit: u32,
+) -> Vec<AuditEntry> {
+    let mut t = TenantClient::new(server.signed(creds).await.unwrap());
     let mut s = t
         .audit(AuditRequest {
             from_seq: from,
@@ -238,19 +247,7 @@ async fn every_tenants_trail_starts_with_its_creation() {
     for creds in [&server.demo.clone(), &online, &offline, &unopened] {
         let mut c = server.cells(creds).await.unwrap();
         c.write(write(1, 2, 3, b"v")).await.unwrap();
-        let mut t = TenantClient::new(server.signed(creds).await.unwrap());
-        let mut s = t
-            .audit(AuditRequest {
-                from_seq: 0,
-                limit: 0,
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        let mut entries = Vec::new();
-        while let Some(e) = s.message().await.unwrap() {
-            entries.push(e);
-        }
+        let entries = trail_of(&server, creds, 0, 0).await;
         let principal = format!("{}/{}", creds.tenant, creds.key_id);
         let ops: Vec<(u64, &str, &str)> = entries
             .iter()

@@ -17,7 +17,7 @@ use cube_api::v1::{
 use cube_auth::{Credentials, Secret};
 use cube_store::{
     Catalog, CatalogOpenError, Command, DataDir, KeyInfo, Reply, StoreError, SyncPolicy,
-    describe_policy, open_offline, record_event_offline, run_offline,
+    describe_policy, open_offline, run_offline,
 };
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
@@ -134,17 +134,7 @@ fn credentials(k: &KeyInfo) -> Credentials {
 const OPERATOR: &str = "operator";
 
 fn local(data: &DataDir, catalog: &Arc<Catalog>, op: &Op<'_>) -> anyhow::Result<Outcome> {
-    // The server is stopped, so the CLI writes the audit event into the tenant's log itself.
-    // The catalog change is made (and a new secret exists only in this process): a failure to
-    // record it must not swallow the credentials, so it is reported, not returned.
-    let record = |tenant: &str, op: &str, detail: String| -> anyhow::Result<()> {
-        if let Err(e) = record_event_offline(data, catalog, tenant, OPERATOR, op, detail) {
-            eprintln!(
-                "cubed: warning: the change was made but its audit event could not be recorded: {e}"
-            );
-        }
-        Ok(())
-    };
+    // The server is stopped, so the CLI runs each change through the tenant's log itself.
     Ok(match op {
         Op::CreateTenant(name) => {
             let key = catalog.create_tenant(name)?;
@@ -199,9 +189,25 @@ fn local(data: &DataDir, catalog: &Arc<Catalog>, op: &Op<'_>) -> anyhow::Result<
             Outcome::Active(catalog.key(tenant, key).is_some_and(|k| !k.revoked))
         }
         Op::SetDurability(tenant, policy) => {
-            catalog.set_durability(tenant, *policy)?;
+            if !catalog.tenant_exists(tenant)? {
+                return Err(StoreError::NotFound(format!("no tenant named '{tenant}'")).into());
+            }
+            // One record of the tenant's log holds the new policy and its audit entry.
+            let cmd = Command::SetDurability { policy: *policy };
+            match run_offline(data, catalog, tenant, OPERATOR, cmd) {
+                Ok(_) => {}
+                Err(e @ (StoreError::InvalidArgument(_) | StoreError::NotFound(_))) => {
+                    return Err(e.into());
+                }
+                Err(e) => {
+                    eprintln!(
+                        "cubed: warning: the tenant's log could not take the durability change \
+                         ({e}); setting it through the catalog, without an audit entry"
+                    );
+                    catalog.set_durability(tenant, *policy)?;
+                }
+            }
             let durability = describe_policy(policy);
-            record(tenant, "durability", format!("policy={durability}"))?;
             Outcome::Durability {
                 durability,
                 applied_now: true,

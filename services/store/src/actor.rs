@@ -24,9 +24,12 @@ pub(crate) struct Responder {
 
 impl Responder {
     fn send(self, result: Result<Reply, StoreError>) {
+        let Responder { tx, permit } = self;
+        // Released before the answer goes out, so a caller acting on the answer (closing the
+        // now idle tenant, as a durability change does) never finds its own request in flight.
+        drop(permit);
         // The caller may have given up (deadline, disconnect); its write still stands.
-        let _ = self.tx.send(result);
-        drop(self.permit);
+        let _ = tx.send(result);
     }
 }
 

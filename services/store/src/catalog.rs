@@ -691,47 +691,56 @@ impl Catalog {
         })
     }
 
-    /// Set the tenant's durability policy; it applies from the tenant's next open.
+    /// Set the tenant's durability policy through the catalog's journal; it applies from the
+    /// tenant's next open. The servers and the CLI change it through the tenant's log instead
+    /// (`Command::SetDurability`, with its audit entry) and come here only when that log cannot
+    /// take it.
     pub fn set_durability(
         &self,
         tenant: &str,
         policy: cube_wal::SyncPolicy,
     ) -> Result<(), StoreError> {
         let st = self.lock_changes();
+        let op = self.durability_op(tenant, policy)?;
+        self.commit(st, vec![op], &[])
+    }
+
+    /// Set the durability policy of a logged change (a tenant's `Op::Durability`, applied or
+    /// replayed), in sled only, like [`Catalog::apply_logged_capabilities`]: the tenant's
+    /// checkpoint makes it durable ([`Catalog::make_durable`]) before the record can go.
+    pub fn apply_logged_durability(
+        &self,
+        tenant: &str,
+        policy: cube_wal::SyncPolicy,
+    ) -> Result<bool, StoreError> {
+        let _st = self.lock_changes();
+        self.refuse_if_failed()?;
+        let op = self.durability_op(tenant, policy)?;
+        insert_ops(&self.tenants, &self.keys, vec![op])
+            .map_err(|e| storage("apply a change", e))?;
+        Ok(true)
+    }
+
+    /// The tenant record with `policy`, as a catalog write.
+    fn durability_op(&self, tenant: &str, policy: cube_wal::SyncPolicy) -> Result<Op, StoreError> {
+        check_policy(&policy)?;
         let mut record = self.tenant_record(tenant)?;
         record.relaxed = match policy {
             cube_wal::SyncPolicy::Always => None,
             cube_wal::SyncPolicy::Relaxed {
                 max_delay,
                 max_records,
-            } => {
-                if max_delay.is_zero()
-                    || max_delay > MAX_RELAXED_DELAY
-                    || max_records == 0
-                    || max_records > MAX_RELAXED_RECORDS
-                {
-                    return Err(StoreError::InvalidArgument(format!(
-                        "a relaxed policy needs 1 ms <= max_delay <= {} ms and 1 <= max_records \
-                         <= {MAX_RELAXED_RECORDS}",
-                        MAX_RELAXED_DELAY.as_millis()
-                    )));
-                }
-                Some(RelaxedRecord {
-                    max_delay_ms: max_delay.as_millis() as u64,
-                    max_records,
-                })
-            }
+            } => Some(RelaxedRecord {
+                max_delay_ms: max_delay.as_millis() as u64,
+                max_records,
+            }),
         };
         let bytes = serde_json::to_vec(&record).map_err(|e| storage("encode", e))?;
-        self.commit(
-            st,
-            vec![Op {
-                tree: Tree::Tenants,
-                key: tenant.as_bytes().to_vec(),
-                value: bytes,
-            }],
-            &[],
-        )
+        Ok(Op {
+            tree: Tree::Tenants,
+            key: tenant.as_bytes().to_vec(),
+            value: bytes,
+        })
     }
 
     /// Every tenant with its unrevoked key ids, sorted.
@@ -765,6 +774,26 @@ pub enum CatalogOpenError {
     Locked,
     #[error("the catalog could not be opened: {0}")]
     Other(String),
+}
+
+/// INVALID_ARGUMENT unless `policy` is one a tenant may have.
+pub(crate) fn check_policy(policy: &cube_wal::SyncPolicy) -> Result<(), StoreError> {
+    if let cube_wal::SyncPolicy::Relaxed {
+        max_delay,
+        max_records,
+    } = *policy
+        && (max_delay < std::time::Duration::from_millis(1)
+            || max_delay > MAX_RELAXED_DELAY
+            || max_records == 0
+            || max_records > MAX_RELAXED_RECORDS)
+    {
+        return Err(StoreError::InvalidArgument(format!(
+            "a relaxed policy needs 1 ms <= max_delay <= {} ms and 1 <= max_records \
+             <= {MAX_RELAXED_RECORDS}",
+            MAX_RELAXED_DELAY.as_millis()
+        )));
+    }
+    Ok(())
 }
 
 fn key_name(tenant: &str, key_id: &str) -> String {

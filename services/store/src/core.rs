@@ -249,19 +249,19 @@ impl<T> TenantCore<T> {
         // and is reported by `replay_error` rather than as the WAL's error.
         let mut apply_failed: Option<ApplyError> = None;
         // Key changes replayed (capabilities, revocations), for the catalog (in log order).
-        let mut replayed_keys: Vec<KeyChange> = Vec::new();
+        let mut replayed_keys: Vec<CatalogChange> = Vec::new();
         let opened = WalShard::open(
             wal_dir,
             config.wal.clone(),
             start_after,
             &mut |seq, payload| {
                 let op = WalOp::decode(payload).map_err(|e| format!("undecodable record: {e}"))?;
-                if let Some(change) = key_change(seq, &op) {
+                if let Some(change) = catalog_change(seq, &op) {
                     // Checked before the record's batch is applied: without the catalog the
                     // change would be lost once a checkpoint covered its record.
                     if config.catalog.is_none() {
                         return Err(
-                            "the log holds a key change and no catalog was given to apply it to"
+                            "the log holds a catalog change and no catalog was given to apply it to"
                                 .into(),
                         );
                     }
@@ -295,7 +295,7 @@ impl<T> TenantCore<T> {
             .filter(|_| !replayed_keys.is_empty());
         if let Some(catalog) = catalog_to_sync {
             for (_, key_id, edit) in &replayed_keys {
-                apply_key_edit(catalog, tenant, key_id, edit)?;
+                apply_catalog_edit(catalog, tenant, key_id, edit)?;
             }
             tracing::info!(
                 tenant,
@@ -429,6 +429,7 @@ impl<T> TenantCore<T> {
             } => self.prepare_capabilities(key_id, &grant, &revoke, caller),
             Command::RevokeKey { key_id } => self.prepare_key_revocation(key_id, caller),
             Command::CreateKey => self.prepare_key_creation(caller),
+            Command::SetDurability { policy } => self.prepare_durability(policy, caller),
             cmd => self.state.prepare(cmd, caller),
         };
         let (op, reply, effect) = match prepared {
@@ -447,20 +448,20 @@ impl<T> TenantCore<T> {
             Err(e) => return Some((token, Err(self.append_error(&e)))),
         };
         self.bytes_since_checkpoint += self.scratch.len() as u64;
-        match key_change(seq, &op) {
-            Some((_, key_id, KeyEdit::Caps(caps))) => {
+        match catalog_change(seq, &op) {
+            Some((_, key_id, CatalogEdit::Caps(caps))) => {
                 self.pending_caps.insert(key_id, (seq, caps));
             }
-            Some((_, key_id, KeyEdit::Revoke)) => {
+            Some((_, key_id, CatalogEdit::Revoke)) => {
                 self.pending_revokes.insert(key_id);
             }
-            Some((_, _, KeyEdit::Create { .. })) | None => {}
+            Some((_, _, CatalogEdit::Create { .. } | CatalogEdit::Durability(_))) | None => {}
         }
         // A key change (a capability revoked, a key revoked) is never acknowledged before it is
         // durable, whatever the tenant's policy; the changes after it wait behind it.
         let relaxed_ok = !matches!(
             op.op,
-            Some(Op::Caps(_) | Op::KeyRevoke(_) | Op::KeyCreate(_))
+            Some(Op::Caps(_) | Op::KeyRevoke(_) | Op::KeyCreate(_) | Op::Durability(_))
         );
         if relaxed_ok && self.waiting.is_empty() && seq <= self.durable + self.window {
             // Relaxed policy, inside the window: apply and answer before the fsync.
@@ -509,7 +510,7 @@ impl<T> TenantCore<T> {
                 let mut hints = Vec::with_capacity(group.len());
                 let mut key_changes = Vec::new();
                 for w in group {
-                    key_changes.extend(key_change(w.seq, &w.op));
+                    key_changes.extend(catalog_change(w.seq, &w.op));
                     records.push((w.seq, w.op));
                     replies.push((w.token, w.reply, w.seq));
                     hints.extend(w.hint);
@@ -518,7 +519,7 @@ impl<T> TenantCore<T> {
                     .state
                     .apply_hinted(records, hints)
                     .map_err(|e| self.apply_failed(&e))
-                    .and_then(|()| self.apply_key_changes(key_changes));
+                    .and_then(|()| self.apply_catalog_changes(key_changes));
                 match applied {
                     Ok(()) => {
                         if let Some((_, _, last)) = replies.last() {
@@ -609,6 +610,22 @@ impl<T> TenantCore<T> {
         }
     }
 
+    /// Close on this thread: the log's final fdatasync, then a checkpoint. For a core no actor
+    /// runs yet (nobody waits on it).
+    pub fn close_now(mut self) -> Result<(), StoreError> {
+        let Some(wal) = self.take_wal() else {
+            return Ok(());
+        };
+        let durable = wal.close().map_err(|e| open_error(&self.tenant, &e))?;
+        let _ = self.on_durable(DurableEvent::Durable(durable));
+        if let Some(job) = self.begin_checkpoint() {
+            let seq = job.seq;
+            let r = job.run();
+            self.finish_checkpoint(seq, r);
+        }
+        Ok(())
+    }
+
     /// Take the WAL shard out for a final sync on another thread; later writes are refused.
     pub fn take_wal(&mut self) -> Option<WalShard> {
         self.wal.take()
@@ -693,6 +710,21 @@ impl<T> TenantCore<T> {
         Ok(self.state.prepare_key_creation(&key, caller))
     }
 
+    /// Prepare a change of the tenant's durability policy (checked as the catalog checks it).
+    fn prepare_durability(
+        &self,
+        policy: SyncPolicy,
+        caller: &Caller,
+    ) -> Result<Prepared, StoreError> {
+        if self.catalog.is_none() {
+            return Err(StoreError::FailedPrecondition(
+                "the durability cannot be changed here: no catalog".into(),
+            ));
+        }
+        crate::catalog::check_policy(&policy)?;
+        Ok(self.state.prepare_durability(policy, caller))
+    }
+
     /// Prepare the revocation of `key_id`, or answer at once that it was revoked already.
     fn prepare_key_revocation(
         &self,
@@ -722,7 +754,7 @@ impl<T> TenantCore<T> {
     /// Make in the catalog the key changes of records just applied (in log order), so the next
     /// call of those keys sees them. A catalog that cannot take one poisons the tenant: its
     /// record is durable, and reopening replays it.
-    fn apply_key_changes(&mut self, changes: Vec<KeyChange>) -> Result<(), StoreError> {
+    fn apply_catalog_changes(&mut self, changes: Vec<CatalogChange>) -> Result<(), StoreError> {
         if changes.is_empty() {
             return Ok(());
         }
@@ -732,13 +764,13 @@ impl<T> TenantCore<T> {
         };
         self.catalog_dirty = true;
         for (seq, key_id, edit) in changes {
-            if let Err(e) = apply_key_edit(&catalog, &self.tenant, &key_id, &edit) {
+            if let Err(e) = apply_catalog_edit(&catalog, &self.tenant, &key_id, &edit) {
                 tracing::error!(tenant = %self.tenant, error = %e, "a key change could not be applied to the catalog; tenant poisoned until it is reopened");
                 self.poison_after(DurableEvent::WriteFailed { no_space: false });
                 return Err(self.poisoned_error());
             }
             match edit {
-                KeyEdit::Caps(_) => {
+                CatalogEdit::Caps(_) => {
                     if self
                         .pending_caps
                         .get(&key_id)
@@ -747,10 +779,10 @@ impl<T> TenantCore<T> {
                         self.pending_caps.remove(&key_id);
                     }
                 }
-                KeyEdit::Revoke => {
+                CatalogEdit::Revoke => {
                     self.pending_revokes.remove(&key_id);
                 }
-                KeyEdit::Create { .. } => {}
+                CatalogEdit::Create { .. } | CatalogEdit::Durability(_) => {}
             }
         }
         Ok(())
@@ -861,11 +893,11 @@ impl<T> TenantCore<T> {
     }
 }
 
-/// What a record does to one of the tenant's keys in the catalog. (No `Debug`: it may hold a
-/// secret.)
+/// What a record changes in the catalog: one of the tenant's keys, or the tenant's durability.
+/// (No `Debug`: it may hold a secret.)
 #[derive(Clone)]
-enum KeyEdit {
-    /// Its whole new capability set.
+enum CatalogEdit {
+    /// The key's whole new capability set.
     Caps(Vec<Capability>),
     Revoke,
     /// A new key.
@@ -873,24 +905,29 @@ enum KeyEdit {
         secret: [u8; 32],
         capabilities: Vec<Capability>,
     },
+    /// The tenant's durability policy (the key id of its change is empty).
+    Durability(SyncPolicy),
 }
 
-/// A key change of a record: (seq, key id, what).
-type KeyChange = (u64, String, KeyEdit);
+/// A catalog change of a record: (seq, key id, what).
+type CatalogChange = (u64, String, CatalogEdit);
 
-/// The key change a record makes, if it makes one.
-fn key_change(seq: u64, op: &WalOp) -> Option<KeyChange> {
+/// The catalog change a record makes, if it makes one.
+fn catalog_change(seq: u64, op: &WalOp) -> Option<CatalogChange> {
     match &op.op {
+        Some(Op::Durability(d)) => d
+            .policy()
+            .map(|p| (seq, String::new(), CatalogEdit::Durability(p))),
         Some(Op::Caps(c)) => walop::caps_from_wire(&c.capabilities)
-            .map(|caps| (seq, c.key_id.clone(), KeyEdit::Caps(caps))),
-        Some(Op::KeyRevoke(r)) => Some((seq, r.key_id.clone(), KeyEdit::Revoke)),
+            .map(|caps| (seq, c.key_id.clone(), CatalogEdit::Caps(caps))),
+        Some(Op::KeyRevoke(r)) => Some((seq, r.key_id.clone(), CatalogEdit::Revoke)),
         Some(Op::KeyCreate(k)) => {
             let secret: [u8; 32] = k.secret.as_slice().try_into().ok()?;
             let capabilities = walop::caps_from_wire(&k.capabilities)?;
             Some((
                 seq,
                 k.key_id.clone(),
-                KeyEdit::Create {
+                CatalogEdit::Create {
                     secret,
                     capabilities,
                 },
@@ -900,16 +937,16 @@ fn key_change(seq: u64, op: &WalOp) -> Option<KeyChange> {
     }
 }
 
-fn apply_key_edit(
+fn apply_catalog_edit(
     catalog: &Catalog,
     tenant: &str,
     key_id: &str,
-    edit: &KeyEdit,
+    edit: &CatalogEdit,
 ) -> Result<bool, StoreError> {
     match edit {
-        KeyEdit::Caps(caps) => catalog.apply_logged_capabilities(tenant, key_id, caps),
-        KeyEdit::Revoke => catalog.apply_logged_revocation(tenant, key_id),
-        KeyEdit::Create {
+        CatalogEdit::Caps(caps) => catalog.apply_logged_capabilities(tenant, key_id, caps),
+        CatalogEdit::Revoke => catalog.apply_logged_revocation(tenant, key_id),
+        CatalogEdit::Create {
             secret,
             capabilities,
         } => catalog.apply_logged_key_creation(&crate::KeyInfo {
@@ -920,6 +957,7 @@ fn apply_key_edit(
             revoked: false,
             prepared: Default::default(),
         }),
+        CatalogEdit::Durability(policy) => catalog.apply_logged_durability(tenant, *policy),
     }
 }
 
@@ -1203,6 +1241,19 @@ mod tests {
         drop(core);
     }
 
+    /// A catalog at `dir`/catalog with tenant `t`, a core config that uses it, and a snapshot of
+    /// the catalog's files as they are now (see [`snapshot_catalog`]).
+    fn tenant_with_catalog(dir: &Path) -> (Arc<Catalog>, CoreConfig) {
+        let catalog = Arc::new(Catalog::open(&dir.join("catalog")).unwrap());
+        catalog.create_tenant("t").unwrap();
+        let config = CoreConfig {
+            catalog: Some(Arc::clone(&catalog)),
+            ..config()
+        };
+        snapshot_catalog(&catalog, dir);
+        (catalog, config)
+    }
+
     /// Where [`snapshot_catalog`] puts its copy, as a catalog path under the test's directory.
     const SNAPSHOT: &str = "copy";
 
@@ -1229,6 +1280,108 @@ mod tests {
                 std::fs::copy(entry.path(), target).unwrap();
             }
         }
+    }
+
+    #[test]
+    fn a_durability_change_is_logged_applied_to_the_catalog_and_replayed_after_a_crash() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, config) = tenant_with_catalog(dir.path());
+
+        let relaxed = SyncPolicy::Relaxed {
+            max_delay: Duration::from_millis(20),
+            max_records: 64,
+        };
+        let set = |policy| Command::SetDurability { policy };
+        let mut core = open(dir.path(), &config);
+        assert!(matches!(
+            core.handle(
+                set(SyncPolicy::Relaxed {
+                    max_delay: Duration::ZERO,
+                    max_records: 64
+                }),
+                &who(),
+                1
+            ),
+            Some((1, Err(StoreError::InvalidArgument(_))))
+        ));
+        assert!(core.handle(set(relaxed), &who(), 2).is_none());
+        // Logged, not durable: the catalog still has the old policy.
+        assert_eq!(catalog.durability("t").unwrap(), SyncPolicy::Always);
+        assert_eq!(settle(&mut core), vec![(2, Ok(Reply::Recorded { seq: 1 }))]);
+        assert_eq!(catalog.durability("t").unwrap(), relaxed);
+        // The log keeps running under the policy it was opened with.
+        assert_eq!(core.policy(), SyncPolicy::Always);
+        let trail = core.state().reader().audit_page(1, 10).unwrap();
+        assert_eq!(
+            trail
+                .iter()
+                .map(|e| (e.op.as_str(), e.detail.as_str()))
+                .collect::<Vec<_>>(),
+            vec![(
+                "durability",
+                "policy=relaxed(max_delay_ms=20, max_records=64)"
+            )]
+        );
+
+        // A crash: replayed into the copy whose files never saw the change.
+        core.take_wal().unwrap().close().unwrap();
+        drop(core);
+        let copy = Arc::new(Catalog::open(&dir.path().join(SNAPSHOT)).unwrap());
+        assert_eq!(copy.durability("t").unwrap(), SyncPolicy::Always);
+        let with_copy = CoreConfig {
+            catalog: Some(Arc::clone(&copy)),
+            ..config.clone()
+        };
+        let core = open(dir.path(), &with_copy);
+        assert_eq!(
+            copy.durability("t").unwrap(),
+            relaxed,
+            "replay sets the policy"
+        );
+        drop(core);
+    }
+
+    /// A crash that left a durability change in the log only (acknowledged, not yet in the
+    /// catalog's files): the directory's open replays it, and the tenant's log then runs under
+    /// the replayed policy, not the one the catalog's files had when the open began.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_tenant_recovered_with_a_durability_change_runs_under_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_catalog, config) = tenant_with_catalog(dir.path());
+        let data = crate::DataDir::new(dir.path().join("data"));
+        let relaxed = SyncPolicy::Relaxed {
+            max_delay: Duration::from_millis(20),
+            max_records: 64,
+        };
+        let (wal_dir, state_dir) = (data.tenant_wal("t"), data.tenant_state("t"));
+        let mut core = TenantCore::<u32>::open("t", &wal_dir, &state_dir, &config, None)
+            .unwrap()
+            .0;
+        let set = Command::SetDurability { policy: relaxed };
+        assert!(core.handle(set, &who(), 1).is_none());
+        assert_eq!(settle(&mut core).len(), 1);
+        core.take_wal().unwrap().close().unwrap();
+        drop(core);
+
+        let copy = Arc::new(Catalog::open(&dir.path().join(SNAPSHOT)).unwrap());
+        assert_eq!(copy.durability("t").unwrap(), SyncPolicy::Always);
+        let directory = crate::TenantDirectory::new(
+            crate::DirectoryConfig {
+                data_dir: data,
+                // The directory gives each tenant its own catalog (the copy).
+                core: config.clone(),
+                mailbox_capacity: 16,
+                actor_threads: 1,
+                idle_after: Duration::from_secs(3600),
+                max_open: 4,
+            },
+            Some(Arc::clone(&copy)),
+        )
+        .unwrap();
+        let handle = directory.get("t").await.unwrap();
+        assert_eq!(copy.durability("t").unwrap(), relaxed);
+        assert_eq!(handle.log_stats().durability, describe_policy(&relaxed));
+        directory.shutdown().await;
     }
 
     #[test]
@@ -1305,13 +1458,7 @@ mod tests {
     #[test]
     fn a_key_creation_is_logged_applied_to_the_catalog_and_replayed_after_a_crash() {
         let dir = tempfile::tempdir().unwrap();
-        let catalog = Arc::new(Catalog::open(&dir.path().join("catalog")).unwrap());
-        catalog.create_tenant("t").unwrap();
-        let config = CoreConfig {
-            catalog: Some(Arc::clone(&catalog)),
-            ..config()
-        };
-        snapshot_catalog(&catalog, dir.path());
+        let (catalog, config) = tenant_with_catalog(dir.path());
 
         let mut core = open(dir.path(), &config);
         assert!(core.handle(Command::CreateKey, &who(), 1).is_none());

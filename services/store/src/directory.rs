@@ -148,24 +148,6 @@ impl TenantHandle {
     }
 }
 
-/// Append one audit event to a tenant's log while no server runs (the CLI's offline path for
-/// key and tenant changes). Returns once the record is durable and applied. `catalog` is the
-/// catalog the CLI holds (the tenant's log may hold key changes to replay into it).
-pub fn record_event_offline(
-    data_dir: &DataDir,
-    catalog: &Arc<Catalog>,
-    tenant: &str,
-    principal: &str,
-    op: &str,
-    detail: String,
-) -> Result<(), StoreError> {
-    let event = Command::Event {
-        op: op.into(),
-        detail,
-    };
-    run_offline(data_dir, catalog, tenant, principal, event).map(|_| ())
-}
-
 /// Run one command against a tenant while no server runs: open it (recovering its log), handle
 /// the command, close the log (fdatasync), apply, checkpoint. Returns the command's answer once
 /// its change is durable and applied (and in force in `catalog`, for a key change).
@@ -467,13 +449,30 @@ impl TenantDirectory {
         // The syncer reports to the actor, which does not exist until the WAL is open.
         let addr_slot: Arc<OnceLock<Addr<TenantActor>>> = Arc::new(OnceLock::new());
         let notify_slot = Arc::clone(&addr_slot);
-        let notify = Box::new(move |event| {
-            if let Some(addr) = notify_slot.get() {
-                addr.do_send(Durable(event));
-            }
-        });
+        let notify = move || -> cube_wal::DurableNotify {
+            let slot = Arc::clone(&notify_slot);
+            Box::new(move |event| {
+                if let Some(addr) = slot.get() {
+                    addr.do_send(Durable(event));
+                }
+            })
+        };
+        let catalog = self.catalog.clone();
         let (core, report) = tokio::task::spawn_blocking(move || {
-            TenantCore::open(&name, &wal_dir, &state_dir, &config, Some(notify))
+            let (core, report) =
+                TenantCore::open(&name, &wal_dir, &state_dir, &config, Some(notify()))?;
+            // A durability change replayed from the log (acknowledged before a crash, not yet in
+            // the catalog's files) changed the policy this log was opened under: reopen under it.
+            let Some(wanted) = catalog.and_then(|c| c.durability(&name).ok()) else {
+                return Ok((core, report));
+            };
+            if core.policy() == wanted {
+                return Ok((core, report));
+            }
+            core.close_now()?;
+            config.wal.sync = wanted;
+            let (core, _) = TenantCore::open(&name, &wal_dir, &state_dir, &config, Some(notify()))?;
+            Ok::<_, StoreError>((core, report))
         })
         .await
         .map_err(|_| StoreError::Unavailable(format!("tenant '{tenant}' failed to open")))??;

@@ -127,6 +127,11 @@ pub enum Command {
     /// Create a key for the tenant (read and write), likewise one WAL record with its
     /// `key.create` entry.
     CreateKey,
+    /// Set the tenant's durability policy: one WAL record with its `durability` entry, applied
+    /// to the catalog by the tenant's core. The log runs under it from the tenant's next open.
+    SetDurability {
+        policy: cube_wal::SyncPolicy,
+    },
 }
 
 /// Who asks, and when: what the audit entry of a change records.
@@ -959,9 +964,12 @@ impl TenantState {
                     caller,
                 ));
             }
-            Command::ChangeCapabilities { .. } | Command::RevokeKey { .. } | Command::CreateKey => {
+            Command::ChangeCapabilities { .. }
+            | Command::RevokeKey { .. }
+            | Command::CreateKey
+            | Command::SetDurability { .. } => {
                 return Err(StoreError::FailedPrecondition(
-                    "key changes are made by the tenant's core, which has the catalog".into(),
+                    "catalog changes are made by the tenant's core, which has the catalog".into(),
                 ));
             }
         };
@@ -1012,6 +1020,22 @@ impl TenantState {
                 capabilities: key.capabilities.clone(),
                 seq: 0,
             },
+            Effect::Nothing,
+            caller,
+        )
+    }
+
+    /// Log the tenant's new durability `policy` with its `durability` audit entry.
+    pub(crate) fn prepare_durability(
+        &self,
+        policy: cube_wal::SyncPolicy,
+        caller: &Caller,
+    ) -> Prepared {
+        self.log(
+            Op::Durability(walop::Durability::from_policy(policy)),
+            "durability".to_string(),
+            format!("policy={}", crate::core::describe_policy(&policy)),
+            Reply::Recorded { seq: 0 },
             Effect::Nothing,
             caller,
         )
@@ -1434,6 +1458,12 @@ fn apply_one(
             None
         }
         Some(Op::KeyRevoke(_)) => None,
+        Some(Op::Durability(d)) => {
+            if d.policy().is_none() {
+                return Err(bad("record holds a malformed durability policy"));
+            }
+            None
+        }
         Some(Op::KeyCreate(k)) => {
             if k.secret.len() != 32 || walop::caps_from_wire(&k.capabilities).is_none() {
                 return Err(bad("record holds a malformed key"));
@@ -2186,7 +2216,8 @@ mod tests {
                 Command::Event { .. } => Reply::Recorded { seq: 0 },
                 Command::ChangeCapabilities { .. }
                 | Command::RevokeKey { .. }
-                | Command::CreateKey => {
+                | Command::CreateKey
+                | Command::SetDurability { .. } => {
                     return Err("not generated");
                 }
             })

@@ -7,7 +7,7 @@ use prost::Message;
 
 #[derive(Clone, PartialEq, Message)]
 pub struct WalOp {
-    #[prost(oneof = "Op", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11")]
+    #[prost(oneof = "Op", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12")]
     pub op: Option<Op>,
     /// The audit entry recording this change, written in the same record (so atomically).
     #[prost(message, optional, tag = "15")]
@@ -73,6 +73,51 @@ pub enum Op {
     /// does (both live in the data directory, mode 0700).
     #[prost(message, tag = "11")]
     KeyCreate(KeyCreate),
+    /// Set the tenant's durability policy (`Admin.SetDurability`, `cubed tenant durability`).
+    /// Changes no tenant state: applying (or replaying) it sets the policy in the catalog, and
+    /// the tenant's log runs under it from the tenant's next open.
+    #[prost(message, tag = "12")]
+    Durability(Durability),
+}
+
+/// A durability policy: both fields 0 for `sync` (every record fdatasync'ed before it is
+/// acknowledged), both non-zero for `relaxed`.
+#[derive(Clone, PartialEq, Message)]
+pub struct Durability {
+    #[prost(uint64, tag = "1")]
+    pub max_delay_ms: u64,
+    #[prost(uint64, tag = "2")]
+    pub max_records: u64,
+}
+
+impl Durability {
+    pub fn from_policy(policy: cube_wal::SyncPolicy) -> Durability {
+        match policy {
+            cube_wal::SyncPolicy::Always => Durability {
+                max_delay_ms: 0,
+                max_records: 0,
+            },
+            cube_wal::SyncPolicy::Relaxed {
+                max_delay,
+                max_records,
+            } => Durability {
+                max_delay_ms: max_delay.as_millis() as u64,
+                max_records,
+            },
+        }
+    }
+
+    /// `None` for a record that is neither (one field 0, the other not).
+    pub fn policy(&self) -> Option<cube_wal::SyncPolicy> {
+        match (self.max_delay_ms, self.max_records) {
+            (0, 0) => Some(cube_wal::SyncPolicy::Always),
+            (0, _) | (_, 0) => None,
+            (ms, max_records) => Some(cube_wal::SyncPolicy::Relaxed {
+                max_delay: std::time::Duration::from_millis(ms),
+                max_records,
+            }),
+        }
+    }
 }
 
 #[derive(Clone, PartialEq, Message)]

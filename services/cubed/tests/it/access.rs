@@ -165,7 +165,8 @@ enum Stop {
 }
 
 /// Catalog changes are durable when acknowledged, whichever way the server stops: a revoked
-/// capability stays revoked, a granted one stays granted and a revoked key stays revoked. Each is
+/// capability stays revoked, a granted one stays granted, a revoked key stays revoked and a new
+/// durability policy is the one the tenant's log runs under. Each is
 /// durable in the tenant's log when acknowledged; after kill -9 the replay the server runs before
 /// it serves puts it back in force, and at a graceful stop the tenant's checkpoint writes it into
 /// the catalog's files (after which an older journal record of the key, its creation, must not
@@ -199,6 +200,16 @@ async fn acknowledged_catalog_changes_survive(stop: Stop) {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let relaxed = "relaxed(max_delay_ms=7, max_records=50)";
+    let out = crate::set_demo_durability(
+        &server,
+        &["relaxed", "--max-delay-ms", "7", "--max-records", "50"],
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(relaxed),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     tokio::task::block_in_place(|| match stop {
         Stop::Kill9 => server.kill9(),
@@ -223,6 +234,8 @@ async fn acknowledged_catalog_changes_survive(stop: Stop) {
     let mut revoked = server.cells(&gone).await.unwrap();
     let err = revoked.read(read(2, 2, 2)).await.unwrap_err();
     assert_eq!(err.code(), Code::Unauthenticated);
+    // The policy the log runs under, not only the catalog's.
+    assert_eq!(crate::totals(&server).await.durability, relaxed);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -272,3 +272,47 @@ async fn every_tenants_trail_starts_with_its_creation() {
         assert_eq!(verify_audit_entries(&entries), Ok(entries.len()));
     }
 }
+
+/// A durability change is one record of the tenant's log with its `durability` entry, whether
+/// the server makes it (admin socket) or the CLI does with the server stopped; the policy is in
+/// force from the tenant's next open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durability_changes_are_in_the_trail_online_and_offline() {
+    let mut server = TestServer::start(cubed()).unwrap();
+    let set = |server: &TestServer, args: &[&str]| {
+        let out = crate::set_demo_durability(server, args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let relaxed = ["relaxed", "--max-delay-ms", "5", "--max-records", "100"];
+    set(&server, &relaxed);
+    assert_eq!(
+        crate::totals(&server).await.durability,
+        "relaxed(max_delay_ms=5, max_records=100)"
+    );
+    tokio::task::block_in_place(|| server.sigterm()).unwrap();
+    tokio::task::block_in_place(|| set(&server, &["sync"]));
+    tokio::task::block_in_place(|| server.restart()).unwrap();
+    assert_eq!(crate::totals(&server).await.durability, "sync");
+
+    let entries = trail(&server, 0, 0).await;
+    let changes: Vec<(&str, &str)> = entries
+        .iter()
+        .filter(|e| e.op == "durability")
+        .map(|e| (e.principal.as_str(), e.detail.as_str()))
+        .collect();
+    assert_eq!(
+        changes,
+        vec![
+            (
+                "operator",
+                "policy=relaxed(max_delay_ms=5, max_records=100)"
+            ),
+            ("operator", "policy=sync"),
+        ]
+    );
+    assert_eq!(verify_audit_entries(&entries), Ok(entries.len()));
+}

@@ -310,18 +310,10 @@ async fn idle_and_evicted_tenants_are_passivated_and_woken_with_their_data() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relaxed_durability_is_set_online_and_shown_in_stats() {
     let server = TestServer::start(cubed()).unwrap();
-    let out = server
-        .cli(&[
-            "tenant",
-            "durability",
-            "demo",
-            "relaxed",
-            "--max-delay-ms",
-            "5",
-            "--max-records",
-            "100",
-        ])
-        .unwrap();
+    let out = crate::set_demo_durability(
+        &server,
+        &["relaxed", "--max-delay-ms", "5", "--max-records", "100"],
+    );
     assert!(
         out.status.success(),
         "{}",
@@ -341,16 +333,7 @@ async fn relaxed_durability_is_set_online_and_shown_in_stats() {
         totals.durability,
         "relaxed(max_delay_ms=5, max_records=100)"
     );
-    let out = server
-        .cli(&[
-            "tenant",
-            "durability",
-            "demo",
-            "relaxed",
-            "--max-delay-ms",
-            "0",
-        ])
-        .unwrap();
+    let out = crate::set_demo_durability(&server, &["relaxed", "--max-delay-ms", "0"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("max_delay"));
 }

@@ -42,6 +42,17 @@ pub fn read(x: i32, y: i32, z: i32) -> ReadRequest {
     }
 }
 
+/// `cubed tenant durability demo ARGS...` (through the admin socket while the server runs, on
+/// the data directory while it is stopped): the command's output.
+pub fn set_demo_durability(
+    server: &cube_testkit::TestServer,
+    args: &[&str],
+) -> std::process::Output {
+    let mut all = vec!["tenant", "durability", "demo"];
+    all.extend_from_slice(args);
+    server.cli(&all).unwrap()
+}
+
 /// The caller's tenant totals from `Tenant.Stats`.
 pub async fn totals(server: &cube_testkit::TestServer) -> cube_api::v1::TenantTotals {
     let mut t =

@@ -24,24 +24,6 @@ pub(crate) struct AdminService {
 /// Principal of audit entries made through the local admin socket.
 pub(crate) const OPERATOR: &str = "operator";
 
-impl AdminService {
-    /// Record a key event in the tenant's audit trail. The catalog change is already made, so a
-    /// failure here is logged rather than reported as a failed change.
-    async fn record(&self, tenant: &str, op: &str, detail: String) {
-        let Some(directory) = &self.directory else {
-            return;
-        };
-        let event = Command::Event {
-            op: op.into(),
-            detail,
-        };
-        let result = directory.call(tenant, event, OPERATOR).await.map(|_| ());
-        if let Err(e) = result {
-            tracing::error!(tenant, op, error = %e, "could not record an audit event");
-        }
-    }
-}
-
 fn credentials(k: &KeyInfo) -> v1::Credentials {
     v1::Credentials {
         tenant: k.tenant.clone(),
@@ -176,15 +158,40 @@ impl Admin for AdminService {
                 max_records: x.max_records,
             },
         };
-        self.catalog()?
-            .set_durability(&r.tenant, policy)
-            .map_err(ApiError::from)?;
+        let catalog = self.catalog()?;
+        if !catalog.tenant_exists(&r.tenant).map_err(ApiError::from)? {
+            return Err(ApiError::from(StoreError::NotFound(format!(
+                "no tenant named '{}'",
+                r.tenant
+            )))
+            .into());
+        }
         let durability = describe_policy(&policy);
-        self.record(&r.tenant, "durability", format!("policy={durability}"))
-            .await;
         let applied_now = match &self.directory {
-            Some(d) => d.close_tenant(&r.tenant).await,
-            None => false,
+            // One record of the tenant's log holds the new policy and its audit entry; the log
+            // runs under it once the tenant is reopened.
+            Some(directory) => {
+                let cmd = Command::SetDurability { policy };
+                match directory.call(&r.tenant, cmd, OPERATOR).await {
+                    Ok(_) => {}
+                    Err(e @ StoreError::Unavailable(_)) => {
+                        // A tenant whose log is broken can still be given a policy for its
+                        // next open.
+                        tracing::error!(tenant = %r.tenant, error = %e, "the tenant's log could not take the durability change; setting it through the catalog, without an audit entry");
+                        catalog
+                            .set_durability(&r.tenant, policy)
+                            .map_err(ApiError::from)?;
+                    }
+                    Err(e) => return Err(ApiError::from(e).into()),
+                }
+                directory.close_tenant(&r.tenant).await
+            }
+            None => {
+                catalog
+                    .set_durability(&r.tenant, policy)
+                    .map_err(ApiError::from)?;
+                false
+            }
         };
         Ok(Response::new(v1::SetDurabilityResponse {
             durability,

@@ -124,8 +124,8 @@ impl CallSignature {
     /// Constant-time check of `call.sig` for `method_path`. Freshness and replay are the
     /// caller's business.
     pub fn verify(secret: &Secret, method_path: &str, call: &SignedCall) -> bool {
-        Self::verify_parts(
-            secret,
+        Self::verify_prepared(
+            &PreparedKey::new(secret),
             method_path,
             &call.tenant,
             &call.key_id,
@@ -135,29 +135,8 @@ impl CallSignature {
         )
     }
 
-    /// [`CallSignature::verify`] on borrowed metadata values (no allocation: the server's path).
-    pub fn verify_parts(
-        secret: &Secret,
-        method_path: &str,
-        tenant: &str,
-        key_id: &str,
-        ts_ms: i64,
-        nonce: &str,
-        sig_hex: &str,
-    ) -> bool {
-        Self::verify_prepared(
-            &PreparedKey::new(secret),
-            method_path,
-            tenant,
-            key_id,
-            ts_ms,
-            nonce,
-            sig_hex,
-        )
-    }
-
-    /// [`CallSignature::verify_parts`] with the key already prepared (the server keeps one per
-    /// key, so a check hashes only the call's fields).
+    /// [`CallSignature::verify`] on borrowed metadata values with the key already prepared (no
+    /// allocation, and the key's pads hashed once: the server keeps one per key).
     pub fn verify_prepared(
         key: &PreparedKey,
         method_path: &str,

@@ -287,8 +287,8 @@ mod tests {
             // The constant headers are indexable on every call (one byte each once indexed).
             assert!(!h[&H_TENANT].is_sensitive() && !h[&H_KEY].is_sensitive());
             // Indexable or not, every call is signed the same way, and verifies.
-            assert!(CallSignature::verify_parts(
-                &secret,
+            assert!(CallSignature::verify_prepared(
+                &crate::PreparedKey::new(&secret),
                 PATH,
                 value(h, &H_TENANT),
                 value(h, &H_KEY),

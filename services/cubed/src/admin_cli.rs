@@ -148,9 +148,7 @@ fn local(data: &DataDir, catalog: &Arc<Catalog>, op: &Op<'_>) -> anyhow::Result<
             Outcome::Credentials(credentials(&key))
         }
         Op::CreateKey(tenant) => {
-            if !catalog.tenant_exists(tenant)? {
-                return Err(StoreError::NotFound(format!("no tenant named '{tenant}'")).into());
-            }
+            catalog.require_tenant(tenant)?;
             // One record of the tenant's log holds the new key and its audit entry.
             match run_offline(data, catalog, tenant, OPERATOR, Command::CreateKey)? {
                 Reply::KeyCreated { key_id, secret, .. } => Outcome::Credentials(Credentials {
@@ -189,9 +187,7 @@ fn local(data: &DataDir, catalog: &Arc<Catalog>, op: &Op<'_>) -> anyhow::Result<
             Outcome::Active(catalog.key(tenant, key).is_some_and(|k| !k.revoked))
         }
         Op::SetDurability(tenant, policy) => {
-            if !catalog.tenant_exists(tenant)? {
-                return Err(StoreError::NotFound(format!("no tenant named '{tenant}'")).into());
-            }
+            catalog.require_tenant(tenant)?;
             // One record of the tenant's log holds the new policy and its audit entry.
             let cmd = Command::SetDurability { policy: *policy };
             match run_offline(data, catalog, tenant, OPERATOR, cmd) {

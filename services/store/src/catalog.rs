@@ -7,10 +7,10 @@
 //! two are kept in step). Changes are computed and written one at a time, under one lock, from
 //! the newest value of what they change (durable or not), so a read-modify-write (capabilities,
 //! revocation) never loses a concurrent change; authentication sees a change once it is durable.
-//! The exception is a key change made through a tenant (`Access.Grant` / `Revoke`, a key
-//! revocation): the tenant's WAL record is its durable copy, and the tenant makes it here without
-//! the journal ([`Catalog::apply_logged_capabilities`], [`Catalog::apply_logged_revocation`]) and
-//! makes the catalog durable before its checkpoint lets the record go ([`Catalog::make_durable`]).
+//! The exception is a change made through a tenant's log (`Access.Grant` / `Revoke`, a key
+//! created or revoked, a durability policy): the tenant's WAL record is its durable copy, and the
+//! tenant makes it here without the journal (the `apply_logged_*` methods) and makes the catalog
+//! durable before its checkpoint lets the record go ([`Catalog::make_durable`]).
 //! sled holds an exclusive lock on its directory, so while a server runs, the CLI reaches the
 //! catalog through the server's local admin socket instead.
 
@@ -424,7 +424,6 @@ impl Catalog {
         cache.get(tenant)?.get(key_id).cloned()
     }
 
-    /// Whether `tenant` has any key in the in-memory copy (no disk access: for hot paths).
     /// The ids of `tenant`'s unrevoked keys, sorted (none for an unknown tenant).
     pub fn active_key_ids(&self, tenant: &str) -> Vec<String> {
         let cache = self.cache.read().unwrap_or_else(|p| p.into_inner());
@@ -441,11 +440,21 @@ impl Catalog {
         ids
     }
 
+    /// Whether `tenant` has any key in the in-memory copy (no disk access: for hot paths).
     pub fn has_tenant(&self, tenant: &str) -> bool {
         self.cache
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .contains_key(tenant)
+    }
+
+    /// NOT_FOUND unless `tenant` exists.
+    pub fn require_tenant(&self, tenant: &str) -> Result<(), StoreError> {
+        if self.tenant_exists(tenant)? {
+            Ok(())
+        } else {
+            Err(StoreError::NotFound(format!("no tenant named '{tenant}'")))
+        }
     }
 
     pub fn tenant_exists(&self, tenant: &str) -> Result<bool, StoreError> {
@@ -495,9 +504,7 @@ impl Catalog {
     /// Create another key for `tenant` (read and write; admin is granted explicitly).
     pub fn create_key(&self, tenant: &str) -> Result<Arc<KeyInfo>, StoreError> {
         let st = self.lock_changes();
-        if !self.tenant_exists(tenant)? {
-            return Err(StoreError::NotFound(format!("no tenant named '{tenant}'")));
-        }
+        self.require_tenant(tenant)?;
         let info = Arc::new(fresh_key(tenant, vec![Capability::Read, Capability::Write]));
         self.commit(st, vec![key_op(&info)?], &[&info])?;
         Ok(info)
@@ -627,9 +634,7 @@ impl Catalog {
     /// A new key for `tenant` (read and write; admin is granted explicitly), not stored: the
     /// tenant's log records it, and [`Catalog::apply_logged_key_creation`] adds it.
     pub fn draft_key(&self, tenant: &str) -> Result<KeyInfo, StoreError> {
-        if !self.tenant_exists(tenant)? {
-            return Err(StoreError::NotFound(format!("no tenant named '{tenant}'")));
-        }
+        self.require_tenant(tenant)?;
         Ok(fresh_key(tenant, vec![Capability::Read, Capability::Write]))
     }
 
@@ -900,7 +905,7 @@ fn decode_key(name: &[u8], value: &[u8]) -> Result<KeyInfo, String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -938,7 +943,8 @@ mod tests {
         .unwrap()
     }
 
-    fn copy_dir(from: &Path, to: &Path) {
+    /// Copy the directory tree `from` to `to` (a catalog's files as they are now).
+    pub(crate) fn copy_dir(from: &Path, to: &Path) {
         std::fs::create_dir_all(to).unwrap();
         for entry in std::fs::read_dir(from).unwrap() {
             let entry = entry.unwrap();

@@ -170,7 +170,7 @@ pub struct TenantCore<T> {
     pending_caps: HashMap<String, (u64, Vec<Capability>)>,
     /// Keys whose revocation is logged but not applied yet.
     pending_revokes: HashSet<String>,
-    /// Key changes were applied to the catalog since the last checkpoint began.
+    /// Catalog changes (keys, durability) were applied since the last checkpoint began.
     catalog_dirty: bool,
 }
 
@@ -248,8 +248,8 @@ impl<T> TenantCore<T> {
         // Why a replay batch could not be applied, if one could not: stops the WAL's reading,
         // and is reported by `replay_error` rather than as the WAL's error.
         let mut apply_failed: Option<ApplyError> = None;
-        // Key changes replayed (capabilities, revocations), for the catalog (in log order).
-        let mut replayed_keys: Vec<CatalogChange> = Vec::new();
+        // Catalog changes replayed (keys, durability), for the catalog (in log order).
+        let mut replayed_changes: Vec<CatalogChange> = Vec::new();
         let opened = WalShard::open(
             wal_dir,
             config.wal.clone(),
@@ -265,7 +265,7 @@ impl<T> TenantCore<T> {
                                 .into(),
                         );
                     }
-                    replayed_keys.push(change);
+                    replayed_changes.push(change);
                 }
                 buffered.push((seq, op));
                 if buffered.len() >= REPLAY_BATCH
@@ -286,21 +286,21 @@ impl<T> TenantCore<T> {
         state
             .apply_all(buffered)
             .map_err(|e| replay_error(tenant, e))?;
-        // Key changes logged since the last checkpoint may not have reached the catalog's disk:
+        // Catalog changes logged since the last checkpoint may not have reached the catalog's disk:
         // make them again; the checkpoint below makes the catalog durable before it lets
         // their records go.
         let catalog_to_sync = config
             .catalog
             .as_ref()
-            .filter(|_| !replayed_keys.is_empty());
+            .filter(|_| !replayed_changes.is_empty());
         if let Some(catalog) = catalog_to_sync {
-            for (_, key_id, edit) in &replayed_keys {
+            for (_, key_id, edit) in &replayed_changes {
                 apply_catalog_edit(catalog, tenant, key_id, edit)?;
             }
             tracing::info!(
                 tenant,
-                changes = replayed_keys.len(),
-                "key changes replayed into the catalog"
+                changes = replayed_changes.len(),
+                "catalog changes replayed into the catalog"
             );
         }
         // The replayed batches are only in memtables: flush before anything relies on them.
@@ -448,21 +448,21 @@ impl<T> TenantCore<T> {
             Err(e) => return Some((token, Err(self.append_error(&e)))),
         };
         self.bytes_since_checkpoint += self.scratch.len() as u64;
-        match catalog_change(seq, &op) {
+        // A catalog change (a key's capabilities, a key created or revoked, a durability policy)
+        // is never acknowledged before it is durable, whatever the tenant's policy; the changes
+        // after it wait behind it.
+        let relaxed_ok = match catalog_change(seq, &op) {
+            None => true,
             Some((_, key_id, CatalogEdit::Caps(caps))) => {
                 self.pending_caps.insert(key_id, (seq, caps));
+                false
             }
             Some((_, key_id, CatalogEdit::Revoke)) => {
                 self.pending_revokes.insert(key_id);
+                false
             }
-            Some((_, _, CatalogEdit::Create { .. } | CatalogEdit::Durability(_))) | None => {}
-        }
-        // A key change (a capability revoked, a key revoked) is never acknowledged before it is
-        // durable, whatever the tenant's policy; the changes after it wait behind it.
-        let relaxed_ok = !matches!(
-            op.op,
-            Some(Op::Caps(_) | Op::KeyRevoke(_) | Op::KeyCreate(_) | Op::Durability(_))
-        );
+            Some((_, _, CatalogEdit::Create { .. } | CatalogEdit::Durability(_))) => false,
+        };
         if relaxed_ok && self.waiting.is_empty() && seq <= self.durable + self.window {
             // Relaxed policy, inside the window: apply and answer before the fsync.
             let hints = match effect {
@@ -508,9 +508,9 @@ impl<T> TenantCore<T> {
                 let mut records = Vec::with_capacity(group.len());
                 let mut replies = Vec::with_capacity(group.len());
                 let mut hints = Vec::with_capacity(group.len());
-                let mut key_changes = Vec::new();
+                let mut catalog_changes = Vec::new();
                 for w in group {
-                    key_changes.extend(catalog_change(w.seq, &w.op));
+                    catalog_changes.extend(catalog_change(w.seq, &w.op));
                     records.push((w.seq, w.op));
                     replies.push((w.token, w.reply, w.seq));
                     hints.extend(w.hint);
@@ -519,7 +519,7 @@ impl<T> TenantCore<T> {
                     .state
                     .apply_hinted(records, hints)
                     .map_err(|e| self.apply_failed(&e))
-                    .and_then(|()| self.apply_catalog_changes(key_changes));
+                    .and_then(|()| self.apply_catalog_changes(catalog_changes));
                 match applied {
                     Ok(()) => {
                         if let Some((_, _, last)) = replies.last() {
@@ -610,20 +610,26 @@ impl<T> TenantCore<T> {
         }
     }
 
-    /// Close on this thread: the log's final fdatasync, then a checkpoint. For a core no actor
-    /// runs yet (nobody waits on it).
-    pub fn close_now(mut self) -> Result<(), StoreError> {
+    /// Close on this thread: the log's final fdatasync, the answers it releases, then a
+    /// checkpoint. For a core no actor runs (the CLI's offline changes, a reopen during an open).
+    pub fn close_here(&mut self) -> Result<Vec<Answer<T>>, StoreError> {
         let Some(wal) = self.take_wal() else {
-            return Ok(());
+            return Ok(Vec::new());
         };
-        let durable = wal.close().map_err(|e| open_error(&self.tenant, &e))?;
-        let _ = self.on_durable(DurableEvent::Durable(durable));
+        let durable = wal.close().map_err(|e| {
+            tracing::error!(tenant = %self.tenant, error = %e, "tenant log could not be synced at close");
+            StoreError::Unavailable(format!(
+                "tenant '{}': its log could not be synced (see the server log)",
+                self.tenant
+            ))
+        })?;
+        let answers = self.on_durable(DurableEvent::Durable(durable));
         if let Some(job) = self.begin_checkpoint() {
             let seq = job.seq;
             let r = job.run();
             self.finish_checkpoint(seq, r);
         }
-        Ok(())
+        Ok(answers)
     }
 
     /// Take the WAL shard out for a final sync on another thread; later writes are refused.
@@ -751,21 +757,21 @@ impl<T> TenantCore<T> {
         Ok(self.state.prepare_key_revocation(key_id, caller))
     }
 
-    /// Make in the catalog the key changes of records just applied (in log order), so the next
-    /// call of those keys sees them. A catalog that cannot take one poisons the tenant: its
+    /// Make in the catalog the changes (keys, durability) of records just applied, in log order,
+    /// so the next call sees them. A catalog that cannot take one poisons the tenant: its
     /// record is durable, and reopening replays it.
     fn apply_catalog_changes(&mut self, changes: Vec<CatalogChange>) -> Result<(), StoreError> {
         if changes.is_empty() {
             return Ok(());
         }
         let Some(catalog) = self.catalog.clone() else {
-            // Key changes are refused without a catalog, so none was logged.
+            // Catalog changes are refused without a catalog, so none was logged.
             return Ok(());
         };
         self.catalog_dirty = true;
         for (seq, key_id, edit) in changes {
             if let Err(e) = apply_catalog_edit(&catalog, &self.tenant, &key_id, &edit) {
-                tracing::error!(tenant = %self.tenant, error = %e, "a key change could not be applied to the catalog; tenant poisoned until it is reopened");
+                tracing::error!(tenant = %self.tenant, error = %e, "a catalog change could not be applied to the catalog; tenant poisoned until it is reopened");
                 self.poison_after(DurableEvent::WriteFailed { no_space: false });
                 return Err(self.poisoned_error());
             }
@@ -1261,25 +1267,12 @@ mod tests {
     /// `dir`/[`SNAPSHOT`]: a catalog whose files will not see the changes made after this.
     fn snapshot_catalog(catalog: &Catalog, dir: &Path) {
         catalog.make_durable().unwrap();
-        copy_dir(&dir.join("catalog"), &dir.join(SNAPSHOT));
+        crate::catalog::tests::copy_dir(&dir.join("catalog"), &dir.join(SNAPSHOT));
         std::fs::copy(
             dir.join("catalog.journal"),
             dir.join(SNAPSHOT).with_extension("journal"),
         )
         .unwrap();
-    }
-
-    fn copy_dir(from: &Path, to: &Path) {
-        std::fs::create_dir_all(to).unwrap();
-        for entry in std::fs::read_dir(from).unwrap() {
-            let entry = entry.unwrap();
-            let target = to.join(entry.file_name());
-            if entry.file_type().unwrap().is_dir() {
-                copy_dir(&entry.path(), &target);
-            } else {
-                std::fs::copy(entry.path(), target).unwrap();
-            }
-        }
     }
 
     #[test]

@@ -203,37 +203,21 @@ fn offline(
         }
         (false, Ok(_)) => {}
     };
-    if let Some(event) = creation_event(Some(catalog), tenant, &report) {
+    let creation = creation_event(Some(catalog), tenant, &report).map(|e| (e, CREATOR, false));
+    for (cmd, who, token) in creation
+        .into_iter()
+        .chain(cmd.map(|c| (c, principal, true)))
+    {
         let caller = Caller {
-            principal: CREATOR.to_string(),
+            principal: who.to_string(),
             ts_ms: now_ms(),
         };
-        if let Some((t, r)) = core.handle(event, &caller, false) {
+        if let Some((t, r)) = core.handle(cmd, &caller, token) {
             take(t, r);
         }
     }
-    if let Some(cmd) = cmd {
-        let caller = Caller {
-            principal: principal.to_string(),
-            ts_ms: now_ms(),
-        };
-        if let Some((t, r)) = core.handle(cmd, &caller, true) {
-            take(t, r);
-        }
-    }
-    let synced = core.take_wal().map(cube_wal::WalShard::close);
-    let Some(Ok(durable)) = synced else {
-        return Err(StoreError::Unavailable(format!(
-            "tenant '{tenant}': the change could not be synced"
-        )));
-    };
-    for (t, r) in core.on_durable(cube_wal::DurableEvent::Durable(durable)) {
+    for (t, r) in core.close_here()? {
         take(t, r);
-    }
-    if let Some(job) = core.begin_checkpoint() {
-        let seq = job.seq;
-        let r = job.run();
-        core.finish_checkpoint(seq, r);
     }
     Ok(answer)
 }
@@ -247,7 +231,7 @@ const CREATOR: &str = "operator";
 /// between leaves a tenant whose log is still empty, and its next open writes the entry then.
 /// `None` for a log that already holds records, or a tenant the catalog does not know.
 fn creation_event(
-    catalog: Option<&Arc<Catalog>>,
+    catalog: Option<&Catalog>,
     tenant: &str,
     report: &cube_wal::RecoveryReport,
 ) -> Option<Command> {
@@ -459,7 +443,7 @@ impl TenantDirectory {
         };
         let catalog = self.catalog.clone();
         let (core, report) = tokio::task::spawn_blocking(move || {
-            let (core, report) =
+            let (mut core, report) =
                 TenantCore::open(&name, &wal_dir, &state_dir, &config, Some(notify()))?;
             // A durability change replayed from the log (acknowledged before a crash, not yet in
             // the catalog's files) changed the policy this log was opened under: reopen under it.
@@ -469,14 +453,15 @@ impl TenantDirectory {
             if core.policy() == wanted {
                 return Ok((core, report));
             }
-            core.close_now()?;
+            core.close_here()?;
+            drop(core);
             config.wal.sync = wanted;
             let (core, _) = TenantCore::open(&name, &wal_dir, &state_dir, &config, Some(notify()))?;
             Ok::<_, StoreError>((core, report))
         })
         .await
         .map_err(|_| StoreError::Unavailable(format!("tenant '{tenant}' failed to open")))??;
-        let creation = creation_event(self.catalog.as_ref(), tenant, &report);
+        let creation = creation_event(self.catalog.as_deref(), tenant, &report);
         let reader = core.state().reader();
         let stats = core.stats();
         let durability: Arc<str> = describe_policy(&core.policy()).into();

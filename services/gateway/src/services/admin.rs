@@ -80,12 +80,7 @@ impl Admin for AdminService {
                 credentials: Some(credentials(&key)),
             }));
         };
-        if !catalog.tenant_exists(&tenant).map_err(ApiError::from)? {
-            return Err(ApiError::from(StoreError::NotFound(format!(
-                "no tenant named '{tenant}'"
-            )))
-            .into());
-        }
+        catalog.require_tenant(&tenant).map_err(ApiError::from)?;
         // One record of the tenant's log holds the new key and its audit entry.
         match directory
             .call(&tenant, Command::CreateKey, OPERATOR)
@@ -159,13 +154,7 @@ impl Admin for AdminService {
             },
         };
         let catalog = self.catalog()?;
-        if !catalog.tenant_exists(&r.tenant).map_err(ApiError::from)? {
-            return Err(ApiError::from(StoreError::NotFound(format!(
-                "no tenant named '{}'",
-                r.tenant
-            )))
-            .into());
-        }
+        catalog.require_tenant(&r.tenant).map_err(ApiError::from)?;
         let durability = describe_policy(&policy);
         let applied_now = match &self.directory {
             // One record of the tenant's log holds the new policy and its audit entry; the log

@@ -192,16 +192,17 @@ fn local(data: &DataDir, catalog: &Arc<Catalog>, op: &Op<'_>) -> anyhow::Result<
             let cmd = Command::SetDurability { policy: *policy };
             match run_offline(data, catalog, tenant, OPERATOR, cmd) {
                 Ok(_) => {}
-                Err(e @ (StoreError::InvalidArgument(_) | StoreError::NotFound(_))) => {
-                    return Err(e.into());
-                }
-                Err(e) => {
+                // As through the admin socket: only a tenant whose log cannot be opened or
+                // written (UNAVAILABLE) gets the policy for its next open through the catalog;
+                // any other refusal (a full disk, say) is the answer.
+                Err(e @ StoreError::Unavailable(_)) => {
                     eprintln!(
                         "cubed: warning: the tenant's log could not take the durability change \
                          ({e}); setting it through the catalog, without an audit entry"
                     );
                     catalog.set_durability(tenant, *policy)?;
                 }
+                Err(e) => return Err(e.into()),
             }
             let durability = describe_policy(policy);
             Outcome::Durability {

@@ -1,5 +1,6 @@
 //! Crash and shutdown: every acknowledged write survives kill -9 and SIGTERM, byte for byte; a
-//! corrupt tenant refuses to open while other tenants keep serving.
+//! corrupt tenant refuses to open while other tenants keep serving, and its operator can still
+//! revoke its keys and set its durability.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -221,6 +222,141 @@ async fn corrupt_tenant_refuses_to_open_while_others_keep_serving() {
     let r = d.read(read(1, 1, 1)).await.unwrap().into_inner();
     assert_eq!(r.value, b"demo-data");
     d.write(write(2, 2, 2, b"still writable")).await.unwrap();
+}
+
+/// `cubed ARGS`, which must succeed: (stdout, stderr).
+fn cli_ok(server: &TestServer, args: &[&str]) -> (String, String) {
+    let out = server.cli(args).unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert!(out.status.success(), "cubed {args:?}: {stderr}");
+    (stdout, stderr)
+}
+
+/// A tenant whose log cannot be opened still answers to its operator: a key revocation and a
+/// durability change go through the catalog instead (with a warning, without an audit entry),
+/// through the admin socket while the server runs and on the data directory while it is
+/// stopped, and both hold once the log is repaired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_with_a_corrupt_log_can_still_have_keys_revoked_and_its_durability_set() {
+    let mut server = TestServer::start(cubed()).unwrap();
+    let acme = server.create_tenant("acme").unwrap();
+    let new_key = |server: &TestServer| -> cube_auth::Credentials {
+        serde_json::from_str(&cli_ok(server, &["key", "create", "acme"]).0).unwrap()
+    };
+    let (online_key, offline_key) = (new_key(&server), new_key(&server));
+    // A clean stop: the keys are in the catalog's own files, not only in the tenant's log.
+    assert!(
+        tokio::task::block_in_place(|| server.sigterm())
+            .unwrap()
+            .success()
+    );
+    tokio::task::block_in_place(|| server.restart()).unwrap();
+    let mut a = server.cells(&acme).await.unwrap();
+    a.write(write(0, 0, 0, b"acme-data")).await.unwrap();
+    a.write(write(1, 0, 0, b"more")).await.unwrap();
+    tokio::task::block_in_place(|| server.kill9()).unwrap();
+    // Corrupt the first write after the restart, which a good record follows: the tenant's
+    // recovery cannot get past it, so the tenant cannot open.
+    let wal_dir = server
+        .wal_segment("acme", 1)
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let segs: Vec<_> = std::fs::read_dir(&wal_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "wal"))
+        .collect();
+    assert_eq!(segs.len(), 1, "{segs:?}");
+    let seg = segs[0].clone();
+    let mut bytes = std::fs::read(&seg).unwrap();
+    let records = cube_testkit::wal_record_payloads(&bytes);
+    let second = records[records.len() - 2].clone();
+    bytes[second.start + 4] ^= 0xFF;
+    std::fs::write(&seg, &bytes).unwrap();
+    tokio::task::block_in_place(|| server.restart()).unwrap();
+    let mut a = server.cells(&acme).await.unwrap();
+    let err = a.read(read(0, 0, 0)).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+
+    // While the server runs (the admin socket).
+    let (out, _) = cli_ok(&server, &["key", "revoke", "acme", &online_key.key_id]);
+    assert!(out.contains("\"revoked\":true"), "{out}");
+    let err = cube_auth::client::handshake(server.channel().await.unwrap(), &online_key)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("revoked"), "{err}");
+    let relaxed = ["relaxed", "--max-delay-ms", "5", "--max-records", "10"];
+    let (out, _) = cli_ok(
+        &server,
+        &[&["tenant", "durability", "acme"][..], &relaxed[..]].concat(),
+    );
+    assert!(
+        out.contains("relaxed(max_delay_ms=5, max_records=10)"),
+        "{out}"
+    );
+    assert!(
+        server
+            .log()
+            .contains("could not take the durability change"),
+        "{}",
+        server.log()
+    );
+
+    // While it is stopped (the data directory).
+    assert!(
+        tokio::task::block_in_place(|| server.sigterm())
+            .unwrap()
+            .success()
+    );
+    let (out, err) = cli_ok(&server, &["key", "revoke", "acme", &offline_key.key_id]);
+    assert!(out.contains("\"revoked\":true"), "{out}");
+    assert!(err.contains("could not take the revocation"), "{err}");
+    let (_, err) = cli_ok(
+        &server,
+        &[
+            "tenant",
+            "durability",
+            "acme",
+            "relaxed",
+            "--max-delay-ms",
+            "7",
+            "--max-records",
+            "20",
+        ],
+    );
+    assert!(
+        err.contains("could not take the durability change"),
+        "{err}"
+    );
+
+    // Repaired, the tenant opens under the policy set last, with both keys still revoked.
+    bytes[second.start + 4] ^= 0xFF;
+    std::fs::write(&seg, &bytes).unwrap();
+    tokio::task::block_in_place(|| server.restart()).unwrap();
+    let mut a = server.cells(&acme).await.unwrap();
+    assert_eq!(
+        a.read(read(0, 0, 0)).await.unwrap().into_inner().value,
+        b"acme-data"
+    );
+    let mut t = cube_api::v1::tenant_client::TenantClient::new(server.signed(&acme).await.unwrap());
+    let totals = t
+        .stats(cube_api::v1::StatsRequest { coord: None })
+        .await
+        .unwrap()
+        .into_inner()
+        .totals
+        .unwrap();
+    assert_eq!(totals.durability, "relaxed(max_delay_ms=7, max_records=20)");
+    for key in [&online_key, &offline_key] {
+        let err = cube_auth::client::handshake(server.channel().await.unwrap(), key)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("revoked"), "{err}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -270,6 +270,40 @@ pub fn ab_chart(runs: &[RunReport]) -> String {
 /// The seed's reference numbers (seeds/000, section 5): its best mean op time was 29.0 ms for
 /// 8 users (~275 ops/s), and model A did 29,683 fresh handshakes in 120 s.
 const SEED_OPS_PER_SEC: f64 = 8.0 / 0.029;
+/// The seed's persistent model with the audit op: 59.4 ms per op at best (96.53% ok), 8 users.
+const SEED_AUDIT_OPS_PER_SEC: f64 = 8.0 / 0.0594;
+
+/// The seed's persistent-model rate for the same op mix, where it measured one.
+fn seed_rate_of_mix(mix: &str) -> Option<f64> {
+    match mix {
+        "legacy" => Some(SEED_OPS_PER_SEC),
+        "audit" => Some(SEED_AUDIT_OPS_PER_SEC),
+        _ => None,
+    }
+}
+
+/// Each persistent run (model, mix, ops/s) against the seed's run of the same mix, as one
+/// sentence; `None` when no run's mix has a seed counterpart.
+fn mix_for_mix(runs: &[(Model, &str, f64)]) -> Option<String> {
+    let parts: Vec<String> = runs
+        .iter()
+        .filter(|(model, _, _)| *model != Model::Churn)
+        .filter_map(|&(model, mix, rate)| {
+            let seed = seed_rate_of_mix(mix)?;
+            Some(format!(
+                "{} {mix} {rate:.0} ops/s = {:.0}× the seed's {seed:.0}",
+                model.name(),
+                rate / seed
+            ))
+        })
+        .collect();
+    (!parts.is_empty()).then(|| {
+        format!(
+            "Mix for mix (the seed's persistent model did 29.0 ms per op without audit and 59.4 ms at best with it): {}.",
+            parts.join("; ")
+        )
+    })
+}
 const SEED_CHURN_HANDSHAKES_PER_SEC: f64 = 29_683.0 / 120.0;
 
 fn machine(h: &crate::machine::Host) -> String {
@@ -386,6 +420,13 @@ fn verdict(runs: &[RunReport]) -> String {
                 "**not met** on this machine: with 8 users in a closed loop each op waits for the one before it, and most ops here are durable mutations"
             }
         );
+        let rows: Vec<(Model, &str, f64)> = persistent
+            .iter()
+            .map(|r| (r.model, r.mix.as_str(), r.ops_per_sec))
+            .collect();
+        if let Some(line) = mix_for_mix(&rows) {
+            let _ = writeln!(v, "  {line}");
+        }
     }
     let cpu: Vec<(f64, f64)> = runs
         .iter()
@@ -495,4 +536,34 @@ pub fn ab_markdown(
         server_tables(runs)
     );
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_persistent_run_is_set_against_the_seeds_run_of_its_mix() {
+        let line = mix_for_mix(&[
+            (Model::Connection, "audit", 10_421.0),
+            (Model::Call, "legacy", 11_843.0),
+            (Model::Churn, "legacy", 3_553.0),
+            (Model::Connection, "write-read=1", 20_000.0),
+        ])
+        .unwrap();
+        // 8 users / 59.4 ms = 134.7 ops/s; 8 users / 29.0 ms = 275.9 ops/s.
+        assert!(
+            line.contains("connection audit 10421 ops/s = 77× the seed's 135"),
+            "{line}"
+        );
+        assert!(
+            line.contains("call legacy 11843 ops/s = 43× the seed's 276"),
+            "{line}"
+        );
+        assert!(
+            !line.contains("churn") && !line.contains("write-read"),
+            "{line}"
+        );
+        assert_eq!(mix_for_mix(&[(Model::Call, "custom", 1.0)]), None);
+    }
 }

@@ -712,14 +712,15 @@ impl Catalog {
 
     /// Set the durability policy of a logged change (a tenant's `Op::Durability`, applied or
     /// replayed), in sled only, like [`Catalog::apply_logged_capabilities`]: the tenant's
-    /// checkpoint makes it durable ([`Catalog::make_durable`]) before the record can go.
+    /// checkpoint makes it durable ([`Catalog::make_durable`]) before the record can go. Like
+    /// the key variants it does not look at the journal's failed flag: the change is durable in
+    /// the tenant's log already, and refusing it here would only poison that tenant.
     pub fn apply_logged_durability(
         &self,
         tenant: &str,
         policy: cube_wal::SyncPolicy,
     ) -> Result<bool, StoreError> {
         let _st = self.lock_changes();
-        self.refuse_if_failed()?;
         let op = self.durability_op(tenant, policy)?;
         insert_ops(&self.tenants, &self.keys, vec![op])
             .map_err(|e| storage("apply a change", e))?;
@@ -932,6 +933,33 @@ pub(crate) mod tests {
         assert_eq!(mac(from_catalog.prepared_key()), mac(&direct));
         let other = c.create_tenant("other").unwrap();
         assert_ne!(mac(other.prepared_key()), mac(&direct));
+    }
+
+    #[test]
+    fn after_a_failed_journal_write_new_changes_are_refused_but_logged_ones_still_apply() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Catalog::open(&dir.path().join("catalog")).unwrap();
+        let key = c.create_tenant("acme").unwrap();
+        // As a failed journal write or fdatasync leaves it.
+        c.failed.store(true, Ordering::Release);
+        let relaxed = cube_wal::SyncPolicy::Relaxed {
+            max_delay: std::time::Duration::from_millis(5),
+            max_records: 10,
+        };
+        assert!(matches!(
+            c.set_durability("acme", relaxed),
+            Err(StoreError::Unavailable(_))
+        ));
+        assert!(matches!(
+            c.create_key("acme"),
+            Err(StoreError::Unavailable(_))
+        ));
+        assert_eq!(c.durability("acme").unwrap(), cube_wal::SyncPolicy::Always);
+        // A change already durable in the tenant's log is applied, whatever the journal did.
+        assert!(c.apply_logged_durability("acme", relaxed).unwrap());
+        assert_eq!(c.durability("acme").unwrap(), relaxed);
+        assert!(c.apply_logged_revocation("acme", &key.key_id).unwrap());
+        assert!(c.key("acme", &key.key_id).unwrap().revoked);
     }
 
     fn reopen(path: &Path) -> Catalog {

@@ -272,6 +272,7 @@ pub fn ab_chart(runs: &[RunReport]) -> String {
 const SEED_OPS_PER_SEC: f64 = 8.0 / 0.029;
 /// The seed's persistent model with the audit op: 59.4 ms per op at best (96.53% ok), 8 users.
 const SEED_AUDIT_OPS_PER_SEC: f64 = 8.0 / 0.0594;
+const SEED_CHURN_HANDSHAKES_PER_SEC: f64 = 29_683.0 / 120.0;
 
 /// The seed's persistent-model rate for the same op mix, where it measured one.
 fn seed_rate_of_mix(mix: &str) -> Option<f64> {
@@ -304,7 +305,6 @@ fn mix_for_mix(runs: &[(Model, &str, f64)]) -> Option<String> {
         )
     })
 }
-const SEED_CHURN_HANDSHAKES_PER_SEC: f64 = 29_683.0 / 120.0;
 
 fn machine(h: &crate::machine::Host) -> String {
     format!(

@@ -268,10 +268,11 @@ pub fn ab_chart(runs: &[RunReport]) -> String {
 }
 
 /// The seed's reference numbers (seeds/000, section 5): its best mean op time was 29.0 ms for
-/// 8 users (~275 ops/s), and model A did 29,683 fresh handshakes in 120 s.
+/// 8 users (~275 ops/s, persistent model, no audit op).
 const SEED_OPS_PER_SEC: f64 = 8.0 / 0.029;
 /// The seed's persistent model with the audit op: 59.4 ms per op at best (96.53% ok), 8 users.
 const SEED_AUDIT_OPS_PER_SEC: f64 = 8.0 / 0.0594;
+/// Model A (a connection and a handshake per op) did 29,683 fresh handshakes in 120 s.
 const SEED_CHURN_HANDSHAKES_PER_SEC: f64 = 29_683.0 / 120.0;
 
 /// The seed's persistent-model rate for the same op mix, where it measured one.

@@ -156,11 +156,7 @@ async fn write_then_graceful_restart_then_read() {
     // Seq 1 is demo's creation entry, the first record of its log.
     assert_eq!((r.version, r.seq), (1, 2));
     assert!(server.wal_segment("demo", 1).exists());
-    assert!(
-        tokio::task::block_in_place(|| server.sigterm())
-            .unwrap()
-            .success()
-    );
+    stop_gracefully(&mut server);
     // The final checkpoint covers the whole log, so its files are gone: the next open reads no
     // log at all.
     assert!(!server.wal_segment("demo", 1).exists());
@@ -185,6 +181,24 @@ async fn write_then_graceful_restart_then_read() {
     assert_eq!(r.seq, 3);
 }
 
+/// SIGTERM, and the server must exit 0.
+fn stop_gracefully(server: &mut TestServer) {
+    assert!(
+        tokio::task::block_in_place(|| server.sigterm())
+            .unwrap()
+            .success()
+    );
+}
+
+/// Flip one byte inside the payload of record `index` of the WAL segment `seg` (a second flip
+/// restores it).
+fn flip_record_byte(seg: &std::path::Path, index: usize) {
+    let mut bytes = std::fs::read(seg).unwrap();
+    let payload = cube_testkit::wal_record_payloads(&bytes)[index].clone();
+    bytes[payload.start + 4] ^= 0xFF;
+    std::fs::write(seg, bytes).unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn corrupt_tenant_refuses_to_open_while_others_keep_serving() {
     let mut server = TestServer::start(cubed()).unwrap();
@@ -200,11 +214,7 @@ async fn corrupt_tenant_refuses_to_open_while_others_keep_serving() {
 
     // Flip one byte inside acme's second record: records after it are still valid. Without its
     // state store the tenant has to replay the log from the start.
-    let seg = server.wal_segment("acme", 1);
-    let mut bytes = std::fs::read(&seg).unwrap();
-    let second = cube_testkit::wal_record_payloads(&bytes)[1].clone();
-    bytes[second.start + 4] ^= 0xFF;
-    std::fs::write(&seg, bytes).unwrap();
+    flip_record_byte(&server.wal_segment("acme", 1), 1);
     std::fs::remove_dir_all(server.tenant_state_dir("acme")).unwrap();
 
     tokio::task::block_in_place(|| server.restart()).unwrap();
@@ -248,11 +258,7 @@ async fn a_tenant_with_a_corrupt_log_can_still_have_keys_revoked_and_its_durabil
     };
     let (online_key, offline_key) = (new_key(&server), new_key(&server));
     // A clean stop: the keys are in the catalog's own files, not only in the tenant's log.
-    assert!(
-        tokio::task::block_in_place(|| server.sigterm())
-            .unwrap()
-            .success()
-    );
+    stop_gracefully(&mut server);
     tokio::task::block_in_place(|| server.restart()).unwrap();
     let mut a = server.cells(&acme).await.unwrap();
     a.write(write(0, 0, 0, b"acme-data")).await.unwrap();
@@ -271,12 +277,9 @@ async fn a_tenant_with_a_corrupt_log_can_still_have_keys_revoked_and_its_durabil
         .filter(|p| p.extension().is_some_and(|x| x == "wal"))
         .collect();
     assert_eq!(segs.len(), 1, "{segs:?}");
-    let seg = segs[0].clone();
-    let mut bytes = std::fs::read(&seg).unwrap();
-    let records = cube_testkit::wal_record_payloads(&bytes);
-    let second = records[records.len() - 2].clone();
-    bytes[second.start + 4] ^= 0xFF;
-    std::fs::write(&seg, &bytes).unwrap();
+    let seg = &segs[0];
+    let first_write = cube_testkit::wal_record_payloads(&std::fs::read(seg).unwrap()).len() - 2;
+    flip_record_byte(seg, first_write);
     tokio::task::block_in_place(|| server.restart()).unwrap();
     let mut a = server.cells(&acme).await.unwrap();
     let err = a.read(read(0, 0, 0)).await.unwrap_err();
@@ -289,10 +292,18 @@ async fn a_tenant_with_a_corrupt_log_can_still_have_keys_revoked_and_its_durabil
         .await
         .unwrap_err();
     assert!(err.to_string().contains("revoked"), "{err}");
-    let relaxed = ["relaxed", "--max-delay-ms", "5", "--max-records", "10"];
     let (out, _) = cli_ok(
         &server,
-        &[&["tenant", "durability", "acme"][..], &relaxed[..]].concat(),
+        &[
+            "tenant",
+            "durability",
+            "acme",
+            "relaxed",
+            "--max-delay-ms",
+            "5",
+            "--max-records",
+            "10",
+        ],
     );
     assert!(
         out.contains("relaxed(max_delay_ms=5, max_records=10)"),
@@ -307,11 +318,7 @@ async fn a_tenant_with_a_corrupt_log_can_still_have_keys_revoked_and_its_durabil
     );
 
     // While it is stopped (the data directory).
-    assert!(
-        tokio::task::block_in_place(|| server.sigterm())
-            .unwrap()
-            .success()
-    );
+    stop_gracefully(&mut server);
     let (out, err) = cli_ok(&server, &["key", "revoke", "acme", &offline_key.key_id]);
     assert!(out.contains("\"revoked\":true"), "{out}");
     assert!(err.contains("could not take the revocation"), "{err}");
@@ -334,23 +341,17 @@ async fn a_tenant_with_a_corrupt_log_can_still_have_keys_revoked_and_its_durabil
     );
 
     // Repaired, the tenant opens under the policy set last, with both keys still revoked.
-    bytes[second.start + 4] ^= 0xFF;
-    std::fs::write(&seg, &bytes).unwrap();
+    flip_record_byte(seg, first_write);
     tokio::task::block_in_place(|| server.restart()).unwrap();
     let mut a = server.cells(&acme).await.unwrap();
     assert_eq!(
         a.read(read(0, 0, 0)).await.unwrap().into_inner().value,
         b"acme-data"
     );
-    let mut t = cube_api::v1::tenant_client::TenantClient::new(server.signed(&acme).await.unwrap());
-    let totals = t
-        .stats(cube_api::v1::StatsRequest { coord: None })
-        .await
-        .unwrap()
-        .into_inner()
-        .totals
-        .unwrap();
-    assert_eq!(totals.durability, "relaxed(max_delay_ms=7, max_records=20)");
+    assert_eq!(
+        crate::totals_of(&server, &acme).await.durability,
+        "relaxed(max_delay_ms=7, max_records=20)"
+    );
     for key in [&online_key, &offline_key] {
         let err = cube_auth::client::handshake(server.channel().await.unwrap(), key)
             .await
@@ -364,14 +365,7 @@ async fn a_state_store_older_than_the_removed_log_is_refused_not_silently_contin
     let mut server = TestServer::start(cubed()).unwrap();
     let mut c = server.cells(&server.demo).await.unwrap();
     c.write(write(1, 1, 1, b"one")).await.unwrap();
-    let stop = |s: &mut TestServer| {
-        assert!(
-            tokio::task::block_in_place(|| s.sigterm())
-                .unwrap()
-                .success()
-        );
-    };
-    stop(&mut server);
+    stop_gracefully(&mut server);
     // An operator keeps a copy of the state store as it was after the first write...
     let state = server.tenant_state_dir("demo");
     let copy = state.with_extension("copy");
@@ -385,7 +379,7 @@ async fn a_state_store_older_than_the_removed_log_is_refused_not_silently_contin
     tokio::task::block_in_place(|| server.restart()).unwrap();
     let mut c = server.cells(&server.demo).await.unwrap();
     c.write(write(2, 2, 2, b"two")).await.unwrap();
-    stop(&mut server);
+    stop_gracefully(&mut server);
     // ...and restores it after the log that held the second write was removed by a checkpoint.
     std::fs::remove_dir_all(&state).unwrap();
     std::fs::rename(&copy, &state).unwrap();

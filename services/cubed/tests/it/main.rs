@@ -53,10 +53,17 @@ pub fn set_demo_durability(
     server.cli(&all).unwrap()
 }
 
-/// The caller's tenant totals from `Tenant.Stats`.
+/// The `demo` tenant's totals from `Tenant.Stats`.
 pub async fn totals(server: &cube_testkit::TestServer) -> cube_api::v1::TenantTotals {
-    let mut t =
-        cube_api::v1::tenant_client::TenantClient::new(server.signed(&server.demo).await.unwrap());
+    totals_of(server, &server.demo).await
+}
+
+/// The totals of the tenant of `creds` from `Tenant.Stats`.
+pub async fn totals_of(
+    server: &cube_testkit::TestServer,
+    creds: &cube_auth::Credentials,
+) -> cube_api::v1::TenantTotals {
+    let mut t = cube_api::v1::tenant_client::TenantClient::new(server.signed(creds).await.unwrap());
     t.stats(cube_api::v1::StatsRequest { coord: None })
         .await
         .unwrap()

@@ -292,19 +292,18 @@ async fn a_tenant_with_a_corrupt_log_can_still_have_keys_revoked_and_its_durabil
         .await
         .unwrap_err();
     assert!(err.to_string().contains("revoked"), "{err}");
-    let (out, _) = cli_ok(
-        &server,
-        &[
+    let set_relaxed = |server: &TestServer, delay_ms: &str, records: &str| {
+        let args = [
             "tenant",
             "durability",
             "acme",
             "relaxed",
             "--max-delay-ms",
-            "5",
-            "--max-records",
-            "10",
-        ],
-    );
+            delay_ms,
+        ];
+        cli_ok(server, &[&args[..], &["--max-records", records]].concat())
+    };
+    let (out, _) = set_relaxed(&server, "5", "10");
     assert!(
         out.contains("relaxed(max_delay_ms=5, max_records=10)"),
         "{out}"
@@ -322,19 +321,7 @@ async fn a_tenant_with_a_corrupt_log_can_still_have_keys_revoked_and_its_durabil
     let (out, err) = cli_ok(&server, &["key", "revoke", "acme", &offline_key.key_id]);
     assert!(out.contains("\"revoked\":true"), "{out}");
     assert!(err.contains("could not take the revocation"), "{err}");
-    let (_, err) = cli_ok(
-        &server,
-        &[
-            "tenant",
-            "durability",
-            "acme",
-            "relaxed",
-            "--max-delay-ms",
-            "7",
-            "--max-records",
-            "20",
-        ],
-    );
+    let (_, err) = set_relaxed(&server, "7", "20");
     assert!(
         err.contains("could not take the durability change"),
         "{err}"

@@ -206,15 +206,25 @@ impl LoadArgs {
     }
 }
 
-/// One model × mix against `server`; `x_base` keeps concurrent runs' cells apart.
+/// One model × mix against `server`, in a run slot of its own ([`user::claim_slot`]), so
+/// neither earlier runs on the same tenant nor concurrent ones touch its users' cells.
 async fn run_on(
     server: &Server,
     args: &LoadArgs,
     model: Model,
     mix: &Mix,
     duration: Duration,
-    x_base: i32,
 ) -> anyhow::Result<RunReport> {
+    anyhow::ensure!(
+        args.users <= user::RUN_STRIDE as usize,
+        "--users is at most {} (the x coordinates of one run slot)",
+        user::RUN_STRIDE
+    );
+    let x_base = user::claim_slot(
+        &server.target,
+        &format!("cube-load {} {} {}", model.name(), mix, args.users),
+    )
+    .await?;
     // Persistent connections are opened (and authenticated) before the clock starts.
     let mut conns = Vec::new();
     let mut setup_handshakes = 0u64;
@@ -325,6 +335,7 @@ async fn run_on(
         mix: mix.name.clone(),
         tls: args.tls,
         users: args.users,
+        x_base,
         seconds: elapsed,
         rate: args.rate,
         timeout_ms: args.timeout_ms,
@@ -403,7 +414,6 @@ pub async fn run(args: RunArgs, default_cubed: PathBuf) -> anyhow::Result<()> {
         args.model,
         &mix,
         args.load.duration_or(120.0),
-        0,
     )
     .await?;
     let reports = [r];
@@ -455,7 +465,7 @@ pub async fn ab(args: AbArgs, default_cubed: PathBuf) -> anyhow::Result<()> {
             );
             // A fresh server per run, so no run inherits another's data or audit trail.
             let server = args.load.server(&default_cubed)?;
-            let r = run_on(&server, &args.load, model, mix, duration, 0).await?;
+            let r = run_on(&server, &args.load, model, mix, duration).await?;
             eprintln!(
                 "    {:.0} ops/s, ok {:.3}%, p99 {:.2} ms, failures {:?}",
                 r.ops_per_sec, r.ok_pct, r.latency.p99_ms, r.failures
@@ -507,8 +517,8 @@ pub async fn stress(args: StressArgs, default_cubed: PathBuf) -> anyhow::Result<
         server.target.endpoint
     );
     let (a, b) = tokio::join!(
-        run_on(&server, &args.load, Model::Connection, &mix, duration, 0),
-        run_on(&server, &args.load, Model::Call, &mix, duration, 1_000_000),
+        run_on(&server, &args.load, Model::Connection, &mix, duration),
+        run_on(&server, &args.load, Model::Call, &mix, duration),
     );
     let reports = [a?, b?];
     println!("{}", report::summary_table(&reports));

@@ -55,6 +55,8 @@ pub struct RunReport {
     pub mix: String,
     pub tls: bool,
     pub users: usize,
+    /// x coordinate of the run's first user: its run slot on the tenant (`user::claim_slot`).
+    pub x_base: i32,
     pub seconds: f64,
     pub rate: Option<f64>,
     pub timeout_ms: u64,

@@ -5,6 +5,9 @@
 //! Every user owns the cells of one x coordinate (planes: z=1 writes, 2 programs, 3 sealed
 //! cells, 4 its link chain), so what a user reads back is fully determined by what it was
 //! acknowledged: any other answer is a `mismatch`, counted as a failure like a gRPC error.
+//! A run first claims a slot of [`RUN_STRIDE`] x coordinates that no earlier or concurrent run
+//! on the same tenant used ([`claim_slot`]), so runs against a long-lived `--target` never
+//! meet another run's cells.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -34,6 +37,11 @@ const PROGRAMS: i32 = 2;
 const SEALED: i32 = 3;
 const CHAIN: i32 = 4;
 const WALK_DEPTH: u32 = 8;
+
+/// x coordinates per run slot: the users of a run own `x_base .. x_base + users`.
+pub const RUN_STRIDE: i32 = 1 << 20;
+/// Slots `0 .. RUN_SLOTS` keep every slot's x coordinates within `0 ..= i32::MAX`.
+const RUN_SLOTS: i32 = i32::MAX / RUN_STRIDE;
 
 /// Where and as whom the users connect.
 #[derive(Debug, Clone)]
@@ -700,6 +708,52 @@ pub async fn persistent(target: &Target, model: Model) -> anyhow::Result<(Client
         Ok((c, hs)) => Ok((c, hs.is_some())),
         Err(why) => anyhow::bail!("opening a user's connection failed: {why}"),
     }
+}
+
+/// Claim the first run slot of the target's tenant that no other run used, and return its
+/// `x_base`. A slot is claimed by creating its marker cell `(x_base, 0, 0)` with
+/// `expected_version = 0` (so of two runs starting at once, exactly one gets each slot), and
+/// kept only if no cell of the users' planes lies in its x range (cells written by a cube-load
+/// from before slots existed). Runs against a fresh server get slot 0, as before.
+pub async fn claim_slot(target: &Target, label: &str) -> anyhow::Result<i32> {
+    use cube_api::v1::RegionRequest;
+    let (mut c, _) = persistent(target, Model::Connection).await?;
+    for slot in 0..RUN_SLOTS {
+        let x_base = slot * RUN_STRIDE;
+        let marker = WriteRequest {
+            coord: coord(x_base, 0, 0),
+            value: label.as_bytes().to_vec(),
+            expected_version: Some(0),
+        };
+        match c.cells.write(marker).await {
+            Ok(_) => {}
+            Err(s) if s.code() == tonic::Code::FailedPrecondition => continue,
+            Err(s) => anyhow::bail!(
+                "claiming run slot {slot} on the target failed: {} ({})",
+                s.message(),
+                s.code()
+            ),
+        }
+        let used = c
+            .cells
+            .region(RegionRequest {
+                min: coord(x_base, 0, WRITES),
+                max: coord(x_base + (RUN_STRIDE - 1), i32::MAX, CHAIN),
+                limit: 1,
+                page_token: Vec::new(),
+            })
+            .await?
+            .into_inner()
+            .message()
+            .await?
+            .is_some();
+        if !used {
+            return Ok(x_base);
+        }
+    }
+    anyhow::bail!(
+        "all {RUN_SLOTS} run slots of this tenant are taken: run against a fresh tenant or data dir"
+    )
 }
 
 /// What verification after a run found.

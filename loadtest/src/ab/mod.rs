@@ -222,6 +222,7 @@ async fn run_on(
     );
     let x_base = user::claim_slot(
         &server.target,
+        model,
         &format!("cube-load {} {} {}", model.name(), mix, args.users),
     )
     .await?;

@@ -714,10 +714,16 @@ pub async fn persistent(target: &Target, model: Model) -> anyhow::Result<(Client
 /// `x_base`. A slot is claimed by creating its marker cell `(x_base, 0, 0)` with
 /// `expected_version = 0` (so of two runs starting at once, exactly one gets each slot), and
 /// kept only if no cell of the users' planes lies in its x range (cells written by a cube-load
-/// from before slots existed). Runs against a fresh server get slot 0, as before.
-pub async fn claim_slot(target: &Target, label: &str) -> anyhow::Result<i32> {
+/// from before slots existed). Runs against a fresh server get slot 0, as before. `model` is the
+/// run's: a server in `--auth-mode call` refuses the handshake, one in `connection` mode
+/// refuses signed calls.
+pub async fn claim_slot(target: &Target, model: Model, label: &str) -> anyhow::Result<i32> {
     use cube_api::v1::RegionRequest;
-    let (mut c, _) = persistent(target, Model::Connection).await?;
+    let model = match model {
+        Model::Call => Model::Call,
+        Model::Connection | Model::Churn => Model::Connection,
+    };
+    let (mut c, _) = persistent(target, model).await?;
     for slot in 0..RUN_SLOTS {
         let x_base = slot * RUN_STRIDE;
         let marker = WriteRequest {

@@ -126,10 +126,24 @@ fn main() -> std::process::ExitCode {
     match runtime.block_on(run()) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("cubec: error: {e:#}");
+            eprintln!("cubec: error: {}", error_chain(&e));
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes, `: `-separated like `{:#}`, but without a cause that only repeats
+/// the one before it (tonic's and hyper's transport errors wrap an error with the same text:
+/// "tcp connect error: tcp connect error: Connection refused").
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if parts.last() != Some(&text) {
+            parts.push(text);
+        }
+    }
+    parts.join(": ")
 }
 
 async fn run() -> anyhow::Result<()> {
@@ -324,4 +338,22 @@ fn hex(b: &[u8]) -> String {
 
 fn status(s: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!("{:?}: {}", s.code(), s.message())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_chain;
+
+    #[test]
+    fn a_cause_that_repeats_the_one_before_is_printed_once() {
+        let e = anyhow::anyhow!("Connection refused (os error 111)")
+            .context("tcp connect error")
+            .context("tcp connect error")
+            .context("transport error")
+            .context("cannot connect to http://127.0.0.1:1");
+        assert_eq!(
+            error_chain(&e),
+            "cannot connect to http://127.0.0.1:1: transport error: tcp connect error: Connection refused (os error 111)"
+        );
+    }
 }

@@ -161,6 +161,7 @@ fn local(data: &DataDir, catalog: &Arc<Catalog>, op: &Op<'_>) -> anyhow::Result<
             }
         }
         Op::RevokeKey(tenant, key) => {
+            catalog.require_tenant(tenant)?;
             if catalog.key(tenant, key).is_none() {
                 return Err(
                     StoreError::NotFound(format!("tenant '{tenant}' has no key '{key}'")).into(),
@@ -184,6 +185,7 @@ fn local(data: &DataDir, catalog: &Arc<Catalog>, op: &Op<'_>) -> anyhow::Result<
             }
         }
         Op::KeyIsActive(tenant, key) => {
+            catalog.require_tenant(tenant)?;
             Outcome::Active(catalog.key(tenant, key).is_some_and(|k| !k.revoked))
         }
         Op::SetDurability(tenant, policy) => {
@@ -256,12 +258,13 @@ async fn remote(mut client: AdminClient<Channel>, op: &Op<'_>) -> anyhow::Result
                 .list_tenants(ListTenantsRequest {})
                 .await
                 .map_err(status_msg)?;
-            let active = r
-                .into_inner()
-                .tenants
-                .iter()
-                .any(|t| t.name == *tenant && t.active_key_ids.iter().any(|k| k == key_id));
-            Ok(Outcome::Active(active))
+            let tenants = r.into_inner().tenants;
+            let Some(t) = tenants.iter().find(|t| t.name == *tenant) else {
+                bail!("no tenant named '{tenant}'");
+            };
+            Ok(Outcome::Active(
+                t.active_key_ids.iter().any(|k| k == key_id),
+            ))
         }
         Op::SetDurability(tenant, policy) => {
             let relaxed = match policy {

@@ -48,16 +48,41 @@ async fn tenants_and_keys_are_created_online_and_offline() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_names_and_duplicates_are_refused_clearly() {
-    let server = TestServer::start(cubed()).unwrap();
+    let mut server = TestServer::start(cubed()).unwrap();
     let out = server.cli(&["tenant", "create", "Not_Valid"]).unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid tenant name"));
     let out = server.cli(&["tenant", "create", "demo"]).unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("already exists"));
-    let out = server.cli(&["key", "create", "ghost"]).unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("no tenant named 'ghost'"));
+    // Every key command names a missing tenant as such, not as a missing key of it: through
+    // the running server's admin socket, then offline on the stopped data dir.
+    let ghost_commands = [
+        &["key", "create", "ghost"][..],
+        &["key", "revoke", "ghost", "k-1"],
+        &["key", "cert", "ghost", "k-1"],
+        &["tenant", "durability", "ghost", "sync"],
+    ];
+    let refused_as_no_tenant = |server: &TestServer| {
+        for args in ghost_commands {
+            let out = server.cli(args).unwrap();
+            assert!(!out.status.success(), "{args:?}");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                stderr.contains("no tenant named 'ghost'"),
+                "{args:?}: {stderr}"
+            );
+        }
+        let out = server.cli(&["key", "revoke", "demo", "k-1"]).unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("tenant 'demo' has no key 'k-1'"),
+            "{stderr}"
+        );
+    };
+    refused_as_no_tenant(&server);
+    assert!(server.sigterm().unwrap().success());
+    refused_as_no_tenant(&server);
 }
 
 #[test]

@@ -104,6 +104,7 @@ impl Admin for AdminService {
     ) -> Result<Response<v1::RevokeKeyResponse>, Status> {
         let r = req.into_inner();
         let catalog = self.catalog()?;
+        catalog.require_tenant(&r.tenant).map_err(ApiError::from)?;
         if catalog.key(&r.tenant, &r.key_id).is_none() {
             return Err(ApiError::from(StoreError::NotFound(format!(
                 "tenant '{}' has no key '{}'",

@@ -45,15 +45,21 @@ fn allocator_settings() {
 }
 
 fn run() -> anyhow::Result<()> {
+    let cli = cubed::config::parse_with_config(std::env::args_os().collect())?;
+    // The server logs at info; the one-shot commands (tenant, key) print their answer on stdout
+    // and only warnings and errors on stderr, unless RUST_LOG says otherwise.
+    let default_filter = match cli.command {
+        None | Some(Command::Serve(_)) => "info,fjall=warn,lsm_tree=warn",
+        Some(_) => "warn",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             // fjall logs every keyspace it opens at info: one line per tenant wake-up.
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,fjall=warn,lsm_tree=warn".into()),
+                .unwrap_or_else(|_| default_filter.into()),
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = cubed::config::parse_with_config(std::env::args_os().collect())?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

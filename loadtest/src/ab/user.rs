@@ -222,26 +222,48 @@ impl Clients {
 
 /// A connection authenticated per `model`: the clients and, for a handshake, its duration; on
 /// failure, the failure's class (`connect`, `handshake <code>`, ...).
-async fn open(target: &Target, model: Model) -> Result<(Clients, Option<Duration>), String> {
+/// Why a connection could not be opened: the failure class a run counts (`connect`,
+/// `handshake <code>`, ...) and what happened, for a message.
+struct OpenFailure {
+    class: String,
+    detail: String,
+}
+
+async fn open(target: &Target, model: Model) -> Result<(Clients, Option<Duration>), OpenFailure> {
+    let failure = |class: &str, detail: String| OpenFailure {
+        class: class.to_string(),
+        detail,
+    };
     let t = Instant::now();
-    let ch = target.connect().await.map_err(|_| "connect".to_string())?;
+    let ch = target.connect().await.map_err(|e| {
+        failure(
+            "connect",
+            format!("cannot connect to {}: {}", target.endpoint, e.root_cause()),
+        )
+    })?;
     match model {
         Model::Call => {
             let secret = target
                 .creds
                 .secret()
-                .map_err(|_| "bad secret".to_string())?;
+                .map_err(|e| failure("bad secret", format!("the credentials' secret: {e}")))?;
             let signer = CallSigner::new(&target.creds.tenant, &target.creds.key_id, secret);
             Ok((Clients::new(Signing::new(ch, signer)), None))
         }
         Model::Connection | Model::Churn => {
             handshake(ch.clone(), &target.creds)
                 .await
-                .map_err(|e| match e {
-                    cube_auth::client::HandshakeError::Refused(s) => {
-                        format!("handshake {}", status_class(&s))
-                    }
-                    _ => "handshake proof".to_string(),
+                .map_err(|e| match &e {
+                    cube_auth::client::HandshakeError::Refused(s) => failure(
+                        &format!("handshake {}", status_class(s)),
+                        format!(
+                            "{} refused the handshake: {} ({:?})",
+                            target.endpoint,
+                            s.message(),
+                            s.code()
+                        ),
+                    ),
+                    _ => failure("handshake proof", e.to_string()),
                 })?;
             Ok((Clients::new(Signing::passthrough(ch)), Some(t.elapsed())))
         }
@@ -670,7 +692,7 @@ pub async fn run_user(ctx: Arc<RunCtx>, index: usize, conn: Option<Clients>) -> 
                             fresh = c;
                             &mut fresh
                         }
-                        Err(class) => return Outcome::Failed(class),
+                        Err(failure) => return Outcome::Failed(failure.class),
                     },
                 };
                 user.step(clients, step).await
@@ -706,7 +728,7 @@ pub async fn run_user(ctx: Arc<RunCtx>, index: usize, conn: Option<Clients>) -> 
 pub async fn persistent(target: &Target, model: Model) -> anyhow::Result<(Clients, bool)> {
     match open(target, model).await {
         Ok((c, hs)) => Ok((c, hs.is_some())),
-        Err(why) => anyhow::bail!("opening a user's connection failed: {why}"),
+        Err(why) => anyhow::bail!("opening a user's connection failed: {}", why.detail),
     }
 }
 
@@ -735,7 +757,7 @@ pub async fn claim_slot(target: &Target, model: Model, label: &str) -> anyhow::R
             Ok(_) => {}
             Err(s) if s.code() == tonic::Code::FailedPrecondition => continue,
             Err(s) => anyhow::bail!(
-                "claiming run slot {slot} on the target failed: {} ({})",
+                "claiming run slot {slot} on the target failed: {} ({:?})",
                 s.message(),
                 s.code()
             ),
@@ -839,7 +861,7 @@ pub async fn verify(target: Target, ledger: Ledger, value_bytes: usize) -> Verif
         Err(o) => {
             problem(
                 &mut v,
-                format!("could not open a connection to verify: {o}"),
+                format!("could not open a connection to verify: {}", o.detail),
             );
             return v;
         }

@@ -43,7 +43,7 @@ for i in $(seq "$RUNS"); do
 import json, sys
 r = json.load(open(sys.argv[1]))
 v = r.get("verified") or {}
-problems = v.get("problems", ["not verified"]) if v else ["not verified"]
+problems = v["problems"] if v else ["not verified"]
 print(f"run {sys.argv[2]} ({sys.argv[3]}): x_base {r['x_base']}, {r['ops']} ops, ok {r['ok_pct']:.3f}%, "
       f"read back {v.get('writes', 0)} writes, {v.get('sealed', 0)} sealed cells, {v.get('runs', 0)} runs")
 bad = []

@@ -220,8 +220,6 @@ impl Clients {
     }
 }
 
-/// A connection authenticated per `model`: the clients and, for a handshake, its duration; on
-/// failure, the failure's class (`connect`, `handshake <code>`, ...).
 /// Why a connection could not be opened: the failure class a run counts (`connect`,
 /// `handshake <code>`, ...) and what happened, for a message.
 struct OpenFailure {
@@ -229,6 +227,7 @@ struct OpenFailure {
     detail: String,
 }
 
+/// A connection authenticated per `model`: the clients and, for a handshake, its duration.
 async fn open(target: &Target, model: Model) -> Result<(Clients, Option<Duration>), OpenFailure> {
     let failure = |class: &str, detail: String| OpenFailure {
         class: class.to_string(),

@@ -161,12 +161,7 @@ fn local(data: &DataDir, catalog: &Arc<Catalog>, op: &Op<'_>) -> anyhow::Result<
             }
         }
         Op::RevokeKey(tenant, key) => {
-            catalog.require_tenant(tenant)?;
-            if catalog.key(tenant, key).is_none() {
-                return Err(
-                    StoreError::NotFound(format!("tenant '{tenant}' has no key '{key}'")).into(),
-                );
-            }
+            catalog.require_key(tenant, key)?;
             // One record of the tenant's log holds the revocation and its audit entry.
             let cmd = Command::RevokeKey {
                 key_id: key.to_string(),

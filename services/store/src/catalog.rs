@@ -457,6 +457,18 @@ impl Catalog {
         }
     }
 
+    /// NOT_FOUND unless `tenant` exists and has the key `key_id` (revoked or not), with a
+    /// message that says which of the two is missing.
+    pub fn require_key(&self, tenant: &str, key_id: &str) -> Result<(), StoreError> {
+        self.require_tenant(tenant)?;
+        match self.key(tenant, key_id) {
+            Some(_) => Ok(()),
+            None => Err(StoreError::NotFound(format!(
+                "tenant '{tenant}' has no key '{key_id}'"
+            ))),
+        }
+    }
+
     pub fn tenant_exists(&self, tenant: &str) -> Result<bool, StoreError> {
         self.tenants
             .contains_key(tenant)

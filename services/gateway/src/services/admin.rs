@@ -104,14 +104,9 @@ impl Admin for AdminService {
     ) -> Result<Response<v1::RevokeKeyResponse>, Status> {
         let r = req.into_inner();
         let catalog = self.catalog()?;
-        catalog.require_tenant(&r.tenant).map_err(ApiError::from)?;
-        if catalog.key(&r.tenant, &r.key_id).is_none() {
-            return Err(ApiError::from(StoreError::NotFound(format!(
-                "tenant '{}' has no key '{}'",
-                r.tenant, r.key_id
-            )))
-            .into());
-        }
+        catalog
+            .require_key(&r.tenant, &r.key_id)
+            .map_err(ApiError::from)?;
         let revoked = match &self.directory {
             // One record of the tenant's log holds the revocation and its audit entry.
             Some(directory) => {

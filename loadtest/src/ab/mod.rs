@@ -292,7 +292,11 @@ async fn run_on(
     let mut per_op: BTreeMap<&'static str, OpStats> = BTreeMap::new();
     let (mut handshakes, mut handshake_us, mut late) = (setup_handshakes, hist(), 0);
     let mut examples = Vec::new();
+    let mut done_per_window = vec![0u64; ctx.windows()];
     for u in &users {
+        for (sum, n) in done_per_window.iter_mut().zip(&u.done_per_window) {
+            *sum += n;
+        }
         for (name, s) in &u.per_op {
             per_op
                 .entry(name)
@@ -344,6 +348,7 @@ async fn run_on(
         ok,
         ok_pct: 100.0 * ok as f64 / ops.max(1) as f64,
         ops_per_sec: ops as f64 / elapsed,
+        windows: report::windows(&done_per_window, user::WINDOW.as_secs_f64(), elapsed),
         failures,
         mismatch_examples: examples,
         handshakes,
@@ -419,6 +424,7 @@ pub async fn run(args: RunArgs, default_cubed: PathBuf) -> anyhow::Result<()> {
     .await?;
     let reports = [r];
     println!("{}", report::summary_table(&reports));
+    println!("{}", report::window_table(&reports));
     println!("{}", report::op_tables(&reports));
     println!("{}", report::server_tables(&reports));
     if let Some(path) = &args.json {
@@ -523,6 +529,7 @@ pub async fn stress(args: StressArgs, default_cubed: PathBuf) -> anyhow::Result<
     );
     let reports = [a?, b?];
     println!("{}", report::summary_table(&reports));
+    println!("{}", report::window_table(&reports));
     println!("{}", report::op_tables(&reports));
     let mut bad = report::problems(&reports);
     for r in &reports {

@@ -48,6 +48,115 @@ pub struct OpReport {
     pub latency: Lat,
 }
 
+/// The ops that ended within one stretch of a run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Window {
+    /// Seconds from the run's start to the window's.
+    pub from_s: f64,
+    pub seconds: f64,
+    pub ops: u64,
+    pub ops_per_sec: f64,
+}
+
+/// Windows of `window_s` seconds from per-window op counts; the last one runs to `elapsed_s`
+/// (the run's length, including the wait for ops still in flight at its end, which it counts).
+pub fn windows(counts: &[u64], window_s: f64, elapsed_s: f64) -> Vec<Window> {
+    let n = counts.len();
+    counts
+        .iter()
+        .enumerate()
+        .map(|(i, &ops)| {
+            let from_s = i as f64 * window_s;
+            let seconds = if i + 1 == n {
+                (elapsed_s - from_s).max(1e-3)
+            } else {
+                window_s
+            };
+            Window {
+                from_s,
+                seconds,
+                ops,
+                ops_per_sec: ops as f64 / seconds,
+            }
+        })
+        .collect()
+}
+
+/// The last window's rate over the first's, when a run has at least two windows.
+fn last_over_first(r: &RunReport) -> Option<f64> {
+    match (r.windows.first(), r.windows.last()) {
+        (Some(first), Some(last)) if r.windows.len() >= 2 && first.ops_per_sec > 0.0 => {
+            Some(last.ops_per_sec / first.ops_per_sec)
+        }
+        _ => None,
+    }
+}
+
+/// The verdict's line on how the persistent runs' rate moved from their first window to their
+/// last, when every one of them has at least two.
+fn through_the_runs(persistent: &[&RunReport]) -> Option<String> {
+    let ratios: Vec<f64> = persistent
+        .iter()
+        .map(|r| last_over_first(r))
+        .collect::<Option<_>>()?;
+    let (lo, hi) = ratios
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+    let first_best = persistent
+        .iter()
+        .filter_map(|r| r.windows.first())
+        .map(|w| w.ops_per_sec)
+        .fold(0.0, f64::max);
+    let width = persistent
+        .first()
+        .and_then(|r| r.windows.first())
+        .map(|w| w.seconds)?;
+    let why = if hi < 1.0 {
+        " Each slowed down as it went; why: docs/benchmarks.md, \"The 120-s decline is the number of runs\"."
+    } else {
+        ""
+    };
+    Some(format!(
+        "- **Through each run.** The persistent runs' last {width:.0}-s window did {:.0}–{:.0}% of the rate of their first (the best first window: {first_best:.0} ops/s, {:.0}× the seed's best; \"Throughput through each run\" below).{why}",
+        100.0 * lo,
+        100.0 * hi,
+        first_best / SEED_OPS_PER_SEC,
+    ))
+}
+
+/// Throughput through each run: ops/s per window, first to last.
+pub fn window_table(runs: &[RunReport]) -> String {
+    let mut o = String::new();
+    let width = runs
+        .iter()
+        .filter_map(|r| r.windows.first())
+        .map(|w| w.seconds)
+        .fold(0.0, f64::max);
+    let _ = writeln!(
+        o,
+        "| model | mix | ops/s per {width:.0}-s window, first to last | last ÷ first |"
+    );
+    let _ = writeln!(o, "|---|---|---|---:|");
+    for r in runs {
+        let rates: Vec<String> = r
+            .windows
+            .iter()
+            .map(|w| format!("{:.0}", w.ops_per_sec))
+            .collect();
+        let _ = writeln!(
+            o,
+            "| {} | {} | {} | {} |",
+            r.model.name(),
+            r.mix,
+            rates.join(" · "),
+            last_over_first(r)
+                .map(|x| format!("{x:.2}"))
+                .unwrap_or_else(|| "–".into())
+        );
+    }
+    o
+}
+
 /// One model × mix.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunReport {
@@ -64,6 +173,8 @@ pub struct RunReport {
     pub ok: u64,
     pub ok_pct: f64,
     pub ops_per_sec: f64,
+    /// Ops by the window of the run in which they ended ([`super::user::WINDOW`]).
+    pub windows: Vec<Window>,
     /// Failed ops by cause: `timeout`, `connect`, `handshake <code>`, `mismatch` (an answer that
     /// contradicts what was acknowledged), or the gRPC code.
     pub failures: BTreeMap<String, u64>,
@@ -430,6 +541,9 @@ fn verdict(runs: &[RunReport]) -> String {
         if let Some(line) = mix_for_mix(&rows) {
             let _ = writeln!(v, "  {line}");
         }
+        if let Some(line) = through_the_runs(&persistent) {
+            let _ = writeln!(v, "{line}");
+        }
     }
     let cpu: Vec<(f64, f64)> = runs
         .iter()
@@ -504,6 +618,11 @@ pub fn ab_markdown(
         .map(|n| n.to_string_lossy().to_string())
         .unwrap_or_default();
     let _ = writeln!(o, "![Latency percentiles by model]({name})\n");
+    let _ = writeln!(
+        o,
+        "## Throughput through each run\n\n{}\nOps (successful or failed) are counted in the window in which they ended; the last window also counts ops answered after the run's end.\n",
+        window_table(runs)
+    );
     let _ = writeln!(o, "## Per op\n\n{}", op_tables(runs));
     let verified: Vec<String> = runs
         .iter()
@@ -568,5 +687,87 @@ mod tests {
             "{line}"
         );
         assert_eq!(mix_for_mix(&[(Model::Call, "custom", 1.0)]), None);
+    }
+
+    fn run_with(model: Model, counts: &[u64], elapsed_s: f64) -> RunReport {
+        let h = crate::ab::user::hist();
+        RunReport {
+            model,
+            mix: "legacy".into(),
+            tls: false,
+            users: 8,
+            x_base: 0,
+            seconds: elapsed_s,
+            rate: None,
+            timeout_ms: 3000,
+            ops: counts.iter().sum(),
+            ok: counts.iter().sum(),
+            ok_pct: 100.0,
+            ops_per_sec: counts.iter().sum::<u64>() as f64 / elapsed_s,
+            windows: windows(counts, 10.0, elapsed_s),
+            failures: BTreeMap::new(),
+            mismatch_examples: Vec::new(),
+            handshakes: 8,
+            handshake: None,
+            latency: Lat::of(&h),
+            curve: Vec::new(),
+            per_op: BTreeMap::new(),
+            late_starts: 0,
+            server: Vec::new(),
+            client_cpu_s: None,
+            server_cpu_s: None,
+            client_cpu_us_per_op: None,
+            server_cpu_us_per_op: None,
+            verified: None,
+        }
+    }
+
+    #[test]
+    fn windows_are_rates_and_the_last_runs_to_the_end_of_the_run() {
+        // A 25-s run whose last ops were answered 0.4 s after its end.
+        let w = windows(&[140_000, 120_000, 52_000], 10.0, 25.4);
+        assert_eq!(w.len(), 3);
+        assert_eq!(
+            (w[0].from_s, w[0].seconds, w[0].ops_per_sec),
+            (0.0, 10.0, 14_000.0)
+        );
+        assert_eq!((w[1].from_s, w[1].ops_per_sec), (10.0, 12_000.0));
+        assert!((w[2].seconds - 5.4).abs() < 1e-9, "{w:?}");
+        assert!((w[2].ops_per_sec - 52_000.0 / 5.4).abs() < 1e-6, "{w:?}");
+    }
+
+    #[test]
+    fn the_table_and_the_verdict_show_how_each_run_moved() {
+        let runs = [
+            run_with(Model::Connection, &[140_000, 120_000, 105_000], 30.0),
+            run_with(Model::Call, &[130_000, 117_000], 20.0),
+            run_with(Model::Churn, &[30_000], 10.0),
+        ];
+        let table = window_table(&runs);
+        assert!(
+            table.contains("| connection | legacy | 14000 · 12000 · 10500 | 0.75 |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("| call | legacy | 13000 · 11700 | 0.90 |"),
+            "{table}"
+        );
+        // One window: no ratio.
+        assert!(table.contains("| churn | legacy | 3000 | – |"), "{table}");
+        let persistent: Vec<&RunReport> = runs[..2].iter().collect();
+        let line = through_the_runs(&persistent).unwrap();
+        assert!(line.contains("did 75–90% of the rate"), "{line}");
+        assert!(line.contains("14000 ops/s, 51× the seed's best"), "{line}");
+        assert!(line.contains("slowed down"), "{line}");
+        // A run with a single window gives no line at all.
+        let short = run_with(Model::Call, &[50_000], 5.0);
+        assert_eq!(through_the_runs(&[&runs[0], &short]), None);
+        // Runs that sped up are not said to have slowed down.
+        let faster = run_with(Model::Call, &[100_000, 110_000], 20.0);
+        let line = through_the_runs(&[&faster]).unwrap();
+        assert!(
+            line.contains("did 110–110%") && !line.contains("slowed"),
+            "{line}"
+        );
     }
 }

@@ -85,6 +85,27 @@ pub struct RunCtx {
     pub x_base: i32,
 }
 
+/// Length of the windows a run's throughput is reported by ([`UserResult::done_per_window`]).
+pub const WINDOW: Duration = Duration::from_secs(10);
+
+impl RunCtx {
+    /// Windows of [`WINDOW`] covering the run (the last one may be shorter).
+    pub fn windows(&self) -> usize {
+        let run = self.end.saturating_duration_since(self.start);
+        (run.as_nanos().div_ceil(WINDOW.as_nanos()) as usize).max(1)
+    }
+
+    /// The window an op that ended at `t` is counted in: ops that end after the run's end
+    /// (started before it, answered after) count in the last window.
+    fn window_of(&self, t: Instant) -> usize {
+        window_index(t.saturating_duration_since(self.start), self.windows())
+    }
+}
+
+fn window_index(since_start: Duration, windows: usize) -> usize {
+    ((since_start.as_nanos() / WINDOW.as_nanos()) as usize).min(windows.saturating_sub(1))
+}
+
 /// The outcome class of one rpc.
 #[derive(Debug)]
 enum Outcome {
@@ -138,6 +159,8 @@ pub struct UserResult {
     pub late_starts: u64,
     pub mismatch_examples: Vec<String>,
     pub ledger: Ledger,
+    /// Ops (successful or failed) by the [`WINDOW`] of the run in which they ended.
+    pub done_per_window: Vec<u64>,
 }
 
 /// What the server acknowledged to one user.
@@ -658,6 +681,7 @@ pub async fn run_user(ctx: Arc<RunCtx>, index: usize, conn: Option<Clients>) -> 
     let (mut handshakes, mut handshake_us, mut late_starts) = (0u64, hist(), 0u64);
     let mut due = ctx.start;
     let mut conn = conn;
+    let mut done_per_window = vec![0u64; ctx.windows()];
     'run: loop {
         let group = ctx.mix.pick(&mut user.rng);
         for &step in Step::of(group) {
@@ -701,6 +725,7 @@ pub async fn run_user(ctx: Arc<RunCtx>, index: usize, conn: Option<Clients>) -> 
             if matches!(outcome, Outcome::Skipped) {
                 continue;
             }
+            done_per_window[ctx.window_of(Instant::now())] += 1;
             let stats = per_op.entry(step.name()).or_insert_with(OpStats::new);
             match outcome {
                 Outcome::Ok => {
@@ -720,6 +745,7 @@ pub async fn run_user(ctx: Arc<RunCtx>, index: usize, conn: Option<Clients>) -> 
         late_starts,
         mismatch_examples: user.mismatches,
         ledger: user.ledger,
+        done_per_window,
     }
 }
 
@@ -927,6 +953,18 @@ pub async fn verify(target: Target, ledger: Ledger, value_bytes: usize) -> Verif
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_op_counts_in_the_window_it_ended_in_and_late_ones_in_the_last() {
+        let s = Duration::from_secs_f64;
+        assert_eq!(window_index(s(0.0), 12), 0);
+        assert_eq!(window_index(s(9.999), 12), 0);
+        assert_eq!(window_index(s(10.0), 12), 1);
+        assert_eq!(window_index(s(119.9), 12), 11);
+        // Answered after the end of a 120-s run: still the last window, not a thirteenth.
+        assert_eq!(window_index(s(121.5), 12), 11);
+        assert_eq!(window_index(s(3.0), 1), 0);
+    }
 
     fn cell(x: i32, y: i32, z: i32, value: Vec<u8>, sealed: bool) -> Cell {
         Cell {

@@ -112,7 +112,7 @@ fn through_the_runs(persistent: &[&RunReport]) -> Option<String> {
         .and_then(|r| r.windows.first())
         .map(|w| w.seconds)?;
     let why = if hi < 1.0 {
-        " Each slowed down as it went; why: docs/benchmarks.md, \"The 120-s decline is the number of runs\"."
+        " Each ended slower than it began; why: docs/benchmarks.md, \"The 120-s decline is the number of runs\"."
     } else {
         ""
     };
@@ -758,7 +758,7 @@ mod tests {
         let line = through_the_runs(&persistent).unwrap();
         assert!(line.contains("did 75–90% of the rate"), "{line}");
         assert!(line.contains("14000 ops/s, 51× the seed's best"), "{line}");
-        assert!(line.contains("slowed down"), "{line}");
+        assert!(line.contains("ended slower"), "{line}");
         // A run with a single window gives no line at all.
         let short = run_with(Model::Call, &[50_000], 5.0);
         assert_eq!(through_the_runs(&[&runs[0], &short]), None);
@@ -766,7 +766,7 @@ mod tests {
         let faster = run_with(Model::Call, &[100_000, 110_000], 20.0);
         let line = through_the_runs(&[&faster]).unwrap();
         assert!(
-            line.contains("did 110–110%") && !line.contains("slowed"),
+            line.contains("did 110–110%") && !line.contains("slower"),
             "{line}"
         );
     }

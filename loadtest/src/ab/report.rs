@@ -107,17 +107,18 @@ fn through_the_runs(persistent: &[&RunReport]) -> Option<String> {
         .filter_map(|r| r.windows.first())
         .map(|w| w.ops_per_sec)
         .fold(0.0, f64::max);
-    let width = persistent
-        .first()
-        .and_then(|r| r.windows.first())
-        .map(|w| w.seconds)?;
+    if ratios.is_empty() {
+        return None;
+    }
+    // Every run here has two windows or more, so its first is a whole one.
+    let width = super::user::WINDOW.as_secs();
     let why = if hi < 1.0 {
         " Each ended slower than it began; why: docs/benchmarks.md, \"The 120-s decline is the number of runs\"."
     } else {
         ""
     };
     Some(format!(
-        "- **Through each run.** The persistent runs' last {width:.0}-s window did {:.0}–{:.0}% of the rate of their first (the best first window: {first_best:.0} ops/s, {:.0}× the seed's best; \"Throughput through each run\" below).{why}",
+        "- **Through each run.** The persistent runs' last {width}-s window did {:.0}–{:.0}% of the rate of their first (the best first window: {first_best:.0} ops/s, {:.0}× the seed's best; \"Throughput through each run\" below).{why}",
         100.0 * lo,
         100.0 * hi,
         first_best / SEED_OPS_PER_SEC,

@@ -113,7 +113,7 @@ fn through_the_runs(persistent: &[&RunReport]) -> Option<String> {
     // Every run here has two windows or more, so its first is a whole one.
     let width = super::user::WINDOW.as_secs();
     let why = if hi < 1.0 {
-        " Each ended slower than it began; why: docs/benchmarks.md, \"The 120-s decline is the number of runs\"."
+        " Each ended slower than it began; what is known of why: docs/benchmarks.md, \"The 120-s decline and the number of runs\" and the section after it."
     } else {
         ""
     };

@@ -244,6 +244,8 @@ impl FjallBackend {
                     // load of 64 KiB values went from 109-112 to 149-158 MiB/s
                     // (docs/benchmarks.md). Point reads check more runs (bloom filters skip
                     // most); 64-client reads, writes and scans measured within their spread.
+                    // The patched lsm-tree also merges a slowly written tenant's small level-0
+                    // runs early (vendor/lsm-tree/CUBE-PATCH.md, change 4).
                     .compaction_strategy(fjall::compaction::Strategy::SizeTiered(
                         fjall::compaction::SizeTiered::default(),
                     )),
@@ -699,6 +701,76 @@ mod tests {
         let all = pairs(&f);
         assert_eq!(all.len(), model.len());
         assert!(all.into_iter().eq(model.into_iter()));
+    }
+
+    /// The patched size-tiered rule (vendor/lsm-tree/CUBE-PATCH.md, change 4): small runs
+    /// flushed [`fjall::compaction::SLOW_RUN_MIN_GAP`] apart are merged into one within level 0;
+    /// the same runs flushed back to back (a bulk load) stay as they are. Either way every key
+    /// reads back as last written.
+    #[test]
+    fn slowly_flushed_small_runs_are_merged_and_fast_ones_are_not() {
+        let runs = fjall::compaction::SLOW_RUNS_TO_MERGE;
+        let key = |i: usize| format!("c:{:08x}", i.wrapping_mul(2_654_435_761)).into_bytes();
+        let write_runs = |f: &FjallBackend, gap: std::time::Duration| {
+            let mut model = std::collections::BTreeMap::new();
+            for round in 0..runs {
+                if round > 0 {
+                    std::thread::sleep(gap);
+                }
+                let mut ops = Vec::new();
+                for i in (round * 1000)..(round * 1000 + 2000) {
+                    let v = format!("{round}:{i}").into_bytes();
+                    model.insert(key(i), v.clone());
+                    ops.push(BatchOp::Put(key(i), v));
+                }
+                for i in (0..(round * 1000)).step_by(5) {
+                    model.remove(&key(i));
+                    ops.push(BatchOp::Remove(key(i)));
+                }
+                f.apply(ops).unwrap();
+                f.flush().unwrap();
+            }
+            model
+        };
+        let reads_back = |f: &FjallBackend, model: std::collections::BTreeMap<Vec<u8>, Vec<u8>>| {
+            for i in 0..(runs * 1000 + 1000) {
+                assert_eq!(
+                    f.get(&key(i)).unwrap(),
+                    model.get(&key(i)).cloned(),
+                    "key {i}"
+                );
+            }
+            assert!(pairs(f).into_iter().eq(model));
+        };
+        let segments = |f: &FjallBackend| f.ks().part.segment_count();
+
+        let root = tempfile::tempdir().unwrap();
+        let fast = fjall(&root.path().join("fast"));
+        let model = write_runs(&fast, std::time::Duration::ZERO);
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        assert_eq!(
+            segments(&fast),
+            runs,
+            "runs flushed back to back are left alone"
+        );
+        reads_back(&fast, model);
+
+        let slow = fjall(&root.path().join("slow"));
+        let model = write_runs(
+            &slow,
+            fjall::compaction::SLOW_RUN_MIN_GAP + std::time::Duration::from_millis(50),
+        );
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while segments(&slow) != 1 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} runs flushed slowly were not merged: {} segments",
+                runs,
+                segments(&slow)
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        reads_back(&slow, model);
     }
 
     #[test]

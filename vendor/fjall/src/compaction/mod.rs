@@ -7,7 +7,9 @@ pub(crate) mod worker;
 
 use std::sync::Arc;
 
-pub use lsm_tree::compaction::{Fifo, Leveled, Levelled, SizeTiered};
+pub use lsm_tree::compaction::{
+    Fifo, Leveled, Levelled, SizeTiered, SLOW_RUNS_TO_MERGE, SLOW_RUN_MIN_GAP,
+};
 
 /// Compaction strategy
 #[derive(Clone)]

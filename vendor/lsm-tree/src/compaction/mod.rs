@@ -17,6 +17,7 @@ pub(crate) mod worker;
 pub use fifo::Strategy as Fifo;
 pub use leveled::Strategy as Leveled;
 pub use tiered::Strategy as SizeTiered;
+pub use tiered::{SLOW_RUNS_TO_MERGE, SLOW_RUN_MIN_GAP};
 
 use crate::{config::Config, level_manifest::LevelManifest, segment::meta::SegmentId, HashSet};
 

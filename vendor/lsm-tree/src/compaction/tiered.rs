@@ -144,11 +144,64 @@ impl CompactionStrategy for Strategy {
         //
         // TODO: however: force compaction if L0 becomes way too large
 
+        if let Some(choice) = merge_slow_small_runs(levels, self.base_size) {
+            return choice;
+        }
+
         // NOTE: Reduce L0 segments if needed
         // this is probably an edge case if the `base_size` does not line up with
         // the `max_memtable_size` AT ALL
         super::maintenance::Strategy.choose(levels, config)
     }
+}
+
+/// Cube: how many of the newest level-0 runs [`merge_slow_small_runs`] merges into one.
+pub const SLOW_RUNS_TO_MERGE: usize = 4;
+
+/// Cube: the least time between the flushes of those runs for them to be merged early.
+pub const SLOW_RUN_MIN_GAP: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Cube's change (vendor/lsm-tree/CUBE-PATCH.md, change 4): before level 0 reaches the size that
+/// makes size-tiered compaction merge it, merge its newest [`SLOW_RUNS_TO_MERGE`] runs into one,
+/// within level 0, when they are small (each under half of `base_size`), of a size (the largest
+/// under four times the smallest) and were flushed slowly (each at least [`SLOW_RUN_MIN_GAP`]
+/// after the one before).
+///
+/// Every point read probes, and every range scan merges, one more run per run in the tree. A
+/// tree written slowly (many small changes, a memtable flushed every few seconds) collects runs
+/// for minutes before level 0 is big enough to merge; merging a few small runs costs little and
+/// keeps their number low. A fast writer (a bulk load: flushes well under a second apart) is
+/// left alone, so its bytes are not written once more. The size rule bounds the extra writes:
+/// within two such merges a merged run is four times a fresh one or more, and is then not
+/// merged with fresh runs again. Runs a compaction is already working on (hidden) are never
+/// taken, and the runs taken are the newest, so their seqnos are contiguous.
+fn merge_slow_small_runs(levels: &LevelManifest, base_size: u32) -> Option<Choice> {
+    let mut newest: Vec<&Segment> = levels.levels.first()?.segments.iter().collect();
+    if newest.len() < SLOW_RUNS_TO_MERGE {
+        return None;
+    }
+    newest.sort_by(|a, b| b.metadata.seqnos.1.cmp(&a.metadata.seqnos.1));
+    newest.truncate(SLOW_RUNS_TO_MERGE);
+    if newest.iter().any(|s| levels.hidden_set().is_hidden(s.id())) {
+        return None;
+    }
+    let sizes = newest.iter().map(|s| s.metadata.file_size);
+    let (smallest, largest) = (sizes.clone().min()?, sizes.max()?);
+    if largest >= u64::from(base_size) / 2 || largest >= smallest.saturating_mul(4) {
+        return None;
+    }
+    let gap = SLOW_RUN_MIN_GAP.as_micros();
+    if newest
+        .windows(2)
+        .any(|w| w[0].metadata.created_at.saturating_sub(w[1].metadata.created_at) < gap)
+    {
+        return None;
+    }
+    Some(Choice::Merge(CompactionInput {
+        segment_ids: newest.iter().map(|s| s.id()).collect(),
+        dest_level: 0,
+        target_size: u64::MAX,
+    }))
 }
 
 #[cfg(test)]

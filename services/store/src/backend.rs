@@ -668,39 +668,53 @@ mod tests {
     /// filters mapped from the files and two-level block indexes at every level. Every key of
     /// several overlapping segments must still read back as last written, and absent or removed
     /// keys as absent.
+    /// Keys spread over the key space, so that consecutive `i` land in different blocks.
+    fn scattered_key(i: u32) -> Vec<u8> {
+        format!("c:{:08x}", i.wrapping_mul(2_654_435_761)).into_bytes()
+    }
+
+    /// One flushed run of overlapping changes, mirrored in `model`: keys `round * step` up to
+    /// `round * step + 2 * step` get this round's values, and every `remove_every`th key below
+    /// them is removed.
+    fn write_run(f: &FjallBackend, model: &mut Model, round: u32, step: u32, remove_every: usize) {
+        let mut ops = Vec::new();
+        for i in (round * step)..(round * step + 2 * step) {
+            let v = format!("{round}:{i}").into_bytes();
+            model.insert(scattered_key(i), v.clone());
+            ops.push(BatchOp::Put(scattered_key(i), v));
+        }
+        for i in (0..(round * step)).step_by(remove_every) {
+            model.remove(&scattered_key(i));
+            ops.push(BatchOp::Remove(scattered_key(i)));
+        }
+        f.apply(ops).unwrap();
+        f.flush().unwrap();
+    }
+
+    type Model = std::collections::BTreeMap<Vec<u8>, Vec<u8>>;
+
+    /// Every key below `end` reads back as `model` has it, and a full scan gives exactly `model`.
+    fn reads_back(f: &FjallBackend, model: Model, end: u32) {
+        for i in 0..end {
+            let k = scattered_key(i);
+            assert_eq!(f.get(&k).unwrap(), model.get(&k).cloned(), "key {i}");
+        }
+        let all = pairs(f);
+        assert_eq!(all.len(), model.len());
+        assert!(all.into_iter().eq(model));
+    }
+
     #[test]
     fn a_reopened_store_of_several_segments_answers_every_key() {
         let root = tempfile::tempdir().unwrap();
-        let key = |i: u32| format!("c:{:08x}", i.wrapping_mul(2_654_435_761)).into_bytes();
-        let mut model = std::collections::BTreeMap::new();
+        let mut model = Model::new();
         {
             let f = fjall(root.path());
-            for round in 0..5u32 {
-                let mut ops = Vec::new();
-                for i in (round * 1500)..(round * 1500 + 3000) {
-                    let v = format!("{round}:{i}").into_bytes();
-                    model.insert(key(i), v.clone());
-                    ops.push(BatchOp::Put(key(i), v));
-                }
-                for i in (0..(round * 1500)).step_by(7) {
-                    model.remove(&key(i));
-                    ops.push(BatchOp::Remove(key(i)));
-                }
-                f.apply(ops).unwrap();
-                f.flush().unwrap();
+            for round in 0..5 {
+                write_run(&f, &mut model, round, 1500, 7);
             }
         }
-        let f = fjall(root.path());
-        for i in 0..10_000u32 {
-            assert_eq!(
-                f.get(&key(i)).unwrap(),
-                model.get(&key(i)).cloned(),
-                "key {i}"
-            );
-        }
-        let all = pairs(&f);
-        assert_eq!(all.len(), model.len());
-        assert!(all.into_iter().eq(model.into_iter()));
+        reads_back(&fjall(root.path()), model, 10_000);
     }
 
     /// The patched size-tiered rule (vendor/lsm-tree/CUBE-PATCH.md, change 4): small runs
@@ -709,38 +723,16 @@ mod tests {
     /// reads back as last written.
     #[test]
     fn slowly_flushed_small_runs_are_merged_and_fast_ones_are_not() {
-        let runs = fjall::compaction::SLOW_RUNS_TO_MERGE;
-        let key = |i: usize| format!("c:{:08x}", i.wrapping_mul(2_654_435_761)).into_bytes();
+        let runs = fjall::compaction::SLOW_RUNS_TO_MERGE as u32;
         let write_runs = |f: &FjallBackend, gap: std::time::Duration| {
-            let mut model = std::collections::BTreeMap::new();
+            let mut model = Model::new();
             for round in 0..runs {
                 if round > 0 {
                     std::thread::sleep(gap);
                 }
-                let mut ops = Vec::new();
-                for i in (round * 1000)..(round * 1000 + 2000) {
-                    let v = format!("{round}:{i}").into_bytes();
-                    model.insert(key(i), v.clone());
-                    ops.push(BatchOp::Put(key(i), v));
-                }
-                for i in (0..(round * 1000)).step_by(5) {
-                    model.remove(&key(i));
-                    ops.push(BatchOp::Remove(key(i)));
-                }
-                f.apply(ops).unwrap();
-                f.flush().unwrap();
+                write_run(f, &mut model, round, 1000, 5);
             }
             model
-        };
-        let reads_back = |f: &FjallBackend, model: std::collections::BTreeMap<Vec<u8>, Vec<u8>>| {
-            for i in 0..(runs * 1000 + 1000) {
-                assert_eq!(
-                    f.get(&key(i)).unwrap(),
-                    model.get(&key(i)).cloned(),
-                    "key {i}"
-                );
-            }
-            assert!(pairs(f).into_iter().eq(model));
         };
         let segments = |f: &FjallBackend| f.ks().part.segment_count();
 
@@ -750,10 +742,10 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_secs(1));
         assert_eq!(
             segments(&fast),
-            runs,
+            runs as usize,
             "runs flushed back to back are left alone"
         );
-        reads_back(&fast, model);
+        reads_back(&fast, model, runs * 1000 + 1000);
 
         let slow = fjall(&root.path().join("slow"));
         let model = write_runs(
@@ -764,13 +756,12 @@ mod tests {
         while segments(&slow) != 1 {
             assert!(
                 std::time::Instant::now() < deadline,
-                "{} runs flushed slowly were not merged: {} segments",
-                runs,
+                "{runs} runs flushed slowly were not merged: {} segments",
                 segments(&slow)
             );
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
-        reads_back(&slow, model);
+        reads_back(&slow, model, runs * 1000 + 1000);
     }
 
     #[test]

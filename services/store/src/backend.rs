@@ -664,10 +664,6 @@ mod tests {
         assert_eq!(pairs(&f), vec![(b"a".to_vec(), b"1".to_vec())]);
     }
 
-    /// After a reopen, segments use the patched lsm-tree (vendor/lsm-tree/CUBE-PATCH.md): bloom
-    /// filters mapped from the files and two-level block indexes at every level. Every key of
-    /// several overlapping segments must still read back as last written, and absent or removed
-    /// keys as absent.
     /// Keys spread over the key space, so that consecutive `i` land in different blocks.
     fn scattered_key(i: u32) -> Vec<u8> {
         format!("c:{:08x}", i.wrapping_mul(2_654_435_761)).into_bytes()
@@ -704,6 +700,10 @@ mod tests {
         assert!(all.into_iter().eq(model));
     }
 
+    /// After a reopen, segments use the patched lsm-tree (vendor/lsm-tree/CUBE-PATCH.md): bloom
+    /// filters mapped from the files and two-level block indexes at every level. Every key of
+    /// several overlapping segments must still read back as last written, and absent or removed
+    /// keys as absent.
     #[test]
     fn a_reopened_store_of_several_segments_answers_every_key() {
         let root = tempfile::tempdir().unwrap();

@@ -176,12 +176,12 @@ pub const SLOW_RUN_MIN_GAP: std::time::Duration = std::time::Duration::from_secs
 /// merged with fresh runs again. Runs a compaction is already working on (hidden) are never
 /// taken, and the runs taken are the newest, so their seqnos are contiguous.
 fn merge_slow_small_runs(levels: &LevelManifest, base_size: u32) -> Option<Choice> {
-    let mut newest: Vec<&Segment> = levels.levels.first()?.segments.iter().collect();
-    if newest.len() < SLOW_RUNS_TO_MERGE {
+    let mut level0 = crate::level_manifest::level::Level::clone(levels.levels.first()?);
+    if level0.len() < SLOW_RUNS_TO_MERGE {
         return None;
     }
-    newest.sort_by(|a, b| b.metadata.seqnos.1.cmp(&a.metadata.seqnos.1));
-    newest.truncate(SLOW_RUNS_TO_MERGE);
+    level0.sort_by_seqno();
+    let newest = &level0.segments[..SLOW_RUNS_TO_MERGE];
     if newest.iter().any(|s| levels.hidden_set().is_hidden(s.id())) {
         return None;
     }

@@ -176,6 +176,26 @@ pub static MAILBOX_DEPTH: LazyLock<IntGauge> = LazyLock::new(|| {
         "Requests admitted to tenant actors and not yet answered (queued or waiting for fsync).",
     )
 });
+/// Where a change's time goes inside its tenant, by stage (see [`CHANGE_MAILBOX`] and its
+/// siblings, the label values resolved once).
+pub static CHANGE_STAGE_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
+    histogram_vec(
+        "cube_change_stage_seconds",
+        "Time a call spends in each stage inside its tenant: mailbox (queued for the tenant's actor), durable (from its WAL append until the actor hears it is fsynced), apply (applying its group and answering).",
+        &["stage"],
+        fine_buckets(),
+    )
+});
+/// A call's wait in its tenant's mailbox, from the gateway's send to the actor's handler.
+pub static CHANGE_MAILBOX: LazyLock<Histogram> =
+    LazyLock::new(|| CHANGE_STAGE_SECONDS.with_label_values(&["mailbox"]));
+/// A durable change's wait from its WAL append until its tenant's actor hears it is fsynced:
+/// the syncer's queue, the write and fdatasync, and the report's trip back to the actor.
+pub static CHANGE_DURABLE: LazyLock<Histogram> =
+    LazyLock::new(|| CHANGE_STAGE_SECONDS.with_label_values(&["durable"]));
+/// Applying a durable change's group to the tenant's state and answering its callers.
+pub static CHANGE_APPLY: LazyLock<Histogram> =
+    LazyLock::new(|| CHANGE_STAGE_SECONDS.with_label_values(&["apply"]));
 /// Time to open (recover) a tenant.
 pub static RECOVERY_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
     histogram(
@@ -257,6 +277,7 @@ pub fn init() {
         &*WAL_SEGMENTS_RECYCLED,
         &*TENANTS_PASSIVATED,
     );
+    let _ = (&*CHANGE_MAILBOX, &*CHANGE_DURABLE, &*CHANGE_APPLY);
 }
 
 /// The Prometheus text exposition of every metric.

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use cube_wal::DurableEvent;
@@ -99,6 +99,8 @@ impl Actor for TenantActor {
 #[derive(Message)]
 #[rtype(result = "()")]
 pub(crate) struct Call {
+    /// When the gateway sent it (for `cube_change_stage_seconds{stage="mailbox"}`).
+    pub sent: Instant,
     pub cmd: Command,
     pub caller: Caller,
     pub reply: Responder,
@@ -120,6 +122,7 @@ impl Handler<Call> for TenantActor {
     type Result = ();
 
     fn handle(&mut self, msg: Call, _ctx: &mut Self::Context) {
+        cube_metrics::CHANGE_MAILBOX.observe(msg.sent.elapsed().as_secs_f64());
         if msg.reply.tx.is_closed() {
             // The caller gave up (its gRPC deadline passed or it disconnected) while the call
             // was queued: it was told nothing was confirmed, so do nothing.
@@ -135,7 +138,17 @@ impl Handler<Durable> for TenantActor {
     type Result = ();
 
     fn handle(&mut self, msg: Durable, ctx: &mut Self::Context) {
-        Self::answer(self.core.on_durable(msg.0));
+        let started = Instant::now();
+        let durable = matches!(msg.0, DurableEvent::Durable(_));
+        let answers = self.core.on_durable(msg.0);
+        let changes = answers.len();
+        Self::answer(answers);
+        if durable {
+            let took = started.elapsed().as_secs_f64();
+            for _ in 0..changes {
+                cube_metrics::CHANGE_APPLY.observe(took);
+            }
+        }
         self.maybe_checkpoint(ctx);
     }
 }

@@ -111,6 +111,8 @@ pub fn describe_policy(p: &SyncPolicy) -> String {
 
 struct Waiting<T> {
     seq: u64,
+    /// When it went into the WAL (for `cube_change_stage_seconds{stage="durable"}`).
+    appended: Instant,
     op: WalOp,
     hint: Option<(Coord, Hint)>,
     reply: Reply,
@@ -480,6 +482,7 @@ impl<T> TenantCore<T> {
         let hint = self.state.note_pending(seq, &op, effect);
         self.waiting.push_back(Waiting {
             seq,
+            appended: Instant::now(),
             op,
             hint,
             reply,
@@ -505,11 +508,14 @@ impl<T> TenantCore<T> {
                     return Vec::new();
                 }
                 let group: Vec<Waiting<T>> = self.waiting.drain(..n).collect();
+                let now = Instant::now();
                 let mut records = Vec::with_capacity(group.len());
                 let mut replies = Vec::with_capacity(group.len());
                 let mut hints = Vec::with_capacity(group.len());
                 let mut catalog_changes = Vec::new();
                 for w in group {
+                    cube_metrics::CHANGE_DURABLE
+                        .observe(now.saturating_duration_since(w.appended).as_secs_f64());
                     catalog_changes.extend(catalog_change(w.seq, &w.op));
                     records.push((w.seq, w.op));
                     replies.push((w.token, w.reply, w.seq));

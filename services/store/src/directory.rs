@@ -97,6 +97,7 @@ impl TenantHandle {
         };
         // A stopped actor drops the message, and with it the responder: `rx` then errors.
         self.addr.do_send(Call {
+            sent: std::time::Instant::now(),
             cmd,
             caller,
             reply: Responder { tx, permit },

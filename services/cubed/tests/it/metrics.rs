@@ -46,6 +46,15 @@ async fn metrics_count_calls_by_method_code_and_auth_model() {
     );
     assert_eq!(metric_sample(&text, "cube_tenants_active"), Some(1.0));
     assert!(metric_sample(&text, "cube_wal_fsync_seconds_count").unwrap() >= 1.0);
+    // Each of the three writes passed through every stage of its tenant; a Read does not go
+    // through the actor.
+    for stage in ["mailbox", "durable", "apply"] {
+        let n = metric_sample(
+            &text,
+            &format!("cube_change_stage_seconds_count{{stage=\"{stage}\"}}"),
+        );
+        assert!(n.is_some_and(|n| n >= 3.0), "{stage}: {n:?}\n{text}");
+    }
     assert!(text.contains(
         "grpc_server_handling_seconds_bucket{auth=\"call\",grpc_code=\"OK\",grpc_method=\"Write\""
     ));

@@ -16,8 +16,8 @@ use cube_api::v1::{
 };
 use cube_auth::{Credentials, Secret};
 use cube_store::{
-    Catalog, CatalogOpenError, Command, DataDir, KeyInfo, Reply, StoreError, SyncPolicy,
-    describe_policy, open_offline, run_offline,
+    Catalog, CatalogOpenError, Command, DataDir, KeyInfo, Reply, SyncPolicy, describe_policy,
+    open_offline, run_offline,
 };
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
@@ -169,14 +169,14 @@ fn local(data: &DataDir, catalog: &Arc<Catalog>, op: &Op<'_>) -> anyhow::Result<
             match run_offline(data, catalog, tenant, OPERATOR, cmd) {
                 Ok(Reply::KeyRevoked { revoked, .. }) => Outcome::Revoked(revoked),
                 Ok(other) => bail!("unexpected answer to a key revocation: {other:?}"),
-                Err(e) => {
-                    // A revocation must not depend on the tenant's log being healthy.
+                Err(e) if e.revocation_goes_to_catalog() => {
                     eprintln!(
                         "cubed: warning: the tenant's log could not take the revocation ({e}); \
                          revoking through the catalog, without an audit entry"
                     );
                     Outcome::Revoked(catalog.revoke_key(tenant, key)?)
                 }
+                Err(e) => return Err(e.into()),
             }
         }
         Op::KeyIsActive(tenant, key) => {
@@ -189,10 +189,7 @@ fn local(data: &DataDir, catalog: &Arc<Catalog>, op: &Op<'_>) -> anyhow::Result<
             let cmd = Command::SetDurability { policy: *policy };
             match run_offline(data, catalog, tenant, OPERATOR, cmd) {
                 Ok(_) => {}
-                // As through the admin socket: only a tenant whose log cannot be opened or
-                // written (UNAVAILABLE) gets the policy for its next open through the catalog;
-                // any other refusal (a full disk, say) is the answer.
-                Err(e @ StoreError::Unavailable(_)) => {
+                Err(e) if e.durability_goes_to_catalog() => {
                     eprintln!(
                         "cubed: warning: the tenant's log could not take the durability change \
                          ({e}); setting it through the catalog, without an audit entry"

@@ -23,3 +23,22 @@ pub enum StoreError {
     #[error("{0}")]
     AlreadyExists(String),
 }
+
+/// Where an operator's change goes when the tenant's log refuses it. Both rules are exercised end
+/// to end by cubed's `a_tenant_with_a_corrupt_log_can_still_have_keys_revoked_and_its_durability_set`.
+impl StoreError {
+    /// Whether an operator's key revocation that the tenant's log refused with this error is
+    /// made through the catalog instead (without its audit entry): a revocation must not depend
+    /// on the tenant's log being healthy. Only an unknown key is the answer as it is.
+    pub fn revocation_goes_to_catalog(&self) -> bool {
+        !matches!(self, StoreError::NotFound(_))
+    }
+
+    /// Whether an operator's durability change that the tenant's log refused with this error is
+    /// set through the catalog instead, for the tenant's next open (without its audit entry):
+    /// only for a tenant whose log cannot be opened or written (UNAVAILABLE). Any other refusal
+    /// (a full disk, say) is the answer.
+    pub fn durability_goes_to_catalog(&self) -> bool {
+        matches!(self, StoreError::Unavailable(_))
+    }
+}

@@ -10,7 +10,7 @@ use tonic::{Request, Response, Status};
 
 use crate::ApiError;
 use crate::connection::ConnectionRegistry;
-use cube_store::{Command, Reply, StoreError, SyncPolicy, TenantDirectory, describe_policy};
+use cube_store::{Command, Reply, SyncPolicy, TenantDirectory, describe_policy};
 
 pub(crate) struct AdminService {
     /// `None` on the network listener.
@@ -116,14 +116,13 @@ impl Admin for AdminService {
                 match directory.call(&r.tenant, cmd, OPERATOR).await {
                     Ok(Reply::KeyRevoked { revoked, .. }) => revoked,
                     Ok(other) => return Err(super::cells::unexpected(&other)),
-                    Err(e @ StoreError::NotFound(_)) => return Err(ApiError::from(e).into()),
-                    Err(e) => {
-                        // A revocation must not depend on the tenant's log being healthy.
+                    Err(e) if e.revocation_goes_to_catalog() => {
                         tracing::error!(tenant = %r.tenant, key = %r.key_id, error = %e, "the tenant's log could not take the revocation; revoking through the catalog, without an audit entry");
                         catalog
                             .revoke_key(&r.tenant, &r.key_id)
                             .map_err(ApiError::from)?
                     }
+                    Err(e) => return Err(ApiError::from(e).into()),
                 }
             }
             None => catalog
@@ -159,9 +158,7 @@ impl Admin for AdminService {
                 let cmd = Command::SetDurability { policy };
                 match directory.call(&r.tenant, cmd, OPERATOR).await {
                     Ok(_) => {}
-                    Err(e @ StoreError::Unavailable(_)) => {
-                        // A tenant whose log is broken can still be given a policy for its
-                        // next open.
+                    Err(e) if e.durability_goes_to_catalog() => {
                         tracing::error!(tenant = %r.tenant, error = %e, "the tenant's log could not take the durability change; setting it through the catalog, without an audit entry");
                         catalog
                             .set_durability(&r.tenant, policy)

@@ -10,7 +10,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use super::chart::{self, Panel, Series};
-use super::scrape::ServerOp;
+use super::scrape::{ChangeStages, ServerOp};
 use super::user::Verified;
 use super::{LoadArgs, Model};
 
@@ -188,6 +188,8 @@ pub struct RunReport {
     pub per_op: BTreeMap<String, OpReport>,
     pub late_starts: u64,
     pub server: Vec<ServerOp>,
+    /// Where the server's durable changes spent their time inside the tenant (window means).
+    pub stages: Option<ChangeStages>,
     pub client_cpu_s: Option<f64>,
     pub server_cpu_s: Option<f64>,
     pub client_cpu_us_per_op: Option<f64>,
@@ -321,6 +323,20 @@ pub fn server_tables(runs: &[RunReport]) -> String {
             );
         }
         o.push('\n');
+        if let Some(st) = &r.stages {
+            let _ = writeln!(
+                o,
+                "Inside the tenant (`cube_change_stage_seconds`, means over the {} changes made durable in the window): \
+                 {:.0} µs in the actor's mailbox, {:.0} µs from the WAL append until the actor heard it was fsynced \
+                 (a batch's write + fdatasync took {:.0} µs on average, {:.1} records per batch), {:.0} µs applying and answering.\n",
+                st.changes,
+                st.mailbox_us,
+                st.durable_us,
+                st.fsync_us,
+                st.records_per_batch,
+                st.apply_us
+            );
+        }
     }
     o
 }
@@ -715,6 +731,7 @@ mod tests {
             per_op: BTreeMap::new(),
             late_starts: 0,
             server: Vec::new(),
+            stages: None,
             client_cpu_s: None,
             server_cpu_s: None,
             client_cpu_us_per_op: None,

@@ -1,5 +1,6 @@
 //! The server's side of a run: its own latency histograms for the run's window (two scrapes of
-//! /metrics, subtracted) and the CPU time of both processes.
+//! /metrics, subtracted), where its changes' time went inside the tenant, and the CPU time of
+//! both processes.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -10,6 +11,87 @@ const HANDLING: &str = "grpc_server_handling_seconds_bucket";
 
 /// Cumulative bucket counts by (method, code, auth) → (le → count).
 pub type Buckets = BTreeMap<(String, String, String), BTreeMap<u64, f64>>;
+
+/// One scrape: the request-latency buckets, and (sum, count) of the histograms that say where a
+/// change's time goes inside its tenant, by [`STAGE_SERIES`] name.
+#[derive(Debug, Default)]
+pub struct Page {
+    pub buckets: Buckets,
+    pub sums: BTreeMap<&'static str, (f64, f64)>,
+}
+
+/// The unlabelled or single-labelled histograms read as (sum, count), under the name the report
+/// gives them, in the report's order.
+const STAGE_SERIES: [(&str, &str); 5] = [
+    ("mailbox", "cube_change_stage_seconds{stage=\"mailbox\"}"),
+    ("durable", "cube_change_stage_seconds{stage=\"durable\"}"),
+    ("apply", "cube_change_stage_seconds{stage=\"apply\"}"),
+    ("fsync", "cube_wal_fsync_seconds"),
+    ("batch", "cube_wal_batch_records"),
+];
+
+/// Parse a whole /metrics page.
+pub fn parse_page(text: &str) -> Page {
+    let mut sums = BTreeMap::new();
+    for (name, series) in STAGE_SERIES {
+        let (base, labels) = series.split_once('{').map_or((series, ""), |(b, l)| (b, l));
+        let labels = if labels.is_empty() {
+            String::new()
+        } else {
+            format!("{{{labels}")
+        };
+        let value = |suffix: &str| -> Option<f64> {
+            let prefix = format!("{base}_{suffix}{labels} ");
+            text.lines()
+                .find_map(|l| l.strip_prefix(prefix.as_str()))
+                .and_then(|v| v.trim().parse().ok())
+        };
+        if let (Some(sum), Some(count)) = (value("sum"), value("count")) {
+            sums.insert(name, (sum, count));
+        }
+    }
+    Page {
+        buckets: parse(text),
+        sums,
+    }
+}
+
+/// Where the server's durable changes spent their time during the window (means).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ChangeStages {
+    /// Changes that went through the durable stage.
+    pub changes: u64,
+    pub mailbox_us: f64,
+    pub durable_us: f64,
+    pub apply_us: f64,
+    /// Write + fdatasync of one WAL batch.
+    pub fsync_us: f64,
+    pub records_per_batch: f64,
+}
+
+/// The window's means, or `None` when the server exported none of it (an older cubed) or no
+/// change became durable in it.
+pub fn stages(before: &Page, after: &Page) -> Option<ChangeStages> {
+    let delta = |name: &str| -> Option<(f64, f64)> {
+        let (s1, c1) = *after.sums.get(name)?;
+        let (s0, c0) = before.sums.get(name).copied().unwrap_or((0.0, 0.0));
+        Some((s1 - s0, c1 - c0))
+    };
+    let mean = |name: &str, scale: f64| -> f64 {
+        delta(name)
+            .filter(|(_, c)| *c > 0.0)
+            .map_or(f64::NAN, |(s, c)| s / c * scale)
+    };
+    let (_, changes) = delta("durable").filter(|(_, c)| *c > 0.0)?;
+    Some(ChangeStages {
+        changes: changes.round() as u64,
+        mailbox_us: mean("mailbox", 1e6),
+        durable_us: mean("durable", 1e6),
+        apply_us: mean("apply", 1e6),
+        fsync_us: mean("fsync", 1e6),
+        records_per_batch: mean("batch", 1.0),
+    })
+}
 
 /// Parse the server's request-latency buckets out of a /metrics page. `le` is kept in
 /// nanoseconds so it sorts as a number; +Inf is `u64::MAX`.
@@ -130,11 +212,11 @@ pub fn window(before: &Buckets, after: &Buckets) -> Vec<ServerOp> {
     by_method.into_values().collect()
 }
 
-/// Scrape the request histograms now (empty when there is no admin address to ask).
-pub fn scrape(admin: Option<SocketAddr>) -> Buckets {
+/// Scrape the server's metrics now (empty when there is no admin address to ask).
+pub fn scrape(admin: Option<SocketAddr>) -> Page {
     admin
         .and_then(|a| cube_testkit::admin_get(a, "/metrics").ok())
-        .map(|(_, body)| parse(&body))
+        .map(|(_, body)| parse_page(&body))
         .unwrap_or_default()
 }
 
@@ -186,6 +268,32 @@ grpc_server_handling_seconds_count{grpc_type="unary",grpc_service="cube.v1.Cells
         let refused = w.iter().find(|o| o.auth == "none").unwrap();
         assert_eq!(refused.failed.get("Unauthenticated"), Some(&3));
         assert_eq!(refused.ok, 0);
+    }
+
+    #[test]
+    fn change_stages_are_the_means_of_the_window() {
+        let page = |mailbox: (f64, f64), durable: (f64, f64)| {
+            format!(
+                "cube_change_stage_seconds_sum{{stage=\"mailbox\"}} {}\n\
+                 cube_change_stage_seconds_count{{stage=\"mailbox\"}} {}\n\
+                 cube_change_stage_seconds_sum{{stage=\"durable\"}} {}\n\
+                 cube_change_stage_seconds_count{{stage=\"durable\"}} {}\n\
+                 cube_wal_fsync_seconds_sum 0.004\n\
+                 cube_wal_fsync_seconds_count 20\n",
+                mailbox.0, mailbox.1, durable.0, durable.1
+            )
+        };
+        let before = parse_page(&page((0.001, 10.0), (0.002, 10.0)));
+        let after = parse_page(&page((0.011, 110.0), (0.032, 110.0)));
+        let s = stages(&before, &after).unwrap();
+        assert_eq!(s.changes, 100);
+        assert!((s.mailbox_us - 100.0).abs() < 1e-6, "{s:?}");
+        assert!((s.durable_us - 300.0).abs() < 1e-6, "{s:?}");
+        // No apply series, and no fsync in the window: not a number, not a zero.
+        assert!(s.apply_us.is_nan() && s.fsync_us.is_nan(), "{s:?}");
+        // No durable change in the window, or an older server without the series: nothing.
+        assert!(stages(&after, &after).is_none());
+        assert!(stages(&Page::default(), &parse_page(PAGE)).is_none());
     }
 
     #[test]

@@ -20,28 +20,29 @@ pub struct Page {
     pub sums: BTreeMap<&'static str, (f64, f64)>,
 }
 
-/// The unlabelled or single-labelled histograms read as (sum, count), under the name the report
-/// gives them, in the report's order.
-const STAGE_SERIES: [(&str, &str); 5] = [
-    ("mailbox", "cube_change_stage_seconds{stage=\"mailbox\"}"),
-    ("durable", "cube_change_stage_seconds{stage=\"durable\"}"),
-    ("apply", "cube_change_stage_seconds{stage=\"apply\"}"),
-    ("fsync", "cube_wal_fsync_seconds"),
-    ("batch", "cube_wal_batch_records"),
+/// The histograms read as (sum, count): (the report's name, metric, label set as exported).
+const STAGE_SERIES: [(&str, &str, &str); 5] = [
+    (
+        "mailbox",
+        "cube_change_stage_seconds",
+        "{stage=\"mailbox\"}",
+    ),
+    (
+        "durable",
+        "cube_change_stage_seconds",
+        "{stage=\"durable\"}",
+    ),
+    ("apply", "cube_change_stage_seconds", "{stage=\"apply\"}"),
+    ("fsync", "cube_wal_fsync_seconds", ""),
+    ("batch", "cube_wal_batch_records", ""),
 ];
 
 /// Parse a whole /metrics page.
 pub fn parse_page(text: &str) -> Page {
     let mut sums = BTreeMap::new();
-    for (name, series) in STAGE_SERIES {
-        let (base, labels) = series.split_once('{').map_or((series, ""), |(b, l)| (b, l));
-        let labels = if labels.is_empty() {
-            String::new()
-        } else {
-            format!("{{{labels}")
-        };
+    for (name, metric, labels) in STAGE_SERIES {
         let value = |suffix: &str| -> Option<f64> {
-            let prefix = format!("{base}_{suffix}{labels} ");
+            let prefix = format!("{metric}_{suffix}{labels} ");
             text.lines()
                 .find_map(|l| l.strip_prefix(prefix.as_str()))
                 .and_then(|v| v.trim().parse().ok())

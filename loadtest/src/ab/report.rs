@@ -326,9 +326,9 @@ pub fn server_tables(runs: &[RunReport]) -> String {
         if let Some(st) = &r.stages {
             let _ = writeln!(
                 o,
-                "Inside the tenant (`cube_change_stage_seconds`, means over the {} changes made durable in the window): \
-                 {:.0} µs in the actor's mailbox, {:.0} µs from the WAL append until the actor heard it was fsynced \
-                 (a batch's write + fdatasync took {:.0} µs on average, {:.1} records per batch), {:.0} µs applying and answering.\n",
+                "Inside the tenant (`cube_change_stage_seconds`, means over the window, in which {} changes were made durable): \
+                 {:.0} µs in the actor's mailbox (every call through the actor), {:.0} µs from a change's WAL append until the actor heard it was fsynced \
+                 (a batch's write + fdatasync took {:.0} µs on average, {:.1} records per batch), {:.0} µs applying its group.\n",
                 st.changes,
                 st.mailbox_us,
                 st.durable_us,

@@ -138,17 +138,7 @@ impl Handler<Durable> for TenantActor {
     type Result = ();
 
     fn handle(&mut self, msg: Durable, ctx: &mut Self::Context) {
-        let started = Instant::now();
-        let durable = matches!(msg.0, DurableEvent::Durable(_));
-        let answers = self.core.on_durable(msg.0);
-        let changes = answers.len();
-        Self::answer(answers);
-        if durable {
-            let took = started.elapsed().as_secs_f64();
-            for _ in 0..changes {
-                cube_metrics::CHANGE_APPLY.observe(took);
-            }
-        }
+        Self::answer(self.core.on_durable(msg.0));
         self.maybe_checkpoint(ctx);
     }
 }

@@ -502,8 +502,17 @@ impl<T> TenantCore<T> {
                         .wal_bytes
                         .store(wal.wal_bytes(), Ordering::Relaxed);
                 }
-                let limit = self.durable + self.window;
-                let n = self.waiting.iter().take_while(|w| w.seq <= limit).count();
+                // Inside the relaxed window, except a catalog change: that waits for its own
+                // fdatasync, and everything after it waits behind it.
+                let (durable, limit) = (self.durable, self.durable + self.window);
+                let n = self
+                    .waiting
+                    .iter()
+                    .take_while(|w| {
+                        w.seq <= durable
+                            || (w.seq <= limit && catalog_change(w.seq, &w.op).is_none())
+                    })
+                    .count();
                 if n == 0 {
                     return Vec::new();
                 }
@@ -526,6 +535,10 @@ impl<T> TenantCore<T> {
                     .apply_hinted(records, hints)
                     .map_err(|e| self.apply_failed(&e))
                     .and_then(|()| self.apply_catalog_changes(catalog_changes));
+                let took = now.elapsed().as_secs_f64();
+                for _ in 0..replies.len() {
+                    cube_metrics::CHANGE_APPLY.observe(took);
+                }
                 match applied {
                     Ok(()) => {
                         if let Some((_, _, last)) = replies.last() {
@@ -1597,6 +1610,40 @@ mod tests {
             describe_policy(&config.wal.sync),
             "relaxed(max_delay_ms=3600000, max_records=3)"
         );
+    }
+
+    /// Under a relaxed policy a catalog change still waits for its own fdatasync, and the
+    /// changes after it wait behind it: a report that covers only what came before it does not
+    /// release it, however wide the window.
+    #[test]
+    fn a_relaxed_tenants_catalog_change_waits_for_its_own_fsync() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, mut config) = tenant_with_catalog(dir.path());
+        config.wal.sync = SyncPolicy::Relaxed {
+            max_delay: Duration::from_millis(20),
+            max_records: 1000,
+        };
+        let mut core = open(dir.path(), &config);
+        assert!(matches!(
+            core.handle(write(1, b"a"), &who(), 1),
+            Some((1, Ok(_)))
+        ));
+        let policy = SyncPolicy::Relaxed {
+            max_delay: Duration::from_millis(5),
+            max_records: 10,
+        };
+        assert!(
+            core.handle(Command::SetDurability { policy }, &who(), 2)
+                .is_none()
+        );
+        assert!(core.handle(write(2, b"b"), &who(), 3).is_none());
+        // The syncer's report of the first write only.
+        let early = core.on_durable(DurableEvent::Durable(1));
+        assert!(early.is_empty(), "answered before its fdatasync: {early:?}");
+        assert_eq!(catalog.durability("t").unwrap(), SyncPolicy::Always);
+        let tokens: Vec<u32> = settle(&mut core).into_iter().map(|(t, _)| t).collect();
+        assert_eq!(tokens, vec![2, 3]);
+        assert_eq!(catalog.durability("t").unwrap(), policy);
     }
 
     #[test]

@@ -497,6 +497,16 @@ impl<T> TenantCore<T> {
         match event {
             DurableEvent::Durable(upto) => {
                 self.durable = self.durable.max(upto);
+                if self.is_poisoned() {
+                    // A group failed to apply (or the tenant failed otherwise): nothing behind
+                    // it may be applied over the gap, so its waiting callers get the error too.
+                    let err = self.poisoned_error();
+                    return self
+                        .waiting
+                        .drain(..)
+                        .map(|w| (w.token, Err(err.clone())))
+                        .collect();
+                }
                 if let Some(wal) = &self.wal {
                     self.stats
                         .wal_bytes
@@ -549,10 +559,16 @@ impl<T> TenantCore<T> {
                             .map(|(token, reply, seq)| (token, Ok(Prepared::seal(reply, seq))))
                             .collect()
                     }
-                    Err(err) => replies
-                        .into_iter()
-                        .map(|(token, _, _)| (token, Err(err.clone())))
-                        .collect(),
+                    Err(err) => {
+                        // The records behind the failed group must not be applied over it.
+                        let behind: Vec<T> = self.waiting.drain(..).map(|w| w.token).collect();
+                        replies
+                            .into_iter()
+                            .map(|(token, _, _)| token)
+                            .chain(behind)
+                            .map(|token| (token, Err(err.clone())))
+                            .collect()
+                    }
                 }
             }
             DurableEvent::Poisoned | DurableEvent::WriteFailed { .. } => {
@@ -1609,6 +1625,81 @@ mod tests {
         assert_eq!(
             describe_policy(&config.wal.sync),
             "relaxed(max_delay_ms=3600000, max_records=3)"
+        );
+    }
+
+    /// A state store whose next apply fails once (a stalled flush, say), then works again.
+    #[derive(Debug)]
+    struct FailsOnce {
+        inner: Arc<dyn crate::backend::StateBackend>,
+        armed: std::sync::atomic::AtomicBool,
+    }
+
+    impl crate::backend::StateBackend for FailsOnce {
+        fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, crate::backend::BackendError> {
+            self.inner.get(key)
+        }
+        fn range(&self, start: &[u8], end: &[u8]) -> crate::backend::RangeIter<'_> {
+            self.inner.range(start, end)
+        }
+        fn get_lt(
+            &self,
+            key: &[u8],
+        ) -> Result<Option<(Vec<u8>, Vec<u8>)>, crate::backend::BackendError> {
+            self.inner.get_lt(key)
+        }
+        fn apply(
+            &self,
+            batch: Vec<crate::backend::BatchOp>,
+        ) -> Result<(), crate::backend::BackendError> {
+            if self.armed.swap(false, Ordering::SeqCst) {
+                return Err(crate::backend::BackendError(
+                    "injected apply failure".into(),
+                ));
+            }
+            self.inner.apply(batch)
+        }
+        fn flush(&self) -> Result<(), crate::backend::BackendError> {
+            self.inner.flush()
+        }
+        fn size_on_disk(&self) -> u64 {
+            0
+        }
+    }
+
+    /// After a group fails to apply, nothing behind it is applied on top of the gap: every
+    /// caller still waiting gets the error, also those whose records become durable later.
+    #[test]
+    fn after_a_failed_apply_no_later_change_is_applied_over_the_gap() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut core = open(dir.path(), &config());
+        let failing = Arc::new(FailsOnce {
+            inner: core.state.backend(),
+            armed: std::sync::atomic::AtomicBool::new(true),
+        });
+        core.state = TenantState::open(failing, StateLimits::default()).unwrap();
+        assert!(core.handle(write(1, b"a"), &who(), 1).is_none());
+        assert!(core.handle(write(2, b"b"), &who(), 2).is_none());
+        // The report of the first record only: its apply fails, and the second change, still
+        // waiting for its own fsync, is failed with it.
+        let answers = core.on_durable(DurableEvent::Durable(1));
+        assert!(
+            matches!(
+                &answers[..],
+                [
+                    (1, Err(StoreError::Unavailable(_))),
+                    (2, Err(StoreError::Unavailable(_)))
+                ]
+            ),
+            "{answers:?}"
+        );
+        core.wal.as_ref().unwrap().wait_durable(2).unwrap();
+        let later = core.on_durable(DurableEvent::Durable(2));
+        assert!(later.is_empty(), "applied over the gap: {later:?}");
+        assert_eq!(core.state().applied_seq(), 0);
+        assert!(
+            core.handle(write(3, b"c"), &who(), 3)
+                .is_some_and(|(_, r)| r.is_err())
         );
     }
 

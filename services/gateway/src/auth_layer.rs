@@ -275,8 +275,9 @@ impl Authenticator {
         let nonce_value = parse_nonce(nonce)
             .ok_or_else(|| unauthenticated("x-cube-nonce must be 32 lowercase hex characters"))?;
         let now = now_ms();
-        let off = (now - ts_ms).abs();
-        if off > self.skew_ms {
+        // `abs_diff`: a timestamp near i64::MIN must not overflow the subtraction.
+        let off = now.abs_diff(ts_ms);
+        if off > self.skew_ms.unsigned_abs() {
             return Err(unauthenticated(format!(
                 "x-cube-ts is {} s away from the server clock; at most {} s is allowed (check the client's clock)",
                 off / 1000,

@@ -72,6 +72,11 @@ async fn every_bad_credential_is_unauthenticated() {
         read_signed(&server, &demo, READ, now_ms() + 301_000, &new_call_nonce()).await,
         "away from the server clock",
     );
+    // The most negative timestamp the canonical form allows: refused, not an overflow.
+    expect_unauthenticated(
+        read_signed(&server, &demo, READ, i64::MIN, &new_call_nonce()).await,
+        "away from the server clock",
+    );
 
     // Replayed nonce.
     let nonce = new_call_nonce();

@@ -152,6 +152,10 @@ pub struct TenantCore<T> {
     wal: Option<WalShard>,
     // INVARIANT: ordered by seq, all above `state.applied_seq()`.
     waiting: VecDeque<Waiting<T>>,
+    /// Answers that need no record of their own but were decided while changes were waiting
+    /// (a second Seal of a cell whose first is not durable yet): each goes out once the changes
+    /// up to its seq are answered, and fails if they fail.
+    deferred: VecDeque<(u64, T, Result<Reply, StoreError>)>,
     /// Highest seq the WAL reported durable.
     durable: u64,
     /// Records that may be acknowledged beyond `durable` (0 = policy sync).
@@ -366,6 +370,7 @@ impl<T> TenantCore<T> {
             state,
             wal: Some(wal),
             waiting: VecDeque::new(),
+            deferred: VecDeque::new(),
             durable,
             window,
             policy,
@@ -412,7 +417,7 @@ impl<T> TenantCore<T> {
 
     /// Callers waiting for their change to be applied.
     pub fn waiting(&self) -> usize {
-        self.waiting.len()
+        self.waiting.len() + self.deferred.len()
     }
 
     /// Handle a command. Returns an answer now, or `None` when the answer waits for durability
@@ -435,8 +440,10 @@ impl<T> TenantCore<T> {
             cmd => self.state.prepare(cmd, caller),
         };
         let (op, reply, effect) = match prepared {
-            Err(e) => return Some((token, Err(e))),
-            Ok(Prepared::Immediate(reply)) => return Some((token, Ok(reply))),
+            Err(e) => return self.answer_after_waiting(token, Err(e)),
+            // A read answers from the applied state alone, never from what is pending.
+            Ok(Prepared::Immediate(reply @ Reply::Read(_))) => return Some((token, Ok(reply))),
+            Ok(Prepared::Immediate(reply)) => return self.answer_after_waiting(token, Ok(reply)),
             Ok(Prepared::Log { op, reply, effect }) => (op, reply, effect),
         };
         self.scratch.clear();
@@ -491,6 +498,33 @@ impl<T> TenantCore<T> {
         None
     }
 
+    /// An answer decided without a record of its own. It may rest on changes still waiting for
+    /// their fsync (the pending state they leave), so while any is waiting it goes out after
+    /// them, and fails with them.
+    fn answer_after_waiting(
+        &mut self,
+        token: T,
+        result: Result<Reply, StoreError>,
+    ) -> Option<Answer<T>> {
+        match self.waiting.back() {
+            None => Some((token, result)),
+            Some(last) => {
+                self.deferred.push_back((last.seq, token, result));
+                None
+            }
+        }
+    }
+
+    /// Fail every caller still waiting, changes and deferred answers alike.
+    fn fail_all_waiting(&mut self, err: &StoreError) -> Vec<Answer<T>> {
+        let waiting = self.waiting.drain(..).map(|w| w.token);
+        let deferred = self.deferred.drain(..).map(|(_, token, _)| token);
+        waiting
+            .chain(deferred)
+            .map(|token| (token, Err(err.clone())))
+            .collect()
+    }
+
     /// Apply what may now be answered and answer its callers, or fail every waiting caller if
     /// the shard was poisoned.
     pub fn on_durable(&mut self, event: DurableEvent) -> Vec<Answer<T>> {
@@ -501,11 +535,7 @@ impl<T> TenantCore<T> {
                     // A group failed to apply (or the tenant failed otherwise): nothing behind
                     // it may be applied over the gap, so its waiting callers get the error too.
                     let err = self.poisoned_error();
-                    return self
-                        .waiting
-                        .drain(..)
-                        .map(|w| (w.token, Err(err.clone())))
-                        .collect();
+                    return self.fail_all_waiting(&err);
                 }
                 if let Some(wal) = &self.wal {
                     self.stats
@@ -551,33 +581,38 @@ impl<T> TenantCore<T> {
                 }
                 match applied {
                     Ok(()) => {
-                        if let Some((_, _, last)) = replies.last() {
-                            self.stats.last_seq.store(*last, Ordering::Relaxed);
-                        }
-                        replies
+                        let upto = replies.last().map_or(0, |(_, _, seq)| *seq);
+                        self.stats.last_seq.store(upto, Ordering::Relaxed);
+                        let mut answers: Vec<Answer<T>> = replies
                             .into_iter()
                             .map(|(token, reply, seq)| (token, Ok(Prepared::seal(reply, seq))))
-                            .collect()
+                            .collect();
+                        while self
+                            .deferred
+                            .front()
+                            .is_some_and(|(after, _, _)| *after <= upto)
+                        {
+                            if let Some((_, token, result)) = self.deferred.pop_front() {
+                                answers.push((token, result));
+                            }
+                        }
+                        answers
                     }
                     Err(err) => {
                         // The records behind the failed group must not be applied over it.
-                        let behind: Vec<T> = self.waiting.drain(..).map(|w| w.token).collect();
-                        replies
+                        let mut answers: Vec<Answer<T>> = replies
                             .into_iter()
-                            .map(|(token, _, _)| token)
-                            .chain(behind)
-                            .map(|token| (token, Err(err.clone())))
-                            .collect()
+                            .map(|(token, _, _)| (token, Err(err.clone())))
+                            .collect();
+                        answers.extend(self.fail_all_waiting(&err));
+                        answers
                     }
                 }
             }
             DurableEvent::Poisoned | DurableEvent::WriteFailed { .. } => {
                 self.poison_after(event);
                 let err = self.poisoned_error();
-                self.waiting
-                    .drain(..)
-                    .map(|w| (w.token, Err(err.clone())))
-                    .collect()
+                self.fail_all_waiting(&err)
             }
         }
     }
@@ -1429,31 +1464,38 @@ mod tests {
         let revoke = |id: &str| Command::RevokeKey { key_id: id.into() };
         let mut core = open(dir.path(), &config);
         assert!(core.handle(revoke(&second.key_id), &who(), 1).is_none());
-        // Logged, not durable: not in force, but the key takes no other change meanwhile.
+        // Logged, not durable: not in force, but the key takes no other change meanwhile. The
+        // answers that rest on the pending revocation (the key is gone; it was revoked already)
+        // go out only once it is durable, after its own.
         assert!(!revoked(&catalog));
-        assert!(matches!(
-            core.handle(caps(&second.key_id, &[Capability::Admin], &[]), &who(), 2),
-            Some((2, Err(StoreError::NotFound(_))))
-        ));
-        assert_eq!(
-            core.handle(revoke(&second.key_id), &who(), 3),
-            Some((
-                3,
-                Ok(Reply::KeyRevoked {
-                    revoked: false,
-                    seq: 0
-                })
-            ))
+        assert!(
+            core.handle(caps(&second.key_id, &[Capability::Admin], &[]), &who(), 2)
+                .is_none()
         );
-        assert_eq!(
-            settle(&mut core),
-            vec![(
-                1,
-                Ok(Reply::KeyRevoked {
-                    revoked: true,
-                    seq: 1
-                })
-            )]
+        assert!(core.handle(revoke(&second.key_id), &who(), 3).is_none());
+        let answers = settle(&mut core);
+        assert!(
+            matches!(
+                &answers[..],
+                [
+                    (
+                        1,
+                        Ok(Reply::KeyRevoked {
+                            revoked: true,
+                            seq: 1
+                        })
+                    ),
+                    (2, Err(StoreError::NotFound(_))),
+                    (
+                        3,
+                        Ok(Reply::KeyRevoked {
+                            revoked: false,
+                            seq: 0
+                        })
+                    )
+                ]
+            ),
+            "{answers:?}"
         );
         assert!(revoked(&catalog));
         assert!(!catalog.key("t", &first.key_id).unwrap().revoked);
@@ -1626,6 +1668,33 @@ mod tests {
             describe_policy(&config.wal.sync),
             "relaxed(max_delay_ms=3600000, max_records=3)"
         );
+    }
+
+    /// An answer that rests on a change still waiting for its fsync goes out only after that
+    /// change, and fails with it: a second Seal of a cell is not told "sealed" while the first
+    /// Seal could still be lost.
+    #[test]
+    fn an_answer_resting_on_a_pending_change_waits_for_it() {
+        let seal = || Command::Seal { coord: at(1) };
+        for fails in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let mut core = open(dir.path(), &config());
+            assert!(core.handle(write(1, b"a"), &who(), 1).is_none());
+            assert_eq!(settle(&mut core).len(), 1);
+            assert!(core.handle(seal(), &who(), 2).is_none());
+            let second = core.handle(seal(), &who(), 3);
+            assert!(
+                second.is_none(),
+                "answered before the first seal is durable: {second:?}"
+            );
+            let answers = if fails {
+                core.on_durable(DurableEvent::WriteFailed { no_space: false })
+            } else {
+                settle(&mut core)
+            };
+            let tokens: Vec<(u32, bool)> = answers.iter().map(|(t, r)| (*t, r.is_ok())).collect();
+            assert_eq!(tokens, vec![(2, !fails), (3, !fails)], "{answers:?}");
+        }
     }
 
     /// A state store whose next apply fails once (a stalled flush, say), then works again.

@@ -89,6 +89,11 @@ impl FailureLimiter {
             if peers.len() >= limits.max_peers {
                 peers.retain(|_, p| p.blocked_until.is_some_and(|u| u > now));
             }
+            if peers.len() >= limits.max_peers {
+                // Every tracked address is in cool-down: the bound holds, and this address is
+                // not tracked until a block ends.
+                return;
+            }
         }
         let peer = peers.entry(ip).or_insert(Peer {
             window_start: now,
@@ -162,5 +167,20 @@ mod tests {
         }
         assert!(l.peers.lock().unwrap().len() <= 4);
         assert!(l.check(blocked, t).is_err());
+    }
+
+    #[test]
+    fn the_bound_holds_when_every_tracked_address_is_blocked() {
+        let l = limiter();
+        let t = Instant::now();
+        for i in 0..6u8 {
+            for _ in 0..4 {
+                l.record_failure(IpAddr::from([10, 0, 0, i]), t);
+            }
+        }
+        assert_eq!(l.peers.lock().unwrap().len(), 4);
+        for i in 0..4u8 {
+            assert!(l.check(IpAddr::from([10, 0, 0, i]), t).is_err(), "{i}");
+        }
     }
 }

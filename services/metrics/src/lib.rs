@@ -181,7 +181,7 @@ pub static MAILBOX_DEPTH: LazyLock<IntGauge> = LazyLock::new(|| {
 pub static CHANGE_STAGE_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
     histogram_vec(
         "cube_change_stage_seconds",
-        "Time a call spends in each stage inside its tenant: mailbox (queued for the tenant's actor), durable (from its WAL append until the actor hears it is fsynced), apply (applying its group and answering).",
+        "Time a call spends in each stage inside its tenant: mailbox (queued for the tenant's actor), durable (from its WAL append until the actor hears it is fsynced), apply (applying the group it was made durable in).",
         &["stage"],
         fine_buckets(),
     )
@@ -193,7 +193,7 @@ pub static CHANGE_MAILBOX: LazyLock<Histogram> =
 /// the syncer's queue, the write and fdatasync, and the report's trip back to the actor.
 pub static CHANGE_DURABLE: LazyLock<Histogram> =
     LazyLock::new(|| CHANGE_STAGE_SECONDS.with_label_values(&["durable"]));
-/// Applying a durable change's group to the tenant's state and answering its callers.
+/// Applying a durable change's group to the tenant's state (its callers are answered right after).
 pub static CHANGE_APPLY: LazyLock<Histogram> =
     LazyLock::new(|| CHANGE_STAGE_SECONDS.with_label_values(&["apply"]));
 /// Time to open (recover) a tenant.

@@ -587,15 +587,12 @@ impl<T> TenantCore<T> {
                             .into_iter()
                             .map(|(token, reply, seq)| (token, Ok(Prepared::seal(reply, seq))))
                             .collect();
-                        while self
+                        let ready = self
                             .deferred
-                            .front()
-                            .is_some_and(|(after, _, _)| *after <= upto)
-                        {
-                            if let Some((_, token, result)) = self.deferred.pop_front() {
-                                answers.push((token, result));
-                            }
-                        }
+                            .iter()
+                            .take_while(|(after, _, _)| *after <= upto)
+                            .count();
+                        answers.extend(self.deferred.drain(..ready).map(|(_, t, r)| (t, r)));
                         answers
                     }
                     Err(err) => {

@@ -122,9 +122,12 @@ struct Waiting<T> {
 /// A checkpoint to run off the actor's thread: flush the state store as of `seq`.
 pub struct CheckpointJob {
     backend: Arc<dyn StateBackend>,
-    /// Set when capability changes were applied since the last checkpoint: they are durable
-    /// only in the WAL until the catalog is synced, which must happen before the WAL goes.
+    /// Set when catalog changes were applied since the last checkpoint: they are durable only
+    /// in the WAL and the state store until the catalog is synced, which must happen before the
+    /// WAL goes and before the store lets them go.
     catalog: Option<Arc<Catalog>>,
+    /// The catalog changes the state store keeps (by seq) that the synced catalog covers.
+    release: Vec<u64>,
     pub seq: u64,
 }
 
@@ -137,6 +140,7 @@ impl CheckpointJob {
             catalog
                 .make_durable()
                 .map_err(|e| BackendError(format!("syncing the catalog: {e}")))?;
+            crate::state::release_catalog_changes(&*self.backend, &self.release)?;
         }
         self.backend.flush()?;
         cube_wal::failpoint::hit("checkpoint-after-flush");
@@ -176,8 +180,6 @@ pub struct TenantCore<T> {
     pending_caps: HashMap<String, (u64, Vec<Capability>)>,
     /// Keys whose revocation is logged but not applied yet.
     pending_revokes: HashSet<String>,
-    /// Catalog changes (keys, durability) were applied since the last checkpoint began.
-    catalog_dirty: bool,
 }
 
 impl<T> std::fmt::Debug for TenantCore<T> {
@@ -254,8 +256,31 @@ impl<T> TenantCore<T> {
         // Why a replay batch could not be applied, if one could not: stops the WAL's reading,
         // and is reported by `replay_error` rather than as the WAL's error.
         let mut apply_failed: Option<ApplyError> = None;
-        // Catalog changes replayed (keys, durability), for the catalog (in log order).
-        let mut replayed_changes: Vec<CatalogChange> = Vec::new();
+        // Catalog changes to make again (keys, durability), in log order: first those the store
+        // kept (applied, their records possibly gone from the log, the catalog's write of them
+        // possibly lost), then those replayed from the log.
+        let mut replayed_changes: Vec<CatalogChange> = state
+            .catalog_pending()
+            .map_err(|e| {
+                tracing::error!(tenant, error = %e, "tenant state store's kept catalog changes unreadable");
+                StoreError::Unavailable(format!(
+                    "tenant '{tenant}' is unavailable: its state store is unreadable (see the \
+                     server log)"
+                ))
+            })?
+            .iter()
+            .filter_map(|(seq, op)| catalog_change(*seq, op))
+            .collect();
+        if !replayed_changes.is_empty() && config.catalog.is_none() {
+            tracing::error!(
+                tenant,
+                "the state store keeps catalog changes and no catalog was given to apply them to"
+            );
+            return Err(StoreError::Unavailable(format!(
+                "tenant '{tenant}' is unavailable: it cannot be opened without the server's \
+                 catalog"
+            )));
+        }
         let opened = WalShard::open(
             wal_dir,
             config.wal.clone(),
@@ -292,9 +317,9 @@ impl<T> TenantCore<T> {
         state
             .apply_all(buffered)
             .map_err(|e| replay_error(tenant, e))?;
-        // Catalog changes logged since the last checkpoint may not have reached the catalog's disk:
-        // make them again; the checkpoint below makes the catalog durable before it lets
-        // their records go.
+        // Catalog changes applied since the last checkpoint may not have reached the catalog's
+        // disk: make them again; the checkpoint below makes the catalog durable before it lets
+        // their records and the store's copies go.
         let catalog_to_sync = config
             .catalog
             .as_ref()
@@ -318,7 +343,14 @@ impl<T> TenantCore<T> {
         // there is room, and the next call opens it again (see `close_failed`).
         let mut read_only = false;
         let synced = match catalog_to_sync {
-            Some(catalog) => catalog.make_durable().map_err(|e| e.to_string()),
+            Some(catalog) => catalog
+                .make_durable()
+                .map_err(|e| e.to_string())
+                .and_then(|()| {
+                    let kept = state.take_catalog_changes();
+                    crate::state::release_catalog_changes(&*state.backend(), &kept)
+                        .map_err(|e| e.to_string())
+                }),
             None => Ok(()),
         }
         .and_then(|()| state.backend().flush().map_err(|e| e.to_string()));
@@ -386,7 +418,6 @@ impl<T> TenantCore<T> {
             catalog: config.catalog.clone(),
             pending_caps: HashMap::new(),
             pending_revokes: HashSet::new(),
-            catalog_dirty: false,
         };
         if read_only {
             core.poison_after(DurableEvent::WriteFailed { no_space: true });
@@ -631,15 +662,19 @@ impl<T> TenantCore<T> {
         }
         self.checkpoint_running = true;
         self.bytes_since_checkpoint = 0;
-        // A failed checkpoint poisons the tenant, so the flag need not come back.
-        let catalog = if std::mem::take(&mut self.catalog_dirty) {
-            self.catalog.clone()
-        } else {
-            None
+        // Catalog changes applied since the last checkpoint began: the catalog is synced, then
+        // the store's copies go. A failed checkpoint poisons the tenant, whose reopen reads the
+        // copies again, so they need not come back to the list.
+        let (catalog, release) = match &self.catalog {
+            Some(c) if self.state.has_catalog_changes() => {
+                (Some(Arc::clone(c)), self.state.take_catalog_changes())
+            }
+            _ => (None, Vec::new()),
         };
         Some(CheckpointJob {
             backend: self.state.backend(),
             catalog,
+            release,
             seq: self.state.applied_seq(),
         })
     }
@@ -835,7 +870,6 @@ impl<T> TenantCore<T> {
             // Catalog changes are refused without a catalog, so none was logged.
             return Ok(());
         };
-        self.catalog_dirty = true;
         for (seq, key_id, edit) in changes {
             if let Err(e) = apply_catalog_edit(&catalog, &self.tenant, &key_id, &edit) {
                 tracing::error!(tenant = %self.tenant, error = %e, "a catalog change could not be applied to the catalog; tenant poisoned until it is reopened");
@@ -1340,6 +1374,135 @@ mod tests {
             dir.join(SNAPSHOT).with_extension("journal"),
         )
         .unwrap();
+    }
+
+    /// The state store can be durable past a catalog change's record before a checkpoint made the
+    /// catalog durable (fjall flushes a full memtable on its own; a checkpoint's flush takes in
+    /// what was applied while it ran). The reopen replays the log only after the store's applied
+    /// seq, so the change is kept in the store's own batch, and made again from there.
+    #[test]
+    fn catalog_changes_survive_a_crash_after_the_state_store_was_flushed_past_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, config) = tenant_with_catalog(dir.path());
+        let first = catalog.create_key("t").unwrap();
+        let second = catalog.create_key("t").unwrap();
+        snapshot_catalog(&catalog, dir.path());
+        let relaxed = SyncPolicy::Relaxed {
+            max_delay: Duration::from_millis(20),
+            max_records: 64,
+        };
+        let mut core = open(dir.path(), &config);
+        let commands = [
+            caps(&first.key_id, &[Capability::Admin], &[]),
+            Command::RevokeKey {
+                key_id: second.key_id.clone(),
+            },
+            Command::CreateKey,
+            Command::SetDurability { policy: relaxed },
+            write(1, b"after"),
+        ];
+        for (token, cmd) in (1..).zip(commands) {
+            assert!(core.handle(cmd, &who(), token).is_none());
+        }
+        let answers = settle(&mut core);
+        assert!(answers.iter().all(|(_, r)| r.is_ok()), "{answers:?}");
+        let Some((
+            _,
+            Ok(Reply::KeyCreated {
+                key_id: created, ..
+            }),
+        )) = answers.get(2)
+        else {
+            panic!("{answers:?}");
+        };
+        // The store flushes by itself past the changes; then a crash, before any checkpoint.
+        core.state().backend().flush().unwrap();
+        core.take_wal().unwrap().close().unwrap();
+        drop(core);
+
+        let check = |c: &Catalog| {
+            assert!(
+                c.key("t", &first.key_id)
+                    .unwrap()
+                    .capabilities
+                    .contains(&Capability::Admin),
+                "the grant is kept"
+            );
+            assert!(
+                c.key("t", &second.key_id).unwrap().revoked,
+                "the revocation is kept"
+            );
+            assert!(c.key("t", created).is_some(), "the created key is kept");
+            assert_eq!(
+                c.durability("t").unwrap(),
+                relaxed,
+                "the durability is kept"
+            );
+        };
+        let copy = Arc::new(Catalog::open(&dir.path().join(SNAPSHOT)).unwrap());
+        assert!(
+            still_active(&copy, &second.key_id),
+            "the copy never saw the changes"
+        );
+        let with_copy = CoreConfig {
+            catalog: Some(Arc::clone(&copy)),
+            ..config.clone()
+        };
+        let core = open(dir.path(), &with_copy);
+        check(&copy);
+        // The open made the catalog durable and let the kept changes go: a catalog whose files
+        // are as they are now, without the changes' records, still has them.
+        assert_eq!(core.state().catalog_pending().unwrap().len(), 0);
+        drop((core, with_copy, copy));
+        let reopened = Catalog::open(&dir.path().join(SNAPSHOT)).unwrap();
+        check(&reopened);
+    }
+
+    /// A checkpoint syncs the catalog, then lets go the store's copies of the changes it covers;
+    /// a change applied while it runs stays kept for the next one.
+    #[test]
+    fn a_checkpoint_lets_go_only_the_catalog_changes_it_made_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, config) = tenant_with_catalog(dir.path());
+        let key = catalog.create_key("t").unwrap();
+        let mut core = open(dir.path(), &config);
+        let kept = |core: &TenantCore<u32>| -> Vec<u64> {
+            let pending = core.state().catalog_pending().unwrap();
+            pending.into_iter().map(|(seq, _)| seq).collect()
+        };
+        assert!(
+            core.handle(caps(&key.key_id, &[Capability::Admin], &[]), &who(), 1)
+                .is_none()
+        );
+        assert!(core.handle(write(1, b"v"), &who(), 2).is_none());
+        settle(&mut core);
+        assert_eq!(kept(&core), vec![1]);
+        let job = core.begin_checkpoint().unwrap();
+        assert!(core.handle(Command::CreateKey, &who(), 3).is_none());
+        settle(&mut core);
+        assert_eq!(kept(&core), vec![1, 3]);
+        let seq = job.seq;
+        let result = job.run();
+        core.finish_checkpoint(seq, result);
+        assert_eq!(
+            kept(&core),
+            vec![3],
+            "the change applied during the checkpoint stays"
+        );
+        let job = core.begin_checkpoint().unwrap();
+        let seq = job.seq;
+        let result = job.run();
+        core.finish_checkpoint(seq, result);
+        assert_eq!(kept(&core), Vec::<u64>::new());
+        // With nothing kept, a checkpoint does not sync the catalog again.
+        assert!(core.handle(write(2, b"w"), &who(), 4).is_none());
+        settle(&mut core);
+        assert!(core.begin_checkpoint().unwrap().catalog.is_none());
+    }
+
+    /// Whether `key_id` of tenant `t` is still active in `c`.
+    fn still_active(c: &Catalog, key_id: &str) -> bool {
+        c.key("t", key_id).is_some_and(|k| !k.revoked)
     }
 
     #[test]

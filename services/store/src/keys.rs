@@ -10,6 +10,8 @@
 //! r | morton(coord) 12 | run number u64 BE  -> walop::Run (telemetry of that run)
 //! a | first audit seq u64 BE                -> AuditChunk (up to 16 entries of one applied group)
 //! m | name                                  -> meta (applied seq, totals, audit head)
+//! m:catalog-pending: | WAL seq u64 BE       -> walop::WalOp (a catalog change not yet durable
+//!                                              in the catalog; see `TenantState::catalog_pending`)
 //! ```
 
 use prost::Message;
@@ -30,6 +32,30 @@ pub(crate) const META_AUDIT_HEAD: &[u8] = b"m:audit-head";
 /// Versions before the cap wrote one chunk per applied group, however large; a store without
 /// this key has only such chunks.
 pub(crate) const META_AUDIT_CAPPED_FROM: &[u8] = b"m:audit-capped-from";
+/// Prefix of the catalog changes (key capabilities, keys created or revoked, durability) applied
+/// to this store whose catalog write may not be durable yet, by WAL seq.
+const META_CATALOG_PENDING: &[u8] = b"m:catalog-pending:";
+
+pub(crate) fn catalog_pending_key(seq: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(META_CATALOG_PENDING.len() + 8);
+    k.extend_from_slice(META_CATALOG_PENDING);
+    k.extend_from_slice(&seq.to_be_bytes());
+    k
+}
+
+/// Key range of every kept catalog change.
+pub(crate) fn catalog_pending_range() -> (Vec<u8>, Vec<u8>) {
+    (
+        META_CATALOG_PENDING.to_vec(),
+        prefix_end(META_CATALOG_PENDING),
+    )
+}
+
+/// The WAL seq of a kept catalog change's key.
+pub(crate) fn catalog_pending_seq(key: &[u8]) -> Option<u64> {
+    let seq = key.strip_prefix(META_CATALOG_PENDING)?;
+    Some(u64::from_be_bytes(seq.try_into().ok()?))
+}
 
 pub(crate) fn z(c: Coord) -> u128 {
     morton::encode(c.x, c.y, c.z)

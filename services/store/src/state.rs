@@ -656,6 +656,43 @@ fn load_meta(store: &dyn StateBackend) -> Result<(Totals, u64, AuditHead), Backe
     Ok((totals, applied, head))
 }
 
+/// Whether an operation changes the catalog (the tenant's core applies that part).
+fn is_catalog_op(op: Option<&Op>) -> bool {
+    matches!(
+        op,
+        Some(Op::Caps(_) | Op::KeyRevoke(_) | Op::KeyCreate(_) | Op::Durability(_))
+    )
+}
+
+/// The catalog changes kept in `store`, in seq order (see [`TenantState::catalog_pending`]).
+fn catalog_pending(store: &dyn StateBackend) -> Result<Vec<(u64, WalOp)>, BackendError> {
+    let (start, end) = keys::catalog_pending_range();
+    store
+        .range(&start, &end)
+        .map(|pair| {
+            let (key, value) = pair?;
+            let seq = keys::catalog_pending_seq(&key)
+                .ok_or_else(|| BackendError("malformed kept catalog change key".into()))?;
+            let op = WalOp::decode(value.as_slice())
+                .map_err(|e| BackendError(format!("undecodable kept catalog change: {e}")))?;
+            Ok((seq, op))
+        })
+        .collect()
+}
+
+/// Delete the kept catalog changes `seqs` from `store`: only once the catalog holds them
+/// durably. Not flushed here; a deletion lost to a crash only makes them again at the next open.
+pub fn release_catalog_changes(store: &dyn StateBackend, seqs: &[u64]) -> Result<(), BackendError> {
+    if seqs.is_empty() {
+        return Ok(());
+    }
+    store.apply(
+        seqs.iter()
+            .map(|&seq| BatchOp::Remove(keys::catalog_pending_key(seq)))
+            .collect(),
+    )
+}
+
 /// A change logged but not applied yet, and the seq that will apply it.
 #[derive(Debug, Clone)]
 struct Pending<V> {
@@ -679,6 +716,9 @@ pub struct TenantState {
     audit_head: AuditHead,
     /// Every audit chunk starting below this seq has been removed: where expiry scans from.
     audit_floor: u64,
+    /// Seqs of the catalog changes kept in the store (see [`TenantState::catalog_pending`]),
+    /// ascending.
+    catalog_kept: Vec<u64>,
     /// Written with the next applied batch when this store has no
     /// [`keys::META_AUDIT_CAPPED_FROM`] yet: the audit head at open.
     record_capped_from: Option<u64>,
@@ -695,7 +735,12 @@ impl TenantState {
         let record_capped_from = audit_capped_from(&*store)?
             .is_none()
             .then_some(head.next_seq);
+        let catalog_kept = catalog_pending(&*store)?
+            .into_iter()
+            .map(|(seq, _)| seq)
+            .collect();
         Ok(TenantState {
+            catalog_kept,
             record_capped_from,
             reader: StateReader::new(Arc::clone(&store), limits.audit_retention),
             store,
@@ -708,6 +753,28 @@ impl TenantState {
             audit_head: head,
             audit_floor: 0,
         })
+    }
+
+    /// The catalog changes (key capabilities, keys created or revoked, durability) this store
+    /// holds beside their effects, in seq order. Each applied catalog change is kept in its
+    /// record's batch, so a store that is durable past the record still has it when the catalog's
+    /// own write of it was lost: the tenant's open makes them again (they are idempotent) and lets
+    /// them go once the catalog is durable ([`TenantState::release_catalog_changes`]).
+    pub fn catalog_pending(&self) -> Result<Vec<(u64, WalOp)>, BackendError> {
+        catalog_pending(&*self.store)
+    }
+
+    /// Whether catalog changes are kept that the catalog may not hold durably yet.
+    pub fn has_catalog_changes(&self) -> bool {
+        !self.catalog_kept.is_empty()
+    }
+
+    /// The kept catalog changes, to delete with [`release_catalog_changes`] once the catalog
+    /// is durable (a checkpoint, an open). Taken out of the list now: the checkpoint that
+    /// deletes them covers them, and one that fails poisons the tenant, whose reopen reads
+    /// the store again.
+    pub fn take_catalog_changes(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.catalog_kept)
     }
 
     /// Highest WAL sequence number applied.
@@ -1154,9 +1221,18 @@ impl TenantState {
         let mut last = self.applied_seq;
         let mut touched = Vec::with_capacity(records.len());
         let mut audits = Vec::new();
+        let mut kept = Vec::new();
         for (seq, op) in records {
             if seq <= last {
                 continue;
+            }
+            if is_catalog_op(op.op.as_ref()) {
+                let change = WalOp {
+                    op: op.op.clone(),
+                    audit: None,
+                };
+                txn.put(keys::catalog_pending_key(seq), change.encode_to_vec());
+                kept.push(seq);
             }
             let record = |detail: String| ApplyError::Record { seq, detail };
             if let Some(t) =
@@ -1205,6 +1281,7 @@ impl TenantState {
         }
         let batch = txn.into_batch();
         self.store.apply(batch)?;
+        self.catalog_kept.extend(kept);
         self.record_capped_from = None;
         self.audit_floor = floor;
         self.applied_seq = last;

@@ -145,6 +145,7 @@ pub async fn run(
             max_message_bytes: config.max_message_bytes,
             skew_ms: config.skew_ms,
             replay_capacity: config.replay_capacity,
+            replay_floors: Some(data.replay_floors()),
             max_concurrent_streams: config.max_concurrent_streams,
             auth_mode: config.auth_mode,
             failure_limits: config.failure_limits,
@@ -190,6 +191,9 @@ pub async fn run(
     } else {
         "on"
     };
+    // Signed calls stamped within a second of the start are refused (a previous server may have
+    // accepted them): announce readiness once current ones are accepted.
+    tokio::time::sleep(gateway.replay_ready_in()).await;
     ready.set(true);
     println!(
         "cubed ready: grpc={addr} tls={tls} admin={admin_addr} data_dir={}",

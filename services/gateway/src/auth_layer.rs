@@ -96,19 +96,24 @@ impl Authenticator {
         catalog: Arc<Catalog>,
         mode: AuthMode,
         skew_ms: i64,
-        replay_capacity: usize,
+        replay: ReplayCache,
         failure_limits: FailureLimits,
         directory: Option<Arc<TenantDirectory>>,
     ) -> Authenticator {
         Authenticator {
             catalog,
-            replay: ReplayCache::new(replay_capacity, skew_ms, now_ms()),
+            replay,
             skew_ms,
             mode,
             failures: FailureLimiter::new(failure_limits),
             directory,
             metrics: true,
         }
+    }
+
+    /// The first signed-call timestamp the replay cache accepts.
+    pub(crate) fn replay_ready_ms(&self) -> i64 {
+        self.replay.ready_ms()
     }
 
     /// Record a failed authentication in the audit trail of the tenant it named, if that tenant
@@ -319,6 +324,12 @@ impl Authenticator {
             )),
             Err(ReplayError::TooOld) => Err(unauthenticated(
                 "x-cube-ts is older than the server's replay window (the server restarted or is under heavy load); sign again with the current time",
+            )),
+            Err(ReplayError::TooFarAhead) => Err(Status::resource_exhausted(
+                "x-cube-ts is more than a second ahead of the server clock, and the server holds as many such calls as it can: sync the client's clock (NTP) and sign again with the current time",
+            )),
+            Err(ReplayError::Unrecorded) => Err(Status::unavailable(
+                "x-cube-ts is more than a second ahead of the server clock, and the server could not record it (see the server log): sync the client's clock (NTP), or retry",
             )),
         }
     }

@@ -8,6 +8,23 @@
 //! watermark starts at the server's start time, so a call captured before a restart cannot be
 //! replayed after it.
 //!
+//! The skew window admits timestamps up to `skew` *ahead* of the server clock too. A call stamped
+//! more than [`AHEAD_MS`] ahead is held apart, in a smaller part of its shard that is never
+//! evicted, until the clock is within [`AHEAD_MS`] of it; only then does it join the entries that
+//! can be forgotten. So a watermark never rises more than [`AHEAD_MS`] past the server clock:
+//! future-stamped calls (a key holder's, or a client whose clock runs ahead) cannot refuse
+//! everyone else's calls as too old. When that part is full, further future-stamped calls in the
+//! shard are refused ([`ReplayError::TooFarAhead`]) until some come due.
+//!
+//! Across a restart the cache is empty, so the new server must refuse every timestamp the old
+//! one accepted. The old one accepted, at a time before the new one started, either a timestamp
+//! at most [`AHEAD_MS`] past that time, which the start watermark (the start time plus
+//! [`AHEAD_MS`]) refuses, or a future-stamped one. For those, each key's *floor* (the newest such
+//! timestamp, rounded up by [`FLOOR_RESERVE_MS`] so that a steady client costs one write a
+//! second) is written to a file and fsynced before the call is accepted
+//! ([`ReplayCache::with_floors`]); the next server refuses that key's timestamps at or below it.
+//! Only keys whose clients run more than [`AHEAD_MS`] ahead ever write it.
+//!
 //! What is remembered of a (key, nonce) pair is a 64-bit fingerprint, a SipHash under keys drawn
 //! at random when the server starts (so a client cannot aim at another's fingerprints), not the
 //! 128-bit nonce and the key: 16 bytes of queue and 8 of set per nonce instead of 32 and 32. Two
@@ -16,11 +33,26 @@
 //! about 1 in 3·10^14, and then the client signs again with a new nonce. No replay is ever let
 //! through by it.
 
-use std::collections::{HashSet, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 const SHARDS: usize = 16;
+
+/// A call stamped more than this ahead of the server clock is held apart until it is due (see
+/// the module's docs).
+pub const AHEAD_MS: i64 = 1_000;
+
+/// The part of a shard for future-stamped calls: this fraction of its capacity (at least one).
+const AHEAD_SHARE: usize = 8;
+
+/// A key's recorded floor is its future-stamped call's timestamp plus this, so a client whose
+/// clock runs steadily ahead causes one write of the floors file a second, not one per call;
+/// after a restart it may be refused (as too old) for up to this long.
+pub const FLOOR_RESERVE_MS: i64 = 1_000;
 
 /// Why a nonce was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,6 +61,117 @@ pub enum ReplayError {
     Replayed,
     /// At or below the watermark (older than the server or than what the cache still holds).
     TooOld,
+    /// Stamped more than [`AHEAD_MS`] ahead of the server clock while the shard's room for such
+    /// calls is full.
+    TooFarAhead,
+    /// Future-stamped, and its key's floor could not be written (see the server log).
+    Unrecorded,
+}
+
+/// (tenant, key id) -> floor, ms.
+type FloorMap = HashMap<(String, String), i64>;
+
+/// The floors of future-stamped calls, kept in a file across restarts (see the module docs).
+#[derive(Debug)]
+struct Floors {
+    path: PathBuf,
+    /// The previous servers' floors, as read at start.
+    inherited: FloorMap,
+    /// The highest inherited floor: a call stamped above it needs no lookup.
+    inherited_max: i64,
+    /// What the file holds: the inherited floors and this server's.
+    recorded: Mutex<FloorMap>,
+}
+
+impl Floors {
+    /// Read the floors file at `path` (none yet: no floors). Floors at or below `start_ms` are
+    /// dropped: the start watermark refuses those timestamps anyway.
+    fn open(path: PathBuf, start_ms: i64) -> std::io::Result<Floors> {
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(e),
+        };
+        let mut inherited = FloorMap::new();
+        for line in text.lines() {
+            let mut fields = line.split(' ');
+            let parsed = match (fields.next(), fields.next(), fields.next(), fields.next()) {
+                (Some(floor), Some(tenant), Some(key), None) => {
+                    floor.parse::<i64>().ok().map(|f| (f, tenant, key))
+                }
+                _ => None,
+            };
+            let Some((floor, tenant, key)) = parsed else {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("malformed line in {}: {line:?}", path.display()),
+                ));
+            };
+            if floor > start_ms {
+                let slot = inherited
+                    .entry((tenant.to_string(), key.to_string()))
+                    .or_insert(floor);
+                *slot = (*slot).max(floor);
+            }
+        }
+        let inherited_max = inherited.values().copied().max().unwrap_or(i64::MIN);
+        Ok(Floors {
+            path,
+            recorded: Mutex::new(inherited.clone()),
+            inherited,
+            inherited_max,
+        })
+    }
+
+    /// Whether a previous server accepted a call of `key` stamped at or after `ts_ms`.
+    fn below_inherited(&self, (tenant, key_id): (&str, &str), ts_ms: i64) -> bool {
+        ts_ms <= self.inherited_max
+            && self
+                .inherited
+                .get(&(tenant.to_string(), key_id.to_string()))
+                .is_some_and(|&floor| ts_ms <= floor)
+    }
+
+    /// Make sure the file holds a floor of at least `ts_ms` for `key` before its call is
+    /// accepted.
+    fn record(
+        &self,
+        (tenant, key_id): (&str, &str),
+        ts_ms: i64,
+        now_ms: i64,
+    ) -> std::io::Result<()> {
+        let mut recorded = self.recorded.lock().unwrap_or_else(|p| p.into_inner());
+        let key = (tenant.to_string(), key_id.to_string());
+        if recorded.get(&key).is_some_and(|&floor| ts_ms <= floor) {
+            return Ok(());
+        }
+        let mut next = recorded.clone();
+        // Floors in the past are covered by the next server's start watermark.
+        next.retain(|_, floor| *floor > now_ms);
+        next.insert(key, ts_ms.saturating_add(FLOOR_RESERVE_MS));
+        write_floors(&self.path, &next)?;
+        *recorded = next;
+        Ok(())
+    }
+}
+
+/// Replace the floors file with `floors`: a new file, fsynced, renamed over the old one, and the
+/// directory fsynced.
+fn write_floors(path: &Path, floors: &FloorMap) -> std::io::Result<()> {
+    let mut text = String::new();
+    for ((tenant, key), floor) in floors {
+        text.push_str(&format!("{floor} {tenant} {key}\n"));
+    }
+    let tmp = path.with_extension("tmp");
+    let mut file = std::fs::File::create(&tmp)?;
+    file.write_all(text.as_bytes())?;
+    file.sync_all()?;
+    drop(file);
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 /// The set's keys are already SipHash outputs: hashing them again would only cost time.
@@ -55,8 +198,12 @@ impl Hasher for Prehashed {
 struct Shard {
     /// Fingerprints of the remembered (key, nonce) pairs.
     seen: HashSet<u64, BuildHasherDefault<Prehashed>>,
-    /// Insertion order, for eviction: (ts_ms, fingerprint).
+    /// Insertion order, for eviction: (ts_ms, fingerprint). Every timestamp here was at most
+    /// [`AHEAD_MS`] ahead of the server clock when it came in.
     order: VecDeque<(i64, u64)>,
+    /// Calls stamped more than [`AHEAD_MS`] ahead, earliest timestamp first: never evicted;
+    /// each moves to `order` once the clock is within [`AHEAD_MS`] of it.
+    ahead: BinaryHeap<Reverse<(i64, u64)>>,
     watermark: i64,
 }
 
@@ -64,9 +211,14 @@ struct Shard {
 pub struct ReplayCache {
     shards: Vec<Mutex<Shard>>,
     per_shard: usize,
+    ahead_per_shard: usize,
     skew_ms: i64,
     /// Keys of the fingerprint hash, random per process.
     fingerprint: RandomState,
+    /// `None`: future-stamped calls are not remembered across restarts (tests, tools).
+    floors: Option<Floors>,
+    /// The first timestamp accepted.
+    ready_ms: i64,
 }
 
 impl std::fmt::Debug for ReplayCache {
@@ -78,19 +230,24 @@ impl std::fmt::Debug for ReplayCache {
 }
 
 impl ReplayCache {
-    /// At most `capacity` nonces (24 bytes each, up to about twice that with the queue's and the
-    /// set's growth slack); calls with timestamps before `start_ms` are refused.
+    /// At most `capacity` nonces, plus an eighth of that for future-stamped calls (24 bytes
+    /// each, up to about twice that with the queue's and the set's growth slack); calls stamped
+    /// before [`ReplayCache::ready_ms`] (`start_ms` plus [`AHEAD_MS`]) are refused. Nothing is
+    /// kept across restarts: see [`ReplayCache::with_floors`].
     pub fn new(capacity: usize, skew_ms: i64, start_ms: i64) -> ReplayCache {
         let per_shard = capacity.div_ceil(SHARDS).max(1);
-        // A client may sign in the very millisecond the server started (it answers within
-        // microseconds of "ready"); a previous server on the same data died before this one could
-        // lock the catalog, so anything it accepted is older than `start_ms`.
-        let watermark = start_ms - 1;
+        let ahead_per_shard = (per_shard / AHEAD_SHARE).max(1);
+        // A previous server on the same data died before this one could lock the catalog, so
+        // it accepted only timestamps up to AHEAD_MS past `start_ms`, or future-stamped ones
+        // (whose floors `with_floors` reads). A client may sign in the very millisecond the
+        // server is ready.
+        let watermark = start_ms + AHEAD_MS - 1;
         let shards = (0..SHARDS)
             .map(|_| {
                 Mutex::new(Shard {
                     seen: HashSet::default(),
                     order: VecDeque::new(),
+                    ahead: BinaryHeap::new(),
                     watermark,
                 })
             })
@@ -98,9 +255,33 @@ impl ReplayCache {
         ReplayCache {
             shards,
             per_shard,
+            ahead_per_shard,
             skew_ms,
             fingerprint: RandomState::new(),
+            floors: None,
+            ready_ms: watermark + 1,
         }
+    }
+
+    /// [`ReplayCache::new`], remembering future-stamped calls across restarts in the file at
+    /// `path` (read now; written, and fsynced, before such a call is accepted).
+    pub fn with_floors(
+        capacity: usize,
+        skew_ms: i64,
+        start_ms: i64,
+        path: PathBuf,
+    ) -> std::io::Result<ReplayCache> {
+        let floors = Floors::open(path, start_ms + AHEAD_MS)?;
+        Ok(ReplayCache {
+            floors: Some(floors),
+            ..ReplayCache::new(capacity, skew_ms, start_ms)
+        })
+    }
+
+    /// The first timestamp accepted: calls stamped earlier are refused as too old (the server
+    /// should announce itself ready only from then on).
+    pub fn ready_ms(&self) -> i64 {
+        self.ready_ms
     }
 
     /// Record `nonce` for `key` at `ts_ms`, or refuse it. The caller has already checked the
@@ -112,6 +293,13 @@ impl ReplayCache {
         ts_ms: i64,
         now_ms: i64,
     ) -> Result<(), ReplayError> {
+        if self
+            .floors
+            .as_ref()
+            .is_some_and(|f| f.below_inherited((tenant, key_id), ts_ms))
+        {
+            return Err(ReplayError::TooOld);
+        }
         let fp = self.fingerprint.hash_one((tenant, key_id, nonce));
         let shard_index = (nonce as usize) % SHARDS;
         let mut shard = self.shards[shard_index]
@@ -128,20 +316,46 @@ impl ReplayCache {
             // forgotten call acceptable again.
             shard.watermark = shard.watermark.max(ts);
         }
+        // Future-stamped calls that are due join the ordinary entries (at most AHEAD_MS ahead).
+        let due_until = now_ms.saturating_add(AHEAD_MS);
+        while let Some(&Reverse(entry)) = shard.ahead.peek() {
+            if entry.0 > due_until {
+                break;
+            }
+            shard.ahead.pop();
+            shard.order.push_back(entry);
+        }
         if ts_ms <= shard.watermark {
             return Err(ReplayError::TooOld);
         }
         if shard.seen.contains(&fp) {
             return Err(ReplayError::Replayed);
         }
-        if shard.order.len() >= self.per_shard
+        if ts_ms > due_until {
+            if shard.ahead.len() >= self.ahead_per_shard {
+                return Err(ReplayError::TooFarAhead);
+            }
+            shard.seen.insert(fp);
+            shard.ahead.push(Reverse((ts_ms, fp)));
+            drop(shard);
+            // The nonce stays remembered if this fails: the client signs again anyway.
+            return match &self.floors {
+                None => Ok(()),
+                Some(floors) => floors.record((tenant, key_id), ts_ms, now_ms).map_err(|e| {
+                    tracing::error!(error = %e, "the replay floors file could not be written");
+                    ReplayError::Unrecorded
+                }),
+            };
+        }
+        // Due entries moved in may have left `order` more than full.
+        while shard.order.len() >= self.per_shard
             && let Some((ts, old)) = shard.order.pop_front()
         {
             shard.seen.remove(&old);
             shard.watermark = shard.watermark.max(ts);
-            if ts_ms <= shard.watermark {
-                return Err(ReplayError::TooOld);
-            }
+        }
+        if ts_ms <= shard.watermark {
+            return Err(ReplayError::TooOld);
         }
         shard.seen.insert(fp);
         shard.order.push_back((ts_ms, fp));
@@ -152,7 +366,10 @@ impl ReplayCache {
     pub fn len(&self) -> usize {
         self.shards
             .iter()
-            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).order.len())
+            .map(|s| {
+                let s = s.lock().unwrap_or_else(|p| p.into_inner());
+                s.order.len() + s.ahead.len()
+            })
             .sum()
     }
 
@@ -198,14 +415,110 @@ mod tests {
     }
 
     #[test]
-    fn calls_from_before_the_server_started_are_refused() {
+    fn calls_from_before_the_server_was_ready_are_refused() {
         let c = ReplayCache::new(1000, 300_000, 50_000);
+        assert_eq!(c.ready_ms(), 50_000 + AHEAD_MS);
+        // Signed before the start, or (by a client whose clock ran ahead) accepted by a previous
+        // server up to AHEAD_MS past it.
+        for ts in [49_999, 50_000, 50_000 + AHEAD_MS - 1] {
+            assert_eq!(
+                c.check_and_insert(("a", "k1"), 1, ts, 51_100),
+                Err(ReplayError::TooOld)
+            );
+        }
+        // Signed in the ready millisecond itself: fine.
         assert_eq!(
-            c.check_and_insert(("a", "k1"), 1, 49_999, 50_001),
+            c.check_and_insert(("a", "k1"), 1, 50_000 + AHEAD_MS, 51_100),
+            Ok(())
+        );
+    }
+
+    /// A call a previous server accepted with a timestamp far in the future is refused after a
+    /// restart, for its key only (any call of that key stamped at or below the floor); nearly
+    /// current ones are refused by the start watermark.
+    #[test]
+    fn future_stamped_calls_stay_refused_across_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("replay-floors");
+        let now = 1_000_000;
+        let old = ReplayCache::with_floors(1000, 300_000, 0, path.clone()).unwrap();
+        assert_eq!(
+            old.check_and_insert(("a", "k"), 1, now + 60_000, now),
+            Ok(())
+        );
+        assert_eq!(
+            old.check_and_insert(("a", "k"), 2, now + AHEAD_MS, now),
+            Ok(())
+        );
+        // A steady client ahead by a minute writes the file once a second, not per call.
+        let written = std::fs::metadata(&path).unwrap().modified().unwrap();
+        assert_eq!(
+            old.check_and_insert(("a", "k"), 3, now + 60_500, now + 500),
+            Ok(())
+        );
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().modified().unwrap(),
+            written
+        );
+        drop(old);
+
+        // The old server died before the new one started.
+        let start = now + 1;
+        let new = ReplayCache::with_floors(1000, 300_000, start, path.clone()).unwrap();
+        let at = start + AHEAD_MS;
+        for (nonce, ts) in [(1, now + 60_000), (3, now + 60_500), (2, now + AHEAD_MS)] {
+            assert_eq!(
+                new.check_and_insert(("a", "k"), nonce, ts, at),
+                Err(ReplayError::TooOld),
+                "{ts}"
+            );
+        }
+        // Other keys are not affected, nor the key's calls past the floor.
+        assert_eq!(
+            new.check_and_insert(("b", "k"), 1, now + 60_000, at),
+            Ok(())
+        );
+        assert_eq!(
+            new.check_and_insert(("a", "k"), 4, now + 60_500 + FLOOR_RESERVE_MS + 1, at),
+            Ok(())
+        );
+        // The floor is the key's, whatever the nonce: a current call of the key (from a client
+        // whose clock is right) is refused too until the clock passes the floor.
+        assert_eq!(
+            new.check_and_insert(("a", "k"), 5, at, at),
             Err(ReplayError::TooOld)
         );
-        // Signed in the start millisecond itself: fine.
-        assert_eq!(c.check_and_insert(("a", "k1"), 1, 50_000, 50_001), Ok(()));
+        drop(new);
+
+        // Floors that have passed are dropped from the file when it is next written.
+        let much_later = now + 400_000;
+        let last = ReplayCache::with_floors(1000, 300_000, much_later, path.clone()).unwrap();
+        let at = much_later + AHEAD_MS;
+        assert_eq!(last.check_and_insert(("c", "k"), 1, at + 5_000, at), Ok(()));
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text, format!("{} c k\n", at + 5_000 + FLOOR_RESERVE_MS));
+    }
+
+    #[test]
+    fn a_floor_that_cannot_be_written_refuses_the_call() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("missing").join("replay-floors");
+        let c = ReplayCache::with_floors(1000, 300_000, 0, path).unwrap();
+        let now = 1_000_000;
+        assert_eq!(
+            c.check_and_insert(("a", "k"), 1, now + 60_000, now),
+            Err(ReplayError::Unrecorded)
+        );
+        // Nothing was recorded, so the next such call tries again; current calls are fine.
+        assert_eq!(
+            c.check_and_insert(("a", "k"), 2, now + 60_000, now),
+            Err(ReplayError::Unrecorded)
+        );
+        assert_eq!(c.check_and_insert(("a", "k"), 3, now, now), Ok(()));
+        // An unreadable file stops the start (rather than forgetting what it held).
+        let bad = dir.path().join("bad");
+        std::fs::write(&bad, "12 a\n").unwrap();
+        assert!(ReplayCache::with_floors(1000, 300_000, 0, bad).is_err());
     }
 
     #[test]
@@ -233,6 +546,72 @@ mod tests {
             c.check_and_insert(("a", "k"), 99 * 16, 1_500, 2_000),
             Ok(())
         );
+    }
+
+    /// Calls stamped far ahead of the server clock (the skew admits up to `skew` ahead) must not
+    /// raise a shard's watermark when they are forgotten: that would refuse every caller's
+    /// correctly stamped calls as too old until the clock caught up.
+    #[test]
+    fn future_stamped_calls_do_not_shut_out_current_ones() {
+        // One nonce per shard; the skew window is 300 s.
+        let c = ReplayCache::new(16, 300_000, 0);
+        let now = 1_000_000;
+        assert_eq!(
+            c.check_and_insert(("a", "k"), 0, now + 299_000, now),
+            Ok(())
+        );
+        // A correctly stamped call in the same shard, from another tenant.
+        assert_eq!(c.check_and_insert(("b", "k"), 16, now, now), Ok(()));
+        assert_eq!(c.check_and_insert(("b", "k"), 32, now + 1, now + 1), Ok(()));
+        // The future-stamped call stays remembered: its replay is refused.
+        assert_eq!(
+            c.check_and_insert(("a", "k"), 0, now + 299_000, now + 2),
+            Err(ReplayError::Replayed)
+        );
+        // Once the clock is within a second of it, it is an ordinary entry, still remembered.
+        let later = now + 298_500;
+        assert_eq!(
+            c.check_and_insert(("a", "k"), 0, now + 299_000, later),
+            Err(ReplayError::Replayed)
+        );
+    }
+
+    /// The part holding future-stamped calls is bounded; when it is full, further such calls are
+    /// refused (the caller's clock is off), and current calls are unaffected.
+    #[test]
+    fn the_room_for_future_stamped_calls_is_bounded() {
+        let c = ReplayCache::new(16 * 64, 300_000, 0);
+        let now = 1_000_000;
+        let room = c.ahead_per_shard;
+        assert!((1..64).contains(&room), "{room}");
+        for i in 0..room as u128 {
+            assert_eq!(
+                c.check_and_insert(("a", "k"), i * 16, now + 200_000, now),
+                Ok(())
+            );
+        }
+        assert_eq!(
+            c.check_and_insert(("a", "k"), room as u128 * 16, now + 200_000, now),
+            Err(ReplayError::TooFarAhead)
+        );
+        // A second ahead (the limit) is not "future-stamped".
+        assert_eq!(
+            c.check_and_insert(("a", "k"), 99 * 16, now + 1_000, now),
+            Ok(())
+        );
+        // Current calls fill and overflow the shard; the held calls are never what is forgotten.
+        // (Forgetting the entry a second ahead raises the watermark to it: calls a second later
+        // are current again.)
+        let later = now + AHEAD_MS + 1;
+        for i in 100..300u128 {
+            let ts = later + i as i64;
+            assert_eq!(c.check_and_insert(("b", "k"), i * 16, ts, ts), Ok(()));
+        }
+        assert_eq!(
+            c.check_and_insert(("a", "k"), 0, now + 200_000, later + 300),
+            Err(ReplayError::Replayed)
+        );
+        assert!(c.len() <= 64 + room, "{}", c.len());
     }
 
     #[test]

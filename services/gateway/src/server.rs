@@ -11,6 +11,8 @@ use cube_api::v1::auth_server::AuthServer;
 use cube_api::v1::cells_server::CellsServer;
 use cube_api::v1::tenant_server::TenantServer;
 use cube_store::{Catalog, TenantDirectory};
+
+use crate::replay::ReplayCache;
 use tokio::net::{TcpListener, UnixListener};
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::Server;
@@ -35,6 +37,9 @@ pub struct GatewayConfig {
     pub skew_ms: i64,
     /// Nonces remembered by the replay cache at most.
     pub replay_capacity: usize,
+    /// Where the replay cache keeps future-stamped calls' floors across restarts (`None`: not
+    /// kept; for tests and tools).
+    pub replay_floors: Option<std::path::PathBuf>,
     /// HTTP/2 streams per connection at most.
     pub max_concurrent_streams: u32,
     /// Which authentication models are accepted.
@@ -60,6 +65,8 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
     #[error("TLS: {0}")]
     Tls(#[from] TlsError),
+    #[error("reading the replay floors file: {0}")]
+    ReplayFloors(std::io::Error),
 }
 
 /// The gRPC gateway over one catalog and one tenant directory.
@@ -77,18 +84,37 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// Fails only if the TLS settings are unusable.
+    /// How long until signed calls stamped with the current time are accepted: the replay cache
+    /// refuses timestamps up to a second past the start, which a previous server may have
+    /// accepted (see `replay.rs`). The server announces itself ready only then.
+    pub fn replay_ready_in(&self) -> std::time::Duration {
+        let wait = self.auth.replay_ready_ms() - crate::auth_layer::now_ms();
+        std::time::Duration::from_millis(wait.max(0) as u64)
+    }
+
+    /// Fails if the TLS settings are unusable or the replay floors file unreadable.
     pub fn new(
         catalog: Arc<Catalog>,
         directory: Arc<TenantDirectory>,
         config: GatewayConfig,
     ) -> Result<Gateway, ServeError> {
         let tls = config.tls.as_ref().map(server_config).transpose()?;
+        let start = crate::auth_layer::now_ms();
+        let replay = match &config.replay_floors {
+            Some(path) => ReplayCache::with_floors(
+                config.replay_capacity,
+                config.skew_ms,
+                start,
+                path.clone(),
+            )
+            .map_err(ServeError::ReplayFloors)?,
+            None => ReplayCache::new(config.replay_capacity, config.skew_ms, start),
+        };
         let mut auth = Authenticator::new(
             Arc::clone(&catalog),
             config.auth_mode,
             config.skew_ms,
-            config.replay_capacity,
+            replay,
             config.failure_limits,
             Some(Arc::clone(&directory)),
         );

@@ -37,6 +37,12 @@ impl DataDir {
         self.root.join("admin.sock")
     }
 
+    /// Per key, the newest far-future timestamp a signed call was accepted with, so a restarted
+    /// server refuses its replay (`cube_gateway::ReplayCache::with_floors`).
+    pub fn replay_floors(&self) -> PathBuf {
+        self.root.join("replay-floors")
+    }
+
     /// Credentials of the demo tenant, written on first start.
     pub fn dev_credentials(&self) -> PathBuf {
         self.root.join("dev-credentials.json")

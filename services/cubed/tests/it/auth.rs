@@ -35,6 +35,42 @@ fn expect_unauthenticated(r: Result<(), tonic::Status>, needle: &str) {
     );
 }
 
+/// A signed call accepted with a timestamp ahead of the server clock (a client whose clock runs
+/// ahead), captured, is still refused after the server is killed and restarted within that lead:
+/// far ahead by the key's floor the server wrote before accepting it, slightly ahead by the
+/// start watermark. Other keys are not affected by the floor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_signed_ahead_of_the_server_clock_is_not_replayable_after_a_restart() {
+    let mut server = TestServer::start(cubed()).unwrap();
+    let acme = server.create_tenant("acme").unwrap();
+    let demo = server.demo.clone();
+    let now = now_ms();
+    let (far, near) = (now + 120_000, now + 900);
+    let (far_nonce, near_nonce) = (new_call_nonce(), new_call_nonce());
+    read_signed(&server, &demo, READ, far, &far_nonce).await.unwrap();
+    read_signed(&server, &demo, READ, near, &near_nonce).await.unwrap();
+    expect_unauthenticated(
+        read_signed(&server, &demo, READ, far, &far_nonce).await,
+        "already used",
+    );
+
+    server.kill9().unwrap();
+    server.restart().unwrap();
+    for (ts, nonce) in [(far, &far_nonce), (near, &near_nonce)] {
+        expect_unauthenticated(
+            read_signed(&server, &demo, READ, ts, nonce).await,
+            "older than the server's replay window",
+        );
+    }
+    // Another key's calls, far ahead or current, are served.
+    read_signed(&server, &acme, READ, far, &new_call_nonce())
+        .await
+        .unwrap();
+    read_signed(&server, &acme, READ, now_ms(), &new_call_nonce())
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_bad_credential_is_unauthenticated() {
     let server = TestServer::start(cubed()).unwrap();

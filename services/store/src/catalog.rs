@@ -95,6 +95,12 @@ struct TenantRecord {
     /// Absent = policy `sync` (records written before durability policies existed too).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     relaxed: Option<RelaxedRecord>,
+    /// The policy was set through the journal because the tenant's log could not take it
+    /// ([`Catalog::set_durability`]). A logged durability change made again by the tenant's
+    /// recovery is older than that and does not override it; the next one applied online clears
+    /// the pin (durably, through the journal).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    durability_pinned: bool,
 }
 
 /// NOTE: on-disk format of a relaxed durability policy.
@@ -492,6 +498,7 @@ impl Catalog {
         let tenant_record = serde_json::to_vec(&TenantRecord {
             created_ms: now_ms(),
             relaxed: None,
+            durability_pinned: false,
         })
         .map_err(|e| storage("encode", e))?;
         self.commit(
@@ -712,13 +719,14 @@ impl Catalog {
     /// tenant's next open. The servers and the CLI change it through the tenant's log instead
     /// (`Command::SetDurability`, with its audit entry) and come here only when that log cannot
     /// take it.
+    /// Such a policy is pinned: see [`Catalog::reapply_logged_durability`].
     pub fn set_durability(
         &self,
         tenant: &str,
         policy: cube_wal::SyncPolicy,
     ) -> Result<(), StoreError> {
         let st = self.lock_changes();
-        let op = self.durability_op(tenant, policy)?;
+        let op = self.durability_op(tenant, policy, true)?;
         self.commit(st, vec![op], &[])
     }
 
@@ -727,22 +735,54 @@ impl Catalog {
     /// checkpoint makes it durable ([`Catalog::make_durable`]) before the record can go. Like
     /// the key variants it does not look at the journal's failed flag: the change is durable in
     /// the tenant's log already, and refusing it here would only poison that tenant.
+    /// A pinned policy ([`Catalog::set_durability`]) is replaced through the journal instead,
+    /// which clears the pin durably: a later recovery then makes this change again.
     pub fn apply_logged_durability(
         &self,
         tenant: &str,
         policy: cube_wal::SyncPolicy,
     ) -> Result<bool, StoreError> {
+        let st = self.lock_changes();
+        let pinned = self.tenant_record(tenant)?.durability_pinned;
+        let op = self.durability_op(tenant, policy, false)?;
+        if pinned {
+            self.commit(st, vec![op], &[])?;
+        } else {
+            insert_ops(&self.tenants, &self.keys, vec![op])
+                .map_err(|e| storage("apply a change", e))?;
+        }
+        Ok(true)
+    }
+
+    /// [`Catalog::apply_logged_durability`] for a change the tenant's recovery makes again (a
+    /// replayed record, or a copy its state store kept): it changes nothing, and returns false,
+    /// while the policy is pinned, since the change is older than the policy set through the
+    /// journal while the tenant's log could not take it.
+    pub fn reapply_logged_durability(
+        &self,
+        tenant: &str,
+        policy: cube_wal::SyncPolicy,
+    ) -> Result<bool, StoreError> {
         let _st = self.lock_changes();
-        let op = self.durability_op(tenant, policy)?;
+        if self.tenant_record(tenant)?.durability_pinned {
+            return Ok(false);
+        }
+        let op = self.durability_op(tenant, policy, false)?;
         insert_ops(&self.tenants, &self.keys, vec![op])
             .map_err(|e| storage("apply a change", e))?;
         Ok(true)
     }
 
-    /// The tenant record with `policy`, as a catalog write.
-    fn durability_op(&self, tenant: &str, policy: cube_wal::SyncPolicy) -> Result<Op, StoreError> {
+    /// The tenant record with `policy` (and the pin), as a catalog write.
+    fn durability_op(
+        &self,
+        tenant: &str,
+        policy: cube_wal::SyncPolicy,
+        pinned: bool,
+    ) -> Result<Op, StoreError> {
         check_policy(&policy)?;
         let mut record = self.tenant_record(tenant)?;
+        record.durability_pinned = pinned;
         record.relaxed = match policy {
             cube_wal::SyncPolicy::Always => None,
             cube_wal::SyncPolicy::Relaxed {

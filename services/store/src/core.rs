@@ -326,7 +326,7 @@ impl<T> TenantCore<T> {
             .filter(|_| !replayed_changes.is_empty());
         if let Some(catalog) = catalog_to_sync {
             for (_, key_id, edit) in &replayed_changes {
-                apply_catalog_edit(catalog, tenant, key_id, edit)?;
+                apply_catalog_edit(catalog, tenant, key_id, edit, Replaying::Yes)?;
             }
             tracing::info!(
                 tenant,
@@ -871,7 +871,9 @@ impl<T> TenantCore<T> {
             return Ok(());
         };
         for (seq, key_id, edit) in changes {
-            if let Err(e) = apply_catalog_edit(&catalog, &self.tenant, &key_id, &edit) {
+            if let Err(e) =
+                apply_catalog_edit(&catalog, &self.tenant, &key_id, &edit, Replaying::No)
+            {
                 tracing::error!(tenant = %self.tenant, error = %e, "a catalog change could not be applied to the catalog; tenant poisoned until it is reopened");
                 self.poison_after(DurableEvent::WriteFailed { no_space: false });
                 return Err(self.poisoned_error());
@@ -1044,11 +1046,23 @@ fn catalog_change(seq: u64, op: &WalOp) -> Option<CatalogChange> {
     }
 }
 
+/// Whether a catalog change is made again by a tenant's recovery, or for the first time.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Replaying {
+    Yes,
+    No,
+}
+
+/// Make one catalog change. Made again by recovery, a durability change does not override a
+/// policy set through the catalog since ([`Catalog::reapply_logged_durability`]); key changes
+/// are idempotent either way (a revoked key stays revoked, an existing key is not created
+/// again).
 fn apply_catalog_edit(
     catalog: &Catalog,
     tenant: &str,
     key_id: &str,
     edit: &CatalogEdit,
+    replaying: Replaying,
 ) -> Result<bool, StoreError> {
     match edit {
         CatalogEdit::Caps(caps) => catalog.apply_logged_capabilities(tenant, key_id, caps),
@@ -1064,6 +1078,9 @@ fn apply_catalog_edit(
             revoked: false,
             prepared: Default::default(),
         }),
+        CatalogEdit::Durability(policy) if replaying == Replaying::Yes => {
+            catalog.reapply_logged_durability(tenant, *policy)
+        }
         CatalogEdit::Durability(policy) => catalog.apply_logged_durability(tenant, *policy),
     }
 }
@@ -1561,6 +1578,59 @@ mod tests {
             relaxed,
             "replay sets the policy"
         );
+        drop(core);
+    }
+
+    /// A policy set through the catalog (the tenant's log could not take it) is newer than any
+    /// logged change recovery makes again: recovery does not override it. The next logged change
+    /// applied online replaces it and clears the pin durably, so recovery makes that one again.
+    #[test]
+    fn recovery_does_not_override_a_durability_set_through_the_catalog() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, config) = tenant_with_catalog(dir.path());
+        let relaxed = |ms| SyncPolicy::Relaxed {
+            max_delay: Duration::from_millis(ms),
+            max_records: 64,
+        };
+        let set = |policy| Command::SetDurability { policy };
+        let mut core = open(dir.path(), &config);
+        assert!(core.handle(set(relaxed(20)), &who(), 1).is_none());
+        settle(&mut core);
+        // Kept in the store (and the log) until a checkpoint; then the tenant breaks, and the
+        // operator's change goes through the catalog.
+        core.state().backend().flush().unwrap();
+        core.take_wal().unwrap().close().unwrap();
+        drop(core);
+        catalog.set_durability("t", SyncPolicy::Always).unwrap();
+
+        let mut core = open(dir.path(), &config);
+        assert_eq!(
+            catalog.durability("t").unwrap(),
+            SyncPolicy::Always,
+            "the older logged change does not come back"
+        );
+        std::fs::remove_dir_all(dir.path().join(SNAPSHOT)).unwrap();
+        snapshot_catalog(&catalog, dir.path());
+        assert!(core.handle(set(relaxed(30)), &who(), 2).is_none());
+        settle(&mut core);
+        assert_eq!(catalog.durability("t").unwrap(), relaxed(30));
+        core.take_wal().unwrap().close().unwrap();
+        drop(core);
+        // A crash that loses what sled had not written (the copy's files are from before the
+        // change), but not the catalog's journal: the pin was cleared through it, so recovery
+        // makes the newer logged change again.
+        std::fs::copy(
+            dir.path().join("catalog.journal"),
+            dir.path().join(SNAPSHOT).with_extension("journal"),
+        )
+        .unwrap();
+        let copy = Arc::new(Catalog::open(&dir.path().join(SNAPSHOT)).unwrap());
+        let with_copy = CoreConfig {
+            catalog: Some(Arc::clone(&copy)),
+            ..config.clone()
+        };
+        let core = open(dir.path(), &with_copy);
+        assert_eq!(copy.durability("t").unwrap(), relaxed(30));
         drop(core);
     }
 

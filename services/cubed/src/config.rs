@@ -12,6 +12,8 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9464";
 pub const DEFAULT_MAX_VALUE_BYTES: usize = 1 << 20;
 pub const DEFAULT_SKEW_SECS: u64 = 300;
+/// Largest `--skew-secs`: a wider window only lengthens what a replay or a key's floor covers.
+pub const MAX_SKEW_SECS: u64 = 3600;
 pub const DEFAULT_REPLAY_CAPACITY: usize = 1_000_000;
 pub const DEFAULT_MAILBOX_CAPACITY: usize = 4096;
 pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 1024;
@@ -311,6 +313,10 @@ impl ServeArgs {
         anyhow::ensure!(
             self.mailbox_capacity > 0,
             "--mailbox-capacity must be at least 1"
+        );
+        anyhow::ensure!(
+            (1..=MAX_SKEW_SECS).contains(&self.skew_secs),
+            "--skew-secs must be between 1 and {MAX_SKEW_SECS}"
         );
         anyhow::ensure!(
             self.replay_capacity >= 16,

@@ -179,7 +179,9 @@ impl Authenticator {
     }
 
     /// `Ok(None)` for paths that need no authentication. Throttled peers are refused first;
-    /// every refusal counts against the peer.
+    /// every UNAUTHENTICATED refusal counts against the peer (not the replay cache's
+    /// RESOURCE_EXHAUSTED or UNAVAILABLE: a full room for future-stamped calls, or a floors file
+    /// that cannot be written, is no failed authentication).
     pub fn authenticate(
         &self,
         path: &str,
@@ -191,7 +193,11 @@ impl Authenticator {
         }
         self.check_throttle(conn)?;
         let result = self.identify(path, md, conn);
-        if let Err(status) = &result {
+        if let Some(status) = result
+            .as_ref()
+            .err()
+            .filter(|s| s.code() == tonic::Code::Unauthenticated)
+        {
             self.record_failure(conn);
             if let Some(tenant) = md.get(&H_TENANT).and_then(|v| v.to_str().ok()) {
                 self.record_failed_auth(tenant, "call", status.message(), conn);

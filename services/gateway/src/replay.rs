@@ -49,6 +49,10 @@ pub const AHEAD_MS: i64 = 1_000;
 /// The part of a shard for future-stamped calls: this fraction of its capacity (at least one).
 const AHEAD_SHARE: usize = 8;
 
+/// One tenant may fill at most this fraction of that part (at least one entry), so one tenant's
+/// key holder cannot take the room of every other tenant's clients whose clocks run ahead.
+const AHEAD_TENANT_SHARE: usize = 4;
+
 /// A key's recorded floor is its future-stamped call's timestamp plus this, so a client whose
 /// clock runs steadily ahead causes one write of the floors file a second, not one per call;
 /// after a restart it may be refused (as too old) for up to this long.
@@ -68,8 +72,33 @@ pub enum ReplayError {
     Unrecorded,
 }
 
-/// (tenant, key id) -> floor, ms.
-type FloorMap = HashMap<(String, String), i64>;
+/// tenant -> key id -> floor, ms (nested so that a lookup needs no allocation).
+type FloorMap = HashMap<String, HashMap<String, i64>>;
+
+fn floor_of(map: &FloorMap, tenant: &str, key_id: &str) -> Option<i64> {
+    map.get(tenant).and_then(|keys| keys.get(key_id)).copied()
+}
+
+/// Writes of the floors file allowed per second, all keys together. A call that would need one
+/// more is refused ([`ReplayError::TooFarAhead`]): a flood of ever later timestamps cannot keep
+/// the disk (and the threads that wait for it) busy. A client whose clock runs steadily ahead
+/// needs one a second.
+const FLOOR_WRITES_PER_SEC: u32 = 32;
+
+/// What the floors file holds, and the write budget of the current second.
+#[derive(Debug, Default)]
+struct Recorded {
+    floors: FloorMap,
+    /// The second (`now_ms / 1000`) the budget is counted in, and the writes made in it.
+    second: i64,
+    writes: u32,
+}
+
+/// Why a floor was not recorded.
+enum RecordError {
+    Busy,
+    Io(std::io::Error),
+}
 
 /// The floors of future-stamped calls, kept in a file across restarts (see the module docs).
 #[derive(Debug)]
@@ -79,14 +108,13 @@ struct Floors {
     inherited: FloorMap,
     /// The highest inherited floor: a call stamped above it needs no lookup.
     inherited_max: i64,
-    /// What the file holds: the inherited floors and this server's.
-    recorded: Mutex<FloorMap>,
+    recorded: Mutex<Recorded>,
 }
 
 impl Floors {
-    /// Read the floors file at `path` (none yet: no floors). Floors at or below `start_ms` are
-    /// dropped: the start watermark refuses those timestamps anyway.
-    fn open(path: PathBuf, start_ms: i64) -> std::io::Result<Floors> {
+    /// Read the floors file at `path` (none yet: no floors). Floors at or below `watermark`
+    /// are dropped: it refuses those timestamps anyway.
+    fn open(path: PathBuf, watermark: i64) -> std::io::Result<Floors> {
         let text = match std::fs::read_to_string(&path) {
             Ok(text) => text,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
@@ -107,17 +135,26 @@ impl Floors {
                     format!("malformed line in {}: {line:?}", path.display()),
                 ));
             };
-            if floor > start_ms {
+            if floor > watermark {
                 let slot = inherited
-                    .entry((tenant.to_string(), key.to_string()))
+                    .entry(tenant.to_string())
+                    .or_default()
+                    .entry(key.to_string())
                     .or_insert(floor);
                 *slot = (*slot).max(floor);
             }
         }
-        let inherited_max = inherited.values().copied().max().unwrap_or(i64::MIN);
+        let inherited_max = inherited
+            .values()
+            .flat_map(|keys| keys.values().copied())
+            .max()
+            .unwrap_or(i64::MIN);
         Ok(Floors {
             path,
-            recorded: Mutex::new(inherited.clone()),
+            recorded: Mutex::new(Recorded {
+                floors: inherited.clone(),
+                ..Recorded::default()
+            }),
             inherited,
             inherited_max,
         })
@@ -126,10 +163,7 @@ impl Floors {
     /// Whether a previous server accepted a call of `key` stamped at or after `ts_ms`.
     fn below_inherited(&self, (tenant, key_id): (&str, &str), ts_ms: i64) -> bool {
         ts_ms <= self.inherited_max
-            && self
-                .inherited
-                .get(&(tenant.to_string(), key_id.to_string()))
-                .is_some_and(|&floor| ts_ms <= floor)
+            && floor_of(&self.inherited, tenant, key_id).is_some_and(|floor| ts_ms <= floor)
     }
 
     /// Make sure the file holds a floor of at least `ts_ms` for `key` before its call is
@@ -139,18 +173,31 @@ impl Floors {
         (tenant, key_id): (&str, &str),
         ts_ms: i64,
         now_ms: i64,
-    ) -> std::io::Result<()> {
+    ) -> Result<(), RecordError> {
         let mut recorded = self.recorded.lock().unwrap_or_else(|p| p.into_inner());
-        let key = (tenant.to_string(), key_id.to_string());
-        if recorded.get(&key).is_some_and(|&floor| ts_ms <= floor) {
+        if floor_of(&recorded.floors, tenant, key_id).is_some_and(|floor| ts_ms <= floor) {
             return Ok(());
         }
-        let mut next = recorded.clone();
+        let second = now_ms.div_euclid(1000);
+        if recorded.second != second {
+            recorded.second = second;
+            recorded.writes = 0;
+        }
+        if recorded.writes >= FLOOR_WRITES_PER_SEC {
+            return Err(RecordError::Busy);
+        }
+        recorded.writes += 1;
+        let mut next = recorded.floors.clone();
         // Floors in the past are covered by the next server's start watermark.
-        next.retain(|_, floor| *floor > now_ms);
-        next.insert(key, ts_ms.saturating_add(FLOOR_RESERVE_MS));
-        write_floors(&self.path, &next)?;
-        *recorded = next;
+        for keys in next.values_mut() {
+            keys.retain(|_, floor| *floor > now_ms);
+        }
+        next.retain(|_, keys| !keys.is_empty());
+        next.entry(tenant.to_string())
+            .or_default()
+            .insert(key_id.to_string(), ts_ms.saturating_add(FLOOR_RESERVE_MS));
+        write_floors(&self.path, &next).map_err(RecordError::Io)?;
+        recorded.floors = next;
         Ok(())
     }
 }
@@ -159,8 +206,10 @@ impl Floors {
 /// directory fsynced.
 fn write_floors(path: &Path, floors: &FloorMap) -> std::io::Result<()> {
     let mut text = String::new();
-    for ((tenant, key), floor) in floors {
-        text.push_str(&format!("{floor} {tenant} {key}\n"));
+    for (tenant, keys) in floors {
+        for (key, floor) in keys {
+            text.push_str(&format!("{floor} {tenant} {key}\n"));
+        }
     }
     let tmp = path.with_extension("tmp");
     let mut file = std::fs::File::create(&tmp)?;
@@ -201,9 +250,12 @@ struct Shard {
     /// Insertion order, for eviction: (ts_ms, fingerprint). Every timestamp here was at most
     /// [`AHEAD_MS`] ahead of the server clock when it came in.
     order: VecDeque<(i64, u64)>,
-    /// Calls stamped more than [`AHEAD_MS`] ahead, earliest timestamp first: never evicted;
-    /// each moves to `order` once the clock is within [`AHEAD_MS`] of it.
-    ahead: BinaryHeap<Reverse<(i64, u64)>>,
+    /// Calls stamped more than [`AHEAD_MS`] ahead, earliest timestamp first, as (ts_ms,
+    /// fingerprint, tenant tag): never evicted; each moves to `order` once the clock is within
+    /// [`AHEAD_MS`] of it.
+    ahead: BinaryHeap<Reverse<(i64, u64, u64)>>,
+    /// Entries in `ahead` per tenant tag.
+    ahead_by_tenant: HashMap<u64, usize>,
     watermark: i64,
 }
 
@@ -212,6 +264,7 @@ pub struct ReplayCache {
     shards: Vec<Mutex<Shard>>,
     per_shard: usize,
     ahead_per_shard: usize,
+    ahead_per_tenant: usize,
     skew_ms: i64,
     /// Keys of the fingerprint hash, random per process.
     fingerprint: RandomState,
@@ -237,6 +290,7 @@ impl ReplayCache {
     pub fn new(capacity: usize, skew_ms: i64, start_ms: i64) -> ReplayCache {
         let per_shard = capacity.div_ceil(SHARDS).max(1);
         let ahead_per_shard = (per_shard / AHEAD_SHARE).max(1);
+        let ahead_per_tenant = (ahead_per_shard / AHEAD_TENANT_SHARE).max(1);
         // A previous server on the same data died before this one could lock the catalog, so
         // it accepted only timestamps up to AHEAD_MS past `start_ms`, or future-stamped ones
         // (whose floors `with_floors` reads). A client may sign in the very millisecond the
@@ -248,6 +302,7 @@ impl ReplayCache {
                     seen: HashSet::default(),
                     order: VecDeque::new(),
                     ahead: BinaryHeap::new(),
+                    ahead_by_tenant: HashMap::new(),
                     watermark,
                 })
             })
@@ -256,6 +311,7 @@ impl ReplayCache {
             shards,
             per_shard,
             ahead_per_shard,
+            ahead_per_tenant,
             skew_ms,
             fingerprint: RandomState::new(),
             floors: None,
@@ -271,7 +327,7 @@ impl ReplayCache {
         start_ms: i64,
         path: PathBuf,
     ) -> std::io::Result<ReplayCache> {
-        let floors = Floors::open(path, start_ms + AHEAD_MS)?;
+        let floors = Floors::open(path, start_ms + AHEAD_MS - 1)?;
         Ok(ReplayCache {
             floors: Some(floors),
             ..ReplayCache::new(capacity, skew_ms, start_ms)
@@ -318,37 +374,23 @@ impl ReplayCache {
         }
         // Future-stamped calls that are due join the ordinary entries (at most AHEAD_MS ahead).
         let due_until = now_ms.saturating_add(AHEAD_MS);
-        while let Some(&Reverse(entry)) = shard.ahead.peek() {
-            if entry.0 > due_until {
+        while let Some(&Reverse((ts, old, tag))) = shard.ahead.peek() {
+            if ts > due_until {
                 break;
             }
             shard.ahead.pop();
-            shard.order.push_back(entry);
-        }
-        if ts_ms <= shard.watermark {
-            return Err(ReplayError::TooOld);
-        }
-        if shard.seen.contains(&fp) {
-            return Err(ReplayError::Replayed);
-        }
-        if ts_ms > due_until {
-            if shard.ahead.len() >= self.ahead_per_shard {
-                return Err(ReplayError::TooFarAhead);
+            if let Some(n) = shard.ahead_by_tenant.get_mut(&tag) {
+                *n -= 1;
+                if *n == 0 {
+                    shard.ahead_by_tenant.remove(&tag);
+                }
             }
-            shard.seen.insert(fp);
-            shard.ahead.push(Reverse((ts_ms, fp)));
-            drop(shard);
-            // The nonce stays remembered if this fails: the client signs again anyway.
-            return match &self.floors {
-                None => Ok(()),
-                Some(floors) => floors.record((tenant, key_id), ts_ms, now_ms).map_err(|e| {
-                    tracing::error!(error = %e, "the replay floors file could not be written");
-                    ReplayError::Unrecorded
-                }),
-            };
+            shard.order.push_back((ts, old));
         }
-        // Due entries moved in may have left `order` more than full.
-        while shard.order.len() >= self.per_shard
+        // Keep `order` within its bound (due entries may have filled it), leaving room for this
+        // call if it is an ordinary one.
+        let room = usize::from(ts_ms <= due_until);
+        while shard.order.len() + room > self.per_shard
             && let Some((ts, old)) = shard.order.pop_front()
         {
             shard.seen.remove(&old);
@@ -357,9 +399,36 @@ impl ReplayCache {
         if ts_ms <= shard.watermark {
             return Err(ReplayError::TooOld);
         }
+        if shard.seen.contains(&fp) {
+            return Err(ReplayError::Replayed);
+        }
+        if ts_ms <= due_until {
+            shard.seen.insert(fp);
+            shard.order.push_back((ts_ms, fp));
+            return Ok(());
+        }
+        let tag = self.fingerprint.hash_one(tenant);
+        let held = shard.ahead_by_tenant.get(&tag).copied().unwrap_or(0);
+        if shard.ahead.len() >= self.ahead_per_shard || held >= self.ahead_per_tenant {
+            return Err(ReplayError::TooFarAhead);
+        }
         shard.seen.insert(fp);
-        shard.order.push_back((ts_ms, fp));
-        Ok(())
+        shard.ahead.push(Reverse((ts_ms, fp, tag)));
+        *shard.ahead_by_tenant.entry(tag).or_default() += 1;
+        drop(shard);
+        // The nonce stays remembered if this fails: the client signs again anyway.
+        match &self.floors {
+            None => Ok(()),
+            Some(floors) => floors
+                .record((tenant, key_id), ts_ms, now_ms)
+                .map_err(|e| match e {
+                    RecordError::Busy => ReplayError::TooFarAhead,
+                    RecordError::Io(e) => {
+                        tracing::error!(error = %e, "the replay floors file could not be written");
+                        ReplayError::Unrecorded
+                    }
+                }),
+        }
     }
 
     /// Nonces currently remembered.
@@ -568,11 +637,17 @@ mod tests {
             c.check_and_insert(("a", "k"), 0, now + 299_000, now + 2),
             Err(ReplayError::Replayed)
         );
-        // Once the clock is within a second of it, it is an ordinary entry, still remembered.
+        // Once the clock is within a second of it, it is an ordinary entry: this one-entry shard
+        // then forgets it for the next call, and its watermark rises to it, at most a second
+        // past the clock: the replay is refused as too old.
         let later = now + 298_500;
         assert_eq!(
             c.check_and_insert(("a", "k"), 0, now + 299_000, later),
-            Err(ReplayError::Replayed)
+            Err(ReplayError::TooOld)
+        );
+        assert_eq!(
+            c.check_and_insert(("b", "k"), 48, now + 299_001, later),
+            Ok(())
         );
     }
 
@@ -582,16 +657,26 @@ mod tests {
     fn the_room_for_future_stamped_calls_is_bounded() {
         let c = ReplayCache::new(16 * 64, 300_000, 0);
         let now = 1_000_000;
-        let room = c.ahead_per_shard;
-        assert!((1..64).contains(&room), "{room}");
-        for i in 0..room as u128 {
+        let (room, per_tenant) = (c.ahead_per_shard, c.ahead_per_tenant);
+        assert_eq!((room, per_tenant), (8, 2));
+        // Each tenant fills at most its share of a shard's room; four tenants fill it.
+        let mut nonce = 0u128;
+        for tenant in ["a", "b", "c", "d"] {
+            for _ in 0..per_tenant {
+                assert_eq!(
+                    c.check_and_insert((tenant, "k"), nonce * 16, now + 200_000, now),
+                    Ok(())
+                );
+                nonce += 1;
+            }
             assert_eq!(
-                c.check_and_insert(("a", "k"), i * 16, now + 200_000, now),
-                Ok(())
+                c.check_and_insert((tenant, "k"), 1000 * 16, now + 200_000, now),
+                Err(ReplayError::TooFarAhead),
+                "{tenant}"
             );
         }
         assert_eq!(
-            c.check_and_insert(("a", "k"), room as u128 * 16, now + 200_000, now),
+            c.check_and_insert(("e", "k"), 1001 * 16, now + 200_000, now),
             Err(ReplayError::TooFarAhead)
         );
         // A second ahead (the limit) is not "future-stamped".
@@ -612,6 +697,60 @@ mod tests {
             Err(ReplayError::Replayed)
         );
         assert!(c.len() <= 64 + room, "{}", c.len());
+    }
+
+    /// Held calls that come due join the ordinary entries without taking them past their bound,
+    /// whatever path the next call takes.
+    #[test]
+    fn held_calls_that_come_due_stay_within_the_bound() {
+        let c = ReplayCache::new(16 * 64, 300_000, 0);
+        // Every call is held (stamped just over a second ahead), and due two calls later.
+        for i in 0..5_000u128 {
+            let now = 1_000_000 + i as i64;
+            let _ = c.check_and_insert(("a", "k"), i * 16, now + AHEAD_MS + 1, now);
+        }
+        assert!(c.len() <= 64 + c.ahead_per_shard, "{}", c.len());
+    }
+
+    /// Each new floor is a write of the file: a flood of ever later timestamps is refused
+    /// once the second's budget is spent, and served again the next second.
+    #[test]
+    fn floor_writes_are_limited_per_second() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("replay-floors");
+        let c = ReplayCache::with_floors(16 * 4096, 300_000, 0, path).unwrap();
+        let now = 1_000_000;
+        let step = FLOOR_RESERVE_MS + 1;
+        let call =
+            |i: i64, at: i64| c.check_and_insert(("a", "k"), i as u128, at + 5_000 + i * step, at);
+        for i in 0..i64::from(FLOOR_WRITES_PER_SEC) {
+            assert_eq!(call(i, now), Ok(()), "{i}");
+        }
+        assert_eq!(call(100, now), Err(ReplayError::TooFarAhead));
+        assert_eq!(call(101, now + 1_000), Ok(()));
+    }
+
+    /// A floor exactly one past the start watermark is kept: the previous server may have
+    /// accepted that very timestamp (a call stamped at or below a key's floor writes nothing).
+    #[test]
+    fn a_floor_just_past_the_start_watermark_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("replay-floors");
+        let t = 1_000_000;
+        let old = ReplayCache::with_floors(1000, 300_000, 0, path.clone()).unwrap();
+        assert_eq!(old.check_and_insert(("a", "k"), 1, t, t - 5_000), Ok(()));
+        let floor = t + FLOOR_RESERVE_MS;
+        assert_eq!(
+            old.check_and_insert(("a", "k"), 2, floor, t - 5_000),
+            Ok(())
+        );
+        drop(old);
+        let new = ReplayCache::with_floors(1000, 300_000, floor - AHEAD_MS, path).unwrap();
+        assert_eq!(new.ready_ms(), floor);
+        assert_eq!(
+            new.check_and_insert(("a", "k"), 2, floor, floor),
+            Err(ReplayError::TooOld)
+        );
     }
 
     #[test]

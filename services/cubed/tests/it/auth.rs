@@ -47,8 +47,12 @@ async fn a_call_signed_ahead_of_the_server_clock_is_not_replayable_after_a_resta
     let now = now_ms();
     let (far, near) = (now + 120_000, now + 900);
     let (far_nonce, near_nonce) = (new_call_nonce(), new_call_nonce());
-    read_signed(&server, &demo, READ, far, &far_nonce).await.unwrap();
-    read_signed(&server, &demo, READ, near, &near_nonce).await.unwrap();
+    read_signed(&server, &demo, READ, far, &far_nonce)
+        .await
+        .unwrap();
+    read_signed(&server, &demo, READ, near, &near_nonce)
+        .await
+        .unwrap();
     expect_unauthenticated(
         read_signed(&server, &demo, READ, far, &far_nonce).await,
         "already used",

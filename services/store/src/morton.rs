@@ -275,16 +275,30 @@ pub struct Page<V> {
 /// ends the scan and is returned as is. As a guard against a store that breaks the contract, keys
 /// below the current position are skipped, so the scan never goes backwards, never returns a key
 /// twice and always ends on a finite store.
-pub fn scan<V, E, I, F>(
+pub fn scan<V, E, I, F>(bounds: &Bounds, start: u128, limit: usize, open: F) -> Result<Page<V>, E>
+where
+    F: FnMut(u128) -> I,
+    I: Iterator<Item = Result<(u128, V), E>>,
+{
+    scan_weighed(bounds, start, limit, (usize::MAX, |_: &V| 0), open)
+}
+
+/// [`scan`], also ending the page (with `more` set) before an entry that would take the
+/// weights of its entries past `budget`; the first entry is always taken, so a page is never
+/// empty while in-box entries remain (with `limit > 0`).
+pub fn scan_weighed<V, E, I, F, W>(
     bounds: &Bounds,
     start: u128,
     limit: usize,
+    (budget, weight): (usize, W),
     mut open: F,
 ) -> Result<Page<V>, E>
 where
     F: FnMut(u128) -> I,
     I: Iterator<Item = Result<(u128, V), E>>,
+    W: Fn(&V) -> usize,
 {
+    let mut used = 0usize;
     let mut page = Page {
         items: Vec::with_capacity(limit.min(256)),
         more: false,
@@ -301,10 +315,14 @@ where
                 continue;
             }
             if bounds.contains(key) {
-                if page.items.len() >= limit {
+                let w = weight(&value);
+                if page.items.len() >= limit
+                    || (!page.items.is_empty() && used.saturating_add(w) > budget)
+                {
                     page.more = true;
                     return Ok(page);
                 }
+                used = used.saturating_add(w);
                 page.items.push((key, value));
                 // key <= zmax <= MAX_CODE, so this cannot overflow.
                 from = key + 1;
@@ -916,6 +934,35 @@ mod tests {
         assert_eq!(page.items, vec![(MAX_CODE, corner)]);
         assert!(!page.more);
         assert_eq!(resume_after(MAX_CODE), None);
+    }
+
+    /// A weighed scan ends its page before the entry that would pass the budget, always takes
+    /// the first one, and its pages still concatenate to the whole box.
+    #[test]
+    fn weighed_pages_stay_within_the_budget_and_cover_the_box() {
+        let points: Vec<P> = (0..20).map(|x| (x, 0, 0)).collect();
+        let store = store_of(&points);
+        let b = Bounds::new((0, 0, 0), (19, 0, 0)).unwrap();
+        // Each entry weighs its x + 1; budget 10.
+        let weigh = |p: &P| p.0 as usize + 1;
+        let (mut start, mut seen, mut pages) = (0, Vec::new(), 0);
+        loop {
+            let Ok(page) = scan_weighed(&b, start, 100, (10, weigh), opener(&store));
+            assert!(!page.items.is_empty());
+            let total: usize = page.items.iter().map(|(_, p)| weigh(p)).sum();
+            assert!(page.items.len() == 1 || total <= 10, "{:?}", page.items);
+            seen.extend(page.items.iter().map(|(_, p)| *p));
+            pages += 1;
+            match (page.more, page.items.last()) {
+                (true, Some((last, _))) => start = resume_after(*last).unwrap(),
+                _ => break,
+            }
+        }
+        let mut want = points.clone();
+        want.sort_by_key(|&(x, y, z)| encode(x, y, z));
+        assert_eq!(seen, want);
+        // 1+2+3+4 fit, then 5 alone... then every entry past x = 9 alone.
+        assert!(pages >= 13, "{pages}");
     }
 
     #[test]

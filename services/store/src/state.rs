@@ -27,6 +27,11 @@ use crate::{Capability, StoreError};
 pub const MAX_WALK_DEPTH: u32 = 16;
 /// Longest edge label in bytes.
 pub const MAX_LABEL_BYTES: usize = 64;
+/// Distinct labels a Walk may name: each costs one seek per visited coordinate.
+pub const MAX_WALK_LABELS: usize = 16;
+/// Stored bytes of the cells in one Region page at most (the first cell always fits): a page is
+/// built in memory before it is streamed, and cells may each hold `--max-value-bytes`.
+pub const REGION_PAGE_BYTES: usize = 4 << 20;
 /// Most audit entries stored under one key. An applied group with more is split, so the chunk
 /// holding any seq starts at most this many entries before it.
 const AUDIT_CHUNK_ENTRIES: usize = 16;
@@ -412,13 +417,15 @@ impl StateReader {
             })?
         };
         let end = keys::cell_key_end_z(bounds.zmax());
-        let page = morton::scan(&bounds, start, limit, |from| {
-            let begin = keys::cell_key_z(from);
-            self.store
-                .range(&begin, &end)
-                .map(|r| r.map(|(k, v)| (keys::cell_key_to_z(&k).unwrap_or(0), v)))
-        })
-        .map_err(|e| storage_error(&e))?;
+        let weight = |v: &Vec<u8>| v.len();
+        let page =
+            morton::scan_weighed(&bounds, start, limit, (REGION_PAGE_BYTES, weight), |from| {
+                let begin = keys::cell_key_z(from);
+                self.store
+                    .range(&begin, &end)
+                    .map(|r| r.map(|(k, v)| (keys::cell_key_to_z(&k).unwrap_or(0), v)))
+            })
+            .map_err(|e| storage_error(&e))?;
         let next_token = match (page.more, page.items.last()) {
             (true, Some((last, _))) => morton::resume_after(*last).map(|next| {
                 let mut t = vec![TOKEN_V1];
@@ -447,12 +454,24 @@ impl StateReader {
         labels: &[String],
     ) -> Result<(Vec<(Coord, u32)>, bool), StoreError> {
         for label in labels {
-            check_label(label)?;
+            if label.is_empty() || label.len() > MAX_LABEL_BYTES {
+                return Err(StoreError::InvalidArgument(format!(
+                    "edge labels are 1 to {MAX_LABEL_BYTES} bytes; got one of {} bytes",
+                    label.len()
+                )));
+            }
         }
         let mut labels: Vec<&str> = labels.iter().map(String::as_str).collect();
         // Key order (length byte, then bytes), so results do not depend on the request's order.
         labels.sort_by(|a, b| (a.len(), *a).cmp(&(b.len(), *b)));
         labels.dedup();
+        if labels.len() > MAX_WALK_LABELS {
+            return Err(StoreError::InvalidArgument(format!(
+                "a walk names at most {MAX_WALK_LABELS} distinct labels; got {} (name none to \
+                 follow every label)",
+                labels.len()
+            )));
+        }
         let mut seen = HashSet::from([start]);
         let mut out = Vec::new();
         let mut frontier = vec![start];
@@ -2132,6 +2151,61 @@ mod tests {
         assert!(matches!(
             h.s.reader().region(C, C, 10, b"junk"),
             Err(StoreError::InvalidArgument(m)) if m.contains("page_token")
+        ));
+    }
+
+    /// A Region page is built in memory: it ends before the cell that would take it past
+    /// REGION_PAGE_BYTES, and paging still returns every cell.
+    #[test]
+    fn region_pages_are_bounded_in_bytes() {
+        let mib = 1 << 20;
+        let mut h = Harness::new(fresh(mib));
+        for x in 0..10 {
+            h.run(write(Coord { x, y: 0, z: 0 }, &vec![x as u8; mib]))
+                .unwrap();
+        }
+        let (min, max) = (Coord { x: 0, y: 0, z: 0 }, Coord { x: 9, y: 0, z: 0 });
+        let (mut token, mut got, mut pages) = (Vec::new(), 0, 0);
+        loop {
+            let page = h.s.reader().region(min, max, 100, &token).unwrap();
+            let bytes: usize = page.cells.iter().map(|(_, c)| c.value.len()).sum();
+            assert!(
+                bytes <= REGION_PAGE_BYTES && !page.cells.is_empty(),
+                "{bytes}"
+            );
+            got += page.cells.len();
+            pages += 1;
+            match page.next_token {
+                Some(t) => token = t,
+                None => break,
+            }
+        }
+        assert_eq!(got, 10);
+        assert!(pages >= 3, "{pages}");
+    }
+
+    /// Each label of a Walk is one seek per visited coordinate: their number is capped.
+    #[test]
+    fn a_walk_names_a_bounded_number_of_labels() {
+        let h = Harness::new(fresh(16));
+        let labels = |n: usize| (0..n).map(|i| format!("l{i}")).collect::<Vec<_>>();
+        assert!(
+            h.s.reader()
+                .walk(C, 2, 10, &labels(MAX_WALK_LABELS))
+                .is_ok()
+        );
+        assert!(
+            h.s.reader()
+                .walk(C, 2, 10, &vec!["same".to_string(); 100])
+                .is_ok()
+        );
+        assert!(matches!(
+            h.s.reader().walk(C, 2, 10, &labels(MAX_WALK_LABELS + 1)),
+            Err(StoreError::InvalidArgument(m)) if m.contains("at most 16 distinct labels; got 17")
+        ));
+        assert!(matches!(
+            h.s.reader().walk(C, 2, 10, &["x".repeat(65)]),
+            Err(StoreError::InvalidArgument(m)) if m == "edge labels are 1 to 64 bytes; got one of 65 bytes"
         ));
     }
 

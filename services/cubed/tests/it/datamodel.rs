@@ -247,6 +247,10 @@ async fn prog_run_seal_link_walk_and_stats() {
         (walk(vec![], 17, 0), "max_depth"),
         (walk(vec![], 0, 10_001), "limit"),
         (walk(vec!["x".repeat(65)], 0, 0), "labels"),
+        (
+            walk((0..17).map(|i| format!("l{i}")).collect(), 0, 0),
+            "17 labels",
+        ),
     ] {
         let err = c.walk(req).await.unwrap_err();
         assert_eq!(err.code(), Code::InvalidArgument, "{what}");

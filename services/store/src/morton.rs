@@ -10,7 +10,7 @@
 //! the x axis has a key range covering about half of the whole key space). Walking every stored
 //! key in that range would cost time in proportion to the data *around* the box. Tropf and
 //! Herzog's BIGMIN computes, from any key outside the box, the next key that is back inside it in
-//! O(bits), so [`scan`] re-seeks the store past each run of outside keys at once. Its cost follows
+//! O(bits), so [`scan_weighed`] re-seeks the store past each run of outside keys at once. Its cost follows
 //! the cells it returns plus the gaps it jumps, never the volume of the box or the number of keys
 //! it skips.
 //!
@@ -247,7 +247,7 @@ impl Bounds {
     }
 }
 
-/// One page of a [`scan`].
+/// One page of a [`scan_weighed`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Page<V> {
     /// In-box entries in ascending key order, at most `limit` of them.
@@ -258,6 +258,16 @@ pub struct Page<V> {
     /// How many times the store iterator was re-opened to jump over keys outside the box (the
     /// first open is not counted). A measure of the scan's cost beyond the items themselves.
     pub seeks: usize,
+}
+
+/// [`scan_weighed`] without a budget.
+#[cfg(test)]
+pub fn scan<V, E, I, F>(bounds: &Bounds, start: u128, limit: usize, open: F) -> Result<Page<V>, E>
+where
+    F: FnMut(u128) -> I,
+    I: Iterator<Item = Result<(u128, V), E>>,
+{
+    scan_weighed(bounds, start, limit, (usize::MAX, |_: &V| 0), open)
 }
 
 /// Scans the stored keys in `[start, zmax]` in key order and returns up to `limit` entries whose
@@ -275,17 +285,10 @@ pub struct Page<V> {
 /// ends the scan and is returned as is. As a guard against a store that breaks the contract, keys
 /// below the current position are skipped, so the scan never goes backwards, never returns a key
 /// twice and always ends on a finite store.
-pub fn scan<V, E, I, F>(bounds: &Bounds, start: u128, limit: usize, open: F) -> Result<Page<V>, E>
-where
-    F: FnMut(u128) -> I,
-    I: Iterator<Item = Result<(u128, V), E>>,
-{
-    scan_weighed(bounds, start, limit, (usize::MAX, |_: &V| 0), open)
-}
-
-/// [`scan`], also ending the page (with `more` set) before an entry that would take the
-/// weights of its entries past `budget`; the first entry is always taken, so a page is never
-/// empty while in-box entries remain (with `limit > 0`).
+///
+/// The page also ends (with `more` set) before an entry that would take the weights of its
+/// entries past `budget`; the first entry is always taken, so a page is never empty while
+/// in-box entries remain (with `limit > 0`).
 pub fn scan_weighed<V, E, I, F, W>(
     bounds: &Bounds,
     start: u128,

@@ -4,9 +4,12 @@
 //! with RESOURCE_EXHAUSTED for `cooldown`, before any signature or MAC is computed, so a flood of
 //! bad credentials costs the server almost nothing and cannot starve good clients from other
 //! addresses. Memory is bounded: at most `max_peers` addresses are tracked.
+//!
+//! An IPv6 peer is counted by its /64 (one host commonly holds a whole /64, so counting single
+//! addresses would give it billions of budgets); an IPv4-mapped IPv6 address as its IPv4 one.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -48,6 +51,20 @@ pub struct FailureLimiter {
     /// while some block may still run.
     blocks_end: AtomicU64,
     base: Instant,
+    /// When every tracked peer was found in cool-down: the earliest end of those blocks. Until
+    /// then a new peer is not tracked, without scanning the map again for every failure.
+    full_until: Mutex<Option<Instant>>,
+}
+
+/// What a peer is counted as: its IPv4 address, or its IPv6 /64.
+fn peer_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
+        },
+    }
 }
 
 impl FailureLimiter {
@@ -57,6 +74,7 @@ impl FailureLimiter {
             peers: Mutex::new(HashMap::new()),
             blocks_end: AtomicU64::new(0),
             base: Instant::now(),
+            full_until: Mutex::new(None),
         }
     }
 
@@ -65,6 +83,7 @@ impl FailureLimiter {
         if self.since_base(now) >= self.blocks_end.load(Ordering::Relaxed) {
             return Ok(());
         }
+        let ip = peer_key(ip);
         let peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
         match peers.get(&ip).and_then(|p| p.blocked_until) {
             Some(until) if until > now => Err(until - now),
@@ -78,9 +97,14 @@ impl FailureLimiter {
 
     /// Count one failed authentication of `ip`.
     pub fn record_failure(&self, ip: IpAddr, now: Instant) {
+        let ip = peer_key(ip);
         let limits = self.limits;
         let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
         if peers.len() >= limits.max_peers && !peers.contains_key(&ip) {
+            let mut full_until = self.full_until.lock().unwrap_or_else(|p| p.into_inner());
+            if full_until.is_some_and(|u| now < u) {
+                return;
+            }
             // Forget peers whose window and block are over; if that frees nothing, forget the
             // unblocked ones (blocked peers stay blocked).
             peers.retain(|_, p| {
@@ -90,10 +114,12 @@ impl FailureLimiter {
                 peers.retain(|_, p| p.blocked_until.is_some_and(|u| u > now));
             }
             if peers.len() >= limits.max_peers {
-                // Every tracked address is in cool-down: the bound holds, and this address is
-                // not tracked until a block ends.
+                // Every tracked address is in cool-down: the bound holds, and no new address is
+                // tracked (nor the map scanned again) until the first block ends.
+                *full_until = peers.values().filter_map(|p| p.blocked_until).min();
                 return;
             }
+            *full_until = None;
         }
         let peer = peers.entry(ip).or_insert(Peer {
             window_start: now,
@@ -170,6 +196,28 @@ mod tests {
     }
 
     #[test]
+    fn an_ipv6_peer_is_counted_by_its_64() {
+        let l = limiter();
+        let t = Instant::now();
+        for i in 0..4u16 {
+            l.record_failure(IpAddr::from([0x2001, 0xdb8, 0, 1, 0, 0, 0, i]), t);
+        }
+        let same_64 = IpAddr::from([0x2001, 0xdb8, 0, 1, 0xffff, 1, 2, 3]);
+        assert!(l.check(same_64, t).is_err());
+        assert!(
+            l.check(IpAddr::from([0x2001, 0xdb8, 0, 2, 0, 0, 0, 0]), t)
+                .is_ok()
+        );
+        // An IPv4-mapped address is its IPv4 address.
+        let v4: IpAddr = "10.0.0.7".parse().unwrap();
+        for _ in 0..4 {
+            l.record_failure(v4, t);
+        }
+        let mapped: IpAddr = "::ffff:10.0.0.7".parse().unwrap();
+        assert!(l.check(mapped, t).is_err());
+    }
+
+    #[test]
     fn the_bound_holds_when_every_tracked_address_is_blocked() {
         let l = limiter();
         let t = Instant::now();
@@ -182,5 +230,12 @@ mod tests {
         for i in 0..4u8 {
             assert!(l.check(IpAddr::from([10, 0, 0, i]), t).is_err(), "{i}");
         }
+        // Once the first block ends, a new address is tracked again.
+        let later = t + Duration::from_secs(31);
+        let fresh = IpAddr::from([10, 0, 1, 1]);
+        for _ in 0..4 {
+            l.record_failure(fresh, later);
+        }
+        assert!(l.check(fresh, later).is_err());
     }
 }

@@ -10,7 +10,8 @@
 //! cheapest first, and the replay cache is touched only after the signature verified, so garbage
 //! cannot fill it.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -57,6 +58,9 @@ impl AuthMode {
 pub struct Authenticator {
     catalog: Arc<Catalog>,
     replay: ReplayCache,
+    /// Per tenant, the `auth.failed` entries recorded in the current second and those dropped
+    /// since the last one recorded.
+    failed_entries: Mutex<HashMap<String, EntryBudget>>,
     skew_ms: i64,
     mode: AuthMode,
     failures: FailureLimiter,
@@ -75,6 +79,20 @@ pub(crate) fn now_ms() -> i64 {
 // Parsed once: looking a header up by `&str` re-parses the name on every call.
 /// Longest failure reason kept in an `auth.failed` audit entry.
 const MAX_REASON_CHARS: usize = 200;
+
+/// `auth.failed` entries recorded per tenant and second at most. Failures from many addresses
+/// (each within the per-address throttle) would otherwise fill the tenant's log and mailbox;
+/// the next entry recorded says how many were dropped (`dropped=N`).
+const FAILED_ENTRIES_PER_SEC: u32 = 10;
+
+/// One tenant's `auth.failed` budget.
+#[derive(Debug, Default)]
+struct EntryBudget {
+    /// `now_ms / 1000` of the second counted.
+    second: i64,
+    recorded: u32,
+    dropped: u64,
+}
 
 static H_TENANT: HeaderName = HeaderName::from_static(headers::TENANT);
 static H_KEY: HeaderName = HeaderName::from_static(headers::KEY);
@@ -103,6 +121,7 @@ impl Authenticator {
         Authenticator {
             catalog,
             replay,
+            failed_entries: Mutex::new(HashMap::new()),
             skew_ms,
             mode,
             failures: FailureLimiter::new(failure_limits),
@@ -132,15 +151,39 @@ impl Authenticator {
         if !self.catalog.has_tenant(tenant) {
             return;
         }
+        // Only existing tenants get here, so the map holds at most one entry per tenant.
+        let dropped = {
+            let mut budgets = self
+                .failed_entries
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let budget = budgets.entry(tenant.to_string()).or_default();
+            let second = now_ms().div_euclid(1000);
+            if budget.second != second {
+                budget.second = second;
+                budget.recorded = 0;
+            }
+            if budget.recorded >= FAILED_ENTRIES_PER_SEC {
+                budget.dropped += 1;
+                return;
+            }
+            budget.recorded += 1;
+            std::mem::take(&mut budget.dropped)
+        };
         let peer = conn
             .and_then(|c| c.remote)
             .map_or_else(|| "unknown".to_string(), |a| a.ip().to_string());
         // The reason may quote what the peer sent (a key id): cap what an unauthenticated peer
         // can make the tenant's log store.
         let reason: String = reason.chars().take(MAX_REASON_CHARS).collect();
+        let dropped = if dropped > 0 {
+            format!(" dropped={dropped}")
+        } else {
+            String::new()
+        };
         let event = Command::Event {
             op: "auth.failed".into(),
-            detail: format!("model={model} peer={peer} reason={reason}"),
+            detail: format!("model={model} peer={peer}{dropped} reason={reason}"),
         };
         let (directory, tenant) = (Arc::clone(directory), tenant.to_string());
         tokio::spawn(async move {

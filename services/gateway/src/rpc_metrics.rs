@@ -198,6 +198,7 @@ pub(crate) fn failure_reason(message: &str) -> &'static str {
         ("does not match", "bad_signature"),
         ("already used", "replayed"),
         ("replay window", "too_old"),
+        ("more than a second ahead of the server clock", "ahead"),
     ];
     REASONS
         .iter()

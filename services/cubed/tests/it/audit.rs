@@ -107,6 +107,42 @@ async fn changes_and_security_events_form_a_verifiable_chain() {
     assert_eq!(page.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![3, 4]);
 }
 
+/// Failed authentications naming a tenant fill its trail at most 10 entries a second; the next
+/// entry recorded says how many were dropped, so every failure is accounted for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_authentication_entries_are_limited_per_tenant_and_second() {
+    let server = TestServer::start(cubed()).unwrap();
+    let bad = Credentials {
+        secret: Secret::generate().to_hex(),
+        ..server.demo.clone()
+    };
+    let mut bad_client = server.cells(&bad).await.unwrap();
+    for _ in 0..30 {
+        assert!(bad_client.read(read(0, 0, 0)).await.is_err());
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert!(bad_client.read(read(0, 0, 0)).await.is_err());
+    // Entries are appended in the background.
+    let (mut recorded, mut accounted) = (0, 0);
+    for _ in 0..250 {
+        let entries = trail(&server, 0, 0).await;
+        let failed: Vec<&AuditEntry> = entries.iter().filter(|e| e.op == "auth.failed").collect();
+        let dropped: usize = failed
+            .iter()
+            .filter_map(|e| e.detail.split(' ').find_map(|f| f.strip_prefix("dropped=")))
+            .map(|n| n.parse::<usize>().unwrap())
+            .sum();
+        (recorded, accounted) = (failed.len(), failed.len() + dropped);
+        if accounted == 31 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(accounted, 31, "{recorded} recorded");
+    // 30 failures within at most two seconds, then one more.
+    assert!((11..=21).contains(&recorded), "{recorded} recorded");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tampered_entry_is_named_by_verification() {
     // No checkpoint deletes the first WAL segment while the test runs.

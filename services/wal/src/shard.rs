@@ -241,6 +241,17 @@ impl WalShard {
     ) -> Result<(WalShard, RecoveryReport), WalError> {
         create_dir_durably(dir)?;
         let (mut resume, report) = recover(dir, start_after, visit)?;
+        // What a killed process wrote but did not fsync (its last batch; a segment whose name it
+        // had not synced yet) survives in the page cache only, yet from here on it is treated as
+        // durable: the caller serves reads from the replayed records and the relaxed window
+        // counts from them. Make the last segment (earlier ones were synced before the next was
+        // created) and the directory's names durable first.
+        if let Some((_, path, _)) = resume.segments.last() {
+            File::open(path)
+                .and_then(|f| f.sync_data())
+                .map_err(WalError::io("syncing the recovered last segment"))?;
+            sync_dir(dir).map_err(WalError::io("syncing the wal directory"))?;
+        }
         let max_record = options.max_record;
         let table = Arc::new(Mutex::new(SegmentTable::new(
             resume

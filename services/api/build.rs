@@ -24,6 +24,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // A malformed request is INVALID_ARGUMENT, not tonic's INTERNAL (see src/codec.rs).
+        .codec_path("crate::codec::CubeCodec")
         .compile_fds(fds)?;
     Ok(())
 }

@@ -1,10 +1,12 @@
 //! Generated code for the public API, package `cube.v1` (see `proto/cube/v1/`).
 //!
-//! Nothing here is written by hand: change the `.proto` files, not this crate.
+//! Nothing here is written by hand but the codec the generated services use (`codec.rs`):
+//! change the `.proto` files, not this crate.
 
-#![allow(clippy::all, missing_docs, unreachable_pub)]
+pub mod codec;
 
 /// Messages and services of `cube.v1`.
+#[allow(clippy::all, missing_docs, unreachable_pub)]
 pub mod v1 {
     tonic::include_proto!("cube.v1");
 }

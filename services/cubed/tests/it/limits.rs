@@ -153,3 +153,33 @@ async fn below_min_free_bytes_writes_are_refused_as_resource_exhausted_and_reads
     let mut c = server.cells(&server.demo).await.unwrap();
     c.write(write(1, 2, 3, b"x")).await.unwrap();
 }
+
+/// `WalkRequest` as the wire sees it, with `labels` (tag 4) as bytes: lets a test send a label
+/// that is not UTF-8, which the real type cannot hold.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawWalkRequest {
+    #[prost(bytes = "vec", repeated, tag = "4")]
+    labels: Vec<Vec<u8>>,
+}
+
+/// A request that is not valid protobuf for its method (here a string that is not UTF-8) is the
+/// caller's error: INVALID_ARGUMENT with a message naming the fault, not tonic's INTERNAL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_request_is_invalid_argument() {
+    let server = TestServer::start(cubed()).unwrap();
+    let mut grpc = tonic::client::Grpc::new(server.signed(&server.demo).await.unwrap());
+    grpc.ready().await.unwrap();
+    let bad = RawWalkRequest {
+        labels: vec![vec![0xff, 0xfe]],
+    };
+    let err = grpc
+        .unary::<_, cube_api::v1::WalkResponse, _>(
+            tonic::Request::new(bad),
+            tonic::codegen::http::uri::PathAndQuery::from_static("/cube.v1.Cells/Walk"),
+            tonic_prost::ProstCodec::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains("UTF-8"), "{}", err.message());
+}

@@ -1,0 +1,60 @@
+//! The codec of every `cube.v1` method (hand-written: see `build.rs`, `codec_path`).
+//!
+//! tonic's `ProstCodec` answers a request that is not valid protobuf for its type (a string
+//! field that is not UTF-8, a truncated field) with INTERNAL, quoting the decoder. A malformed
+//! request is the caller's error, so this codec answers INVALID_ARGUMENT instead and names the
+//! fault; encoding is tonic's own.
+
+use std::marker::PhantomData;
+
+use prost::Message;
+use tonic::Status;
+use tonic::codec::{Codec, DecodeBuf, Decoder};
+use tonic_prost::ProstEncoder;
+
+/// `ProstCodec`, except that an undecodable message is INVALID_ARGUMENT.
+#[derive(Debug, Clone)]
+pub struct CubeCodec<T, U>(PhantomData<(T, U)>);
+
+impl<T, U> Default for CubeCodec<T, U> {
+    fn default() -> Self {
+        CubeCodec(PhantomData)
+    }
+}
+
+impl<T, U> Codec for CubeCodec<T, U>
+where
+    T: Message + Send + 'static,
+    U: Message + Default + Send + 'static,
+{
+    type Encode = T;
+    type Decode = U;
+    type Encoder = ProstEncoder<T>;
+    type Decoder = CubeDecoder<U>;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        ProstEncoder::default()
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        CubeDecoder(PhantomData)
+    }
+}
+
+/// Decodes `U`; an undecodable message is INVALID_ARGUMENT.
+#[derive(Debug, Clone)]
+pub struct CubeDecoder<U>(PhantomData<U>);
+
+impl<U: Message + Default> Decoder for CubeDecoder<U> {
+    type Item = U;
+    type Error = Status;
+
+    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
+        U::decode(buf).map(Some).map_err(|e| {
+            Status::invalid_argument(format!(
+                "the message is not valid protobuf for this method ({e}); check that the \
+                 client uses cube.v1's .proto and that string fields hold UTF-8"
+            ))
+        })
+    }
+}

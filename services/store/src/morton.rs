@@ -258,6 +258,18 @@ pub struct Page<V> {
     /// How many times the store iterator was re-opened to jump over keys outside the box (the
     /// first open is not counted). A measure of the scan's cost beyond the items themselves.
     pub seeks: usize,
+    /// Set when the seek budget ended the page: where the next page starts (`more` is set, and
+    /// `items` may be empty). Otherwise the next page starts at `resume_after(last key)`.
+    pub resume_at: Option<u128>,
+}
+
+/// What one page may cost beyond its item count: the weights of its entries (the first entry
+/// always fits) and the store re-opens it makes.
+#[derive(Debug, Clone, Copy)]
+pub struct ScanBudget<W> {
+    pub bytes: usize,
+    pub weight: W,
+    pub seeks: usize,
 }
 
 /// [`scan_weighed`] without a budget.
@@ -267,7 +279,12 @@ where
     F: FnMut(u128) -> I,
     I: Iterator<Item = Result<(u128, V), E>>,
 {
-    scan_weighed(bounds, start, limit, (usize::MAX, |_: &V| 0), open)
+    let budget = ScanBudget {
+        bytes: usize::MAX,
+        weight: |_: &V| 0,
+        seeks: usize::MAX,
+    };
+    scan_weighed(bounds, start, limit, budget, open)
 }
 
 /// Scans the stored keys in `[start, zmax]` in key order and returns up to `limit` entries whose
@@ -287,13 +304,14 @@ where
 /// twice and always ends on a finite store.
 ///
 /// The page also ends (with `more` set) before an entry that would take the weights of its
-/// entries past `budget`; the first entry is always taken, so a page is never empty while
-/// in-box entries remain (with `limit > 0`).
+/// entries past `budget.bytes` (the first entry is always taken), and before a re-open past
+/// `budget.seeks` (then `resume_at` says where to go on; the page may be empty), so a page's
+/// memory and work are bounded whatever the store holds.
 pub fn scan_weighed<V, E, I, F, W>(
     bounds: &Bounds,
     start: u128,
     limit: usize,
-    (budget, weight): (usize, W),
+    budget: ScanBudget<W>,
     mut open: F,
 ) -> Result<Page<V>, E>
 where
@@ -306,6 +324,7 @@ where
         items: Vec::with_capacity(limit.min(256)),
         more: false,
         seeks: 0,
+        resume_at: None,
     };
     // `from` is the smallest key not yet considered; it only ever grows.
     let Some(mut from) = bounds.next_in_box(start) else {
@@ -318,9 +337,9 @@ where
                 continue;
             }
             if bounds.contains(key) {
-                let w = weight(&value);
+                let w = (budget.weight)(&value);
                 if page.items.len() >= limit
-                    || (!page.items.is_empty() && used.saturating_add(w) > budget)
+                    || (!page.items.is_empty() && used.saturating_add(w) > budget.bytes)
                 {
                     page.more = true;
                     return Ok(page);
@@ -337,6 +356,11 @@ where
                     Some(next) => {
                         debug_assert!(next > key, "BIGMIN went backwards: {key:#x} -> {next:#x}");
                         from = next.max(key + 1);
+                        if page.seeks >= budget.seeks {
+                            page.more = true;
+                            page.resume_at = Some(from);
+                            return Ok(page);
+                        }
                         page.seeks += 1;
                         continue 'seek;
                     }
@@ -950,7 +974,12 @@ mod tests {
         let weigh = |p: &P| p.0 as usize + 1;
         let (mut start, mut seen, mut pages) = (0, Vec::new(), 0);
         loop {
-            let Ok(page) = scan_weighed(&b, start, 100, (10, weigh), opener(&store));
+            let budget = ScanBudget {
+                bytes: 10,
+                weight: weigh,
+                seeks: usize::MAX,
+            };
+            let Ok(page) = scan_weighed(&b, start, 100, budget, opener(&store));
             assert!(!page.items.is_empty());
             let total: usize = page.items.iter().map(|(_, p)| weigh(p)).sum();
             assert!(page.items.len() == 1 || total <= 10, "{:?}", page.items);
@@ -966,6 +995,39 @@ mod tests {
         assert_eq!(seen, want);
         // 1+2+3+4 fit, then 5 alone... then every entry past x = 9 alone.
         assert!(pages >= 13, "{pages}");
+    }
+
+    /// The seek budget ends a page where it stands (possibly with no item); paging on from
+    /// `resume_at` still returns every in-box entry exactly once.
+    #[test]
+    fn the_seek_budget_bounds_a_page_and_paging_covers_the_box() {
+        // In-box points every 10 on a line, outside points interleaved in key order between them.
+        let mut points: Vec<P> = (0..100).map(|x| (x, 1, 0)).collect();
+        points.extend((0..100).step_by(10).map(|x| (x, 0, 0)));
+        let store = store_of(&points);
+        let b = Bounds::new((0, 0, 0), (99, 0, 0)).unwrap();
+        let budget = ScanBudget {
+            bytes: usize::MAX,
+            weight: |_: &P| 0,
+            seeks: 2,
+        };
+        let (mut start, mut seen) = (0, Vec::new());
+        loop {
+            let Ok(page) = scan_weighed(&b, start, 100, budget, opener(&store));
+            assert!(page.seeks <= 2, "{}", page.seeks);
+            seen.extend(page.items.iter().map(|(k, _)| *k));
+            start = match (page.more, page.resume_at, page.items.last()) {
+                (false, _, _) => break,
+                (true, Some(at), _) => at,
+                (true, None, Some((last, _))) => resume_after(*last).unwrap(),
+                (true, None, None) => panic!("more without a place to resume"),
+            };
+        }
+        let mut want: Vec<u128> = (0..100).step_by(10).map(|x| encode(x, 0, 0)).collect();
+        want.sort();
+        assert_eq!(seen, want);
+        let Ok(whole) = scan(&b, 0, 100, opener(&store));
+        assert!(whole.seeks > 2, "the budget was exercised: {}", whole.seeks);
     }
 
     #[test]

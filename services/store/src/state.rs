@@ -32,6 +32,12 @@ pub const MAX_WALK_LABELS: usize = 16;
 /// Stored bytes of the cells in one Region page at most (the first cell always fits): a page is
 /// built in memory before it is streamed, and cells may each hold `--max-value-bytes`.
 pub const REGION_PAGE_BYTES: usize = 4 << 20;
+/// Store re-opens one Region page may make (each jumps a run of keys outside the box): a thin
+/// box through many stored cells ends its page here, with a token, rather than scanning them all.
+pub const REGION_PAGE_SEEKS: usize = 4096;
+/// Edges one Walk may read (each visited coordinate's edges, including those back to
+/// coordinates already seen); past it the walk ends `truncated`.
+pub const WALK_MAX_EDGES: usize = 100_000;
 /// Most audit entries stored under one key. An applied group with more is split, so the chunk
 /// holding any seq starts at most this many entries before it.
 const AUDIT_CHUNK_ENTRIES: usize = 16;
@@ -417,23 +423,28 @@ impl StateReader {
             })?
         };
         let end = keys::cell_key_end_z(bounds.zmax());
-        let weight = |v: &Vec<u8>| v.len();
-        let page =
-            morton::scan_weighed(&bounds, start, limit, (REGION_PAGE_BYTES, weight), |from| {
-                let begin = keys::cell_key_z(from);
-                self.store
-                    .range(&begin, &end)
-                    .map(|r| r.map(|(k, v)| (keys::cell_key_to_z(&k).unwrap_or(0), v)))
-            })
-            .map_err(|e| storage_error(&e))?;
-        let next_token = match (page.more, page.items.last()) {
-            (true, Some((last, _))) => morton::resume_after(*last).map(|next| {
-                let mut t = vec![TOKEN_V1];
-                t.extend_from_slice(&morton::to_bytes(next));
-                t
-            }),
-            _ => None,
+        let budget = morton::ScanBudget {
+            bytes: REGION_PAGE_BYTES,
+            weight: |v: &Vec<u8>| v.len(),
+            seeks: REGION_PAGE_SEEKS,
         };
+        let page = morton::scan_weighed(&bounds, start, limit, budget, |from| {
+            let begin = keys::cell_key_z(from);
+            self.store
+                .range(&begin, &end)
+                .map(|r| r.map(|(k, v)| (keys::cell_key_to_z(&k).unwrap_or(0), v)))
+        })
+        .map_err(|e| storage_error(&e))?;
+        let next = match (page.more, page.resume_at, page.items.last()) {
+            (false, _, _) => None,
+            (true, Some(at), _) => Some(at),
+            (true, None, last) => last.and_then(|(last, _)| morton::resume_after(*last)),
+        };
+        let next_token = next.map(|next| {
+            let mut t = vec![TOKEN_V1];
+            t.extend_from_slice(&morton::to_bytes(next));
+            t
+        });
         let mut cells = Vec::with_capacity(page.items.len());
         for (m, bytes) in page.items {
             let cell = StoredCell::decode(bytes.as_slice())
@@ -445,7 +456,7 @@ impl StateReader {
 
     /// Breadth-first walk from `start` (excluded) over edges with one of `labels` (any label
     /// when empty), up to `max_depth` edges away and `limit` visits; each coordinate once.
-    /// Returns the visits and whether `limit` cut the walk short.
+    /// Returns the visits and whether `limit` (or [`WALK_MAX_EDGES`]) cut the walk short.
     pub fn walk(
         &self,
         start: Coord,
@@ -475,6 +486,7 @@ impl StateReader {
         let mut seen = HashSet::from([start]);
         let mut out = Vec::new();
         let mut frontier = vec![start];
+        let mut edges_read = 0usize;
         for depth in 1..=max_depth {
             let mut next = Vec::new();
             for node in &frontier {
@@ -489,6 +501,10 @@ impl StateReader {
                 for (s, e) in ranges {
                     for item in self.store.range(&s, &e) {
                         let (key, _) = item.map_err(|e| storage_error(&e))?;
+                        edges_read += 1;
+                        if edges_read > WALK_MAX_EDGES {
+                            return Ok((out, true));
+                        }
                         let Some(to) = keys::edge_target(&key) else {
                             continue;
                         };
@@ -2182,6 +2198,74 @@ mod tests {
         }
         assert_eq!(got, 10);
         assert!(pages >= 3, "{pages}");
+    }
+
+    /// A thin box through many stored cells outside it costs one seek per run of them: a page
+    /// ends after REGION_PAGE_SEEKS with a token (possibly with no cell), and paging on still
+    /// returns every cell in the box.
+    #[test]
+    fn region_pages_are_bounded_in_seeks() {
+        let mut h = Harness::new(fresh(16));
+        let n = 2 * REGION_PAGE_SEEKS as i32;
+        for x in 0..n {
+            h.submit(write(Coord { x, y: 1, z: 0 }, b"out")).unwrap();
+            if x % 1000 == 0 {
+                h.submit(write(Coord { x, y: 0, z: 0 }, b"in")).unwrap();
+            }
+        }
+        h.flush();
+        let (min, max) = (Coord { x: 0, y: 0, z: 0 }, Coord { x: n, y: 0, z: 0 });
+        let (mut token, mut got, mut pages) = (Vec::new(), Vec::new(), 0);
+        loop {
+            let page = h.s.reader().region(min, max, 100, &token).unwrap();
+            got.extend(page.cells.iter().map(|(c, _)| c.x));
+            pages += 1;
+            match page.next_token {
+                Some(t) => token = t,
+                None => break,
+            }
+        }
+        assert_eq!(got, (0..n).step_by(1000).collect::<Vec<_>>());
+        assert!(pages >= 2, "{pages}");
+    }
+
+    /// A Walk reads at most WALK_MAX_EDGES edges, counting those back to coordinates already
+    /// seen: past that it ends truncated.
+    #[test]
+    fn a_walk_reads_a_bounded_number_of_edges() {
+        let mut h = Harness::new(fresh(16));
+        // A complete graph: few coordinates, more edges than the budget.
+        let nodes = 1 + (WALK_MAX_EDGES as f64).sqrt() as i32;
+        for from in 0..nodes {
+            for to in 0..nodes {
+                let (from, to) = (
+                    Coord {
+                        x: from,
+                        y: 0,
+                        z: 0,
+                    },
+                    Coord { x: to, y: 0, z: 0 },
+                );
+                h.submit(Command::Link {
+                    from,
+                    to,
+                    label: "e".into(),
+                })
+                .unwrap();
+            }
+        }
+        h.flush();
+        let start = Coord { x: 0, y: 0, z: 0 };
+        let (visits, truncated) = h.s.reader().walk(start, 16, 10_000, &[]).unwrap();
+        assert!(truncated);
+        assert_eq!(
+            visits.len(),
+            nodes as usize - 1,
+            "every node was reached first"
+        );
+        // Within the budget, the same walk over fewer nodes is whole.
+        let (_, truncated) = h.s.reader().walk(start, 1, 10_000, &[]).unwrap();
+        assert!(!truncated);
     }
 
     /// Each label of a Walk is one seek per visited coordinate: their number is capped.

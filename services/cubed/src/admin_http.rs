@@ -68,7 +68,9 @@ pub async fn serve(listener: TcpListener, ready: Readiness, stop: CancellationTo
             accepted = listener.accept() => match accepted {
                 Ok(c) => c,
                 Err(e) => {
+                    // Out of descriptors, say: retrying at once would spin a core.
                     tracing::warn!(error = %e, "admin accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                     continue;
                 }
             },

@@ -10,6 +10,10 @@ use cubed::{admin_cli, serve};
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    // Everything cubed creates holds or guards secrets (the catalog, its journal, the tenants'
+    // logs with their key records, certificates): owner only, whichever command creates it
+    // first (`cubed tenant create` may run before any `cubed serve` has secured the directory).
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     allocator_settings();
     match run() {
         Ok(()) => ExitCode::SUCCESS,

@@ -97,3 +97,43 @@ fn dev_credentials_file_is_private() {
         Some(server.endpoint().as_str())
     );
 }
+
+/// `cubed tenant create` may be the first command to touch a data directory: whatever the
+/// caller's umask, what it creates (the catalog and its journal, which hold the key's secret,
+/// and the tenant's log, whose first record does too) is readable by the owner only.
+#[test]
+fn the_cli_creates_a_data_directory_only_its_owner_can_read() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("fresh");
+    // Through a shell that sets the usual umask first, whatever this process's is.
+    let out = std::process::Command::new("sh")
+        .args(["-c", "umask 022; exec \"$0\" \"$@\""])
+        .arg(crate::cubed())
+        .args(["tenant", "create", "acme", "--data-dir"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut checked = 0;
+    let mut stack = vec![data.clone()];
+    while let Some(path) = stack.pop() {
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        assert_eq!(
+            meta.permissions().mode() & 0o077,
+            0,
+            "{} is {:o}",
+            path.display(),
+            meta.permissions().mode()
+        );
+        checked += 1;
+        if meta.is_dir() {
+            stack.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+        }
+    }
+    assert!(checked > 5, "{checked}");
+}

@@ -130,6 +130,25 @@ impl Authenticator {
         }
     }
 
+    /// Refuse a call to a tenant whose recovery at start failed and that has not opened since
+    /// (`TenantDirectory::awaiting_recovery`): the catalog may still lack key changes only its
+    /// log holds (a revoked key would authenticate). Each refusal retries the open in the
+    /// background.
+    fn require_recovered(&self, principal: Principal) -> Result<Principal, Status> {
+        let Some(directory) = &self.directory else {
+            return Ok(principal);
+        };
+        let Some(why) = directory.awaiting_recovery(&principal.key.tenant) else {
+            return Ok(principal);
+        };
+        let (directory, name) = (Arc::clone(directory), principal.key.tenant.clone());
+        tokio::spawn(async move {
+            let _ = directory.get(&name).await;
+        });
+        // The open's own error (a corrupt log, an unopenable store), as its first call got it.
+        Err(crate::error::ApiError::from(why).into())
+    }
+
     /// The first signed-call timestamp the replay cache accepts.
     pub(crate) fn replay_ready_ms(&self) -> i64 {
         self.replay.ready_ms()
@@ -235,7 +254,9 @@ impl Authenticator {
             return Ok(None);
         }
         self.check_throttle(conn)?;
-        let result = self.identify(path, md, conn);
+        let result = self
+            .identify(path, md, conn)
+            .and_then(|principal| self.require_recovered(principal));
         if let Some(status) = result
             .as_ref()
             .err()

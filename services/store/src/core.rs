@@ -128,6 +128,9 @@ pub struct CheckpointJob {
     catalog: Option<Arc<Catalog>>,
     /// The catalog changes the state store keeps (by seq) that the synced catalog covers.
     release: Vec<u64>,
+    /// Deletes the WAL segments the checkpoint covers once the flush is done (`None` once the
+    /// log was taken for closing: the close removes it whole).
+    deleter: Option<(String, cube_wal::SegmentDeleter)>,
     pub seq: u64,
 }
 
@@ -144,7 +147,21 @@ impl CheckpointJob {
         }
         self.backend.flush()?;
         cube_wal::failpoint::hit("checkpoint-after-flush");
-        Ok(started.elapsed())
+        let took = started.elapsed();
+        // Off the actor's thread: unlinks and a directory fsync. A failure only leaves covered
+        // segments behind (recovery skips them), and the next checkpoint retries.
+        if let Some((tenant, deleter)) = &self.deleter {
+            match deleter.delete_through(self.seq) {
+                Ok((n, bytes)) if n > 0 => {
+                    tracing::debug!(tenant = %tenant, seq = self.seq, segments = n, bytes, "wal segments deleted after checkpoint");
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(tenant = %tenant, error = %e, "deleting checkpointed wal segments failed");
+                }
+            }
+        }
+        Ok(took)
     }
 }
 
@@ -675,6 +692,10 @@ impl<T> TenantCore<T> {
             backend: self.state.backend(),
             catalog,
             release,
+            deleter: self
+                .wal
+                .as_ref()
+                .map(|w| (self.tenant.clone(), w.segment_deleter())),
             seq: self.state.applied_seq(),
         })
     }
@@ -690,16 +711,8 @@ impl<T> TenantCore<T> {
                 self.stats
                     .checkpoint_seq
                     .store(self.checkpoint_seq, Ordering::Relaxed);
+                // The job deleted the segments it covers (off this thread).
                 if let Some(wal) = &self.wal {
-                    match wal.delete_segments_through(self.checkpoint_seq) {
-                        Ok((n, bytes)) if n > 0 => {
-                            tracing::debug!(tenant = %self.tenant, seq, segments = n, bytes, "wal segments deleted after checkpoint");
-                        }
-                        Ok(_) => {}
-                        Err(e) => {
-                            tracing::warn!(tenant = %self.tenant, error = %e, "deleting checkpointed wal segments failed");
-                        }
-                    }
                     self.stats
                         .wal_bytes
                         .store(wal.wal_bytes(), Ordering::Relaxed);
@@ -1674,6 +1687,105 @@ mod tests {
         let handle = directory.get("t").await.unwrap();
         assert_eq!(copy.durability("t").unwrap(), relaxed);
         assert_eq!(handle.log_stats().durability, describe_policy(&relaxed));
+        directory.shutdown().await;
+    }
+
+    /// A tenant being passivated when shutdown begins is closed by the time shutdown returns
+    /// (its slot has already left the directory's map then); no tenant opens afterwards.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shutdown_waits_for_a_passivation_under_way() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, config) = tenant_with_catalog(dir.path());
+        let data = crate::DataDir::new(dir.path().join("data"));
+        let wal_dir = data.tenant_wal("t");
+        let directory = Arc::new(
+            crate::TenantDirectory::new(
+                crate::DirectoryConfig {
+                    data_dir: data,
+                    core: config.clone(),
+                    mailbox_capacity: 64,
+                    actor_threads: 1,
+                    idle_after: Duration::from_secs(3600),
+                    max_open: 4,
+                },
+                Some(Arc::clone(&catalog)),
+            )
+            .unwrap(),
+        );
+        for i in 0..20 {
+            directory.call("t", write(i, b"v"), "t/k").await.unwrap();
+        }
+        let closing = {
+            let directory = Arc::clone(&directory);
+            tokio::spawn(async move { directory.close_tenant("t").await })
+        };
+        // Let the passivation take the tenant out of the map, then shut down.
+        while directory.open_count() > 0 {
+            tokio::task::yield_now().await;
+        }
+        directory.shutdown().await;
+        assert!(
+            !cube_wal::log_may_need_replay(&wal_dir).unwrap(),
+            "the tenant's log was closed before shutdown returned"
+        );
+        assert!(closing.await.unwrap());
+        assert!(matches!(
+            directory.get("t").await,
+            Err(StoreError::Unavailable(m)) if m.contains("shutting down")
+        ));
+    }
+
+    /// A tenant whose recovery at start fails awaits recovery (its calls are not authenticated)
+    /// until one of its opens succeeds.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_tenant_whose_recovery_failed_awaits_it_until_it_opens() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, config) = tenant_with_catalog(dir.path());
+        let data = crate::DataDir::new(dir.path().join("data"));
+        let (wal_dir, state_dir) = (data.tenant_wal("t"), data.tenant_state("t"));
+        // A log left by a kill -9: a segment with a record in it.
+        let mut core = TenantCore::<u32>::open("t", &wal_dir, &state_dir, &config, None)
+            .unwrap()
+            .0;
+        assert!(core.handle(write(1, b"v"), &who(), 1).is_none());
+        assert_eq!(settle(&mut core).len(), 1);
+        core.take_wal().unwrap().close().unwrap();
+        drop(core);
+        // And a state store that cannot be opened for now.
+        let aside = dir.path().join("state-aside");
+        std::fs::rename(&state_dir, &aside).unwrap();
+        std::fs::write(&state_dir, b"not a directory").unwrap();
+
+        let directory = crate::TenantDirectory::new(
+            crate::DirectoryConfig {
+                data_dir: data,
+                core: config.clone(),
+                mailbox_capacity: 16,
+                actor_threads: 1,
+                idle_after: Duration::from_secs(3600),
+                max_open: 4,
+            },
+            Some(Arc::clone(&catalog)),
+        )
+        .unwrap();
+        assert!(directory.awaiting_recovery("t").is_none());
+        assert_eq!(directory.recover_unclosed(["t".to_string()]).await, (0, 1));
+        assert!(matches!(
+            directory.awaiting_recovery("t"),
+            Some(StoreError::Unavailable(m)) if m.contains("state store")
+        ));
+        assert!(directory.awaiting_recovery("u").is_none());
+        assert!(directory.get("t").await.is_err());
+        assert!(
+            directory.awaiting_recovery("t").is_some(),
+            "a failed open changes nothing"
+        );
+
+        std::fs::remove_file(&state_dir).unwrap();
+        std::fs::rename(&aside, &state_dir).unwrap();
+        directory.close_failed().await;
+        directory.get("t").await.unwrap();
+        assert!(directory.awaiting_recovery("t").is_none());
         directory.shutdown().await;
     }
 

@@ -13,12 +13,11 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use actix::{Actor, Addr};
-use cube_wal::SyncPolicy;
-use tokio::sync::{OnceCell, oneshot};
+use tokio::sync::{oneshot, watch};
 
 use crate::StoreError;
 use crate::actor::{Call, Durable, InFlightPermit, Responder, Shutdown, TenantActor};
@@ -255,6 +254,12 @@ fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
+fn shutting_down() -> StoreError {
+    StoreError::Unavailable(
+        "the server is shutting down; retry against the restarted server".into(),
+    )
+}
+
 fn stopped() -> StoreError {
     StoreError::Unavailable(
         "the tenant stopped before answering (server shutting down); retry".into(),
@@ -262,14 +267,127 @@ fn stopped() -> StoreError {
 }
 
 /// One tenant's place in the directory.
-#[derive(Default)]
 struct Slot {
-    opened: OnceCell<Result<TenantHandle, StoreError>>,
+    /// Set once, by the slot's open task (see `TenantDirectory::wait_open`).
+    opened: OnceLock<Result<TenantHandle, StoreError>>,
+    /// Becomes true once `opened` is set.
+    ready: watch::Sender<bool>,
+    /// The open task was started (by the slot's first call).
+    open_started: AtomicBool,
     /// Milliseconds since the directory started, at the last call.
     last_used: AtomicU64,
     /// Claimed by the one task that passivates this slot (the janitor and `make_room` of
     /// concurrent opens may pick the same victim).
     closing: AtomicBool,
+}
+
+impl Default for Slot {
+    fn default() -> Self {
+        Slot {
+            opened: OnceLock::new(),
+            ready: watch::channel(false).0,
+            open_started: AtomicBool::new(false),
+            last_used: AtomicU64::new(0),
+            closing: AtomicBool::new(false),
+        }
+    }
+}
+
+/// What opening a tenant needs, owned, so the open can run as a task of its own.
+struct OpenContext {
+    data_dir: DataDir,
+    core: CoreConfig,
+    catalog: Option<Arc<Catalog>>,
+    arbiter: actix::ArbiterHandle,
+    mailbox_capacity: usize,
+}
+
+impl OpenContext {
+    /// Open `tenant`: recover its state and log on the blocking pool, start its actor, and log
+    /// its creation entry if this is its first open.
+    async fn open(self, tenant: String) -> Result<TenantHandle, StoreError> {
+        let tenant = tenant.as_str();
+        let wal_dir = self.data_dir.tenant_wal(tenant);
+        let state_dir = self.data_dir.tenant_state(tenant);
+        let mut config = self.core.clone();
+        config.wal.sync = self
+            .catalog
+            .as_ref()
+            .and_then(|c| c.durability(tenant).ok())
+            .unwrap_or_default();
+        config.catalog = self.catalog.clone();
+        let name = tenant.to_string();
+        // The syncer reports to the actor, which does not exist until the WAL is open.
+        let addr_slot: Arc<OnceLock<Addr<TenantActor>>> = Arc::new(OnceLock::new());
+        let notify_slot = Arc::clone(&addr_slot);
+        let notify = move || -> cube_wal::DurableNotify {
+            let slot = Arc::clone(&notify_slot);
+            Box::new(move |event| {
+                if let Some(addr) = slot.get() {
+                    addr.do_send(Durable(event));
+                }
+            })
+        };
+        let catalog = self.catalog.clone();
+        let (core, report) = tokio::task::spawn_blocking(move || {
+            let (mut core, report) =
+                TenantCore::open(&name, &wal_dir, &state_dir, &config, Some(notify()))?;
+            // A durability change replayed from the log (acknowledged before a crash, not yet in
+            // the catalog's files) changed the policy this log was opened under: reopen under it.
+            let Some(wanted) = catalog.and_then(|c| c.durability(&name).ok()) else {
+                return Ok((core, report));
+            };
+            if core.policy() == wanted {
+                return Ok((core, report));
+            }
+            core.close_here()?;
+            drop(core);
+            config.wal.sync = wanted;
+            let (core, _) = TenantCore::open(&name, &wal_dir, &state_dir, &config, Some(notify()))?;
+            Ok::<_, StoreError>((core, report))
+        })
+        .await
+        .map_err(|_| StoreError::Unavailable(format!("tenant '{tenant}' failed to open")))??;
+        let creation = creation_event(self.catalog.as_deref(), tenant, &report);
+        let reader = core.state().reader();
+        let stats = core.stats();
+        let durability: Arc<str> = describe_policy(&core.policy()).into();
+        let addr = TenantActor::start_in_arbiter(&self.arbiter, move |_| TenantActor::new(core));
+        let _ = addr_slot.set(addr.clone());
+        let handle = TenantHandle {
+            tenant: tenant.into(),
+            addr,
+            mailbox_capacity: self.mailbox_capacity,
+            in_flight: Arc::new(AtomicUsize::new(0)),
+            retired: Arc::new(AtomicBool::new(false)),
+            reader,
+            stats,
+            durability,
+        };
+        // Logged before the handle is handed to anyone, so it is the log's first record. If it
+        // cannot be (a full disk: the tenant opened for reads only), the tenant still serves
+        // reads; its trail then starts without the entry.
+        if let Some(event) = creation {
+            let logged = match handle.try_call(event, CREATOR).await {
+                Ok(result) => result.map(|_| ()),
+                Err(_) => Err(stopped()),
+            };
+            if let Err(e) = logged {
+                tracing::error!(tenant, error = %e, "the tenant's creation entry could not be logged");
+            }
+        }
+        Ok(handle)
+    }
+}
+
+/// Decrements the count of passivations under way when dropped (even if the passivating call
+/// is cancelled).
+struct CloseInProgress<'a>(&'a AtomicUsize);
+
+impl Drop for CloseInProgress<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Tenant name -> actor.
@@ -279,6 +397,19 @@ pub struct TenantDirectory {
     runtime: ActorRuntime,
     tenants: RwLock<HashMap<String, Arc<Slot>>>,
     epoch: Instant,
+    /// Tenants whose recovery at start failed ([`TenantDirectory::recover_unclosed`]): until one
+    /// of their opens succeeds, the catalog may lack key changes that only their log holds (a
+    /// revocation, say), so the gateway does not authenticate calls to them
+    /// ([`TenantDirectory::awaiting_recovery`]).
+    /// With the error of the failed open.
+    unrecovered: Mutex<HashMap<String, StoreError>>,
+    /// `unrecovered` is not empty (read on every authenticated call).
+    any_unrecovered: AtomicBool,
+    /// Set by [`TenantDirectory::shutdown`]: no tenant opens any more.
+    shutting_down: AtomicBool,
+    /// Passivations between taking a tenant out of the map and its close being done, which
+    /// `shutdown` waits for.
+    closes_in_progress: AtomicUsize,
 }
 
 impl std::fmt::Debug for TenantDirectory {
@@ -312,6 +443,10 @@ impl TenantDirectory {
             runtime,
             tenants: RwLock::new(HashMap::new()),
             epoch: Instant::now(),
+            unrecovered: Mutex::new(HashMap::new()),
+            any_unrecovered: AtomicBool::new(false),
+            shutting_down: AtomicBool::new(false),
+            closes_in_progress: AtomicUsize::new(0),
         })
     }
 
@@ -362,17 +497,75 @@ impl TenantDirectory {
         if fresh {
             self.make_room(tenant).await;
         }
-        slot.opened
-            .get_or_init(|| async {
-                let opened = self.open(tenant).await;
-                match &opened {
-                    Ok(_) => cube_metrics::TENANTS_ACTIVE.inc(),
-                    Err(_) => cube_metrics::TENANTS_UNAVAILABLE.inc(),
-                }
-                opened
-            })
-            .await
-            .clone()
+        let opened = match slot.opened.get() {
+            Some(opened) => opened.clone(),
+            None => self.wait_open(tenant, &slot).await,
+        };
+        if opened.is_ok() && self.any_unrecovered.load(Ordering::Relaxed) {
+            let mut unrecovered = self.unrecovered.lock().unwrap_or_else(|p| p.into_inner());
+            if unrecovered.remove(tenant).is_some() {
+                tracing::info!(tenant, "tenant recovered after a failed recovery at start");
+            }
+            self.any_unrecovered
+                .store(!unrecovered.is_empty(), Ordering::Relaxed);
+        }
+        opened
+    }
+
+    /// Start the slot's open if no call has yet, and wait for its result. The open runs as a
+    /// task of its own: a caller that gives up (its deadline passed, its connection dropped)
+    /// neither stops an open halfway nor lets the next caller start a second one beside it (two
+    /// opens of one tenant would race on its log and its state store).
+    async fn wait_open(&self, tenant: &str, slot: &Arc<Slot>) -> Result<TenantHandle, StoreError> {
+        let mut ready = slot.ready.subscribe();
+        if !slot.open_started.swap(true, Ordering::SeqCst) {
+            if self.shutting_down.load(Ordering::SeqCst) {
+                let _ = slot.opened.set(Err(shutting_down()));
+                slot.ready.send_replace(true);
+            } else {
+                let open = tokio::spawn(self.open_context().open(tenant.to_string()));
+                let (slot, name) = (Arc::clone(slot), tenant.to_string());
+                tokio::spawn(async move {
+                    let opened = open.await.unwrap_or_else(|_| {
+                        Err(StoreError::Unavailable(format!(
+                            "tenant '{name}' failed to open (see the server log)"
+                        )))
+                    });
+                    match &opened {
+                        Ok(_) => cube_metrics::TENANTS_ACTIVE.inc(),
+                        Err(_) => cube_metrics::TENANTS_UNAVAILABLE.inc(),
+                    }
+                    let _ = slot.opened.set(opened);
+                    slot.ready.send_replace(true);
+                });
+            }
+        }
+        let _ = ready.wait_for(|done| *done).await;
+        slot.opened.get().cloned().unwrap_or_else(|| {
+            Err(StoreError::Unavailable(format!(
+                "tenant '{tenant}' failed to open (see the server log)"
+            )))
+        })
+    }
+
+    fn open_context(&self) -> OpenContext {
+        OpenContext {
+            data_dir: self.config.data_dir.clone(),
+            core: self.config.core.clone(),
+            catalog: self.catalog.clone(),
+            arbiter: self.runtime.pick().clone(),
+            mailbox_capacity: self.config.mailbox_capacity,
+        }
+    }
+
+    /// If `tenant` failed its recovery at start and has not opened since, why it failed: its
+    /// calls must not be authenticated from the catalog yet (see `unrecovered`).
+    pub fn awaiting_recovery(&self, tenant: &str) -> Option<StoreError> {
+        if !self.any_unrecovered.load(Ordering::Relaxed) {
+            return None;
+        }
+        let unrecovered = self.unrecovered.lock().unwrap_or_else(|p| p.into_inner());
+        unrecovered.get(tenant).cloned()
     }
 
     /// Open every tenant of `tenants` whose log may hold records that neither its state store
@@ -400,7 +593,11 @@ impl TenantDirectory {
                 match self.get(&tenant).await {
                     Ok(_) => true,
                     Err(e) => {
-                        tracing::error!(tenant, error = %e, "tenant could not be recovered at start");
+                        tracing::error!(tenant, error = %e, "tenant could not be recovered at start; its calls are refused until it opens");
+                        let mut unrecovered =
+                            self.unrecovered.lock().unwrap_or_else(|p| p.into_inner());
+                        unrecovered.insert(tenant, e);
+                        self.any_unrecovered.store(true, Ordering::Relaxed);
                         false
                     }
                 }
@@ -415,83 +612,6 @@ impl TenantDirectory {
     /// Tenants with a slot (open, opening or failed).
     pub fn open_count(&self) -> usize {
         self.tenants.read().unwrap_or_else(|p| p.into_inner()).len()
-    }
-
-    fn policy_of(&self, tenant: &str) -> SyncPolicy {
-        self.catalog
-            .as_ref()
-            .and_then(|c| c.durability(tenant).ok())
-            .unwrap_or_default()
-    }
-
-    async fn open(&self, tenant: &str) -> Result<TenantHandle, StoreError> {
-        let wal_dir = self.config.data_dir.tenant_wal(tenant);
-        let state_dir = self.config.data_dir.tenant_state(tenant);
-        let mut config = self.config.core.clone();
-        config.wal.sync = self.policy_of(tenant);
-        config.catalog = self.catalog.clone();
-        let name = tenant.to_string();
-        // The syncer reports to the actor, which does not exist until the WAL is open.
-        let addr_slot: Arc<OnceLock<Addr<TenantActor>>> = Arc::new(OnceLock::new());
-        let notify_slot = Arc::clone(&addr_slot);
-        let notify = move || -> cube_wal::DurableNotify {
-            let slot = Arc::clone(&notify_slot);
-            Box::new(move |event| {
-                if let Some(addr) = slot.get() {
-                    addr.do_send(Durable(event));
-                }
-            })
-        };
-        let catalog = self.catalog.clone();
-        let (core, report) = tokio::task::spawn_blocking(move || {
-            let (mut core, report) =
-                TenantCore::open(&name, &wal_dir, &state_dir, &config, Some(notify()))?;
-            // A durability change replayed from the log (acknowledged before a crash, not yet in
-            // the catalog's files) changed the policy this log was opened under: reopen under it.
-            let Some(wanted) = catalog.and_then(|c| c.durability(&name).ok()) else {
-                return Ok((core, report));
-            };
-            if core.policy() == wanted {
-                return Ok((core, report));
-            }
-            core.close_here()?;
-            drop(core);
-            config.wal.sync = wanted;
-            let (core, _) = TenantCore::open(&name, &wal_dir, &state_dir, &config, Some(notify()))?;
-            Ok::<_, StoreError>((core, report))
-        })
-        .await
-        .map_err(|_| StoreError::Unavailable(format!("tenant '{tenant}' failed to open")))??;
-        let creation = creation_event(self.catalog.as_deref(), tenant, &report);
-        let reader = core.state().reader();
-        let stats = core.stats();
-        let durability: Arc<str> = describe_policy(&core.policy()).into();
-        let addr =
-            TenantActor::start_in_arbiter(self.runtime.pick(), move |_| TenantActor::new(core));
-        let _ = addr_slot.set(addr.clone());
-        let handle = TenantHandle {
-            tenant: tenant.into(),
-            addr,
-            mailbox_capacity: self.config.mailbox_capacity,
-            in_flight: Arc::new(AtomicUsize::new(0)),
-            retired: Arc::new(AtomicBool::new(false)),
-            reader,
-            stats,
-            durability,
-        };
-        // Logged before the handle is handed to anyone, so it is the log's first record. If it
-        // cannot be (a full disk: the tenant opened for reads only), the tenant still serves
-        // reads; its trail then starts without the entry.
-        if let Some(event) = creation {
-            let logged = match handle.try_call(event, CREATOR).await {
-                Ok(result) => result.map(|_| ()),
-                Err(_) => Err(stopped()),
-            };
-            if let Err(e) = logged {
-                tracing::error!(tenant, error = %e, "the tenant's creation entry could not be logged");
-            }
-        }
-        Ok(handle)
     }
 
     /// Over the open-tenant cap: passivate the least recently used idle tenants (not `keep`).
@@ -592,6 +712,9 @@ impl TenantDirectory {
                 Some(h.clone())
             }
         };
+        // Counted before the slot leaves the map, so `shutdown` always sees one or the other.
+        self.closes_in_progress.fetch_add(1, Ordering::SeqCst);
+        let _done = CloseInProgress(&self.closes_in_progress);
         {
             let mut map = self.tenants.write().unwrap_or_else(|p| p.into_inner());
             if map.get(tenant).is_some_and(|s| Arc::ptr_eq(s, slot)) {
@@ -670,12 +793,23 @@ impl TenantDirectory {
         n
     }
 
-    /// Stop every tenant: answer or fail what is queued, final fdatasync and checkpoint.
+    /// Stop every tenant: answer or fail what is queued, final fdatasync and checkpoint. No
+    /// tenant opens from here on (calls get UNAVAILABLE); opens and passivations already under
+    /// way are waited for, so every tenant's log is closed when this returns.
     pub async fn shutdown(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
         let slots: Vec<Arc<Slot>> = {
             let map = self.tenants.read().unwrap_or_else(|p| p.into_inner());
             map.values().cloned().collect()
         };
+        for slot in &slots {
+            if slot.open_started.load(Ordering::SeqCst) {
+                let _ = slot.ready.subscribe().wait_for(|done| *done).await;
+            }
+        }
+        while self.closes_in_progress.load(Ordering::SeqCst) > 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         // Ask all tenants first so their final syncs run concurrently, then wait for each.
         let mut done = Vec::new();
         for slot in slots {

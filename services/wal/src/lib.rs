@@ -19,7 +19,8 @@ pub use error::WalError;
 pub use recovery::RecoveryReport;
 pub use segment::{SegmentSizing, log_may_need_replay, remove_covered_log, segment_file_name};
 pub use shard::{
-    DurableEvent, DurableNotify, SyncPolicy, WalOptions, WalShard, create_dir_durably,
+    DurableEvent, DurableNotify, SegmentDeleter, SyncPolicy, WalOptions, WalShard,
+    create_dir_durably,
 };
 
 /// Receives each replayed record (sequence number, payload); an `Err` stops recovery.

@@ -423,6 +423,13 @@ impl WalShard {
         self.shared.delete_through(seq)
     }
 
+    /// A handle that runs [`WalShard::delete_segments_through`] from another thread (a
+    /// checkpoint job on the blocking pool: the unlinks and the directory fsync stay off the
+    /// thread the tenant's actor shares with others).
+    pub fn segment_deleter(&self) -> SegmentDeleter {
+        SegmentDeleter(Arc::clone(&self.shared))
+    }
+
     pub fn dir(&self) -> &Path {
         &self.shared.dir
     }
@@ -477,6 +484,22 @@ pub fn create_dir_durably(dir: &Path) -> Result<(), WalError> {
         }
     }
     Ok(())
+}
+
+/// See [`WalShard::segment_deleter`].
+pub struct SegmentDeleter(Arc<Shared>);
+
+impl std::fmt::Debug for SegmentDeleter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SegmentDeleter").finish_non_exhaustive()
+    }
+}
+
+impl SegmentDeleter {
+    /// [`WalShard::delete_segments_through`].
+    pub fn delete_through(&self, seq: u64) -> Result<(usize, u64), WalError> {
+        self.0.delete_through(seq)
+    }
 }
 
 impl Drop for WalShard {

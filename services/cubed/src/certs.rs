@@ -40,24 +40,51 @@ fn ca_params() -> anyhow::Result<CertificateParams> {
     Ok(params)
 }
 
+/// Write `contents` to `path` with mode 0600, atomically: a temporary file, fsynced, renamed
+/// into place, and the directory fsynced. A crash leaves the old file or the new one, never a
+/// truncated one.
 fn write_private(path: &Path, contents: &str) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
     let mut f = fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .mode(0o600)
-        .open(path)
-        .with_context(|| format!("writing {}", path.display()))?;
+        .open(&tmp)
+        .with_context(|| format!("writing {}", tmp.display()))?;
     f.write_all(contents.as_bytes())?;
     f.sync_all()?;
+    drop(f);
+    fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+    if let Some(dir) = path.parent() {
+        fs::File::open(dir)?.sync_all()?;
+    }
     Ok(())
+}
+
+/// An exclusive lock on `tls/` while the certificate files are looked at and created, so two
+/// processes (a `cubed key cert` and a starting `--tls-dev` server, say) cannot each make a CA
+/// and leave one's key beside the other's certificate.
+fn lock_tls_dir(dir: &Path) -> anyhow::Result<nix::fcntl::Flock<fs::File>> {
+    let file = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(dir.join(".lock"))
+        .with_context(|| format!("locking {}", dir.display()))?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| anyhow::anyhow!("locking {}: {e}", dir.display()))
 }
 
 /// The CA key and certificate PEM, created on first use.
 pub fn ensure_ca(data_dir: &Path) -> anyhow::Result<(KeyPair, String)> {
     let dir = tls_dir(data_dir);
     fs::create_dir_all(&dir)?;
+    let _lock = lock_tls_dir(&dir)?;
     let (cert_path, key_path) = (dir.join(CA_CERT), dir.join(CA_KEY));
+    // The key goes first, the certificate last: a CA whose certificate is missing was never
+    // used, and is made again whole.
     if cert_path.exists() && key_path.exists() {
         let key =
             KeyPair::from_pem(&fs::read_to_string(&key_path)?).context("reading the CA key")?;
@@ -82,6 +109,7 @@ pub fn ensure_dev_server_cert(data_dir: &Path) -> anyhow::Result<(String, String
     let dir = tls_dir(data_dir);
     let (cert_path, key_path) = (dir.join(SERVER_CERT), dir.join(SERVER_KEY));
     let (ca_key, ca_pem) = ensure_ca(data_dir)?;
+    let _lock = lock_tls_dir(&dir)?;
     if cert_path.exists() && key_path.exists() {
         return Ok((
             fs::read_to_string(&cert_path)?,
@@ -101,8 +129,9 @@ pub fn ensure_dev_server_cert(data_dir: &Path) -> anyhow::Result<(String, String
     let issuer = Issuer::new(ca_params()?, ca_key);
     let cert = params.signed_by(&key, &issuer)?;
     let chain = format!("{}{}", cert.pem(), ca_pem);
-    write_private(&cert_path, &chain)?;
+    // The key first: a certificate on disk always has its key beside it.
     write_private(&key_path, &key.serialize_pem())?;
+    write_private(&cert_path, &chain)?;
     Ok((chain, key.serialize_pem()))
 }
 

@@ -257,19 +257,30 @@ fn prepare_data_dir(root: &Path) -> anyhow::Result<()> {
 }
 
 /// On the first start of an empty data directory create tenant `demo` and dev-credentials.json;
-/// on later starts keep that file's endpoint current.
+/// on later starts keep that file's endpoint current. A first start stopped between the two (a
+/// crash) leaves a catalog of tenant `demo` alone with its one key and no file: the file is
+/// written then from the catalog's key.
 fn ensure_demo(catalog: &Catalog, data: &DataDir, endpoint: &str) -> anyhow::Result<()> {
     let path = data.dev_credentials();
     let endpoint = endpoint.to_string();
-    let creds = if catalog.list()?.is_empty() {
+    let tenants = catalog.list()?;
+    let creds_of = |key: &cube_store::KeyInfo| Credentials {
+        tenant: key.tenant.clone(),
+        key_id: key.key_id.clone(),
+        secret: cube_auth::Secret::from_bytes(key.secret).to_hex(),
+        endpoint: Some(endpoint.clone()),
+    };
+    let creds = if tenants.is_empty() {
         let key = catalog.create_tenant(DEMO_TENANT)?;
         tracing::info!(path = %path.display(), "created tenant 'demo' and its dev credentials");
-        Credentials {
-            tenant: key.tenant.clone(),
-            key_id: key.key_id.clone(),
-            secret: cube_auth::Secret::from_bytes(key.secret).to_hex(),
-            endpoint: Some(endpoint),
-        }
+        creds_of(&key)
+    } else if let ([(tenant, keys)], false) = (tenants.as_slice(), path.exists())
+        && tenant == DEMO_TENANT
+        && let [key_id] = keys.as_slice()
+        && let Some(key) = catalog.key(DEMO_TENANT, key_id)
+    {
+        tracing::info!(path = %path.display(), "wrote the dev credentials of tenant 'demo', missing after an interrupted first start");
+        creds_of(&key)
     } else {
         let Ok(text) = fs::read_to_string(&path) else {
             return Ok(());
@@ -300,5 +311,10 @@ fn write_private_json(path: &Path, value: &impl serde::Serialize) -> anyhow::Res
     f.write_all(b"\n")?;
     f.sync_all()?;
     fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+    if let Some(dir) = path.parent() {
+        fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .with_context(|| format!("syncing {}", dir.display()))?;
+    }
     Ok(())
 }

@@ -137,3 +137,36 @@ fn the_cli_creates_a_data_directory_only_its_owner_can_read() {
     }
     assert!(checked > 5, "{checked}");
 }
+
+/// A first start interrupted between creating tenant `demo` and writing its credentials file
+/// leaves the catalog with `demo` alone and no file: the next start writes the file from the
+/// catalog's key. Once the operator has other tenants, a missing file stays missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_demo_credentials_are_written_again_from_the_catalog() {
+    let mut server = TestServer::start(cubed()).unwrap();
+    let path = server.data_dir().join("dev-credentials.json");
+    let before = server.demo.clone();
+    tokio::task::block_in_place(|| server.kill9()).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    tokio::task::block_in_place(|| server.restart()).unwrap();
+    let after: Credentials = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    assert_eq!(
+        (&after.tenant, &after.key_id, &after.secret),
+        (&before.tenant, &before.key_id, &before.secret)
+    );
+    let mut c = server.cells(&after).await.unwrap();
+    c.write(write(0, 0, 0, b"v")).await.unwrap();
+
+    server.create_tenant("acme").unwrap();
+    tokio::task::block_in_place(|| server.kill9()).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    // The server becomes ready; the harness then fails to read the demo credentials it expects.
+    let restarted = tokio::task::block_in_place(|| server.restart());
+    let err = restarted.expect_err("the server wrote the file again");
+    assert!(
+        format!("{err:#}").contains("No such file"),
+        "{err:#}\n{}",
+        server.log()
+    );
+    assert!(!path.exists());
+}

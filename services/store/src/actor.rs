@@ -154,8 +154,8 @@ impl Handler<Shutdown> for TenantActor {
         };
         // The final fdatasync and checkpoint run on the blocking pool, not on this actor's
         // thread. The checkpoint makes the next open (after a restart or passivation) replay
-        // nothing; when it covers the whole log, the log's files are removed here so that the
-        // next open does not even read them.
+        // nothing; when it covers the whole log, the log's files are removed there too, so that
+        // the next open does not even read them.
         let wal_dir = wal.dir().to_path_buf();
         let close = async move { tokio::task::spawn_blocking(move || wal.close()).await };
         ctx.wait(close.into_actor(self).map(move |closed, act, ctx| {
@@ -165,33 +165,44 @@ impl Handler<Shutdown> for TenantActor {
             };
             Self::answer(act.core.on_durable(event));
             let job = act.core.begin_checkpoint();
+            // Decided here, done on the blocking pool with the checkpoint: removing the covered
+            // log costs fsyncs, which must not stall the other tenants of this actor's thread.
+            let (poisoned, prior) = (act.core.is_poisoned(), act.core.checkpoint_seq());
+            let tenant = act.core.tenant().to_string();
             let flush = async move {
-                match job {
-                    Some(job) => {
+                tokio::task::spawn_blocking(move || {
+                    let flushed = job.map(|job| {
                         let seq = job.seq;
-                        let r = tokio::task::spawn_blocking(move || job.run()).await;
-                        Some((seq, r))
+                        (seq, job.run())
+                    });
+                    let covered = match &flushed {
+                        None => Some(prior),
+                        Some((seq, Ok(_))) => Some(prior.max(*seq)),
+                        Some((_, Err(_))) => None,
+                    };
+                    if let (Some(last), Some(covered)) = (final_seq, covered)
+                        && !poisoned
+                        && covered >= last
+                    {
+                        match cube_wal::remove_covered_log(&wal_dir, last + 1) {
+                            Ok(n) => tracing::debug!(tenant = %tenant, removed = n, "log covered by the checkpoint removed"),
+                            Err(e) => tracing::warn!(tenant = %tenant, error = %e, "could not remove the checkpointed log; the next open reads it"),
+                        }
                     }
-                    None => None,
-                }
+                    flushed
+                })
+                .await
             };
             ctx.wait(flush.into_actor(act).map(move |flushed, act, ctx| {
-                if let Some((seq, r)) = flushed {
-                    let r = r.unwrap_or_else(|_| {
+                match flushed {
+                    Ok(Some((seq, r))) => act.core.finish_checkpoint(seq, r),
+                    Ok(None) => {}
+                    Err(_) => act.core.finish_checkpoint(
+                        0,
                         Err(crate::backend::BackendError(
                             "checkpoint task panicked".into(),
-                        ))
-                    });
-                    act.core.finish_checkpoint(seq, r);
-                }
-                if let Some(last) = final_seq
-                    && !act.core.is_poisoned()
-                    && act.core.checkpoint_seq() >= last
-                {
-                    match cube_wal::remove_covered_log(&wal_dir, last + 1) {
-                        Ok(n) => tracing::debug!(tenant = act.core.tenant(), removed = n, "log covered by the checkpoint removed"),
-                        Err(e) => tracing::warn!(tenant = act.core.tenant(), error = %e, "could not remove the checkpointed log; the next open reads it"),
-                    }
+                        )),
+                    ),
                 }
                 tracing::debug!(tenant = act.core.tenant(), "tenant closed");
                 let _ = msg.done.send(());

@@ -1671,23 +1671,32 @@ mod tests {
 
         let copy = Arc::new(Catalog::open(&dir.path().join(SNAPSHOT)).unwrap());
         assert_eq!(copy.durability("t").unwrap(), SyncPolicy::Always);
-        let directory = crate::TenantDirectory::new(
-            crate::DirectoryConfig {
-                data_dir: data,
-                // The directory gives each tenant its own catalog (the copy).
-                core: config.clone(),
-                mailbox_capacity: 16,
-                actor_threads: 1,
-                idle_after: Duration::from_secs(3600),
-                max_open: 4,
-            },
-            Some(Arc::clone(&copy)),
-        )
-        .unwrap();
+        // The directory gives each tenant its own catalog (the copy).
+        let directory = test_directory(data, &config, &copy);
         let handle = directory.get("t").await.unwrap();
         assert_eq!(copy.durability("t").unwrap(), relaxed);
         assert_eq!(handle.log_stats().durability, describe_policy(&relaxed));
         directory.shutdown().await;
+    }
+
+    /// A directory over `data` whose tenants use `config` and `catalog`, one actor thread.
+    fn test_directory(
+        data: crate::DataDir,
+        config: &CoreConfig,
+        catalog: &Arc<Catalog>,
+    ) -> crate::TenantDirectory {
+        crate::TenantDirectory::new(
+            crate::DirectoryConfig {
+                data_dir: data,
+                core: config.clone(),
+                mailbox_capacity: 64,
+                actor_threads: 1,
+                idle_after: Duration::from_secs(3600),
+                max_open: 4,
+            },
+            Some(Arc::clone(catalog)),
+        )
+        .unwrap()
     }
 
     /// A tenant being passivated when shutdown begins is closed by the time shutdown returns
@@ -1698,20 +1707,7 @@ mod tests {
         let (catalog, config) = tenant_with_catalog(dir.path());
         let data = crate::DataDir::new(dir.path().join("data"));
         let wal_dir = data.tenant_wal("t");
-        let directory = Arc::new(
-            crate::TenantDirectory::new(
-                crate::DirectoryConfig {
-                    data_dir: data,
-                    core: config.clone(),
-                    mailbox_capacity: 64,
-                    actor_threads: 1,
-                    idle_after: Duration::from_secs(3600),
-                    max_open: 4,
-                },
-                Some(Arc::clone(&catalog)),
-            )
-            .unwrap(),
-        );
+        let directory = Arc::new(test_directory(data, &config, &catalog));
         for i in 0..20 {
             directory.call("t", write(i, b"v"), "t/k").await.unwrap();
         }
@@ -1756,18 +1752,7 @@ mod tests {
         std::fs::rename(&state_dir, &aside).unwrap();
         std::fs::write(&state_dir, b"not a directory").unwrap();
 
-        let directory = crate::TenantDirectory::new(
-            crate::DirectoryConfig {
-                data_dir: data,
-                core: config.clone(),
-                mailbox_capacity: 16,
-                actor_threads: 1,
-                idle_after: Duration::from_secs(3600),
-                max_open: 4,
-            },
-            Some(Arc::clone(&catalog)),
-        )
-        .unwrap();
+        let directory = test_directory(data, &config, &catalog);
         assert!(directory.awaiting_recovery("t").is_none());
         assert_eq!(directory.recover_unclosed(["t".to_string()]).await, (0, 1));
         assert!(matches!(

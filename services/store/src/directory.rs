@@ -382,9 +382,9 @@ impl OpenContext {
 
 /// Decrements the count of passivations under way when dropped (even if the passivating call
 /// is cancelled).
-struct CloseInProgress<'a>(&'a AtomicUsize);
+struct CloseInProgress(Arc<AtomicUsize>);
 
-impl Drop for CloseInProgress<'_> {
+impl Drop for CloseInProgress {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
     }
@@ -409,7 +409,7 @@ pub struct TenantDirectory {
     shutting_down: AtomicBool,
     /// Passivations between taking a tenant out of the map and its close being done, which
     /// `shutdown` waits for.
-    closes_in_progress: AtomicUsize,
+    closes_in_progress: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for TenantDirectory {
@@ -446,7 +446,7 @@ impl TenantDirectory {
             unrecovered: Mutex::new(HashMap::new()),
             any_unrecovered: AtomicBool::new(false),
             shutting_down: AtomicBool::new(false),
-            closes_in_progress: AtomicUsize::new(0),
+            closes_in_progress: Arc::new(AtomicUsize::new(0)),
         })
     }
 
@@ -520,6 +520,8 @@ impl TenantDirectory {
         let mut ready = slot.ready.subscribe();
         if !slot.open_started.swap(true, Ordering::SeqCst) {
             if self.shutting_down.load(Ordering::SeqCst) {
+                // Counted like a failed open, so forgetting the slot balances the gauge.
+                cube_metrics::TENANTS_UNAVAILABLE.inc();
                 let _ = slot.opened.set(Err(shutting_down()));
                 slot.ready.send_replace(true);
             } else {
@@ -698,6 +700,9 @@ impl TenantDirectory {
     }
 
     async fn passivate_claimed(&self, tenant: &str, slot: &Arc<Slot>) -> bool {
+        if self.shutting_down.load(Ordering::SeqCst) {
+            return false; // `shutdown` closes every tenant itself
+        }
         let handle = match slot.opened.get() {
             None => return false, // still opening
             Some(Err(_)) => None,
@@ -714,27 +719,34 @@ impl TenantDirectory {
         };
         // Counted before the slot leaves the map, so `shutdown` always sees one or the other.
         self.closes_in_progress.fetch_add(1, Ordering::SeqCst);
-        let _done = CloseInProgress(&self.closes_in_progress);
+        let done = CloseInProgress(Arc::clone(&self.closes_in_progress));
         {
             let mut map = self.tenants.write().unwrap_or_else(|p| p.into_inner());
             if map.get(tenant).is_some_and(|s| Arc::ptr_eq(s, slot)) {
                 map.remove(tenant);
             }
         }
-        match handle {
-            Some(h) => {
-                let (tx, rx) = oneshot::channel();
-                h.addr.do_send(Shutdown { done: tx });
-                let _ = rx.await;
-                cube_metrics::TENANTS_ACTIVE.dec();
-                cube_metrics::TENANTS_PASSIVATED.inc();
-                if h.stats.poisoned.load(Ordering::Relaxed) {
-                    cube_metrics::TENANTS_UNAVAILABLE.dec();
+        // A task of its own, which owns the count: a caller that gives up (a request waiting in
+        // `make_room`) does not end the count while the tenant is still closing.
+        let name = tenant.to_string();
+        let close = tokio::spawn(async move {
+            let _done = done;
+            match handle {
+                Some(h) => {
+                    let (tx, rx) = oneshot::channel();
+                    h.addr.do_send(Shutdown { done: tx });
+                    let _ = rx.await;
+                    cube_metrics::TENANTS_ACTIVE.dec();
+                    cube_metrics::TENANTS_PASSIVATED.inc();
+                    if h.stats.poisoned.load(Ordering::Relaxed) {
+                        cube_metrics::TENANTS_UNAVAILABLE.dec();
+                    }
+                    tracing::debug!(tenant = %name, "tenant passivated");
                 }
-                tracing::debug!(tenant, "tenant passivated");
+                None => cube_metrics::TENANTS_UNAVAILABLE.dec(),
             }
-            None => cube_metrics::TENANTS_UNAVAILABLE.dec(),
-        }
+        });
+        let _ = close.await;
         true
     }
 
@@ -798,11 +810,11 @@ impl TenantDirectory {
     /// way are waited for, so every tenant's log is closed when this returns.
     pub async fn shutdown(&self) {
         self.shutting_down.store(true, Ordering::SeqCst);
-        let slots: Vec<Arc<Slot>> = {
+        let starting: Vec<Arc<Slot>> = {
             let map = self.tenants.read().unwrap_or_else(|p| p.into_inner());
             map.values().cloned().collect()
         };
-        for slot in &slots {
+        for slot in &starting {
             if slot.open_started.load(Ordering::SeqCst) {
                 let _ = slot.ready.subscribe().wait_for(|done| *done).await;
             }
@@ -810,6 +822,12 @@ impl TenantDirectory {
         while self.closes_in_progress.load(Ordering::SeqCst) > 0 {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+        // Taken again: a passivation under way above has taken its tenant out (and closed it),
+        // and no passivation starts any more.
+        let slots: Vec<Arc<Slot>> = {
+            let map = self.tenants.read().unwrap_or_else(|p| p.into_inner());
+            map.values().cloned().collect()
+        };
         // Ask all tenants first so their final syncs run concurrently, then wait for each.
         let mut done = Vec::new();
         for slot in slots {

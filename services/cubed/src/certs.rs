@@ -6,7 +6,6 @@
 //! [`ca_params`] when signing, so only the key and the certificate are stored.
 
 use std::fs;
-use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
@@ -40,26 +39,11 @@ fn ca_params() -> anyhow::Result<CertificateParams> {
     Ok(params)
 }
 
-/// Write `contents` to `path` with mode 0600, atomically: a temporary file, fsynced, renamed
-/// into place, and the directory fsynced. A crash leaves the old file or the new one, never a
-/// truncated one.
+/// Write `contents` to `path` with mode 0600, whole or not at all (see
+/// [`cube_wal::replace_file_durably`]).
 fn write_private(path: &Path, contents: &str) -> anyhow::Result<()> {
-    let tmp = path.with_extension("tmp");
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    f.write_all(contents.as_bytes())?;
-    f.sync_all()?;
-    drop(f);
-    fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
-    if let Some(dir) = path.parent() {
-        fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
+    cube_wal::replace_file_durably(path, contents.as_bytes())
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 /// An exclusive lock on `tls/` while the certificate files are looked at and created, so two

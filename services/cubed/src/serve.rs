@@ -5,7 +5,7 @@
 use std::fs;
 use std::future::Future;
 use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -297,24 +297,10 @@ fn ensure_demo(catalog: &Catalog, data: &DataDir, endpoint: &str) -> anyhow::Res
     write_private_json(&path, &creds)
 }
 
-/// Write `value` as JSON to `path` with mode 0600, atomically (temp file + rename).
+/// Write `value` as JSON to `path` with mode 0600, whole or not at all.
 fn write_private_json(path: &Path, value: &impl serde::Serialize) -> anyhow::Result<()> {
-    let tmp = path.with_extension("json.tmp");
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    serde_json::to_writer_pretty(&mut f, value)?;
-    f.write_all(b"\n")?;
-    f.sync_all()?;
-    fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
-    if let Some(dir) = path.parent() {
-        fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .with_context(|| format!("syncing {}", dir.display()))?;
-    }
-    Ok(())
+    let mut text = serde_json::to_vec_pretty(value)?;
+    text.push(b'\n');
+    cube_wal::replace_file_durably(path, &text)
+        .with_context(|| format!("writing {}", path.display()))
 }

@@ -7,12 +7,40 @@
 //!
 //! An IPv6 peer is counted by its /64 (one host commonly holds a whole /64, so counting single
 //! addresses would give it billions of budgets); an IPv4-mapped IPv6 address as its IPv4 one.
+//!
+//! [`PerSecond`] is the plain "at most N a second" budget used where a cost must be capped
+//! (audit entries for failed authentications, writes of the replay floors).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+/// A budget of events per wall-clock second: the count starts over when the second changes.
+#[derive(Debug, Default)]
+pub(crate) struct PerSecond {
+    /// `now_ms / 1000` of the second counted.
+    second: i64,
+    taken: u32,
+}
+
+impl PerSecond {
+    /// Take one event of at most `limit` in the second of `now_ms`; false when that second's
+    /// budget is spent (nothing is taken then).
+    pub(crate) fn take(&mut self, now_ms: i64, limit: u32) -> bool {
+        let second = now_ms.div_euclid(1000);
+        if self.second != second {
+            self.second = second;
+            self.taken = 0;
+        }
+        if self.taken >= limit {
+            return false;
+        }
+        self.taken += 1;
+        true
+    }
+}
 
 /// Limits for [`FailureLimiter`].
 #[derive(Debug, Clone, Copy)]
@@ -144,6 +172,17 @@ impl FailureLimiter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn per_second_budget_starts_over_each_second() {
+        let mut b = PerSecond::default();
+        assert!(b.take(5_000, 2));
+        assert!(b.take(5_999, 2));
+        assert!(!b.take(5_999, 2), "third in one second");
+        assert!(b.take(6_000, 2), "a new second");
+        assert!(b.take(-1, 1), "seconds before the epoch count too");
+        assert!(!b.take(-999, 1));
+    }
 
     fn limiter() -> FailureLimiter {
         FailureLimiter::new(FailureLimits {

@@ -26,7 +26,7 @@ use http::{HeaderMap, HeaderName};
 use tonic::Status;
 use tonic::body::Body;
 
-use crate::abuse::{FailureLimiter, FailureLimits};
+use crate::abuse::{FailureLimiter, FailureLimits, PerSecond};
 use crate::connection::ConnInfo;
 use crate::principal::{AuthModel, Principal};
 use crate::replay::{ReplayCache, ReplayError};
@@ -88,9 +88,8 @@ const FAILED_ENTRIES_PER_SEC: u32 = 10;
 /// One tenant's `auth.failed` budget.
 #[derive(Debug, Default)]
 struct EntryBudget {
-    /// `now_ms / 1000` of the second counted.
-    second: i64,
-    recorded: u32,
+    recorded: PerSecond,
+    /// Entries dropped since the last one recorded.
     dropped: u64,
 }
 
@@ -177,16 +176,10 @@ impl Authenticator {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
             let budget = budgets.entry(tenant.to_string()).or_default();
-            let second = now_ms().div_euclid(1000);
-            if budget.second != second {
-                budget.second = second;
-                budget.recorded = 0;
-            }
-            if budget.recorded >= FAILED_ENTRIES_PER_SEC {
+            if !budget.recorded.take(now_ms(), FAILED_ENTRIES_PER_SEC) {
                 budget.dropped += 1;
                 return;
             }
-            budget.recorded += 1;
             std::mem::take(&mut budget.dropped)
         };
         let peer = conn

@@ -36,9 +36,10 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+
+use crate::abuse::PerSecond;
 
 const SHARDS: usize = 16;
 
@@ -89,9 +90,8 @@ const FLOOR_WRITES_PER_SEC: u32 = 32;
 #[derive(Debug, Default)]
 struct Recorded {
     floors: FloorMap,
-    /// The second (`now_ms / 1000`) the budget is counted in, and the writes made in it.
-    second: i64,
-    writes: u32,
+    /// Writes of the file in the current second.
+    writes: PerSecond,
 }
 
 /// Why a floor was not recorded.
@@ -178,15 +178,9 @@ impl Floors {
         if floor_of(&recorded.floors, tenant, key_id).is_some_and(|floor| ts_ms <= floor) {
             return Ok(());
         }
-        let second = now_ms.div_euclid(1000);
-        if recorded.second != second {
-            recorded.second = second;
-            recorded.writes = 0;
-        }
-        if recorded.writes >= FLOOR_WRITES_PER_SEC {
+        if !recorded.writes.take(now_ms, FLOOR_WRITES_PER_SEC) {
             return Err(RecordError::Busy);
         }
-        recorded.writes += 1;
         let mut next = recorded.floors.clone();
         // Floors in the past are covered by the next server's start watermark.
         for keys in next.values_mut() {
@@ -202,8 +196,7 @@ impl Floors {
     }
 }
 
-/// Replace the floors file with `floors`: a new file, fsynced, renamed over the old one, and the
-/// directory fsynced.
+/// Replace the floors file with `floors`, whole or not at all.
 fn write_floors(path: &Path, floors: &FloorMap) -> std::io::Result<()> {
     let mut text = String::new();
     for (tenant, keys) in floors {
@@ -211,16 +204,7 @@ fn write_floors(path: &Path, floors: &FloorMap) -> std::io::Result<()> {
             text.push_str(&format!("{floor} {tenant} {key}\n"));
         }
     }
-    let tmp = path.with_extension("tmp");
-    let mut file = std::fs::File::create(&tmp)?;
-    file.write_all(text.as_bytes())?;
-    file.sync_all()?;
-    drop(file);
-    std::fs::rename(&tmp, path)?;
-    if let Some(dir) = path.parent() {
-        std::fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
+    cube_wal::replace_file_durably(path, text.as_bytes())
 }
 
 /// The set's keys are already SipHash outputs: hashing them again would only cost time.

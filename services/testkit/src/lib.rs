@@ -116,12 +116,17 @@ impl TestServer {
         self.data.clone()
     }
 
-    /// The WAL segment of `tenant` that starts at `first_seq`, from the server's own layout
-    /// functions (tests never spell the on-disk layout out themselves).
-    pub fn wal_segment(&self, tenant: &str, first_seq: u64) -> PathBuf {
-        cube_store::DataDir::new(self.data_dir())
-            .tenant_wal(tenant)
-            .join(cube_wal::segment_file_name(first_seq))
+    /// The WAL segment of `tenant` that starts at `first_seq`, if there is one, found with the
+    /// server's own layout functions (tests never spell the on-disk layout out themselves).
+    pub fn wal_segment(&self, tenant: &str, first_seq: u64) -> anyhow::Result<Option<PathBuf>> {
+        let dir = self.wal_dir(tenant);
+        cube_wal::find_segment(&dir, first_seq)
+            .with_context(|| format!("listing {}", dir.display()))
+    }
+
+    /// The WAL directory of `tenant`.
+    pub fn wal_dir(&self, tenant: &str) -> PathBuf {
+        cube_store::DataDir::new(self.data_dir()).tenant_wal(tenant)
     }
 
     fn log_path(&self) -> PathBuf {
@@ -478,12 +483,25 @@ pub fn wal_record_payloads(bytes: &[u8]) -> Vec<std::ops::Range<usize>> {
     out
 }
 
-/// Recompute the CRC of the record whose payload is `payload` after an in-place edit: what an
-/// attacker with disk access would do to hide a change from the WAL's own checks.
-pub fn fix_wal_crc(bytes: &mut [u8], payload: std::ops::Range<usize>) {
+/// Recompute the CRC of the record whose payload is `payload` after an in-place edit of
+/// `bytes`, read from the WAL segment file `segment` (whose name holds the salt the CRC is
+/// XORed with): what an attacker with disk access would do to hide a change from the WAL's own
+/// checks.
+pub fn fix_wal_crc(
+    segment: &Path,
+    bytes: &mut [u8],
+    payload: std::ops::Range<usize>,
+) -> anyhow::Result<()> {
+    let salt = segment
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(cube_wal::SegmentName::parse)
+        .with_context(|| format!("{} is not a wal segment", segment.display()))?
+        .salt;
     let start = payload.start - 16;
     let mut crc = crc32c::crc32c(&bytes[start..start + 4]);
     crc = crc32c::crc32c_append(crc, &bytes[start + 8..start + 16]);
     crc = crc32c::crc32c_append(crc, &bytes[payload]);
-    bytes[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    bytes[start + 4..start + 8].copy_from_slice(&(crc ^ salt).to_le_bytes());
+    Ok(())
 }

@@ -17,7 +17,10 @@ mod tests;
 
 pub use error::WalError;
 pub use recovery::RecoveryReport;
-pub use segment::{SegmentSizing, log_may_need_replay, remove_covered_log, segment_file_name};
+pub use segment::{
+    SegmentName, SegmentSizing, find_segment, log_may_need_replay, remove_covered_log,
+    replace_file_durably,
+};
 pub use shard::{
     DurableEvent, DurableNotify, SegmentDeleter, SyncPolicy, WalOptions, WalShard,
     create_dir_durably,

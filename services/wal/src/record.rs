@@ -4,13 +4,20 @@
 //! bytes ([`END_MARKER`]) marks the end of data; it can never be a valid record because sequence
 //! numbers start at 1. A pre-zeroed segment is zero past its data anyway; in a recycled one, old
 //! records follow, so the writer puts a zero header after every write that leaves room for it.
+//!
+//! The stored CRC is that checksum XOR the segment's **salt**, a random nonzero `u32` chosen each
+//! time a file becomes a segment and kept in its name (0, no salt, for segments named before
+//! salts existed). Records are framed unsalted at append ([`encode`]); the syncer salts them for
+//! the segment they go to ([`seal`]). So a frame left by an earlier use of a recycled file, or a
+//! frame a client planted inside a value, does not check under the current salt (odds 2^-32),
+//! and recovery never takes old bytes past the end of data for a record.
 
 pub(crate) const HEADER_LEN: usize = 16;
 
 /// Written after the last record of every write (see the module doc).
 pub(crate) const END_MARKER: [u8; HEADER_LEN] = [0; HEADER_LEN];
 
-/// Append one framed record to `buf`.
+/// Append one framed record to `buf`, unsalted (see [`seal`]).
 pub(crate) fn encode(buf: &mut Vec<u8>, seq: u64, payload: &[u8]) {
     let len = u32::try_from(payload.len()).unwrap_or(u32::MAX);
     let crc = checksum(len, seq, payload);
@@ -19,6 +26,15 @@ pub(crate) fn encode(buf: &mut Vec<u8>, seq: u64, payload: &[u8]) {
     buf.extend_from_slice(&crc.to_le_bytes());
     buf.extend_from_slice(&seq.to_le_bytes());
     buf.extend_from_slice(payload);
+}
+
+/// Salt the record that starts at `frame[0]` for a segment whose salt is `salt`: done once, by
+/// the syncer, as it writes the record into that segment.
+pub(crate) fn seal(frame: &mut [u8], salt: u32) {
+    let mut crc = [0u8; 4];
+    crc.copy_from_slice(&frame[4..8]);
+    let salted = u32::from_le_bytes(crc) ^ salt;
+    frame[4..8].copy_from_slice(&salted.to_le_bytes());
 }
 
 fn checksum(len: u32, seq: u64, payload: &[u8]) -> u32 {
@@ -48,7 +64,8 @@ pub(crate) fn framed_len(buf: &[u8]) -> Option<usize> {
     Some(HEADER_LEN + len as usize)
 }
 
-pub(crate) fn decode(buf: &[u8]) -> Frame<'_> {
+/// What `buf` starts with, in a segment salted with `salt`.
+pub(crate) fn decode(buf: &[u8], salt: u32) -> Frame<'_> {
     let Some(header) = buf.get(..HEADER_LEN) else {
         return if buf.iter().all(|b| *b == 0) {
             Frame::End
@@ -68,7 +85,7 @@ pub(crate) fn decode(buf: &[u8]) -> Frame<'_> {
     let Some(payload) = buf.get(HEADER_LEN..total) else {
         return Frame::Invalid;
     };
-    if seq == 0 || checksum(len, seq, payload) != crc {
+    if seq == 0 || checksum(len, seq, payload) ^ salt != crc {
         return Frame::Invalid;
     }
     Frame::Record {
@@ -87,7 +104,7 @@ mod tests {
         let mut buf = Vec::new();
         encode(&mut buf, 7, b"hello");
         assert_eq!(
-            decode(&buf),
+            decode(&buf, 0),
             Frame::Record {
                 seq: 7,
                 payload: b"hello",
@@ -98,7 +115,7 @@ mod tests {
             let mut bad = buf.clone();
             bad[bit / 8] ^= 1 << (bit % 8);
             assert_ne!(
-                decode(&bad),
+                decode(&bad, 0),
                 Frame::Record {
                     seq: 7,
                     payload: b"hello",
@@ -111,12 +128,12 @@ mod tests {
 
     #[test]
     fn zero_header_is_end_and_short_garbage_is_invalid() {
-        assert_eq!(decode(&[0u8; 40]), Frame::End);
-        assert_eq!(decode(&[0u8; 3]), Frame::End);
-        assert_eq!(decode(&[1u8, 0, 0]), Frame::Invalid);
+        assert_eq!(decode(&[0u8; 40], 0), Frame::End);
+        assert_eq!(decode(&[0u8; 3], 0), Frame::End);
+        assert_eq!(decode(&[1u8, 0, 0], 0), Frame::Invalid);
         let mut buf = Vec::new();
         encode(&mut buf, 1, b"abc");
-        assert_eq!(decode(&buf[..buf.len() - 1]), Frame::Invalid);
+        assert_eq!(decode(&buf[..buf.len() - 1], 0), Frame::Invalid);
     }
 
     #[test]
@@ -124,12 +141,39 @@ mod tests {
         let mut buf = Vec::new();
         encode(&mut buf, 3, b"");
         assert_eq!(
-            decode(&buf),
+            decode(&buf, 0),
             Frame::Record {
                 seq: 3,
                 payload: b"",
                 total: 16
             }
         );
+    }
+
+    #[test]
+    fn a_record_checks_only_under_the_salt_it_was_sealed_with() {
+        let mut buf = Vec::new();
+        encode(&mut buf, 9, b"value");
+        let unsalted = buf.clone();
+        seal(&mut buf, 0x5eed_1234);
+        let record = Frame::Record {
+            seq: 9,
+            payload: b"value",
+            total: 21,
+        };
+        assert_eq!(decode(&buf, 0x5eed_1234), record);
+        assert_eq!(
+            decode(&buf, 0),
+            Frame::Invalid,
+            "read as an unsalted segment"
+        );
+        assert_eq!(
+            decode(&buf, 0x5eed_1235),
+            Frame::Invalid,
+            "another use's salt"
+        );
+        // Salt 0 is the unsalted format of segments named before salts.
+        assert_eq!(decode(&unsalted, 0), record);
+        assert_eq!(decode(&unsalted, 0x5eed_1234), Frame::Invalid);
     }
 }

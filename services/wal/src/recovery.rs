@@ -3,7 +3,8 @@
 //!
 //! - A segment's records run from its first seq up; they end at a zero header (the writer puts
 //!   one after every write). What follows it is not data: zeros in a pre-zeroed segment, old
-//!   records (all below the segment's first seq) in a recycled one.
+//!   records (all below the segment's first seq, and salted for an earlier use, so they do not
+//!   even check) in a recycled one.
 //! - Invalid bytes instead of that zero header at the end of the last segment, with no valid
 //!   record of a later seq after them, are a torn tail (a batch whose fdatasync never finished,
 //!   so nothing in it was acknowledged): they are zeroed, fsynced and counted.
@@ -16,7 +17,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use crate::record::{self, Frame, HEADER_LEN};
-use crate::segment::{list_segments, segment_file_name};
+use crate::segment::{SegmentName, list_segments};
 use crate::{ReplayVisitor, WalError};
 
 /// What recovery found and did. Numbers for logs and metrics.
@@ -37,8 +38,8 @@ pub struct RecoveryReport {
 /// Where appending resumes after recovery.
 #[derive(Debug)]
 pub(crate) struct Resume {
-    /// Every segment, oldest first: (first seq, path, size in bytes).
-    pub segments: Vec<(u64, PathBuf, u64)>,
+    /// Every segment, oldest first: (name, path, size in bytes).
+    pub segments: Vec<(SegmentName, PathBuf, u64)>,
     /// Offset just past the last valid record of the last segment.
     pub write_offset: u64,
     pub next_seq: u64,
@@ -55,6 +56,7 @@ pub(crate) fn recover(
     visit: &mut ReplayVisitor<'_>,
 ) -> Result<(Resume, RecoveryReport), WalError> {
     let listed = list_segments(dir).map_err(WalError::io("listing segments"))?;
+    let listed = drop_empty_twins(listed)?;
     let mut report = RecoveryReport {
         segments: listed.len(),
         last_seq: start_after,
@@ -65,12 +67,13 @@ pub(crate) fn recover(
     // The sequence number the next record must carry; None until the first segment read.
     let mut expected: Option<u64> = None;
 
-    for (i, (first_seq, path)) in listed.iter().enumerate() {
-        let name = segment_file_name(*first_seq);
+    for (i, (segment, path)) in listed.iter().enumerate() {
+        let first_seq = &segment.first_seq;
+        let name = segment.file_name();
         let size = fs::metadata(path)
             .map_err(WalError::io("reading segment size"))?
             .len();
-        segments.push((*first_seq, path.clone(), size));
+        segments.push((*segment, path.clone(), size));
         if let Some(exp) = expected {
             if *first_seq != exp {
                 return Err(corrupt(
@@ -87,17 +90,17 @@ pub(crate) fn recover(
             ));
         }
         // Segments wholly covered by the checkpoint need not be read at all.
-        if let Some((next_first, _)) = listed.get(i + 1)
-            && *next_first <= start_after + 1
+        if let Some((next, _)) = listed.get(i + 1)
+            && next.first_seq <= start_after + 1
         {
-            expected = Some(*next_first);
+            expected = Some(next.first_seq);
             continue;
         }
         let data = fs::read(path).map_err(WalError::io("reading segment"))?;
         let mut pos = 0usize;
         let mut exp = *first_seq;
         let at_end_marker = loop {
-            match record::decode(&data[pos..]) {
+            match record::decode(&data[pos..], segment.salt) {
                 Frame::Record {
                     seq,
                     payload,
@@ -119,7 +122,8 @@ pub(crate) fn recover(
             }
         };
         expected = Some(exp);
-        if let Some((next_first, _)) = listed.get(i + 1) {
+        if let Some((next, _)) = listed.get(i + 1) {
+            let next_first = &next.first_seq;
             // A sealed segment holds every record up to the next one's first; what follows them
             // is not read. A shortfall that ends in zeros is reported by the next segment's
             // check ("starts at seq"); one that ends in anything else, here.
@@ -138,7 +142,7 @@ pub(crate) fn recover(
         let later = if data[pos..].iter().all(|b| *b == 0) {
             None
         } else {
-            find_valid_record_after(&data, pos, exp)
+            find_valid_record_after(&data, pos, exp, segment.salt)
         };
         if let Some((off, seq)) = later {
             return Err(corrupt(
@@ -169,6 +173,66 @@ pub(crate) fn recover(
     ))
 }
 
+/// Two segments that start at the same seq can only be an empty one and its replacement, left
+/// by a crash between the replacement's creation and the empty one's unlink reaching the disk
+/// (a rotation replacing an empty segment too small for its first record; a close replacing
+/// the log by its marker). The empty ones (no bytes, or a zero header first) are deleted; two
+/// that both hold data are corruption.
+fn drop_empty_twins(
+    listed: Vec<(SegmentName, PathBuf)>,
+) -> Result<Vec<(SegmentName, PathBuf)>, WalError> {
+    let mut kept: Vec<(SegmentName, PathBuf)> = Vec::with_capacity(listed.len());
+    for (segment, path) in listed {
+        let Some((last, last_path)) = kept.last() else {
+            kept.push((segment, path));
+            continue;
+        };
+        if last.first_seq != segment.first_seq {
+            kept.push((segment, path));
+            continue;
+        }
+        let (gone, stays) = match (holds_data(last_path)?, holds_data(&path)?) {
+            (true, true) => {
+                return Err(corrupt(
+                    &segment.file_name(),
+                    0,
+                    format!(
+                        "two segments start at seq {}: {} and {}",
+                        segment.first_seq,
+                        last.file_name(),
+                        segment.file_name()
+                    ),
+                ));
+            }
+            (true, false) => (path, None),
+            (false, _) => (last_path.clone(), Some((segment, path))),
+        };
+        tracing::warn!(segment = %gone.display(), "removing an empty segment left beside its replacement");
+        fs::remove_file(&gone).map_err(WalError::io("removing an empty segment"))?;
+        if let Some(stays) = stays {
+            kept.pop();
+            kept.push(stays);
+        }
+    }
+    Ok(kept)
+}
+
+/// Whether the segment at `path` starts with anything but a zero header.
+fn holds_data(path: &Path) -> Result<bool, WalError> {
+    let file = fs::File::open(path).map_err(WalError::io("reading segment"))?;
+    let mut header = [0u8; HEADER_LEN];
+    let mut read = 0;
+    while read < HEADER_LEN {
+        match file.read_at(&mut header[read..], read as u64) {
+            Ok(0) => break,
+            Ok(n) => read += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(WalError::io("reading segment")(e)),
+        }
+    }
+    Ok(header[..read].iter().any(|b| *b != 0))
+}
+
 fn corrupt(segment: &str, offset: u64, detail: String) -> WalError {
     WalError::Corrupt {
         segment: segment.to_string(),
@@ -177,8 +241,14 @@ fn corrupt(segment: &str, offset: u64, detail: String) -> WalError {
     }
 }
 
-/// Look for any whole, checksummed record with a plausible sequence number after `from`.
-fn find_valid_record_after(data: &[u8], from: usize, min_seq: u64) -> Option<(usize, u64)> {
+/// Look for any whole record, checksummed under `salt`, with a plausible sequence number after
+/// `from`.
+fn find_valid_record_after(
+    data: &[u8],
+    from: usize,
+    min_seq: u64,
+    salt: u32,
+) -> Option<(usize, u64)> {
     // A sequence number far beyond the expected one cannot be ours; checking it first keeps this
     // scan cheap on large garbage tails.
     const PLAUSIBLE_SEQ_SPAN: u64 = 1 << 32;
@@ -190,7 +260,7 @@ fn find_valid_record_after(data: &[u8], from: usize, min_seq: u64) -> Option<(us
         if seq < min_seq || seq - min_seq > PLAUSIBLE_SEQ_SPAN {
             continue;
         }
-        if let Frame::Record { seq, .. } = record::decode(&data[off..]) {
+        if let Frame::Record { seq, .. } = record::decode(&data[off..], salt) {
             return Some((off, seq));
         }
     }

@@ -1,7 +1,9 @@
 //! Segment files: naming, listing, and creating pre-zeroed segments.
 //!
-//! A segment is named after the sequence number of its first record (`<20 digits>.wal`); the name
-//! is built in [`segment_file_name`] and parsed in [`parse_segment_file_name`] and nowhere else.
+//! A segment is named after the sequence number of its first record and its salt
+//! (`<20 digits>-<8 hex digits>.wal`; `<20 digits>.wal`, salt 0, for segments made before salts,
+//! which are read and continued as they are). The name is built and parsed by [`SegmentName`]
+//! and nowhere else. The salt is new each time a file becomes a segment (see [`crate::record`]).
 //! Segments are created full-size and zero-filled, then fsynced, before any record goes in: on
 //! this class of disk an fdatasync after appending to a growing file costs about twice as much as
 //! one after overwriting allocated blocks, because the file size (metadata) changes every time.
@@ -21,22 +23,82 @@ const ZERO_CHUNK: usize = 1 << 20;
 /// instead of zero-filling a new one. At most one per shard; deleted at open like any spare.
 pub(crate) const RECYCLED_NAME: &str = "recycled.spare";
 
-/// The one place a segment's file name is built.
-pub fn segment_file_name(first_seq: u64) -> String {
-    format!("{first_seq:020}.{SEGMENT_EXT}")
+/// A segment's file name: the seq of its first record and its salt (0: unsalted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentName {
+    pub first_seq: u64,
+    /// XORed into every record's CRC in this segment (see [`crate::record`]).
+    pub salt: u32,
 }
 
-/// The inverse of [`segment_file_name`]; `None` for any other file.
-pub(crate) fn parse_segment_file_name(name: &str) -> Option<u64> {
-    let digits = name.strip_suffix(".wal")?;
-    if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
+impl SegmentName {
+    /// A name for a file about to become the segment starting at `first_seq`, with a fresh salt.
+    pub(crate) fn fresh(first_seq: u64) -> SegmentName {
+        let salt = loop {
+            let salt: u32 = rand::random();
+            if salt != 0 {
+                break salt;
+            }
+        };
+        SegmentName { first_seq, salt }
     }
-    digits.parse().ok()
+
+    /// The one place a segment's file name is built.
+    pub fn file_name(&self) -> String {
+        if self.salt == 0 {
+            format!("{:020}.{SEGMENT_EXT}", self.first_seq)
+        } else {
+            format!("{:020}-{:08x}.{SEGMENT_EXT}", self.first_seq, self.salt)
+        }
+    }
+
+    /// The inverse of [`SegmentName::file_name`]; `None` for any other file.
+    pub fn parse(name: &str) -> Option<SegmentName> {
+        let stem = name.strip_suffix(".wal")?;
+        let (digits, salt) = match stem.split_once('-') {
+            Some((digits, hex)) => {
+                if hex.len() != 8 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+                    return None;
+                }
+                let salt = u32::from_str_radix(hex, 16).ok().filter(|s| *s != 0)?;
+                (digits, salt)
+            }
+            None => (stem, 0),
+        };
+        if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        Some(SegmentName {
+            first_seq: digits.parse().ok()?,
+            salt,
+        })
+    }
+}
+
+/// The segment of the shard in `dir` whose first record is `first_seq`, if there is one.
+pub fn find_segment(dir: &Path, first_seq: u64) -> io::Result<Option<PathBuf>> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name();
+        if name
+            .to_str()
+            .and_then(SegmentName::parse)
+            .is_some_and(|n| n.first_seq == first_seq)
+        {
+            return Ok(Some(entry.path()));
+        }
+    }
+    Ok(None)
 }
 
 /// Replace every segment (and pre-zeroed spare) of a closed shard's directory by one empty
-/// segment named `next_seq`, then sync the directory. Only for a log the state store's
+/// segment named after `next_seq` (one already there, emptied, or a new unsalted one: it holds
+/// no record, and the next open replaces it by a salted one), then sync the directory. Only for a log the state store's
 /// checkpoint covers entirely (`next_seq` = checkpoint seq + 1): the next open reads nothing,
 /// instead of reading the last segment through to skip records it no longer needs. The empty
 /// segment keeps the log's position on disk, so a state store older than the checkpoint (a
@@ -44,8 +106,31 @@ pub(crate) fn parse_segment_file_name(name: &str) -> Option<u64> {
 /// continuing the log from its own, older seq. A crash part way leaves covered segments, which
 /// recovery skips.
 pub fn remove_covered_log(dir: &Path, next_seq: u64) -> io::Result<usize> {
-    let marker = dir.join(segment_file_name(next_seq));
-    std::fs::File::create(&marker)?.sync_all()?;
+    // A segment named after `next_seq` holds no record (the checkpoint covers the log): it is
+    // emptied and kept as the marker, so no two segments ever start at the same seq.
+    let marker = match find_segment(dir, next_seq)? {
+        Some(existing) => {
+            let file = OpenOptions::new().write(true).open(&existing)?;
+            file.set_len(0)?;
+            file.sync_all()?;
+            existing
+        }
+        None => {
+            let fresh = dir.join(
+                SegmentName {
+                    first_seq: next_seq,
+                    salt: 0,
+                }
+                .file_name(),
+            );
+            File::create(&fresh)?.sync_all()?;
+            fresh
+        }
+    };
+    let marker_name = marker
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     sync_dir(dir)?;
     let spare_suffix = format!(".{SPARE_EXT}");
     let mut removed = 0;
@@ -53,7 +138,8 @@ pub fn remove_covered_log(dir: &Path, next_seq: u64) -> io::Result<usize> {
         let entry = entry?;
         let name = entry.file_name();
         let name = name.to_string_lossy();
-        let ours = parse_segment_file_name(&name).is_some_and(|first| first != next_seq)
+        // Every segment but the marker (also a second one named after `next_seq`).
+        let ours = (SegmentName::parse(&name).is_some() && name != marker_name)
             || name == RECYCLED_NAME
             || name
                 .strip_suffix(&spare_suffix)
@@ -85,8 +171,7 @@ pub fn log_may_need_replay(dir: &Path) -> io::Result<bool> {
     for entry in entries {
         let entry = entry?;
         let name = entry.file_name();
-        if name.to_str().and_then(parse_segment_file_name).is_some() && entry.metadata()?.len() > 0
-        {
+        if name.to_str().and_then(SegmentName::parse).is_some() && entry.metadata()?.len() > 0 {
             return Ok(true);
         }
     }
@@ -131,19 +216,19 @@ impl SegmentSizing {
 }
 
 /// Segment files of `dir` sorted by first sequence number. Leftover spares are deleted.
-pub(crate) fn list_segments(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
+pub(crate) fn list_segments(dir: &Path) -> io::Result<Vec<(SegmentName, PathBuf)>> {
     let mut segments = Vec::new();
     for entry in fs::read_dir(dir)? {
         let entry = entry?;
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
-        if let Some(first) = parse_segment_file_name(name) {
-            segments.push((first, entry.path()));
+        if let Some(parsed) = SegmentName::parse(name) {
+            segments.push((parsed, entry.path()));
         } else if name.ends_with(SPARE_EXT) {
             fs::remove_file(entry.path())?;
         }
     }
-    segments.sort_unstable_by_key(|(first, _)| *first);
+    segments.sort_unstable_by_key(|(name, _)| name.first_seq);
     Ok(segments)
 }
 
@@ -170,20 +255,91 @@ pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
+/// Replace the file at `path` with `contents`, durably and whole: a temporary file beside it
+/// (`<name>.tmp`, mode 0600) is written and fsynced, renamed over `path`, and the directory
+/// fsynced. A crash leaves the old file or the new one, never a truncated one. For small files
+/// read whole at start (operator credentials, certificates, the replay floors).
+pub fn replace_file_durably(path: &Path, contents: &[u8]) -> io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
+    tmp_name.push(".tmp");
+    let tmp = path.with_file_name(tmp_name);
+    // A leftover from a crash would keep its own mode through `truncate`.
+    let _ = fs::remove_file(&tmp);
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    file.write_all(contents)?;
+    file.sync_all()?;
+    drop(file);
+    fs::rename(&tmp, path)?;
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => sync_dir(dir),
+        _ => sync_dir(Path::new(".")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
+    fn replace_file_durably_swaps_the_whole_file_privately() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("creds.json");
+        fs::write(&path, b"an older and much longer content").unwrap();
+        replace_file_durably(&path, b"new").unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"new");
+        let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "mode {mode:o}");
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("creds.json")]);
+    }
+
+    fn name(first_seq: u64, salt: u32) -> String {
+        SegmentName { first_seq, salt }.file_name()
+    }
+
+    #[test]
     fn names_round_trip_and_sort_numerically() {
-        assert_eq!(segment_file_name(42), "00000000000000000042.wal");
-        assert_eq!(
-            parse_segment_file_name(&segment_file_name(u64::MAX)),
-            Some(u64::MAX)
-        );
-        assert_eq!(parse_segment_file_name("42.wal"), None);
-        assert_eq!(parse_segment_file_name("0000000000000000004x.wal"), None);
-        assert!(segment_file_name(9) < segment_file_name(10));
+        assert_eq!(name(42, 0), "00000000000000000042.wal");
+        assert_eq!(name(42, 0xab), "00000000000000000042-000000ab.wal");
+        for (first_seq, salt) in [(u64::MAX, 0), (u64::MAX, u32::MAX), (1, 7)] {
+            assert_eq!(
+                SegmentName::parse(&name(first_seq, salt)),
+                Some(SegmentName { first_seq, salt })
+            );
+        }
+        for bad in [
+            "42.wal",
+            "0000000000000000004x.wal",
+            "00000000000000000042-00000000.wal",
+            "00000000000000000042-000000AB.wal",
+            "00000000000000000042-0000ab.wal",
+            "00000000000000000042-.wal",
+            "00000000000000000042.spare",
+        ] {
+            assert_eq!(SegmentName::parse(bad), None, "{bad}");
+        }
+        assert!(name(9, 0) < name(10, 0));
+        assert!(name(9, u32::MAX) < name(10, 1));
+    }
+
+    #[test]
+    fn fresh_names_have_a_nonzero_salt_and_differ() {
+        let a = SegmentName::fresh(5);
+        let b = SegmentName::fresh(5);
+        assert_eq!(a.first_seq, 5);
+        assert!(a.salt != 0 && b.salt != 0);
+        // Equal by chance once in 2^32.
+        assert_ne!(a.salt, b.salt);
     }
 
     #[test]

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use crate::record;
 use crate::recovery::{RecoveryReport, recover};
 use crate::segment::{
-    RECYCLED_NAME, SegmentSizing, create_zeroed, segment_file_name, spare_path, sync_dir,
+    RECYCLED_NAME, SegmentName, SegmentSizing, create_zeroed, spare_path, sync_dir,
 };
 use crate::{ReplayVisitor, WalError};
 
@@ -173,8 +173,8 @@ struct State {
 /// between the syncer (which adds a segment at rotation) and
 /// [`WalShard::delete_segments_through`] (which removes the oldest).
 struct SegmentTable {
-    /// (first seq, size in bytes).
-    files: VecDeque<(u64, u64)>,
+    /// (name, size in bytes).
+    files: VecDeque<(SegmentName, u64)>,
     /// Sum of the sizes, for [`WalShard::wal_bytes`].
     bytes: u64,
     /// Size of the covered segment kept as [`RECYCLED_NAME`] for the next rotation, if one is.
@@ -184,8 +184,8 @@ struct SegmentTable {
 }
 
 impl SegmentTable {
-    fn new(files: impl IntoIterator<Item = (u64, u64)>) -> SegmentTable {
-        let files: VecDeque<(u64, u64)> = files.into_iter().collect();
+    fn new(files: impl IntoIterator<Item = (SegmentName, u64)>) -> SegmentTable {
+        let files: VecDeque<(SegmentName, u64)> = files.into_iter().collect();
         let bytes = files.iter().map(|(_, size)| size).sum();
         SegmentTable {
             files,
@@ -194,13 +194,13 @@ impl SegmentTable {
         }
     }
 
-    /// A new active segment. `replaced_empty`: it took the place (and name) of the empty active
-    /// segment, whose file was removed.
-    fn push(&mut self, first_seq: u64, size: u64, replaced_empty: bool) {
+    /// A new active segment. `replaced_empty`: it took the place (and first seq) of the empty
+    /// active segment, whose file was removed.
+    fn push(&mut self, name: SegmentName, size: u64, replaced_empty: bool) {
         if replaced_empty && let Some((_, old)) = self.files.pop_back() {
             self.bytes = self.bytes.saturating_sub(old);
         }
-        self.files.push_back((first_seq, size));
+        self.files.push_back((name, size));
         self.bytes += size;
     }
 
@@ -208,11 +208,11 @@ impl SegmentTable {
     /// sealed segment qualifies iff the segment after it starts at or before `seq + 1`. Segments
     /// start at increasing seqs, so they form a prefix, and deleting them in order leaves a
     /// contiguous suffix of the log at every step.
-    fn covered_through(&self, seq: u64) -> Vec<(u64, u64)> {
+    fn covered_through(&self, seq: u64) -> Vec<(SegmentName, u64)> {
         self.files
             .iter()
             .zip(self.files.iter().skip(1))
-            .take_while(|(_, next)| next.0 <= seq.saturating_add(1))
+            .take_while(|(_, next)| next.0.first_seq <= seq.saturating_add(1))
             .map(|(seg, _)| *seg)
             .collect()
     }
@@ -254,11 +254,14 @@ impl WalShard {
         }
         let max_record = options.max_record;
         let table = Arc::new(Mutex::new(SegmentTable::new(
-            resume
-                .segments
-                .iter()
-                .map(|(first, _, size)| (*first, *size)),
+            resume.segments.iter().map(|(name, _, size)| (*name, *size)),
         )));
+        // An unsalted last segment (named by an older build) is sealed rather than continued,
+        // so every segment this build writes into is salted (see `crate::record`).
+        let last_unsalted = resume
+            .segments
+            .last()
+            .is_some_and(|(name, _, _)| name.salt == 0);
         let mut writer = SegmentWriter::resume(
             dir,
             options.segments,
@@ -267,7 +270,7 @@ impl WalShard {
             Arc::clone(&table),
         )?;
         let last = resume.next_seq - 1;
-        if resume.checkpoint_ahead {
+        if resume.checkpoint_ahead || last_unsalted {
             writer.rotate(resume.next_seq, 0)?;
         } else {
             writer.ensure_active(resume.next_seq, 0)?;
@@ -525,11 +528,11 @@ impl Shared {
         let victims = lock_table(&self.segments).covered_through(seq);
         let (mut deleted, mut freed) = (0usize, 0u64);
         let mut failure = None;
-        let newest = victims.last().map(|(first, _)| *first);
-        for (first_seq, size) in victims {
-            let name = segment_file_name(first_seq);
+        let newest = victims.last().map(|(segment, _)| *segment);
+        for (segment, size) in victims {
+            let name = segment.file_name();
             let path = self.dir.join(&name);
-            let gone = if Some(first_seq) == newest && self.recycle(&path, size) {
+            let gone = if Some(segment) == newest && self.recycle(&path, size) {
                 Ok(())
             } else {
                 fs::remove_file(&path)
@@ -547,7 +550,7 @@ impl Shared {
                 }
             }
             let mut table = lock_table(&self.segments);
-            if table.files.front().map(|(first, _)| *first) == Some(first_seq) {
+            if table.files.front().map(|(front, _)| *front) == Some(segment) {
                 table.files.pop_front();
                 table.bytes = table.bytes.saturating_sub(size);
             }
@@ -661,7 +664,7 @@ fn syncer_loop(shared: &Shared, mut writer: SegmentWriter, policy: SyncPolicy, m
             Step::Write(last_seq) => {
                 let records = count_records(&batch);
                 let first_seq = last_seq + 1 - records;
-                if let Err(e) = writer.write(&batch, first_seq) {
+                if let Err(e) = writer.write(&mut batch, first_seq) {
                     poison(shared, &e);
                     return;
                 }
@@ -762,7 +765,7 @@ struct SegmentWriter {
 }
 
 struct Active {
-    first_seq: u64,
+    name: SegmentName,
     file: File,
     capacity: u64,
     offset: u64,
@@ -770,24 +773,35 @@ struct Active {
     dirty: bool,
 }
 
+impl Drop for SegmentWriter {
+    /// A spare still being zero-filled must not outlive the shard: a close's removal of the
+    /// covered log, which runs right after, would miss a file created after it. Its file goes
+    /// too (an open deletes spares anyway).
+    fn drop(&mut self) {
+        if let Some(Ok(Ok((path, _, _)))) = self.spare.take().map(JoinHandle::join) {
+            let _ = fs::remove_file(path);
+        }
+    }
+}
+
 impl SegmentWriter {
-    /// `last`: the newest segment found by recovery (first seq, path, size), if any.
+    /// `last`: the newest segment found by recovery (name, path, size), if any.
     fn resume(
         dir: &Path,
         sizing: SegmentSizing,
-        last: Option<(u64, PathBuf, u64)>,
+        last: Option<(SegmentName, PathBuf, u64)>,
         write_offset: u64,
         table: Arc<Mutex<SegmentTable>>,
     ) -> Result<SegmentWriter, WalError> {
         let active = match last {
-            Some((first_seq, path, size)) => {
+            Some((name, path, size)) => {
                 let file = OpenOptions::new()
                     .read(true)
                     .write(true)
                     .open(&path)
                     .map_err(WalError::io("opening active segment"))?;
                 Some(Active {
-                    first_seq,
+                    name,
                     file,
                     capacity: size,
                     offset: write_offset,
@@ -829,17 +843,18 @@ impl SegmentWriter {
         }
         let prev = self.active.as_ref().map(|a| a.capacity);
         let size = self.sizing.next(prev, need);
-        let path = self.dir.join(segment_file_name(first_seq));
+        let name = SegmentName::fresh(first_seq);
+        let path = self.dir.join(name.file_name());
         let replaced_empty = self
             .active
             .as_ref()
-            .is_some_and(|a| a.offset == 0 && a.first_seq == first_seq);
-        if replaced_empty {
-            // An empty segment too small for this record: it would share the new one's name. (An
-            // empty segment with an older name, left behind by a checkpoint ahead of the log, is
-            // sealed like any other.)
-            self.active = None;
-            fs::remove_file(&path).map_err(WalError::io("replacing empty segment"))?;
+            .is_some_and(|a| a.offset == 0 && a.name.first_seq == first_seq);
+        if replaced_empty && let Some(old) = self.active.take() {
+            // An empty segment too small for this record: it would start at the new one's seq.
+            // (An empty segment with an older name, left behind by a checkpoint ahead of the log,
+            // is sealed like any other.)
+            fs::remove_file(self.dir.join(old.name.file_name()))
+                .map_err(WalError::io("replacing empty segment"))?;
         }
         let ready = match self.take_recycled(&path, size.max(need)) {
             Some(reused) => Some(reused),
@@ -853,9 +868,9 @@ impl SegmentWriter {
             ),
         };
         sync_dir(&self.dir).map_err(WalError::io("syncing wal directory"))?;
-        lock_table(&self.table).push(first_seq, capacity, replaced_empty);
+        lock_table(&self.table).push(name, capacity, replaced_empty);
         self.active = Some(Active {
-            first_seq,
+            name,
             file,
             capacity,
             offset: 0,
@@ -934,10 +949,11 @@ impl SegmentWriter {
             .ok();
     }
 
-    /// Write a batch of framed records starting at `first_seq`, rotating as needed (which
-    /// fdatasyncs the segment being sealed). Records never straddle segments. The active segment
-    /// is left unsynced: see [`SegmentWriter::sync`].
-    fn write(&mut self, batch: &[u8], first_seq: u64) -> Result<(), WalError> {
+    /// Write a batch of framed, unsalted records starting at `first_seq`, rotating as needed
+    /// (which fdatasyncs the segment being sealed); each record is salted for the segment it goes
+    /// to. Records never straddle segments. The active segment is left unsynced: see
+    /// [`SegmentWriter::sync`].
+    fn write(&mut self, batch: &mut [u8], first_seq: u64) -> Result<(), WalError> {
         let mut rest = batch;
         let mut seq = first_seq;
         while !rest.is_empty() {
@@ -953,6 +969,7 @@ impl SegmentWriter {
                 if (fit + len) as u64 > room {
                     break;
                 }
+                record::seal(&mut rest[fit..], active.name.salt);
                 fit += len;
                 n += 1;
             }
@@ -967,7 +984,7 @@ impl SegmentWriter {
                 .map_err(WalError::io("writing batch"))?;
             active.offset += fit as u64;
             active.dirty = true;
-            rest = &rest[fit..];
+            rest = &mut std::mem::take(&mut rest)[fit..];
             seq += n;
         }
         self.maybe_prepare_spare(seq);

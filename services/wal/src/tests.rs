@@ -8,9 +8,9 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::segment::parse_segment_file_name;
 use crate::{
-    DurableEvent, SegmentSizing, SyncPolicy, WalError, WalOptions, WalShard, segment_file_name,
+    DurableEvent, SegmentName, SegmentSizing, SyncPolicy, WalError, WalOptions, WalShard,
+    find_segment,
 };
 
 fn small() -> WalOptions {
@@ -84,6 +84,11 @@ fn only_segment(dir: &Path) -> std::path::PathBuf {
         .collect();
     segs.sort();
     segs.pop().unwrap()
+}
+
+/// The segment of `dir` that starts at `first` (its name holds a salt the test cannot guess).
+fn segment(dir: &Path, first: u64) -> std::path::PathBuf {
+    find_segment(dir, first).unwrap().expect("no such segment")
 }
 
 /// Offset where the record with sequence number `seq` starts (records 1..seq-1 precede it).
@@ -193,7 +198,7 @@ fn corrupt_middle_record_refuses_to_open_and_keeps_the_data() {
             offset,
             detail,
         }) => {
-            assert_eq!(segment, segment_file_name(1));
+            assert_eq!(SegmentName::parse(&segment).map(|n| n.first_seq), Some(1));
             assert_eq!(offset, offset_of(3));
             assert!(detail.contains("followed by valid record 4"), "{detail}");
         }
@@ -237,7 +242,7 @@ fn rotation_splits_into_named_segments_that_replay_in_order() {
     names.retain(|n| n.ends_with(".wal"));
     names.sort();
     assert!(names.len() >= 3, "{names:?}");
-    assert_eq!(names[0], segment_file_name(1));
+    assert_eq!(SegmentName::parse(&names[0]).map(|n| n.first_seq), Some(1));
     // Segment sizes double from 4 KiB to the 16 KiB maximum.
     let sizes: Vec<u64> = names
         .iter()
@@ -359,8 +364,8 @@ fn wal_files(dir: &Path) -> Vec<(u64, u64)> {
         .unwrap()
         .filter_map(|e| {
             let e = e.unwrap();
-            let first = parse_segment_file_name(e.file_name().to_str()?)?;
-            Some((first, e.metadata().unwrap().len()))
+            let name = SegmentName::parse(e.file_name().to_str()?)?;
+            Some((name.first_seq, e.metadata().unwrap().len()))
         })
         .collect();
     files.sort_unstable();
@@ -512,7 +517,7 @@ fn crash_between_deletions_leaves_a_recoverable_log() {
     assert!(files.len() >= 4, "{files:?}");
     let through = files[3].0 - 1;
     // Oldest first, interrupted after the first: a contiguous suffix is left.
-    fs::remove_file(dir.path().join(segment_file_name(files[0].0))).unwrap();
+    fs::remove_file(segment(dir.path(), files[0].0)).unwrap();
     let (wal, seen, _) = open_after(dir.path(), small(), through).unwrap();
     assert_eq!(seqs_checked(&seen), (through + 1..=800).collect::<Vec<_>>());
     // The rest of the deletion completes later.
@@ -523,7 +528,7 @@ fn crash_between_deletions_leaves_a_recoverable_log() {
     let (wal, _, _) = open(dir.path(), small()).unwrap();
     write_n(&wal, 800);
     wal.close().unwrap();
-    fs::remove_file(dir.path().join(segment_file_name(files[1].0))).unwrap();
+    fs::remove_file(segment(dir.path(), files[1].0)).unwrap();
     let (_, seen, _) = open_after(dir.path(), small(), through).unwrap();
     assert_eq!(seqs_checked(&seen), (through + 1..=800).collect::<Vec<_>>());
 }
@@ -578,7 +583,7 @@ fn checkpoint_ahead_of_a_torn_multi_segment_log() {
     let (last_first, _) = *files.last().unwrap();
     let f = fs::OpenOptions::new()
         .write(true)
-        .open(dir.path().join(segment_file_name(last_first)))
+        .open(segment(dir.path(), last_first))
         .unwrap();
     let tail_at = (last_first..=400)
         .map(|s| (crate::RECORD_HEADER_LEN + payload(s).len()) as u64)
@@ -844,7 +849,7 @@ fn closed_log_in_a_recycled_segment(dir: &Path) -> (u64, u64, u64) {
 fn damage(dir: &Path, first: u64, at: u64) {
     fs::OpenOptions::new()
         .write(true)
-        .open(dir.join(segment_file_name(first)))
+        .open(segment(dir, first))
         .unwrap()
         .write_all_at(b"\xde\xad", at)
         .unwrap();
@@ -856,7 +861,7 @@ fn a_recycled_segment_holds_old_records_after_the_new_ones_and_replays_only_the_
     let (through, recycled_first, last) = closed_log_in_a_recycled_segment(dir.path());
 
     // The old records are still there past the end of the new ones (it was not zero-filled).
-    let seg = dir.path().join(segment_file_name(recycled_first));
+    let seg = segment(dir.path(), recycled_first);
     let data = fs::read(&seg).unwrap();
     let end = offset_in_segment(recycled_first, last + 1) as usize;
     assert_eq!(&data[end..end + crate::RECORD_HEADER_LEN], &[0u8; 16][..]);
@@ -917,6 +922,148 @@ fn a_damaged_record_before_valid_ones_in_a_recycled_segment_is_corruption() {
             other.map(|(_, s, _)| s.len())
         ),
     }
+}
+
+/// A 16-byte frame with an empty payload and a valid *unsalted* CRC for `seq`: what a client can
+/// plant inside a value, since values reach the log byte for byte.
+fn planted_frame(seq: u64) -> Vec<u8> {
+    let mut frame = Vec::new();
+    crate::record::encode(&mut frame, seq, b"");
+    frame
+}
+
+#[test]
+fn a_frame_planted_in_old_bytes_of_a_recycled_segment_does_not_stop_it_opening() {
+    let dir = tempfile::tempdir().unwrap();
+    let (through, recycled_first, last) = closed_log_in_a_recycled_segment(dir.path());
+    let seg = segment(dir.path(), recycled_first);
+    let salt = SegmentName::parse(seg.file_name().unwrap().to_str().unwrap())
+        .unwrap()
+        .salt;
+    assert_ne!(salt, 0);
+    // Past the end of the new records and their end marker lie the old use's bytes: put a frame
+    // for the next seq there, as a value written during that use could have.
+    let old_bytes_at = offset_in_segment(recycled_first, last + 1) + 2 * 16;
+    assert!(old_bytes_at + 16 <= fs::metadata(&seg).unwrap().len());
+    let file = fs::OpenOptions::new().write(true).open(&seg).unwrap();
+    file.write_all_at(&planted_frame(last + 1), old_bytes_at)
+        .unwrap();
+    drop(file);
+    let (wal, seen, report) = open_after(dir.path(), small(), through).unwrap();
+    assert_eq!(
+        seqs_checked(&seen),
+        (through + 1..=last).collect::<Vec<_>>()
+    );
+    assert_eq!((report.torn_tails, report.truncated_bytes), (0, 0));
+    wal.close().unwrap();
+
+    // The same frame salted for this segment (which needs the salt, never sent to clients) is
+    // a later record behind a gap, and refused as such: the check is still on.
+    let mut sealed = planted_frame(last + 1);
+    crate::record::seal(&mut sealed, salt);
+    let file = fs::OpenOptions::new().write(true).open(&seg).unwrap();
+    file.write_all_at(&sealed, old_bytes_at).unwrap();
+    drop(file);
+    match open_after(dir.path(), small(), through) {
+        Err(WalError::Corrupt { detail, .. }) => {
+            assert!(detail.contains("followed by valid record"), "{detail}")
+        }
+        other => panic!(
+            "expected corruption, got {:?}",
+            other.map(|(_, s, _)| s.len())
+        ),
+    }
+}
+
+#[test]
+fn an_unsalted_segment_from_before_salts_is_read_then_sealed() {
+    // A log written before segment names carried a salt: records with plain CRCs, `<seq>.wal`.
+    let dir = tempfile::tempdir().unwrap();
+    let mut data = Vec::new();
+    for seq in 1..=5 {
+        crate::record::encode(&mut data, seq, &payload(seq));
+    }
+    data.resize(4096, 0);
+    let legacy = dir.path().join(
+        SegmentName {
+            first_seq: 1,
+            salt: 0,
+        }
+        .file_name(),
+    );
+    fs::write(&legacy, &data).unwrap();
+    let (wal, seen, report) = open(dir.path(), small()).unwrap();
+    assert_eq!(seqs_checked(&seen), vec![1, 2, 3, 4, 5]);
+    assert_eq!(report.torn_tails, 0);
+    // Appending goes on in a new, salted segment; the old one stays, sealed, and the whole log
+    // reads back.
+    assert_eq!(write_n(&wal, 3), 8);
+    wal.close().unwrap();
+    assert_eq!(
+        fs::read(&legacy).unwrap(),
+        data,
+        "the unsalted segment is not written to"
+    );
+    let next = SegmentName::parse(
+        segment(dir.path(), 6)
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap(),
+    );
+    assert!(next.is_some_and(|n| n.salt != 0), "{next:?}");
+    let (_, seen, _) = open(dir.path(), small()).unwrap();
+    assert_eq!(seqs_checked(&seen), (1..=8).collect::<Vec<_>>());
+}
+
+#[test]
+fn an_empty_segment_left_beside_its_replacement_is_removed_at_open() {
+    // What a crash can leave when a rotation replaces an empty segment (or a close replaces the
+    // log by its marker): the empty one's unlink lost, its replacement there, same first seq.
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, _, _) = open(dir.path(), small()).unwrap();
+    let last = write_n(&wal, 4);
+    wal.close().unwrap();
+    let full = segment(dir.path(), 1);
+    let empty = dir.path().join(
+        SegmentName {
+            first_seq: 1,
+            salt: 0x0000_0001,
+        }
+        .file_name(),
+    );
+    fs::write(&empty, vec![0u8; 4096]).unwrap();
+    let (wal, seen, _) = open(dir.path(), small()).unwrap();
+    assert_eq!(seqs_checked(&seen), (1..=last).collect::<Vec<_>>());
+    assert!(!empty.exists() && full.exists());
+    wal.close().unwrap();
+
+    // Two that both hold records are refused, and both kept.
+    fs::copy(&full, &empty).unwrap();
+    match open(dir.path(), small()) {
+        Err(WalError::Corrupt { detail, .. }) => {
+            assert!(detail.contains("two segments start at seq 1"), "{detail}")
+        }
+        other => panic!(
+            "expected corruption, got {:?}",
+            other.map(|(_, s, _)| s.len())
+        ),
+    }
+    assert!(empty.exists() && full.exists());
+}
+
+#[test]
+fn a_spare_being_prepared_does_not_outlive_the_closed_shard() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, _, _) = open(dir.path(), small()).unwrap();
+    // Past half of the first 4 KiB segment: the next one is being zero-filled in the background.
+    write_n(&wal, 40);
+    wal.close().unwrap();
+    let names: Vec<String> = fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(names.iter().all(|n| n.ends_with(".wal")), "{names:?}");
 }
 
 #[test]

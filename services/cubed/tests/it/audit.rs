@@ -163,7 +163,10 @@ async fn a_tampered_entry_is_named_by_verification() {
     tokio::task::block_in_place(|| server.kill9()).unwrap();
 
     // Someone with disk access edits the entry and even fixes the record's CRC.
-    let seg = server.wal_segment("demo", 1);
+    let seg = server
+        .wal_segment("demo", 1)
+        .unwrap()
+        .expect("demo's first segment");
     let mut bytes = std::fs::read(&seg).unwrap();
     let payload = cube_testkit::wal_record_payloads(&bytes)
         .into_iter()
@@ -179,7 +182,7 @@ async fn a_tampered_entry_is_named_by_verification() {
             .position(|w| w == b"coord=(2, 0, 0)")
             .unwrap();
     bytes[at + 7] = b'7';
-    cube_testkit::fix_wal_crc(&mut bytes, payload);
+    cube_testkit::fix_wal_crc(&seg, &mut bytes, payload).unwrap();
     std::fs::write(&seg, bytes).unwrap();
     // ...and removes the tenant's state store, so the server rebuilds it from the edited log.
     std::fs::remove_dir_all(server.tenant_state_dir("demo")).unwrap();

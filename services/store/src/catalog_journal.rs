@@ -20,7 +20,7 @@
 //! `[u32 LE payload length][u32 LE CRC32C of the payload][payload]`, the payload one or more ops
 //! `[u8 tree][u32 LE key length][key][u32 LE value length][value]`. A zero length, a bad CRC or a
 //! short read ends the journal: the first record that is not whole, and everything after it, was
-//! never acknowledged.
+//! never acknowledged, and is zeroed when the journal is opened.
 
 use std::fs::File;
 use std::io::{self, Read};
@@ -78,6 +78,20 @@ impl Journal {
         } else {
             File::options().write(true).open(path)?
         };
+        // What follows the last whole record (a torn one, never acknowledged) is zeroed before
+        // anything is appended there: a shorter record written over it would otherwise leave
+        // the torn one's tail behind it, and a whole record inside that tail would be read as
+        // a change at the next open.
+        if let Some(dirty_end) = bytes.iter().rposition(|b| *b != 0).map(|p| p + 1)
+            && dirty_end as u64 > len
+        {
+            let zeroed = file
+                .write_all_at(&vec![0u8; dirty_end - len as usize], len)
+                .and_then(|()| file.sync_data());
+            if let Err(e) = zeroed {
+                tracing::warn!(error = %e, path = %path.display(), "could not zero the catalog journal past its last whole record");
+            }
+        }
         Ok((
             Journal {
                 path: path.to_path_buf(),
@@ -318,6 +332,37 @@ mod tests {
         bad.extend_from_slice(&payload);
         std::fs::write(&path, &bad).unwrap();
         assert_eq!(Journal::open(&path).unwrap().1, first);
+    }
+
+    #[test]
+    fn a_torn_record_is_zeroed_so_a_record_inside_it_never_comes_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("catalog.journal");
+        let (mut j, _) = Journal::open(&path).unwrap();
+        let first = [op(Tree::Keys, "t/k", "first")];
+        j.append(&first).unwrap();
+        let end_of_first = j.len() as usize;
+        drop(j);
+        // A torn record (its CRC does not match) whose bytes hold a whole record, placed where
+        // the next, shorter record written at the journal's end will stop.
+        let next = [op(Tree::Keys, "t/k", "next")];
+        let next_len = encode_record(&next).len();
+        let phantom = encode_record(&[op(Tree::Keys, "t/admin", "granted")]);
+        let mut torn = vec![0u8; next_len + phantom.len()];
+        let torn_payload = (torn.len() - 8) as u32;
+        torn[..4].copy_from_slice(&torn_payload.to_le_bytes());
+        torn[4..8].copy_from_slice(&0xbad0_c0deu32.to_le_bytes());
+        torn[next_len..].copy_from_slice(&phantom);
+        let file = File::options().write(true).open(&path).unwrap();
+        file.write_all_at(&torn, end_of_first as u64).unwrap();
+        drop(file);
+
+        let (mut j, ops) = Journal::open(&path).unwrap();
+        assert_eq!(ops, first);
+        j.append(&next).unwrap();
+        drop(j);
+        let (_, ops) = Journal::open(&path).unwrap();
+        assert_eq!(ops, [first[0].clone(), next[0].clone()]);
     }
 
     #[test]

@@ -20,6 +20,9 @@ pub enum ApiError {
     /// Declared in the contract, not served yet.
     #[error("{0}")]
     Unimplemented(&'static str),
+    /// A bug on the server's side (logged there); retrying will not help.
+    #[error("{0}")]
+    Internal(&'static str),
 }
 
 impl From<ApiError> for Status {
@@ -37,6 +40,7 @@ impl From<ApiError> for Status {
             ApiError::Unauthenticated(m) => Status::unauthenticated(m),
             ApiError::PermissionDenied(m) => Status::permission_denied(m),
             ApiError::Unimplemented(m) => Status::unimplemented(m),
+            ApiError::Internal(m) => Status::internal(m),
         }
     }
 }

@@ -1125,13 +1125,11 @@ fn shutting_down() -> StoreError {
 fn open_error(tenant: &str, e: &WalError) -> StoreError {
     tracing::error!(tenant, error = %e, "tenant failed to open");
     match e {
-        WalError::Corrupt {
-            segment,
-            offset,
-            detail,
-        } => StoreError::Unavailable(format!(
-            "tenant '{tenant}' is unavailable: its write-ahead log is corrupt (segment {segment}, \
-             offset {offset}: {detail}); an operator must repair it before it can serve"
+        // The segment, offset and finding are for the operator (in the line logged above), not
+        // for the tenant's clients.
+        WalError::Corrupt { .. } => StoreError::Unavailable(format!(
+            "tenant '{tenant}' is unavailable: its write-ahead log is corrupt (the server log \
+                 names the segment and offset); an operator must repair it before it can serve"
         )),
         WalError::Replay { seq, .. } => StoreError::Unavailable(format!(
             "tenant '{tenant}' is unavailable: write-ahead-log record {seq} cannot be applied; an \

@@ -29,6 +29,8 @@ pub const MAX_WALK_DEPTH: u32 = 16;
 pub const MAX_LABEL_BYTES: usize = 64;
 /// Distinct labels a Walk may name: each costs one seek per visited coordinate.
 pub const MAX_WALK_LABELS: usize = 16;
+/// Labels a walk request may list, repeats included.
+pub const MAX_WALK_LABEL_ENTRIES: usize = 256;
 /// Stored bytes of the cells in one Region page at most (the first cell always fits): a page is
 /// built in memory before it is streamed, and cells may each hold `--max-value-bytes`.
 pub const REGION_PAGE_BYTES: usize = 4 << 20;
@@ -464,6 +466,14 @@ impl StateReader {
         limit: usize,
         labels: &[String],
     ) -> Result<(Vec<(Coord, u32)>, bool), StoreError> {
+        // Checked first, so a request of a million repeated labels is not sorted to find out.
+        if labels.len() > MAX_WALK_LABEL_ENTRIES {
+            return Err(StoreError::InvalidArgument(format!(
+                "a walk lists at most {MAX_WALK_LABEL_ENTRIES} labels ({MAX_WALK_LABELS} distinct); \
+                 got {}",
+                labels.len()
+            )));
+        }
         for label in labels {
             if label.is_empty() || label.len() > MAX_LABEL_BYTES {
                 return Err(StoreError::InvalidArgument(format!(
@@ -2280,9 +2290,14 @@ mod tests {
         );
         assert!(
             h.s.reader()
-                .walk(C, 2, 10, &vec!["same".to_string(); 100])
+                .walk(C, 2, 10, &vec!["same".to_string(); MAX_WALK_LABEL_ENTRIES])
                 .is_ok()
         );
+        // Repeats count toward the entries a request may list.
+        assert!(matches!(
+            h.s.reader().walk(C, 2, 10, &vec!["same".to_string(); MAX_WALK_LABEL_ENTRIES + 1]),
+            Err(StoreError::InvalidArgument(m)) if m.contains("at most 256 labels")
+        ));
         assert!(matches!(
             h.s.reader().walk(C, 2, 10, &labels(MAX_WALK_LABELS + 1)),
             Err(StoreError::InvalidArgument(m)) if m.contains("at most 16 distinct labels; got 17")

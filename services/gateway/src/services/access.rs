@@ -15,22 +15,41 @@ pub(crate) struct AccessService {
     pub directory: Arc<TenantDirectory>,
 }
 
+/// Entries a Grant or Revoke may list: there are three capabilities, so more can only be
+/// repeats, which would otherwise be carried into the change and its audit entry.
+const MAX_CAPABILITY_ENTRIES: usize = 3;
+
+/// The capabilities `raw` names, each once.
 fn capabilities(raw: &[i32]) -> Result<Vec<Capability>, ApiError> {
     if raw.is_empty() {
         return Err(ApiError::Invalid(
             "capabilities must name at least one capability".into(),
         ));
     }
-    raw.iter()
-        .map(|c| match v1::Capability::try_from(*c) {
-            Ok(v1::Capability::Read) => Ok(Capability::Read),
-            Ok(v1::Capability::Write) => Ok(Capability::Write),
-            Ok(v1::Capability::Admin) => Ok(Capability::Admin),
-            _ => Err(ApiError::Invalid(format!(
-                "{c} is not a capability (use CAPABILITY_READ, _WRITE or _ADMIN)"
-            ))),
-        })
-        .collect()
+    if raw.len() > MAX_CAPABILITY_ENTRIES {
+        return Err(ApiError::Invalid(format!(
+            "capabilities lists {} entries; name each of CAPABILITY_READ, _WRITE and _ADMIN at \
+             most once",
+            raw.len()
+        )));
+    }
+    let mut caps = Vec::with_capacity(raw.len());
+    for c in raw {
+        let cap = match v1::Capability::try_from(*c) {
+            Ok(v1::Capability::Read) => Capability::Read,
+            Ok(v1::Capability::Write) => Capability::Write,
+            Ok(v1::Capability::Admin) => Capability::Admin,
+            _ => {
+                return Err(ApiError::Invalid(format!(
+                    "{c} is not a capability (use CAPABILITY_READ, _WRITE or _ADMIN)"
+                )));
+            }
+        };
+        if !caps.contains(&cap) {
+            caps.push(cap);
+        }
+    }
+    Ok(caps)
 }
 
 fn to_proto(caps: Vec<Capability>) -> Vec<i32> {
@@ -97,5 +116,28 @@ impl Access for AccessService {
             .change(&principal, &r.key_id, &[], &capabilities(&r.capabilities)?)
             .await?;
         Ok(Response::new(v1::RevokeResponse { capabilities: caps }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const READ: i32 = v1::Capability::Read as i32;
+    const ADMIN: i32 = v1::Capability::Admin as i32;
+
+    #[test]
+    fn capabilities_are_named_once_each_and_a_long_list_is_refused() {
+        assert_eq!(
+            capabilities(&[READ, ADMIN, READ]).unwrap(),
+            vec![Capability::Read, Capability::Admin]
+        );
+        let err = capabilities(&[READ; 4]).unwrap_err();
+        assert!(
+            matches!(&err, ApiError::Invalid(m) if m.contains("lists 4 entries")),
+            "{err}"
+        );
+        assert!(matches!(capabilities(&[]), Err(ApiError::Invalid(_))));
+        assert!(matches!(capabilities(&[0]), Err(ApiError::Invalid(_))));
     }
 }

@@ -22,6 +22,8 @@ pub(crate) const CHALLENGE_TTL: Duration = Duration::from_secs(30);
 const MAX_NAME_BYTES: usize = 128;
 /// Shortest client nonce accepted.
 const MIN_CLIENT_NONCE: usize = 16;
+/// Longest client nonce accepted (it is hex-encoded into two MACs).
+const MAX_CLIENT_NONCE: usize = 256;
 
 pub(crate) struct HandshakeService {
     pub auth: Arc<Authenticator>,
@@ -74,6 +76,11 @@ pub(crate) fn check_hello(
     if hello.client_nonce.len() < MIN_CLIENT_NONCE {
         return Err(Status::invalid_argument(
             "client_nonce must be at least 16 random bytes",
+        ));
+    }
+    if hello.client_nonce.len() > MAX_CLIENT_NONCE {
+        return Err(Status::invalid_argument(
+            "client_nonce must be at most 256 bytes (16 or 32 random bytes are enough)",
         ));
     }
     let key = catalog
@@ -141,13 +148,10 @@ impl Auth for HandshakeService {
         self.check_mode()?;
         let conn = connection(&req)?;
         let hello = req.into_inner();
+        // Consumed whatever the outcome, a throttled Hello included.
+        let pending = conn.session.take_challenge();
         self.auth.check_throttle(Some(&conn))?;
-        let checked = check_hello(
-            conn.session.take_challenge(),
-            &hello,
-            Instant::now(),
-            self.auth.catalog(),
-        );
+        let checked = check_hello(pending, &hello, Instant::now(), self.auth.catalog());
         let key = checked.inspect_err(|status| {
             cube_metrics::AUTH_HANDSHAKES
                 .with_label_values(&["refused"])
@@ -256,6 +260,15 @@ mod tests {
         short.client_nonce.truncate(8);
         let err = check_hello(pending(&key, [3; 32], later), &short, now, &catalog).unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        let mut long = hello.clone();
+        long.client_nonce = vec![9u8; 257];
+        let err = check_hello(pending(&key, [3; 32], later), &long, now, &catalog).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(
+            err.message().contains("at most 256 bytes"),
+            "{}",
+            err.message()
+        );
         catalog.revoke_key("acme", &key.key_id).unwrap();
         let err = check_hello(pending(&key, [3; 32], later), &hello, now, &catalog).unwrap_err();
         assert!(err.message().contains("unknown or revoked"));

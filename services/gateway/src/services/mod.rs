@@ -23,8 +23,17 @@ pub(crate) async fn tenant_of(
 pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
 ) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|_| ApiError::Store(StoreError::Unavailable("the read failed; retry".into())))?
-        .map_err(ApiError::from)
+    match tokio::task::spawn_blocking(f).await {
+        Ok(result) => result.map_err(ApiError::from),
+        // A panic is a bug that the same read would hit again: not worth a retry.
+        Err(e) if e.is_panic() => {
+            tracing::error!(error = %e, "a read of a tenant's state panicked");
+            Err(ApiError::Internal(
+                "the read failed on the server (an internal error, logged there)",
+            ))
+        }
+        Err(_) => Err(ApiError::Store(StoreError::Unavailable(
+            "the read was cancelled (server shutting down); retry".into(),
+        ))),
+    }
 }

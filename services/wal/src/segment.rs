@@ -77,6 +77,15 @@ impl SegmentName {
 
 /// The segment of the shard in `dir` whose first record is `first_seq`, if there is one.
 pub fn find_segment(dir: &Path, first_seq: u64) -> io::Result<Option<PathBuf>> {
+    first_segment_where(dir, |name, _| Ok(name.first_seq == first_seq))
+}
+
+/// The first segment file of `dir` (in directory order) for which `pick` holds; none for a
+/// directory that does not exist.
+fn first_segment_where(
+    dir: &Path,
+    mut pick: impl FnMut(SegmentName, &fs::DirEntry) -> io::Result<bool>,
+) -> io::Result<Option<PathBuf>> {
     let entries = match fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -85,10 +94,8 @@ pub fn find_segment(dir: &Path, first_seq: u64) -> io::Result<Option<PathBuf>> {
     for entry in entries {
         let entry = entry?;
         let name = entry.file_name();
-        if name
-            .to_str()
-            .and_then(SegmentName::parse)
-            .is_some_and(|n| n.first_seq == first_seq)
+        if let Some(segment) = name.to_str().and_then(SegmentName::parse)
+            && pick(segment, &entry)?
         {
             return Ok(Some(entry.path()));
         }
@@ -163,19 +170,7 @@ pub fn remove_covered_log(dir: &Path, next_seq: u64) -> io::Result<usize> {
 /// was open when its process died has its preallocated active segment at least. Conservative:
 /// a non-empty segment whose records a checkpoint already covers also counts.
 pub fn log_may_need_replay(dir: &Path) -> io::Result<bool> {
-    let entries = match fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(e),
-    };
-    for entry in entries {
-        let entry = entry?;
-        let name = entry.file_name();
-        if name.to_str().and_then(SegmentName::parse).is_some() && entry.metadata()?.len() > 0 {
-            return Ok(true);
-        }
-    }
-    Ok(false)
+    Ok(first_segment_where(dir, |_, entry| Ok(entry.metadata()?.len() > 0))?.is_some())
 }
 
 pub(crate) fn spare_path(dir: &Path, first_seq_hint: u64) -> PathBuf {

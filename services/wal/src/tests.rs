@@ -381,10 +381,15 @@ fn seqs_checked(seen: &[(u64, Vec<u8>)]) -> Vec<u64> {
 }
 
 fn expect_missing_records(result: Result<(WalShard, Seen, crate::RecoveryReport), WalError>) {
+    expect_corrupt(result, "missing");
+}
+
+/// The open was refused as corruption, with `needle` in the finding.
+fn expect_corrupt(result: Result<(WalShard, Seen, crate::RecoveryReport), WalError>, needle: &str) {
     match result {
-        Err(WalError::Corrupt { detail, .. }) => assert!(detail.contains("missing"), "{detail}"),
+        Err(WalError::Corrupt { detail, .. }) => assert!(detail.contains(needle), "{detail}"),
         other => panic!(
-            "expected missing records, got {:?}",
+            "expected corruption ({needle}), got {:?}",
             other.map(|(_, s, r)| (s.len(), r))
         ),
     }
@@ -913,15 +918,10 @@ fn a_damaged_record_before_valid_ones_in_a_recycled_segment_is_corruption() {
     let at =
         offset_in_segment(recycled_first, recycled_first + 1) + crate::RECORD_HEADER_LEN as u64;
     damage(dir.path(), recycled_first, at);
-    match open_after(dir.path(), small(), through) {
-        Err(WalError::Corrupt { detail, .. }) => {
-            assert!(detail.contains("followed by valid record"), "{detail}")
-        }
-        other => panic!(
-            "expected corruption, got {:?}",
-            other.map(|(_, s, _)| s.len())
-        ),
-    }
+    expect_corrupt(
+        open_after(dir.path(), small(), through),
+        "followed by valid record",
+    );
 }
 
 /// A 16-byte frame with an empty payload and a valid *unsalted* CRC for `seq`: what a client can
@@ -964,15 +964,10 @@ fn a_frame_planted_in_old_bytes_of_a_recycled_segment_does_not_stop_it_opening()
     let file = fs::OpenOptions::new().write(true).open(&seg).unwrap();
     file.write_all_at(&sealed, old_bytes_at).unwrap();
     drop(file);
-    match open_after(dir.path(), small(), through) {
-        Err(WalError::Corrupt { detail, .. }) => {
-            assert!(detail.contains("followed by valid record"), "{detail}")
-        }
-        other => panic!(
-            "expected corruption, got {:?}",
-            other.map(|(_, s, _)| s.len())
-        ),
-    }
+    expect_corrupt(
+        open_after(dir.path(), small(), through),
+        "followed by valid record",
+    );
 }
 
 #[test]
@@ -1040,15 +1035,7 @@ fn an_empty_segment_left_beside_its_replacement_is_removed_at_open() {
 
     // Two that both hold records are refused, and both kept.
     fs::copy(&full, &empty).unwrap();
-    match open(dir.path(), small()) {
-        Err(WalError::Corrupt { detail, .. }) => {
-            assert!(detail.contains("two segments start at seq 1"), "{detail}")
-        }
-        other => panic!(
-            "expected corruption, got {:?}",
-            other.map(|(_, s, _)| s.len())
-        ),
-    }
+    expect_corrupt(open(dir.path(), small()), "two segments start at seq 1");
     assert!(empty.exists() && full.exists());
 }
 

@@ -118,6 +118,22 @@ pub(crate) struct Shutdown {
     pub done: oneshot::Sender<()>,
 }
 
+/// Makes the actor panic, as a bug in a handler would (tests of what the directory does then).
+#[cfg(test)]
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct Crash;
+
+#[cfg(test)]
+impl Handler<Crash> for TenantActor {
+    type Result = ();
+
+    #[allow(clippy::panic)]
+    fn handle(&mut self, _: Crash, _: &mut Self::Context) {
+        panic!("a tenant actor crashed on purpose (test)");
+    }
+}
+
 impl Handler<Call> for TenantActor {
     type Result = ();
 
@@ -147,6 +163,7 @@ impl Handler<Shutdown> for TenantActor {
     type Result = ();
 
     fn handle(&mut self, msg: Shutdown, ctx: &mut Self::Context) {
+        self.core.stats().stopping.store(true, Ordering::SeqCst);
         let Some(wal) = self.core.take_wal() else {
             let _ = msg.done.send(());
             ctx.stop();

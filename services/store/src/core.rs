@@ -93,6 +93,9 @@ pub struct SharedStats {
     pub reopenable: std::sync::atomic::AtomicBool,
     /// It was poisoned because the file system was full: writes answer RESOURCE_EXHAUSTED.
     pub no_space: std::sync::atomic::AtomicBool,
+    /// Its actor was told to stop (a shutdown or passivation). An actor that is gone without
+    /// this stopped because a handler panicked (see `TenantHandle::crashed`).
+    pub stopping: std::sync::atomic::AtomicBool,
 }
 
 /// The durability policy as Stats shows it.
@@ -1727,6 +1730,48 @@ mod tests {
             directory.get("t").await,
             Err(StoreError::Unavailable(m)) if m.contains("shutting down")
         ));
+    }
+
+    /// A tenant whose actor panicked answers UNAVAILABLE (not "shutting down") until the janitor
+    /// closes it; its next call reopens it from its log, and nothing acknowledged is lost.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_tenant_whose_actor_crashed_is_reopened_from_its_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, config) = tenant_with_catalog(dir.path());
+        let data = crate::DataDir::new(dir.path().join("data"));
+        let directory = test_directory(data, &config, &catalog);
+        for i in 0..5 {
+            directory.call("t", write(i, b"kept"), "t/k").await.unwrap();
+        }
+        let handle = directory.get("t").await.unwrap();
+        handle.crash_for_test();
+        let refused = loop {
+            match directory.call("t", write(9, b"after"), "t/k").await {
+                Ok(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+                Err(e) => break e,
+            }
+        };
+        assert!(
+            matches!(&refused, StoreError::Unavailable(m) if m.contains("internal error")),
+            "{refused:?}"
+        );
+        drop(handle);
+        assert_eq!(directory.close_failed().await, 1);
+        directory
+            .call("t", write(9, b"after"), "t/k")
+            .await
+            .unwrap();
+        for i in 0..5 {
+            let read = directory
+                .call("t", Command::Read { coord: at(i) }, "t/k")
+                .await
+                .unwrap();
+            assert!(
+                matches!(&read, Reply::Read(Some(c)) if c.value == b"kept"),
+                "cell {i}: {read:?}"
+            );
+        }
+        directory.shutdown().await;
     }
 
     /// A tenant whose recovery at start fails awaits recovery (its calls are not authenticated)

@@ -101,7 +101,27 @@ impl TenantHandle {
             caller,
             reply: Responder { tx, permit },
         });
-        Ok(rx.await.unwrap_or_else(|_| Err(stopped())))
+        Ok(rx.await.unwrap_or_else(|_| {
+            Err(if self.stats.stopping.load(Ordering::SeqCst) {
+                stopped()
+            } else {
+                crashed(&self.tenant)
+            })
+        }))
+    }
+
+    /// The actor is gone without having been told to stop: one of its handlers panicked (a
+    /// bug), and the task running it was dropped, its log closed with it. Every later call
+    /// would fail; the janitor closes such a tenant so that its next call reopens it from disk
+    /// ([`TenantDirectory::close_failed`]).
+    fn crashed(&self) -> bool {
+        !self.addr.connected() && !self.stats.stopping.load(Ordering::SeqCst)
+    }
+
+    /// Make the actor panic (tests of what the directory does then).
+    #[cfg(test)]
+    pub(crate) fn crash_for_test(&self) {
+        self.addr.do_send(crate::actor::Crash);
     }
 
     /// Read access to the tenant's applied state (no trip through the actor).
@@ -264,6 +284,13 @@ fn stopped() -> StoreError {
     StoreError::Unavailable(
         "the tenant stopped before answering (server shutting down); retry".into(),
     )
+}
+
+fn crashed(tenant: &str) -> StoreError {
+    StoreError::Unavailable(format!(
+        "tenant '{tenant}' stopped after an internal error (see the server log); it is reopened \
+         from its log within about a second: retry"
+    ))
 }
 
 /// One tenant's place in the directory.
@@ -770,7 +797,8 @@ impl TenantDirectory {
         });
     }
 
-    /// Close every tenant that a failed write poisoned (a full disk) or that failed to open, so
+    /// Close every tenant that a failed write poisoned (a full disk), whose actor crashed (a
+    /// panic in a handler: see `TenantHandle::crashed`) or that failed to open, so
     /// its next call opens it afresh: recovery replays its log, and tells whether there is room
     /// again. Tenants poisoned by a failed fsync are left alone (see `passivate_claimed`).
     ///
@@ -784,6 +812,7 @@ impl TenantDirectory {
             let map = self.tenants.read().unwrap_or_else(|p| p.into_inner());
             map.iter()
                 .filter(|(name, s)| match s.opened.get() {
+                    Some(Ok(h)) if h.crashed() => true,
                     Some(Ok(h)) => {
                         h.stats.reopenable.load(Ordering::Relaxed)
                             && !(h.stats.no_space.load(Ordering::Relaxed)

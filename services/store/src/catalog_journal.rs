@@ -58,6 +58,10 @@ pub(crate) struct Journal {
     path: PathBuf,
     file: Arc<File>,
     len: u64,
+    /// How far writes may have put bytes (a failed write can leave part of a record after
+    /// `len`): the next record is written with zeros up to here, for the reason given in
+    /// [`Journal::open`].
+    dirty_to: u64,
 }
 
 impl Journal {
@@ -82,21 +86,20 @@ impl Journal {
         // anything is appended there: a shorter record written over it would otherwise leave
         // the torn one's tail behind it, and a whole record inside that tail would be read as
         // a change at the next open.
+        // It fails the open if it cannot be done: appending over those bytes could bring back a
+        // change nobody made.
         if let Some(dirty_end) = bytes.iter().rposition(|b| *b != 0).map(|p| p + 1)
             && dirty_end as u64 > len
         {
-            let zeroed = file
-                .write_all_at(&vec![0u8; dirty_end - len as usize], len)
-                .and_then(|()| file.sync_data());
-            if let Err(e) = zeroed {
-                tracing::warn!(error = %e, path = %path.display(), "could not zero the catalog journal past its last whole record");
-            }
+            file.write_all_at(&vec![0u8; dirty_end - len as usize], len)?;
+            file.sync_data()?;
         }
         Ok((
             Journal {
                 path: path.to_path_buf(),
                 file: Arc::new(file),
                 len,
+                dirty_to: len,
             },
             ops,
         ))
@@ -116,10 +119,17 @@ impl Journal {
     /// written. After an error (the disk full, say) nothing was added, and the next record is
     /// written at the same offset.
     pub(crate) fn write(&mut self, ops: &[Op]) -> io::Result<u64> {
-        let record = encode_record(ops);
+        let mut record = encode_record(ops);
+        let written = record.len() as u64;
+        let end = self.len + written;
+        if self.dirty_to > end {
+            record.resize((self.dirty_to - self.len) as usize, 0);
+        }
+        self.dirty_to = self.dirty_to.max(self.len + record.len() as u64);
         self.file.write_all_at(&record, self.len)?;
-        self.len += record.len() as u64;
-        Ok(record.len() as u64)
+        self.len = end;
+        self.dirty_to = end;
+        Ok(written)
     }
 
     /// [`Journal::write`], then fdatasync (the catalog syncs under a lock of its own instead).
@@ -140,6 +150,7 @@ impl Journal {
         }
         self.file = Arc::new(file);
         self.len = 0;
+        self.dirty_to = 0;
         sync_parent(&self.path).map_err(ResetError::Unsynced)
     }
 }
@@ -334,6 +345,37 @@ mod tests {
         assert_eq!(Journal::open(&path).unwrap().1, first);
     }
 
+    /// A torn record (its CRC does not match) whose bytes hold a whole record, placed where
+    /// `next`, written at the same offset, will stop.
+    fn torn_hiding_a_record(next: &[Op]) -> Vec<u8> {
+        let next_len = encode_record(next).len();
+        let phantom = encode_record(&[op(Tree::Keys, "t/admin", "granted")]);
+        let mut torn = vec![0u8; next_len + phantom.len()];
+        let torn_payload = (torn.len() - 8) as u32;
+        torn[..4].copy_from_slice(&torn_payload.to_le_bytes());
+        torn[4..8].copy_from_slice(&0xbad0_c0deu32.to_le_bytes());
+        torn[next_len..].copy_from_slice(&phantom);
+        torn
+    }
+
+    #[test]
+    fn what_a_failed_write_left_is_overwritten_by_the_next_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("catalog.journal");
+        let (mut j, _) = Journal::open(&path).unwrap();
+        let first = [op(Tree::Keys, "t/k", "first")];
+        j.append(&first).unwrap();
+        // What a write that failed part way may leave after the end, as far as it reached.
+        let next = [op(Tree::Keys, "t/k", "next")];
+        let torn = torn_hiding_a_record(&next);
+        j.file.write_all_at(&torn, j.len()).unwrap();
+        j.dirty_to = j.len() + torn.len() as u64;
+        j.append(&next).unwrap();
+        drop(j);
+        let (_, ops) = Journal::open(&path).unwrap();
+        assert_eq!(ops, [first[0].clone(), next[0].clone()]);
+    }
+
     #[test]
     fn a_torn_record_is_zeroed_so_a_record_inside_it_never_comes_back() {
         let dir = tempfile::tempdir().unwrap();
@@ -343,16 +385,8 @@ mod tests {
         j.append(&first).unwrap();
         let end_of_first = j.len() as usize;
         drop(j);
-        // A torn record (its CRC does not match) whose bytes hold a whole record, placed where
-        // the next, shorter record written at the journal's end will stop.
         let next = [op(Tree::Keys, "t/k", "next")];
-        let next_len = encode_record(&next).len();
-        let phantom = encode_record(&[op(Tree::Keys, "t/admin", "granted")]);
-        let mut torn = vec![0u8; next_len + phantom.len()];
-        let torn_payload = (torn.len() - 8) as u32;
-        torn[..4].copy_from_slice(&torn_payload.to_le_bytes());
-        torn[4..8].copy_from_slice(&0xbad0_c0deu32.to_le_bytes());
-        torn[next_len..].copy_from_slice(&phantom);
+        let torn = torn_hiding_a_record(&next);
         let file = File::options().write(true).open(&path).unwrap();
         file.write_all_at(&torn, end_of_first as u64).unwrap();
         drop(file);

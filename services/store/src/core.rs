@@ -1734,6 +1734,29 @@ mod tests {
 
     /// A tenant whose actor panicked answers UNAVAILABLE (not "shutting down") until the janitor
     /// closes it; its next call reopens it from its log, and nothing acknowledged is lost.
+    /// Crash tenant t's actor and return the error its next call gets.
+    async fn crash(directory: &crate::TenantDirectory, after_failed_fsync: bool) -> StoreError {
+        let handle = directory.get("t").await.unwrap();
+        handle.crash_for_test(after_failed_fsync);
+        let refused = loop {
+            match directory.call("t", write(9, b"after"), "t/k").await {
+                Ok(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+                Err(e) => break e,
+            }
+        };
+        // Replies can be dropped a moment before the actor counts as crashed (see
+        // `TenantHandle::crashed`).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !handle.crashed() {
+            assert!(
+                Instant::now() < deadline,
+                "the actor never counted as crashed"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        refused
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_tenant_whose_actor_crashed_is_reopened_from_its_log() {
         let dir = tempfile::tempdir().unwrap();
@@ -1743,19 +1766,11 @@ mod tests {
         for i in 0..5 {
             directory.call("t", write(i, b"kept"), "t/k").await.unwrap();
         }
-        let handle = directory.get("t").await.unwrap();
-        handle.crash_for_test();
-        let refused = loop {
-            match directory.call("t", write(9, b"after"), "t/k").await {
-                Ok(_) => tokio::time::sleep(Duration::from_millis(5)).await,
-                Err(e) => break e,
-            }
-        };
+        let refused = crash(&directory, false).await;
         assert!(
-            matches!(&refused, StoreError::Unavailable(m) if m.contains("internal error")),
+            matches!(&refused, StoreError::Unavailable(m) if m.contains("reopened")),
             "{refused:?}"
         );
-        drop(handle);
         assert_eq!(directory.close_failed().await, 1);
         directory
             .call("t", write(9, b"after"), "t/k")
@@ -1771,6 +1786,25 @@ mod tests {
                 "cell {i}: {read:?}"
             );
         }
+        directory.shutdown().await;
+    }
+
+    /// After a failed fsync of its log, a crashed tenant is not reopened: it would read back
+    /// pages whose fsync failed as if they were durable.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_tenant_that_crashed_after_a_failed_fsync_stays_closed_until_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, config) = tenant_with_catalog(dir.path());
+        let data = crate::DataDir::new(dir.path().join("data"));
+        let directory = test_directory(data, &config, &catalog);
+        directory.call("t", write(1, b"v"), "t/k").await.unwrap();
+        let refused = crash(&directory, true).await;
+        assert!(
+            matches!(&refused, StoreError::Unavailable(m) if m.contains("until the server restarts")),
+            "{refused:?}"
+        );
+        assert_eq!(directory.close_failed().await, 0);
+        assert!(directory.call("t", write(2, b"v"), "t/k").await.is_err());
         directory.shutdown().await;
     }
 

@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use actix::{Actor, Addr};
+use cube_wal::DurableEvent;
 use tokio::sync::{oneshot, watch};
 
 use crate::StoreError;
@@ -68,6 +69,9 @@ pub struct TenantHandle {
     reader: StateReader,
     stats: Arc<SharedStats>,
     durability: Arc<str>,
+    /// Set by the WAL syncer's report itself (not by the actor, which may be gone) when an
+    /// fdatasync of the tenant's log failed: such a tenant is never reopened before a restart.
+    wal_failed: Arc<AtomicBool>,
 }
 
 impl TenantHandle {
@@ -104,23 +108,41 @@ impl TenantHandle {
         Ok(rx.await.unwrap_or_else(|_| {
             Err(if self.stats.stopping.load(Ordering::SeqCst) {
                 stopped()
-            } else {
+            } else if self.may_reopen() {
                 crashed(&self.tenant)
+            } else {
+                crashed_for_good(&self.tenant)
             })
         }))
+    }
+
+    /// Whether closing and reopening the tenant from disk is safe: not after a failed fsync of
+    /// its log (a reopen would read back pages whose fsync failed as if they were durable).
+    fn may_reopen(&self) -> bool {
+        let poisoned_for_good = self.stats.poisoned.load(Ordering::Relaxed)
+            && !self.stats.reopenable.load(Ordering::Relaxed);
+        let fsync_failed = self.wal_failed.load(Ordering::SeqCst);
+        !(poisoned_for_good || fsync_failed)
     }
 
     /// The actor is gone without having been told to stop: one of its handlers panicked (a
     /// bug), and the task running it was dropped, its log closed with it. Every later call
     /// would fail; the janitor closes such a tenant so that its next call reopens it from disk
-    /// ([`TenantDirectory::close_failed`]).
-    fn crashed(&self) -> bool {
+    /// ([`TenantDirectory::close_failed`]). Callers may see their replies dropped a moment
+    /// before this is true: actix drops the actor (its core, whose log closes, and the replies
+    /// it holds) before the mailbox, and only the mailbox's drop disconnects the address. So
+    /// when this is true the old log is closed, and a reopen cannot race it.
+    pub(crate) fn crashed(&self) -> bool {
         !self.addr.connected() && !self.stats.stopping.load(Ordering::SeqCst)
     }
 
-    /// Make the actor panic (tests of what the directory does then).
+    /// Make the actor panic (tests of what the directory does then), after a failed fsync of
+    /// its log if `after_failed_fsync`.
     #[cfg(test)]
-    pub(crate) fn crash_for_test(&self) {
+    pub(crate) fn crash_for_test(&self, after_failed_fsync: bool) {
+        if after_failed_fsync {
+            self.wal_failed.store(true, Ordering::SeqCst);
+        }
         self.addr.do_send(crate::actor::Crash);
     }
 
@@ -293,6 +315,13 @@ fn crashed(tenant: &str) -> StoreError {
     ))
 }
 
+fn crashed_for_good(tenant: &str) -> StoreError {
+    StoreError::Unavailable(format!(
+        "tenant '{tenant}' stopped after an internal error and a failed write to its log (see the \
+         server log); it stays unavailable until the server restarts"
+    ))
+}
+
 /// One tenant's place in the directory.
 struct Slot {
     /// Set once, by the slot's open task (see `TenantDirectory::wait_open`).
@@ -347,9 +376,15 @@ impl OpenContext {
         // The syncer reports to the actor, which does not exist until the WAL is open.
         let addr_slot: Arc<OnceLock<Addr<TenantActor>>> = Arc::new(OnceLock::new());
         let notify_slot = Arc::clone(&addr_slot);
+        let wal_failed = Arc::new(AtomicBool::new(false));
+        let notify_failed = Arc::clone(&wal_failed);
         let notify = move || -> cube_wal::DurableNotify {
             let slot = Arc::clone(&notify_slot);
+            let failed = Arc::clone(&notify_failed);
             Box::new(move |event| {
+                if event == DurableEvent::Poisoned {
+                    failed.store(true, Ordering::SeqCst);
+                }
                 if let Some(addr) = slot.get() {
                     addr.do_send(Durable(event));
                 }
@@ -390,6 +425,7 @@ impl OpenContext {
             reader,
             stats,
             durability,
+            wal_failed,
         };
         // Logged before the handle is handed to anyone, so it is the log's first record. If it
         // cannot be (a full disk: the tenant opened for reads only), the tenant still serves
@@ -727,6 +763,11 @@ impl TenantDirectory {
     }
 
     async fn passivate_claimed(&self, tenant: &str, slot: &Arc<Slot>) -> bool {
+        // Counted before `shutting_down` is read (and `shutdown` sets that before it reads the
+        // count), so a shutdown either sees this close or this close sees the shutdown: never
+        // both closing the tenant. Dropped on every early return below.
+        self.closes_in_progress.fetch_add(1, Ordering::SeqCst);
+        let done = CloseInProgress(Arc::clone(&self.closes_in_progress));
         if self.shutting_down.load(Ordering::SeqCst) {
             return false; // `shutdown` closes every tenant itself
         }
@@ -737,16 +778,14 @@ impl TenantDirectory {
                 // A tenant poisoned by a failed fsync stays open and refusing until the server
                 // restarts: a reopen would read back pages whose fsync failed as if they were
                 // durable. One poisoned by a failed write (a full disk) may reopen.
-                let poisoned = h.stats.poisoned.load(Ordering::Relaxed);
-                if (poisoned && !h.stats.reopenable.load(Ordering::Relaxed)) || !h.try_retire() {
+                // A crashed actor answers nothing more, so its count of requests in flight is
+                // moot (a request it held may have released its reply before its count).
+                if !h.may_reopen() || !(h.crashed() || h.try_retire()) {
                     return false;
                 }
                 Some(h.clone())
             }
         };
-        // Counted before the slot leaves the map, so `shutdown` always sees one or the other.
-        self.closes_in_progress.fetch_add(1, Ordering::SeqCst);
-        let done = CloseInProgress(Arc::clone(&self.closes_in_progress));
         {
             let mut map = self.tenants.write().unwrap_or_else(|p| p.into_inner());
             if map.get(tenant).is_some_and(|s| Arc::ptr_eq(s, slot)) {
@@ -812,7 +851,7 @@ impl TenantDirectory {
             let map = self.tenants.read().unwrap_or_else(|p| p.into_inner());
             map.iter()
                 .filter(|(name, s)| match s.opened.get() {
-                    Some(Ok(h)) if h.crashed() => true,
+                    Some(Ok(h)) if h.crashed() => h.may_reopen(),
                     Some(Ok(h)) => {
                         h.stats.reopenable.load(Ordering::Relaxed)
                             && !(h.stats.no_space.load(Ordering::Relaxed)

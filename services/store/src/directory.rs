@@ -865,8 +865,14 @@ impl TenantDirectory {
         };
         let mut n = 0;
         for (name, slot) in failed {
+            let crashed = matches!(slot.opened.get(), Some(Ok(h)) if h.crashed());
             if self.passivate(&name, &slot).await {
-                tracing::info!(tenant = %name, "closed a failed tenant; its next call reopens it");
+                if crashed {
+                    // The panic's message went to stderr (the default panic hook) just before.
+                    tracing::error!(tenant = %name, "tenant actor stopped after a panic (a bug; see the panic message above); closed it, its next call reopens it from its log");
+                } else {
+                    tracing::info!(tenant = %name, "closed a failed tenant; its next call reopens it");
+                }
                 n += 1;
             }
         }

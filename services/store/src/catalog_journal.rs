@@ -85,9 +85,7 @@ impl Journal {
         // What follows the last whole record (a torn one, never acknowledged) is zeroed before
         // anything is appended there: a shorter record written over it would otherwise leave
         // the torn one's tail behind it, and a whole record inside that tail would be read as
-        // a change at the next open.
-        // It fails the open if it cannot be done: appending over those bytes could bring back a
-        // change nobody made.
+        // a change nobody made at the next open. So if it cannot be done, the open fails.
         if let Some(dirty_end) = bytes.iter().rposition(|b| *b != 0).map(|p| p + 1)
             && dirty_end as u64 > len
         {

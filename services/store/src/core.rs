@@ -1132,7 +1132,7 @@ fn open_error(tenant: &str, e: &WalError) -> StoreError {
         // for the tenant's clients.
         WalError::Corrupt { .. } => StoreError::Unavailable(format!(
             "tenant '{tenant}' is unavailable: its write-ahead log is corrupt (the server log \
-                 names the segment and offset); an operator must repair it before it can serve"
+             names the segment and offset); an operator must repair it before it can serve"
         )),
         WalError::Replay { seq, .. } => StoreError::Unavailable(format!(
             "tenant '{tenant}' is unavailable: write-ahead-log record {seq} cannot be applied; an \
@@ -1732,8 +1732,6 @@ mod tests {
         ));
     }
 
-    /// A tenant whose actor panicked answers UNAVAILABLE (not "shutting down") until the janitor
-    /// closes it; its next call reopens it from its log, and nothing acknowledged is lost.
     /// Crash tenant t's actor and return the error its next call gets.
     async fn crash(directory: &crate::TenantDirectory, after_failed_fsync: bool) -> StoreError {
         let handle = directory.get("t").await.unwrap();
@@ -1757,6 +1755,8 @@ mod tests {
         refused
     }
 
+    /// A tenant whose actor panicked answers UNAVAILABLE (not "shutting down") until the janitor
+    /// closes it; its next call reopens it from its log, and nothing acknowledged is lost.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_tenant_whose_actor_crashed_is_reopened_from_its_log() {
         let dir = tempfile::tempdir().unwrap();

@@ -847,25 +847,30 @@ impl TenantDirectory {
     /// flush fails on the full disk: it would come back read-only (`TenantCore::open`), having
     /// done the work for nothing, once a second.
     pub async fn close_failed(&self) -> usize {
-        let failed: Vec<(String, Arc<Slot>)> = {
+        // (name, slot, whether its actor crashed)
+        let failed: Vec<(String, Arc<Slot>, bool)> = {
             let map = self.tenants.read().unwrap_or_else(|p| p.into_inner());
             map.iter()
-                .filter(|(name, s)| match s.opened.get() {
-                    Some(Ok(h)) if h.crashed() => h.may_reopen(),
-                    Some(Ok(h)) => {
-                        h.stats.reopenable.load(Ordering::Relaxed)
-                            && !(h.stats.no_space.load(Ordering::Relaxed)
-                                && crate::core::nearly_full(&self.config.data_dir.tenant_wal(name)))
-                    }
-                    Some(Err(_)) => true,
-                    None => false,
+                .filter_map(|(name, s)| {
+                    let (close, crashed) = match s.opened.get() {
+                        Some(Ok(h)) if h.crashed() => (h.may_reopen(), true),
+                        Some(Ok(h)) => {
+                            let close = h.stats.reopenable.load(Ordering::Relaxed)
+                                && !(h.stats.no_space.load(Ordering::Relaxed)
+                                    && crate::core::nearly_full(
+                                        &self.config.data_dir.tenant_wal(name),
+                                    ));
+                            (close, false)
+                        }
+                        Some(Err(_)) => (true, false),
+                        None => (false, false),
+                    };
+                    close.then(|| (name.clone(), Arc::clone(s), crashed))
                 })
-                .map(|(n, s)| (n.clone(), Arc::clone(s)))
                 .collect()
         };
         let mut n = 0;
-        for (name, slot) in failed {
-            let crashed = matches!(slot.opened.get(), Some(Ok(h)) if h.crashed());
+        for (name, slot, crashed) in failed {
             if self.passivate(&name, &slot).await {
                 if crashed {
                     // The panic's message went to stderr (the default panic hook) just before.

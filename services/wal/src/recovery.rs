@@ -219,18 +219,12 @@ fn drop_empty_twins(
 
 /// Whether the segment at `path` starts with anything but a zero header.
 fn holds_data(path: &Path) -> Result<bool, WalError> {
-    let file = fs::File::open(path).map_err(WalError::io("reading segment"))?;
-    let mut header = [0u8; HEADER_LEN];
-    let mut read = 0;
-    while read < HEADER_LEN {
-        match file.read_at(&mut header[read..], read as u64) {
-            Ok(0) => break,
-            Ok(n) => read += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(WalError::io("reading segment")(e)),
-        }
-    }
-    Ok(header[..read].iter().any(|b| *b != 0))
+    use std::io::Read;
+    let mut header = Vec::with_capacity(HEADER_LEN);
+    fs::File::open(path)
+        .and_then(|f| f.take(HEADER_LEN as u64).read_to_end(&mut header))
+        .map_err(WalError::io("reading segment"))?;
+    Ok(header.iter().any(|b| *b != 0))
 }
 
 fn corrupt(segment: &str, offset: u64, detail: String) -> WalError {

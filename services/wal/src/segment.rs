@@ -2,7 +2,7 @@
 //!
 //! A segment is named after the sequence number of its first record and its salt
 //! (`<20 digits>-<8 hex digits>.wal`; `<20 digits>.wal`, salt 0, for segments made before salts,
-//! which are read and continued as they are). The name is built and parsed by [`SegmentName`]
+//! which are read as they are; an unsalted last segment is sealed at open). The name is built and parsed by [`SegmentName`]
 //! and nowhere else. The salt is new each time a file becomes a segment (see [`crate::record`]).
 //! Segments are created full-size and zero-filled, then fsynced, before any record goes in: on
 //! this class of disk an fdatasync after appending to a growing file costs about twice as much as
@@ -105,8 +105,8 @@ fn first_segment_where(
 
 /// Replace every segment (and pre-zeroed spare) of a closed shard's directory by one empty
 /// segment named after `next_seq` (one already there, emptied, or a new unsalted one: it holds
-/// no record, and the next open replaces it by a salted one), then sync the directory. Only for a log the state store's
-/// checkpoint covers entirely (`next_seq` = checkpoint seq + 1): the next open reads nothing,
+/// no record, and the next open replaces it by a salted one), then sync the directory. Only for
+/// a log the state store's checkpoint covers entirely (`next_seq` = checkpoint seq + 1): the next open reads nothing,
 /// instead of reading the last segment through to skip records it no longer needs. The empty
 /// segment keeps the log's position on disk, so a state store older than the checkpoint (a
 /// restored copy) is still refused at open (`records ... are missing`) rather than silently

@@ -157,7 +157,8 @@ impl Admin for AdminService {
             Some(directory) => {
                 let cmd = Command::SetDurability { policy };
                 match directory.call(&r.tenant, cmd, OPERATOR).await {
-                    Ok(_) => {}
+                    Ok(Reply::Recorded { .. }) => {}
+                    Ok(other) => return Err(super::cells::unexpected(&other)),
                     Err(e) if e.durability_goes_to_catalog() => {
                         tracing::error!(tenant = %r.tenant, error = %e, "the tenant's log could not take the durability change; setting it through the catalog, without an audit entry");
                         catalog

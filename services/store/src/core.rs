@@ -568,12 +568,17 @@ impl<T> TenantCore<T> {
 
     /// Fail every caller still waiting, changes and deferred answers alike.
     fn fail_all_waiting(&mut self, err: &StoreError) -> Vec<Answer<T>> {
-        let waiting = self.waiting.drain(..).map(|w| w.token);
-        let deferred = self.deferred.drain(..).map(|(_, token, _)| token);
-        waiting
-            .chain(deferred)
-            .map(|token| (token, Err(err.clone())))
-            .collect()
+        // A waiting change is in the log already; a deferred answer logged nothing.
+        let logged = err.outcome_unknown();
+        let waiting = self
+            .waiting
+            .drain(..)
+            .map(|w| (w.token, Err(logged.clone())));
+        let deferred = self
+            .deferred
+            .drain(..)
+            .map(|(_, token, _)| (token, Err(err.clone())));
+        waiting.chain(deferred).collect()
     }
 
     /// Apply what may now be answered and answer its callers, or fail every waiting caller if
@@ -648,9 +653,11 @@ impl<T> TenantCore<T> {
                     }
                     Err(err) => {
                         // The records behind the failed group must not be applied over it.
+                        // The group's own are durable: the reopen's replay applies them.
+                        let logged = err.outcome_unknown();
                         let mut answers: Vec<Answer<T>> = replies
                             .into_iter()
-                            .map(|(token, _, _)| (token, Err(err.clone())))
+                            .map(|(token, _, _)| (token, Err(logged.clone())))
                             .collect();
                         answers.extend(self.fail_all_waiting(&err));
                         answers
@@ -1260,6 +1267,70 @@ mod tests {
             panic!()
         };
         assert_eq!((cell.value.as_slice(), cell.version), (&b"b"[..], 2));
+    }
+
+    /// The whole audit trail of `core`'s tenant, checked to be one unbroken chain from seq 1.
+    fn audit_chain(core: &TenantCore<u32>) -> Vec<u64> {
+        let trail = core.state().reader().audit_page(1, 1000).unwrap();
+        for (i, pair) in trail.windows(2).enumerate() {
+            assert_eq!(
+                pair[1].seq,
+                pair[0].seq + 1,
+                "gap after entry {i}: {trail:?}"
+            );
+            assert_eq!(
+                pair[1].prev_hash, pair[0].hash,
+                "broken link after entry {i}"
+            );
+        }
+        trail.iter().map(|e| e.seq).collect()
+    }
+
+    /// Entries of acknowledged changes survive a crash: the first change after the replay
+    /// continues the chain instead of reusing seq 1 over it.
+    #[test]
+    fn the_audit_chain_continues_after_a_replay() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut core = open(dir.path(), &config());
+        for i in 1..=20 {
+            assert!(core.handle(write(i, b"v"), &who(), i as u32).is_none());
+        }
+        assert_eq!(settle(&mut core).len(), 20);
+        // A crash: the log is closed, the state store never checkpointed.
+        core.take_wal().unwrap().close().unwrap();
+        drop(core);
+        let (mut core, report) = TenantCore::open(
+            "t",
+            &dir.path().join("wal"),
+            &dir.path().join("state"),
+            &config(),
+            None,
+        )
+        .unwrap();
+        assert!(
+            report.records_replayed > 0,
+            "nothing was replayed: {report:?}"
+        );
+        assert!(core.handle(write(21, b"v"), &who(), 21).is_none());
+        assert_eq!(settle(&mut core).len(), 1);
+        assert_eq!(audit_chain(&core), (1..=21).collect::<Vec<u64>>());
+    }
+
+    /// Under a relaxed policy changes inside the loss window are applied before their fsync;
+    /// each keeps its own audit entry.
+    #[test]
+    fn relaxed_changes_each_keep_their_audit_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = config();
+        config.wal.sync = SyncPolicy::Relaxed {
+            max_delay: Duration::from_secs(3600),
+            max_records: 3,
+        };
+        let mut core = open(dir.path(), &config);
+        for i in 1..=3 {
+            assert!(core.handle(write(i, b"v"), &who(), i as u32).is_some());
+        }
+        assert_eq!(audit_chain(&core), vec![1, 2, 3]);
     }
 
     fn caps(key_id: &str, grant: &[Capability], revoke: &[Capability]) -> Command {
@@ -2166,14 +2237,29 @@ mod tests {
             ),
             "{answers:?}"
         );
+        // Both changes are in the log: their callers are told the outcome is unknown.
+        for (_, answer) in &answers {
+            let Err(e) = answer else { unreachable!() };
+            assert!(e.to_string().contains("outcome is unknown"), "{e}");
+        }
         core.wal.as_ref().unwrap().wait_durable(2).unwrap();
         let later = core.on_durable(DurableEvent::Durable(2));
         assert!(later.is_empty(), "applied over the gap: {later:?}");
         assert_eq!(core.state().applied_seq(), 0);
-        assert!(
-            core.handle(write(3, b"c"), &who(), 3)
-                .is_some_and(|(_, r)| r.is_err())
-        );
+        // A change refused at the door was never logged: no such hedge.
+        let refused = core.handle(write(3, b"c"), &who(), 3);
+        let Some((_, Err(e))) = refused else {
+            panic!("{refused:?}")
+        };
+        assert!(!e.to_string().contains("outcome is unknown"), "{e}");
+        // And indeed the reopen applies both failed changes from the log.
+        core.take_wal().unwrap().close().unwrap();
+        drop(core);
+        let core = open(dir.path(), &config());
+        let reader = core.state().reader();
+        assert_eq!(reader.read(&at(1)).unwrap().unwrap().value, b"a");
+        assert_eq!(reader.read(&at(2)).unwrap().unwrap().value, b"b");
+        assert_eq!(reader.read(&at(3)).unwrap(), None);
     }
 
     /// Under a relaxed policy a catalog change still waits for its own fdatasync, and the

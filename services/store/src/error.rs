@@ -24,6 +24,25 @@ pub enum StoreError {
     AlreadyExists(String),
 }
 
+impl StoreError {
+    /// This error for a caller whose change was already appended to the tenant's log when the
+    /// tenant failed: the change may still take effect (a failed apply is replayed at the
+    /// reopen; a record the failed fdatasync or write did reach the disk is recovered), so the
+    /// caller is told its outcome is unknown rather than invited to retry blindly.
+    pub fn outcome_unknown(&self) -> StoreError {
+        const UNKNOWN: &str = " This change was already in the tenant's log, so its outcome is \
+                               unknown: it may still take effect when the tenant reopens; read \
+                               before retrying a change that is not idempotent.";
+        match self {
+            StoreError::ResourceExhausted(m) => {
+                StoreError::ResourceExhausted(format!("{m}{UNKNOWN}"))
+            }
+            StoreError::Unavailable(m) => StoreError::Unavailable(format!("{m}{UNKNOWN}")),
+            other => other.clone(),
+        }
+    }
+}
+
 /// Where an operator's change goes when the tenant's log refuses it. Both rules are exercised end
 /// to end by cubed's `a_tenant_with_a_corrupt_log_can_still_have_keys_revoked_and_its_durability_set`.
 impl StoreError {

@@ -1331,6 +1331,13 @@ impl TenantState {
         self.audit_floor = floor;
         self.applied_seq = last;
         self.totals = totals;
+        // Records applied without `note_pending` (replayed at open, or applied before their
+        // fsync under a relaxed policy) move the chain's head too: the next entry must follow
+        // the newest one, not reuse its seq over it. Pending entries always come after the
+        // applied ones, so this never moves the head back.
+        if head.next_seq > self.audit_head.next_seq {
+            self.audit_head = head.clone();
+        }
         self.applied_audit = head;
         for (target, seq) in touched {
             match target {
@@ -1973,6 +1980,28 @@ mod tests {
         fn size_on_disk(&self) -> u64 {
             0
         }
+    }
+
+    /// Replay at open and the relaxed policy's early apply hand records to `apply_all` without
+    /// `note_pending`; the next change's audit entry must still follow theirs.
+    #[test]
+    fn an_entry_after_records_applied_without_note_pending_continues_the_chain() {
+        let mut s = fresh(16);
+        let mut logged = Vec::new();
+        for seq in 1..=3 {
+            let Ok(Prepared::Log { op, .. }) = s.prepare(write(C, b"v"), &who()) else {
+                panic!("a write is logged")
+            };
+            s.apply_all(vec![(seq, op.clone())]).unwrap();
+            logged.push(op.audit.unwrap());
+        }
+        let seqs: Vec<u64> = logged.iter().map(|a| a.seq).collect();
+        assert_eq!(seqs, vec![1, 2, 3]);
+        for pair in logged.windows(2) {
+            assert_eq!(pair[1].prev_hash, pair[0].hash);
+        }
+        let trail = s.reader().audit_page(1, 10).unwrap();
+        assert_eq!(trail.len(), 3, "{trail:?}");
     }
 
     #[test]

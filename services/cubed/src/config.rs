@@ -212,8 +212,8 @@ pub struct ServeArgs {
     /// Largest cell value in bytes; larger writes get INVALID_ARGUMENT.
     #[arg(long, env = "CUBE_MAX_VALUE_BYTES", default_value_t = DEFAULT_MAX_VALUE_BYTES)]
     pub max_value_bytes: usize,
-    /// Largest gRPC request message in bytes; larger ones are refused by the transport with
-    /// OUT_OF_RANGE before decoding (default: the larger of 4 MiB and max value + 64 KiB).
+    /// Largest gRPC request message in bytes; larger ones are refused before decoding with
+    /// INVALID_ARGUMENT (default: the larger of 4 MiB and max value + 64 KiB).
     #[arg(long, env = "CUBE_MAX_MESSAGE_BYTES")]
     pub max_message_bytes: Option<usize>,
     /// Allowed clock skew of signed calls, seconds.

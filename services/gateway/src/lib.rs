@@ -9,6 +9,7 @@ mod auth_layer;
 mod connection;
 mod convert;
 mod error;
+mod oversize;
 mod principal;
 mod replay;
 mod rpc_metrics;

@@ -20,6 +20,7 @@ use tonic::transport::Server;
 use crate::abuse::FailureLimits;
 use crate::auth_layer::{AuthLayer, AuthMode, Authenticator};
 use crate::connection::ConnectionRegistry;
+use crate::oversize::OversizeLayer;
 use crate::services::access::AccessService;
 use crate::services::admin::AdminService;
 use crate::services::cells::{CellsService, ScanLimits};
@@ -31,7 +32,8 @@ use crate::transport;
 /// Limits and auth settings of the network listener.
 #[derive(Debug, Clone)]
 pub struct GatewayConfig {
-    /// Largest request message accepted (bigger ones are refused by tonic before decoding).
+    /// Largest request message accepted (bigger ones are refused before decoding, with
+    /// INVALID_ARGUMENT: [`crate::oversize`]).
     pub max_message_bytes: usize,
     /// Allowed distance between a signed call's timestamp and the server clock.
     pub skew_ms: i64,
@@ -174,7 +176,12 @@ impl Gateway {
         let served = Server::builder()
             .max_concurrent_streams(Some(self.config.max_concurrent_streams))
             .http2_max_header_list_size(Some(self.config.max_metadata_bytes))
-            .layer(AuthLayer::new(Arc::clone(&self.auth)))
+            // Outermost first: the auth layer's metrics see the code the oversize layer sends.
+            .layer(
+                tower::ServiceBuilder::new()
+                    .layer(AuthLayer::new(Arc::clone(&self.auth)))
+                    .layer(OversizeLayer::new(max)),
+            )
             .add_service(health)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)

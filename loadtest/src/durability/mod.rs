@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use cube_api::v1::cells_client::CellsClient;
-use cube_api::v1::{Coord, ReadRequest, WriteRequest};
+use cube_api::v1::tenant_client::TenantClient;
+use cube_api::v1::{AuditRequest, Coord, ReadRequest, WriteRequest};
 use cube_auth::Credentials;
 use cube_auth::client::{CallSigner, Signing};
 use cube_testkit::TestServer;
@@ -172,6 +173,12 @@ pub struct Verification {
     pub beyond_acked: u64,
     /// Records beyond the first unacknowledged one of a writer: never legitimate.
     pub excess_in_flight: u64,
+    /// Entries of the tenant's retained audit trail, and how many of them record a write.
+    pub audit_entries: u64,
+    pub audit_writes: u64,
+    /// Where the trail's hash chain breaks, or why it holds fewer write entries than the
+    /// acknowledged writes (checked while nothing has expired from it); `None` if sound.
+    pub audit_problem: Option<String>,
     pub problems: Vec<String>,
     pub ok: bool,
 }
@@ -268,13 +275,59 @@ pub async fn verify(server: &TestServer, ledger: &Ledger) -> anyhow::Result<Veri
             }
         }
     }
+    check_audit(server, &mut v).await?;
+    if let Some(p) = v.audit_problem.clone() {
+        note(&mut v, format!("audit trail: {p}"));
+    }
     v.ok = v.found_acked == v.acked
+        && v.audit_problem.is_none()
         && v.missing == 0
         && v.corrupt == 0
         && v.misplaced == 0
         && v.holes == 0
         && v.excess_in_flight == 0;
     Ok(v)
+}
+
+/// Fetch the tenant's whole retained audit trail and check it: one unbroken hash chain (as
+/// `cubec audit verify` does), and, while it still starts at seq 1, a `write` entry for every
+/// acknowledged write (each is logged with its entry, so a crash leaves both or neither).
+async fn check_audit(server: &TestServer, v: &mut Verification) -> anyhow::Result<()> {
+    const PAGE: u32 = 1000;
+    let mut tenant = TenantClient::new(server.signed(&server.demo).await?);
+    let mut entries = Vec::new();
+    let mut next = 0;
+    loop {
+        let mut page = tenant
+            .audit(AuditRequest {
+                from_seq: next,
+                limit: PAGE,
+            })
+            .await
+            .context("reading the audit trail")?
+            .into_inner();
+        let before = entries.len();
+        while let Some(e) = page.message().await.context("reading the audit trail")? {
+            next = e.seq + 1;
+            entries.push(e);
+        }
+        if entries.len() == before {
+            break;
+        }
+    }
+    v.audit_entries = entries.len() as u64;
+    v.audit_writes = entries.iter().filter(|e| e.op == "write").count() as u64;
+    v.audit_problem = match cube_auth::client::verify_audit_entries(&entries) {
+        Err((seq, why)) => Some(format!("chain broken at seq {seq}: {why}")),
+        Ok(_) if entries.first().is_some_and(|e| e.seq == 1) && v.audit_writes < v.acked => {
+            Some(format!(
+                "{} write entries for {} acknowledged writes",
+                v.audit_writes, v.acked
+            ))
+        }
+        Ok(_) => None,
+    };
+    Ok(())
 }
 
 /// Read a few acknowledged records one by one (reads must work while writes are refused).

@@ -81,7 +81,7 @@ fn target(ledger: &Ledger, s: &Settings) -> u64 {
 fn progress(name: &str, round: &Round) {
     let v = &round.verified;
     eprintln!(
-        "  [{name}] {}: acknowledged {} (+{} this round), found {} whole, missing {}, corrupt {}, holes {}, in flight {} -> {}",
+        "  [{name}] {}: acknowledged {} (+{} this round), found {} whole, missing {}, corrupt {}, holes {}, in flight {}, audit {} entries ({} writes, {}) -> {}",
         round.what,
         v.acked,
         round.write.acked_this_phase,
@@ -90,6 +90,9 @@ fn progress(name: &str, round: &Round) {
         v.corrupt,
         v.holes,
         v.beyond_acked,
+        v.audit_entries,
+        v.audit_writes,
+        v.audit_problem.as_deref().unwrap_or("chain sound"),
         if v.ok {
             "ok"
         } else if v.missing + v.corrupt + v.misplaced + v.holes > 0 {

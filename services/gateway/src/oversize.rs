@@ -4,10 +4,6 @@
 //! that one refusal into INVALID_ARGUMENT with a message naming the server's limit. Every other
 //! response passes through untouched.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
 use tonic::body::Body;
 use tonic::{Code, Status};
 
@@ -29,59 +25,18 @@ fn is_oversize_refusal(headers: &http::HeaderMap) -> bool {
         .is_some_and(|s| s.code() == Code::OutOfRange && s.message().starts_with(TONIC_TOO_LARGE))
 }
 
-/// Tower layer that rewrites tonic's oversized-request refusal (see the module doc).
-#[derive(Debug, Clone, Copy)]
-pub struct OversizeLayer {
+/// The layer that rewrites tonic's oversized-request refusal (see the module doc). A plain
+/// response map: no boxed future per call.
+pub fn layer(
     max_message_bytes: usize,
-}
-
-impl OversizeLayer {
-    pub fn new(max_message_bytes: usize) -> OversizeLayer {
-        OversizeLayer { max_message_bytes }
-    }
-}
-
-impl<S> tower::Layer<S> for OversizeLayer {
-    type Service = Oversize<S>;
-
-    fn layer(&self, inner: S) -> Oversize<S> {
-        Oversize {
-            inner,
-            max_message_bytes: self.max_message_bytes,
+) -> tower::util::MapResponseLayer<impl Fn(http::Response<Body>) -> http::Response<Body> + Clone> {
+    tower::util::MapResponseLayer::new(move |resp: http::Response<Body>| {
+        if is_oversize_refusal(resp.headers()) {
+            too_large(max_message_bytes).into_http()
+        } else {
+            resp
         }
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct Oversize<S> {
-    inner: S,
-    max_message_bytes: usize,
-}
-
-impl<S, B> tower::Service<http::Request<B>> for Oversize<S>
-where
-    S: tower::Service<http::Request<B>, Response = http::Response<Body>>,
-    S::Future: Send + 'static,
-{
-    type Response = http::Response<Body>;
-    type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<http::Response<Body>, S::Error>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        let fut = self.inner.call(req);
-        let max = self.max_message_bytes;
-        Box::pin(async move {
-            let resp = fut.await?;
-            if is_oversize_refusal(resp.headers()) {
-                return Ok(too_large(max).into_http());
-            }
-            Ok(resp)
-        })
-    }
+    })
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use tonic::transport::Server;
 use crate::abuse::FailureLimits;
 use crate::auth_layer::{AuthLayer, AuthMode, Authenticator};
 use crate::connection::ConnectionRegistry;
-use crate::oversize::OversizeLayer;
+use crate::oversize;
 use crate::services::access::AccessService;
 use crate::services::admin::AdminService;
 use crate::services::cells::{CellsService, ScanLimits};
@@ -180,7 +180,7 @@ impl Gateway {
             .layer(
                 tower::ServiceBuilder::new()
                     .layer(AuthLayer::new(Arc::clone(&self.auth)))
-                    .layer(OversizeLayer::new(max)),
+                    .layer(oversize::layer(max)),
             )
             .add_service(health)
             .add_service(reflection_v1)

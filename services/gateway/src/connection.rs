@@ -87,6 +87,9 @@ impl Session {
             .is_some_and(|k| k.tenant == tenant && k.key_id == key_id)
         {
             *p = None;
+            drop(p);
+            // No longer a handshake-authenticated connection; a later signed call moves it on.
+            self.move_gauge(0);
             return true;
         }
         false
@@ -276,6 +279,9 @@ mod tests {
         assert_eq!(registry.end_sessions_of("t", "k1"), 1);
         assert!(a.session.key().is_none());
         assert!(b.session.key().is_some());
+        // `cube_connections_open` counts the ended one as unauthenticated again.
+        assert_eq!(a.session.gauge_model.load(Ordering::Relaxed), 0);
+        assert_eq!(b.session.gauge_model.load(Ordering::Relaxed), 2);
         let conn = CubeConn::new((), &registry, None);
         assert_eq!(registry.len(), 3);
         drop(conn);

@@ -187,13 +187,15 @@ pub(crate) fn status_of(headers: &http::HeaderMap) -> i32 {
 
 /// The `reason` label of a refused authentication, from this crate's own messages.
 pub(crate) fn failure_reason(message: &str) -> &'static str {
+    // First: the one message that quotes the client's own text (its key id and tenant), which
+    // must not be able to pick another reason by containing a later needle ("must be", ...).
     const REASONS: &[(&str, &str)] = &[
+        ("unknown or revoked key", "unknown_key"),
         ("missing credentials", "missing"),
         ("this connection is not authenticated", "missing"),
         ("this server accepts only", "mode"),
         ("must be", "malformed"),
         ("away from the server clock", "clock_skew"),
-        ("unknown or revoked key", "unknown_key"),
         ("was revoked", "unknown_key"),
         ("does not match", "bad_signature"),
         ("already used", "replayed"),
@@ -227,6 +229,11 @@ mod tests {
         assert_eq!(
             failure_reason("x-cube-nonce was already used: every call needs a fresh nonce"),
             "replayed"
+        );
+        // A key id chosen to contain another reason's needle is still an unknown key.
+        assert_eq!(
+            failure_reason("unknown or revoked key 'must be already used' for tenant 't'"),
+            "unknown_key"
         );
     }
 }

@@ -213,6 +213,9 @@ impl<T> std::fmt::Debug for TenantCore<T> {
 
 /// Records replayed per state-store batch during recovery.
 const REPLAY_BATCH: usize = 4096;
+/// Longest key id a capability change accepts (INVALID_ARGUMENT beyond): the same cap as the
+/// handshake's names.
+const MAX_KEY_ID_BYTES: usize = 128;
 
 /// A state-store failure with less than this free on the tenant's file system is reported as
 /// a full disk (fjall's errors do not say ENOSPC once its keyspace is poisoned).
@@ -534,7 +537,8 @@ impl<T> TenantCore<T> {
                     self.stats.last_seq.store(seq, Ordering::Relaxed);
                     (token, Ok(Prepared::seal(reply, seq)))
                 }
-                Err(e) => (token, Err(self.apply_failed(&e))),
+                // The record is in the log: the reopen replays it.
+                Err(e) => (token, Err(self.apply_failed(&e).outcome_unknown())),
             });
         }
         let hint = self.state.note_pending(seq, &op, effect);
@@ -792,6 +796,14 @@ impl<T> TenantCore<T> {
     ) -> Result<Prepared, StoreError> {
         if key_id.is_empty() {
             return Err(StoreError::InvalidArgument("key_id is required".into()));
+        }
+        // Key ids are `k-` and 12 hex digits; the cap keeps the NOT_FOUND message below (which
+        // quotes the id) far under what gRPC clients accept as trailing metadata.
+        if key_id.len() > MAX_KEY_ID_BYTES {
+            return Err(StoreError::InvalidArgument(format!(
+                "key_id is at most {MAX_KEY_ID_BYTES} bytes; got {}",
+                key_id.len()
+            )));
         }
         let Some(catalog) = &self.catalog else {
             return Err(StoreError::FailedPrecondition(
@@ -1331,6 +1343,33 @@ mod tests {
             assert!(core.handle(write(i, b"v"), &who(), i as u32).is_some());
         }
         assert_eq!(audit_chain(&core), vec![1, 2, 3]);
+    }
+
+    /// A capability change names a key id of sensible length; an unknown one is NOT_FOUND, and
+    /// a huge one is refused before any message quotes it.
+    #[test]
+    fn a_capability_change_checks_its_key_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_catalog, config) = tenant_with_catalog(dir.path());
+        let mut core = open(dir.path(), &config);
+        let read = [Capability::Read];
+        let answer = |core: &mut TenantCore<u32>, key_id: &str| {
+            core.handle(caps(key_id, &read, &[]), &who(), 1)
+                .expect("refused at once")
+                .1
+        };
+        assert_eq!(
+            answer(&mut core, ""),
+            Err(StoreError::InvalidArgument("key_id is required".into()))
+        );
+        let Err(StoreError::InvalidArgument(m)) = answer(&mut core, &"k".repeat(129)) else {
+            panic!("a 129-byte key id was not refused")
+        };
+        assert_eq!(m, "key_id is at most 128 bytes; got 129");
+        assert!(matches!(
+            answer(&mut core, &"k".repeat(128)),
+            Err(StoreError::NotFound(_))
+        ));
     }
 
     fn caps(key_id: &str, grant: &[Capability], revoke: &[Capability]) -> Command {
@@ -2260,6 +2299,36 @@ mod tests {
         assert_eq!(reader.read(&at(1)).unwrap().unwrap().value, b"a");
         assert_eq!(reader.read(&at(2)).unwrap().unwrap().value, b"b");
         assert_eq!(reader.read(&at(3)).unwrap(), None);
+    }
+
+    /// A relaxed tenant's change applied before its fsync, whose apply fails, is in the log:
+    /// its caller is told the outcome is unknown, and the reopen indeed applies it.
+    #[test]
+    fn a_relaxed_change_whose_early_apply_fails_is_reported_as_unknown() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = config();
+        config.wal.sync = SyncPolicy::Relaxed {
+            max_delay: Duration::from_secs(3600),
+            max_records: 3,
+        };
+        let mut core = open(dir.path(), &config);
+        let failing = Arc::new(FailsOnce {
+            inner: core.state.backend(),
+            armed: std::sync::atomic::AtomicBool::new(true),
+        });
+        core.state = TenantState::open(failing, StateLimits::default()).unwrap();
+        let answer = core.handle(write(1, b"a"), &who(), 1);
+        let Some((1, Err(e))) = answer else {
+            panic!("{answer:?}")
+        };
+        assert!(e.to_string().contains("outcome is unknown"), "{e}");
+        core.take_wal().unwrap().close().unwrap();
+        drop(core);
+        let core = open(dir.path(), &config);
+        assert_eq!(
+            core.state().reader().read(&at(1)).unwrap().unwrap().value,
+            b"a"
+        );
     }
 
     /// Under a relaxed policy a catalog change still waits for its own fdatasync, and the

@@ -1918,6 +1918,38 @@ mod tests {
         directory.shutdown().await;
     }
 
+    /// A relaxed tenant's passivation whose final fdatasync fails: the tenant was taken out of
+    /// the directory before its close, yet its next call must not reopen it (a reopen would read
+    /// back the pages whose fsync failed as if they were durable).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_tenant_whose_close_failed_its_fsync_stays_closed_until_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, config) = tenant_with_catalog(dir.path());
+        catalog
+            .set_durability(
+                "t",
+                SyncPolicy::Relaxed {
+                    max_delay: Duration::from_secs(10),
+                    max_records: 1000,
+                },
+            )
+            .unwrap();
+        let data = crate::DataDir::new(dir.path().join("data"));
+        let wal_dir = data.tenant_wal("t");
+        let directory = test_directory(data, &config, &catalog);
+        // Acknowledged inside the window, before any fdatasync.
+        directory.call("t", write(1, b"v"), "t/k").await.unwrap();
+        cube_wal::failpoint::fail_next_fdatasync(&wal_dir);
+        assert!(directory.close_tenant("t").await, "not passivated");
+        let refused = directory.call("t", write(2, b"v"), "t/k").await;
+        assert!(
+            matches!(&refused, Err(StoreError::Unavailable(m)) if m.contains("until the server restarts")),
+            "{refused:?}"
+        );
+        assert!(directory.get("t").await.is_err());
+        directory.shutdown().await;
+    }
+
     /// A tenant whose recovery at start fails awaits recovery (its calls are not authenticated)
     /// until one of its opens succeeds.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,7 +11,7 @@
 //! other, SeqCst), so a caller either sees the retirement and retries on a fresh open, or the
 //! passivator sees the caller and leaves the tenant alone.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
@@ -315,6 +315,38 @@ fn crashed(tenant: &str) -> StoreError {
     ))
 }
 
+/// Tenants whose log's fdatasync failed while this server runs, whatever closed them since (a
+/// passivation, a crash): none is reopened before a restart, since a reopen would read back
+/// pages whose fsync failed as if they were durable. Recorded by the syncer's report itself, so
+/// before the failed close lets go of the tenant's files and any reopen could start.
+#[derive(Debug, Default)]
+struct FailedLogs(Mutex<HashSet<String>>);
+
+impl FailedLogs {
+    fn record(&self, tenant: &str) {
+        let mut set = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if set.insert(tenant.to_string()) {
+            tracing::error!(
+                tenant,
+                "an fdatasync of the tenant's log failed: it stays unavailable until the server restarts"
+            );
+        }
+    }
+
+    /// The error an open of `tenant` fails with, if its log failed.
+    fn refusal(&self, tenant: &str) -> Option<StoreError> {
+        let set = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        set.contains(tenant).then(|| log_failed(tenant))
+    }
+}
+
+fn log_failed(tenant: &str) -> StoreError {
+    StoreError::Unavailable(format!(
+        "tenant '{tenant}' is unavailable: a write to its log failed to reach the disk (see the \
+         server log), so it stays closed until the server restarts"
+    ))
+}
+
 fn crashed_for_good(tenant: &str) -> StoreError {
     StoreError::Unavailable(format!(
         "tenant '{tenant}' stopped after an internal error and a failed write to its log (see the \
@@ -356,6 +388,7 @@ struct OpenContext {
     catalog: Option<Arc<Catalog>>,
     arbiter: actix::ArbiterHandle,
     mailbox_capacity: usize,
+    failed_logs: Arc<FailedLogs>,
 }
 
 impl OpenContext {
@@ -363,6 +396,9 @@ impl OpenContext {
     /// its creation entry if this is its first open.
     async fn open(self, tenant: String) -> Result<TenantHandle, StoreError> {
         let tenant = tenant.as_str();
+        if let Some(refused) = self.failed_logs.refusal(tenant) {
+            return Err(refused);
+        }
         let wal_dir = self.data_dir.tenant_wal(tenant);
         let state_dir = self.data_dir.tenant_state(tenant);
         let mut config = self.core.clone();
@@ -378,12 +414,16 @@ impl OpenContext {
         let notify_slot = Arc::clone(&addr_slot);
         let wal_failed = Arc::new(AtomicBool::new(false));
         let notify_failed = Arc::clone(&wal_failed);
+        let failed_logs = Arc::clone(&self.failed_logs);
+        let notify_name: Arc<str> = tenant.into();
         let notify = move || -> cube_wal::DurableNotify {
             let slot = Arc::clone(&notify_slot);
             let failed = Arc::clone(&notify_failed);
+            let (failed_logs, name) = (Arc::clone(&failed_logs), Arc::clone(&notify_name));
             Box::new(move |event| {
                 if event == DurableEvent::Poisoned {
                     failed.store(true, Ordering::SeqCst);
+                    failed_logs.record(&name);
                 }
                 if let Some(addr) = slot.get() {
                     addr.do_send(Durable(event));
@@ -391,9 +431,15 @@ impl OpenContext {
             })
         };
         let catalog = self.catalog.clone();
+        let failed_logs = Arc::clone(&self.failed_logs);
         let (core, report) = tokio::task::spawn_blocking(move || {
             let (mut core, report) =
                 TenantCore::open(&name, &wal_dir, &state_dir, &config, Some(notify()))?;
+            // A close whose final fdatasync failed may have let go of the files only now, while
+            // this open waited for them: checked again before anything is served.
+            if let Some(refused) = failed_logs.refusal(&name) {
+                return Err(refused);
+            }
             // A durability change replayed from the log (acknowledged before a crash, not yet in
             // the catalog's files) changed the policy this log was opened under: reopen under it.
             let Some(wanted) = catalog.and_then(|c| c.durability(&name).ok()) else {
@@ -473,6 +519,8 @@ pub struct TenantDirectory {
     /// Passivations between taking a tenant out of the map and its close being done, which
     /// `shutdown` waits for.
     closes_in_progress: Arc<AtomicUsize>,
+    /// Tenants never reopened before a restart.
+    failed_logs: Arc<FailedLogs>,
 }
 
 impl std::fmt::Debug for TenantDirectory {
@@ -510,6 +558,7 @@ impl TenantDirectory {
             any_unrecovered: AtomicBool::new(false),
             shutting_down: AtomicBool::new(false),
             closes_in_progress: Arc::new(AtomicUsize::new(0)),
+            failed_logs: Arc::default(),
         })
     }
 
@@ -620,6 +669,7 @@ impl TenantDirectory {
             catalog: self.catalog.clone(),
             arbiter: self.runtime.pick().clone(),
             mailbox_capacity: self.config.mailbox_capacity,
+            failed_logs: Arc::clone(&self.failed_logs),
         }
     }
 

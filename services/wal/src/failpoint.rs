@@ -5,6 +5,8 @@
 //! Names: `checkpoint-before-flush`, `checkpoint-after-flush` (state store flushed, WAL segments
 //! not deleted yet; both in cube-store), `wal-between-deletes` (after the first of several
 //! segment deletions, before the directory fsync).
+//!
+//! Also here: injected fdatasync failures for tests ([`fail_next_fdatasync`]).
 
 use std::sync::OnceLock;
 
@@ -21,4 +23,35 @@ pub fn hit(name: &str) {
         eprintln!("cube failpoint '{name}' hit: aborting");
         std::process::abort();
     }
+}
+
+/// Injected fdatasync failures, for tests in this and other crates (a failed fsync cannot be
+/// had from a real disk on demand): [`fail_next_fdatasync`] makes the next fdatasync of the
+/// shard writing in that directory fail as a disk's EIO would. Unarmed, a sync pays one relaxed
+/// atomic load.
+static SYNC_FAULTS_ARMED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static SYNC_FAULTS: std::sync::Mutex<Vec<std::path::PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+/// Make the next fdatasync of the WAL shard in `dir` fail (tests only).
+#[doc(hidden)]
+pub fn fail_next_fdatasync(dir: &std::path::Path) {
+    let mut dirs = SYNC_FAULTS.lock().unwrap_or_else(|p| p.into_inner());
+    dirs.push(dir.to_path_buf());
+    SYNC_FAULTS_ARMED.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Whether this fdatasync of the shard in `dir` is to fail (consumes the injection).
+pub(crate) fn fdatasync_fails(dir: &std::path::Path) -> bool {
+    if !SYNC_FAULTS_ARMED.load(std::sync::atomic::Ordering::Relaxed) {
+        return false;
+    }
+    let mut dirs = SYNC_FAULTS.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(i) = dirs.iter().position(|d| d == dir) else {
+        return false;
+    };
+    dirs.swap_remove(i);
+    if dirs.is_empty() {
+        SYNC_FAULTS_ARMED.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+    true
 }

@@ -838,6 +838,11 @@ impl SegmentWriter {
         if let Some(a) = &mut self.active
             && a.dirty
         {
+            if crate::failpoint::fdatasync_fails(&self.dir) {
+                return Err(WalError::io("fdatasync")(std::io::Error::other(
+                    "injected fdatasync failure",
+                )));
+            }
             a.file.sync_data().map_err(WalError::io("fdatasync"))?;
             a.dirty = false;
         }
@@ -997,6 +1002,11 @@ impl SegmentWriter {
         if let Some(a) = &mut self.active
             && a.dirty
         {
+            if crate::failpoint::fdatasync_fails(&self.dir) {
+                return Err(WalError::io("fdatasync")(std::io::Error::other(
+                    "injected fdatasync failure",
+                )));
+            }
             a.file.sync_data().map_err(WalError::io("fdatasync"))?;
             a.dirty = false;
         }

@@ -409,6 +409,29 @@ fn parse_nonce(nonce: &str) -> Option<u128> {
     u128::from_str_radix(nonce, 16).ok()
 }
 
+/// A call whose answer has not come back yet; dropped unanswered, it is counted as handled with
+/// CANCELLED, so `grpc_server_started_total` and `grpc_server_handled_total` stay paired.
+struct Unanswered {
+    labels: RpcLabels,
+    auth: &'static str,
+    started: Instant,
+}
+
+impl Unanswered {
+    /// The answer came back with `status`: counted with it instead.
+    fn answered(self, status: i32) {
+        let this = std::mem::ManuallyDrop::new(self);
+        this.labels.handled(status, this.auth, this.started);
+    }
+}
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        self.labels
+            .handled(tonic::Code::Cancelled as i32, self.auth, self.started);
+    }
+}
+
 /// Tower layer running [`Authenticator`] before the wrapped service.
 #[derive(Debug, Clone)]
 pub struct AuthLayer {
@@ -479,9 +502,17 @@ where
                 }
                 let fut = self.inner.call(req);
                 Box::pin(async move {
+                    // Counted as CANCELLED if this future is dropped before the answer: a
+                    // `grpc-timeout` that expired (tonic's timeout, outside this layer, drops the
+                    // call and answers CANCELLED) or a client that reset the stream.
+                    let mut unanswered = metrics.then(|| Unanswered {
+                        labels,
+                        auth,
+                        started,
+                    });
                     let resp = fut.await?;
-                    if metrics {
-                        labels.handled(status_of(resp.headers()), auth, started);
+                    if let Some(u) = unanswered.take() {
+                        u.answered(status_of(resp.headers()));
                     }
                     Ok(resp)
                 })
@@ -501,5 +532,66 @@ where
                 Box::pin(ready(Ok(status.into_http())))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::convert::Infallible;
+    use tower::{Layer, Service};
+
+    /// A service whose answer never comes (a call still running when its deadline expires).
+    #[derive(Clone)]
+    struct Never;
+
+    impl Service<http::Request<()>> for Never {
+        type Response = http::Response<Body>;
+        type Error = Infallible;
+        type Future = std::future::Pending<Result<http::Response<Body>, Infallible>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: http::Request<()>) -> Self::Future {
+            std::future::pending()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_call_dropped_before_its_answer_is_counted_as_cancelled() {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = Arc::new(Catalog::open(&dir.path().join("catalog")).unwrap());
+        let auth = Authenticator::new(
+            catalog,
+            AuthMode::Both,
+            300_000,
+            ReplayCache::new(1000, 300_000, 0),
+            FailureLimits::default(),
+            None,
+        );
+        let mut svc = AuthLayer::new(Arc::new(auth)).layer(Never);
+        let cancelled = || {
+            cube_metrics::GRPC_HANDLED
+                .with_label_values(&[
+                    "server_stream",
+                    "grpc.health.v1.Health",
+                    "Watch",
+                    "Canceled",
+                    "none",
+                ])
+                .get()
+        };
+        let before = cancelled();
+        let req = http::Request::builder()
+            .uri("/grpc.health.v1.Health/Watch")
+            .body(())
+            .unwrap();
+        let mut call = svc.call(req);
+        // Started (the guard exists), then given up, as tonic's timeout or a reset would.
+        assert!(futures::poll!(&mut call).is_pending());
+        drop(call);
+        assert_eq!(cancelled(), before + 1);
     }
 }

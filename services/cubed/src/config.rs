@@ -24,6 +24,14 @@ pub const DEFAULT_MAX_METADATA_BYTES: u32 = 16 << 10;
 pub const DEFAULT_AUDIT_RETENTION: usize = 100_000;
 pub const DEFAULT_CHECKPOINT_BYTES: u64 = 64 << 20;
 pub const DEFAULT_CHECKPOINT_SECS: u64 = 60;
+/// `--max-connections` when not given: half the soft open-file limit, within [64, 16384].
+fn default_max_connections() -> usize {
+    let soft = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map_or(1024, |(soft, _)| soft);
+    usize::try_from(soft / 2)
+        .unwrap_or(usize::MAX)
+        .clamp(64, 16384)
+}
 /// fjall's own default. At 8 MiB, reads at 64 clients of a tenant of ~200,000 cells missed the
 /// cache and ran at ~0.65x the gRPC echo ceiling; at 32 MiB, at ~0.97x (docs/benchmarks.md).
 pub const DEFAULT_STATE_CACHE_BYTES: u64 = 32 << 20;
@@ -232,6 +240,11 @@ pub struct ServeArgs {
     /// HTTP/2 streams per connection at most.
     #[arg(long, env = "CUBE_MAX_CONCURRENT_STREAMS", default_value_t = DEFAULT_MAX_CONCURRENT_STREAMS)]
     pub max_concurrent_streams: u32,
+    /// Open network connections at most (TLS handshakes under way included); more are closed
+    /// at accept. Default: half the process's open-file limit, between 64 and 16384, so that
+    /// connections can never take the descriptors the tenants' logs and state need.
+    #[arg(long, env = "CUBE_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
     /// Largest WAL segment file; segments start at 256 KiB and double up to this.
     #[arg(long, env = "CUBE_WAL_SEGMENT_MAX_BYTES", default_value_t = DEFAULT_WAL_SEGMENT_MAX_BYTES)]
     pub wal_segment_max_bytes: u64,
@@ -291,6 +304,7 @@ pub struct ServeConfig {
     pub mailbox_capacity: usize,
     pub actor_threads: usize,
     pub max_concurrent_streams: u32,
+    pub max_connections: usize,
     pub wal_segment_max_bytes: u64,
     pub checkpoint: cube_store::CheckpointPolicy,
     pub state_cache_bytes: u64,
@@ -355,6 +369,10 @@ impl ServeArgs {
             "--state-cache-bytes must be at least 1 MiB"
         );
         anyhow::ensure!(
+            self.max_connections != Some(0),
+            "--max-connections must be at least 1"
+        );
+        anyhow::ensure!(
             self.idle_secs >= 1 && self.max_open_tenants >= 1,
             "--idle-secs and --max-open-tenants must be at least 1"
         );
@@ -384,6 +402,7 @@ impl ServeArgs {
             mailbox_capacity: self.mailbox_capacity,
             actor_threads: threads.max(1),
             max_concurrent_streams: self.max_concurrent_streams,
+            max_connections: self.max_connections.unwrap_or_else(default_max_connections),
             wal_segment_max_bytes: self.wal_segment_max_bytes,
             checkpoint: cube_store::CheckpointPolicy {
                 every_bytes: self.checkpoint_bytes,

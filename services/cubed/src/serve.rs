@@ -147,6 +147,7 @@ pub async fn run(
             replay_capacity: config.replay_capacity,
             replay_floors: Some(data.replay_floors()),
             max_concurrent_streams: config.max_concurrent_streams,
+            max_connections: config.max_connections,
             auth_mode: config.auth_mode,
             failure_limits: config.failure_limits,
             max_metadata_bytes: config.max_metadata_bytes,

@@ -44,6 +44,8 @@ pub struct GatewayConfig {
     pub replay_floors: Option<std::path::PathBuf>,
     /// HTTP/2 streams per connection at most.
     pub max_concurrent_streams: u32,
+    /// Open connections at most; more are closed at accept.
+    pub max_connections: usize,
     /// Which authentication models are accepted.
     pub auth_mode: AuthMode,
     /// Throttling of peers that keep failing authentication.
@@ -160,11 +162,19 @@ impl Gateway {
         let (incoming, acceptor_task) = match &self.tls {
             Some(config) => {
                 let acceptor = tokio_rustls::TlsAcceptor::from(Arc::clone(config));
-                let (incoming, task) =
-                    transport::tls(listener, acceptor, registry, Arc::clone(&self.catalog));
+                let (incoming, task) = transport::tls(
+                    listener,
+                    acceptor,
+                    registry,
+                    Arc::clone(&self.catalog),
+                    self.config.max_connections,
+                );
                 (incoming, Some(task))
             }
-            None => (transport::plain(listener, registry), None),
+            None => (
+                transport::plain(listener, registry, self.config.max_connections),
+                None,
+            ),
         };
         let stopping = async move {
             shutdown.await;

@@ -5,10 +5,12 @@
 //! before the first request.
 
 use std::io;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cube_store::Catalog;
 use futures::Stream;
@@ -16,8 +18,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
-use tokio_stream::StreamExt;
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::wrappers::ReceiverStream;
 
 use crate::connection::{ConnectionRegistry, CubeConn};
 use crate::tls::client_identity;
@@ -33,16 +34,85 @@ pub enum Transport {
 /// The stream of accepted connections handed to tonic.
 pub type Incoming = Pin<Box<dyn Stream<Item = io::Result<CubeConn<Transport>>> + Send>>;
 
-/// Accept plaintext connections.
-pub fn plain(listener: TcpListener, registry: Arc<ConnectionRegistry>) -> Incoming {
-    Box::pin(TcpListenerStream::new(listener).map(move |conn| {
-        conn.map(|s| {
+/// How long the accept loop waits after a failed accept (no file descriptor left, say) before
+/// it tries again: retrying at once would spin a core while the condition lasts.
+const ACCEPT_RETRY: Duration = Duration::from_millis(50);
+
+/// The accept loop's guard: the cap on open connections, and its warnings at most once a second.
+struct Gate {
+    registry: Arc<ConnectionRegistry>,
+    max_connections: usize,
+    /// TLS handshakes under way (not in the registry yet).
+    handshaking: Arc<AtomicUsize>,
+    last_warning: Option<Instant>,
+}
+
+impl Gate {
+    fn new(registry: Arc<ConnectionRegistry>, max_connections: usize) -> Gate {
+        Gate {
+            registry,
+            max_connections,
+            handshaking: Arc::default(),
+            last_warning: None,
+        }
+    }
+
+    fn warn(&mut self, what: &str, detail: &dyn std::fmt::Display) {
+        let now = Instant::now();
+        if self
+            .last_warning
+            .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1))
+        {
+            self.last_warning = Some(now);
+            tracing::warn!(%detail, "{what}");
+        }
+    }
+
+    /// The next connection within the cap. A connection over the cap is closed at once (so it
+    /// holds no descriptor the server's own files need; the client sees a reset and may retry).
+    async fn accept(&mut self, listener: &TcpListener) -> (TcpStream, SocketAddr) {
+        loop {
+            let (tcp, remote) = match listener.accept().await {
+                Ok(c) => c,
+                Err(e) => {
+                    self.warn("accept failed; retrying shortly", &e);
+                    tokio::time::sleep(ACCEPT_RETRY).await;
+                    continue;
+                }
+            };
+            let open = self.registry.len() + self.handshaking.load(Ordering::Relaxed);
+            if open >= self.max_connections {
+                cube_metrics::CONNECTIONS_REFUSED.inc();
+                let max = self.max_connections;
+                self.warn(
+                    "connection refused: --max-connections are open",
+                    &format_args!("{max} open, {remote} refused"),
+                );
+                drop(tcp);
+                continue;
+            }
             // Small request/response round trips dominate: Nagle would add 40 ms stalls.
-            let _ = s.set_nodelay(true);
-            let remote = s.peer_addr().ok();
-            CubeConn::new(Transport::Plain(s), &registry, remote)
-        })
-    }))
+            let _ = tcp.set_nodelay(true);
+            return (tcp, remote);
+        }
+    }
+}
+
+/// Accept plaintext connections, at most `max_connections` open at once.
+pub fn plain(
+    listener: TcpListener,
+    registry: Arc<ConnectionRegistry>,
+    max_connections: usize,
+) -> Incoming {
+    let gate = Gate::new(registry, max_connections);
+    Box::pin(futures::stream::unfold(
+        (listener, gate),
+        |(listener, mut gate)| async move {
+            let (tcp, remote) = gate.accept(&listener).await;
+            let conn = CubeConn::new(Transport::Plain(tcp), &gate.registry, Some(remote));
+            Some((Ok(conn), (listener, gate)))
+        },
+    ))
 }
 
 /// Accept TLS connections; the returned task handle must be aborted when serving stops (it owns
@@ -52,26 +122,23 @@ pub fn tls(
     acceptor: TlsAcceptor,
     registry: Arc<ConnectionRegistry>,
     catalog: Arc<Catalog>,
+    max_connections: usize,
 ) -> (Incoming, tokio::task::JoinHandle<()>) {
     let (tx, rx) = tokio::sync::mpsc::channel(256);
+    let mut gate = Gate::new(Arc::clone(&registry), max_connections);
     let task = tokio::spawn(async move {
         loop {
-            let (tcp, remote) = match listener.accept().await {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            let _ = tcp.set_nodelay(true);
+            let (tcp, remote) = gate.accept(&listener).await;
             let (acceptor, registry, catalog, tx) = (
                 acceptor.clone(),
                 Arc::clone(&registry),
                 Arc::clone(&catalog),
                 tx.clone(),
             );
+            gate.handshaking.fetch_add(1, Ordering::Relaxed);
+            let handshaking = Handshaking(Arc::clone(&gate.handshaking));
             tokio::spawn(async move {
+                let _handshaking = handshaking;
                 let tls =
                     match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                         Ok(Ok(tls)) => tls,
@@ -104,6 +171,16 @@ pub fn tls(
         }
     });
     (Box::pin(ReceiverStream::new(rx)), task)
+}
+
+/// A TLS handshake under way, counted against `--max-connections` until its task ends (the
+/// connection is in the registry by then, or closed).
+struct Handshaking(Arc<AtomicUsize>);
+
+impl Drop for Handshaking {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl AsyncRead for Transport {

@@ -136,6 +136,13 @@ pub static CONNECTIONS_OPEN: LazyLock<IntGaugeVec> = LazyLock::new(|| {
         &["auth"],
     )
 });
+/// Connections closed at accept because `--max-connections` were open.
+pub static CONNECTIONS_REFUSED: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "cube_connections_refused_total",
+        "Connections closed at accept because --max-connections were already open.",
+    )
+});
 /// fdatasync latency of WAL batches.
 pub static WAL_FSYNC_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
     histogram(
@@ -262,6 +269,7 @@ pub fn init() {
     );
     let _ = (
         &*CONNECTIONS_OPEN,
+        &*CONNECTIONS_REFUSED,
         &*WAL_FSYNC_SECONDS,
         &*WAL_BATCH_RECORDS,
         &*WAL_BYTES,

@@ -190,3 +190,51 @@ async fn a_malformed_request_is_invalid_argument() {
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
     assert!(err.message().contains("UTF-8"), "{}", err.message());
 }
+
+/// Connections beyond `--max-connections` are closed at accept (counted in
+/// `cube_connections_refused_total`); those within it keep working, and a slot that frees up is
+/// used again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_over_the_cap_are_closed_and_the_others_keep_working() {
+    let server = TestServer::start_with(cubed(), &["--max-connections", "2"]).unwrap();
+    let mut first = server.cells(&server.demo).await.unwrap();
+    let mut second = server.cells(&server.demo).await.unwrap();
+    first.write(write(0, 0, 0, b"a")).await.unwrap();
+    second.write(write(1, 0, 0, b"b")).await.unwrap();
+    // The third connection is closed before its first call can be answered (the client sees
+    // a transport error: which code its library reports is its own).
+    let third = match server.cells(&server.demo).await {
+        Ok(mut c) => c.read(read(0, 0, 0)).await.map(|_| ()),
+        Err(e) => Err(tonic::Status::unavailable(e.to_string())),
+    };
+    assert!(third.is_err(), "a third connection was served");
+    assert!(
+        server
+            .metric("cube_connections_refused_total")
+            .unwrap_or(0.0)
+            >= 1.0
+    );
+    assert_eq!(
+        first.read(read(1, 0, 0)).await.unwrap().into_inner().value,
+        b"b"
+    );
+    // Once one closes, a new connection gets its place (the server notices the close shortly).
+    drop(second);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let answer = match server.cells(&server.demo).await {
+            Ok(mut c) => c.read(read(0, 0, 0)).await.map(|r| r.into_inner().value),
+            Err(e) => Err(tonic::Status::unavailable(e.to_string())),
+        };
+        match answer {
+            Ok(v) => {
+                assert_eq!(v, b"a");
+                break;
+            }
+            Err(_) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("no connection got the freed place: {e:?}\n{}", server.log()),
+        }
+    }
+}

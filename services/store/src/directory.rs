@@ -72,7 +72,16 @@ pub struct TenantHandle {
     /// Set by the WAL syncer's report itself (not by the actor, which may be gone) when an
     /// fdatasync of the tenant's log failed: such a tenant is never reopened before a restart.
     wal_failed: Arc<AtomicBool>,
+    /// Places for the tenant's scans (Region, Walk, Audit pages, per-cell Stats) under way: see
+    /// [`TenantHandle::scan_permit`].
+    scans: Arc<tokio::sync::Semaphore>,
 }
+
+/// Scans of one tenant running (or holding a built page for its client) at once; more wait.
+/// Bounds what one tenant's readers hold in memory (a Region page is up to 4 MiB, kept until the
+/// client reads it) and take from the blocking pool that every tenant shares, whatever its
+/// client does: a client that opens many streams and reads none only delays its own tenant.
+pub const SCANS_PER_TENANT: usize = 32;
 
 impl TenantHandle {
     /// Send `cmd` and wait for the answer (for changes: until applied, with their audit entry).
@@ -147,6 +156,13 @@ impl TenantHandle {
     }
 
     /// Read access to the tenant's applied state (no trip through the actor).
+    /// Wait for one of the tenant's [`SCANS_PER_TENANT`] scan places; hold it while the scan
+    /// runs and, for a streamed page, until the stream is dropped.
+    pub async fn scan_permit(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        // The semaphore is never closed, so this always ends with a permit.
+        Arc::clone(&self.scans).acquire_owned().await.ok()
+    }
+
     pub fn reader(&self) -> &StateReader {
         &self.reader
     }
@@ -467,6 +483,7 @@ impl OpenContext {
             addr,
             mailbox_capacity: self.mailbox_capacity,
             in_flight: Arc::new(AtomicUsize::new(0)),
+            scans: Arc::new(tokio::sync::Semaphore::new(SCANS_PER_TENANT)),
             retired: Arc::new(AtomicBool::new(false)),
             reader,
             stats,

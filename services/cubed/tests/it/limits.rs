@@ -238,3 +238,57 @@ async fn connections_over_the_cap_are_closed_and_the_others_keep_working() {
         }
     }
 }
+
+/// A client that opens many Region streams and reads none holds at most 32 built pages of its
+/// tenant (`SCANS_PER_TENANT`): further scans of that tenant wait for a place, other tenants'
+/// do not, and the places come back when the streams go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unread_region_pages_hold_their_tenants_scan_places_only() {
+    let server = TestServer::start(cubed()).unwrap();
+    let mut c = server.cells(&server.demo).await.unwrap();
+    for x in 0..3 {
+        c.write(write(x, 0, 0, &vec![x as u8; 1 << 20]))
+            .await
+            .unwrap();
+    }
+    let region = || RegionRequest {
+        min: coord(0, 0, 0),
+        max: coord(2, 0, 0),
+        limit: 0,
+        page_token: vec![],
+    };
+    // 3 MiB pages, over the client's HTTP/2 stream window (2 MiB, hyper's default) and, all
+    // together, its connection window (5 MiB): unread, each stays on the server.
+    let mut hog = server.cells(&server.demo).await.unwrap();
+    let mut unread = Vec::new();
+    for _ in 0..32 {
+        unread.push(hog.region(region()).await.unwrap().into_inner());
+    }
+    let wait = std::time::Duration::from_secs(1);
+    let mut same_tenant = server.cells(&server.demo).await.unwrap();
+    assert!(
+        tokio::time::timeout(wait, same_tenant.region(region()))
+            .await
+            .is_err(),
+        "a 33rd scan of the tenant ran while 32 pages were held"
+    );
+    let other = server.create_tenant("other").unwrap();
+    let mut other = server.cells(&other).await.unwrap();
+    tokio::time::timeout(wait, other.region(region()))
+        .await
+        .expect("another tenant's scan waited")
+        .unwrap();
+    drop(unread);
+    drop(hog);
+    let page = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        let mut s = same_tenant.region(region()).await.unwrap().into_inner();
+        let mut n = 0;
+        while s.message().await.unwrap().is_some() {
+            n += 1;
+        }
+        n
+    })
+    .await
+    .expect("the places did not come back");
+    assert_eq!(page, 3);
+}

@@ -11,7 +11,7 @@ use cube_store::{Capability, Command, MAX_WALK_DEPTH, Reply, TenantDirectory};
 use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status};
 
-use super::{blocking, tenant_of};
+use super::{Held, blocking, tenant_of};
 use crate::principal::Principal;
 use crate::{ApiError, convert};
 
@@ -105,7 +105,7 @@ impl Cells for CellsService {
         }
     }
 
-    type RegionStream = tokio_stream::Iter<std::vec::IntoIter<Result<v1::Cell, Status>>>;
+    type RegionStream = Held<tokio_stream::Iter<std::vec::IntoIter<Result<v1::Cell, Status>>>>;
 
     async fn region(
         &self,
@@ -119,12 +119,12 @@ impl Cells for CellsService {
             0 => self.limits.region_default,
             n => n.min(self.limits.region_max),
         } as usize;
-        let reader = tenant_of(&self.directory, &principal)
-            .await?
-            .reader()
-            .clone();
+        let tenant = tenant_of(&self.directory, &principal).await?;
         let token = r.page_token;
-        let page = blocking(move || reader.region(min, max, limit, &token)).await?;
+        let (page, permit) = blocking(&tenant, move |reader| {
+            reader.region(min, max, limit, &token)
+        })
+        .await?;
         let cells: Vec<Result<v1::Cell, Status>> = page
             .cells
             .into_iter()
@@ -137,7 +137,7 @@ impl Cells for CellsService {
                 })
             })
             .collect();
-        let mut response = Response::new(tokio_stream::iter(cells));
+        let mut response = Response::new(Held::new(tokio_stream::iter(cells), permit));
         if let Some(next) = page.next_token {
             response
                 .metadata_mut()
@@ -210,13 +210,12 @@ impl Cells for CellsService {
             self.limits.walk_max,
             "limit",
         )? as usize;
-        let reader = tenant_of(&self.directory, &principal)
-            .await?
-            .reader()
-            .clone();
+        let tenant = tenant_of(&self.directory, &principal).await?;
         let labels = r.labels;
-        let (visits, truncated) =
-            blocking(move || reader.walk(start, depth, limit, &labels)).await?;
+        let ((visits, truncated), _permit) = blocking(&tenant, move |reader| {
+            reader.walk(start, depth, limit, &labels)
+        })
+        .await?;
         Ok(Response::new(v1::WalkResponse {
             visits: visits
                 .into_iter()

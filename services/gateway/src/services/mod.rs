@@ -6,7 +6,11 @@ pub(crate) mod cells;
 pub(crate) mod handshake;
 pub(crate) mod tenant;
 
-use cube_store::{StoreError, TenantDirectory, TenantHandle};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use cube_store::{StateReader, StoreError, TenantDirectory, TenantHandle};
+use futures::Stream;
 
 use crate::ApiError;
 use crate::principal::Principal;
@@ -19,12 +23,20 @@ pub(crate) async fn tenant_of(
     Ok(directory.get(principal.tenant()).await?)
 }
 
-/// Run a read of a tenant's applied state on the blocking pool (it may touch disk).
+/// One of a tenant's scan places ([`TenantHandle::scan_permit`]), held while its scan runs and,
+/// for a streamed page, by the stream ([`Held`]).
+pub(crate) type ScanPermit = Option<tokio::sync::OwnedSemaphorePermit>;
+
+/// Run a scan of `tenant`'s applied state on the blocking pool (it may touch disk), once one of
+/// the tenant's scan places is free; returns the place with the result.
 pub(crate) async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
-) -> Result<T, ApiError> {
-    match tokio::task::spawn_blocking(f).await {
-        Ok(result) => result.map_err(ApiError::from),
+    tenant: &TenantHandle,
+    f: impl FnOnce(&StateReader) -> Result<T, StoreError> + Send + 'static,
+) -> Result<(T, ScanPermit), ApiError> {
+    let permit = tenant.scan_permit().await;
+    let reader = tenant.reader().clone();
+    match tokio::task::spawn_blocking(move || f(&reader)).await {
+        Ok(result) => result.map(|t| (t, permit)).map_err(ApiError::from),
         // A panic is a bug that the same read would hit again: not worth a retry.
         Err(e) if e.is_panic() => {
             tracing::error!(error = %e, "a read of a tenant's state panicked");
@@ -35,5 +47,33 @@ pub(crate) async fn blocking<T: Send + 'static>(
         Err(_) => Err(ApiError::Store(StoreError::Unavailable(
             "the read was cancelled (server shutting down); retry".into(),
         ))),
+    }
+}
+
+/// A response stream holding its tenant's scan place until the client has read it all (or gone):
+/// the page it serves is built in full, and stays in memory until then.
+pub(crate) struct Held<S> {
+    inner: S,
+    _permit: ScanPermit,
+}
+
+impl<S> Held<S> {
+    pub(crate) fn new(inner: S, permit: ScanPermit) -> Held<S> {
+        Held {
+            inner,
+            _permit: permit,
+        }
+    }
+}
+
+impl<S: Stream + Unpin> Stream for Held<S> {
+    type Item = S::Item;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
+        Pin::new(&mut self.inner).poll_next(cx)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.inner.size_hint()
     }
 }

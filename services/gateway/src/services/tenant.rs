@@ -10,7 +10,7 @@ use cube_api::v1::{self, tenant_server::Tenant};
 use cube_store::{Capability, Coord, TenantDirectory};
 use tonic::{Request, Response, Status};
 
-use super::{blocking, tenant_of};
+use super::{Held, blocking, tenant_of};
 use crate::ApiError;
 use crate::principal::Principal;
 
@@ -33,14 +33,14 @@ impl Tenant for TenantService {
         let principal = Principal::require(&req, Capability::Read)?;
         let r = req.into_inner();
         let tenant = tenant_of(&self.directory, &principal).await?;
-        let reader = tenant.reader().clone();
         if let Some(c) = r.coord {
             let coord = Coord {
                 x: c.x,
                 y: c.y,
                 z: c.z,
             };
-            let runs = blocking(move || reader.runs(coord, RECENT_RUNS)).await?;
+            let (runs, _permit) =
+                blocking(&tenant, move |reader| reader.runs(coord, RECENT_RUNS)).await?;
             let Some((run_count, recent)) = runs else {
                 return Err(Status::not_found(format!("no cell at {coord}")));
             };
@@ -61,7 +61,7 @@ impl Tenant for TenantService {
             }));
         }
         // One point lookup, like Cells.Read: answered on the handler's task.
-        let (totals, _) = reader.totals().map_err(ApiError::from)?;
+        let (totals, _) = tenant.reader().totals().map_err(ApiError::from)?;
         let log = tenant.log_stats();
         Ok(Response::new(v1::StatsResponse {
             totals: Some(v1::TenantTotals {
@@ -79,7 +79,7 @@ impl Tenant for TenantService {
         }))
     }
 
-    type AuditStream = tokio_stream::Iter<std::vec::IntoIter<Result<v1::AuditEntry, Status>>>;
+    type AuditStream = Held<tokio_stream::Iter<std::vec::IntoIter<Result<v1::AuditEntry, Status>>>>;
 
     async fn audit(
         &self,
@@ -92,8 +92,10 @@ impl Tenant for TenantService {
             n => n.min(MAX_AUDIT_LIMIT),
         };
         let tenant = tenant_of(&self.directory, &principal).await?;
-        let reader = tenant.reader().clone();
-        let page = blocking(move || reader.audit_page(r.from_seq, limit as usize)).await?;
+        let (page, permit) = blocking(&tenant, move |reader| {
+            reader.audit_page(r.from_seq, limit as usize)
+        })
+        .await?;
         let entries: Vec<Result<v1::AuditEntry, Status>> = page
             .into_iter()
             .map(|e| {
@@ -108,6 +110,9 @@ impl Tenant for TenantService {
                 })
             })
             .collect();
-        Ok(Response::new(tokio_stream::iter(entries)))
+        Ok(Response::new(Held::new(
+            tokio_stream::iter(entries),
+            permit,
+        )))
     }
 }

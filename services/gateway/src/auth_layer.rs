@@ -501,15 +501,15 @@ where
                     req.extensions_mut().insert(p);
                 }
                 let fut = self.inner.call(req);
+                // Counted as CANCELLED if the call's future is dropped before the answer, even
+                // unpolled: a `grpc-timeout` that expired (tonic's timeout, outside this layer,
+                // drops the call and answers CANCELLED) or a client that reset the stream.
+                let mut unanswered = metrics.then(|| Unanswered {
+                    labels,
+                    auth,
+                    started,
+                });
                 Box::pin(async move {
-                    // Counted as CANCELLED if this future is dropped before the answer: a
-                    // `grpc-timeout` that expired (tonic's timeout, outside this layer, drops the
-                    // call and answers CANCELLED) or a client that reset the stream.
-                    let mut unanswered = metrics.then(|| Unanswered {
-                        labels,
-                        auth,
-                        started,
-                    });
                     let resp = fut.await?;
                     if let Some(u) = unanswered.take() {
                         u.answered(status_of(resp.headers()));

@@ -10,19 +10,28 @@ use tonic::{Code, Status};
 /// How tonic words the refusal of a message over the decoding limit (`tonic::codec::decode`).
 const TONIC_TOO_LARGE: &str = "Error, decoded message length too large";
 
-/// The INVALID_ARGUMENT that replaces tonic's refusal of a message over `max_message_bytes`.
-fn too_large(max_message_bytes: usize) -> Status {
+/// The INVALID_ARGUMENT that replaces tonic's refusal of a message over `limit` bytes.
+fn too_large(limit: usize) -> Status {
     Status::invalid_argument(format!(
-        "the request message is over this server's limit of {max_message_bytes} bytes per \
-         message (--max-message-bytes); a cell's value must also fit --max-value-bytes"
+        "the request message is over this server's limit of {limit} bytes per message \
+         (--max-message-bytes); a cell's value must also fit --max-value-bytes"
     ))
 }
 
-/// Whether `headers` carry tonic's refusal of an oversized request ("trailers-only": the
-/// status travels in the response headers).
-fn is_oversize_refusal(headers: &http::HeaderMap) -> bool {
-    Status::from_header_map(headers)
-        .is_some_and(|s| s.code() == Code::OutOfRange && s.message().starts_with(TONIC_TOO_LARGE))
+/// If `headers` carry tonic's refusal of an oversized request ("trailers-only": the status
+/// travels in the response headers), the limit it names (`None` if it names none readably).
+fn oversize_refusal(headers: &http::HeaderMap) -> Option<Option<usize>> {
+    let status = Status::from_header_map(headers)?;
+    let message = status.message();
+    if status.code() != Code::OutOfRange || !message.starts_with(TONIC_TOO_LARGE) {
+        return None;
+    }
+    // "…: found N bytes, the limit is: M bytes"
+    let limit = message
+        .rsplit_once("the limit is: ")
+        .and_then(|(_, rest)| rest.split(' ').next())
+        .and_then(|n| n.parse().ok());
+    Some(limit)
 }
 
 /// The layer that rewrites tonic's oversized-request refusal (see the module doc). A plain
@@ -31,10 +40,10 @@ pub fn layer(
     max_message_bytes: usize,
 ) -> tower::util::MapResponseLayer<impl Fn(http::Response<Body>) -> http::Response<Body> + Clone> {
     tower::util::MapResponseLayer::new(move |resp: http::Response<Body>| {
-        if is_oversize_refusal(resp.headers()) {
-            too_large(max_message_bytes).into_http()
-        } else {
-            resp
+        match oversize_refusal(resp.headers()) {
+            // The services other than Cells, Access, Tenant and Auth keep tonic's own limit.
+            Some(limit) => too_large(limit.unwrap_or(max_message_bytes)).into_http(),
+            None => resp,
         }
     })
 }
@@ -48,17 +57,18 @@ mod tests {
         let tonic_refusal = Status::out_of_range(format!(
             "{TONIC_TOO_LARGE}: found 5242885 bytes, the limit is: 4194304 bytes"
         ));
-        assert!(is_oversize_refusal(
-            tonic_refusal.into_http::<Body>().headers()
-        ));
+        assert_eq!(
+            oversize_refusal(tonic_refusal.into_http::<Body>().headers()),
+            Some(Some(4194304))
+        );
         for other in [
             Status::out_of_range("some other range"),
             Status::invalid_argument(TONIC_TOO_LARGE),
             Status::ok(""),
         ] {
-            assert!(!is_oversize_refusal(other.into_http::<Body>().headers()));
+            assert_eq!(oversize_refusal(other.into_http::<Body>().headers()), None);
         }
         // A success carries no status in its headers.
-        assert!(!is_oversize_refusal(&http::HeaderMap::new()));
+        assert_eq!(oversize_refusal(&http::HeaderMap::new()), None);
     }
 }

@@ -138,7 +138,8 @@ pub fn tls(
             gate.handshaking.fetch_add(1, Ordering::Relaxed);
             let handshaking = Handshaking(Arc::clone(&gate.handshaking));
             tokio::spawn(async move {
-                let _handshaking = handshaking;
+                // Counted until the connection is in the registry (or closed on any path out).
+                let handshaking = handshaking;
                 let tls =
                     match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                         Ok(Ok(tls)) => tls,
@@ -158,6 +159,7 @@ pub fn tls(
                     .and_then(|c| c.first())
                     .and_then(client_identity);
                 let conn = CubeConn::new(Transport::Tls(Box::new(tls)), &registry, Some(remote));
+                drop(handshaking);
                 if let Some((tenant, key_id)) = identity {
                     match catalog.key(&tenant, &key_id).filter(|k| !k.revoked) {
                         Some(key) => conn.session().authenticate(key),

@@ -46,6 +46,9 @@ impl Drop for InFlightPermit {
 /// One tenant's actor.
 pub struct TenantActor {
     core: TenantCore<Responder>,
+    /// Ends (its sender dropped) when the last periodic checkpoint's job has finished on the
+    /// blocking pool and let go of the state store.
+    checkpoint_ended: Option<oneshot::Receiver<()>>,
 }
 
 /// How often an actor checks whether a time-based checkpoint is due.
@@ -53,7 +56,10 @@ const CHECKPOINT_TICK: Duration = Duration::from_secs(1);
 
 impl TenantActor {
     pub(crate) fn new(core: TenantCore<Responder>) -> TenantActor {
-        TenantActor { core }
+        TenantActor {
+            core,
+            checkpoint_ended: None,
+        }
     }
 
     fn answer(answers: Vec<(Responder, Result<Reply, StoreError>)>) {
@@ -72,7 +78,16 @@ impl TenantActor {
             return;
         };
         let seq = job.seq;
-        let flush = async move { tokio::task::spawn_blocking(move || job.run()).await };
+        let (ended, ended_rx) = oneshot::channel::<()>();
+        self.checkpoint_ended = Some(ended_rx);
+        let flush = async move {
+            tokio::task::spawn_blocking(move || {
+                let result = job.run();
+                drop(ended);
+                result
+            })
+            .await
+        };
         ctx.spawn(flush.into_actor(self).map(move |done, act, _| {
             let result = done.unwrap_or_else(|_| {
                 Err(crate::backend::BackendError(
@@ -92,6 +107,22 @@ impl Actor for TenantActor {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.run_interval(CHECKPOINT_TICK, |act, ctx| act.maybe_checkpoint(ctx));
+    }
+}
+
+/// Tell the closer the close is done, once `running` (a periodic checkpoint's job) has ended.
+fn report_done(done: oneshot::Sender<()>, running: Option<oneshot::Receiver<()>>) {
+    match running {
+        Some(ended) => {
+            actix::spawn(async move {
+                // An error is the sender dropped: the job has ended.
+                let _ = ended.await;
+                let _ = done.send(());
+            });
+        }
+        None => {
+            let _ = done.send(());
+        }
     }
 }
 
@@ -164,8 +195,11 @@ impl Handler<Shutdown> for TenantActor {
 
     fn handle(&mut self, msg: Shutdown, ctx: &mut Self::Context) {
         self.core.stats().stopping.store(true, Ordering::SeqCst);
+        // A periodic checkpoint still running holds the state store (and its lock) until its job
+        // ends; the close is reported done only then, so that a reopen finds the files free.
+        let running = self.checkpoint_ended.take();
         let Some(wal) = self.core.take_wal() else {
-            let _ = msg.done.send(());
+            report_done(msg.done, running);
             ctx.stop();
             return;
         };
@@ -222,7 +256,7 @@ impl Handler<Shutdown> for TenantActor {
                     ),
                 }
                 tracing::debug!(tenant = act.core.tenant(), "tenant closed");
-                let _ = msg.done.send(());
+                report_done(msg.done, running);
                 ctx.stop();
             }));
         }));

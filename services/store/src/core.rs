@@ -1950,6 +1950,75 @@ mod tests {
         directory.shutdown().await;
     }
 
+    /// A call racing a passivation whose final fdatasync fails: whether it reaches the old
+    /// actor or opens the tenant again, no open gets past the failed close (an open waits for a
+    /// close under way to end, then finds the failure).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_call_racing_a_close_whose_fsync_fails_does_not_reopen_the_tenant() {
+        for round in 0..5 {
+            let dir = tempfile::tempdir().unwrap();
+            let (catalog, config) = tenant_with_catalog(dir.path());
+            let relaxed = SyncPolicy::Relaxed {
+                max_delay: Duration::from_secs(10),
+                max_records: 1000,
+            };
+            catalog.set_durability("t", relaxed).unwrap();
+            let data = crate::DataDir::new(dir.path().join("data"));
+            let wal_dir = data.tenant_wal("t");
+            let directory = test_directory(data, &config, &catalog);
+            directory.call("t", write(1, b"v"), "t/k").await.unwrap();
+            cube_wal::failpoint::fail_next_fdatasync(&wal_dir);
+            let (_, raced) = tokio::join!(
+                directory.close_tenant("t"),
+                directory.call("t", write(2, b"v"), "t/k")
+            );
+            // Served by the old actor before its close, or refused: never by a reopened tenant.
+            // Either way the close's fdatasync failed, so from now on the tenant stays closed.
+            if let Err(e) = &raced {
+                assert!(e.to_string().contains("restart"), "round {round}: {e}");
+            }
+            directory.close_tenant("t").await;
+            let after = directory.call("t", write(3, b"v"), "t/k").await;
+            assert!(
+                matches!(&after, Err(StoreError::Unavailable(m)) if m.contains("until the server restarts")),
+                "round {round}: {after:?}"
+            );
+            directory.shutdown().await;
+        }
+    }
+
+    /// A tenant's scan places outlive its passivation: pages its clients still hold keep theirs
+    /// after the tenant is closed and reopened.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn scan_places_are_kept_across_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, config) = tenant_with_catalog(dir.path());
+        let data = crate::DataDir::new(dir.path().join("data"));
+        let directory = test_directory(data, &config, &catalog);
+        let first = directory.get("t").await.unwrap();
+        let mut held = Vec::new();
+        for _ in 0..crate::directory::SCANS_PER_TENANT {
+            held.push(first.scan_permit().await);
+        }
+        drop(first);
+        assert!(directory.close_tenant("t").await);
+        let second = directory.get("t").await.unwrap();
+        let wait = Duration::from_millis(300);
+        assert!(
+            tokio::time::timeout(wait, second.scan_permit())
+                .await
+                .is_err(),
+            "the reopened tenant got fresh places"
+        );
+        held.pop();
+        assert!(
+            tokio::time::timeout(wait, second.scan_permit())
+                .await
+                .is_ok()
+        );
+        directory.shutdown().await;
+    }
+
     /// A tenant whose recovery at start fails awaits recovery (its calls are not authenticated)
     /// until one of its opens succeeds.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

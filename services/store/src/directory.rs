@@ -155,7 +155,6 @@ impl TenantHandle {
         self.addr.do_send(crate::actor::Crash);
     }
 
-    /// Read access to the tenant's applied state (no trip through the actor).
     /// Wait for one of the tenant's [`SCANS_PER_TENANT`] scan places; hold it while the scan
     /// runs and, for a streamed page, until the stream is dropped.
     pub async fn scan_permit(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
@@ -163,6 +162,7 @@ impl TenantHandle {
         Arc::clone(&self.scans).acquire_owned().await.ok()
     }
 
+    /// Read access to the tenant's applied state (no trip through the actor).
     pub fn reader(&self) -> &StateReader {
         &self.reader
     }
@@ -324,12 +324,19 @@ fn stopped() -> StoreError {
     )
 }
 
+/// What a caller whose answer a crashed actor dropped is told. Its change may have been logged
+/// (and is then replayed when the tenant reopens), so its outcome is unknown.
 fn crashed(tenant: &str) -> StoreError {
     StoreError::Unavailable(format!(
         "tenant '{tenant}' stopped after an internal error (see the server log); it is reopened \
-         from its log within about a second: retry"
+         from its log within about a second. {CRASHED_CALL}"
     ))
 }
+
+/// The outcome of a call the crash cut off: still queued, it did nothing; logged, it is replayed.
+const CRASHED_CALL: &str = "The outcome of this call is unknown: a change it had logged takes \
+                            effect when the tenant reopens; read before retrying a change that is \
+                            not idempotent.";
 
 /// Tenants whose log's fdatasync failed while this server runs, whatever closed them since (a
 /// passivation, a crash): none is reopened before a restart, since a reopen would read back
@@ -356,6 +363,75 @@ impl FailedLogs {
     }
 }
 
+/// Passivations under way, by tenant: each sets its flag once the tenant's actor has closed
+/// everything (log, checkpoint) and let go of its files.
+#[derive(Debug, Default)]
+struct Closing(Mutex<HashMap<String, watch::Receiver<bool>>>);
+
+impl Closing {
+    /// Register the close of `tenant` about to start; send `true` on the result when it is done.
+    fn start(self: &Arc<Self>, tenant: &str) -> ClosingGuard {
+        let (tx, rx) = watch::channel(false);
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        map.insert(tenant.to_string(), rx.clone());
+        ClosingGuard {
+            closing: Arc::clone(self),
+            tenant: tenant.to_string(),
+            tx,
+            rx,
+        }
+    }
+
+    /// Wait until no close of `tenant` is under way.
+    async fn wait(&self, tenant: &str) {
+        let rx = {
+            let map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            map.get(tenant).cloned()
+        };
+        if let Some(mut rx) = rx {
+            // An error means the close's guard is gone: done as well.
+            let _ = rx.wait_for(|done| *done).await;
+        }
+    }
+}
+
+/// A close in progress; dropped (the close done, or given up), it releases the waiting opens.
+struct ClosingGuard {
+    closing: Arc<Closing>,
+    tenant: String,
+    tx: watch::Sender<bool>,
+    rx: watch::Receiver<bool>,
+}
+
+impl Drop for ClosingGuard {
+    fn drop(&mut self) {
+        let _ = self.tx.send(true);
+        let mut map = self.closing.0.lock().unwrap_or_else(|p| p.into_inner());
+        if map
+            .get(&self.tenant)
+            .is_some_and(|r| r.same_channel(&self.rx))
+        {
+            map.remove(&self.tenant);
+        }
+    }
+}
+
+/// Each tenant's [`SCANS_PER_TENANT`] places, one semaphore per tenant for the directory's life:
+/// a passivation and reopen does not hand a tenant a fresh set while its old streams still hold
+/// theirs.
+#[derive(Debug, Default)]
+struct ScanPlaces(Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>);
+
+impl ScanPlaces {
+    fn of(&self, tenant: &str) -> Arc<tokio::sync::Semaphore> {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        Arc::clone(
+            map.entry(tenant.to_string())
+                .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(SCANS_PER_TENANT))),
+        )
+    }
+}
+
 fn log_failed(tenant: &str) -> StoreError {
     StoreError::Unavailable(format!(
         "tenant '{tenant}' is unavailable: a write to its log failed to reach the disk (see the \
@@ -366,7 +442,7 @@ fn log_failed(tenant: &str) -> StoreError {
 fn crashed_for_good(tenant: &str) -> StoreError {
     StoreError::Unavailable(format!(
         "tenant '{tenant}' stopped after an internal error and a failed write to its log (see the \
-         server log); it stays unavailable until the server restarts"
+         server log); it stays unavailable until the server restarts. {CRASHED_CALL}"
     ))
 }
 
@@ -405,6 +481,8 @@ struct OpenContext {
     arbiter: actix::ArbiterHandle,
     mailbox_capacity: usize,
     failed_logs: Arc<FailedLogs>,
+    closing: Arc<Closing>,
+    scan_places: Arc<ScanPlaces>,
 }
 
 impl OpenContext {
@@ -412,6 +490,9 @@ impl OpenContext {
     /// its creation entry if this is its first open.
     async fn open(self, tenant: String) -> Result<TenantHandle, StoreError> {
         let tenant = tenant.as_str();
+        // A passivation of this tenant still closing it: its final fdatasync decides whether the
+        // tenant may open again, and it still holds the files. So wait for it to end first.
+        self.closing.wait(tenant).await;
         if let Some(refused) = self.failed_logs.refusal(tenant) {
             return Err(refused);
         }
@@ -447,15 +528,9 @@ impl OpenContext {
             })
         };
         let catalog = self.catalog.clone();
-        let failed_logs = Arc::clone(&self.failed_logs);
         let (core, report) = tokio::task::spawn_blocking(move || {
             let (mut core, report) =
                 TenantCore::open(&name, &wal_dir, &state_dir, &config, Some(notify()))?;
-            // A close whose final fdatasync failed may have let go of the files only now, while
-            // this open waited for them: checked again before anything is served.
-            if let Some(refused) = failed_logs.refusal(&name) {
-                return Err(refused);
-            }
             // A durability change replayed from the log (acknowledged before a crash, not yet in
             // the catalog's files) changed the policy this log was opened under: reopen under it.
             let Some(wanted) = catalog.and_then(|c| c.durability(&name).ok()) else {
@@ -483,7 +558,7 @@ impl OpenContext {
             addr,
             mailbox_capacity: self.mailbox_capacity,
             in_flight: Arc::new(AtomicUsize::new(0)),
-            scans: Arc::new(tokio::sync::Semaphore::new(SCANS_PER_TENANT)),
+            scans: self.scan_places.of(tenant),
             retired: Arc::new(AtomicBool::new(false)),
             reader,
             stats,
@@ -538,6 +613,10 @@ pub struct TenantDirectory {
     closes_in_progress: Arc<AtomicUsize>,
     /// Tenants never reopened before a restart.
     failed_logs: Arc<FailedLogs>,
+    /// Passivations under way, which an open of the same tenant waits for.
+    closing: Arc<Closing>,
+    /// Each tenant's scan places, kept across its passivations.
+    scan_places: Arc<ScanPlaces>,
 }
 
 impl std::fmt::Debug for TenantDirectory {
@@ -576,6 +655,8 @@ impl TenantDirectory {
             shutting_down: AtomicBool::new(false),
             closes_in_progress: Arc::new(AtomicUsize::new(0)),
             failed_logs: Arc::default(),
+            closing: Arc::default(),
+            scan_places: Arc::default(),
         })
     }
 
@@ -687,6 +768,8 @@ impl TenantDirectory {
             arbiter: self.runtime.pick().clone(),
             mailbox_capacity: self.config.mailbox_capacity,
             failed_logs: Arc::clone(&self.failed_logs),
+            closing: Arc::clone(&self.closing),
+            scan_places: Arc::clone(&self.scan_places),
         }
     }
 
@@ -853,6 +936,9 @@ impl TenantDirectory {
                 Some(h.clone())
             }
         };
+        // Registered before the slot leaves the map: an open of the tenant from then on waits
+        // for this close to end.
+        let closing = handle.as_ref().map(|_| self.closing.start(tenant));
         {
             let mut map = self.tenants.write().unwrap_or_else(|p| p.into_inner());
             if map.get(tenant).is_some_and(|s| Arc::ptr_eq(s, slot)) {
@@ -864,6 +950,7 @@ impl TenantDirectory {
         let name = tenant.to_string();
         let close = tokio::spawn(async move {
             let _done = done;
+            let _closing = closing;
             match handle {
                 Some(h) => {
                     let (tx, rx) = oneshot::channel();
@@ -988,5 +1075,29 @@ impl TenantDirectory {
             let _ = rx.await;
             cube_metrics::TENANTS_ACTIVE.dec();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An open waits while a close of the same tenant is under way, and only then.
+    #[tokio::test]
+    async fn an_open_waits_for_a_close_of_its_tenant_in_progress() {
+        let closing = Arc::new(Closing::default());
+        let wait = Duration::from_millis(100);
+        // Nothing closing: no wait.
+        assert!(tokio::time::timeout(wait, closing.wait("t")).await.is_ok());
+        let guard = closing.start("t");
+        assert!(tokio::time::timeout(wait, closing.wait("t")).await.is_err());
+        assert!(tokio::time::timeout(wait, closing.wait("u")).await.is_ok());
+        let waiter = tokio::spawn({
+            let closing = Arc::clone(&closing);
+            async move { closing.wait("t").await }
+        });
+        drop(guard);
+        tokio::time::timeout(wait, waiter).await.unwrap().unwrap();
+        assert!(closing.0.lock().unwrap().is_empty());
     }
 }

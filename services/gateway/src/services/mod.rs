@@ -35,8 +35,10 @@ pub(crate) async fn blocking<T: Send + 'static>(
 ) -> Result<(T, ScanPermit), ApiError> {
     let permit = tenant.scan_permit().await;
     let reader = tenant.reader().clone();
-    match tokio::task::spawn_blocking(move || f(&reader)).await {
-        Ok(result) => result.map(|t| (t, permit)).map_err(ApiError::from),
+    // The place goes with the scan: a caller that gives up (deadline, reset) drops this future,
+    // but a blocking task cannot be stopped, so its place is freed only when it ends.
+    match tokio::task::spawn_blocking(move || (f(&reader), permit)).await {
+        Ok((result, permit)) => result.map(|t| (t, permit)).map_err(ApiError::from),
         // A panic is a bug that the same read would hit again: not worth a retry.
         Err(e) if e.is_panic() => {
             tracing::error!(error = %e, "a read of a tenant's state panicked");

@@ -1904,9 +1904,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_tenant_that_crashed_after_a_failed_fsync_stays_closed_until_a_restart() {
         let dir = tempfile::tempdir().unwrap();
-        let (catalog, config) = tenant_with_catalog(dir.path());
-        let data = crate::DataDir::new(dir.path().join("data"));
-        let directory = test_directory(data, &config, &catalog);
+        let directory = directory_of_t(dir.path());
         directory.call("t", write(1, b"v"), "t/k").await.unwrap();
         let refused = crash(&directory, true).await;
         assert!(
@@ -1924,22 +1922,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_tenant_whose_close_failed_its_fsync_stays_closed_until_a_restart() {
         let dir = tempfile::tempdir().unwrap();
-        let (catalog, config) = tenant_with_catalog(dir.path());
-        catalog
-            .set_durability(
-                "t",
-                SyncPolicy::Relaxed {
-                    max_delay: Duration::from_secs(10),
-                    max_records: 1000,
-                },
-            )
-            .unwrap();
-        let data = crate::DataDir::new(dir.path().join("data"));
-        let wal_dir = data.tenant_wal("t");
-        let directory = test_directory(data, &config, &catalog);
-        // Acknowledged inside the window, before any fdatasync.
-        directory.call("t", write(1, b"v"), "t/k").await.unwrap();
-        cube_wal::failpoint::fail_next_fdatasync(&wal_dir);
+        let directory = relaxed_tenant_whose_next_fsync_fails(dir.path()).await;
         assert!(directory.close_tenant("t").await, "not passivated");
         let refused = directory.call("t", write(2, b"v"), "t/k").await;
         assert!(
@@ -1950,6 +1933,29 @@ mod tests {
         directory.shutdown().await;
     }
 
+    /// A directory (with its catalog) of the one tenant `t`, under `dir`.
+    fn directory_of_t(dir: &Path) -> crate::TenantDirectory {
+        let (catalog, config) = tenant_with_catalog(dir);
+        test_directory(crate::DataDir::new(dir.join("data")), &config, &catalog)
+    }
+
+    /// A directory of tenant `t` under a relaxed policy, with one change acknowledged inside
+    /// the window (before any fdatasync), and the next fdatasync of its log set to fail.
+    async fn relaxed_tenant_whose_next_fsync_fails(dir: &Path) -> crate::TenantDirectory {
+        let (catalog, config) = tenant_with_catalog(dir);
+        let relaxed = SyncPolicy::Relaxed {
+            max_delay: Duration::from_secs(10),
+            max_records: 1000,
+        };
+        catalog.set_durability("t", relaxed).unwrap();
+        let data = crate::DataDir::new(dir.join("data"));
+        let wal_dir = data.tenant_wal("t");
+        let directory = test_directory(data, &config, &catalog);
+        directory.call("t", write(1, b"v"), "t/k").await.unwrap();
+        cube_wal::failpoint::fail_next_fdatasync(&wal_dir);
+        directory
+    }
+
     /// A call racing a passivation whose final fdatasync fails: whether it reaches the old
     /// actor or opens the tenant again, no open gets past the failed close (an open waits for a
     /// close under way to end, then finds the failure).
@@ -1957,17 +1963,7 @@ mod tests {
     async fn a_call_racing_a_close_whose_fsync_fails_does_not_reopen_the_tenant() {
         for round in 0..5 {
             let dir = tempfile::tempdir().unwrap();
-            let (catalog, config) = tenant_with_catalog(dir.path());
-            let relaxed = SyncPolicy::Relaxed {
-                max_delay: Duration::from_secs(10),
-                max_records: 1000,
-            };
-            catalog.set_durability("t", relaxed).unwrap();
-            let data = crate::DataDir::new(dir.path().join("data"));
-            let wal_dir = data.tenant_wal("t");
-            let directory = test_directory(data, &config, &catalog);
-            directory.call("t", write(1, b"v"), "t/k").await.unwrap();
-            cube_wal::failpoint::fail_next_fdatasync(&wal_dir);
+            let directory = relaxed_tenant_whose_next_fsync_fails(dir.path()).await;
             let (_, raced) = tokio::join!(
                 directory.close_tenant("t"),
                 directory.call("t", write(2, b"v"), "t/k")
@@ -1992,9 +1988,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn scan_places_are_kept_across_a_reopen() {
         let dir = tempfile::tempdir().unwrap();
-        let (catalog, config) = tenant_with_catalog(dir.path());
-        let data = crate::DataDir::new(dir.path().join("data"));
-        let directory = test_directory(data, &config, &catalog);
+        let directory = directory_of_t(dir.path());
         let first = directory.get("t").await.unwrap();
         let mut held = Vec::new();
         for _ in 0..crate::directory::SCANS_PER_TENANT {

@@ -5,11 +5,12 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -60,8 +61,18 @@ async fn handle(
     })
 }
 
+/// Admin connections open at once at most; more are closed at accept. Prometheus and a probe
+/// need a handful: the cap keeps this port from taking the descriptors the tenants' files need.
+pub const MAX_ADMIN_CONNECTIONS: usize = 64;
+/// A request's headers must arrive within this (also the longest a kept-alive connection waits
+/// for its next request's headers before it is closed).
+const ADMIN_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest an admin connection lives, however busy: a scraper simply reconnects.
+const ADMIN_CONNECTION_LIFETIME: Duration = Duration::from_secs(300);
+
 /// Serve until `stop` is cancelled.
 pub async fn serve(listener: TcpListener, ready: Readiness, stop: CancellationToken) {
+    let places = Arc::new(tokio::sync::Semaphore::new(MAX_ADMIN_CONNECTIONS));
     loop {
         let (stream, _) = tokio::select! {
             _ = stop.cancelled() => return,
@@ -75,12 +86,20 @@ pub async fn serve(listener: TcpListener, ready: Readiness, stop: CancellationTo
                 }
             },
         };
+        let Ok(place) = Arc::clone(&places).try_acquire_owned() else {
+            tracing::debug!("admin connection refused: {MAX_ADMIN_CONNECTIONS} are open");
+            drop(stream);
+            continue;
+        };
         let ready = ready.clone();
         tokio::spawn(async move {
+            let _place = place;
             let service = hyper::service::service_fn(move |req| handle(req, ready.clone()));
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(ADMIN_HEADER_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), service);
+            let _ = tokio::time::timeout(ADMIN_CONNECTION_LIFETIME, connection).await;
         });
     }
 }

@@ -21,6 +21,8 @@ pub const DEFAULT_WAL_SEGMENT_MAX_BYTES: u64 = 64 << 20;
 pub const DEFAULT_AUTH_FAILURE_LIMIT: u32 = 50;
 pub const DEFAULT_AUTH_FAILURE_COOLDOWN_SECS: u64 = 30;
 pub const DEFAULT_MAX_METADATA_BYTES: u32 = 16 << 10;
+/// Smallest `--max-metadata-bytes` accepted.
+pub const MIN_METADATA_BYTES: u32 = 1 << 10;
 pub const DEFAULT_AUDIT_RETENTION: usize = 100_000;
 pub const DEFAULT_CHECKPOINT_BYTES: u64 = 64 << 20;
 pub const DEFAULT_CHECKPOINT_SECS: u64 = 60;
@@ -369,8 +371,14 @@ impl ServeArgs {
             "--state-cache-bytes must be at least 1 MiB"
         );
         anyhow::ensure!(
-            self.max_connections != Some(0),
-            "--max-connections must be at least 1"
+            self.max_connections != Some(0) && self.max_concurrent_streams >= 1,
+            "--max-connections and --max-concurrent-streams must be at least 1"
+        );
+        // A signed call's five headers and gRPC's own take ~400 bytes; below this, every call
+        // would be refused by a server that says it is ready.
+        anyhow::ensure!(
+            self.max_metadata_bytes >= MIN_METADATA_BYTES,
+            "--max-metadata-bytes must be at least {MIN_METADATA_BYTES}"
         );
         anyhow::ensure!(
             self.idle_secs >= 1 && self.max_open_tenants >= 1,

@@ -64,6 +64,8 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
+    // Polled from here on: a stop asked for during start-up is honoured before the ready line.
+    let mut shutdown = Box::pin(shutdown);
     let data = DataDir::new(&config.data_dir);
     prepare_data_dir(data.root())?;
     let catalog = Arc::new(match Catalog::open(&data.catalog()) {
@@ -194,27 +196,36 @@ pub async fn run(
     };
     // Signed calls stamped within a second of the start are refused (a previous server may have
     // accepted them): announce readiness once current ones are accepted.
-    tokio::time::sleep(gateway.replay_ready_in()).await;
-    ready.set(true);
-    println!(
-        "cubed ready: grpc={addr} tls={tls} admin={admin_addr} data_dir={}",
-        data.root().display()
-    );
-    let _ = std::io::stdout().flush();
-    tracing::info!(%addr, data_dir = %data.root().display(), "serving");
-
-    let stop_gateway = stop.clone();
-    let not_ready = ready.clone();
-    let served = gateway
-        .serve(listener, async move {
-            tokio::select! {
-                _ = shutdown => {},
-                _ = stop_gateway.cancelled() => {},
-            }
-            // Load balancers stop sending new work while the calls in flight drain.
-            not_ready.set(false);
-        })
-        .await;
+    let stopped_early = tokio::select! {
+        biased;
+        () = &mut shutdown => true,
+        () = tokio::time::sleep(gateway.replay_ready_in()) => false,
+    };
+    let served = if stopped_early {
+        // Never announced ready: close what start-up opened (the recovered tenants).
+        tracing::info!("stop requested during start-up: not serving");
+        Ok(())
+    } else {
+        ready.set(true);
+        println!(
+            "cubed ready: grpc={addr} tls={tls} admin={admin_addr} data_dir={}",
+            data.root().display()
+        );
+        let _ = std::io::stdout().flush();
+        tracing::info!(%addr, data_dir = %data.root().display(), "serving");
+        let stop_gateway = stop.clone();
+        let not_ready = ready.clone();
+        gateway
+            .serve(listener, async move {
+                tokio::select! {
+                    () = shutdown => {},
+                    () = stop_gateway.cancelled() => {},
+                }
+                // Load balancers stop sending new work while the calls in flight drain.
+                not_ready.set(false);
+            })
+            .await
+    };
     stop.cancel();
     let _ = admin.await;
     directory.shutdown().await;

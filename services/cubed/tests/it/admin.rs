@@ -170,3 +170,43 @@ async fn missing_demo_credentials_are_written_again_from_the_catalog() {
     );
     assert!(!path.exists());
 }
+
+/// SIGTERM during start-up (before the ready line): the server stops cleanly without ever
+/// announcing it is ready.
+#[test]
+fn a_stop_during_start_up_never_announces_ready() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let dir = tempfile::tempdir().unwrap();
+    let child = std::process::Command::new(cubed())
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The catalog exists once `run` has begun (its signal handler is in place by then); the
+    // ready line comes at least a second later.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !dir.path().join("catalog").exists() {
+        assert!(std::time::Instant::now() < deadline, "cubed never started");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}\n{stderr}", out.status);
+    assert!(!stdout.contains("cubed ready"), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("stop requested during start-up"),
+        "{stderr}"
+    );
+}

@@ -60,3 +60,36 @@ async fn metrics_count_calls_by_method_code_and_auth_model() {
     ));
     assert!(metric_sample(&text, "cube_connections_open{auth=\"connection\"}").unwrap() >= 1.0);
 }
+
+/// The admin port holds at most 64 connections: idle ones beyond that are closed at accept, and
+/// scrapes work again once they go.
+#[test]
+fn the_admin_port_caps_its_connections() {
+    use std::io::Read;
+    let server = TestServer::start(cubed()).unwrap();
+    let idle: Vec<_> = (0..64)
+        .map(|_| std::net::TcpStream::connect(server.admin_addr).unwrap())
+        .collect();
+    // Give the server time to accept them all.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let mut extra = std::net::TcpStream::connect(server.admin_addr).unwrap();
+    extra
+        .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    let mut buf = [0u8; 16];
+    // Closed by the server without a byte (EOF), not left waiting.
+    assert!(
+        matches!(extra.read(&mut buf), Ok(0)),
+        "a 65th admin connection was kept"
+    );
+    assert!(cube_testkit::admin_get(server.admin_addr, "/healthz").is_err());
+    drop(idle);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match cube_testkit::admin_get(server.admin_addr, "/healthz") {
+            Ok((200, _)) => break,
+            other if std::time::Instant::now() > deadline => panic!("{other:?}"),
+            _ => std::thread::sleep(std::time::Duration::from_millis(50)),
+        }
+    }
+}

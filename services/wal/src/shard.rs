@@ -835,17 +835,7 @@ impl SegmentWriter {
         // A sealed segment must be whole on disk before any later segment exists: recovery
         // treats a bad record in a sealed segment as corruption, not as a torn tail. Under the
         // relaxed policy the active segment may hold unsynced records from earlier batches.
-        if let Some(a) = &mut self.active
-            && a.dirty
-        {
-            if crate::failpoint::fdatasync_fails(&self.dir) {
-                return Err(WalError::io("fdatasync")(std::io::Error::other(
-                    "injected fdatasync failure",
-                )));
-            }
-            a.file.sync_data().map_err(WalError::io("fdatasync"))?;
-            a.dirty = false;
-        }
+        self.sync()?;
         let prev = self.active.as_ref().map(|a| a.capacity);
         let size = self.sizing.next(prev, need);
         let name = SegmentName::fresh(first_seq);

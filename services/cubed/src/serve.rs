@@ -34,28 +34,22 @@ pub async fn run_until_signal(config: ServeConfig) -> anyhow::Result<()> {
     let listener = TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
+    use tokio::signal::unix::{SignalKind, signal};
+    // Installed here, before anything else starts: a signal arriving from now on stops the
+    // server (a handler installed by the spawned task, when it first ran, left a window in
+    // which SIGTERM still killed the process outright).
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let stop = CancellationToken::new();
     let on_signal = stop.clone();
     tokio::spawn(async move {
-        wait_for_signal().await;
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        }
         on_signal.cancel();
     });
     run(config, listener, stop.cancelled_owned()).await
-}
-
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-                _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }
 
 /// Serve on `listener` until `shutdown` resolves; return once every tenant is closed.

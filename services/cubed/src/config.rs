@@ -40,6 +40,10 @@ pub const DEFAULT_STATE_CACHE_BYTES: u64 = 32 << 20;
 /// Writes are refused below this much free space in the data directory's file system.
 pub const DEFAULT_MIN_FREE_BYTES: u64 = 256 << 20;
 pub const DEFAULT_IDLE_SECS: u64 = 300;
+pub const DEFAULT_PREFACE_TIMEOUT_MS: u64 = 10_000;
+/// Smallest `--preface-timeout-ms` accepted: below it, a loaded client could miss it.
+pub const MIN_PREFACE_TIMEOUT_MS: u64 = 100;
+pub const DEFAULT_KEEPALIVE_SECS: u64 = 60;
 pub const DEFAULT_MAX_OPEN_TENANTS: usize = 256;
 pub const DEFAULT_REGION_MAX_CELLS: u32 = 10_000;
 pub const DEFAULT_WALK_MAX_VISITS: u32 = 10_000;
@@ -247,6 +251,16 @@ pub struct ServeArgs {
     /// connections can never take the descriptors the tenants' logs and state need.
     #[arg(long, env = "CUBE_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
+    /// A new connection that has not sent the whole HTTP/2 connection preface this many
+    /// milliseconds after it was accepted (under TLS: after its handshake, which has 10 s of its
+    /// own) is closed, so that silent sockets cannot hold --max-connections places.
+    #[arg(long, env = "CUBE_PREFACE_TIMEOUT_MS", default_value_t = DEFAULT_PREFACE_TIMEOUT_MS)]
+    pub preface_timeout_ms: u64,
+    /// HTTP/2 keepalive: send a PING to a connection that has sent nothing for this many
+    /// seconds, and close it if the PING is not answered within as long again (at most 20 s),
+    /// so that connections of vanished peers do not stay open. 0: no PINGs.
+    #[arg(long, env = "CUBE_KEEPALIVE_SECS", default_value_t = DEFAULT_KEEPALIVE_SECS)]
+    pub keepalive_secs: u64,
     /// Largest WAL segment file; segments start at 256 KiB and double up to this.
     #[arg(long, env = "CUBE_WAL_SEGMENT_MAX_BYTES", default_value_t = DEFAULT_WAL_SEGMENT_MAX_BYTES)]
     pub wal_segment_max_bytes: u64,
@@ -307,6 +321,8 @@ pub struct ServeConfig {
     pub actor_threads: usize,
     pub max_concurrent_streams: u32,
     pub max_connections: usize,
+    pub preface_timeout: std::time::Duration,
+    pub keepalive: Option<std::time::Duration>,
     pub wal_segment_max_bytes: u64,
     pub checkpoint: cube_store::CheckpointPolicy,
     pub state_cache_bytes: u64,
@@ -374,6 +390,10 @@ impl ServeArgs {
             self.max_connections != Some(0) && self.max_concurrent_streams >= 1,
             "--max-connections and --max-concurrent-streams must be at least 1"
         );
+        anyhow::ensure!(
+            self.preface_timeout_ms >= MIN_PREFACE_TIMEOUT_MS,
+            "--preface-timeout-ms must be at least {MIN_PREFACE_TIMEOUT_MS}"
+        );
         // A signed call's five headers and gRPC's own take ~400 bytes; below this, every call
         // would be refused by a server that says it is ready.
         anyhow::ensure!(
@@ -411,6 +431,9 @@ impl ServeArgs {
             actor_threads: threads.max(1),
             max_concurrent_streams: self.max_concurrent_streams,
             max_connections: self.max_connections.unwrap_or_else(default_max_connections),
+            preface_timeout: std::time::Duration::from_millis(self.preface_timeout_ms),
+            keepalive: (self.keepalive_secs > 0)
+                .then(|| std::time::Duration::from_secs(self.keepalive_secs)),
             wal_segment_max_bytes: self.wal_segment_max_bytes,
             checkpoint: cube_store::CheckpointPolicy {
                 every_bytes: self.checkpoint_bytes,
@@ -511,6 +534,22 @@ mod config_file_tests {
             panic!("expected serve")
         };
         assert_eq!(args.listen.to_string(), "127.0.0.1:7000");
+    }
+
+    #[test]
+    fn connection_timeouts_are_checked_and_zero_keepalive_means_none() {
+        let serve = |args: &[&str]| {
+            let mut all = vec!["cubed"];
+            all.extend_from_slice(args);
+            parse_with_config(argv(&all)).unwrap().serve.validate()
+        };
+        let err = serve(&["--preface-timeout-ms", "99"]).unwrap_err();
+        assert!(err.to_string().contains("--preface-timeout-ms"), "{err}");
+        let config = serve(&["--keepalive-secs", "0"]).unwrap();
+        assert_eq!(config.keepalive, None);
+        let config = serve(&[]).unwrap();
+        assert_eq!(config.keepalive, Some(std::time::Duration::from_secs(60)));
+        assert_eq!(config.preface_timeout, std::time::Duration::from_secs(10));
     }
 
     #[test]

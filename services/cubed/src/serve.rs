@@ -144,6 +144,8 @@ pub async fn run(
             replay_floors: Some(data.replay_floors()),
             max_concurrent_streams: config.max_concurrent_streams,
             max_connections: config.max_connections,
+            preface_timeout: config.preface_timeout,
+            keepalive: config.keepalive,
             auth_mode: config.auth_mode,
             failure_limits: config.failure_limits,
             max_metadata_bytes: config.max_metadata_bytes,

@@ -4,15 +4,21 @@
 //! into each request's extensions) carries a connection id and a shared [`Session`]. The
 //! handshake (`Auth.Challenge` + `Auth.Hello`) writes the session; the auth layer reads it. The
 //! session ends when the connection closes (the wrapper is dropped) or when its key is revoked.
+//!
+//! The wrapper also enforces the preface deadline: a connection that has not sent the whole
+//! HTTP/2 connection preface within its deadline is closed, so that sockets which connect and
+//! then say nothing (or dribble a few bytes) cannot sit on `--max-connections` places. Once the
+//! preface is in, idle connections are HTTP/2's keepalive's business (`server.rs`).
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use cube_store::KeyInfo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -170,6 +176,20 @@ pub struct CubeConn<IO> {
     io: IO,
     info: ConnInfo,
     registry: Arc<ConnectionRegistry>,
+    /// Until the whole HTTP/2 preface has been read.
+    preface: Option<PrefaceDeadline>,
+}
+
+/// Length of the HTTP/2 client connection preface, `PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`
+/// (RFC 9113, section 3.4). Every gRPC connection starts with it.
+const PREFACE_LEN: usize = 24;
+
+struct PrefaceDeadline {
+    by: tokio::time::Instant,
+    /// Made at the first read that has to wait (a timer needs the runtime; construction may
+    /// happen outside it).
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    read: usize,
 }
 
 impl<IO> CubeConn<IO> {
@@ -186,7 +206,19 @@ impl<IO> CubeConn<IO> {
             io,
             info,
             registry: Arc::clone(registry),
+            preface: None,
         }
+    }
+
+    /// Close the connection (reads fail with `TimedOut`) unless its first [`PREFACE_LEN`] bytes
+    /// arrive within `timeout` from now.
+    pub fn with_preface_deadline(mut self, timeout: Duration) -> CubeConn<IO> {
+        self.preface = Some(PrefaceDeadline {
+            by: tokio::time::Instant::now() + timeout,
+            timer: None,
+            read: 0,
+        });
+        self
     }
 }
 
@@ -221,7 +253,37 @@ impl<IO: AsyncRead + Unpin> AsyncRead for CubeConn<IO> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.io).poll_read(cx, buf);
+        let Some(preface) = &mut this.preface else {
+            return polled;
+        };
+        match polled {
+            Poll::Ready(Ok(())) => {
+                preface.read += buf.filled().len() - before;
+                if preface.read >= PREFACE_LEN {
+                    this.preface = None;
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending => {
+                let by = preface.by;
+                let timer = preface
+                    .timer
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(by)));
+                if timer.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                cube_metrics::CONNECTIONS_PREFACE_TIMEOUTS.inc();
+                tracing::debug!(remote = ?this.info.remote, read = preface.read, "no HTTP/2 preface in time; closing");
+                Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "no HTTP/2 connection preface within the deadline",
+                )))
+            }
+            failed => failed,
+        }
     }
 }
 

@@ -46,6 +46,13 @@ pub struct GatewayConfig {
     pub max_concurrent_streams: u32,
     /// Open connections at most; more are closed at accept.
     pub max_connections: usize,
+    /// A new connection must send the whole HTTP/2 preface within this (under TLS: after its
+    /// handshake), or it is closed.
+    pub preface_timeout: std::time::Duration,
+    /// HTTP/2 keepalive: a PING to a connection that has sent nothing for this long, and the
+    /// connection closed if the PING is not answered within as long again (at most 20 s).
+    /// `None`: no pings.
+    pub keepalive: Option<std::time::Duration>,
     /// Which authentication models are accepted.
     pub auth_mode: AuthMode,
     /// Throttling of peers that keep failing authentication.
@@ -59,6 +66,9 @@ pub struct GatewayConfig {
     /// Result sizes of Region and Walk.
     pub scan_limits: ScanLimits,
 }
+
+/// Longest wait for the answer to a keepalive PING.
+const KEEPALIVE_TIMEOUT_MAX: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// Why serving stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -159,6 +169,10 @@ impl Gateway {
         })
         .max_decoding_message_size(max);
         let registry = Arc::clone(&self.connections);
+        let limits = transport::AcceptLimits {
+            max_connections: self.config.max_connections,
+            preface_timeout: self.config.preface_timeout,
+        };
         let (incoming, acceptor_task) = match &self.tls {
             Some(config) => {
                 let acceptor = tokio_rustls::TlsAcceptor::from(Arc::clone(config));
@@ -167,14 +181,11 @@ impl Gateway {
                     acceptor,
                     registry,
                     Arc::clone(&self.catalog),
-                    self.config.max_connections,
+                    limits,
                 );
                 (incoming, Some(task))
             }
-            None => (
-                transport::plain(listener, registry, self.config.max_connections),
-                None,
-            ),
+            None => (transport::plain(listener, registry, limits), None),
         };
         let stopping = async move {
             shutdown.await;
@@ -186,6 +197,8 @@ impl Gateway {
         let served = Server::builder()
             .max_concurrent_streams(Some(self.config.max_concurrent_streams))
             .http2_max_header_list_size(Some(self.config.max_metadata_bytes))
+            .http2_keepalive_interval(self.config.keepalive)
+            .http2_keepalive_timeout(self.config.keepalive.map(|k| k.min(KEEPALIVE_TIMEOUT_MAX)))
             // Outermost first: the auth layer's metrics see the code the oversize layer sends.
             .layer(
                 tower::ServiceBuilder::new()

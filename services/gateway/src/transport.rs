@@ -2,7 +2,8 @@
 //!
 //! TLS handshakes run in their own tasks (with a timeout), so one slow or malicious client cannot
 //! hold up the accept loop. A verified client certificate authenticates its connection's session
-//! before the first request.
+//! before the first request. Every connection must then send its HTTP/2 preface within the
+//! preface timeout ([`CubeConn::with_preface_deadline`]).
 
 use std::io;
 use std::net::SocketAddr;
@@ -38,20 +39,31 @@ pub type Incoming = Pin<Box<dyn Stream<Item = io::Result<CubeConn<Transport>>> +
 /// it tries again: retrying at once would spin a core while the condition lasts.
 const ACCEPT_RETRY: Duration = Duration::from_millis(50);
 
+/// What the accept loop enforces.
+#[derive(Debug, Clone, Copy)]
+pub struct AcceptLimits {
+    /// Open connections at most (TLS handshakes under way included).
+    pub max_connections: usize,
+    /// From accept (under TLS: from the handshake's end) until the HTTP/2 preface must be in.
+    pub preface_timeout: Duration,
+}
+
 /// The accept loop's guard: the cap on open connections, and its warnings at most once a second.
 struct Gate {
     registry: Arc<ConnectionRegistry>,
     max_connections: usize,
+    preface_timeout: Duration,
     /// TLS handshakes under way (not in the registry yet).
     handshaking: Arc<AtomicUsize>,
     last_warning: Option<Instant>,
 }
 
 impl Gate {
-    fn new(registry: Arc<ConnectionRegistry>, max_connections: usize) -> Gate {
+    fn new(registry: Arc<ConnectionRegistry>, limits: AcceptLimits) -> Gate {
         Gate {
             registry,
-            max_connections,
+            max_connections: limits.max_connections,
+            preface_timeout: limits.preface_timeout,
             handshaking: Arc::default(),
             last_warning: None,
         }
@@ -98,18 +110,19 @@ impl Gate {
     }
 }
 
-/// Accept plaintext connections, at most `max_connections` open at once.
+/// Accept plaintext connections within `limits`.
 pub fn plain(
     listener: TcpListener,
     registry: Arc<ConnectionRegistry>,
-    max_connections: usize,
+    limits: AcceptLimits,
 ) -> Incoming {
-    let gate = Gate::new(registry, max_connections);
+    let gate = Gate::new(registry, limits);
     Box::pin(futures::stream::unfold(
         (listener, gate),
         |(listener, mut gate)| async move {
             let (tcp, remote) = gate.accept(&listener).await;
-            let conn = CubeConn::new(Transport::Plain(tcp), &gate.registry, Some(remote));
+            let conn = CubeConn::new(Transport::Plain(tcp), &gate.registry, Some(remote))
+                .with_preface_deadline(gate.preface_timeout);
             Some((Ok(conn), (listener, gate)))
         },
     ))
@@ -122,10 +135,10 @@ pub fn tls(
     acceptor: TlsAcceptor,
     registry: Arc<ConnectionRegistry>,
     catalog: Arc<Catalog>,
-    max_connections: usize,
+    limits: AcceptLimits,
 ) -> (Incoming, tokio::task::JoinHandle<()>) {
     let (tx, rx) = tokio::sync::mpsc::channel(256);
-    let mut gate = Gate::new(Arc::clone(&registry), max_connections);
+    let mut gate = Gate::new(Arc::clone(&registry), limits);
     let task = tokio::spawn(async move {
         loop {
             let (tcp, remote) = gate.accept(&listener).await;
@@ -158,7 +171,8 @@ pub fn tls(
                     .peer_certificates()
                     .and_then(|c| c.first())
                     .and_then(client_identity);
-                let conn = CubeConn::new(Transport::Tls(Box::new(tls)), &registry, Some(remote));
+                let conn = CubeConn::new(Transport::Tls(Box::new(tls)), &registry, Some(remote))
+                    .with_preface_deadline(limits.preface_timeout);
                 drop(handshaking);
                 if let Some((tenant, key_id)) = identity {
                     match catalog.key(&tenant, &key_id).filter(|k| !k.revoked) {

@@ -143,6 +143,14 @@ pub static CONNECTIONS_REFUSED: LazyLock<IntCounter> = LazyLock::new(|| {
         "Connections closed at accept because --max-connections were already open.",
     )
 });
+/// Connections closed because their HTTP/2 preface did not arrive in time.
+pub static CONNECTIONS_PREFACE_TIMEOUTS: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "cube_connections_preface_timeouts_total",
+        "Connections closed because they did not send the whole HTTP/2 connection preface \
+         within --preface-timeout-ms of being accepted (of their TLS handshake ending, under TLS).",
+    )
+});
 /// fdatasync latency of WAL batches.
 pub static WAL_FSYNC_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
     histogram(
@@ -270,6 +278,7 @@ pub fn init() {
     let _ = (
         &*CONNECTIONS_OPEN,
         &*CONNECTIONS_REFUSED,
+        &*CONNECTIONS_PREFACE_TIMEOUTS,
         &*WAL_FSYNC_SECONDS,
         &*WAL_BATCH_RECORDS,
         &*WAL_BYTES,

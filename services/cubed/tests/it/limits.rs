@@ -292,3 +292,99 @@ async fn unread_region_pages_hold_their_tenants_scan_places_only() {
     .expect("the places did not come back");
     assert_eq!(page, 3);
 }
+
+/// Read `stream` until the server closes it (or `within` passes: then `None`); returns the
+/// bytes read and when the close came.
+async fn read_until_closed(
+    stream: &mut tokio::net::TcpStream,
+    within: std::time::Duration,
+) -> Option<(Vec<u8>, std::time::Instant)> {
+    use tokio::io::AsyncReadExt;
+    let deadline = tokio::time::Instant::now() + within;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Err(_) => return None,
+            Ok(Ok(0)) | Ok(Err(_)) => return Some((got, std::time::Instant::now())),
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// HTTP/2 frame types in `bytes` (a stream of whole frames from the server).
+fn frame_types(mut bytes: &[u8]) -> Vec<u8> {
+    let mut types = Vec::new();
+    while bytes.len() >= 9 {
+        let len = usize::from(bytes[0]) << 16 | usize::from(bytes[1]) << 8 | usize::from(bytes[2]);
+        types.push(bytes[3]);
+        bytes = bytes.get(9 + len..).unwrap_or_default();
+    }
+    types
+}
+
+/// A connection that sends no HTTP/2 preface, or only part of it, within
+/// `--preface-timeout-ms` is closed (and counted); one that sent it is kept past that deadline.
+/// A peer that then never answers the keepalive PING is disconnected, while a real client,
+/// which answers, keeps its handshake-authenticated connection however long it stays idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_connections_are_closed_and_idle_live_ones_kept() {
+    use std::time::{Duration, Instant};
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpStream;
+    let server = TestServer::start_with(
+        cubed(),
+        &["--preface-timeout-ms", "500", "--keepalive-secs", "2"],
+    )
+    .unwrap();
+    let mut live = server.cells_on_connection(&server.demo).await.unwrap();
+    live.write(write(0, 0, 0, b"kept")).await.unwrap();
+
+    let started = Instant::now();
+    let mut silent = TcpStream::connect(server.addr).await.unwrap();
+    let mut partial = TcpStream::connect(server.addr).await.unwrap();
+    partial.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+    let mut mute = TcpStream::connect(server.addr).await.unwrap();
+    // The whole preface and an empty SETTINGS frame; then nothing, not even ACKs.
+    mute.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    for (name, conn) in [("silent", &mut silent), ("partial", &mut partial)] {
+        let (_, closed) = read_until_closed(conn, Duration::from_secs(10))
+            .await
+            .unwrap_or_else(|| panic!("the {name} connection was not closed"));
+        let after = closed.duration_since(started);
+        assert!(
+            after >= Duration::from_millis(400),
+            "{name} closed after {after:?}"
+        );
+    }
+    assert!(
+        server
+            .metric("cube_connections_preface_timeouts_total")
+            .unwrap_or(0.0)
+            >= 2.0
+    );
+    // The mute peer got the server's frames, then a PING after 2 s of its silence; unanswered,
+    // it ends the connection 2 s later.
+    let (frames, closed) = read_until_closed(&mut mute, Duration::from_secs(15))
+        .await
+        .expect("a peer that never answers PINGs was not disconnected");
+    let after = closed.duration_since(started);
+    assert!(
+        after >= Duration::from_secs(3),
+        "mute peer closed after {after:?}"
+    );
+    const PING: u8 = 6;
+    assert!(
+        frame_types(&frames).contains(&PING),
+        "no PING before the close: frame types {:?}",
+        frame_types(&frames)
+    );
+    // The real client answered its PINGs and kept its connection, so its session stands (a
+    // reconnected channel would be unauthenticated).
+    assert_eq!(
+        live.read(read(0, 0, 0)).await.unwrap().into_inner().value,
+        b"kept"
+    );
+}

@@ -52,6 +52,30 @@ pub async fn run_until_signal(config: ServeConfig) -> anyhow::Result<()> {
     run(config, listener, stop.cancelled_owned()).await
 }
 
+/// How long a starting server waits for a catalog another process holds: a `cubed tenant` or
+/// `cubed key` command working offline holds it for well under a second.
+const CATALOG_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Open the data directory's catalog, waiting up to [`CATALOG_LOCK_WAIT`] while another
+/// process holds it.
+async fn open_catalog(data: &DataDir) -> anyhow::Result<Catalog> {
+    let deadline = std::time::Instant::now() + CATALOG_LOCK_WAIT;
+    loop {
+        match Catalog::open(&data.catalog()) {
+            Ok(c) => return Ok(c),
+            Err(CatalogOpenError::Locked) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            Err(CatalogOpenError::Locked) => bail!(
+                "the data directory {} is in use by another cubed process (a server, or a \
+                 `cubed tenant`/`cubed key` command working on it while no server runs)",
+                data.root().display()
+            ),
+            Err(e) => return Err(e).context("opening the catalog"),
+        }
+    }
+}
+
 /// Serve on `listener` until `shutdown` resolves; return once every tenant is closed.
 pub async fn run(
     config: ServeConfig,
@@ -62,16 +86,7 @@ pub async fn run(
     let mut shutdown = Box::pin(shutdown);
     let data = DataDir::new(&config.data_dir);
     prepare_data_dir(data.root())?;
-    let catalog = Arc::new(match Catalog::open(&data.catalog()) {
-        Ok(c) => c,
-        Err(CatalogOpenError::Locked) => {
-            bail!(
-                "another cubed is already serving the data directory {}",
-                data.root().display()
-            )
-        }
-        Err(e) => return Err(e).context("opening the catalog"),
-    });
+    let catalog = Arc::new(open_catalog(&data).await?);
     let addr = listener.local_addr().context("reading the bound address")?;
     if config.demo {
         let scheme = if config.tls == TlsChoice::Plaintext {

@@ -210,3 +210,25 @@ fn a_stop_during_start_up_never_announces_ready() {
         "{stderr}"
     );
 }
+
+/// A server started while another process holds the catalog (an offline `cubed tenant` or
+/// `cubed key` command, here this test) waits for it briefly instead of failing at once; if the
+/// catalog stays held, it fails saying the directory is in use, without claiming a server runs.
+#[test]
+fn a_starting_server_waits_for_a_briefly_held_catalog() {
+    let mut server = TestServer::start(cubed()).unwrap();
+    server.sigterm().unwrap();
+    let catalog_path = cube_store::DataDir::new(server.data_dir()).catalog();
+    let held = cube_store::Catalog::open(&catalog_path).unwrap();
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(800));
+        drop(held);
+    });
+    server.restart().unwrap();
+    release.join().unwrap();
+    server.sigterm().unwrap();
+
+    let _held = cube_store::Catalog::open(&catalog_path).unwrap();
+    let err = server.restart().unwrap_err().to_string();
+    assert!(err.contains("is in use by another cubed process"), "{err}");
+}

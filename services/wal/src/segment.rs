@@ -259,12 +259,14 @@ pub fn replace_file_durably(path: &Path, contents: &[u8]) -> io::Result<()> {
     let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
     tmp_name.push(".tmp");
     let tmp = path.with_file_name(tmp_name);
-    // A leftover from a crash would keep its own mode through `truncate`.
+    // A leftover from a crash goes first. The new file is created exclusively (`O_EXCL`, which
+    // also refuses to follow a symlink there): in a directory others can write to (`cubed key
+    // cert --out /tmp`, say), a file or link planted under the temporary name between the two
+    // steps makes this fail rather than write a private key where the planter chose.
     let _ = fs::remove_file(&tmp);
     let mut file = OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(0o600)
         .open(&tmp)?;
     file.write_all(contents)?;

@@ -143,6 +143,35 @@ pub struct DataDirArg {
     /// Where the server keeps its data.
     #[arg(long, env = "CUBE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
     pub data_dir: PathBuf,
+    /// The server's TOML configuration file (`cubed serve --config`): its `data-dir` is used
+    /// unless --data-dir or CUBE_DATA_DIR is given; its other keys are the server's own.
+    #[arg(long, env = "CUBE_CONFIG")]
+    pub config: Option<PathBuf>,
+}
+
+impl Command {
+    /// The data-directory argument of a `tenant` or `key` command.
+    fn data_dir_arg(&mut self) -> Option<&mut DataDirArg> {
+        match self {
+            Command::Serve(_) => None,
+            Command::Tenant(
+                TenantCommand::Create { dir, .. } | TenantCommand::Durability { dir, .. },
+            )
+            | Command::Key(
+                KeyCommand::Create { dir, .. }
+                | KeyCommand::Revoke { dir, .. }
+                | KeyCommand::Cert { dir, .. },
+            ) => Some(dir),
+        }
+    }
+}
+
+/// The `--config` file at `path` as a TOML table.
+fn read_config_table(path: &std::path::Path) -> anyhow::Result<toml::Table> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("cannot read --config {}: {e}", path.display()))?;
+    text.parse()
+        .map_err(|e| anyhow::anyhow!("--config {} is not valid TOML: {e}", path.display()))
 }
 
 /// Which authentication models the server accepts.
@@ -461,16 +490,27 @@ pub fn parse_with_config(argv: Vec<std::ffi::OsString>) -> anyhow::Result<Cli> {
     let serve = match matches.subcommand() {
         None => &matches,
         Some(("serve", m)) => m,
-        Some(_) => return Ok(Cli::from_arg_matches(&matches)?),
+        Some((_, group)) => {
+            // `tenant`/`key` commands need only the data directory from the server's file.
+            let leaf = group.subcommand().map_or(group, |(_, leaf)| leaf);
+            let mut cli = Cli::from_arg_matches(&matches)?;
+            if let Some(path) = leaf.get_one::<PathBuf>("config")
+                && leaf.value_source("data_dir") == Some(ValueSource::DefaultValue)
+                && let Some(value) = read_config_table(path)?.get("data-dir")
+                && let Some(dir) = cli.command.as_mut().and_then(Command::data_dir_arg)
+            {
+                let text = value.as_str().ok_or_else(|| {
+                    anyhow::anyhow!("--config {}: 'data-dir' must be a string", path.display())
+                })?;
+                dir.data_dir = PathBuf::from(text);
+            }
+            return Ok(cli);
+        }
     };
     let Some(path) = serve.get_one::<PathBuf>("config") else {
         return Ok(Cli::from_arg_matches(&matches)?);
     };
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| anyhow::anyhow!("cannot read --config {}: {e}", path.display()))?;
-    let table: toml::Table = text
-        .parse()
-        .map_err(|e| anyhow::anyhow!("--config {} is not valid TOML: {e}", path.display()))?;
+    let table = read_config_table(path)?;
     let command = Cli::command();
     let mut argv = argv;
     for (key, value) in table {
@@ -534,6 +574,58 @@ mod config_file_tests {
             panic!("expected serve")
         };
         assert_eq!(args.listen.to_string(), "127.0.0.1:7000");
+    }
+
+    #[test]
+    fn tenant_and_key_commands_take_the_data_dir_from_the_servers_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("cubed.toml");
+        std::fs::write(
+            &file,
+            "data-dir = \"/srv/cube\"\nlisten = \"0.0.0.0:50051\"\n",
+        )
+        .unwrap();
+        let f = file.to_str().unwrap();
+        let data_dir = |args: &[&str]| {
+            let mut all = vec!["cubed"];
+            all.extend_from_slice(args);
+            let mut cli = parse_with_config(argv(&all)).unwrap();
+            cli.command
+                .as_mut()
+                .and_then(Command::data_dir_arg)
+                .map(|d| d.data_dir.clone())
+                .unwrap()
+        };
+        for args in [
+            &["tenant", "create", "acme", "--config", f][..],
+            &["tenant", "durability", "acme", "sync", "--config", f],
+            &["key", "create", "acme", "--config", f],
+            &["key", "revoke", "acme", "k-1", "--config", f],
+            &["key", "cert", "acme", "k-1", "--config", f],
+        ] {
+            assert_eq!(data_dir(args), PathBuf::from("/srv/cube"), "{args:?}");
+        }
+        let given = data_dir(&[
+            "tenant",
+            "create",
+            "acme",
+            "--config",
+            f,
+            "--data-dir",
+            "/x",
+        ]);
+        assert_eq!(given, PathBuf::from("/x"));
+        assert_eq!(
+            data_dir(&["tenant", "create", "acme"]),
+            PathBuf::from(DEFAULT_DATA_DIR)
+        );
+        std::fs::write(&file, "data-dir = 5\n").unwrap();
+        let err = parse_with_config(argv(&["cubed", "key", "create", "acme", "--config", f]))
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("'data-dir' must be a string"),
+            "{err}"
+        );
     }
 
     #[test]

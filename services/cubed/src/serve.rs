@@ -52,26 +52,55 @@ pub async fn run_until_signal(config: ServeConfig) -> anyhow::Result<()> {
     run(config, listener, stop.cancelled_owned()).await
 }
 
-/// How long a starting server waits for a catalog another process holds: a `cubed tenant` or
-/// `cubed key` command working offline holds it for well under a second.
-const CATALOG_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+/// How long a starting server waits for a catalog another process holds while no server answers
+/// on the admin socket: a `cubed tenant` or `cubed key` command working offline holds it while it
+/// opens the tenant concerned, which may replay up to a checkpoint's worth of its log.
+const CATALOG_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// Open the data directory's catalog, waiting up to [`CATALOG_LOCK_WAIT`] while another
-/// process holds it.
-async fn open_catalog(data: &DataDir) -> anyhow::Result<Catalog> {
+/// Open the data directory's catalog. While another process holds it: fail at once if a server
+/// answers on the admin socket, else wait up to [`CATALOG_LOCK_WAIT`] (an offline command).
+/// `None` if `shutdown` came first.
+async fn open_catalog(
+    data: &DataDir,
+    shutdown: &mut (impl Future<Output = ()> + Unpin),
+) -> anyhow::Result<Option<Catalog>> {
     let deadline = std::time::Instant::now() + CATALOG_LOCK_WAIT;
+    let mut told = false;
     loop {
         match Catalog::open(&data.catalog()) {
-            Ok(c) => return Ok(c),
-            Err(CatalogOpenError::Locked) if std::time::Instant::now() < deadline => {
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            }
-            Err(CatalogOpenError::Locked) => bail!(
-                "the data directory {} is in use by another cubed process (a server, or a \
-                 `cubed tenant`/`cubed key` command working on it while no server runs)",
-                data.root().display()
-            ),
+            Ok(c) => return Ok(Some(c)),
+            Err(CatalogOpenError::Locked) => {}
             Err(e) => return Err(e).context("opening the catalog"),
+        }
+        if tokio::net::UnixStream::connect(data.admin_socket())
+            .await
+            .is_ok()
+        {
+            bail!(
+                "another cubed is already serving the data directory {}",
+                data.root().display()
+            );
+        }
+        if std::time::Instant::now() >= deadline {
+            bail!(
+                "the data directory {} has been held by another cubed process for {} s and no \
+                 server answers on its admin socket (a `cubed tenant`/`cubed key` command still \
+                 working on it?)",
+                data.root().display(),
+                CATALOG_LOCK_WAIT.as_secs()
+            );
+        }
+        if !told {
+            told = true;
+            tracing::info!(
+                data_dir = %data.root().display(),
+                "the catalog is held by another cubed process (a tenant or key command?); waiting for it"
+            );
+        }
+        tokio::select! {
+            biased;
+            () = &mut *shutdown => return Ok(None),
+            () = tokio::time::sleep(std::time::Duration::from_millis(100)) => {}
         }
     }
 }
@@ -86,7 +115,11 @@ pub async fn run(
     let mut shutdown = Box::pin(shutdown);
     let data = DataDir::new(&config.data_dir);
     prepare_data_dir(data.root())?;
-    let catalog = Arc::new(open_catalog(&data).await?);
+    let Some(catalog) = open_catalog(&data, &mut shutdown).await? else {
+        tracing::info!("stop requested during start-up: not serving");
+        return Ok(());
+    };
+    let catalog = Arc::new(catalog);
     let addr = listener.local_addr().context("reading the bound address")?;
     if config.demo {
         let scheme = if config.tls == TlsChoice::Plaintext {

@@ -212,16 +212,28 @@ fn a_stop_during_start_up_never_announces_ready() {
 }
 
 /// A server started while another process holds the catalog (an offline `cubed tenant` or
-/// `cubed key` command, here this test) waits for it briefly instead of failing at once; if the
-/// catalog stays held, it fails saying the directory is in use, without claiming a server runs.
+/// `cubed key` command, here this test) waits for it instead of failing at once, and a stop
+/// during that wait ends it cleanly without serving; a start beside a running server fails at
+/// once.
 #[test]
-fn a_starting_server_waits_for_a_briefly_held_catalog() {
+fn a_starting_server_waits_for_a_held_catalog_but_not_beside_a_server() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    use std::time::{Duration, Instant};
     let mut server = TestServer::start(cubed()).unwrap();
+    let started = Instant::now();
+    let beside = TestServer::start_at(cubed(), &server.data_dir(), &[])
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(beside.contains("already serving"), "{beside}");
+    assert!(started.elapsed() < Duration::from_secs(20));
     server.sigterm().unwrap();
+
     let catalog_path = cube_store::DataDir::new(server.data_dir()).catalog();
     let held = cube_store::Catalog::open(&catalog_path).unwrap();
     let release = std::thread::spawn(move || {
-        std::thread::sleep(std::time::Duration::from_millis(800));
+        std::thread::sleep(Duration::from_millis(800));
         drop(held);
     });
     server.restart().unwrap();
@@ -229,6 +241,37 @@ fn a_starting_server_waits_for_a_briefly_held_catalog() {
     server.sigterm().unwrap();
 
     let _held = cube_store::Catalog::open(&catalog_path).unwrap();
-    let err = server.restart().unwrap_err().to_string();
-    assert!(err.contains("is in use by another cubed process"), "{err}");
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("stderr");
+    let child = std::process::Command::new(cubed())
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--data-dir")
+        .arg(server.data_dir())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("held by another cubed process")
+    {
+        assert!(Instant::now() < deadline, "no wait announced");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(out.status.success(), "{:?}\n{stderr}", out.status);
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("cubed ready"));
+    assert!(
+        stderr.contains("stop requested during start-up"),
+        "{stderr}"
+    );
 }

@@ -268,7 +268,8 @@ pub fn replace_file_durably(path: &Path, contents: &[u8]) -> io::Result<()> {
         .write(true)
         .create_new(true)
         .mode(0o600)
-        .open(&tmp)?;
+        .open(&tmp)
+        .map_err(|e| io::Error::new(e.kind(), format!("creating {}: {e}", tmp.display())))?;
     file.write_all(contents)?;
     file.sync_all()?;
     drop(file);

@@ -43,7 +43,11 @@ pub const DEFAULT_IDLE_SECS: u64 = 300;
 pub const DEFAULT_PREFACE_TIMEOUT_MS: u64 = 10_000;
 /// Smallest `--preface-timeout-ms` accepted: below it, a loaded client could miss it.
 pub const MIN_PREFACE_TIMEOUT_MS: u64 = 100;
+/// Largest `--preface-timeout-ms` accepted (an hour; a deadline must be a representable time).
+pub const MAX_PREFACE_TIMEOUT_MS: u64 = 3_600_000;
 pub const DEFAULT_KEEPALIVE_SECS: u64 = 60;
+/// Largest `--keepalive-secs` accepted (a day).
+pub const MAX_KEEPALIVE_SECS: u64 = 86_400;
 pub const DEFAULT_MAX_OPEN_TENANTS: usize = 256;
 pub const DEFAULT_REGION_MAX_CELLS: u32 = 10_000;
 pub const DEFAULT_WALK_MAX_VISITS: u32 = 10_000;
@@ -285,9 +289,10 @@ pub struct ServeArgs {
     /// own) is closed, so that silent sockets cannot hold --max-connections places.
     #[arg(long, env = "CUBE_PREFACE_TIMEOUT_MS", default_value_t = DEFAULT_PREFACE_TIMEOUT_MS)]
     pub preface_timeout_ms: u64,
-    /// HTTP/2 keepalive: send a PING to a connection that has sent nothing for this many
-    /// seconds, and close it if the PING is not answered within as long again (at most 20 s),
-    /// so that connections of vanished peers do not stay open. 0: no PINGs.
+    /// HTTP/2 keepalive: send a PING to a connection that has sent no request headers or data
+    /// for this many seconds, and close it if the PING is not answered within as long again, so
+    /// that connections of vanished peers do not stay open. 0: no PINGs (a connection that sent
+    /// its preface then stays open until its peer closes it). At most 86400.
     #[arg(long, env = "CUBE_KEEPALIVE_SECS", default_value_t = DEFAULT_KEEPALIVE_SECS)]
     pub keepalive_secs: u64,
     /// Largest WAL segment file; segments start at 256 KiB and double up to this.
@@ -420,8 +425,12 @@ impl ServeArgs {
             "--max-connections and --max-concurrent-streams must be at least 1"
         );
         anyhow::ensure!(
-            self.preface_timeout_ms >= MIN_PREFACE_TIMEOUT_MS,
-            "--preface-timeout-ms must be at least {MIN_PREFACE_TIMEOUT_MS}"
+            (MIN_PREFACE_TIMEOUT_MS..=MAX_PREFACE_TIMEOUT_MS).contains(&self.preface_timeout_ms),
+            "--preface-timeout-ms must be between {MIN_PREFACE_TIMEOUT_MS} and {MAX_PREFACE_TIMEOUT_MS}"
+        );
+        anyhow::ensure!(
+            self.keepalive_secs <= MAX_KEEPALIVE_SECS,
+            "--keepalive-secs must be at most {MAX_KEEPALIVE_SECS} (0 turns PINGs off)"
         );
         // A signed call's five headers and gRPC's own take ~400 bytes; below this, every call
         // would be refused by a server that says it is ready.
@@ -502,6 +511,15 @@ pub fn parse_with_config(argv: Vec<std::ffi::OsString>) -> anyhow::Result<Cli> {
                 let text = value.as_str().ok_or_else(|| {
                     anyhow::anyhow!("--config {}: 'data-dir' must be a string", path.display())
                 })?;
+                // The server resolves a relative one against its own working directory, which
+                // this command cannot know: working on another directory (and creating a
+                // catalog there) would be worse than asking.
+                anyhow::ensure!(
+                    std::path::Path::new(text).is_absolute(),
+                    "--config {}: its data-dir {text:?} is relative to the server's working \
+                     directory; give --data-dir (or CUBE_DATA_DIR) as well",
+                    path.display()
+                );
                 dir.data_dir = PathBuf::from(text);
             }
             return Ok(cli);
@@ -619,6 +637,20 @@ mod config_file_tests {
             data_dir(&["tenant", "create", "acme"]),
             PathBuf::from(DEFAULT_DATA_DIR)
         );
+        std::fs::write(&file, "data-dir = \"cube-data\"\n").unwrap();
+        let err = parse_with_config(argv(&["cubed", "key", "create", "acme", "--config", f]))
+            .unwrap_err();
+        assert!(err.to_string().contains("is relative"), "{err}");
+        let given = data_dir(&[
+            "tenant",
+            "create",
+            "acme",
+            "--config",
+            f,
+            "--data-dir",
+            "/y",
+        ]);
+        assert_eq!(given, PathBuf::from("/y"));
         std::fs::write(&file, "data-dir = 5\n").unwrap();
         let err = parse_with_config(argv(&["cubed", "key", "create", "acme", "--config", f]))
             .unwrap_err();
@@ -637,6 +669,11 @@ mod config_file_tests {
         };
         let err = serve(&["--preface-timeout-ms", "99"]).unwrap_err();
         assert!(err.to_string().contains("--preface-timeout-ms"), "{err}");
+        // Far deadlines would overflow the clock at every connection.
+        let err = serve(&["--preface-timeout-ms", "18446744073709551615"]).unwrap_err();
+        assert!(err.to_string().contains("--preface-timeout-ms"), "{err}");
+        let err = serve(&["--keepalive-secs", "86401"]).unwrap_err();
+        assert!(err.to_string().contains("--keepalive-secs"), "{err}");
         let config = serve(&["--keepalive-secs", "0"]).unwrap();
         assert_eq!(config.keepalive, None);
         let config = serve(&[]).unwrap();

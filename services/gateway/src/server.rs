@@ -49,9 +49,9 @@ pub struct GatewayConfig {
     /// A new connection must send the whole HTTP/2 preface within this (under TLS: after its
     /// handshake), or it is closed.
     pub preface_timeout: std::time::Duration,
-    /// HTTP/2 keepalive: a PING to a connection that has sent nothing for this long, and the
-    /// connection closed if the PING is not answered within as long again (at most 20 s).
-    /// `None`: no pings.
+    /// HTTP/2 keepalive: a PING to a connection that has sent no request headers or data (nor
+    /// answered a PING) for this long, and the connection closed if the PING is not answered
+    /// within as long again. `None`: no pings.
     pub keepalive: Option<std::time::Duration>,
     /// Which authentication models are accepted.
     pub auth_mode: AuthMode,
@@ -66,9 +66,6 @@ pub struct GatewayConfig {
     /// Result sizes of Region and Walk.
     pub scan_limits: ScanLimits,
 }
-
-/// Longest wait for the answer to a keepalive PING.
-const KEEPALIVE_TIMEOUT_MAX: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// Why serving stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -198,7 +195,9 @@ impl Gateway {
             .max_concurrent_streams(Some(self.config.max_concurrent_streams))
             .http2_max_header_list_size(Some(self.config.max_metadata_bytes))
             .http2_keepalive_interval(self.config.keepalive)
-            .http2_keepalive_timeout(self.config.keepalive.map(|k| k.min(KEEPALIVE_TIMEOUT_MAX)))
+            // As long again, not tonic's 20 s: a PING queues behind the DATA already sent, which
+            // on a slow link to a client with a large window can take a while.
+            .http2_keepalive_timeout(self.config.keepalive)
             // Outermost first: the auth layer's metrics see the code the oversize layer sends.
             .layer(
                 tower::ServiceBuilder::new()

@@ -30,28 +30,41 @@ pub fn hit(name: &str) {
 /// shard writing in that directory fail as a disk's EIO would. Unarmed, a sync pays one relaxed
 /// atomic load.
 static SYNC_FAULTS_ARMED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-static SYNC_FAULTS: std::sync::Mutex<Vec<std::path::PathBuf>> = std::sync::Mutex::new(Vec::new());
+/// (directory, how long the failing fdatasync takes).
+type SyncFault = (std::path::PathBuf, std::time::Duration);
+static SYNC_FAULTS: std::sync::Mutex<Vec<SyncFault>> = std::sync::Mutex::new(Vec::new());
 
 /// Make the next fdatasync of the WAL shard in `dir` fail (tests only).
 #[doc(hidden)]
 pub fn fail_next_fdatasync(dir: &std::path::Path) {
-    let mut dirs = SYNC_FAULTS.lock().unwrap_or_else(|p| p.into_inner());
-    dirs.push(dir.to_path_buf());
+    fail_next_fdatasync_after(dir, std::time::Duration::ZERO);
+}
+
+/// Make the next fdatasync of the WAL shard in `dir` fail after blocking its syncer for
+/// `delay`, as a disk that gives up only after retrying would (tests only: it holds a race
+/// window open).
+#[doc(hidden)]
+pub fn fail_next_fdatasync_after(dir: &std::path::Path, delay: std::time::Duration) {
+    let mut faults = SYNC_FAULTS.lock().unwrap_or_else(|p| p.into_inner());
+    faults.push((dir.to_path_buf(), delay));
     SYNC_FAULTS_ARMED.store(true, std::sync::atomic::Ordering::SeqCst);
 }
 
-/// Whether this fdatasync of the shard in `dir` is to fail (consumes the injection).
+/// Whether this fdatasync of the shard in `dir` is to fail (consumes the injection, after its
+/// delay).
 pub(crate) fn fdatasync_fails(dir: &std::path::Path) -> bool {
     if !SYNC_FAULTS_ARMED.load(std::sync::atomic::Ordering::Relaxed) {
         return false;
     }
-    let mut dirs = SYNC_FAULTS.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(i) = dirs.iter().position(|d| d == dir) else {
+    let mut faults = SYNC_FAULTS.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(i) = faults.iter().position(|(d, _)| d == dir) else {
         return false;
     };
-    dirs.swap_remove(i);
-    if dirs.is_empty() {
+    let (_, delay) = faults.swap_remove(i);
+    if faults.is_empty() {
         SYNC_FAULTS_ARMED.store(false, std::sync::atomic::Ordering::SeqCst);
     }
+    drop(faults);
+    std::thread::sleep(delay);
     true
 }

@@ -173,18 +173,21 @@ pub struct Verification {
     pub beyond_acked: u64,
     /// Records beyond the first unacknowledged one of a writer: never legitimate.
     pub excess_in_flight: u64,
-    /// Entries of the tenant's retained audit trail, and how many of them record a write.
+    /// Sum of the versions of every record cell found: the writes the store applied to them
+    /// (acknowledged ones, writes in flight at a cut that landed, and any write sent again).
+    pub cell_versions: u64,
+    /// Entries of the tenant's audit trail, and how many of them record a write.
     pub audit_entries: u64,
     pub audit_writes: u64,
-    /// Where the trail's hash chain breaks, or why it holds fewer write entries than the
-    /// acknowledged writes (checked while nothing has expired from it); `None` if sound.
+    /// Where the trail's hash chain breaks, or why its write entries are not exactly one per
+    /// applied write (`cell_versions`); `None` if sound.
     pub audit_problem: Option<String>,
     pub problems: Vec<String>,
     pub ok: bool,
 }
 
-/// Every record of writer `w`'s column, by seq.
-async fn column(c: &mut Cells, w: i32) -> Result<BTreeMap<i32, Vec<u8>>, tonic::Status> {
+/// Every record of writer `w`'s column, by seq, and the sum of their versions.
+async fn column(c: &mut Cells, w: i32) -> Result<(BTreeMap<i32, Vec<u8>>, u64), tonic::Status> {
     let (min, max) = (
         Coord { x: w, y: 0, z: Z },
         Coord {
@@ -194,13 +197,15 @@ async fn column(c: &mut Cells, w: i32) -> Result<BTreeMap<i32, Vec<u8>>, tonic::
         },
     );
     let mut out = BTreeMap::new();
+    let mut versions = 0;
     cube_testkit::region_for_each(c, min, max, 1000, |cell| {
         if let Some(k) = cell.coord {
+            versions += cell.version;
             out.insert(k.y, cell.value);
         }
     })
     .await?;
-    Ok(out)
+    Ok((out, versions))
 }
 
 pub async fn verify(server: &TestServer, ledger: &Ledger) -> anyhow::Result<Verification> {
@@ -213,9 +218,10 @@ pub async fn verify(server: &TestServer, ledger: &Ledger) -> anyhow::Result<Veri
     };
     for (w, acked) in ledger.counts().into_iter().enumerate() {
         v.acked += acked;
-        let col = column(&mut c, w as i32)
+        let (col, versions) = column(&mut c, w as i32)
             .await
             .with_context(|| format!("reading writer {w}'s records back"))?;
+        v.cell_versions += versions;
         for seq in 0..acked {
             match col.get(&(seq as i32)) {
                 None => {
@@ -289,9 +295,11 @@ pub async fn verify(server: &TestServer, ledger: &Ledger) -> anyhow::Result<Veri
     Ok(v)
 }
 
-/// Fetch the tenant's whole retained audit trail and check it: one unbroken hash chain (as
-/// `cubec audit verify` does), and, while it still starts at seq 1, a `write` entry for every
-/// acknowledged write (each is logged with its entry, so a crash leaves both or neither).
+/// Fetch the tenant's whole audit trail and check it: one unbroken hash chain from seq 1 (as
+/// `cubec audit verify` does; the harness's servers retain [`AUDIT_RETENTION`] entries, more
+/// than any run writes), holding exactly one `write` entry per write applied to a record cell
+/// (each write is logged with its entry, so a crash leaves both or neither; a cell's version
+/// counts the writes applied to it).
 async fn check_audit(server: &TestServer, v: &mut Verification) -> anyhow::Result<()> {
     const PAGE: u32 = 1000;
     let mut tenant = TenantClient::new(server.signed(&server.demo).await?);
@@ -319,15 +327,41 @@ async fn check_audit(server: &TestServer, v: &mut Verification) -> anyhow::Resul
     v.audit_writes = entries.iter().filter(|e| e.op == "write").count() as u64;
     v.audit_problem = match cube_auth::client::verify_audit_entries(&entries) {
         Err((seq, why)) => Some(format!("chain broken at seq {seq}: {why}")),
-        Ok(_) if entries.first().is_some_and(|e| e.seq == 1) && v.audit_writes < v.acked => {
-            Some(format!(
-                "{} write entries for {} acknowledged writes",
-                v.audit_writes, v.acked
-            ))
-        }
+        Ok(_) if entries.first().is_none_or(|e| e.seq != 1) => Some(format!(
+            "the trail starts at seq {:?}, not 1",
+            entries.first().map(|e| e.seq)
+        )),
+        Ok(_) if v.audit_writes != v.cell_versions => Some(format!(
+            "{} write entries for {} writes applied to the record cells ({} acknowledged)",
+            v.audit_writes, v.cell_versions, v.acked
+        )),
         Ok(_) => None,
     };
     Ok(())
+}
+
+/// `--audit-retention` of every server the harness starts: more entries than any run writes, so
+/// the whole trail is checked.
+pub const AUDIT_RETENTION: &str = "1000000000";
+
+/// `cubed serve` flags of every server the harness starts.
+pub const SERVER_FLAGS: [&str; 2] = ["--audit-retention", AUDIT_RETENTION];
+
+/// Fail `round` unless its writers wrote without a refusal until they were told to stop, and
+/// got at least one write acknowledged (else a server refusing every write would pass).
+pub fn require_clean_writes(write: &WriteStats, v: &mut Verification) {
+    if !write.refused.is_empty() {
+        v.ok = false;
+        v.problems.push(format!(
+            "writes refused before the stop: {:?}",
+            write.refused
+        ));
+    }
+    if write.acked_this_phase == 0 {
+        v.ok = false;
+        v.problems
+            .push("no write was acknowledged in this round".to_string());
+    }
 }
 
 /// Read a few acknowledged records one by one (reads must work while writes are refused).

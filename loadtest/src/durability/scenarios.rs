@@ -278,7 +278,24 @@ pub async fn power_loss(s: &Settings) -> anyhow::Result<ScenarioReport> {
         let server = tokio::task::block_in_place(|| {
             TestServer::start_at(&s.cubed, &after_cut.dir.join("data"), &SERVER_FLAGS)
         })?;
-        let verified = verify(&server, &ledger).await?;
+        let verified = match verify(&server, &ledger).await {
+            Ok(v) => v,
+            // Under `relaxed` the kernel may have persisted a later part of the unsynced window
+            // but not an earlier one, and the tenant then refuses to open until its log is
+            // repaired (docs/durability.md, Known limits): the control reports it, the run goes
+            // on. In a `sync` round it is a failure.
+            Err(e) if control => {
+                rep.notes.push(format!(
+                    "control: the tenant did not open after the cut ({e:#}), the relaxed \
+                     policy's known limit"
+                ));
+                drop(server);
+                drop(after_cut);
+                let _ = std::fs::remove_dir_all(&dir);
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         drop(server);
         drop(after_cut);
         let _ = std::fs::remove_dir_all(&dir);

@@ -97,6 +97,9 @@ pub struct WriteStats {
 }
 
 /// Run one writer task per ledger slot until `until`.
+/// Longest a harness write may take before it counts as refused (`DeadlineExceeded`).
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
 pub async fn write(
     addr: std::net::SocketAddr,
     creds: &Credentials,
@@ -129,7 +132,15 @@ pub async fn write(
                     value: record::encode(w as u32, seq, ledger.value_bytes),
                     expected_version: None,
                 };
-                match c.write(req).await {
+                // A write stuck for this long is a failure, not a reason to hang the run.
+                let answer = match tokio::time::timeout(WRITE_TIMEOUT, c.write(req)).await {
+                    Ok(answer) => answer,
+                    Err(_) => Err(tonic::Status::deadline_exceeded(format!(
+                        "no answer within {} s",
+                        WRITE_TIMEOUT.as_secs()
+                    ))),
+                };
+                match answer {
                     Ok(_) => {
                         ledger.acked[w].fetch_add(1, Ordering::SeqCst);
                     }

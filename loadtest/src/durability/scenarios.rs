@@ -265,12 +265,13 @@ pub async fn power_loss(s: &Settings) -> anyhow::Result<ScenarioReport> {
             }
             // Set-up (tenant, credentials) is on disk before the writes under test start.
             sync_all();
-            write_and_kill(&mut server, &ledger, s, after, || {
-                if let Err(e) = fs::snapshot(&image, &snap) {
-                    eprintln!("  [D] snapshot failed: {e}");
-                }
+            let mut snapshot = Ok(());
+            let w = write_and_kill(&mut server, &ledger, s, after, || {
+                snapshot = fs::snapshot(&image, &snap);
             })
-            .await?
+            .await?;
+            snapshot.context("copying the image at the cut")?;
+            w
             // `live` unmounts here: its dirty pages go to the original image, not the copy.
         };
         let after_cut = fs::Mount::ext4_image(&snap, 1 << 30, false, &dir.join("after"))

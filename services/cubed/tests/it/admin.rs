@@ -171,6 +171,21 @@ async fn missing_demo_credentials_are_written_again_from_the_catalog() {
     assert!(!path.exists());
 }
 
+/// `cubed serve` on free loopback ports with its data in `data_dir`, not started yet.
+fn serve_on(data_dir: &std::path::Path) -> std::process::Command {
+    let mut cmd = std::process::Command::new(cubed());
+    cmd.args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+    ])
+    .arg("--data-dir")
+    .arg(data_dir);
+    cmd
+}
+
 /// SIGTERM during start-up (before the ready line): the server stops cleanly without ever
 /// announcing it is ready.
 #[test]
@@ -178,16 +193,7 @@ fn a_stop_during_start_up_never_announces_ready() {
     use nix::sys::signal::{Signal, kill};
     use nix::unistd::Pid;
     let dir = tempfile::tempdir().unwrap();
-    let child = std::process::Command::new(cubed())
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
-            "--data-dir",
-        ])
-        .arg(dir.path())
+    let child = serve_on(dir.path())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -243,16 +249,7 @@ fn a_starting_server_waits_for_a_held_catalog_but_not_beside_a_server() {
     let _held = cube_store::Catalog::open(&catalog_path).unwrap();
     let logs = tempfile::tempdir().unwrap();
     let log = logs.path().join("stderr");
-    let child = std::process::Command::new(cubed())
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
-        ])
-        .arg("--data-dir")
-        .arg(server.data_dir())
+    let child = serve_on(&server.data_dir())
         .stdout(std::process::Stdio::piped())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()

@@ -431,12 +431,15 @@ async fn disk_full_round(
     };
     let w2 = write(server.addr, &server.demo, &ledger, u).await?;
     let refused: u64 = w2.refused.values().sum();
-    let odd: Vec<_> = w2
-        .refused
-        .keys()
-        .filter(|k| !matches!(k.as_str(), "ResourceExhausted" | "Unavailable"))
-        .cloned()
-        .collect();
+    // Codes a full disk may answer with; anything else is a failure in any phase.
+    let odd_codes = |w: &WriteStats| -> Vec<String> {
+        w.refused
+            .keys()
+            .filter(|k| !matches!(k.as_str(), "ResourceExhausted" | "Unavailable"))
+            .cloned()
+            .collect()
+    };
+    let odd = odd_codes(&w2);
     notes.push(format!(
         "{label}: full: {} more records acknowledged, then writes refused {:?}",
         w2.acked_this_phase, w2.refused
@@ -491,6 +494,18 @@ async fn disk_full_round(
     }
     if !odd.is_empty() {
         problems.push(format!("writes were refused with other codes: {odd:?}"));
+    }
+    if !w1.refused.is_empty() {
+        problems.push(format!(
+            "writes were refused before the disk was filled: {:?}",
+            w1.refused
+        ));
+    }
+    let odd_resuming = odd_codes(&w3);
+    if !odd_resuming.is_empty() {
+        problems.push(format!(
+            "writes were refused with other codes while resuming: {odd_resuming:?}"
+        ));
     }
     if resumed == 0 {
         problems.push("writes did not resume after space was freed".into());

@@ -96,10 +96,10 @@ pub struct WriteStats {
     pub seconds: f64,
 }
 
-/// Run one writer task per ledger slot until `until`.
 /// Longest a harness write may take before it counts as refused (`DeadlineExceeded`).
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Run one writer task per ledger slot until `until`.
 pub async fn write(
     addr: std::net::SocketAddr,
     creds: &Credentials,
@@ -358,9 +358,11 @@ pub const AUDIT_RETENTION: &str = "1000000000";
 /// `cubed serve` flags of every server the harness starts.
 pub const SERVER_FLAGS: [&str; 2] = ["--audit-retention", AUDIT_RETENTION];
 
-/// Fail `round` unless its writers wrote without a refusal until they were told to stop, and
-/// got at least one write acknowledged (else a server refusing every write would pass).
-pub fn require_clean_writes(write: &WriteStats, v: &mut Verification) {
+/// Fail `v` unless its round's writers wrote without a refusal until they were told to stop,
+/// and got at least one write acknowledged (else a server refusing every write would pass).
+/// Returns whether they did.
+pub fn require_clean_writes(write: &WriteStats, v: &mut Verification) -> bool {
+    let clean = write.refused.is_empty() && write.acked_this_phase > 0;
     if !write.refused.is_empty() {
         v.ok = false;
         v.problems.push(format!(
@@ -373,6 +375,7 @@ pub fn require_clean_writes(write: &WriteStats, v: &mut Verification) {
         v.problems
             .push("no write was acknowledged in this round".to_string());
     }
+    clean
 }
 
 /// Read a few acknowledged records one by one (reads must work while writes are refused).

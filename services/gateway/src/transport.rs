@@ -51,8 +51,7 @@ pub struct AcceptLimits {
 /// The accept loop's guard: the cap on open connections, and its warnings at most once a second.
 struct Gate {
     registry: Arc<ConnectionRegistry>,
-    max_connections: usize,
-    preface_timeout: Duration,
+    limits: AcceptLimits,
     /// TLS handshakes under way (not in the registry yet).
     handshaking: Arc<AtomicUsize>,
     last_warning: Option<Instant>,
@@ -62,8 +61,7 @@ impl Gate {
     fn new(registry: Arc<ConnectionRegistry>, limits: AcceptLimits) -> Gate {
         Gate {
             registry,
-            max_connections: limits.max_connections,
-            preface_timeout: limits.preface_timeout,
+            limits,
             handshaking: Arc::default(),
             last_warning: None,
         }
@@ -93,9 +91,9 @@ impl Gate {
                 }
             };
             let open = self.registry.len() + self.handshaking.load(Ordering::Relaxed);
-            if open >= self.max_connections {
+            if open >= self.limits.max_connections {
                 cube_metrics::CONNECTIONS_REFUSED.inc();
-                let max = self.max_connections;
+                let max = self.limits.max_connections;
                 self.warn(
                     "connection refused: --max-connections are open",
                     &format_args!("{max} open, {remote} refused"),
@@ -122,7 +120,7 @@ pub fn plain(
         |(listener, mut gate)| async move {
             let (tcp, remote) = gate.accept(&listener).await;
             let conn = CubeConn::new(Transport::Plain(tcp), &gate.registry, Some(remote))
-                .with_preface_deadline(gate.preface_timeout);
+                .with_preface_deadline(gate.limits.preface_timeout);
             Some((Ok(conn), (listener, gate)))
         },
     ))

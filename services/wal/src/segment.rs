@@ -235,13 +235,23 @@ pub(crate) fn create_zeroed(path: &Path, size: u64) -> io::Result<File> {
         .create_new(true)
         .open(path)?;
     let zeros = vec![0u8; ZERO_CHUNK];
-    let mut left = size;
-    while left > 0 {
-        let n = left.min(ZERO_CHUNK as u64) as usize;
-        file.write_all(&zeros[..n])?;
-        left -= n as u64;
+    let filled = (|| {
+        let mut left = size;
+        while left > 0 {
+            let n = left.min(ZERO_CHUNK as u64) as usize;
+            file.write_all(&zeros[..n])?;
+            left -= n as u64;
+        }
+        file.sync_all()
+    })();
+    if let Err(e) = filled {
+        // A part-made segment (a full disk, say) must not stay behind as the log's newest
+        // segment: too short for the next record, it would make the tenant's next open rotate,
+        // and so need new space, before it could serve even a read.
+        drop(file);
+        let _ = fs::remove_file(path);
+        return Err(e);
     }
-    file.sync_all()?;
     Ok(file)
 }
 

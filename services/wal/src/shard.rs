@@ -270,11 +270,11 @@ impl WalShard {
             Arc::clone(&table),
         )?;
         let last = resume.next_seq - 1;
-        if resume.checkpoint_ahead || last_unsalted {
+        if resume.checkpoint_ahead || last_unsalted || writer.active.is_none() {
             writer.rotate(resume.next_seq, 0)?;
-        } else {
-            writer.ensure_active(resume.next_seq, 0)?;
         }
+        // A last segment with no room left stays active: the first append rotates past it. Doing
+        // so here would make opening (and so reading) fail on a full disk.
         let shared = Arc::new(Shared {
             dir: dir.to_path_buf(),
             state: Mutex::new(State {

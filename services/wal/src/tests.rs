@@ -279,6 +279,33 @@ fn record_larger_than_a_segment_gets_a_segment_of_its_own() {
 }
 
 #[test]
+fn a_log_whose_last_segment_is_exactly_full_opens_without_a_new_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, _, _) = open(dir.path(), small()).unwrap();
+    let fills = vec![3u8; 4096 - crate::RECORD_HEADER_LEN];
+    wal.wait_durable(wal.append(&fills).unwrap()).unwrap();
+    wal.close().unwrap();
+    assert_eq!(wal_files(dir.path()), vec![(1, 4096)]);
+    // Reopening only reads: on a full disk it must not need a file it cannot create.
+    let (wal, seen, _) = open(dir.path(), small()).unwrap();
+    assert_eq!(seen, vec![(1, fills.clone())]);
+    assert_eq!(wal_files(dir.path()), vec![(1, 4096)]);
+    // The first append rotates past the full segment.
+    let s2 = wal.append(b"after").unwrap();
+    wal.wait_durable(s2).unwrap();
+    wal.close().unwrap();
+    assert_eq!(
+        wal_files(dir.path())
+            .iter()
+            .map(|f| f.0)
+            .collect::<Vec<_>>(),
+        [1, 2]
+    );
+    let (_, seen, _) = open(dir.path(), small()).unwrap();
+    assert_eq!(seen, vec![(1, fills), (2, b"after".to_vec())]);
+}
+
+#[test]
 fn concurrent_writers_share_batches_and_lose_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let events = Arc::new(Mutex::new(Vec::new()));

@@ -215,7 +215,8 @@ pub struct ServeArgs {
     /// command line or as CUBE_* variables take precedence over the file.
     #[arg(long, env = "CUBE_CONFIG")]
     pub config: Option<PathBuf>,
-    /// Do not record per-RPC metrics (to measure what they cost; /metrics still answers).
+    /// Do not record per-RPC and authentication metrics (to measure what they cost; /metrics
+    /// still answers).
     #[arg(long, env = "CUBE_NO_METRICS")]
     pub no_metrics: bool,
     /// Authentication models accepted: per-connection handshake, per-call signatures, or both.
@@ -284,6 +285,12 @@ pub struct ServeArgs {
     /// connections can never take the descriptors the tenants' logs and state need.
     #[arg(long, env = "CUBE_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
+    /// Open network connections from one client IP address at most (TLS handshakes under way
+    /// included); more are closed at accept, so that one client cannot take every
+    /// --max-connections place. 0 (the default): no cap of its own. Clients behind one NAT or
+    /// proxy share an address: size it for them.
+    #[arg(long, env = "CUBE_MAX_CONNECTIONS_PER_ADDRESS", default_value_t = 0)]
+    pub max_connections_per_address: usize,
     /// A new connection that has not sent the whole HTTP/2 connection preface this many
     /// milliseconds after it was accepted (under TLS: after its handshake, which has 10 s of its
     /// own) is closed, so that silent sockets cannot hold --max-connections places.
@@ -309,13 +316,15 @@ pub struct ServeArgs {
     #[arg(long, env = "CUBE_STATE_CACHE_BYTES", default_value_t = DEFAULT_STATE_CACHE_BYTES)]
     pub state_cache_bytes: u64,
     /// Refuse writes (RESOURCE_EXHAUSTED) while the data directory's file system has less than
-    /// this many bytes free; they resume by themselves once space is freed. 0 turns it off.
+    /// this many bytes free; they resume by themselves once space is freed. 0: nothing is refused
+    /// (`cube_disk_free_bytes` is still reported).
     #[arg(long, env = "CUBE_MIN_FREE_BYTES", default_value_t = DEFAULT_MIN_FREE_BYTES)]
     pub min_free_bytes: u64,
     /// Close (passivate) a tenant after this many seconds without a call; its next call reopens it.
     #[arg(long, env = "CUBE_IDLE_SECS", default_value_t = DEFAULT_IDLE_SECS)]
     pub idle_secs: u64,
-    /// Tenants open at once at most; opening another closes the least recently used.
+    /// Tenants open at once at most, a soft cap: opening another closes the least recently used
+    /// idle one (busy tenants are never closed for it).
     #[arg(long, env = "CUBE_MAX_OPEN_TENANTS", default_value_t = DEFAULT_MAX_OPEN_TENANTS)]
     pub max_open_tenants: usize,
     /// Most cells one Region response holds (larger limits are lowered; the page token continues).
@@ -355,6 +364,7 @@ pub struct ServeConfig {
     pub actor_threads: usize,
     pub max_concurrent_streams: u32,
     pub max_connections: usize,
+    pub max_connections_per_address: Option<usize>,
     pub preface_timeout: std::time::Duration,
     pub keepalive: Option<std::time::Duration>,
     pub wal_segment_max_bytes: u64,
@@ -469,6 +479,8 @@ impl ServeArgs {
             actor_threads: threads.max(1),
             max_concurrent_streams: self.max_concurrent_streams,
             max_connections: self.max_connections.unwrap_or_else(default_max_connections),
+            max_connections_per_address: (self.max_connections_per_address > 0)
+                .then_some(self.max_connections_per_address),
             preface_timeout: std::time::Duration::from_millis(self.preface_timeout_ms),
             keepalive: (self.keepalive_secs > 0)
                 .then(|| std::time::Duration::from_secs(self.keepalive_secs)),

@@ -149,7 +149,9 @@ pub async fn run(
                 },
                 checkpoint: config.checkpoint,
                 state_cache_bytes: config.state_cache_bytes,
-                space: (config.min_free_bytes > 0).then(|| {
+                // With --min-free-bytes 0 the guard refuses nothing but still reports
+                // cube_disk_free_bytes.
+                space: Some({
                     let guard = SpaceGuard::new(data.root().to_path_buf(), config.min_free_bytes);
                     guard.start(SPACE_CHECK_EVERY);
                     guard
@@ -192,6 +194,7 @@ pub async fn run(
             replay_floors: Some(data.replay_floors()),
             max_concurrent_streams: config.max_concurrent_streams,
             max_connections: config.max_connections,
+            max_connections_per_address: config.max_connections_per_address,
             preface_timeout: config.preface_timeout,
             keepalive: config.keepalive,
             auth_mode: config.auth_mode,

@@ -178,6 +178,8 @@ pub struct CubeConn<IO> {
     registry: Arc<ConnectionRegistry>,
     /// Until the whole HTTP/2 preface has been read.
     preface: Option<PrefaceDeadline>,
+    /// Its place in its client address's count, given back when the connection closes.
+    _address: Option<crate::transport::AddressSlot>,
 }
 
 /// Length of the HTTP/2 client connection preface, `PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`
@@ -207,7 +209,14 @@ impl<IO> CubeConn<IO> {
             info,
             registry: Arc::clone(registry),
             preface: None,
+            _address: None,
         }
+    }
+
+    /// Keep `slot` (the connection's place in its address's count) until the connection closes.
+    pub fn holding(mut self, slot: Option<crate::transport::AddressSlot>) -> CubeConn<IO> {
+        self._address = slot;
+        self
     }
 
     /// Close the connection (reads fail with `TimedOut`) unless its first [`PREFACE_LEN`] bytes

@@ -46,6 +46,9 @@ pub struct GatewayConfig {
     pub max_concurrent_streams: u32,
     /// Open connections at most; more are closed at accept.
     pub max_connections: usize,
+    /// Open connections from one client IP address at most; more are closed at accept. `None`:
+    /// no cap of its own.
+    pub max_connections_per_address: Option<usize>,
     /// A new connection must send the whole HTTP/2 preface within this (under TLS: after its
     /// handshake), or it is closed.
     pub preface_timeout: std::time::Duration,
@@ -168,6 +171,7 @@ impl Gateway {
         let registry = Arc::clone(&self.connections);
         let limits = transport::AcceptLimits {
             max_connections: self.config.max_connections,
+            max_per_address: self.config.max_connections_per_address,
             preface_timeout: self.config.preface_timeout,
         };
         let (incoming, acceptor_task) = match &self.tls {

@@ -5,11 +5,13 @@
 //! before the first request. Every connection must then send its HTTP/2 preface within the
 //! preface timeout ([`CubeConn::with_preface_deadline`]).
 
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -44,14 +46,62 @@ const ACCEPT_RETRY: Duration = Duration::from_millis(50);
 pub struct AcceptLimits {
     /// Open connections at most (TLS handshakes under way included).
     pub max_connections: usize,
+    /// Open connections from one client IP address at most (TLS handshakes included); `None`:
+    /// no cap of its own.
+    pub max_per_address: Option<usize>,
     /// From accept (under TLS: from the handshake's end) until the HTTP/2 preface must be in.
     pub preface_timeout: Duration,
 }
 
-/// The accept loop's guard: the cap on open connections, and its warnings at most once a second.
+/// Open connections per client IP address, for [`AcceptLimits::max_per_address`].
+#[derive(Debug, Default)]
+struct AddressCounts(Mutex<HashMap<IpAddr, usize>>);
+
+impl AddressCounts {
+    /// A place for one more connection from `ip`, unless `max` are open.
+    fn take(self: &Arc<Self>, ip: IpAddr, max: usize) -> Option<AddressSlot> {
+        let mut open = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let n = open.entry(ip).or_insert(0);
+        if *n >= max {
+            if *n == 0 {
+                open.remove(&ip);
+            }
+            return None;
+        }
+        *n += 1;
+        Some(AddressSlot {
+            counts: Arc::clone(self),
+            ip,
+        })
+    }
+}
+
+/// One connection's place in its client address's count, from accept (TLS handshake included)
+/// until the connection closes.
+#[derive(Debug)]
+pub struct AddressSlot {
+    counts: Arc<AddressCounts>,
+    ip: IpAddr,
+}
+
+impl Drop for AddressSlot {
+    fn drop(&mut self) {
+        let mut open = self.counts.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Entry::Occupied(mut e) = open.entry(self.ip) {
+            *e.get_mut() -= 1;
+            if *e.get() == 0 {
+                e.remove();
+            }
+        }
+    }
+}
+
+/// The accept loop's guard: the caps on open connections (in all and per client address), and
+/// its warnings at most once a second.
 struct Gate {
     registry: Arc<ConnectionRegistry>,
     limits: AcceptLimits,
+    by_address: Arc<AddressCounts>,
     /// TLS handshakes under way (not in the registry yet).
     handshaking: Arc<AtomicUsize>,
     last_warning: Option<Instant>,
@@ -62,6 +112,7 @@ impl Gate {
         Gate {
             registry,
             limits,
+            by_address: Arc::default(),
             handshaking: Arc::default(),
             last_warning: None,
         }
@@ -78,9 +129,13 @@ impl Gate {
         }
     }
 
-    /// The next connection within the cap. A connection over the cap is closed at once (so it
-    /// holds no descriptor the server's own files need; the client sees a reset and may retry).
-    async fn accept(&mut self, listener: &TcpListener) -> (TcpStream, SocketAddr) {
+    /// The next connection within the caps, with its place in its address's count. A
+    /// connection over a cap is closed at once (so it holds no descriptor the server's own files
+    /// need; the client sees a reset and may retry).
+    async fn accept(
+        &mut self,
+        listener: &TcpListener,
+    ) -> (TcpStream, SocketAddr, Option<AddressSlot>) {
         loop {
             let (tcp, remote) = match listener.accept().await {
                 Ok(c) => c,
@@ -101,9 +156,26 @@ impl Gate {
                 drop(tcp);
                 continue;
             }
+            // An IPv4 client on a dual-stack socket counts as its IPv4 address.
+            let ip = remote.ip().to_canonical();
+            let slot = match self.limits.max_per_address {
+                None => None,
+                Some(max) => match self.by_address.take(ip, max) {
+                    Some(slot) => Some(slot),
+                    None => {
+                        cube_metrics::CONNECTIONS_ADDRESS_REFUSED.inc();
+                        self.warn(
+                            "connection refused: --max-connections-per-address are open from its address",
+                            &format_args!("{max} open from {ip}, {remote} refused"),
+                        );
+                        drop(tcp);
+                        continue;
+                    }
+                },
+            };
             // Small request/response round trips dominate: Nagle would add 40 ms stalls.
             let _ = tcp.set_nodelay(true);
-            return (tcp, remote);
+            return (tcp, remote, slot);
         }
     }
 }
@@ -118,9 +190,10 @@ pub fn plain(
     Box::pin(futures::stream::unfold(
         (listener, gate),
         |(listener, mut gate)| async move {
-            let (tcp, remote) = gate.accept(&listener).await;
+            let (tcp, remote, slot) = gate.accept(&listener).await;
             let conn = CubeConn::new(Transport::Plain(tcp), &gate.registry, Some(remote))
-                .with_preface_deadline(gate.limits.preface_timeout);
+                .with_preface_deadline(gate.limits.preface_timeout)
+                .holding(slot);
             Some((Ok(conn), (listener, gate)))
         },
     ))
@@ -139,7 +212,7 @@ pub fn tls(
     let mut gate = Gate::new(Arc::clone(&registry), limits);
     let task = tokio::spawn(async move {
         loop {
-            let (tcp, remote) = gate.accept(&listener).await;
+            let (tcp, remote, slot) = gate.accept(&listener).await;
             let (acceptor, registry, catalog, tx) = (
                 acceptor.clone(),
                 Arc::clone(&registry),
@@ -170,7 +243,8 @@ pub fn tls(
                     .and_then(|c| c.first())
                     .and_then(client_identity);
                 let conn = CubeConn::new(Transport::Tls(Box::new(tls)), &registry, Some(remote))
-                    .with_preface_deadline(limits.preface_timeout);
+                    .with_preface_deadline(limits.preface_timeout)
+                    .holding(slot);
                 drop(handshaking);
                 if let Some((tenant, key_id)) = identity {
                     match catalog.key(&tenant, &key_id).filter(|k| !k.revoked) {

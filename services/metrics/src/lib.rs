@@ -143,6 +143,14 @@ pub static CONNECTIONS_REFUSED: LazyLock<IntCounter> = LazyLock::new(|| {
         "Connections closed at accept because --max-connections were already open.",
     )
 });
+/// Connections closed at accept because their client address had its share open.
+pub static CONNECTIONS_ADDRESS_REFUSED: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "cube_connections_address_refused_total",
+        "Connections closed at accept because --max-connections-per-address were already open \
+         from their client address.",
+    )
+});
 /// Connections closed because their HTTP/2 preface did not arrive in time.
 pub static CONNECTIONS_PREFACE_TIMEOUTS: LazyLock<IntCounter> = LazyLock::new(|| {
     counter(
@@ -278,12 +286,13 @@ pub fn init() {
     let _ = (
         &*CONNECTIONS_OPEN,
         &*CONNECTIONS_REFUSED,
+        &*CONNECTIONS_ADDRESS_REFUSED,
         &*CONNECTIONS_PREFACE_TIMEOUTS,
         &*WAL_FSYNC_SECONDS,
         &*WAL_BATCH_RECORDS,
         &*WAL_BYTES,
-        &*TENANTS_ACTIVE,
     );
+    let _ = &*TENANTS_ACTIVE;
     let _ = (
         &*MAILBOX_DEPTH,
         &*RECOVERY_SECONDS,

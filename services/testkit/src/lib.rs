@@ -322,8 +322,15 @@ impl TestServer {
 
     /// A plain channel to the server.
     pub async fn channel(&self) -> anyhow::Result<Channel> {
+        self.channel_from(None).await
+    }
+
+    /// A plain channel to the server from the local address `local` (any loopback address
+    /// reaches a server on 127.0.0.1), or one the system picks.
+    pub async fn channel_from(&self, local: Option<std::net::IpAddr>) -> anyhow::Result<Channel> {
         Ok(Endpoint::from_shared(self.endpoint())?
             .tcp_nodelay(true)
+            .local_address(local)
             .connect()
             .await?)
     }
@@ -354,6 +361,19 @@ impl TestServer {
     /// A Cells client signing as `creds`.
     pub async fn cells(&self, creds: &Credentials) -> anyhow::Result<SignedCells> {
         Ok(CellsClient::new(self.signed(creds).await?))
+    }
+
+    /// A Cells client signing as `creds`, on a new connection from the local address `local`.
+    pub async fn cells_from(
+        &self,
+        creds: &Credentials,
+        local: std::net::IpAddr,
+    ) -> anyhow::Result<SignedCells> {
+        let signer = CallSigner::new(&creds.tenant, &creds.key_id, creds.secret()?);
+        Ok(CellsClient::new(Signing::new(
+            self.channel_from(Some(local)).await?,
+            signer,
+        )))
     }
 
     /// A Cells client on a new connection authenticated once with the handshake.

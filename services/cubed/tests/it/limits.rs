@@ -1,6 +1,8 @@
 //! Limits and precise status codes: value size, message size, compare-and-set, missing fields,
 //! rpcs not served yet.
 
+use std::net::{IpAddr, Ipv4Addr};
+
 use cube_api::v1::{DeleteRequest, RegionRequest, WriteRequest};
 use cube_testkit::TestServer;
 use tonic::Code;
@@ -203,11 +205,10 @@ async fn connections_over_the_cap_are_closed_and_the_others_keep_working() {
     second.write(write(1, 0, 0, b"b")).await.unwrap();
     // The third connection is closed before its first call can be answered (the client sees
     // a transport error: which code its library reports is its own).
-    let third = match server.cells(&server.demo).await {
-        Ok(mut c) => c.read(read(0, 0, 0)).await.map(|_| ()),
-        Err(e) => Err(tonic::Status::unavailable(e.to_string())),
-    };
-    assert!(third.is_err(), "a third connection was served");
+    assert!(
+        read_on_a_new_connection(&server, LOOPBACK).await.is_err(),
+        "a third connection was served"
+    );
     assert!(
         server
             .metric("cube_connections_refused_total")
@@ -220,23 +221,85 @@ async fn connections_over_the_cap_are_closed_and_the_others_keep_working() {
     );
     // Once one closes, a new connection gets its place (the server notices the close shortly).
     drop(second);
+    assert_eq!(read_once_a_place_is_free(&server, LOOPBACK).await, b"a");
+}
+
+const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+/// What cell (0,0,0) reads on a new demo connection from `local`; an error if the connection
+/// was refused (the client sees a transport error: which code its library reports is its own).
+async fn read_on_a_new_connection(
+    server: &TestServer,
+    local: IpAddr,
+) -> Result<Vec<u8>, tonic::Status> {
+    match server.cells_from(&server.demo, local).await {
+        Ok(mut c) => c.read(read(0, 0, 0)).await.map(|r| r.into_inner().value),
+        Err(e) => Err(tonic::Status::unavailable(e.to_string())),
+    }
+}
+
+/// [`read_on_a_new_connection`], retried for up to 10 s: a closed connection's place comes back
+/// once the server notices the close.
+async fn read_once_a_place_is_free(server: &TestServer, local: IpAddr) -> Vec<u8> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
-        let answer = match server.cells(&server.demo).await {
-            Ok(mut c) => c.read(read(0, 0, 0)).await.map(|r| r.into_inner().value),
-            Err(e) => Err(tonic::Status::unavailable(e.to_string())),
-        };
-        match answer {
-            Ok(v) => {
-                assert_eq!(v, b"a");
-                break;
-            }
+        match read_on_a_new_connection(server, local).await {
+            Ok(v) => return v,
             Err(_) if std::time::Instant::now() < deadline => {
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             }
             Err(e) => panic!("no connection got the freed place: {e:?}\n{}", server.log()),
         }
     }
+}
+
+/// Connections beyond `--max-connections-per-address` from one client address are closed at
+/// accept (counted in `cube_connections_address_refused_total`, not in the overall cap's
+/// counter) while another address is still served; a closed connection gives its place back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_cannot_take_every_connection_place() {
+    let server = TestServer::start_with(
+        cubed(),
+        &[
+            "--max-connections",
+            "4",
+            "--max-connections-per-address",
+            "2",
+        ],
+    )
+    .unwrap();
+    let mut first = server.cells_from(&server.demo, LOOPBACK).await.unwrap();
+    let mut second = server.cells_from(&server.demo, LOOPBACK).await.unwrap();
+    first.write(write(0, 0, 0, b"a")).await.unwrap();
+    second.write(write(1, 0, 0, b"b")).await.unwrap();
+    assert!(
+        read_on_a_new_connection(&server, LOOPBACK).await.is_err(),
+        "a third connection from one address was served"
+    );
+    assert!(
+        server
+            .metric("cube_connections_address_refused_total")
+            .unwrap_or(0.0)
+            >= 1.0
+    );
+    assert_eq!(server.metric("cube_connections_refused_total"), Some(0.0));
+    // Another address still gets in, twice.
+    let other: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+    let mut third = server.cells_from(&server.demo, other).await.unwrap();
+    assert_eq!(
+        third.read(read(1, 0, 0)).await.unwrap().into_inner().value,
+        b"b"
+    );
+    assert_eq!(
+        read_on_a_new_connection(&server, other).await.unwrap(),
+        b"a"
+    );
+    assert_eq!(
+        first.read(read(1, 0, 0)).await.unwrap().into_inner().value,
+        b"b"
+    );
+    drop(second);
+    assert_eq!(read_once_a_place_is_free(&server, LOOPBACK).await, b"a");
 }
 
 /// A client that opens many Region streams and reads none holds at most 32 built pages of its

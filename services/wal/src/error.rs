@@ -36,14 +36,19 @@ pub enum WalError {
     Replay { seq: u64, detail: String },
 }
 
+/// The `op` of the failure a panicking syncer thread poisons its shard with: a bug, so for good.
+pub(crate) const SYNCER_PANICKED: &str = "running the wal syncer";
+
 impl WalError {
     /// What this failure of the syncer means for the shard's future: a failed fdatasync (of a
-    /// segment or of the directory) poisons it for good; any other failed write leaves it
-    /// reopenable (see [`crate::DurableEvent`]).
+    /// segment or of the directory), or a panic of the syncer thread, poisons it for good; any
+    /// other failed write leaves it reopenable (see [`crate::DurableEvent`]).
     pub fn after_syncer_failure(&self) -> crate::DurableEvent {
         match self {
             WalError::Io { op, source }
-                if !op.starts_with("fdatasync") && !op.starts_with("syncing") =>
+                if !op.starts_with("fdatasync")
+                    && !op.starts_with("syncing")
+                    && *op != SYNCER_PANICKED =>
             {
                 crate::DurableEvent::WriteFailed {
                     no_space: is_no_space(source),

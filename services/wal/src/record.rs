@@ -1,6 +1,12 @@
 //! Record framing: `len u32 | crc32c u32 | seq u64 | payload`, little endian.
 //!
-//! The CRC covers `len ‖ seq ‖ payload`, so a flipped length is caught too. A header of 16 zero
+//! The `seq` field's low 48 bits are the record's sequence number; its high 16 bits are its
+//! **batch position**: how many records precede it in the batch it was appended to (saturating
+//! at 65,535; 0 in every record written before positions existed). A batch is what one syncer
+//! step writes and then fdatasyncs, so recovery can tell the rest of a torn write from records
+//! written after a damaged one (`crate::recovery`).
+//!
+//! The CRC covers `len ‖ seq field ‖ payload`, so a flipped length is caught too. A header of 16 zero
 //! bytes ([`END_MARKER`]) marks the end of data; it can never be a valid record because sequence
 //! numbers start at 1. A pre-zeroed segment is zero past its data anyway; in a recycled one, old
 //! records follow, so the writer puts a zero header after every write that leaves room for it.
@@ -17,15 +23,32 @@ pub(crate) const HEADER_LEN: usize = 16;
 /// Written after the last record of every write (see the module doc).
 pub(crate) const END_MARKER: [u8; HEADER_LEN] = [0; HEADER_LEN];
 
-/// Append one framed record to `buf`, unsalted (see [`seal`]).
-pub(crate) fn encode(buf: &mut Vec<u8>, seq: u64, payload: &[u8]) {
+/// Bits of the `seq` field that hold the sequence number.
+const SEQ_BITS: u32 = 48;
+/// The largest sequence number a record can carry.
+pub(crate) const MAX_SEQ: u64 = (1 << SEQ_BITS) - 1;
+/// The largest batch position stored; a record further into its batch stores this.
+const MAX_POSITION: u64 = u16::MAX as u64;
+
+/// Append one framed record to `buf`, unsalted (see [`seal`]): sequence number `seq` (at most
+/// [`MAX_SEQ`]), `position` records after the first of its batch.
+pub(crate) fn encode(buf: &mut Vec<u8>, seq: u64, position: u64, payload: &[u8]) {
+    debug_assert!(seq <= MAX_SEQ, "sequence number {seq} out of range");
     let len = u32::try_from(payload.len()).unwrap_or(u32::MAX);
-    let crc = checksum(len, seq, payload);
+    let field = (seq & MAX_SEQ) | (position.min(MAX_POSITION) << SEQ_BITS);
+    let crc = checksum(len, field, payload);
     buf.reserve(HEADER_LEN + payload.len());
     buf.extend_from_slice(&len.to_le_bytes());
     buf.extend_from_slice(&crc.to_le_bytes());
-    buf.extend_from_slice(&seq.to_le_bytes());
+    buf.extend_from_slice(&field.to_le_bytes());
     buf.extend_from_slice(payload);
+}
+
+/// The sequence number in the `seq` field of a header (`header[8..16]`), without checking it.
+pub(crate) fn seq_of_header(header: &[u8; HEADER_LEN]) -> u64 {
+    let mut field = [0u8; 8];
+    field.copy_from_slice(&header[8..16]);
+    u64::from_le_bytes(field) & MAX_SEQ
 }
 
 /// Salt the record that starts at `frame[0]` for a segment whose salt is `salt`: done once, by
@@ -46,9 +69,11 @@ fn checksum(len: u32, seq: u64, payload: &[u8]) -> u32 {
 /// What the bytes at some offset hold.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Frame<'a> {
-    /// A whole, checksummed record; `total` = header + payload bytes.
+    /// A whole, checksummed record; `total` = header + payload bytes; `position` its batch
+    /// position (records before it in its batch, saturating at 65,535).
     Record {
         seq: u64,
+        position: u64,
         payload: &'a [u8],
         total: usize,
     },
@@ -78,18 +103,20 @@ pub(crate) fn decode(buf: &[u8], salt: u32) -> Frame<'_> {
     }
     let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
     let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
-    let mut seq_bytes = [0u8; 8];
-    seq_bytes.copy_from_slice(&header[8..16]);
-    let seq = u64::from_le_bytes(seq_bytes);
+    let mut field = [0u8; 8];
+    field.copy_from_slice(&header[8..16]);
+    let field = u64::from_le_bytes(field);
+    let seq = field & MAX_SEQ;
     let total = HEADER_LEN + len as usize;
     let Some(payload) = buf.get(HEADER_LEN..total) else {
         return Frame::Invalid;
     };
-    if seq == 0 || checksum(len, seq, payload) ^ salt != crc {
+    if seq == 0 || checksum(len, field, payload) ^ salt != crc {
         return Frame::Invalid;
     }
     Frame::Record {
         seq,
+        position: field >> SEQ_BITS,
         payload,
         total,
     }
@@ -102,11 +129,12 @@ mod tests {
     #[test]
     fn round_trips_and_detects_any_flipped_bit() {
         let mut buf = Vec::new();
-        encode(&mut buf, 7, b"hello");
+        encode(&mut buf, 7, 0, b"hello");
         assert_eq!(
             decode(&buf, 0),
             Frame::Record {
                 seq: 7,
+                position: 0,
                 payload: b"hello",
                 total: 21
             }
@@ -118,6 +146,7 @@ mod tests {
                 decode(&bad, 0),
                 Frame::Record {
                     seq: 7,
+                    position: 0,
                     payload: b"hello",
                     total: 21
                 },
@@ -127,23 +156,46 @@ mod tests {
     }
 
     #[test]
+    fn the_batch_position_shares_the_seq_field_and_is_checksummed() {
+        let mut buf = Vec::new();
+        encode(&mut buf, MAX_SEQ, 70_000, b"x");
+        assert_eq!(
+            decode(&buf, 0),
+            Frame::Record {
+                seq: MAX_SEQ,
+                position: MAX_POSITION,
+                payload: b"x",
+                total: 17
+            }
+        );
+        assert_eq!(
+            seq_of_header(buf[..HEADER_LEN].try_into().unwrap()),
+            MAX_SEQ
+        );
+        let mut moved = buf.clone();
+        moved[15] ^= 0x01; // position 65,535 -> 65,279
+        assert_eq!(decode(&moved, 0), Frame::Invalid);
+    }
+
+    #[test]
     fn zero_header_is_end_and_short_garbage_is_invalid() {
         assert_eq!(decode(&[0u8; 40], 0), Frame::End);
         assert_eq!(decode(&[0u8; 3], 0), Frame::End);
         assert_eq!(decode(&[1u8, 0, 0], 0), Frame::Invalid);
         let mut buf = Vec::new();
-        encode(&mut buf, 1, b"abc");
+        encode(&mut buf, 1, 0, b"abc");
         assert_eq!(decode(&buf[..buf.len() - 1], 0), Frame::Invalid);
     }
 
     #[test]
     fn empty_payload_is_a_valid_record() {
         let mut buf = Vec::new();
-        encode(&mut buf, 3, b"");
+        encode(&mut buf, 3, 0, b"");
         assert_eq!(
             decode(&buf, 0),
             Frame::Record {
                 seq: 3,
+                position: 0,
                 payload: b"",
                 total: 16
             }
@@ -153,11 +205,12 @@ mod tests {
     #[test]
     fn a_record_checks_only_under_the_salt_it_was_sealed_with() {
         let mut buf = Vec::new();
-        encode(&mut buf, 9, b"value");
+        encode(&mut buf, 9, 0, b"value");
         let unsalted = buf.clone();
         seal(&mut buf, 0x5eed_1234);
         let record = Frame::Record {
             seq: 9,
+            position: 0,
             payload: b"value",
             total: 21,
         };

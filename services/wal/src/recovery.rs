@@ -8,7 +8,14 @@
 //! - Invalid bytes instead of that zero header at the end of the last segment, with no valid
 //!   record of a later seq after them, are a torn tail (a batch whose fdatasync never finished,
 //!   so nothing in it was acknowledged): they are zeroed, fsynced and counted.
-//! - An invalid record followed by a valid one of a later seq, a sealed segment whose records
+//! - So are valid records of a later seq after the end of data when each is of the batch that
+//!   should have held the record expected there (its batch position, `crate::record`, says
+//!   where its batch began): the rest of the last write, whose pages reached the disk out of
+//!   order when the machine stopped during its fdatasync. Nothing in that batch was
+//!   acknowledged, since a batch is acknowledged only once its fdatasync returns, and the next
+//!   batch is written only after that (under the relaxed policy several writes can be
+//!   unsynced at once, and a record of a later batch there is corruption, as below).
+//! - An invalid record followed by a valid one of a later batch, a sealed segment whose records
 //!   stop before the next segment's first seq, or a gap in sequence numbers is corruption:
 //!   [`WalError::Corrupt`], and the shard stays closed.
 
@@ -105,6 +112,7 @@ pub(crate) fn recover(
                     seq,
                     payload,
                     total,
+                    ..
                 } if seq == exp => {
                     if seq > start_after {
                         visit(seq, payload).map_err(|detail| WalError::Replay { seq, detail })?;
@@ -137,22 +145,25 @@ pub(crate) fn recover(
             continue;
         }
         // The last segment. Only zeros (pre-zeroed) or records older than this segment (a
-        // recycled one) may follow the end of data; a valid record of a later seq means one in
-        // between is damaged.
-        let later = if data[pos..].iter().all(|b| *b == 0) {
-            None
+        // recycled one) may follow the end of data, or the rest of a torn last write; a valid
+        // record of a later batch means one in between is damaged.
+        let torn_write = if data[pos..].iter().all(|b| *b == 0) {
+            false
         } else {
-            find_valid_record_after(&data, pos, exp, segment.salt)
+            match after_end_of_data(&data, pos, exp, segment.salt) {
+                AfterEnd::Nothing => false,
+                AfterEnd::TornWrite => true,
+                AfterEnd::LaterBatch { off, seq } => {
+                    return Err(corrupt(
+                        &name,
+                        pos as u64,
+                        format!("invalid record followed by valid record {seq} at offset {off}"),
+                    ));
+                }
+            }
         };
-        if let Some((off, seq)) = later {
-            return Err(corrupt(
-                &name,
-                pos as u64,
-                format!("invalid record followed by valid record {seq} at offset {off}"),
-            ));
-        }
         write_offset = pos as u64;
-        if !at_end_marker {
+        if !at_end_marker || torn_write {
             let dirty_end = data.iter().rposition(|b| *b != 0).map_or(pos, |p| p + 1);
             zero_range(path, pos as u64, (dirty_end - pos) as u64)?;
             report.truncated_bytes += (dirty_end - pos) as u64;
@@ -235,27 +246,60 @@ fn corrupt(segment: &str, offset: u64, detail: String) -> WalError {
     }
 }
 
+/// What lies after the end of data at `end` of the last segment, where record `exp` belongs.
+#[derive(Debug, PartialEq, Eq)]
+enum AfterEnd {
+    /// No valid record of seq `exp` or later.
+    Nothing,
+    /// Valid records of later seqs, every one of the batch that should have held `exp`.
+    TornWrite,
+    /// A valid record that is not: the first one found.
+    LaterBatch { off: usize, seq: u64 },
+}
+
+fn after_end_of_data(data: &[u8], end: usize, exp: u64, salt: u32) -> AfterEnd {
+    let mut found = AfterEnd::Nothing;
+    let mut from = end;
+    while let Some((off, seq, position, total)) = find_valid_record_after(data, from, exp, salt) {
+        // Of the torn write only if records exp..seq-1 fit between `end` and it (a header each
+        // at least) and its batch began at or before exp. A batch position that saturated
+        // understates how early the batch began, which can only make this answer "no".
+        let fits = seq > exp && (off - end) as u64 >= (seq - exp).saturating_mul(HEADER_LEN as u64);
+        if !fits || seq.saturating_sub(position) > exp {
+            return AfterEnd::LaterBatch { off, seq };
+        }
+        found = AfterEnd::TornWrite;
+        from = off + total - 1;
+    }
+    found
+}
+
 /// Look for any whole record, checksummed under `salt`, with a plausible sequence number after
-/// `from`.
+/// `from`: (offset, seq, batch position, framed length).
 fn find_valid_record_after(
     data: &[u8],
     from: usize,
     min_seq: u64,
     salt: u32,
-) -> Option<(usize, u64)> {
+) -> Option<(usize, u64, u64, usize)> {
     // A sequence number far beyond the expected one cannot be ours; checking it first keeps this
     // scan cheap on large garbage tails.
     const PLAUSIBLE_SEQ_SPAN: u64 = 1 << 32;
     let last_start = data.len().checked_sub(HEADER_LEN)?;
     for off in from + 1..=last_start {
-        let mut seq_bytes = [0u8; 8];
-        seq_bytes.copy_from_slice(&data[off + 8..off + 16]);
-        let seq = u64::from_le_bytes(seq_bytes);
+        let header: &[u8; HEADER_LEN] = data[off..off + HEADER_LEN].try_into().ok()?;
+        let seq = record::seq_of_header(header);
         if seq < min_seq || seq - min_seq > PLAUSIBLE_SEQ_SPAN {
             continue;
         }
-        if let Frame::Record { seq, .. } = record::decode(&data[off..], salt) {
-            return Some((off, seq));
+        if let Frame::Record {
+            seq,
+            position,
+            total,
+            ..
+        } = record::decode(&data[off..], salt)
+        {
+            return Some((off, seq, position, total));
         }
     }
     None

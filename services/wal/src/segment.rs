@@ -123,13 +123,9 @@ pub fn remove_covered_log(dir: &Path, next_seq: u64) -> io::Result<usize> {
             existing
         }
         None => {
-            let fresh = dir.join(
-                SegmentName {
-                    first_seq: next_seq,
-                    salt: 0,
-                }
-                .file_name(),
-            );
+            // Salted, like every segment this build names: an open then keeps it as it is
+            // (an unsalted segment with room would be sealed, which takes a new file).
+            let fresh = dir.join(SegmentName::fresh(next_seq).file_name());
             File::create(&fresh)?.sync_all()?;
             fresh
         }
@@ -284,6 +280,11 @@ pub fn replace_file_durably(path: &Path, contents: &[u8]) -> io::Result<()> {
     file.sync_all()?;
     drop(file);
     fs::rename(&tmp, path)?;
+    sync_parent(path)
+}
+
+/// fsync the directory holding `path` (its entry list).
+pub(crate) fn sync_parent(path: &Path) -> io::Result<()> {
     match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => sync_dir(dir),
         _ => sync_dir(Path::new(".")),

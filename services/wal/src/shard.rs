@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use crate::record;
 use crate::recovery::{RecoveryReport, recover};
 use crate::segment::{
-    RECYCLED_NAME, SegmentName, SegmentSizing, create_zeroed, spare_path, sync_dir,
+    RECYCLED_NAME, SegmentName, SegmentSizing, create_zeroed, spare_path, sync_dir, sync_parent,
 };
 use crate::{ReplayVisitor, WalError};
 
@@ -155,6 +155,8 @@ struct Shared {
 
 struct State {
     pending: Vec<u8>,
+    /// Records in `pending`: the next one's batch position (see `crate::record`).
+    pending_records: u64,
     next_seq: u64,
     last_appended: u64,
     /// Highest seq the syncer has written to a segment file (handed to the OS).
@@ -256,12 +258,14 @@ impl WalShard {
         let table = Arc::new(Mutex::new(SegmentTable::new(
             resume.segments.iter().map(|(name, _, size)| (*name, *size)),
         )));
-        // An unsalted last segment (named by an older build) is sealed rather than continued,
-        // so every segment this build writes into is salted (see `crate::record`).
+        // An unsalted last segment with room (named by an older build) is sealed rather than
+        // continued, so every segment this build writes into is salted (see `crate::record`).
+        // One with no room (an empty marker left by `remove_covered_log`) is never written into:
+        // the first append replaces it.
         let last_unsalted = resume
             .segments
             .last()
-            .is_some_and(|(name, _, _)| name.salt == 0);
+            .is_some_and(|(name, _, size)| name.salt == 0 && *size > resume.write_offset);
         let mut writer = SegmentWriter::resume(
             dir,
             options.segments,
@@ -273,12 +277,14 @@ impl WalShard {
         if resume.checkpoint_ahead || last_unsalted || writer.active.is_none() {
             writer.rotate(resume.next_seq, 0)?;
         }
-        // A last segment with no room left stays active: the first append rotates past it. Doing
-        // so here would make opening (and so reading) fail on a full disk.
+        // A last segment with no room left (full, or the empty marker of a cleanly closed log)
+        // stays active: the first append rotates past it. Doing so here would make opening (and
+        // so reading) fail on a full disk.
         let shared = Arc::new(Shared {
             dir: dir.to_path_buf(),
             state: Mutex::new(State {
                 pending: Vec::with_capacity(64 << 10),
+                pending_records: 0,
                 next_seq: resume.next_seq,
                 last_appended: last,
                 written: last,
@@ -314,7 +320,22 @@ impl WalShard {
         let policy = options.sync;
         let syncer = std::thread::Builder::new()
             .name("wal-syncer".into())
-            .spawn(move || syncer_loop(&thread_shared, writer, policy, last))
+            .spawn(move || {
+                let run = std::panic::AssertUnwindSafe(|| {
+                    syncer_loop(&thread_shared, writer, policy, last);
+                });
+                if std::panic::catch_unwind(run).is_err() {
+                    // A bug (here or in the notify callback). Without this the shard would look
+                    // healthy: appends queued for a syncer that is gone, waits never ending.
+                    poison(
+                        &thread_shared,
+                        &WalError::Io {
+                            op: crate::error::SYNCER_PANICKED,
+                            source: std::io::Error::other("the wal syncer thread panicked"),
+                        },
+                    );
+                }
+            })
             .map_err(WalError::io("spawning syncer thread"))?;
         Ok((
             WalShard {
@@ -343,9 +364,17 @@ impl WalShard {
             return Err(WalError::Closed);
         }
         let seq = st.next_seq;
+        if seq > record::MAX_SEQ {
+            return Err(WalError::Io {
+                op: "appending",
+                source: std::io::Error::other("the log's sequence numbers are used up"),
+            });
+        }
         st.next_seq += 1;
         st.last_appended = seq;
-        record::encode(&mut st.pending, seq, payload);
+        let position = st.pending_records;
+        st.pending_records += 1;
+        record::encode(&mut st.pending, seq, position, payload);
         if st.syncer_idle {
             st.syncer_idle = false;
             self.shared.work.notify_one();
@@ -461,8 +490,20 @@ impl WalShard {
     }
 }
 
+/// fsync `dir` after a change to its entries, from the syncer. Failing to open it (no descriptor
+/// left, say) is a failed write, which leaves the shard reopenable; only a failed fsync poisons
+/// it for good.
+fn sync_dir_entries(dir: &Path) -> Result<(), WalError> {
+    File::open(dir)
+        .map_err(WalError::io("opening wal directory"))?
+        .sync_all()
+        .map_err(WalError::io("syncing wal directory"))
+}
+
 /// `create_dir_all`, then fsync every directory whose entry list changed, so a new shard's
-/// directory survives power loss before its first acknowledged record.
+/// directory survives power loss before its first acknowledged record. An existing directory's
+/// parent is fsynced too: a process killed between the creation and those fsyncs would
+/// otherwise leave its entry unsynced for good.
 pub fn create_dir_durably(dir: &Path) -> Result<(), WalError> {
     let mut existing = dir;
     while !existing.exists() {
@@ -472,7 +513,7 @@ pub fn create_dir_durably(dir: &Path) -> Result<(), WalError> {
         }
     }
     if existing == dir {
-        return Ok(());
+        return sync_parent(dir).map_err(WalError::io("syncing the wal directory's parent"));
     }
     fs::create_dir_all(dir).map_err(WalError::io("creating wal directory"))?;
     let mut d = dir;
@@ -631,6 +672,7 @@ fn syncer_loop(shared: &Shared, mut writer: SegmentWriter, policy: SyncPolicy, m
                 }
                 if !st.pending.is_empty() {
                     std::mem::swap(&mut st.pending, &mut batch);
+                    st.pending_records = 0;
                     break Step::Write(st.last_appended);
                 }
                 if st.closing {
@@ -710,6 +752,7 @@ fn poison(shared: &Shared, e: &WalError) {
     st.poisoned = true;
     st.failure = Some(event);
     st.pending.clear();
+    st.pending_records = 0;
     shared.durable_cv.notify_all();
     drop(st);
     if let Some(notify) = &shared.notify {
@@ -838,19 +881,21 @@ impl SegmentWriter {
         self.sync()?;
         let prev = self.active.as_ref().map(|a| a.capacity);
         let size = self.sizing.next(prev, need);
-        let name = SegmentName::fresh(first_seq);
-        let path = self.dir.join(name.file_name());
-        let replaced_empty = self
+        // An empty segment with no room for this record (the marker of a cleanly closed log, say)
+        // would start at the new one's seq: it is replaced. (An empty segment with an older name,
+        // left behind by a checkpoint ahead of the log, is sealed like any other.)
+        let replaced = self
             .active
             .as_ref()
-            .is_some_and(|a| a.offset == 0 && a.name.first_seq == first_seq);
-        if replaced_empty && let Some(old) = self.active.take() {
-            // An empty segment too small for this record: it would start at the new one's seq.
-            // (An empty segment with an older name, left behind by a checkpoint ahead of the log,
-            // is sealed like any other.)
-            fs::remove_file(self.dir.join(old.name.file_name()))
-                .map_err(WalError::io("replacing empty segment"))?;
-        }
+            .filter(|a| a.offset == 0 && a.name.first_seq == first_seq)
+            .map(|a| a.name);
+        let name = loop {
+            let name = SegmentName::fresh(first_seq);
+            if Some(name) != replaced {
+                break name;
+            }
+        };
+        let path = self.dir.join(name.file_name());
         let ready = match self.take_recycled(&path, size.max(need)) {
             Some(reused) => Some(reused),
             None => self.take_spare(&path, size.max(need))?,
@@ -862,8 +907,17 @@ impl SegmentWriter {
                 size,
             ),
         };
-        sync_dir(&self.dir).map_err(WalError::io("syncing wal directory"))?;
-        lock_table(&self.table).push(name, capacity, replaced_empty);
+        sync_dir_entries(&self.dir)?;
+        if let Some(old) = replaced {
+            // Only once the replacement is durably named, so that a failure or crash before
+            // never leaves the log without its last segment. A crash between leaves both, and
+            // recovery removes the empty one; so does the next open if this removal fails.
+            self.active = None;
+            if let Err(e) = fs::remove_file(self.dir.join(old.file_name())) {
+                tracing::warn!(dir = %self.dir.display(), error = %e, "could not remove the empty segment just replaced; the next open does");
+            }
+        }
+        lock_table(&self.table).push(name, capacity, replaced.is_some());
         self.active = Some(Active {
             name,
             file,

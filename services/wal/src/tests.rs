@@ -69,6 +69,15 @@ fn write_n(wal: &WalShard, n: u64) -> u64 {
     last
 }
 
+/// Append `n` records, each in a batch of its own (durable before the next is appended).
+fn write_each(wal: &WalShard, n: u64) -> u64 {
+    let mut last = 0;
+    for _ in 0..n {
+        last = write_n(wal, 1);
+    }
+    last
+}
+
 fn assert_records(seen: &[(u64, Vec<u8>)], n: u64) {
     assert_eq!(seen.len() as u64, n);
     for (i, (seq, p)) in seen.iter().enumerate() {
@@ -186,7 +195,8 @@ fn zero_filled_tail_inside_a_record_is_truncated_but_a_clean_zero_tail_is_not() 
 fn corrupt_middle_record_refuses_to_open_and_keeps_the_data() {
     let dir = tempfile::tempdir().unwrap();
     let (wal, _, _) = open(dir.path(), small()).unwrap();
-    write_n(&wal, 8);
+    // Each its own batch: record 4 is of a batch written after record 3's was durable.
+    write_each(&wal, 8);
     wal.close().unwrap();
     let seg = only_segment(dir.path());
     let before = fs::read(&seg).unwrap();
@@ -865,7 +875,7 @@ fn fill_into_a_recycled_segment(wal: &WalShard, dir: &Path) -> (u64, u64, u64) {
         "the rotation reused the recycled segment"
     );
     let recycled_first = wal_files(dir).last().unwrap().0;
-    let last = write_n(wal, 5);
+    let last = write_each(wal, 5);
     (through, recycled_first, last)
 }
 
@@ -955,7 +965,7 @@ fn a_damaged_record_before_valid_ones_in_a_recycled_segment_is_corruption() {
 /// plant inside a value, since values reach the log byte for byte.
 fn planted_frame(seq: u64) -> Vec<u8> {
     let mut frame = Vec::new();
-    crate::record::encode(&mut frame, seq, b"");
+    crate::record::encode(&mut frame, seq, 0, b"");
     frame
 }
 
@@ -997,13 +1007,90 @@ fn a_frame_planted_in_old_bytes_of_a_recycled_segment_does_not_stop_it_opening()
     );
 }
 
+/// A 4 KiB segment starting at seq 1, written by hand: the records of `batches` (each a run of
+/// seqs appended as one batch) with `payload(seq)`, then zeros where bytes `zeroed` were (the
+/// pages of a write that never reached the disk).
+fn handmade_log(
+    dir: &Path,
+    batches: &[std::ops::RangeInclusive<u64>],
+    zeroed: std::ops::Range<u64>,
+) {
+    const SALT: u32 = 0x5a17_c0de;
+    let mut data = Vec::new();
+    for batch in batches {
+        for seq in batch.clone() {
+            let start = data.len();
+            crate::record::encode(&mut data, seq, seq - batch.start(), &payload(seq));
+            crate::record::seal(&mut data[start..], SALT);
+        }
+    }
+    data.resize(4096, 0);
+    data[zeroed.start as usize..zeroed.end as usize].fill(0);
+    let name = SegmentName {
+        first_seq: 1,
+        salt: SALT,
+    };
+    fs::write(dir.join(name.file_name()), data).unwrap();
+}
+
+/// A power cut during a batch's fdatasync can leave its later pages on disk and an earlier one
+/// not (nothing orders them). Those later records are of the batch that should have held the
+/// first missing one, so none of it was acknowledged: it is cut as a torn tail, and the log
+/// carries on from there. (Before batch positions it was refused as corruption.)
+#[test]
+fn the_rest_of_a_torn_write_is_cut_as_a_torn_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    // Batches 1, 2 and 3..=10; the write of 3..=10 lost its first bytes (records 3 and 4).
+    handmade_log(
+        dir.path(),
+        &[1..=1, 2..=2, 3..=10],
+        offset_of(3)..offset_of(5),
+    );
+    let (wal, seen, report) = open(dir.path(), small()).unwrap();
+    assert_eq!(seqs_checked(&seen), vec![1, 2]);
+    assert_eq!(report.torn_tails, 1);
+    assert_eq!(report.truncated_bytes, offset_of(11) - offset_of(3));
+    assert_eq!(wal.next_seq(), 3);
+    write_each(&wal, 4);
+    wal.close().unwrap();
+    let (_, seen, report) = open(dir.path(), small()).unwrap();
+    assert_eq!(seqs_checked(&seen), vec![1, 2, 3, 4, 5, 6]);
+    assert_eq!(report.torn_tails, 0);
+}
+
+/// Valid records of a *later* batch after a damaged one mean the damaged record's batch was
+/// durable before they were written: corruption, as before, even when records of its own batch
+/// come first. Nothing is cut.
+#[test]
+fn a_damaged_record_followed_by_a_later_batch_is_corruption() {
+    let dir = tempfile::tempdir().unwrap();
+    handmade_log(
+        dir.path(),
+        &[1..=1, 2..=2, 3..=6, 7..=8],
+        offset_of(4)..offset_of(5),
+    );
+    let seg = only_segment(dir.path());
+    let before = fs::read(&seg).unwrap();
+    expect_corrupt(open(dir.path(), small()), "followed by valid record 7");
+    assert_eq!(fs::read(&seg).unwrap(), before);
+    // The same damage with only its own batch after it is a torn write.
+    handmade_log(
+        dir.path(),
+        &[1..=1, 2..=2, 3..=6],
+        offset_of(4)..offset_of(5),
+    );
+    let (_, seen, report) = open(dir.path(), small()).unwrap();
+    assert_eq!(seqs_checked(&seen), vec![1, 2, 3]);
+    assert_eq!(report.torn_tails, 1);
+}
+
 #[test]
 fn an_unsalted_segment_from_before_salts_is_read_then_sealed() {
     // A log written before segment names carried a salt: records with plain CRCs, `<seq>.wal`.
     let dir = tempfile::tempdir().unwrap();
     let mut data = Vec::new();
     for seq in 1..=5 {
-        crate::record::encode(&mut data, seq, &payload(seq));
+        crate::record::encode(&mut data, seq, 0, &payload(seq));
     }
     data.resize(4096, 0);
     let legacy = dir.path().join(
@@ -1098,9 +1185,96 @@ fn a_log_needs_replay_until_it_is_closed_and_removed() {
     // What a clean close does once the checkpoint covers the log: one empty marker segment.
     crate::remove_covered_log(&dir, last + 1).unwrap();
     assert!(!crate::log_may_need_replay(&dir).unwrap());
-    // Reopening it creates an active segment again.
+    // Reopening it alone leaves nothing to replay; its first record does.
     let (wal, seen, _) = open_after(&dir, small(), last).unwrap();
     assert!(seen.is_empty());
+    assert!(!crate::log_may_need_replay(&dir).unwrap());
+    wal.wait_durable(wal.append(b"y").unwrap()).unwrap();
     assert!(crate::log_may_need_replay(&dir).unwrap());
     drop(wal);
+}
+
+/// The empty marker a clean close leaves (salted; or unsalted, as older builds made it) stays
+/// the log's last segment when the log is reopened: opening needs no new file, which on a full
+/// disk it could not create, and the marker's seq keeps guarding against an older state store.
+/// The first append replaces it.
+#[test]
+fn a_cleanly_closed_log_reopens_on_its_marker_and_the_first_append_replaces_it() {
+    for unsalted in [false, true] {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("wal");
+        let (wal, _, _) = open(&dir, small()).unwrap();
+        let last = write_n(&wal, 5);
+        wal.close().unwrap();
+        crate::remove_covered_log(&dir, last + 1).unwrap();
+        let marker = segment(&dir, last + 1);
+        if unsalted {
+            let old_name = SegmentName {
+                first_seq: last + 1,
+                salt: 0,
+            };
+            fs::rename(&marker, dir.join(old_name.file_name())).unwrap();
+        }
+        let names = || -> Vec<String> {
+            let mut names: Vec<String> = fs::read_dir(&dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect();
+            names.sort();
+            names
+        };
+        let before = names();
+        assert_eq!(wal_files(&dir), vec![(last + 1, 0)], "unsalted: {unsalted}");
+        let (wal, seen, _) = open_after(&dir, small(), last).unwrap();
+        assert!(seen.is_empty());
+        assert_eq!(
+            names(),
+            before,
+            "the open changed the directory (unsalted: {unsalted})"
+        );
+        let seq = wal.append(b"after").unwrap();
+        assert_eq!(seq, last + 1);
+        wal.wait_durable(seq).unwrap();
+        wal.close().unwrap();
+        assert_eq!(
+            wal_files(&dir),
+            vec![(last + 1, 4096)],
+            "unsalted: {unsalted}"
+        );
+        let salt = SegmentName::parse(&names()[0]).unwrap().salt;
+        assert_ne!(salt, 0, "the replacement is salted");
+        let (_, seen, _) = open_after(&dir, small(), last).unwrap();
+        assert_eq!(seen, vec![(last + 1, b"after".to_vec())]);
+    }
+}
+
+/// A bug that panics the syncer (here: in the notify callback) poisons the shard: without that
+/// it looked healthy while appends queued for a thread that was gone.
+#[test]
+fn a_panicking_syncer_poisons_the_shard_instead_of_leaving_it_hanging() {
+    let dir = tempfile::tempdir().unwrap();
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&events);
+    let (wal, _) = WalShard::open(
+        dir.path(),
+        small(),
+        0,
+        &mut |_, _| Ok(()),
+        Some(Box::new(move |e| {
+            assert!(
+                !matches!(e, DurableEvent::Durable(_)),
+                "injected: the notify callback panics"
+            );
+            sink.lock().unwrap().push(e);
+        })),
+    )
+    .unwrap();
+    wal.append(b"x").unwrap();
+    assert!(
+        eventually(|| events.lock().unwrap().contains(&DurableEvent::Poisoned)),
+        "{:?}",
+        events.lock().unwrap()
+    );
+    assert!(matches!(wal.append(b"y"), Err(WalError::Poisoned)));
+    assert!(matches!(wal.close(), Err(WalError::Poisoned)));
 }

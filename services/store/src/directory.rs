@@ -351,7 +351,7 @@ impl FailedLogs {
         if set.insert(tenant.to_string()) {
             tracing::error!(
                 tenant,
-                "an fdatasync of the tenant's log failed: it stays unavailable until the server restarts"
+                "an fdatasync of the tenant's log failed (or its syncer thread stopped on a bug): it stays unavailable until the server restarts"
             );
         }
     }

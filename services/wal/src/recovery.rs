@@ -10,8 +10,9 @@
 //!   so nothing in it was acknowledged): they are zeroed, fsynced and counted.
 //! - So are valid records of a later seq after the end of data when each is of the batch that
 //!   should have held the record expected there (its batch position, `crate::record`, says
-//!   where its batch began): the rest of the last write, whose pages reached the disk out of
-//!   order when the machine stopped during its fdatasync. Nothing in that batch was
+//!   where its batch began) and the bytes before them bear the mark of a lost sector (zeros
+//!   where the expected header or a whole sector should be): the rest of the last write, whose
+//!   pages reached the disk out of order when the machine stopped during its fdatasync. Nothing in that batch was
 //!   acknowledged, since a batch is acknowledged only once its fdatasync returns, and the next
 //!   batch is written only after that (under the relaxed policy several writes can be
 //!   unsynced at once, and a record of a later batch there is corruption, as below).
@@ -258,7 +259,7 @@ enum AfterEnd {
 }
 
 fn after_end_of_data(data: &[u8], end: usize, exp: u64, salt: u32) -> AfterEnd {
-    let mut found = AfterEnd::Nothing;
+    let mut first = None;
     let mut from = end;
     while let Some((off, seq, position, total)) = find_valid_record_after(data, from, exp, salt) {
         // Of the torn write only if records exp..seq-1 fit between `end` and it (a header each
@@ -268,10 +269,36 @@ fn after_end_of_data(data: &[u8], end: usize, exp: u64, salt: u32) -> AfterEnd {
         if !fits || seq.saturating_sub(position) > exp {
             return AfterEnd::LaterBatch { off, seq };
         }
-        found = AfterEnd::TornWrite;
+        first.get_or_insert((off, seq));
         from = off + total - 1;
     }
-    found
+    match first {
+        None => AfterEnd::Nothing,
+        Some((off, _)) if lost_sector_signature(data, end, off) => AfterEnd::TornWrite,
+        // Damage inside acknowledged data (a flipped bit, say) can leave the same records
+        // behind; without the mark of a lost write it is not cut.
+        Some((off, seq)) => AfterEnd::LaterBatch { off, seq },
+    }
+}
+
+/// Whether `data[end..until]` (from the end of data to the first later record) shows what a
+/// write lost to a power cut leaves in a pre-zeroed segment: the expected record's header reads
+/// as zeros (the sector holding it kept its old content), or a whole 512-byte sector in between
+/// does. A flipped or rotten bit in written data leaves neither. (In a recycled segment a lost
+/// sector holds the file's old bytes instead, so such a tail is refused, as before.)
+fn lost_sector_signature(data: &[u8], end: usize, until: usize) -> bool {
+    const SECTOR: usize = 512;
+    if until - end >= HEADER_LEN && data[end..end + HEADER_LEN].iter().all(|b| *b == 0) {
+        return true;
+    }
+    let mut sector = end.next_multiple_of(SECTOR);
+    while sector + SECTOR <= until {
+        if data[sector..sector + SECTOR].iter().all(|b| *b == 0) {
+            return true;
+        }
+        sector += SECTOR;
+    }
+    false
 }
 
 /// Look for any whole record, checksummed under `salt`, with a plausible sequence number after

@@ -104,8 +104,9 @@ fn first_segment_where(
 }
 
 /// Replace every segment (and pre-zeroed spare) of a closed shard's directory by one empty
-/// segment named after `next_seq` (one already there, emptied, or a new unsalted one: it holds
-/// no record, and the next open replaces it by a salted one), then sync the directory. Only for
+/// segment named after `next_seq` (one already there, emptied, or a new salted one: it holds no
+/// record, stays the last segment through the next open, and the first append replaces it),
+/// then sync the directory. Only for
 /// a log the state store's checkpoint covers entirely (`next_seq` = checkpoint seq + 1): the next open reads nothing,
 /// instead of reading the last segment through to skip records it no longer needs. The empty
 /// segment keeps the log's position on disk, so a state store older than the checkpoint (a

@@ -327,13 +327,17 @@ impl WalShard {
                 if std::panic::catch_unwind(run).is_err() {
                     // A bug (here or in the notify callback). Without this the shard would look
                     // healthy: appends queued for a syncer that is gone, waits never ending.
-                    poison(
-                        &thread_shared,
-                        &WalError::Io {
-                            op: crate::error::SYNCER_PANICKED,
-                            source: std::io::Error::other("the wal syncer thread panicked"),
-                        },
-                    );
+                    // The callback may be what panicked: a second panic must not stop it here.
+                    let run = std::panic::AssertUnwindSafe(|| {
+                        poison(
+                            &thread_shared,
+                            &WalError::Io {
+                                op: crate::error::SYNCER_PANICKED,
+                                source: std::io::Error::other("the wal syncer thread panicked"),
+                            },
+                        );
+                    });
+                    let _ = std::panic::catch_unwind(run);
                 }
             })
             .map_err(WalError::io("spawning syncer thread"))?;
@@ -501,9 +505,10 @@ fn sync_dir_entries(dir: &Path) -> Result<(), WalError> {
 }
 
 /// `create_dir_all`, then fsync every directory whose entry list changed, so a new shard's
-/// directory survives power loss before its first acknowledged record. An existing directory's
-/// parent is fsynced too: a process killed between the creation and those fsyncs would
-/// otherwise leave its entry unsynced for good.
+/// directory survives power loss before its first acknowledged record. For an existing
+/// directory, its parent and grandparent (`tenants/<tenant>/` and `tenants/` for a tenant's
+/// `wal/` or `state/`) are fsynced instead: a process killed between a creation and those
+/// fsyncs would otherwise leave the entries unsynced for good.
 pub fn create_dir_durably(dir: &Path) -> Result<(), WalError> {
     let mut existing = dir;
     while !existing.exists() {
@@ -513,7 +518,11 @@ pub fn create_dir_durably(dir: &Path) -> Result<(), WalError> {
         }
     }
     if existing == dir {
-        return sync_parent(dir).map_err(WalError::io("syncing the wal directory's parent"));
+        let parent = dir.parent().unwrap_or(Path::new("."));
+        for d in [dir, parent] {
+            sync_parent(d).map_err(WalError::io("syncing the directories above the wal"))?;
+        }
+        return Ok(());
     }
     fs::create_dir_all(dir).map_err(WalError::io("creating wal directory"))?;
     let mut d = dir;

@@ -1056,6 +1056,17 @@ fn the_rest_of_a_torn_write_is_cut_as_a_torn_tail() {
     let (_, seen, report) = open(dir.path(), small()).unwrap();
     assert_eq!(seqs_checked(&seen), vec![1, 2, 3, 4, 5, 6]);
     assert_eq!(report.torn_tails, 0);
+
+    // A sector lost further into the write (the expected header intact, a whole 512-byte
+    // sector of zeros before the surviving records): the records before it are whole and
+    // replayed; from the first damaged one on, the write is cut.
+    let dir = tempfile::tempdir().unwrap();
+    assert!(offset_of(3) + 16 < 1024 && offset_of(41) > 1536 + 64);
+    handmade_log(dir.path(), &[1..=1, 2..=2, 3..=40], 1024..1536);
+    let whole = (1..40).take_while(|s| offset_of(s + 1) <= 1024).count() as u64;
+    let (_, seen, report) = open(dir.path(), small()).unwrap();
+    assert_eq!(seqs_checked(&seen), (1..=whole).collect::<Vec<_>>());
+    assert_eq!(report.torn_tails, 1);
 }
 
 /// Valid records of a *later* batch after a damaged one mean the damaged record's batch was
@@ -1073,7 +1084,12 @@ fn a_damaged_record_followed_by_a_later_batch_is_corruption() {
     let before = fs::read(&seg).unwrap();
     expect_corrupt(open(dir.path(), small()), "followed by valid record 7");
     assert_eq!(fs::read(&seg).unwrap(), before);
-    // The same damage with only its own batch after it is a torn write.
+    // A flipped byte in record 4, with only its own batch after it: no sector was lost, so it
+    // is damage to written data, not a torn write, and is refused too.
+    handmade_log(dir.path(), &[1..=1, 2..=2, 3..=6], 0..0);
+    damage(dir.path(), 1, offset_of(4) + 20);
+    expect_corrupt(open(dir.path(), small()), "followed by valid record 5");
+    // The same batch with record 4's sector lost (its header reads as zeros) is a torn write.
     handmade_log(
         dir.path(),
         &[1..=1, 2..=2, 3..=6],

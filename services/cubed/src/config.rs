@@ -46,6 +46,9 @@ pub const MIN_PREFACE_TIMEOUT_MS: u64 = 100;
 /// Largest `--preface-timeout-ms` accepted (an hour; a deadline must be a representable time).
 pub const MAX_PREFACE_TIMEOUT_MS: u64 = 3_600_000;
 pub const DEFAULT_KEEPALIVE_SECS: u64 = 60;
+pub const DEFAULT_CALL_TIMEOUT_MS: u64 = 60_000;
+/// Largest `--call-timeout-ms` accepted (a day).
+pub const MAX_CALL_TIMEOUT_MS: u64 = 86_400_000;
 /// Largest `--keepalive-secs` accepted (a day).
 pub const MAX_KEEPALIVE_SECS: u64 = 86_400;
 pub const DEFAULT_MAX_OPEN_TENANTS: usize = 256;
@@ -285,8 +288,8 @@ pub struct ServeArgs {
     /// connections can never take the descriptors the tenants' logs and state need.
     #[arg(long, env = "CUBE_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
-    /// Open network connections from one client IP address at most (TLS handshakes under way
-    /// included); more are closed at accept, so that one client cannot take every
+    /// Open network connections from one client address (an IPv4 address or an IPv6 /64) at
+    /// most (TLS handshakes under way included); more are closed at accept, so that one client cannot take every
     /// --max-connections place. 0 (the default): no cap of its own. Clients behind one NAT or
     /// proxy share an address: size it for them.
     #[arg(long, env = "CUBE_MAX_CONNECTIONS_PER_ADDRESS", default_value_t = 0)]
@@ -302,6 +305,12 @@ pub struct ServeArgs {
     /// its preface then stays open until its peer closes it). At most 86400.
     #[arg(long, env = "CUBE_KEEPALIVE_SECS", default_value_t = DEFAULT_KEEPALIVE_SECS)]
     pub keepalive_secs: u64,
+    /// A call not answered within this many milliseconds is answered DEADLINE_EXCEEDED (a
+    /// change it carried may still be applied); a client's shorter grpc-timeout wins. Counts
+    /// until the answer starts: a stream's later messages are not limited. 0: no limit but the
+    /// client's. At most 86400000.
+    #[arg(long, env = "CUBE_CALL_TIMEOUT_MS", default_value_t = DEFAULT_CALL_TIMEOUT_MS)]
+    pub call_timeout_ms: u64,
     /// Largest WAL segment file; segments start at 256 KiB and double up to this.
     #[arg(long, env = "CUBE_WAL_SEGMENT_MAX_BYTES", default_value_t = DEFAULT_WAL_SEGMENT_MAX_BYTES)]
     pub wal_segment_max_bytes: u64,
@@ -367,6 +376,7 @@ pub struct ServeConfig {
     pub max_connections_per_address: Option<usize>,
     pub preface_timeout: std::time::Duration,
     pub keepalive: Option<std::time::Duration>,
+    pub call_timeout: Option<std::time::Duration>,
     pub wal_segment_max_bytes: u64,
     pub checkpoint: cube_store::CheckpointPolicy,
     pub state_cache_bytes: u64,
@@ -442,6 +452,10 @@ impl ServeArgs {
             self.keepalive_secs <= MAX_KEEPALIVE_SECS,
             "--keepalive-secs must be at most {MAX_KEEPALIVE_SECS} (0 turns PINGs off)"
         );
+        anyhow::ensure!(
+            self.call_timeout_ms <= MAX_CALL_TIMEOUT_MS,
+            "--call-timeout-ms must be at most {MAX_CALL_TIMEOUT_MS} (0 turns the limit off)"
+        );
         // A signed call's five headers and gRPC's own take ~400 bytes; below this, every call
         // would be refused by a server that says it is ready.
         anyhow::ensure!(
@@ -484,6 +498,8 @@ impl ServeArgs {
             preface_timeout: std::time::Duration::from_millis(self.preface_timeout_ms),
             keepalive: (self.keepalive_secs > 0)
                 .then(|| std::time::Duration::from_secs(self.keepalive_secs)),
+            call_timeout: (self.call_timeout_ms > 0)
+                .then(|| std::time::Duration::from_millis(self.call_timeout_ms)),
             wal_segment_max_bytes: self.wal_segment_max_bytes,
             checkpoint: cube_store::CheckpointPolicy {
                 every_bytes: self.checkpoint_bytes,
@@ -674,7 +690,15 @@ mod config_file_tests {
         assert!(err.to_string().contains("--keepalive-secs"), "{err}");
         let config = serve(&["--keepalive-secs", "0"]).unwrap();
         assert_eq!(config.keepalive, None);
+        let err = serve(&["--call-timeout-ms", "86400001"]).unwrap_err();
+        assert!(err.to_string().contains("--call-timeout-ms"), "{err}");
+        let config = serve(&["--call-timeout-ms", "0"]).unwrap();
+        assert_eq!(config.call_timeout, None);
         let config = serve(&[]).unwrap();
+        assert_eq!(
+            config.call_timeout,
+            Some(std::time::Duration::from_secs(60))
+        );
         assert_eq!(config.keepalive, Some(std::time::Duration::from_secs(60)));
         assert_eq!(config.preface_timeout, std::time::Duration::from_secs(10));
     }

@@ -197,6 +197,7 @@ pub async fn run(
             max_connections_per_address: config.max_connections_per_address,
             preface_timeout: config.preface_timeout,
             keepalive: config.keepalive,
+            call_timeout: config.call_timeout,
             auth_mode: config.auth_mode,
             failure_limits: config.failure_limits,
             max_metadata_bytes: config.max_metadata_bytes,

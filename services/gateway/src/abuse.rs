@@ -85,7 +85,7 @@ pub struct FailureLimiter {
 }
 
 /// What a peer is counted as: its IPv4 address, or its IPv6 /64.
-fn peer_key(ip: IpAddr) -> IpAddr {
+pub(crate) fn peer_key(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V4(_) => ip,
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {

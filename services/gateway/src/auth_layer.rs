@@ -19,7 +19,7 @@ use cube_auth::{CallSignature, headers};
 use cube_store::{Catalog, Command, TenantDirectory};
 use std::future::Future;
 use std::pin::Pin;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::future::ready;
 use http::{HeaderMap, HeaderName};
@@ -432,15 +432,19 @@ impl Drop for Unanswered {
     }
 }
 
-/// Tower layer running [`Authenticator`] before the wrapped service.
+/// Tower layer running [`Authenticator`] before the wrapped service, and holding each call to
+/// the server's deadline.
 #[derive(Debug, Clone)]
 pub struct AuthLayer {
     auth: Arc<Authenticator>,
+    call_timeout: Option<Duration>,
 }
 
 impl AuthLayer {
-    pub fn new(auth: Arc<Authenticator>) -> AuthLayer {
-        AuthLayer { auth }
+    /// `call_timeout`: how long a call may take until its answer (its response headers) at most;
+    /// `None`: no limit but the client's own `grpc-timeout`.
+    pub fn new(auth: Arc<Authenticator>, call_timeout: Option<Duration>) -> AuthLayer {
+        AuthLayer { auth, call_timeout }
     }
 }
 
@@ -451,6 +455,7 @@ impl<S> tower::Layer<S> for AuthLayer {
         Authenticated {
             inner,
             auth: Arc::clone(&self.auth),
+            call_timeout: self.call_timeout,
         }
     }
 }
@@ -459,6 +464,37 @@ impl<S> tower::Layer<S> for AuthLayer {
 pub struct Authenticated<S> {
     inner: S,
     auth: Arc<Authenticator>,
+    call_timeout: Option<Duration>,
+}
+
+/// The deadline a client sent in `grpc-timeout` (1 to 8 digits and a unit: H, M, S, m, u, n),
+/// if it sent a valid one.
+fn client_timeout(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers.get("grpc-timeout")?.as_bytes();
+    let (&unit, digits) = value.split_last()?;
+    if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let n: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    Some(match unit {
+        b'H' => Duration::from_secs(n * 3600),
+        b'M' => Duration::from_secs(n * 60),
+        b'S' => Duration::from_secs(n),
+        b'm' => Duration::from_millis(n),
+        b'u' => Duration::from_micros(n),
+        b'n' => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+/// The answer to a call that reached the server's `--call-timeout-ms`.
+fn deadline_exceeded(limit: Duration) -> http::Response<Body> {
+    Status::deadline_exceeded(format!(
+        "the call took longer than this server's limit of {} ms (--call-timeout-ms); \
+         a change it carried may or may not have been applied: read it back before retrying",
+        limit.as_millis()
+    ))
+    .into_http()
 }
 
 impl<S, B> tower::Service<http::Request<B>> for Authenticated<S>
@@ -500,6 +536,11 @@ where
                 if let Some(p) = principal {
                     req.extensions_mut().insert(p);
                 }
+                // tonic holds the call to the client's own deadline; ours only when it is
+                // shorter (or the client sent none), so a call needs one timer at most.
+                let limit = self.call_timeout.filter(|ours| {
+                    client_timeout(req.headers()).is_none_or(|theirs| theirs > *ours)
+                });
                 let fut = self.inner.call(req);
                 // Counted as CANCELLED if the call's future is dropped before the answer, even
                 // unpolled: a `grpc-timeout` that expired (tonic's timeout, outside this layer,
@@ -510,7 +551,13 @@ where
                     started,
                 });
                 Box::pin(async move {
-                    let resp = fut.await?;
+                    let resp = match limit {
+                        None => fut.await?,
+                        Some(limit) => match tokio::time::timeout(limit, fut).await {
+                            Ok(resp) => resp?,
+                            Err(_) => deadline_exceeded(limit),
+                        },
+                    };
                     if let Some(u) = unanswered.take() {
                         u.answered(status_of(resp.headers()));
                     }
@@ -561,17 +608,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_call_dropped_before_its_answer_is_counted_as_cancelled() {
-        let dir = tempfile::tempdir().unwrap();
-        let catalog = Arc::new(Catalog::open(&dir.path().join("catalog")).unwrap());
-        let auth = Authenticator::new(
-            catalog,
-            AuthMode::Both,
-            300_000,
-            ReplayCache::new(1000, 300_000, 0),
-            FailureLimits::default(),
-            None,
-        );
-        let mut svc = AuthLayer::new(Arc::new(auth)).layer(Never);
+        let (_dir, auth) = authenticator();
+        let mut svc = AuthLayer::new(auth, None).layer(Never);
         let cancelled = || {
             cube_metrics::GRPC_HANDLED
                 .with_label_values(&[
@@ -593,5 +631,80 @@ mod tests {
         assert!(futures::poll!(&mut call).is_pending());
         drop(call);
         assert_eq!(cancelled(), before + 1);
+    }
+
+    fn authenticator() -> (tempfile::TempDir, Arc<Authenticator>) {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = Arc::new(Catalog::open(&dir.path().join("catalog")).unwrap());
+        let auth = Authenticator::new(
+            catalog,
+            AuthMode::Both,
+            300_000,
+            ReplayCache::new(1000, 300_000, 0),
+            FailureLimits::default(),
+            None,
+        );
+        (dir, Arc::new(auth))
+    }
+
+    /// A call still unanswered at `--call-timeout-ms` is answered DEADLINE_EXCEEDED, with a
+    /// message a client can act on, and counted with that code; a client's shorter
+    /// `grpc-timeout` is left to tonic (no second timer), a longer one does not lift ours.
+    #[tokio::test]
+    async fn a_call_over_the_server_deadline_is_answered_deadline_exceeded() {
+        let (_dir, auth) = authenticator();
+        let limit = Duration::from_millis(50);
+        let mut svc = AuthLayer::new(auth, Some(limit)).layer(Never);
+        let handled = || {
+            cube_metrics::GRPC_HANDLED
+                .with_label_values(&[
+                    "server_stream",
+                    "grpc.health.v1.Health",
+                    "Watch",
+                    "DeadlineExceeded",
+                    "none",
+                ])
+                .get()
+        };
+        let before = handled();
+        let watch = |timeout: Option<&str>| {
+            let mut req = http::Request::builder().uri("/grpc.health.v1.Health/Watch");
+            if let Some(t) = timeout {
+                req = req.header("grpc-timeout", t);
+            }
+            req.body(()).unwrap()
+        };
+        for timeout in [None, Some("10S"), Some("bogus")] {
+            let resp = svc.call(watch(timeout)).await.unwrap();
+            let status = Status::from_header_map(resp.headers()).unwrap();
+            assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{timeout:?}");
+            assert!(status.message().contains("50 ms"), "{}", status.message());
+        }
+        assert_eq!(handled(), before + 3);
+        // The client's 10 ms deadline is tonic's to enforce: this layer sets no timer for it
+        // (ours would have fired long before this).
+        let mut call = svc.call(watch(Some("10m")));
+        assert!(futures::poll!(&mut call).is_pending());
+        tokio::time::sleep(limit * 4).await;
+        assert!(futures::poll!(&mut call).is_pending());
+    }
+
+    #[test]
+    fn grpc_timeout_values_are_parsed_as_the_grpc_spec_writes_them() {
+        let parse = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert("grpc-timeout", v.parse().unwrap());
+            client_timeout(&h)
+        };
+        assert_eq!(parse("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(parse("2M"), Some(Duration::from_secs(120)));
+        assert_eq!(parse("3S"), Some(Duration::from_secs(3)));
+        assert_eq!(parse("99999999m"), Some(Duration::from_millis(99_999_999)));
+        assert_eq!(parse("5u"), Some(Duration::from_micros(5)));
+        assert_eq!(parse("7n"), Some(Duration::from_nanos(7)));
+        for bad in ["", "S", "123456789S", "1x", "-1S", "1.5S"] {
+            assert_eq!(parse(bad), None, "{bad:?}");
+        }
+        assert_eq!(client_timeout(&HeaderMap::new()), None);
     }
 }

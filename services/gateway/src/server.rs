@@ -56,6 +56,9 @@ pub struct GatewayConfig {
     /// answered a PING) for this long, and the connection closed if the PING is not answered
     /// within as long again. `None`: no pings.
     pub keepalive: Option<std::time::Duration>,
+    /// How long a call may take until its answer at most (answered DEADLINE_EXCEEDED then);
+    /// `None`: only the client's own `grpc-timeout`.
+    pub call_timeout: Option<std::time::Duration>,
     /// Which authentication models are accepted.
     pub auth_mode: AuthMode,
     /// Throttling of peers that keep failing authentication.
@@ -205,7 +208,10 @@ impl Gateway {
             // Outermost first: the auth layer's metrics see the code the oversize layer sends.
             .layer(
                 tower::ServiceBuilder::new()
-                    .layer(AuthLayer::new(Arc::clone(&self.auth)))
+                    .layer(AuthLayer::new(
+                        Arc::clone(&self.auth),
+                        self.config.call_timeout,
+                    ))
                     .layer(oversize::layer(max)),
             )
             .add_service(health)

@@ -46,8 +46,8 @@ const ACCEPT_RETRY: Duration = Duration::from_millis(50);
 pub struct AcceptLimits {
     /// Open connections at most (TLS handshakes under way included).
     pub max_connections: usize,
-    /// Open connections from one client IP address at most (TLS handshakes included); `None`:
-    /// no cap of its own.
+    /// Open connections from one client address (an IPv4 address or an IPv6 /64) at most, TLS
+    /// handshakes included; `None`: no cap of its own.
     pub max_per_address: Option<usize>,
     /// From accept (under TLS: from the handshake's end) until the HTTP/2 preface must be in.
     pub preface_timeout: Duration,
@@ -156,8 +156,9 @@ impl Gate {
                 drop(tcp);
                 continue;
             }
-            // An IPv4 client on a dual-stack socket counts as its IPv4 address.
-            let ip = remote.ip().to_canonical();
+            // Counted as the failed-authentication limit counts peers: an IPv4 address (also on
+            // a dual-stack socket), or an IPv6 /64 (one host usually holds a whole one).
+            let ip = crate::abuse::peer_key(remote.ip());
             let slot = match self.limits.max_per_address {
                 None => None,
                 Some(max) => match self.by_address.take(ip, max) {

@@ -1934,6 +1934,82 @@ mod tests {
     }
 
     /// A directory (with its catalog) of the one tenant `t`, under `dir`.
+    /// A tenant whose open keeps failing (here: a log record that cannot be replayed) is
+    /// forgotten 1 s after its first failed open, so that its next call tries again, then after
+    /// longer and longer delays: a corrupt tenant that keeps being called does not cost a
+    /// recovery attempt every second.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_tenant_whose_open_keeps_failing_is_retried_less_and_less_often() {
+        let dir = tempfile::tempdir().unwrap();
+        let directory = directory_of_t(dir.path());
+        let wal_dir = crate::DataDir::new(dir.path().join("data")).tenant_wal("t");
+        let (wal, _) = cube_wal::WalShard::open(
+            &wal_dir,
+            cube_wal::WalOptions::default(),
+            0,
+            &mut |_, _| Ok(()),
+            None,
+        )
+        .unwrap();
+        wal.wait_durable(wal.append(b"not a WalOp").unwrap())
+            .unwrap();
+        wal.close().unwrap();
+        let fails = || async { directory.get("t").await.is_err() };
+        assert!(fails().await);
+        assert_eq!(directory.close_failed().await, 0, "forgotten at once");
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        assert_eq!(directory.close_failed().await, 1, "not forgotten after 1 s");
+        assert!(fails().await);
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        assert_eq!(
+            directory.close_failed().await,
+            0,
+            "a second failure forgotten after 1 s"
+        );
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        assert_eq!(directory.close_failed().await, 1, "not forgotten after 2 s");
+        directory.shutdown().await;
+    }
+
+    /// A first call that gives up while the directory makes room for its tenant (closing
+    /// another at the --max-open-tenants cap) still leaves a tenant that opens, and so can be
+    /// closed again. Before, its slot stayed in the map unopened, never closable, holding a
+    /// place under the cap until the tenant's next call.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_first_call_given_up_while_room_is_made_still_leaves_a_closable_tenant() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, config) = tenant_with_catalog(dir.path());
+        catalog.create_tenant("u").unwrap();
+        let directory = crate::TenantDirectory::new(
+            crate::DirectoryConfig {
+                data_dir: crate::DataDir::new(dir.path().join("data")),
+                core: config.clone(),
+                mailbox_capacity: 64,
+                actor_threads: 1,
+                idle_after: Duration::from_secs(3600),
+                max_open: 1,
+            },
+            Some(Arc::clone(&catalog)),
+        )
+        .unwrap();
+        for i in 0..50 {
+            directory.call("t", write(i, b"v"), "t/k").await.unwrap();
+        }
+        // Closing t (its fdatasync and checkpoint) takes longer than this caller waits.
+        let gave_up = tokio::time::timeout(Duration::from_micros(100), directory.get("u")).await;
+        assert!(
+            gave_up.is_err(),
+            "the call did not give up while room was made"
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !directory.close_tenant("u").await {
+            assert!(Instant::now() < deadline, "u never became closable");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(directory.open_count(), 0);
+        directory.shutdown().await;
+    }
+
     fn directory_of_t(dir: &Path) -> crate::TenantDirectory {
         let (catalog, config) = tenant_with_catalog(dir);
         test_directory(crate::DataDir::new(dir.join("data")), &config, &catalog)
@@ -2054,7 +2130,9 @@ mod tests {
 
         std::fs::remove_file(&state_dir).unwrap();
         std::fs::rename(&aside, &state_dir).unwrap();
-        directory.close_failed().await;
+        // The failed open is forgotten 1 s after it failed.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        assert_eq!(directory.close_failed().await, 1);
         directory.get("t").await.unwrap();
         assert!(directory.awaiting_recovery("t").is_none());
         directory.shutdown().await;

@@ -2,8 +2,10 @@
 //! idle or when the open-tenant cap needs room.
 //!
 //! Opening a tenant (state store + WAL recovery) runs on the blocking pool; concurrent first
-//! calls share one open. A tenant that fails to open (corrupt WAL) stays failed with a clear
-//! error until the server restarts, while every other tenant keeps serving.
+//! calls share one open. A tenant that fails to open (corrupt WAL) answers with a clear error
+//! while every other tenant keeps serving; its next call tries again after 1 s, doubling with
+//! each consecutive failure up to 30 s. One whose log failed an fdatasync stays failed until
+//! the server restarts.
 //!
 //! Passivation closes a tenant (final fsync and checkpoint, files closed, memory freed); its
 //! next call opens it again. A tenant is only passivated with no request in flight: the handle's
@@ -346,12 +348,13 @@ const CRASHED_CALL: &str = "The outcome of this call is unknown: a change it had
 struct FailedLogs(Mutex<HashSet<String>>);
 
 impl FailedLogs {
-    fn record(&self, tenant: &str) {
+    /// `tenant` failed for good because `cause`.
+    fn record(&self, tenant: &str, cause: &str) {
         let mut set = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if set.insert(tenant.to_string()) {
             tracing::error!(
                 tenant,
-                "an fdatasync of the tenant's log failed (or its syncer thread stopped on a bug): it stays unavailable until the server restarts"
+                "{cause}: it stays unavailable until the server restarts"
             );
         }
     }
@@ -360,6 +363,23 @@ impl FailedLogs {
     fn refusal(&self, tenant: &str) -> Option<StoreError> {
         let set = self.0.lock().unwrap_or_else(|p| p.into_inner());
         set.contains(tenant).then(|| log_failed(tenant))
+    }
+}
+
+/// Starts a fresh slot's open if dropped: see [`TenantDirectory::get`]. Forgotten, not dropped,
+/// once the caller goes on to open the tenant itself.
+struct OpenOnDrop<'a> {
+    dir: &'a TenantDirectory,
+    tenant: &'a str,
+    slot: &'a Arc<Slot>,
+}
+
+impl Drop for OpenOnDrop<'_> {
+    fn drop(&mut self) {
+        // Outside a runtime (it is shutting down) no task can start; nothing is served then.
+        if tokio::runtime::Handle::try_current().is_ok() {
+            self.dir.start_open(self.tenant, self.slot);
+        }
     }
 }
 
@@ -434,8 +454,8 @@ impl ScanPlaces {
 
 fn log_failed(tenant: &str) -> StoreError {
     StoreError::Unavailable(format!(
-        "tenant '{tenant}' is unavailable: a write to its log failed to reach the disk (see the \
-         server log), so it stays closed until the server restarts"
+        "tenant '{tenant}' is unavailable: a write to its storage failed to reach the disk (see \
+         the server log), so it stays closed until the server restarts"
     ))
 }
 
@@ -459,6 +479,8 @@ struct Slot {
     /// Claimed by the one task that passivates this slot (the janitor and `make_room` of
     /// concurrent opens may pick the same victim).
     closing: AtomicBool,
+    /// A failed open: when the slot may be forgotten, so that the next call tries again.
+    retry_at: OnceLock<Instant>,
 }
 
 impl Default for Slot {
@@ -469,6 +491,7 @@ impl Default for Slot {
             open_started: AtomicBool::new(false),
             last_used: AtomicU64::new(0),
             closing: AtomicBool::new(false),
+            retry_at: OnceLock::new(),
         }
     }
 }
@@ -520,7 +543,10 @@ impl OpenContext {
             Box::new(move |event| {
                 if event == DurableEvent::Poisoned {
                     failed.store(true, Ordering::SeqCst);
-                    failed_logs.record(&name);
+                    failed_logs.record(
+                        &name,
+                        "an fdatasync of the tenant's log failed (or its syncer thread stopped on a bug)",
+                    );
                 }
                 if let Some(addr) = slot.get() {
                     addr.do_send(Durable(event));
@@ -617,6 +643,8 @@ pub struct TenantDirectory {
     closing: Arc<Closing>,
     /// Each tenant's scan places, kept across its passivations.
     scan_places: Arc<ScanPlaces>,
+    /// Consecutive failed opens by tenant (until one succeeds), for the retry delay.
+    open_failures: Arc<Mutex<HashMap<String, u32>>>,
 }
 
 impl std::fmt::Debug for TenantDirectory {
@@ -635,6 +663,19 @@ const RECOVERY_CONCURRENCY: usize = 4;
 
 /// How often the janitor closes tenants poisoned by a failed write, so they can reopen.
 const REOPEN_FAILED_EVERY: Duration = Duration::from_secs(1);
+
+/// Longest wait before a tenant whose opens keep failing is tried again.
+const MAX_OPEN_RETRY_DELAY: Duration = Duration::from_secs(30);
+
+/// How long a tenant whose open failed `failures` times in a row stays failed before its next
+/// call tries again: 1 s, doubling with each failure up to [`MAX_OPEN_RETRY_DELAY`]. A
+/// transient cause (a lock still held, a full disk) clears by itself; a corrupt log that keeps
+/// being called does not cost a recovery attempt every second.
+fn open_retry_delay(failures: u32) -> Duration {
+    REOPEN_FAILED_EVERY
+        .saturating_mul(1 << failures.clamp(1, 6).saturating_sub(1))
+        .min(MAX_OPEN_RETRY_DELAY)
+}
 
 impl TenantDirectory {
     /// A directory whose tenants take their durability policy from `catalog` (policy `sync`
@@ -657,6 +698,7 @@ impl TenantDirectory {
             failed_logs: Arc::default(),
             closing: Arc::default(),
             scan_places: Arc::default(),
+            open_failures: Arc::default(),
         })
     }
 
@@ -705,7 +747,16 @@ impl TenantDirectory {
         };
         slot.last_used.store(self.now(), Ordering::Relaxed);
         if fresh {
+            // Should this caller give up while room is made, the open starts anyway: a slot
+            // left in the map unopened could never be closed, and would hold a place under
+            // --max-open-tenants for good.
+            let start_anyway = OpenOnDrop {
+                dir: self,
+                tenant,
+                slot: &slot,
+            };
             self.make_room(tenant).await;
+            std::mem::forget(start_anyway);
         }
         let opened = match slot.opened.get() {
             Some(opened) => opened.clone(),
@@ -728,6 +779,17 @@ impl TenantDirectory {
     /// opens of one tenant would race on its log and its state store).
     async fn wait_open(&self, tenant: &str, slot: &Arc<Slot>) -> Result<TenantHandle, StoreError> {
         let mut ready = slot.ready.subscribe();
+        self.start_open(tenant, slot);
+        let _ = ready.wait_for(|done| *done).await;
+        slot.opened.get().cloned().unwrap_or_else(|| {
+            Err(StoreError::Unavailable(format!(
+                "tenant '{tenant}' failed to open (see the server log)"
+            )))
+        })
+    }
+
+    /// Start the slot's open, as a task of its own, unless a call already has.
+    fn start_open(&self, tenant: &str, slot: &Arc<Slot>) {
         if !slot.open_started.swap(true, Ordering::SeqCst) {
             if self.shutting_down.load(Ordering::SeqCst) {
                 // Counted like a failed open, so forgetting the slot balances the gauge.
@@ -737,27 +799,32 @@ impl TenantDirectory {
             } else {
                 let open = tokio::spawn(self.open_context().open(tenant.to_string()));
                 let (slot, name) = (Arc::clone(slot), tenant.to_string());
+                let failures = Arc::clone(&self.open_failures);
                 tokio::spawn(async move {
                     let opened = open.await.unwrap_or_else(|_| {
                         Err(StoreError::Unavailable(format!(
                             "tenant '{name}' failed to open (see the server log)"
                         )))
                     });
+                    let mut failures = failures.lock().unwrap_or_else(|p| p.into_inner());
                     match &opened {
-                        Ok(_) => cube_metrics::TENANTS_ACTIVE.inc(),
-                        Err(_) => cube_metrics::TENANTS_UNAVAILABLE.inc(),
+                        Ok(_) => {
+                            cube_metrics::TENANTS_ACTIVE.inc();
+                            failures.remove(&name);
+                        }
+                        Err(_) => {
+                            cube_metrics::TENANTS_UNAVAILABLE.inc();
+                            let n = failures.entry(name).or_insert(0);
+                            *n = n.saturating_add(1);
+                            let _ = slot.retry_at.set(Instant::now() + open_retry_delay(*n));
+                        }
                     }
+                    drop(failures);
                     let _ = slot.opened.set(opened);
                     slot.ready.send_replace(true);
                 });
             }
         }
-        let _ = ready.wait_for(|done| *done).await;
-        slot.opened.get().cloned().unwrap_or_else(|| {
-            Err(StoreError::Unavailable(format!(
-                "tenant '{tenant}' failed to open (see the server log)"
-            )))
-        })
     }
 
     fn open_context(&self) -> OpenContext {
@@ -948,6 +1015,7 @@ impl TenantDirectory {
         // A task of its own, which owns the count: a caller that gives up (a request waiting in
         // `make_room`) does not end the count while the tenant is still closing.
         let name = tenant.to_string();
+        let failed_logs = Arc::clone(&self.failed_logs);
         let close = tokio::spawn(async move {
             let _done = done;
             let _closing = closing;
@@ -956,6 +1024,11 @@ impl TenantDirectory {
                     let (tx, rx) = oneshot::channel();
                     h.addr.do_send(Shutdown { done: tx });
                     let _ = rx.await;
+                    if !h.may_reopen() {
+                        // Poisoned for good by the close itself (its final checkpoint failed):
+                        // refused until the restart, like a tenant that failed so while open.
+                        failed_logs.record(&name, "the tenant's checkpoint at its close failed");
+                    }
                     cube_metrics::TENANTS_ACTIVE.dec();
                     cube_metrics::TENANTS_PASSIVATED.inc();
                     if h.stats.poisoned.load(Ordering::Relaxed) {
@@ -1016,7 +1089,10 @@ impl TenantDirectory {
                                     ));
                             (close, false)
                         }
-                        Some(Err(_)) => (true, false),
+                        Some(Err(_)) => (
+                            s.retry_at.get().is_none_or(|at| Instant::now() >= *at),
+                            false,
+                        ),
                         None => (false, false),
                     };
                     close.then(|| (name.clone(), Arc::clone(s), crashed))
@@ -1081,6 +1157,13 @@ impl TenantDirectory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_open_is_retried_after_a_delay_that_doubles_up_to_30_s() {
+        let delays: Vec<u64> = (1..=8).map(|n| open_retry_delay(n).as_secs()).collect();
+        assert_eq!(delays, [1, 2, 4, 8, 16, 30, 30, 30]);
+        assert_eq!(open_retry_delay(u32::MAX), MAX_OPEN_RETRY_DELAY);
+    }
 
     /// An open waits while a close of the same tenant is under way, and only then.
     #[tokio::test]

@@ -1015,7 +1015,6 @@ impl TenantDirectory {
         // A task of its own, which owns the count: a caller that gives up (a request waiting in
         // `make_room`) does not end the count while the tenant is still closing.
         let name = tenant.to_string();
-        let failed_logs = Arc::clone(&self.failed_logs);
         let close = tokio::spawn(async move {
             let _done = done;
             let _closing = closing;
@@ -1023,12 +1022,11 @@ impl TenantDirectory {
                 Some(h) => {
                     let (tx, rx) = oneshot::channel();
                     h.addr.do_send(Shutdown { done: tx });
+                    // A final checkpoint that failed (a full disk, say) poisons the closing
+                    // tenant for good, yet its next call may reopen it: the close has let go of
+                    // the state store and kept the log (a failed fdatasync is in `failed_logs`
+                    // already), so the reopen recovers exactly as a restart would.
                     let _ = rx.await;
-                    if !h.may_reopen() {
-                        // Poisoned for good by the close itself (its final checkpoint failed):
-                        // refused until the restart, like a tenant that failed so while open.
-                        failed_logs.record(&name, "the tenant's checkpoint at its close failed");
-                    }
                     cube_metrics::TENANTS_ACTIVE.dec();
                     cube_metrics::TENANTS_PASSIVATED.inc();
                     if h.stats.poisoned.load(Ordering::Relaxed) {

@@ -643,8 +643,9 @@ pub struct TenantDirectory {
     closing: Arc<Closing>,
     /// Each tenant's scan places, kept across its passivations.
     scan_places: Arc<ScanPlaces>,
-    /// Consecutive failed opens by tenant (until one succeeds), for the retry delay.
-    open_failures: Arc<Mutex<HashMap<String, u32>>>,
+    /// Consecutive failed opens by tenant, and when the last one failed, for the retry delay.
+    /// Reset by a successful open, or once the last failure is [`OPEN_FAILURES_FORGOTTEN`] old.
+    open_failures: Arc<Mutex<HashMap<String, (u32, Instant)>>>,
 }
 
 impl std::fmt::Debug for TenantDirectory {
@@ -666,6 +667,10 @@ const REOPEN_FAILED_EVERY: Duration = Duration::from_secs(1);
 
 /// Longest wait before a tenant whose opens keep failing is tried again.
 const MAX_OPEN_RETRY_DELAY: Duration = Duration::from_secs(30);
+
+/// A failed open this long after the previous one counts as the first again: the tenant was
+/// not called in between, and a new cause gets the short delay.
+const OPEN_FAILURES_FORGOTTEN: Duration = Duration::from_secs(120);
 
 /// How long a tenant whose open failed `failures` times in a row stays failed before its next
 /// call tries again: 1 s, doubling with each failure up to [`MAX_OPEN_RETRY_DELAY`]. A
@@ -814,9 +819,14 @@ impl TenantDirectory {
                         }
                         Err(_) => {
                             cube_metrics::TENANTS_UNAVAILABLE.inc();
-                            let n = failures.entry(name).or_insert(0);
+                            let now = Instant::now();
+                            let (n, last) = failures.entry(name).or_insert((0, now));
+                            if now.duration_since(*last) >= OPEN_FAILURES_FORGOTTEN {
+                                *n = 0;
+                            }
                             *n = n.saturating_add(1);
-                            let _ = slot.retry_at.set(Instant::now() + open_retry_delay(*n));
+                            *last = now;
+                            let _ = slot.retry_at.set(now + open_retry_delay(*n));
                         }
                     }
                     drop(failures);
@@ -1015,6 +1025,10 @@ impl TenantDirectory {
         // A task of its own, which owns the count: a caller that gives up (a request waiting in
         // `make_room`) does not end the count while the tenant is still closing.
         let name = tenant.to_string();
+        let (failed_logs, wal_dir) = (
+            Arc::clone(&self.failed_logs),
+            self.config.data_dir.tenant_wal(tenant),
+        );
         let close = tokio::spawn(async move {
             let _done = done;
             let _closing = closing;
@@ -1022,11 +1036,21 @@ impl TenantDirectory {
                 Some(h) => {
                     let (tx, rx) = oneshot::channel();
                     h.addr.do_send(Shutdown { done: tx });
-                    // A final checkpoint that failed (a full disk, say) poisons the closing
-                    // tenant for good, yet its next call may reopen it: the close has let go of
-                    // the state store and kept the log (a failed fdatasync is in `failed_logs`
-                    // already), so the reopen recovers exactly as a restart would.
                     let _ = rx.await;
+                    // Poisoned for good by the close itself (its final checkpoint failed; a
+                    // failed fdatasync of the log is in `failed_logs` already): refused until
+                    // the restart, as after a failed checkpoint while open, since the state
+                    // store's own fsync may be what failed. Except on a full disk (the tenant
+                    // was poisoned by one, or less than 16 MiB are free): then nothing's fsync
+                    // is in doubt, and the next call reopens it once there is room.
+                    let poisoned_for_good = h.stats.poisoned.load(Ordering::Relaxed)
+                        && !h.stats.reopenable.load(Ordering::Relaxed);
+                    if poisoned_for_good
+                        && !h.stats.no_space.load(Ordering::Relaxed)
+                        && !crate::core::nearly_full(&wal_dir)
+                    {
+                        failed_logs.record(&name, "the tenant's checkpoint at its close failed");
+                    }
                     cube_metrics::TENANTS_ACTIVE.dec();
                     cube_metrics::TENANTS_PASSIVATED.inc();
                     if h.stats.poisoned.load(Ordering::Relaxed) {

@@ -46,7 +46,9 @@ pub const MIN_PREFACE_TIMEOUT_MS: u64 = 100;
 /// Largest `--preface-timeout-ms` accepted (an hour; a deadline must be a representable time).
 pub const MAX_PREFACE_TIMEOUT_MS: u64 = 3_600_000;
 pub const DEFAULT_KEEPALIVE_SECS: u64 = 60;
-pub const DEFAULT_CALL_TIMEOUT_MS: u64 = 60_000;
+/// Off by default: a timer per call cost 7-10% of the 64-client write and read rates on this
+/// machine (docs/benchmarks.md, "What a server deadline costs"); gRPC clients set their own.
+pub const DEFAULT_CALL_TIMEOUT_MS: u64 = 0;
 /// Largest `--call-timeout-ms` accepted (a day).
 pub const MAX_CALL_TIMEOUT_MS: u64 = 86_400_000;
 /// Largest `--keepalive-secs` accepted (a day).
@@ -308,7 +310,7 @@ pub struct ServeArgs {
     /// A call not answered within this many milliseconds is answered DEADLINE_EXCEEDED (a
     /// change it carried may still be applied); a client's shorter grpc-timeout wins. Counts
     /// until the answer starts: a stream's later messages are not limited. 0: no limit but the
-    /// client's. At most 86400000.
+    /// client's (the default: a timer per call costs throughput). At most 86400000.
     #[arg(long, env = "CUBE_CALL_TIMEOUT_MS", default_value_t = DEFAULT_CALL_TIMEOUT_MS)]
     pub call_timeout_ms: u64,
     /// Largest WAL segment file; segments start at 256 KiB and double up to this.
@@ -692,13 +694,13 @@ mod config_file_tests {
         assert_eq!(config.keepalive, None);
         let err = serve(&["--call-timeout-ms", "86400001"]).unwrap_err();
         assert!(err.to_string().contains("--call-timeout-ms"), "{err}");
-        let config = serve(&["--call-timeout-ms", "0"]).unwrap();
-        assert_eq!(config.call_timeout, None);
-        let config = serve(&[]).unwrap();
+        let config = serve(&["--call-timeout-ms", "60000"]).unwrap();
         assert_eq!(
             config.call_timeout,
             Some(std::time::Duration::from_secs(60))
         );
+        let config = serve(&[]).unwrap();
+        assert_eq!(config.call_timeout, None);
         assert_eq!(config.keepalive, Some(std::time::Duration::from_secs(60)));
         assert_eq!(config.preface_timeout, std::time::Duration::from_secs(10));
     }

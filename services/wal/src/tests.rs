@@ -304,13 +304,7 @@ fn a_log_whose_last_segment_is_exactly_full_opens_without_a_new_segment() {
     let s2 = wal.append(b"after").unwrap();
     wal.wait_durable(s2).unwrap();
     wal.close().unwrap();
-    assert_eq!(
-        wal_files(dir.path())
-            .iter()
-            .map(|f| f.0)
-            .collect::<Vec<_>>(),
-        [1, 2]
-    );
+    assert_eq!(segment_firsts(dir.path()), [1, 2]);
     let (_, seen, _) = open(dir.path(), small()).unwrap();
     assert_eq!(seen, vec![(1, fills), (2, b"after".to_vec())]);
 }
@@ -318,19 +312,7 @@ fn a_log_whose_last_segment_is_exactly_full_opens_without_a_new_segment() {
 #[test]
 fn concurrent_writers_share_batches_and_lose_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let events = Arc::new(Mutex::new(Vec::new()));
-    let sink = Arc::clone(&events);
-    let (wal, _) = WalShard::open(
-        dir.path(),
-        WalOptions::default(),
-        0,
-        &mut |_, _| Ok(()),
-        Some(Box::new(move |e| {
-            sink.lock().unwrap().push(e);
-        })),
-    )
-    .unwrap();
-    let wal = Arc::new(wal);
+    let (wal, events) = open_recording(dir.path(), WalOptions::default());
     let threads: Vec<_> = (0..16u8)
         .map(|t| {
             let wal = Arc::clone(&wal);
@@ -396,6 +378,11 @@ fn replay_skips_records_covered_by_a_checkpoint() {
 // ---- Segment deletion after a checkpoint ----
 
 /// The `.wal` files in `dir`, oldest first: (first seq, size). Spares are not segments.
+/// The first seqs of the segments of `dir`, in order.
+fn segment_firsts(dir: &Path) -> Vec<u64> {
+    wal_files(dir).iter().map(|f| f.0).collect()
+}
+
 fn wal_files(dir: &Path) -> Vec<(u64, u64)> {
     let mut files: Vec<(u64, u64)> = fs::read_dir(dir)
         .unwrap()
@@ -590,13 +577,7 @@ fn checkpoint_ahead_of_the_log_continues_in_a_new_segment() {
     assert_eq!(report.last_seq, 25);
     assert_eq!((wal.next_seq(), wal.durable_seq()), (26, 25));
     // A new segment named after the first new record; the covered one is gone.
-    assert_eq!(
-        wal_files(dir.path())
-            .iter()
-            .map(|f| f.0)
-            .collect::<Vec<_>>(),
-        vec![26]
-    );
+    assert_eq!(segment_firsts(dir.path()), vec![26]);
     assert_eq!(wal.segment_count(), 1);
     assert_eq!(write_n(&wal, 3), 28);
     wal.close().unwrap();
@@ -635,13 +616,7 @@ fn checkpoint_ahead_of_a_torn_multi_segment_log() {
     let (wal, seen, report) = open_after(dir.path(), small(), 500).unwrap();
     assert!(seen.is_empty());
     assert_eq!(report.torn_tails, 1);
-    assert_eq!(
-        wal_files(dir.path())
-            .iter()
-            .map(|f| f.0)
-            .collect::<Vec<_>>(),
-        vec![501]
-    );
+    assert_eq!(segment_firsts(dir.path()), vec![501]);
     assert_eq!(write_n(&wal, 5), 505);
     wal.close().unwrap();
     let (_, seen, report) = open_after(dir.path(), small(), 500).unwrap();
@@ -659,13 +634,7 @@ fn checkpoint_at_the_log_end_continues_in_the_same_segment() {
     assert!(seen.is_empty());
     assert_eq!(write_n(&wal, 2), 12);
     wal.close().unwrap();
-    assert_eq!(
-        wal_files(dir.path())
-            .iter()
-            .map(|f| f.0)
-            .collect::<Vec<_>>(),
-        vec![1]
-    );
+    assert_eq!(segment_firsts(dir.path()), vec![1]);
     let (_, seen, _) = open(dir.path(), small()).unwrap();
     assert_records(&seen, 12);
 }
@@ -715,15 +684,19 @@ fn wait_durable_returns(wal: &Arc<WalShard>, seq: u64) -> bool {
 fn open_recording(dir: &Path, opts: WalOptions) -> (Arc<WalShard>, Arc<Mutex<Vec<DurableEvent>>>) {
     let events = Arc::new(Mutex::new(Vec::new()));
     let sink = Arc::clone(&events);
-    let (wal, _) = WalShard::open(
-        dir,
-        opts,
-        0,
-        &mut |_, _| Ok(()),
-        Some(Box::new(move |e| sink.lock().unwrap().push(e))),
-    )
-    .unwrap();
+    let wal = open_notifying(dir, opts, move |e| sink.lock().unwrap().push(e));
     (Arc::new(wal), events)
+}
+
+/// Open (nothing to replay) with `notify` as the notify callback.
+fn open_notifying(
+    dir: &Path,
+    opts: WalOptions,
+    notify: impl Fn(DurableEvent) + Send + Sync + 'static,
+) -> WalShard {
+    WalShard::open(dir, opts, 0, &mut |_, _| Ok(()), Some(Box::new(notify)))
+        .unwrap()
+        .0
 }
 
 fn append_n(wal: &WalShard, n: u64) -> u64 {
@@ -1271,20 +1244,13 @@ fn a_panicking_syncer_poisons_the_shard_instead_of_leaving_it_hanging() {
     let dir = tempfile::tempdir().unwrap();
     let events = Arc::new(Mutex::new(Vec::new()));
     let sink = Arc::clone(&events);
-    let (wal, _) = WalShard::open(
-        dir.path(),
-        small(),
-        0,
-        &mut |_, _| Ok(()),
-        Some(Box::new(move |e| {
-            assert!(
-                !matches!(e, DurableEvent::Durable(_)),
-                "injected: the notify callback panics"
-            );
-            sink.lock().unwrap().push(e);
-        })),
-    )
-    .unwrap();
+    let wal = open_notifying(dir.path(), small(), move |e| {
+        assert!(
+            !matches!(e, DurableEvent::Durable(_)),
+            "injected: the notify callback panics"
+        );
+        sink.lock().unwrap().push(e);
+    });
     wal.append(b"x").unwrap();
     assert!(
         eventually(|| events.lock().unwrap().contains(&DurableEvent::Poisoned)),

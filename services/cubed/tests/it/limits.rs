@@ -4,7 +4,7 @@
 use std::net::{IpAddr, Ipv4Addr};
 
 use cube_api::v1::{DeleteRequest, RegionRequest, WriteRequest};
-use cube_testkit::TestServer;
+use cube_testkit::{SignedCells, TestServer};
 use tonic::Code;
 
 use crate::{coord, cubed, read, write};
@@ -199,22 +199,8 @@ async fn a_malformed_request_is_invalid_argument() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_over_the_cap_are_closed_and_the_others_keep_working() {
     let server = TestServer::start_with(cubed(), &["--max-connections", "2"]).unwrap();
-    let mut first = server.cells(&server.demo).await.unwrap();
-    let mut second = server.cells(&server.demo).await.unwrap();
-    first.write(write(0, 0, 0, b"a")).await.unwrap();
-    second.write(write(1, 0, 0, b"b")).await.unwrap();
-    // The third connection is closed before its first call can be answered (the client sees
-    // a transport error: which code its library reports is its own).
-    assert!(
-        read_on_a_new_connection(&server, LOOPBACK).await.is_err(),
-        "a third connection was served"
-    );
-    assert!(
-        server
-            .metric("cube_connections_refused_total")
-            .unwrap_or(0.0)
-            >= 1.0
-    );
+    let (mut first, second) =
+        two_served_and_a_third_refused(&server, "cube_connections_refused_total").await;
     assert_eq!(
         first.read(read(1, 0, 0)).await.unwrap().into_inner().value,
         b"b"
@@ -225,6 +211,25 @@ async fn connections_over_the_cap_are_closed_and_the_others_keep_working() {
 }
 
 const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+/// Two connections from 127.0.0.1 write cells (0,0,0) = "a" and (1,0,0) = "b"; a third one is
+/// closed before its first call can be answered (the client sees a transport error: which code
+/// its library reports is its own) and counted in `refused_metric`. Returns the two.
+async fn two_served_and_a_third_refused(
+    server: &TestServer,
+    refused_metric: &str,
+) -> (SignedCells, SignedCells) {
+    let mut first = server.cells_from(&server.demo, LOOPBACK).await.unwrap();
+    let mut second = server.cells_from(&server.demo, LOOPBACK).await.unwrap();
+    first.write(write(0, 0, 0, b"a")).await.unwrap();
+    second.write(write(1, 0, 0, b"b")).await.unwrap();
+    assert!(
+        read_on_a_new_connection(server, LOOPBACK).await.is_err(),
+        "a third connection was served"
+    );
+    assert!(server.metric(refused_metric).unwrap_or(0.0) >= 1.0);
+    (first, second)
+}
 
 /// What cell (0,0,0) reads on a new demo connection from `local`; an error if the connection
 /// was refused (the client sees a transport error: which code its library reports is its own).
@@ -268,20 +273,8 @@ async fn one_address_cannot_take_every_connection_place() {
         ],
     )
     .unwrap();
-    let mut first = server.cells_from(&server.demo, LOOPBACK).await.unwrap();
-    let mut second = server.cells_from(&server.demo, LOOPBACK).await.unwrap();
-    first.write(write(0, 0, 0, b"a")).await.unwrap();
-    second.write(write(1, 0, 0, b"b")).await.unwrap();
-    assert!(
-        read_on_a_new_connection(&server, LOOPBACK).await.is_err(),
-        "a third connection from one address was served"
-    );
-    assert!(
-        server
-            .metric("cube_connections_address_refused_total")
-            .unwrap_or(0.0)
-            >= 1.0
-    );
+    let (mut first, second) =
+        two_served_and_a_third_refused(&server, "cube_connections_address_refused_total").await;
     assert_eq!(server.metric("cube_connections_refused_total"), Some(0.0));
     // Another address still gets in, twice.
     let other: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));

@@ -291,9 +291,9 @@ pub struct ServeArgs {
     #[arg(long, env = "CUBE_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
     /// Open network connections from one client address (an IPv4 address or an IPv6 /64) at
-    /// most (TLS handshakes under way included); more are closed at accept, so that one client cannot take every
-    /// --max-connections place. 0 (the default): no cap of its own. Clients behind one NAT or
-    /// proxy share an address: size it for them.
+    /// most (TLS handshakes under way included); more are closed at accept, so that one client
+    /// cannot take every --max-connections place. 0 (the default): no cap of its own. Clients
+    /// behind one NAT or proxy share an address: size it for them.
     #[arg(long, env = "CUBE_MAX_CONNECTIONS_PER_ADDRESS", default_value_t = 0)]
     pub max_connections_per_address: usize,
     /// A new connection that has not sent the whole HTTP/2 connection preface this many

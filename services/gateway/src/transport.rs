@@ -47,7 +47,7 @@ pub struct AcceptLimits {
     /// Open connections at most (TLS handshakes under way included).
     pub max_connections: usize,
     /// Open connections from one client address (an IPv4 address or an IPv6 /64) at most, TLS
-    /// handshakes included; `None`: no cap of its own.
+    /// handshakes included (at least 1); `None`: no cap of its own.
     pub max_per_address: Option<usize>,
     /// From accept (under TLS: from the handshake's end) until the HTTP/2 preface must be in.
     pub preface_timeout: Duration,
@@ -58,14 +58,11 @@ pub struct AcceptLimits {
 struct AddressCounts(Mutex<HashMap<IpAddr, usize>>);
 
 impl AddressCounts {
-    /// A place for one more connection from `ip`, unless `max` are open.
+    /// A place for one more connection from `ip`, unless `max` (at least 1) are open.
     fn take(self: &Arc<Self>, ip: IpAddr, max: usize) -> Option<AddressSlot> {
         let mut open = self.0.lock().unwrap_or_else(|p| p.into_inner());
         let n = open.entry(ip).or_insert(0);
         if *n >= max {
-            if *n == 0 {
-                open.remove(&ip);
-            }
             return None;
         }
         *n += 1;
@@ -156,18 +153,20 @@ impl Gate {
                 drop(tcp);
                 continue;
             }
-            // Counted as the failed-authentication limit counts peers: an IPv4 address (also on
-            // a dual-stack socket), or an IPv6 /64 (one host usually holds a whole one).
-            let ip = crate::abuse::peer_key(remote.ip());
             let slot = match self.limits.max_per_address {
                 None => None,
-                Some(max) => match self.by_address.take(ip, max) {
+                // Counted as the failed-authentication limit counts peers: an IPv4 address (also
+                // on a dual-stack socket), or an IPv6 /64 (one host usually holds a whole one).
+                Some(max) => match self
+                    .by_address
+                    .take(crate::abuse::peer_key(remote.ip()), max)
+                {
                     Some(slot) => Some(slot),
                     None => {
                         cube_metrics::CONNECTIONS_ADDRESS_REFUSED.inc();
                         self.warn(
                             "connection refused: --max-connections-per-address are open from its address",
-                            &format_args!("{max} open from {ip}, {remote} refused"),
+                            &format_args!("{max} open from its address, {remote} refused"),
                         );
                         drop(tcp);
                         continue;

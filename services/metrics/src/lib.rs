@@ -291,8 +291,8 @@ pub fn init() {
         &*WAL_FSYNC_SECONDS,
         &*WAL_BATCH_RECORDS,
         &*WAL_BYTES,
+        &*TENANTS_ACTIVE,
     );
-    let _ = &*TENANTS_ACTIVE;
     let _ = (
         &*MAILBOX_DEPTH,
         &*RECOVERY_SECONDS,

@@ -1796,6 +1796,16 @@ mod tests {
         config: &CoreConfig,
         catalog: &Arc<Catalog>,
     ) -> crate::TenantDirectory {
+        test_directory_of(data, config, catalog, 4)
+    }
+
+    /// [`test_directory`] with at most `max_open` tenants open.
+    fn test_directory_of(
+        data: crate::DataDir,
+        config: &CoreConfig,
+        catalog: &Arc<Catalog>,
+        max_open: usize,
+    ) -> crate::TenantDirectory {
         crate::TenantDirectory::new(
             crate::DirectoryConfig {
                 data_dir: data,
@@ -1803,7 +1813,7 @@ mod tests {
                 mailbox_capacity: 64,
                 actor_threads: 1,
                 idle_after: Duration::from_secs(3600),
-                max_open: 4,
+                max_open,
             },
             Some(Arc::clone(catalog)),
         )
@@ -1980,18 +1990,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (catalog, config) = tenant_with_catalog(dir.path());
         catalog.create_tenant("u").unwrap();
-        let directory = crate::TenantDirectory::new(
-            crate::DirectoryConfig {
-                data_dir: crate::DataDir::new(dir.path().join("data")),
-                core: config.clone(),
-                mailbox_capacity: 64,
-                actor_threads: 1,
-                idle_after: Duration::from_secs(3600),
-                max_open: 1,
-            },
-            Some(Arc::clone(&catalog)),
-        )
-        .unwrap();
+        let data = crate::DataDir::new(dir.path().join("data"));
+        let directory = test_directory_of(data, &config, &catalog, 1);
         for i in 0..50 {
             directory.call("t", write(i, b"v"), "t/k").await.unwrap();
         }

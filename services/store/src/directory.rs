@@ -1043,9 +1043,7 @@ impl TenantDirectory {
                     // store's own fsync may be what failed. Except on a full disk (the tenant
                     // was poisoned by one, or less than 16 MiB are free): then nothing's fsync
                     // is in doubt, and the next call reopens it once there is room.
-                    let poisoned_for_good = h.stats.poisoned.load(Ordering::Relaxed)
-                        && !h.stats.reopenable.load(Ordering::Relaxed);
-                    if poisoned_for_good
+                    if !h.may_reopen()
                         && !h.stats.no_space.load(Ordering::Relaxed)
                         && !crate::core::nearly_full(&wal_dir)
                     {

@@ -354,8 +354,17 @@ impl TestServer {
 
     /// A new connection whose every call is signed as `creds` (for any generated client).
     pub async fn signed(&self, creds: &Credentials) -> anyhow::Result<Signing<Channel>> {
+        self.signed_from(creds, None).await
+    }
+
+    /// [`TestServer::signed`] from the local address `local` (or one the system picks).
+    async fn signed_from(
+        &self,
+        creds: &Credentials,
+        local: Option<std::net::IpAddr>,
+    ) -> anyhow::Result<Signing<Channel>> {
         let signer = CallSigner::new(&creds.tenant, &creds.key_id, creds.secret()?);
-        Ok(Signing::new(self.channel().await?, signer))
+        Ok(Signing::new(self.channel_from(local).await?, signer))
     }
 
     /// A Cells client signing as `creds`.
@@ -369,11 +378,9 @@ impl TestServer {
         creds: &Credentials,
         local: std::net::IpAddr,
     ) -> anyhow::Result<SignedCells> {
-        let signer = CallSigner::new(&creds.tenant, &creds.key_id, creds.secret()?);
-        Ok(CellsClient::new(Signing::new(
-            self.channel_from(Some(local)).await?,
-            signer,
-        )))
+        Ok(CellsClient::new(
+            self.signed_from(creds, Some(local)).await?,
+        ))
     }
 
     /// A Cells client on a new connection authenticated once with the handshake.

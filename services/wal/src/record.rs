@@ -6,9 +6,9 @@
 //! step writes and then fdatasyncs, so recovery can tell the rest of a torn write from records
 //! written after a damaged one (`crate::recovery`).
 //!
-//! The CRC covers `len ‖ seq field ‖ payload`, so a flipped length is caught too. A header of 16 zero
-//! bytes ([`END_MARKER`]) marks the end of data; it can never be a valid record because sequence
-//! numbers start at 1. A pre-zeroed segment is zero past its data anyway; in a recycled one, old
+//! The CRC covers `len ‖ seq field ‖ payload`, so a flipped length is caught too. A header of 16
+//! zero bytes ([`END_MARKER`]) marks the end of data; it can never be a valid record because
+//! sequence numbers start at 1. A pre-zeroed segment is zero past its data anyway; in a recycled one, old
 //! records follow, so the writer puts a zero header after every write that leaves room for it.
 //!
 //! The stored CRC is that checksum XOR the segment's **salt**, a random nonzero `u32` chosen each
@@ -44,11 +44,16 @@ pub(crate) fn encode(buf: &mut Vec<u8>, seq: u64, position: u64, payload: &[u8])
     buf.extend_from_slice(payload);
 }
 
-/// The sequence number in the `seq` field of a header (`header[8..16]`), without checking it.
-pub(crate) fn seq_of_header(header: &[u8; HEADER_LEN]) -> u64 {
+/// The whole `seq` field of a header (`header[8..16]`): sequence number and batch position.
+fn seq_field(header: &[u8]) -> u64 {
     let mut field = [0u8; 8];
     field.copy_from_slice(&header[8..16]);
-    u64::from_le_bytes(field) & MAX_SEQ
+    u64::from_le_bytes(field)
+}
+
+/// The sequence number in the `seq` field of a header, without checking it.
+pub(crate) fn seq_of_header(header: &[u8; HEADER_LEN]) -> u64 {
+    seq_field(header) & MAX_SEQ
 }
 
 /// Salt the record that starts at `frame[0]` for a segment whose salt is `salt`: done once, by
@@ -103,9 +108,7 @@ pub(crate) fn decode(buf: &[u8], salt: u32) -> Frame<'_> {
     }
     let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
     let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
-    let mut field = [0u8; 8];
-    field.copy_from_slice(&header[8..16]);
-    let field = u64::from_le_bytes(field);
+    let field = seq_field(header);
     let seq = field & MAX_SEQ;
     let total = HEADER_LEN + len as usize;
     let Some(payload) = buf.get(HEADER_LEN..total) else {

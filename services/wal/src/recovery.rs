@@ -12,9 +12,9 @@
 //!   should have held the record expected there (its batch position, `crate::record`, says
 //!   where its batch began) and the bytes before them bear the mark of a lost sector (zeros
 //!   where the expected header or a whole sector should be): the rest of the last write, whose
-//!   pages reached the disk out of order when the machine stopped during its fdatasync. Nothing in that batch was
-//!   acknowledged, since a batch is acknowledged only once its fdatasync returns, and the next
-//!   batch is written only after that (under the relaxed policy several writes can be
+//!   pages reached the disk out of order when the machine stopped during its fdatasync. Nothing
+//!   in that batch was acknowledged, since a batch is acknowledged only once its fdatasync
+//!   returns, and the next batch is written only after that (under the relaxed policy several writes can be
 //!   unsynced at once, and a record of a later batch there is corruption, as below).
 //! - An invalid record followed by a valid one of a later batch, a sealed segment whose records
 //!   stop before the next segment's first seq, or a gap in sequence numbers is corruption:

@@ -921,7 +921,6 @@ impl SegmentWriter {
             // Only once the replacement is durably named, so that a failure or crash before
             // never leaves the log without its last segment. A crash between leaves both, and
             // recovery removes the empty one; so does the next open if this removal fails.
-            self.active = None;
             if let Err(e) = fs::remove_file(self.dir.join(old.file_name())) {
                 tracing::warn!(dir = %self.dir.display(), error = %e, "could not remove the empty segment just replaced; the next open does");
             }

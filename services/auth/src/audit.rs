@@ -21,9 +21,25 @@ pub fn audit_hash(
     op: &str,
     detail: &str,
 ) -> [u8; 32] {
+    // Fed in parts: the same bytes as `format!("CUBE1-AUDIT\n{seq}\n{ts_ms}\n{principal}\n{op}\n
+    // {detail}")` (the test below holds them equal), without formatting a string per change.
+    let (mut seq_text, mut ts_text) = (itoa::Buffer::new(), itoa::Buffer::new());
     let mut h = Sha256::new();
-    h.update(prev_hash);
-    h.update(format!("CUBE1-AUDIT\n{seq}\n{ts_ms}\n{principal}\n{op}\n{detail}").as_bytes());
+    for part in [
+        prev_hash,
+        b"CUBE1-AUDIT\n",
+        seq_text.format(seq).as_bytes(),
+        b"\n",
+        ts_text.format(ts_ms).as_bytes(),
+        b"\n",
+        principal.as_bytes(),
+        b"\n",
+        op.as_bytes(),
+        b"\n",
+        detail.as_bytes(),
+    ] {
+        h.update(part);
+    }
     h.finalize().into()
 }
 
@@ -75,6 +91,43 @@ pub fn verify_audit_chain<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_hash_covers_the_previous_hash_and_the_documented_string() {
+        // docs/protocol.md: hash = SHA-256(prev_hash ‖ "CUBE1-AUDIT\n" seq "\n" ts_ms "\n"
+        // principal "\n" op "\n" detail).
+        for (prev, seq, ts_ms, principal, op, detail) in [
+            (
+                AUDIT_GENESIS.to_vec(),
+                1,
+                1_700_000_000_000,
+                "acme/k1",
+                "write",
+                "coord=(1, 2, 3)",
+            ),
+            (vec![7u8; 32], u64::MAX, -5, "", "", ""),
+            (
+                vec![],
+                42,
+                0,
+                "t/k",
+                "grant",
+                "key=k2 capabilities=[\"READ\"]",
+            ),
+        ] {
+            let text = format!("CUBE1-AUDIT\n{seq}\n{ts_ms}\n{principal}\n{op}\n{detail}");
+            let expected: [u8; 32] = Sha256::new()
+                .chain_update(&prev)
+                .chain_update(text.as_bytes())
+                .finalize()
+                .into();
+            assert_eq!(
+                audit_hash(&prev, seq, ts_ms, principal, op, detail),
+                expected,
+                "{text:?}"
+            );
+        }
+    }
 
     #[test]
     fn verification_names_the_first_broken_link() {

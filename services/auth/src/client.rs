@@ -292,9 +292,9 @@ mod tests {
                 PATH,
                 value(h, &H_TENANT),
                 value(h, &H_KEY),
-                value(h, &H_TS).parse().unwrap(),
+                value(h, &H_TS),
                 value(h, &H_NONCE),
-                value(h, &H_SIG),
+                value(h, &H_SIG).as_bytes(),
             ));
         }
         // Fresh nonces on every call, the first one included.

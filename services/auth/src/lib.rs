@@ -7,7 +7,9 @@ mod call;
 mod credentials;
 mod hello;
 
-pub use call::{CallSignature, PreparedKey, SignedCall, call_canonical_string, new_call_nonce};
+pub use call::{
+    CallSignature, PreparedKey, SignedCall, call_canonical_string, new_call_nonce, parse_nonce,
+};
 pub use credentials::{Credentials, Secret, SecretError};
 pub use hello::{hello_mac, server_mac, verify_hello_mac};
 

@@ -15,14 +15,14 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use cube_auth::{CallSignature, headers};
+use cube_auth::{CallSignature, headers, parse_nonce};
 use cube_store::{Catalog, Command, TenantDirectory};
 use std::future::Future;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use futures::future::ready;
-use http::{HeaderMap, HeaderName};
+use http::{HeaderMap, HeaderName, HeaderValue};
 use tonic::Status;
 use tonic::body::Body;
 
@@ -319,12 +319,15 @@ impl Authenticator {
 
     fn verify_call(&self, path: &str, md: &HeaderMap) -> Result<Principal, Status> {
         let get = |name: &HeaderName| md.get(name).and_then(|v| v.to_str().ok());
+        // The three per-call values are checked by their own parsers below, byte by byte, so
+        // they are not validated as text first.
+        let bytes = |name: &HeaderName| md.get(name).map(HeaderValue::as_bytes);
         let (Some(tenant), Some(key_id), Some(ts), Some(nonce), Some(sig)) = (
             get(&H_TENANT),
             get(&H_KEY),
-            get(&H_TS),
-            get(&H_NONCE),
-            get(&H_SIG),
+            bytes(&H_TS),
+            bytes(&H_NONCE),
+            bytes(&H_SIG),
         ) else {
             return Err(unauthenticated(
                 "missing credentials: sign every call with x-cube-tenant, x-cube-key, x-cube-ts, \
@@ -333,14 +336,12 @@ impl Authenticator {
         };
         // The signature covers the decimal text as sent; requiring the canonical form (no sign,
         // no leading zeros) keeps the server's rebuilt string identical to the client's.
-        let ts_ms: i64 = ts
-            .parse()
+        let (ts, ts_ms) = parse_canonical_ts(ts).ok_or_else(|| {
+            unauthenticated("x-cube-ts must be unix time in milliseconds, in plain decimal")
+        })?;
+        let (nonce, nonce_value) = std::str::from_utf8(nonce)
             .ok()
-            .filter(|v: &i64| itoa::Buffer::new().format(*v) == ts)
-            .ok_or_else(|| {
-                unauthenticated("x-cube-ts must be unix time in milliseconds, in plain decimal")
-            })?;
-        let nonce_value = parse_nonce(nonce)
+            .zip(parse_nonce(nonce))
             .ok_or_else(|| unauthenticated("x-cube-nonce must be 32 lowercase hex characters"))?;
         let now = now_ms();
         // `abs_diff`: a timestamp near i64::MIN must not overflow the subtraction.
@@ -361,15 +362,8 @@ impl Authenticator {
                     "unknown or revoked key '{key_id}' for tenant '{tenant}'"
                 ))
             })?;
-        if !CallSignature::verify_prepared(
-            key.prepared_key(),
-            path,
-            tenant,
-            key_id,
-            ts_ms,
-            nonce,
-            sig,
-        ) {
+        if !CallSignature::verify_prepared(key.prepared_key(), path, tenant, key_id, ts, nonce, sig)
+        {
             return Err(unauthenticated(
                 "x-cube-sig does not match: check the secret and that the signed method path is this call's",
             ));
@@ -398,15 +392,20 @@ impl Authenticator {
     }
 }
 
-fn parse_nonce(nonce: &str) -> Option<u128> {
-    if nonce.len() != 32
-        || !nonce
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    {
+/// `x-cube-ts` as text and number, if it is a timestamp in canonical decimal (no sign but a
+/// leading `-`, no leading zeros, within `i64`): the signature covers the text as sent, and
+/// requiring this form keeps the server's rebuilt string identical to the client's.
+fn parse_canonical_ts(ts: &[u8]) -> Option<(&str, i64)> {
+    let text = std::str::from_utf8(ts).ok()?;
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    let canonical = !digits.is_empty()
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && (digits == "0" || !digits.starts_with('0'))
+        && text != "-0";
+    if !canonical {
         return None;
     }
-    u128::from_str_radix(nonce, 16).ok()
+    Some((text, text.parse().ok()?))
 }
 
 /// A call whose answer has not come back yet; dropped unanswered, it is counted as handled with
@@ -587,6 +586,37 @@ mod tests {
     use super::*;
     use std::convert::Infallible;
     use tower::{Layer, Service};
+
+    #[test]
+    fn only_canonical_decimal_timestamps_are_accepted() {
+        for (text, value) in [
+            ("1700000000000", 1_700_000_000_000),
+            ("0", 0),
+            ("-5", -5),
+            ("-9223372036854775808", i64::MIN),
+            ("9223372036854775807", i64::MAX),
+        ] {
+            assert_eq!(parse_canonical_ts(text.as_bytes()), Some((text, value)));
+        }
+        for text in [
+            "",
+            "-",
+            "-0",
+            "00",
+            "017",
+            "+17",
+            " 17",
+            "17 ",
+            "1.7",
+            "1e3",
+            "0x11",
+            "9223372036854775808",
+            "-9223372036854775809",
+            "１７",
+        ] {
+            assert_eq!(parse_canonical_ts(text.as_bytes()), None, "{text:?}");
+        }
+    }
 
     /// A service whose answer never comes (a call still running when its deadline expires).
     #[derive(Clone)]

@@ -167,6 +167,8 @@ const FLUSH_POLL: std::time::Duration = std::time::Duration::from_millis(2);
 pub struct FjallBackend {
     /// Always `Some` until drop, which hands it to a thread of its own (see `Drop`).
     open: Option<OpenKeyspace>,
+    /// The state directory: tests make its flush fail (`cube_wal::failpoint`).
+    dir: std::path::PathBuf,
 }
 
 struct OpenKeyspace {
@@ -257,6 +259,7 @@ impl FjallBackend {
                 keyspace,
                 _lock: lock,
             }),
+            dir: dir.to_path_buf(),
         })
     }
 
@@ -396,6 +399,9 @@ impl StateBackend for FjallBackend {
                 },
                 None,
             )?;
+        }
+        if cube_wal::failpoint::injected_sync_failure(&self.dir) {
+            return Err(BackendError("injected fsync failure (test)".into()));
         }
         ks.keyspace
             .persist(fjall::PersistMode::SyncAll)

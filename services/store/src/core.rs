@@ -2063,6 +2063,41 @@ mod tests {
         directory.shutdown().await;
     }
 
+    /// A passivation whose final checkpoint fails (the state store's fsync, on a disk with
+    /// room) leaves the tenant refused until the restart, as a failed checkpoint while open
+    /// does: a reopen would read back a state store whose fsync failed as if it were durable.
+    /// Its log is kept, so the restart replays every acknowledged change.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_tenant_whose_checkpoint_at_close_fails_is_refused_until_the_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, config) = tenant_with_catalog(dir.path());
+        let data = crate::DataDir::new(dir.path().join("data"));
+        let directory = test_directory(data.clone(), &config, &catalog);
+        directory.call("t", write(1, b"kept"), "t/k").await.unwrap();
+        cube_wal::failpoint::fail_next_fdatasync(&data.tenant_state("t"));
+        assert!(directory.close_tenant("t").await);
+        for attempt in 0..2 {
+            let refused = directory.call("t", write(2, b"v"), "t/k").await;
+            assert!(
+                matches!(&refused, Err(StoreError::Unavailable(m)) if m.contains("until the server restarts")),
+                "attempt {attempt}: {refused:?}"
+            );
+        }
+        directory.shutdown().await;
+        drop(directory);
+        let restarted = test_directory(data, &config, &catalog);
+        let read = restarted
+            .call("t", Command::Read { coord: at(1) }, "t/k")
+            .await
+            .unwrap();
+        assert!(
+            matches!(&read, Reply::Read(Some(c)) if c.value == b"kept"),
+            "{read:?}"
+        );
+        restarted.call("t", write(2, b"v"), "t/k").await.unwrap();
+        restarted.shutdown().await;
+    }
+
     /// A tenant's scan places outlive its passivation: pages its clients still hold keep theirs
     /// after the tenant is closed and reopened.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

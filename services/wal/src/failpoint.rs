@@ -6,7 +6,8 @@
 //! not deleted yet; both in cube-store), `wal-between-deletes` (after the first of several
 //! segment deletions, before the directory fsync).
 //!
-//! Also here: injected fdatasync failures for tests ([`fail_next_fdatasync`]).
+//! Also here: injected fdatasync failures for tests ([`fail_next_fdatasync`]), of a WAL shard or
+//! of a tenant's state store.
 
 use std::sync::OnceLock;
 
@@ -34,7 +35,9 @@ static SYNC_FAULTS_ARMED: std::sync::atomic::AtomicBool = std::sync::atomic::Ato
 type SyncFault = (std::path::PathBuf, std::time::Duration);
 static SYNC_FAULTS: std::sync::Mutex<Vec<SyncFault>> = std::sync::Mutex::new(Vec::new());
 
-/// Make the next fdatasync of the WAL shard in `dir` fail (tests only).
+/// Make the next fdatasync of the WAL shard in `dir` fail (tests only). For a tenant's state
+/// directory, its next checkpoint's flush fails instead (cube-store asks
+/// [`injected_sync_failure`]).
 #[doc(hidden)]
 pub fn fail_next_fdatasync(dir: &std::path::Path) {
     fail_next_fdatasync_after(dir, std::time::Duration::ZERO);
@@ -50,9 +53,10 @@ pub fn fail_next_fdatasync_after(dir: &std::path::Path, delay: std::time::Durati
     SYNC_FAULTS_ARMED.store(true, std::sync::atomic::Ordering::SeqCst);
 }
 
-/// Whether this fdatasync of the shard in `dir` is to fail (consumes the injection, after its
+/// Whether this fdatasync of the files in `dir` is to fail (consumes the injection, after its
 /// delay).
-pub(crate) fn fdatasync_fails(dir: &std::path::Path) -> bool {
+#[doc(hidden)]
+pub fn injected_sync_failure(dir: &std::path::Path) -> bool {
     if !SYNC_FAULTS_ARMED.load(std::sync::atomic::Ordering::Relaxed) {
         return false;
     }

@@ -1054,7 +1054,7 @@ impl SegmentWriter {
         if let Some(a) = &mut self.active
             && a.dirty
         {
-            if crate::failpoint::fdatasync_fails(&self.dir) {
+            if crate::failpoint::injected_sync_failure(&self.dir) {
                 return Err(WalError::io("fdatasync")(std::io::Error::other(
                     "injected fdatasync failure",
                 )));

@@ -56,6 +56,10 @@ pub const MAX_KEEPALIVE_SECS: u64 = 86_400;
 pub const DEFAULT_MAX_OPEN_TENANTS: usize = 256;
 pub const DEFAULT_REGION_MAX_CELLS: u32 = 10_000;
 pub const DEFAULT_WALK_MAX_VISITS: u32 = 10_000;
+/// How long a streamed page (Region, Tenant.Audit) may wait to be read, and the most allowed (a
+/// day).
+pub const DEFAULT_PAGE_READ_SECS: u64 = 30;
+pub const MAX_PAGE_READ_SECS: u64 = 86_400;
 /// Room for the protobuf framing around a maximal value.
 const MESSAGE_OVERHEAD: usize = 64 << 10;
 /// Default message cap floor (tonic's own default): values up to here that exceed the value
@@ -344,6 +348,10 @@ pub struct ServeArgs {
     /// Most visits one Walk may ask for (larger limits are INVALID_ARGUMENT).
     #[arg(long, env = "CUBE_WALK_MAX_VISITS", default_value_t = DEFAULT_WALK_MAX_VISITS)]
     pub walk_max_visits: u32,
+    /// Seconds a Region or Tenant.Audit page may take to be read by its client; one not read in
+    /// full by then is dropped (the stream ends with ABORTED) and its tenant's scan place freed.
+    #[arg(long, env = "CUBE_PAGE_READ_SECS", default_value_t = DEFAULT_PAGE_READ_SECS)]
+    pub page_read_secs: u64,
 }
 
 /// Where the listener's certificate comes from.
@@ -472,6 +480,10 @@ impl ServeArgs {
             self.region_max_cells >= 1 && self.walk_max_visits >= 1,
             "--region-max-cells and --walk-max-visits must be at least 1"
         );
+        anyhow::ensure!(
+            (1..=MAX_PAGE_READ_SECS).contains(&self.page_read_secs),
+            "--page-read-secs must be 1 to {MAX_PAGE_READ_SECS}"
+        );
         Ok(ServeConfig {
             data_dir: self.data_dir,
             admin_listen: self.admin_listen,
@@ -516,6 +528,7 @@ impl ServeArgs {
                 region_max: self.region_max_cells,
                 walk_default: 1000.min(self.walk_max_visits),
                 walk_max: self.walk_max_visits,
+                page_read: std::time::Duration::from_secs(self.page_read_secs),
             },
         })
     }

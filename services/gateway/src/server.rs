@@ -227,6 +227,7 @@ impl Gateway {
             .add_service(
                 TenantServer::new(TenantService {
                     directory: Arc::clone(&self.directory),
+                    page_read: self.config.scan_limits.page_read,
                 })
                 .max_decoding_message_size(max),
             )

@@ -151,6 +151,14 @@ pub static CONNECTIONS_ADDRESS_REFUSED: LazyLock<IntCounter> = LazyLock::new(|| 
          from their client address.",
     )
 });
+/// Streamed pages (Region, Tenant.Audit) dropped because the client did not read them in time.
+pub static SCAN_PAGES_EXPIRED: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "cube_scan_pages_expired_total",
+        "Region and Tenant.Audit pages dropped unread after --page-read-secs, freeing their \
+         tenant's scan place.",
+    )
+});
 /// Connections closed because their HTTP/2 preface did not arrive in time.
 pub static CONNECTIONS_PREFACE_TIMEOUTS: LazyLock<IntCounter> = LazyLock::new(|| {
     counter(
@@ -303,7 +311,12 @@ pub fn init() {
         &*WAL_SEGMENTS_RECYCLED,
         &*TENANTS_PASSIVATED,
     );
-    let _ = (&*CHANGE_MAILBOX, &*CHANGE_DURABLE, &*CHANGE_APPLY);
+    let _ = (
+        &*CHANGE_MAILBOX,
+        &*CHANGE_DURABLE,
+        &*CHANGE_APPLY,
+        &*SCAN_PAGES_EXPIRED,
+    );
 }
 
 /// The Prometheus text exposition of every metric.

@@ -1063,6 +1063,15 @@ impl TenantDirectory {
         true
     }
 
+    /// Wait for one of `tenant`'s [`SCANS_PER_TENANT`] scan places without holding the tenant
+    /// open meanwhile (a handle held through a long wait would keep a passivated tenant's state
+    /// store locked against its reopen). The places are the ones [`TenantHandle::scan_permit`]
+    /// hands out.
+    pub async fn scan_permit(&self, tenant: &str) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        // The semaphore is never closed, so this always ends with a permit.
+        self.scan_places.of(tenant).acquire_owned().await.ok()
+    }
+
     /// Passivate idle tenants every so often until the directory is dropped.
     pub fn start_janitor(self: &Arc<Self>) {
         let weak = Arc::downgrade(self);

@@ -41,5 +41,5 @@ pub use layout::DataDir;
 pub use space::SpaceGuard;
 pub use state::{
     Caller, CellView, Command, Coord, Effect, Hint, MAX_LABEL_BYTES, MAX_WALK_DEPTH, Prepared,
-    RegionPage, Reply, RunRecord, StateLimits, StateReader, TenantState,
+    RegionPage, Reply, RunRecord, StateLimits, StateReader, TenantState, check_region, walk_labels,
 };

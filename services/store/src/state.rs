@@ -348,6 +348,75 @@ pub struct RegionPage {
 /// Version byte of region page tokens (the rest is the Morton key to resume at).
 const TOKEN_V1: u8 = 1;
 
+/// Whether a Region request's box and page token are valid: the gateway asks before the request
+/// waits for a scan place ([`StateReader::region`] checks again).
+pub fn check_region(min: Coord, max: Coord, token: &[u8]) -> Result<(), StoreError> {
+    region_start(min, max, token).map(|_| ())
+}
+
+/// A Region request's box and the Morton code its page starts at, or why the request is invalid.
+fn region_start(
+    min: Coord,
+    max: Coord,
+    token: &[u8],
+) -> Result<(morton::Bounds, u128), StoreError> {
+    let bounds =
+        morton::Bounds::new((min.x, min.y, min.z), (max.x, max.y, max.z)).ok_or_else(|| {
+            StoreError::InvalidArgument(format!(
+                "region min {min} must not exceed max {max} on any axis"
+            ))
+        })?;
+    let start = if token.is_empty() {
+        bounds.zmin()
+    } else {
+        match token.split_first() {
+            Some((&TOKEN_V1, rest)) => morton::from_bytes(rest),
+            _ => None,
+        }
+        .ok_or_else(|| {
+            StoreError::InvalidArgument(
+                "page_token is not one this server issued; pass back the \
+                 x-cube-next-page-token-bin value of the previous page unchanged"
+                    .into(),
+            )
+        })?
+    };
+    Ok((bounds, start))
+}
+
+/// A Walk request's labels, distinct and in key order (length byte, then bytes, so results do
+/// not depend on the request's order), or why they are invalid. The gateway asks before the
+/// request waits for a scan place; the walk checks again.
+pub fn walk_labels(labels: &[String]) -> Result<Vec<&str>, StoreError> {
+    // Checked first, so a request of a million repeated labels is not sorted to find out.
+    if labels.len() > MAX_WALK_LABEL_ENTRIES {
+        return Err(StoreError::InvalidArgument(format!(
+            "a walk lists at most {MAX_WALK_LABEL_ENTRIES} labels ({MAX_WALK_LABELS} distinct); \
+             got {}",
+            labels.len()
+        )));
+    }
+    for label in labels {
+        if label.is_empty() || label.len() > MAX_LABEL_BYTES {
+            return Err(StoreError::InvalidArgument(format!(
+                "edge labels are 1 to {MAX_LABEL_BYTES} bytes; got one of {} bytes",
+                label.len()
+            )));
+        }
+    }
+    let mut labels: Vec<&str> = labels.iter().map(String::as_str).collect();
+    labels.sort_by(|a, b| (a.len(), *a).cmp(&(b.len(), *b)));
+    labels.dedup();
+    if labels.len() > MAX_WALK_LABELS {
+        return Err(StoreError::InvalidArgument(format!(
+            "a walk names at most {MAX_WALK_LABELS} distinct labels; got {} (name none to \
+             follow every label)",
+            labels.len()
+        )));
+    }
+    Ok(labels)
+}
+
 /// One run's telemetry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunRecord {
@@ -403,27 +472,7 @@ impl StateReader {
         limit: usize,
         token: &[u8],
     ) -> Result<RegionPage, StoreError> {
-        let bounds =
-            morton::Bounds::new((min.x, min.y, min.z), (max.x, max.y, max.z)).ok_or_else(|| {
-                StoreError::InvalidArgument(format!(
-                    "region min {min} must not exceed max {max} on any axis"
-                ))
-            })?;
-        let start = if token.is_empty() {
-            bounds.zmin()
-        } else {
-            match token.split_first() {
-                Some((&TOKEN_V1, rest)) => morton::from_bytes(rest),
-                _ => None,
-            }
-            .ok_or_else(|| {
-                StoreError::InvalidArgument(
-                    "page_token is not one this server issued; pass back the \
-                     x-cube-next-page-token-bin value of the previous page unchanged"
-                        .into(),
-                )
-            })?
-        };
+        let (bounds, start) = region_start(min, max, token)?;
         let end = keys::cell_key_end_z(bounds.zmax());
         let budget = morton::ScanBudget {
             bytes: REGION_PAGE_BYTES,
@@ -466,33 +515,7 @@ impl StateReader {
         limit: usize,
         labels: &[String],
     ) -> Result<(Vec<(Coord, u32)>, bool), StoreError> {
-        // Checked first, so a request of a million repeated labels is not sorted to find out.
-        if labels.len() > MAX_WALK_LABEL_ENTRIES {
-            return Err(StoreError::InvalidArgument(format!(
-                "a walk lists at most {MAX_WALK_LABEL_ENTRIES} labels ({MAX_WALK_LABELS} distinct); \
-                 got {}",
-                labels.len()
-            )));
-        }
-        for label in labels {
-            if label.is_empty() || label.len() > MAX_LABEL_BYTES {
-                return Err(StoreError::InvalidArgument(format!(
-                    "edge labels are 1 to {MAX_LABEL_BYTES} bytes; got one of {} bytes",
-                    label.len()
-                )));
-            }
-        }
-        let mut labels: Vec<&str> = labels.iter().map(String::as_str).collect();
-        // Key order (length byte, then bytes), so results do not depend on the request's order.
-        labels.sort_by(|a, b| (a.len(), *a).cmp(&(b.len(), *b)));
-        labels.dedup();
-        if labels.len() > MAX_WALK_LABELS {
-            return Err(StoreError::InvalidArgument(format!(
-                "a walk names at most {MAX_WALK_LABELS} distinct labels; got {} (name none to \
-                 follow every label)",
-                labels.len()
-            )));
-        }
+        let labels = walk_labels(labels)?;
         let mut seen = HashSet::from([start]);
         let mut out = Vec::new();
         let mut frontier = vec![start];

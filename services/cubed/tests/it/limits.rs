@@ -295,31 +295,55 @@ async fn one_address_cannot_take_every_connection_place() {
     assert_eq!(read_once_a_place_is_free(&server, LOOPBACK).await, b"a");
 }
 
-/// A client that opens many Region streams and reads none holds at most 32 built pages of its
-/// tenant (`SCANS_PER_TENANT`): further scans of that tenant wait for a place, other tenants'
-/// do not, and the places come back when the streams go.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unread_region_pages_hold_their_tenants_scan_places_only() {
-    let server = TestServer::start(cubed()).unwrap();
+/// Three cells of 1 MiB at x = 0..3, y = z = 0, and a Region request over them.
+async fn three_mib_of_cells(server: &TestServer) -> impl Fn() -> RegionRequest {
     let mut c = server.cells(&server.demo).await.unwrap();
     for x in 0..3 {
         c.write(write(x, 0, 0, &vec![x as u8; 1 << 20]))
             .await
             .unwrap();
     }
-    let region = || RegionRequest {
+    || RegionRequest {
         min: coord(0, 0, 0),
         max: coord(2, 0, 0),
         limit: 0,
         page_token: vec![],
-    };
-    // 3 MiB pages, over the client's HTTP/2 stream window (2 MiB, hyper's default) and, all
-    // together, its connection window (5 MiB): unread, each stays on the server.
+    }
+}
+
+/// 32 Region streams on one new connection, none read: 3 MiB pages, over the client's HTTP/2
+/// stream window (2 MiB, hyper's default) and, all together, its connection window (5 MiB), so
+/// each stays on the server and holds one of its tenant's 32 scan places.
+async fn thirty_two_unread_pages(
+    server: &TestServer,
+    region: &impl Fn() -> RegionRequest,
+) -> (SignedCells, Vec<tonic::Streaming<cube_api::v1::Cell>>) {
     let mut hog = server.cells(&server.demo).await.unwrap();
     let mut unread = Vec::new();
     for _ in 0..32 {
         unread.push(hog.region(region()).await.unwrap().into_inner());
     }
+    (hog, unread)
+}
+
+/// Count the cells of a whole Region page.
+async fn page_cells(c: &mut SignedCells, req: RegionRequest) -> usize {
+    let mut s = c.region(req).await.unwrap().into_inner();
+    let mut n = 0;
+    while s.message().await.unwrap().is_some() {
+        n += 1;
+    }
+    n
+}
+
+/// A client that opens many Region streams and reads none holds at most 32 built pages of its
+/// tenant (`SCANS_PER_TENANT`): further scans of that tenant wait for a place, other tenants'
+/// do not, and the places come back when the streams go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unread_region_pages_hold_their_tenants_scan_places_only() {
+    let server = TestServer::start(cubed()).unwrap();
+    let region = three_mib_of_cells(&server).await;
+    let (hog, unread) = thirty_two_unread_pages(&server, &region).await;
     let wait = std::time::Duration::from_secs(1);
     let mut same_tenant = server.cells(&server.demo).await.unwrap();
     assert!(
@@ -336,17 +360,82 @@ async fn unread_region_pages_hold_their_tenants_scan_places_only() {
         .unwrap();
     drop(unread);
     drop(hog);
-    let page = tokio::time::timeout(std::time::Duration::from_secs(10), async {
-        let mut s = same_tenant.region(region()).await.unwrap().into_inner();
-        let mut n = 0;
-        while s.message().await.unwrap().is_some() {
-            n += 1;
-        }
-        n
-    })
+    let page = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        page_cells(&mut same_tenant, region()),
+    )
     .await
     .expect("the places did not come back");
     assert_eq!(page, 3);
+}
+
+/// Pages their client does not read within `--page-read-secs` are dropped: their places go to
+/// the next scans while the client still holds the streams, and each stream, read at last, ends
+/// with ABORTED after what had reached the client (a page is complete only when its stream ends
+/// without an error). A request the server refuses anyway does not wait for a place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unread_pages_give_their_places_back_after_the_read_limit() {
+    let server = TestServer::start_with(cubed(), &["--page-read-secs", "2"]).unwrap();
+    let region = three_mib_of_cells(&server).await;
+    let (_hog, unread) = thirty_two_unread_pages(&server, &region).await;
+    let mut same_tenant = server.cells(&server.demo).await.unwrap();
+    let bad_box = RegionRequest {
+        min: coord(1, 0, 0),
+        max: coord(0, 0, 0),
+        ..region()
+    };
+    let refused = tokio::time::timeout(
+        std::time::Duration::from_secs(1),
+        same_tenant.region(bad_box),
+    )
+    .await
+    .expect("an invalid Region waited for a scan place");
+    assert_eq!(refused.unwrap_err().code(), Code::InvalidArgument);
+    let waited = std::time::Instant::now();
+    let page = tokio::time::timeout(
+        std::time::Duration::from_secs(15),
+        page_cells(&mut same_tenant, region()),
+    )
+    .await
+    .expect("the places did not come back while the unread streams were still open");
+    assert_eq!(page, 3);
+    assert!(
+        waited.elapsed() >= std::time::Duration::from_millis(1500),
+        "the 33rd scan ran before the read limit ({:?})",
+        waited.elapsed()
+    );
+    // Read side by side: read one after another, the streams not being read would take the
+    // connection's window with data nobody reads, and the one being read would stall.
+    let ends = futures::future::join_all(unread.into_iter().map(|mut s| async move {
+        let mut cells = 0;
+        loop {
+            match s.message().await {
+                Ok(Some(_)) => cells += 1,
+                Ok(None) => return (cells, None),
+                Err(status) => return (cells, Some(status)),
+            }
+        }
+    }));
+    let ends = tokio::time::timeout(std::time::Duration::from_secs(30), ends)
+        .await
+        .expect("the dropped pages' streams did not end");
+    let mut aborted = 0;
+    for (i, (cells, end)) in ends.iter().enumerate() {
+        match end {
+            // A page sent in full before the limit: complete only with all its cells.
+            None => assert_eq!(*cells, 3, "stream {i} ended as a complete page"),
+            Some(status) => {
+                assert_eq!(status.code(), Code::Aborted, "stream {i}: {status:?}");
+                aborted += 1;
+            }
+        }
+    }
+    // Pages built last may still be within their limit when the reads begin, and complete.
+    assert!(aborted >= 1, "no unread page was dropped");
+    assert_eq!(
+        server.metric("cube_scan_pages_expired_total"),
+        Some(f64::from(aborted))
+    );
 }
 
 /// Read `stream` until the server closes it (or `within` passes: then `None`); returns the

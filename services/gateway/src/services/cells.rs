@@ -11,20 +11,23 @@ use cube_store::{Capability, Command, MAX_WALK_DEPTH, Reply, TenantDirectory};
 use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status};
 
-use super::{Held, blocking, tenant_of};
+use super::{Held, blocking};
 use crate::principal::Principal;
 use crate::{ApiError, convert};
 
 /// Response header carrying the Region continuation token (binary metadata).
 pub const NEXT_PAGE_TOKEN_HEADER: &str = "x-cube-next-page-token-bin";
 
-/// Result sizes of Region and Walk: default when the request says 0, and the most allowed.
+/// Result sizes of Region and Walk: default when the request says 0, and the most allowed; and
+/// how long a streamed page (Region, Tenant.Audit) may wait to be read.
 #[derive(Debug, Clone, Copy)]
 pub struct ScanLimits {
     pub region_default: u32,
     pub region_max: u32,
     pub walk_default: u32,
     pub walk_max: u32,
+    /// A page not read in full by then is dropped and its scan place freed ([`Held`]).
+    pub page_read: std::time::Duration,
 }
 
 impl Default for ScanLimits {
@@ -34,6 +37,7 @@ impl Default for ScanLimits {
             region_max: 10_000,
             walk_default: 1000,
             walk_max: 10_000,
+            page_read: std::time::Duration::from_secs(30),
         }
     }
 }
@@ -114,14 +118,15 @@ impl Cells for CellsService {
         let principal = Principal::require(&req, Capability::Read)?;
         let r = req.into_inner();
         let (min, max) = convert::region_box(&r)?;
+        // Refused before it waits for a scan place.
+        cube_store::check_region(min, max, &r.page_token).map_err(ApiError::from)?;
         // Region pages past the cap are shortened, not refused: the token continues them.
         let limit = match r.limit {
             0 => self.limits.region_default,
             n => n.min(self.limits.region_max),
         } as usize;
-        let tenant = tenant_of(&self.directory, &principal).await?;
         let token = r.page_token;
-        let (page, permit) = blocking(&tenant, move |reader| {
+        let (page, permit) = blocking(&self.directory, &principal, move |reader| {
             reader.region(min, max, limit, &token)
         })
         .await?;
@@ -137,7 +142,11 @@ impl Cells for CellsService {
                 })
             })
             .collect();
-        let mut response = Response::new(Held::new(tokio_stream::iter(cells), permit));
+        let mut response = Response::new(Held::new(
+            tokio_stream::iter(cells),
+            permit,
+            self.limits.page_read,
+        ));
         if let Some(next) = page.next_token {
             response
                 .metadata_mut()
@@ -210,9 +219,10 @@ impl Cells for CellsService {
             self.limits.walk_max,
             "limit",
         )? as usize;
-        let tenant = tenant_of(&self.directory, &principal).await?;
+        // Refused before it waits for a scan place.
+        cube_store::walk_labels(&r.labels).map_err(ApiError::from)?;
         let labels = r.labels;
-        let ((visits, truncated), _permit) = blocking(&tenant, move |reader| {
+        let ((visits, truncated), _permit) = blocking(&self.directory, &principal, move |reader| {
             reader.walk(start, depth, limit, &labels)
         })
         .await?;

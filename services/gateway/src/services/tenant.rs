@@ -22,6 +22,8 @@ const RECENT_RUNS: usize = 16;
 
 pub(crate) struct TenantService {
     pub directory: Arc<TenantDirectory>,
+    /// How long an audit page may wait to be read.
+    pub page_read: std::time::Duration,
 }
 
 #[tonic::async_trait]
@@ -32,15 +34,16 @@ impl Tenant for TenantService {
     ) -> Result<Response<v1::StatsResponse>, Status> {
         let principal = Principal::require(&req, Capability::Read)?;
         let r = req.into_inner();
-        let tenant = tenant_of(&self.directory, &principal).await?;
         if let Some(c) = r.coord {
             let coord = Coord {
                 x: c.x,
                 y: c.y,
                 z: c.z,
             };
-            let (runs, _permit) =
-                blocking(&tenant, move |reader| reader.runs(coord, RECENT_RUNS)).await?;
+            let (runs, _permit) = blocking(&self.directory, &principal, move |reader| {
+                reader.runs(coord, RECENT_RUNS)
+            })
+            .await?;
             let Some((run_count, recent)) = runs else {
                 return Err(Status::not_found(format!("no cell at {coord}")));
             };
@@ -61,6 +64,7 @@ impl Tenant for TenantService {
             }));
         }
         // One point lookup, like Cells.Read: answered on the handler's task.
+        let tenant = tenant_of(&self.directory, &principal).await?;
         let (totals, _) = tenant.reader().totals().map_err(ApiError::from)?;
         let log = tenant.log_stats();
         Ok(Response::new(v1::StatsResponse {
@@ -91,8 +95,7 @@ impl Tenant for TenantService {
             0 => DEFAULT_AUDIT_LIMIT,
             n => n.min(MAX_AUDIT_LIMIT),
         };
-        let tenant = tenant_of(&self.directory, &principal).await?;
-        let (page, permit) = blocking(&tenant, move |reader| {
+        let (page, permit) = blocking(&self.directory, &principal, move |reader| {
             reader.audit_page(r.from_seq, limit as usize)
         })
         .await?;
@@ -113,6 +116,7 @@ impl Tenant for TenantService {
         Ok(Response::new(Held::new(
             tokio_stream::iter(entries),
             permit,
+            self.page_read,
         )))
     }
 }

@@ -81,8 +81,12 @@ pub struct Until {
     /// Total acknowledged bytes (over all writers, since the ledger began).
     pub bytes: u64,
     pub deadline: Instant,
-    /// Set by the scenario just before it stops or kills the server.
+    /// Set by the scenario just before it kills or stops the server: from then on, the errors
+    /// a closing server's connection gives end a writer instead of counting as refusals.
     pub stop: Arc<AtomicBool>,
+    /// Set once the server is gone (killed, or exited after SIGTERM): writers stop starting
+    /// writes. Until then they keep writing, so that writes are in flight when the stop lands.
+    pub gone: Arc<AtomicBool>,
     /// Keep retrying a record refused as RESOURCE_EXHAUSTED / UNAVAILABLE (disk full).
     pub retry_refused: bool,
 }
@@ -116,7 +120,7 @@ pub async fn write(
             let mut refused: BTreeMap<String, u64> = BTreeMap::new();
             let len = ledger.value_bytes as u64;
             loop {
-                if until.stop.load(Ordering::SeqCst)
+                if until.gone.load(Ordering::SeqCst)
                     || Instant::now() >= until.deadline
                     || ledger.total() * len >= until.bytes
                 {
@@ -144,7 +148,20 @@ pub async fn write(
                     Ok(_) => {
                         ledger.acked[w].fetch_add(1, Ordering::SeqCst);
                     }
-                    Err(_) if until.stop.load(Ordering::SeqCst) => break,
+                    // The kill's own errors: the connection reset or refused. Any other code
+                    // came from the server while it was alive and counts below.
+                    Err(s)
+                        if until.stop.load(Ordering::SeqCst)
+                            && matches!(
+                                s.code(),
+                                Code::Unavailable
+                                    | Code::Unknown
+                                    | Code::Cancelled
+                                    | Code::Internal
+                            ) =>
+                    {
+                        break;
+                    }
                     Err(s) => {
                         *refused.entry(format!("{:?}", s.code())).or_default() += 1;
                         let full = matches!(s.code(), Code::ResourceExhausted | Code::Unavailable);
@@ -209,14 +226,27 @@ async fn column(c: &mut Cells, w: i32) -> Result<(BTreeMap<i32, Vec<u8>>, u64), 
     );
     let mut out = BTreeMap::new();
     let mut versions = 0;
-    cube_testkit::region_for_each(c, min, max, 1000, |cell| {
-        if let Some(k) = cell.coord {
+    // A cell outside the column, or one sent twice, is the scan's fault, not the data's: it is
+    // reported as itself, not as a miscount further on.
+    let mut wrong = None;
+    cube_testkit::region_for_each(c, min, max, 1000, |cell| match cell.coord {
+        Some(k) if k.x == w && k.z == Z && !out.contains_key(&k.y) => {
             versions += cell.version;
             out.insert(k.y, cell.value);
         }
+        other => {
+            wrong.get_or_insert(format!(
+                "Region over writer {w}'s column returned {other:?}"
+            ));
+        }
     })
     .await?;
-    Ok((out, versions))
+    match wrong {
+        Some(what) => Err(tonic::Status::internal(format!(
+            "{what}: outside the box, or a second time"
+        ))),
+        None => Ok((out, versions)),
+    }
 }
 
 pub async fn verify(server: &TestServer, ledger: &Ledger) -> anyhow::Result<Verification> {

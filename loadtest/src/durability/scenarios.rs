@@ -64,16 +64,18 @@ impl ScenarioReport {
     }
 }
 
-fn until(bytes: u64, secs: f64) -> (Until, Arc<AtomicBool>) {
-    let stop = Arc::new(AtomicBool::new(false));
+fn until(bytes: u64, secs: f64) -> (Until, Arc<AtomicBool>, Arc<AtomicBool>) {
+    let (stop, gone) = (Arc::default(), Arc::default());
     (
         Until {
             bytes,
             deadline: Instant::now() + Duration::from_secs_f64(secs),
-            stop: stop.clone(),
+            stop: Arc::clone(&stop),
+            gone: Arc::clone(&gone),
             retry_refused: false,
         },
         stop,
+        gone,
     )
 }
 
@@ -106,14 +108,15 @@ fn progress(name: &str, round: &Round) {
     );
 }
 
-/// A: SIGTERM (graceful stop) after the writes, restart, verify.
+/// A: SIGTERM (graceful stop) after the writes, restart, verify; then once more with the
+/// SIGTERM arriving while the writers write, so the stop drains writes in flight.
 pub async fn graceful(s: &Settings) -> anyhow::Result<ScenarioReport> {
     let mut rep = ScenarioReport::new("A", "graceful stop (SIGTERM), restart, verify");
     let mut server =
         tokio::task::block_in_place(|| TestServer::start_with(&s.cubed, &SERVER_FLAGS))?;
     let ledger = Arc::new(Ledger::new(s.writers, s.value_bytes));
     for i in 0..s.repeat {
-        let (u, _) = until(target(&ledger, s), 600.0);
+        let (u, _, _) = until(target(&ledger, s), 600.0);
         let w = write(server.addr, &server.demo, &ledger, u).await?;
         let status = tokio::task::block_in_place(|| server.sigterm())?;
         if !status.success() {
@@ -134,6 +137,21 @@ pub async fn graceful(s: &Settings) -> anyhow::Result<ScenarioReport> {
         progress("A", &round);
         rep.rounds.push(round);
     }
+    let after = Duration::from_millis(rand::thread_rng().gen_range(300..1500));
+    let w = write_and_stop(&mut server, &ledger, s, after, Stop::Term, || {}).await?;
+    tokio::task::block_in_place(|| server.restart())?;
+    let mut round = Round {
+        what: format!(
+            "round {}: SIGTERM after {} ms of writing, exit 0",
+            s.repeat + 1,
+            after.as_millis()
+        ),
+        write: w,
+        verified: verify(&server, &ledger).await?,
+    };
+    let _ = require_clean_writes(&round.write, &mut round.verified);
+    progress("A", &round);
+    rep.rounds.push(round);
     Ok(rep.finish())
 }
 
@@ -144,7 +162,7 @@ pub async fn kill_idle(s: &Settings) -> anyhow::Result<ScenarioReport> {
         tokio::task::block_in_place(|| TestServer::start_with(&s.cubed, &SERVER_FLAGS))?;
     let ledger = Arc::new(Ledger::new(s.writers, s.value_bytes));
     for i in 0..s.repeat {
-        let (u, _) = until(target(&ledger, s), 600.0);
+        let (u, _, _) = until(target(&ledger, s), 600.0);
         let w = write(server.addr, &server.demo, &ledger, u).await?;
         tokio::time::sleep(Duration::from_millis(300)).await;
         tokio::task::block_in_place(|| server.kill9())?;
@@ -162,25 +180,45 @@ pub async fn kill_idle(s: &Settings) -> anyhow::Result<ScenarioReport> {
     Ok(rep.finish())
 }
 
-/// Write until `stop` is set by a timer that kills the server at a random moment.
-async fn write_and_kill(
+/// How a scenario ends the server under its writers.
+#[derive(Clone, Copy)]
+enum Stop {
+    Kill,
+    /// SIGTERM, and the exit must be clean.
+    Term,
+}
+
+/// Write until the server is stopped (`how`) at `after`, a random moment, while the writers'
+/// writes are in flight.
+async fn write_and_stop(
     server: &mut TestServer,
     ledger: &Arc<Ledger>,
     s: &Settings,
-    kill_after: Duration,
+    after: Duration,
+    how: Stop,
     at_cut: impl FnOnce(),
 ) -> anyhow::Result<WriteStats> {
-    let (u, stop) = until(u64::MAX, 600.0);
+    let (u, stop, gone) = until(u64::MAX, 600.0);
     let (addr, creds) = (server.addr, server.demo.clone());
     let writers = {
         let ledger = ledger.clone();
         tokio::spawn(async move { write(addr, &creds, &ledger, u).await })
     };
-    tokio::time::sleep(kill_after).await;
-    // The stop flag first, so the writers take the errors that follow as the end, not as
-    // refusals; then the kill, while their writes are in flight.
+    tokio::time::sleep(after).await;
+    // The stop flag first, so the writers take the connection errors that follow as the end,
+    // not as refusals; then the stop, while they keep writing (they start no new write only
+    // once the server is gone).
     stop.store(true, Ordering::SeqCst);
-    tokio::task::block_in_place(|| server.kill9())?;
+    match how {
+        Stop::Kill => tokio::task::block_in_place(|| server.kill9())?,
+        Stop::Term => {
+            let status = tokio::task::block_in_place(|| server.sigterm())?;
+            if !status.success() {
+                bail!("cubed exited with {status} after SIGTERM during writes");
+            }
+        }
+    }
+    gone.store(true, Ordering::SeqCst);
     at_cut();
     let w = writers.await??;
     ledger.save(&s.work.join("acked.json"))?;
@@ -198,7 +236,7 @@ pub async fn kill_writing(s: &Settings) -> anyhow::Result<ScenarioReport> {
     let ledger = Arc::new(Ledger::new(s.writers, s.value_bytes));
     for i in 0..s.repeat {
         let after = Duration::from_millis(rand::thread_rng().gen_range(300..2500));
-        let w = write_and_kill(&mut server, &ledger, s, after, || {}).await?;
+        let w = write_and_stop(&mut server, &ledger, s, after, Stop::Kill, || {}).await?;
         tokio::task::block_in_place(|| server.restart())?;
         let mut round = Round {
             what: format!(
@@ -273,7 +311,7 @@ pub async fn power_loss(s: &Settings) -> anyhow::Result<ScenarioReport> {
             // Set-up (tenant, credentials) is on disk before the writes under test start.
             sync_all();
             let mut snapshot = Ok(());
-            let w = write_and_kill(&mut server, &ledger, s, after, || {
+            let w = write_and_stop(&mut server, &ledger, s, after, Stop::Kill, || {
                 snapshot = fs::snapshot(&image, &snap);
             })
             .await?;
@@ -415,17 +453,17 @@ async fn disk_full_round(
     })?;
     let ledger = Arc::new(Ledger::new(s.writers, s.value_bytes));
     // Some data first, then ballast leaving a few MiB (above the guard, if any).
-    let (u, _) = until((4 << 20).min(s.size), 60.0);
+    let (u, _, _) = until((4 << 20).min(s.size), 60.0);
     let w1 = write(server.addr, &server.demo, &ledger, u).await?;
     let ballast = mnt.dir.join("ballast");
     let free = fs::free_bytes(&mnt.dir)?;
     fill(&ballast, free.saturating_sub(min_free + (4 << 20)))?;
     // Write until refused.
-    let stop = Arc::new(AtomicBool::new(false));
     let u = Until {
         bytes: u64::MAX,
         deadline: Instant::now() + Duration::from_secs(20),
-        stop: stop.clone(),
+        stop: Arc::default(),
+        gone: Arc::default(),
         retry_refused: false,
     };
     let w2 = write(server.addr, &server.demo, &ledger, u).await?;
@@ -471,7 +509,8 @@ async fn disk_full_round(
     let u = Until {
         bytes: target(&ledger, s).min(ledger.total() * ledger.value_bytes as u64 + (8 << 20)),
         deadline: Instant::now() + Duration::from_secs(30),
-        stop: Arc::new(AtomicBool::new(false)),
+        stop: Arc::default(),
+        gone: Arc::default(),
         retry_refused: true,
     };
     let resumed_at = Instant::now();

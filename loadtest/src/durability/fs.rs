@@ -22,15 +22,27 @@ fn run(cmd: &str, args: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
+/// Why the tmpfs scenario cannot run here, if it cannot.
+pub fn tmpfs_unsupported() -> Option<String> {
+    missing(&["mount", "umount"])
+}
+
+/// Why root or one of `tools` is missing, if one is.
+fn missing(tools: &[&str]) -> Option<String> {
+    if run("id", &["-u"]).ok().as_deref() != Some("0") {
+        return Some(format!("needs root ({})", tools.join(", ")));
+    }
+    tools.iter().find_map(|tool| {
+        run("sh", &["-c", &format!("command -v {tool}")])
+            .is_err()
+            .then(|| format!("{tool} is not installed"))
+    })
+}
+
 /// Why the loop-device scenario cannot run here, if it cannot.
 pub fn loop_unsupported() -> Option<String> {
-    if run("id", &["-u"]).ok().as_deref() != Some("0") {
-        return Some("needs root (mount, losetup)".into());
-    }
-    for tool in ["losetup", "mkfs.ext4", "mount", "umount", "cp"] {
-        if run("sh", &["-c", &format!("command -v {tool}")]).is_err() {
-            return Some(format!("{tool} is not installed"));
-        }
+    if let Some(why) = missing(&["losetup", "mkfs.ext4", "mount", "umount", "cp"]) {
+        return Some(why);
     }
     if !Path::new("/dev/loop-control").exists() {
         return Some("no /dev/loop-control (loop devices unavailable)".into());

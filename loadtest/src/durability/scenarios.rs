@@ -407,7 +407,7 @@ pub async fn disk_full(s: &Settings) -> anyhow::Result<ScenarioReport> {
         "E",
         "disk full: writes refused, reads served, writes resume once space is freed; restart, verify",
     );
-    if let Some(why) = fs::loop_unsupported() {
+    if let Some(why) = fs::tmpfs_unsupported() {
         rep.skipped = Some(why);
         return Ok(rep.finish());
     }

@@ -22,9 +22,23 @@ fn run(cmd: &str, args: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-/// Why the tmpfs scenario cannot run here, if it cannot.
+/// Why the tmpfs scenario cannot run here, if it cannot: tried with a 1 MiB tmpfs (root in a
+/// container without the right to mount is refused there).
 pub fn tmpfs_unsupported() -> Option<String> {
-    missing(&["mount", "umount"])
+    if let Some(why) = missing(&["mount", "umount", "df"]) {
+        return Some(why);
+    }
+    let probe = match tempfile::tempdir() {
+        Ok(dir) => dir,
+        Err(e) => return Some(format!("no temporary directory for a mount probe: {e}")),
+    };
+    match Mount::tmpfs(probe.path(), 1 << 20) {
+        Ok(mount) => {
+            drop(mount);
+            None
+        }
+        Err(e) => Some(format!("cannot mount a tmpfs here: {e:#}")),
+    }
 }
 
 /// Why root or one of `tools` is missing, if one is.

@@ -56,8 +56,7 @@ pub const MAX_KEEPALIVE_SECS: u64 = 86_400;
 pub const DEFAULT_MAX_OPEN_TENANTS: usize = 256;
 pub const DEFAULT_REGION_MAX_CELLS: u32 = 10_000;
 pub const DEFAULT_WALK_MAX_VISITS: u32 = 10_000;
-/// How long a streamed page (Region, Tenant.Audit) may wait to be read, and the most allowed (a
-/// day).
+/// How long a streamed page (Region, Tenant.Audit) may go unread, and the most allowed (a day).
 pub const DEFAULT_PAGE_READ_SECS: u64 = 30;
 pub const MAX_PAGE_READ_SECS: u64 = 86_400;
 /// Room for the protobuf framing around a maximal value.
@@ -348,8 +347,8 @@ pub struct ServeArgs {
     /// Most visits one Walk may ask for (larger limits are INVALID_ARGUMENT).
     #[arg(long, env = "CUBE_WALK_MAX_VISITS", default_value_t = DEFAULT_WALK_MAX_VISITS)]
     pub walk_max_visits: u32,
-    /// Seconds a Region or Tenant.Audit page may take to be read by its client; one not read in
-    /// full by then is dropped (the stream ends with ABORTED) and its tenant's scan place freed.
+    /// Seconds a Region or Tenant.Audit page may go without its client taking any of it; such a
+    /// page is dropped (the stream ends with ABORTED) and its tenant's scan place freed.
     #[arg(long, env = "CUBE_PAGE_READ_SECS", default_value_t = DEFAULT_PAGE_READ_SECS)]
     pub page_read_secs: u64,
 }

@@ -22,7 +22,7 @@ use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use futures::future::ready;
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::{HeaderMap, HeaderName};
 use tonic::Status;
 use tonic::body::Body;
 
@@ -318,16 +318,14 @@ impl Authenticator {
     }
 
     fn verify_call(&self, path: &str, md: &HeaderMap) -> Result<Principal, Status> {
+        // A value that is not visible ASCII counts as missing (docs/protocol.md, check 2).
         let get = |name: &HeaderName| md.get(name).and_then(|v| v.to_str().ok());
-        // The three per-call values are checked by their own parsers below, byte by byte, so
-        // they are not validated as text first.
-        let bytes = |name: &HeaderName| md.get(name).map(HeaderValue::as_bytes);
         let (Some(tenant), Some(key_id), Some(ts), Some(nonce), Some(sig)) = (
             get(&H_TENANT),
             get(&H_KEY),
-            bytes(&H_TS),
-            bytes(&H_NONCE),
-            bytes(&H_SIG),
+            get(&H_TS),
+            get(&H_NONCE),
+            get(&H_SIG),
         ) else {
             return Err(unauthenticated(
                 "missing credentials: sign every call with x-cube-tenant, x-cube-key, x-cube-ts, \
@@ -336,12 +334,10 @@ impl Authenticator {
         };
         // The signature covers the decimal text as sent; requiring the canonical form (no sign,
         // no leading zeros) keeps the server's rebuilt string identical to the client's.
-        let (ts, ts_ms) = parse_canonical_ts(ts).ok_or_else(|| {
+        let ts_ms = parse_canonical_ts(ts).ok_or_else(|| {
             unauthenticated("x-cube-ts must be unix time in milliseconds, in plain decimal")
         })?;
-        let (nonce, nonce_value) = std::str::from_utf8(nonce)
-            .ok()
-            .zip(parse_nonce(nonce))
+        let nonce_value = parse_nonce(nonce.as_bytes())
             .ok_or_else(|| unauthenticated("x-cube-nonce must be 32 lowercase hex characters"))?;
         let now = now_ms();
         // `abs_diff`: a timestamp near i64::MIN must not overflow the subtraction.
@@ -362,8 +358,15 @@ impl Authenticator {
                     "unknown or revoked key '{key_id}' for tenant '{tenant}'"
                 ))
             })?;
-        if !CallSignature::verify_prepared(key.prepared_key(), path, tenant, key_id, ts, nonce, sig)
-        {
+        if !CallSignature::verify_prepared(
+            key.prepared_key(),
+            path,
+            tenant,
+            key_id,
+            ts,
+            nonce,
+            sig.as_bytes(),
+        ) {
             return Err(unauthenticated(
                 "x-cube-sig does not match: check the secret and that the signed method path is this call's",
             ));
@@ -392,11 +395,10 @@ impl Authenticator {
     }
 }
 
-/// `x-cube-ts` as text and number, if it is a timestamp in canonical decimal (no sign but a
+/// `x-cube-ts` as a number, if it is a timestamp in canonical decimal (no sign but a
 /// leading `-`, no leading zeros, within `i64`): the signature covers the text as sent, and
 /// requiring this form keeps the server's rebuilt string identical to the client's.
-fn parse_canonical_ts(ts: &[u8]) -> Option<(&str, i64)> {
-    let text = std::str::from_utf8(ts).ok()?;
+fn parse_canonical_ts(text: &str) -> Option<i64> {
     let digits = text.strip_prefix('-').unwrap_or(text);
     let canonical = !digits.is_empty()
         && digits.bytes().all(|b| b.is_ascii_digit())
@@ -405,7 +407,7 @@ fn parse_canonical_ts(ts: &[u8]) -> Option<(&str, i64)> {
     if !canonical {
         return None;
     }
-    Some((text, text.parse().ok()?))
+    text.parse().ok()
 }
 
 /// A call whose answer has not come back yet; dropped unanswered, it is counted as handled with
@@ -596,7 +598,7 @@ mod tests {
             ("-9223372036854775808", i64::MIN),
             ("9223372036854775807", i64::MAX),
         ] {
-            assert_eq!(parse_canonical_ts(text.as_bytes()), Some((text, value)));
+            assert_eq!(parse_canonical_ts(text), Some(value));
         }
         for text in [
             "",
@@ -614,7 +616,7 @@ mod tests {
             "-9223372036854775809",
             "１７",
         ] {
-            assert_eq!(parse_canonical_ts(text.as_bytes()), None, "{text:?}");
+            assert_eq!(parse_canonical_ts(text), None, "{text:?}");
         }
     }
 

@@ -155,8 +155,8 @@ pub static CONNECTIONS_ADDRESS_REFUSED: LazyLock<IntCounter> = LazyLock::new(|| 
 pub static SCAN_PAGES_EXPIRED: LazyLock<IntCounter> = LazyLock::new(|| {
     counter(
         "cube_scan_pages_expired_total",
-        "Region and Tenant.Audit pages dropped unread after --page-read-secs, freeing their \
-         tenant's scan place.",
+        "Region and Tenant.Audit pages dropped after --page-read-secs without their client \
+         reading any of them, freeing their tenant's scan place.",
     )
 });
 /// Connections closed because their HTTP/2 preface did not arrive in time.

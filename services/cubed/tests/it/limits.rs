@@ -295,17 +295,21 @@ async fn one_address_cannot_take_every_connection_place() {
     assert_eq!(read_once_a_place_is_free(&server, LOOPBACK).await, b"a");
 }
 
-/// Three cells of 1 MiB at x = 0..3, y = z = 0, and a Region request over them.
+/// Cells of [`three_mib_of_cells`]: many, so that an unread stream's page is not all handed to
+/// HTTP/2 at once.
+const PAGE_CELLS: usize = 48;
+
+/// [`PAGE_CELLS`] cells of 64 KiB at x = 0.., y = z = 0, and a Region request over them.
 async fn three_mib_of_cells(server: &TestServer) -> impl Fn() -> RegionRequest {
     let mut c = server.cells(&server.demo).await.unwrap();
-    for x in 0..3 {
-        c.write(write(x, 0, 0, &vec![x as u8; 1 << 20]))
+    for x in 0..PAGE_CELLS as i32 {
+        c.write(write(x, 0, 0, &vec![x as u8; 64 << 10]))
             .await
             .unwrap();
     }
     || RegionRequest {
         min: coord(0, 0, 0),
-        max: coord(2, 0, 0),
+        max: coord(PAGE_CELLS as i32 - 1, 0, 0),
         limit: 0,
         page_token: vec![],
     }
@@ -366,17 +370,20 @@ async fn unread_region_pages_hold_their_tenants_scan_places_only() {
     )
     .await
     .expect("the places did not come back");
-    assert_eq!(page, 3);
+    assert_eq!(page, PAGE_CELLS);
 }
 
-/// Pages their client does not read within `--page-read-secs` are dropped: their places go to
-/// the next scans while the client still holds the streams, and each stream, read at last, ends
-/// with ABORTED after what had reached the client (a page is complete only when its stream ends
-/// without an error). A request the server refuses anyway does not wait for a place.
+/// Pages whose client stops reading for `--page-read-secs` give their places back: the next
+/// scans run while the client still holds the streams, and each stream, read at last, ends
+/// with ABORTED after what had reached the client, or completes if its last cell had been
+/// handed to the transport (a page is complete only when its stream ends without an error). A
+/// request the server refuses anyway does not wait for a place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unread_pages_give_their_places_back_after_the_read_limit() {
     let server = TestServer::start_with(cubed(), &["--page-read-secs", "2"]).unwrap();
     let region = three_mib_of_cells(&server).await;
+    // No page is built before this, so none can be dropped before 2 s from now.
+    let first_built = std::time::Instant::now();
     let (_hog, unread) = thirty_two_unread_pages(&server, &region).await;
     let mut same_tenant = server.cells(&server.demo).await.unwrap();
     let bad_box = RegionRequest {
@@ -391,18 +398,17 @@ async fn unread_pages_give_their_places_back_after_the_read_limit() {
     .await
     .expect("an invalid Region waited for a scan place");
     assert_eq!(refused.unwrap_err().code(), Code::InvalidArgument);
-    let waited = std::time::Instant::now();
     let page = tokio::time::timeout(
         std::time::Duration::from_secs(15),
         page_cells(&mut same_tenant, region()),
     )
     .await
     .expect("the places did not come back while the unread streams were still open");
-    assert_eq!(page, 3);
+    assert_eq!(page, PAGE_CELLS);
     assert!(
-        waited.elapsed() >= std::time::Duration::from_millis(1500),
+        first_built.elapsed() >= std::time::Duration::from_secs(2),
         "the 33rd scan ran before the read limit ({:?})",
-        waited.elapsed()
+        first_built.elapsed()
     );
     // Read side by side: read one after another, the streams not being read would take the
     // connection's window with data nobody reads, and the one being read would stall.
@@ -423,19 +429,57 @@ async fn unread_pages_give_their_places_back_after_the_read_limit() {
     for (i, (cells, end)) in ends.iter().enumerate() {
         match end {
             // A page sent in full before the limit: complete only with all its cells.
-            None => assert_eq!(*cells, 3, "stream {i} ended as a complete page"),
+            None => assert_eq!(*cells, PAGE_CELLS, "stream {i} ended as a complete page"),
             Some(status) => {
                 assert_eq!(status.code(), Code::Aborted, "stream {i}: {status:?}");
+                assert!(
+                    *cells < PAGE_CELLS,
+                    "stream {i}: all {cells} cells, then {status:?}"
+                );
                 aborted += 1;
             }
         }
     }
-    // Pages built last may still be within their limit when the reads begin, and complete.
-    assert!(aborted >= 1, "no unread page was dropped");
+    // Most of these pages were handed to HTTP/2 in full before the limit (the transport buffers
+    // beyond the client's window), so they complete; the one that was not ends with ABORTED.
+    // The exact split depends on the transport: the gateway's unit tests pin down both ends.
     assert_eq!(
         server.metric("cube_scan_pages_expired_total"),
         Some(f64::from(aborted))
     );
+}
+
+/// The read limit is on stalls, not on a page's whole time: a client that reads a 4 MiB page
+/// slowly, one cell every 100 ms for 4 s with `--page-read-secs 2`, gets all of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_reader_that_keeps_reading_gets_its_whole_page() {
+    let server = TestServer::start_with(cubed(), &["--page-read-secs", "2"]).unwrap();
+    let mut c = server.cells(&server.demo).await.unwrap();
+    for x in 0..40 {
+        c.write(write(x, 1, 0, &vec![x as u8; 100 << 10]))
+            .await
+            .unwrap();
+    }
+    let mut s = c
+        .region(RegionRequest {
+            min: coord(0, 1, 0),
+            max: coord(39, 1, 0),
+            limit: 0,
+            page_token: vec![],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let started = std::time::Instant::now();
+    let mut cells = 0;
+    while let Some(cell) = s.message().await.unwrap() {
+        assert_eq!(cell.value.len(), 100 << 10);
+        cells += 1;
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(cells, 40);
+    assert!(started.elapsed() >= std::time::Duration::from_secs(3));
+    assert_eq!(server.metric("cube_scan_pages_expired_total"), Some(0.0));
 }
 
 /// Read `stream` until the server closes it (or `within` passes: then `None`); returns the

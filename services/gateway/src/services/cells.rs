@@ -26,7 +26,8 @@ pub struct ScanLimits {
     pub region_max: u32,
     pub walk_default: u32,
     pub walk_max: u32,
-    /// A page not read in full by then is dropped and its scan place freed ([`Held`]).
+    /// A streamed page its client takes nothing of for this long is dropped and its scan
+    /// place freed ([`Held`]).
     pub page_read: std::time::Duration,
 }
 

@@ -64,39 +64,63 @@ struct Page<S> {
     /// `None` once the page is sent, or dropped unread.
     items: Option<S>,
     permit: ScanPermit,
+    /// When the client last took an item (or the page was built).
+    progress: tokio::time::Instant,
     /// The page was dropped for not being read in time: the stream ends with an error.
     expired: bool,
 }
 
-/// A response stream holding its tenant's scan place until the client has read it all (or gone),
-/// for at most `read_limit` ([`ScanLimits::page_read`](super::ScanLimits)): the page it serves is
-/// built in full and stays in memory until then. A client that does not read its page within
-/// the limit (HTTP/2 flow control stops the server from sending more than the client's window)
-/// loses it: a watchdog drops the page and frees the place, and the stream, if it is ever read
-/// again, ends with ABORTED. Without the limit, a key with READ could hold all of its tenant's
-/// places, and the built pages, for as long as its connection lives.
+/// A response stream holding its tenant's scan place until the page is sent in full (or the
+/// stream is gone), as long as it keeps moving: the page it serves is built in full and stays in
+/// memory until then. A page whose stream takes no item for `idle_limit`
+/// ([`ScanLimits::page_read`](super::ScanLimits)), because its client does not read (HTTP/2 flow
+/// control stops the server from sending more than the client's window), is dropped by a
+/// watchdog, which frees its place; the stream, if it is ever read again, ends with ABORTED
+/// after what had been sent. A slow reader that keeps reading is never cut off. Without the
+/// limit, a key with READ could hold all of its tenant's places, and the built pages, for as
+/// long as its connection lives.
 pub(crate) struct Held<S> {
     page: Arc<Mutex<Page<S>>>,
     watchdog: tokio::task::AbortHandle,
 }
 
-impl<S: Send + 'static> Held<S> {
-    pub(crate) fn new(items: S, permit: ScanPermit, read_limit: Duration) -> Held<S> {
+impl<S: Stream + Unpin + Send + 'static> Held<S> {
+    pub(crate) fn new(items: S, permit: ScanPermit, idle_limit: Duration) -> Held<S> {
+        let built = tokio::time::Instant::now();
         let page = Arc::new(Mutex::new(Page {
             items: Some(items),
             permit,
+            progress: built,
             expired: false,
         }));
         let weak = Arc::downgrade(&page);
         let watchdog = tokio::spawn(async move {
-            tokio::time::sleep(read_limit).await;
-            if let Some(page) = weak.upgrade() {
+            // From the page's making, not from when this task first runs.
+            let mut due = built + idle_limit;
+            loop {
+                tokio::time::sleep_until(due).await;
+                let Some(page) = weak.upgrade() else {
+                    return;
+                };
                 let mut page = page.lock().unwrap_or_else(|p| p.into_inner());
-                if page.items.take().is_some() {
-                    page.permit = None;
+                let Some(items) = &page.items else {
+                    return;
+                };
+                if page.progress + idle_limit > tokio::time::Instant::now() {
+                    due = page.progress + idle_limit;
+                    continue;
+                }
+                // Every item already handed to the transport: the page is sent, only its end
+                // was not asked for yet (tonic's encoder returns a large item at once). Done,
+                // not dropped.
+                let sent = items.size_hint() == (0, Some(0));
+                page.items = None;
+                page.permit = None;
+                if !sent {
                     page.expired = true;
                     cube_metrics::SCAN_PAGES_EXPIRED.inc();
                 }
+                return;
             }
         })
         .abort_handle();
@@ -126,11 +150,90 @@ impl<T, S: Stream<Item = Result<T, Status>> + Unpin> Stream for Held<S> {
             return Poll::Ready(None);
         };
         let next = Pin::new(items).poll_next(cx);
-        if let Poll::Ready(None) = next {
-            // Sent in full: the place is free at once, not when the client has read the end.
-            page.items = None;
-            page.permit = None;
+        match next {
+            Poll::Ready(Some(_)) => page.progress = tokio::time::Instant::now(),
+            Poll::Ready(None) => {
+                // Sent in full: the place is free at once, not when the client has read the end.
+                page.items = None;
+                page.permit = None;
+            }
+            Poll::Pending => {}
         }
         next
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt;
+    use tokio::sync::Semaphore;
+
+    const LIMIT: Duration = Duration::from_secs(30);
+
+    /// A page of `n` items holding one of two places of `places`.
+    async fn page(
+        places: &Arc<Semaphore>,
+        n: u32,
+    ) -> Held<impl Stream<Item = Result<u32, Status>>> {
+        let permit = Arc::clone(places).acquire_owned().await.ok();
+        Held::new(tokio_stream::iter((0..n).map(Ok)), permit, LIMIT)
+    }
+
+    /// Let the watchdog run at the current (paused) time.
+    async fn settle() {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_page_nobody_reads_is_dropped_after_the_limit_and_ends_aborted() {
+        let places = Arc::new(Semaphore::new(2));
+        let mut held = page(&places, 3).await;
+        assert_eq!(held.next().await.unwrap().unwrap(), 0);
+        tokio::time::advance(LIMIT - Duration::from_secs(1)).await;
+        settle().await;
+        assert_eq!(places.available_permits(), 1, "dropped before the limit");
+        tokio::time::advance(Duration::from_secs(2)).await;
+        settle().await;
+        assert_eq!(places.available_permits(), 2, "the place was not freed");
+        let end = held.next().await.unwrap().unwrap_err();
+        assert_eq!(end.code(), tonic::Code::Aborted);
+        assert!(held.next().await.is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_reader_keeps_its_page_as_long_as_it_reads() {
+        let places = Arc::new(Semaphore::new(2));
+        let mut held = page(&places, 5).await;
+        for i in 0..5 {
+            // Four times the limit in all, but never the limit without an item taken.
+            tokio::time::advance(LIMIT - Duration::from_secs(1)).await;
+            settle().await;
+            assert_eq!(held.next().await.unwrap().unwrap(), i);
+        }
+        assert!(held.next().await.is_none());
+        assert_eq!(places.available_permits(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_page_taken_in_full_frees_its_place_and_completes() {
+        let places = Arc::new(Semaphore::new(2));
+        // Every item taken, the end not asked for yet (a transport that buffers): the
+        // watchdog treats it as sent, not dropped.
+        let mut held = page(&places, 2).await;
+        assert_eq!(held.next().await.unwrap().unwrap(), 0);
+        assert_eq!(held.next().await.unwrap().unwrap(), 1);
+        tokio::time::advance(LIMIT + Duration::from_secs(1)).await;
+        settle().await;
+        assert_eq!(places.available_permits(), 2);
+        assert!(held.next().await.is_none());
+        // Read to its end at once: the place is back without waiting for the watchdog.
+        let mut quick = page(&places, 1).await;
+        assert_eq!(places.available_permits(), 1);
+        assert_eq!(quick.next().await.unwrap().unwrap(), 0);
+        assert!(quick.next().await.is_none());
+        assert_eq!(places.available_permits(), 2);
     }
 }

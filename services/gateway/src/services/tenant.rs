@@ -22,7 +22,7 @@ const RECENT_RUNS: usize = 16;
 
 pub(crate) struct TenantService {
     pub directory: Arc<TenantDirectory>,
-    /// How long an audit page may wait to be read.
+    /// How long an audit page may go without its client taking any of it.
     pub page_read: std::time::Duration,
 }
 

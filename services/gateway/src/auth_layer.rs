@@ -291,10 +291,8 @@ impl Authenticator {
             let key = self
                 .catalog
                 .key(&session_key.tenant, &session_key.key_id)
-                .filter(|k| !k.revoked)
-                .ok_or_else(|| {
-                    unauthenticated("the key this connection authenticated with was revoked; authenticate again")
-                })?;
+                .filter(|k| !k.revoked && !conn.is_some_and(|c| c.session.revoked()))
+                .ok_or_else(|| unauthenticated(SESSION_KEY_REVOKED))?;
             return Ok(Principal {
                 key,
                 model: AuthModel::Connection,
@@ -394,6 +392,10 @@ impl Authenticator {
         }
     }
 }
+
+/// The refusal of a call on a connection whose key was revoked after it authenticated.
+pub(crate) const SESSION_KEY_REVOKED: &str =
+    "the key this connection authenticated with was revoked; authenticate again";
 
 /// `x-cube-ts` as a number, if it is a timestamp in canonical decimal (no sign but a
 /// leading `-`, no leading zeros, within `i64`): the signature covers the text as sent, and

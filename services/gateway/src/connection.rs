@@ -41,6 +41,9 @@ pub struct Session {
     gauge_model: std::sync::atomic::AtomicU8,
     /// The key this connection authenticated as (after a successful Hello).
     principal: RwLock<Option<Arc<KeyInfo>>>,
+    /// The principal's key was revoked: the connection is no longer authenticated, and its calls
+    /// are told why ([`Session::revoked`]) until it authenticates again.
+    revoked: std::sync::atomic::AtomicBool,
     /// At most one outstanding challenge; a new Challenge replaces it, Hello consumes it.
     challenge: Mutex<Option<PendingChallenge>>,
 }
@@ -54,8 +57,16 @@ impl Session {
     }
 
     pub(crate) fn authenticate(&self, key: Arc<KeyInfo>) {
-        *self.principal.write().unwrap_or_else(|p| p.into_inner()) = Some(key);
+        let mut principal = self.principal.write().unwrap_or_else(|p| p.into_inner());
+        *principal = Some(key);
+        self.revoked.store(false, Ordering::SeqCst);
+        drop(principal);
         self.move_gauge(2);
+    }
+
+    /// Whether the key this connection authenticated as was revoked since (the session ended).
+    pub(crate) fn revoked(&self) -> bool {
+        self.revoked.load(Ordering::SeqCst)
     }
 
     /// A signed call arrived on this connection.
@@ -87,12 +98,15 @@ fn gauge_label(model: u8) -> &'static str {
 }
 
 impl Session {
-    fn end_if_key(&self, tenant: &str, key_id: &str) -> bool {
-        let mut p = self.principal.write().unwrap_or_else(|p| p.into_inner());
+    /// End the session if it is `tenant/key_id`'s. The key is kept, marked revoked, so that the
+    /// connection's next calls are told the key was revoked rather than that credentials are
+    /// missing.
+    pub(crate) fn end_if_key(&self, tenant: &str, key_id: &str) -> bool {
+        let p = self.principal.write().unwrap_or_else(|p| p.into_inner());
         if p.as_ref()
             .is_some_and(|k| k.tenant == tenant && k.key_id == key_id)
+            && !self.revoked.swap(true, Ordering::SeqCst)
         {
-            *p = None;
             drop(p);
             // No longer a handshake-authenticated connection; a later signed call moves it on.
             self.move_gauge(0);
@@ -348,11 +362,16 @@ mod tests {
         a.session.authenticate(key("t", "k1"));
         b.session.authenticate(key("t", "k2"));
         assert_eq!(registry.end_sessions_of("t", "k1"), 1);
-        assert!(a.session.key().is_none());
-        assert!(b.session.key().is_some());
+        assert!(a.session.revoked() && !b.session.revoked());
+        // Ended once: a second revoke of the same key ends nothing more.
+        assert_eq!(registry.end_sessions_of("t", "k1"), 0);
         // `cube_connections_open` counts the ended one as unauthenticated again.
         assert_eq!(a.session.gauge_model.load(Ordering::Relaxed), 0);
         assert_eq!(b.session.gauge_model.load(Ordering::Relaxed), 2);
+        // A new handshake on the connection starts a new session.
+        a.session.authenticate(key("t", "k3"));
+        assert!(!a.session.revoked());
+        assert_eq!(a.session.gauge_model.load(Ordering::Relaxed), 2);
         let conn = CubeConn::new((), &registry, None);
         assert_eq!(registry.len(), 3);
         drop(conn);

@@ -34,8 +34,9 @@ pub enum Capability {
     Admin,
 }
 
-/// A key as the auth layer needs it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A key as the auth layer needs it. Its `Debug` leaves the secret out, so that no log line
+/// that prints a session or a principal can carry it.
+#[derive(Clone, PartialEq, Eq)]
 pub struct KeyInfo {
     pub tenant: String,
     pub key_id: String,
@@ -45,6 +46,18 @@ pub struct KeyInfo {
     /// The secret as an HMAC key with its pads hashed, made on first use: a per-call signature
     /// check then hashes only the call's own fields.
     pub prepared: PreparedOnce,
+}
+
+impl std::fmt::Debug for KeyInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyInfo")
+            .field("tenant", &self.tenant)
+            .field("key_id", &self.key_id)
+            .field("secret", &"..")
+            .field("capabilities", &self.capabilities)
+            .field("revoked", &self.revoked)
+            .finish_non_exhaustive()
+    }
 }
 
 impl KeyInfo {
@@ -969,6 +982,20 @@ pub(crate) mod tests {
         for bad in ["", "-a", "A", "a_b", "a/b", "..", &"a".repeat(64), "é"] {
             assert!(validate_tenant_name(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_keys_debug_form_leaves_its_secret_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Catalog::open(&dir.path().join("catalog")).unwrap();
+        let key = c.create_tenant("acme").unwrap();
+        let shown = format!("{key:?}");
+        assert!(
+            shown.contains("acme") && shown.contains(&key.key_id),
+            "{shown}"
+        );
+        assert!(!shown.contains(&format!("{:?}", key.secret)), "{shown}");
+        assert!(!shown.contains(&hex::encode(key.secret)), "{shown}");
     }
 
     #[test]

@@ -170,7 +170,21 @@ impl Auth for HandshakeService {
             &hello.client_nonce,
         );
         let principal = format!("{}/{}", key.tenant, key.key_id);
+        let (tenant, key_id) = (key.tenant.clone(), key.key_id.clone());
         conn.session.authenticate(key);
+        // A revocation that ran between the check above and this binding published the revoked
+        // key before ending sessions, so it is seen here: end this one too rather than answer OK.
+        if self
+            .auth
+            .catalog()
+            .key(&tenant, &key_id)
+            .is_none_or(|k| k.revoked)
+        {
+            conn.session.end_if_key(&tenant, &key_id);
+            return Err(Status::unauthenticated(format!(
+                "unknown or revoked key '{key_id}' for tenant '{tenant}'"
+            )));
+        }
         cube_metrics::AUTH_HANDSHAKES
             .with_label_values(&["ok"])
             .inc();

@@ -21,8 +21,9 @@ pub fn audit_hash(
     op: &str,
     detail: &str,
 ) -> [u8; 32] {
-    // Fed in parts: the same bytes as `format!("CUBE1-AUDIT\n{seq}\n{ts_ms}\n{principal}\n{op}\n
-    // {detail}")` (the test below holds them equal), without formatting a string per change.
+    // Fed in parts, without formatting a string per change: the same bytes as
+    // `format!("CUBE1-AUDIT\n{seq}\n{ts_ms}\n{principal}\n{op}\n{detail}")` (the test below
+    // holds them equal).
     let (mut seq_text, mut ts_text) = (itoa::Buffer::new(), itoa::Buffer::new());
     let mut h = Sha256::new();
     for part in [

@@ -16,7 +16,7 @@ use std::task::{Context, Poll};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use cube_auth::{CallSignature, headers, parse_nonce};
-use cube_store::{Catalog, Command, TenantDirectory};
+use cube_store::{Catalog, Command, KeyInfo, TenantDirectory};
 use std::future::Future;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
@@ -101,6 +101,23 @@ static H_SIG: HeaderName = HeaderName::from_static(headers::SIG);
 
 fn unauthenticated(msg: impl Into<String>) -> Status {
     Status::unauthenticated(msg)
+}
+
+/// `tenant`'s key `key_id` if it exists and is not revoked; otherwise the refusal that a signed
+/// call and a Hello both answer with.
+pub(crate) fn active_key(
+    catalog: &Catalog,
+    tenant: &str,
+    key_id: &str,
+) -> Result<Arc<KeyInfo>, Status> {
+    catalog
+        .key(tenant, key_id)
+        .filter(|k| !k.revoked)
+        .ok_or_else(|| {
+            unauthenticated(format!(
+                "unknown or revoked key '{key_id}' for tenant '{tenant}'"
+            ))
+        })
 }
 
 /// Whether `path` needs a per-call signature.
@@ -330,8 +347,6 @@ impl Authenticator {
                  x-cube-nonce and x-cube-sig (see docs/protocol.md)",
             ));
         };
-        // The signature covers the decimal text as sent; requiring the canonical form (no sign,
-        // no leading zeros) keeps the server's rebuilt string identical to the client's.
         let ts_ms = parse_canonical_ts(ts).ok_or_else(|| {
             unauthenticated("x-cube-ts must be unix time in milliseconds, in plain decimal")
         })?;
@@ -347,15 +362,7 @@ impl Authenticator {
                 self.skew_ms / 1000
             )));
         }
-        let key = self
-            .catalog
-            .key(tenant, key_id)
-            .filter(|k| !k.revoked)
-            .ok_or_else(|| {
-                unauthenticated(format!(
-                    "unknown or revoked key '{key_id}' for tenant '{tenant}'"
-                ))
-            })?;
+        let key = active_key(&self.catalog, tenant, key_id)?;
         if !CallSignature::verify_prepared(
             key.prepared_key(),
             path,

@@ -2104,24 +2104,23 @@ mod tests {
     async fn scan_places_are_kept_across_a_reopen() {
         let dir = tempfile::tempdir().unwrap();
         let directory = directory_of_t(dir.path());
-        let first = directory.get("t").await.unwrap();
+        drop(directory.get("t").await.unwrap());
         let mut held = Vec::new();
         for _ in 0..crate::directory::SCANS_PER_TENANT {
-            held.push(first.scan_permit().await);
+            held.push(directory.scan_permit("t").await);
         }
-        drop(first);
         assert!(directory.close_tenant("t").await);
-        let second = directory.get("t").await.unwrap();
+        drop(directory.get("t").await.unwrap());
         let wait = Duration::from_millis(300);
         assert!(
-            tokio::time::timeout(wait, second.scan_permit())
+            tokio::time::timeout(wait, directory.scan_permit("t"))
                 .await
                 .is_err(),
             "the reopened tenant got fresh places"
         );
         held.pop();
         assert!(
-            tokio::time::timeout(wait, second.scan_permit())
+            tokio::time::timeout(wait, directory.scan_permit("t"))
                 .await
                 .is_ok()
         );

@@ -74,15 +74,13 @@ pub struct TenantHandle {
     /// Set by the WAL syncer's report itself (not by the actor, which may be gone) when an
     /// fdatasync of the tenant's log failed: such a tenant is never reopened before a restart.
     wal_failed: Arc<AtomicBool>,
-    /// Places for the tenant's scans (Region, Walk, Audit pages, per-cell Stats) under way: see
-    /// [`TenantHandle::scan_permit`].
-    scans: Arc<tokio::sync::Semaphore>,
 }
 
 /// Scans of one tenant running (or holding a built page for its client) at once; more wait.
-/// Bounds what one tenant's readers hold in memory (a Region page is up to 4 MiB, kept until the
-/// client reads it) and take from the blocking pool that every tenant shares, whatever its
-/// client does: a client that opens many streams and reads none only delays its own tenant.
+/// Bounds what one tenant's readers hold in memory (a Region page is up to 4 MiB, kept until it
+/// is sent, or until its client has read nothing of it for `--page-read-secs`) and take from the
+/// blocking pool that every tenant shares, whatever its client does: a client that opens many
+/// streams and reads none only delays its own tenant, and only for that long.
 pub const SCANS_PER_TENANT: usize = 32;
 
 impl TenantHandle {
@@ -155,13 +153,6 @@ impl TenantHandle {
             self.wal_failed.store(true, Ordering::SeqCst);
         }
         self.addr.do_send(crate::actor::Crash);
-    }
-
-    /// Wait for one of the tenant's [`SCANS_PER_TENANT`] scan places; hold it while the scan
-    /// runs and, for a streamed page, until the stream is dropped.
-    pub async fn scan_permit(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        // The semaphore is never closed, so this always ends with a permit.
-        Arc::clone(&self.scans).acquire_owned().await.ok()
     }
 
     /// Read access to the tenant's applied state (no trip through the actor).
@@ -505,7 +496,6 @@ struct OpenContext {
     mailbox_capacity: usize,
     failed_logs: Arc<FailedLogs>,
     closing: Arc<Closing>,
-    scan_places: Arc<ScanPlaces>,
 }
 
 impl OpenContext {
@@ -584,7 +574,6 @@ impl OpenContext {
             addr,
             mailbox_capacity: self.mailbox_capacity,
             in_flight: Arc::new(AtomicUsize::new(0)),
-            scans: self.scan_places.of(tenant),
             retired: Arc::new(AtomicBool::new(false)),
             reader,
             stats,
@@ -642,7 +631,7 @@ pub struct TenantDirectory {
     /// Passivations under way, which an open of the same tenant waits for.
     closing: Arc<Closing>,
     /// Each tenant's scan places, kept across its passivations.
-    scan_places: Arc<ScanPlaces>,
+    scan_places: ScanPlaces,
     /// Consecutive failed opens by tenant, and when the last one failed, for the retry delay.
     /// Reset by a successful open, or once the last failure is [`OPEN_FAILURES_FORGOTTEN`] old.
     open_failures: Arc<Mutex<HashMap<String, (u32, Instant)>>>,
@@ -702,7 +691,7 @@ impl TenantDirectory {
             closes_in_progress: Arc::new(AtomicUsize::new(0)),
             failed_logs: Arc::default(),
             closing: Arc::default(),
-            scan_places: Arc::default(),
+            scan_places: ScanPlaces::default(),
             open_failures: Arc::default(),
         })
     }
@@ -846,7 +835,6 @@ impl TenantDirectory {
             mailbox_capacity: self.config.mailbox_capacity,
             failed_logs: Arc::clone(&self.failed_logs),
             closing: Arc::clone(&self.closing),
-            scan_places: Arc::clone(&self.scan_places),
         }
     }
 
@@ -1063,10 +1051,11 @@ impl TenantDirectory {
         true
     }
 
-    /// Wait for one of `tenant`'s [`SCANS_PER_TENANT`] scan places without holding the tenant
-    /// open meanwhile (a handle held through a long wait would keep a passivated tenant's state
-    /// store locked against its reopen). The places are the ones [`TenantHandle::scan_permit`]
-    /// hands out.
+    /// Wait for one of `tenant`'s [`SCANS_PER_TENANT`] scan places (for a scan of its Region,
+    /// Walk, Audit pages or per-cell Stats); hold it while the scan runs and, for a streamed
+    /// page, until the page is sent. Taken by tenant name, without holding the tenant open
+    /// meanwhile (a handle held through a long wait would keep a passivated tenant's state store
+    /// locked against its reopen), and the same places across its passivations.
     pub async fn scan_permit(&self, tenant: &str) -> Option<tokio::sync::OwnedSemaphorePermit> {
         // The semaphore is never closed, so this always ends with a permit.
         self.scan_places.of(tenant).acquire_owned().await.ok()

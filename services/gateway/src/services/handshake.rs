@@ -13,7 +13,7 @@ use cube_auth::{Secret, server_mac, verify_hello_mac};
 use cube_store::{Catalog, KeyInfo};
 use tonic::{Request, Response, Status};
 
-use crate::auth_layer::{Authenticator, now_ms};
+use crate::auth_layer::{Authenticator, active_key, now_ms};
 use crate::connection::{ConnInfo, PendingChallenge};
 
 /// How long a challenge may be answered.
@@ -83,15 +83,7 @@ pub(crate) fn check_hello(
             "client_nonce must be at most 256 bytes (16 or 32 random bytes are enough)",
         ));
     }
-    let key = catalog
-        .key(&hello.tenant, &hello.key_id)
-        .filter(|k| !k.revoked)
-        .ok_or_else(|| {
-            Status::unauthenticated(format!(
-                "unknown or revoked key '{}' for tenant '{}'",
-                hello.key_id, hello.tenant
-            ))
-        })?;
+    let key = active_key(catalog, &hello.tenant, &hello.key_id)?;
     let secret = Secret::from_bytes(key.secret);
     if !verify_hello_mac(
         &secret,
@@ -174,16 +166,12 @@ impl Auth for HandshakeService {
         conn.session.authenticate(key);
         // A revocation that ran between the check above and this binding published the revoked
         // key before ending sessions, so it is seen here: end this one too rather than answer OK.
-        if self
-            .auth
-            .catalog()
-            .key(&tenant, &key_id)
-            .is_none_or(|k| k.revoked)
-        {
+        if let Err(refused) = active_key(self.auth.catalog(), &tenant, &key_id) {
             conn.session.end_if_key(&tenant, &key_id);
-            return Err(Status::unauthenticated(format!(
-                "unknown or revoked key '{key_id}' for tenant '{tenant}'"
-            )));
+            cube_metrics::AUTH_HANDSHAKES
+                .with_label_values(&["refused"])
+                .inc();
+            return Err(refused);
         }
         cube_metrics::AUTH_HANDSHAKES
             .with_label_values(&["ok"])

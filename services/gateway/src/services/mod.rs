@@ -26,7 +26,7 @@ pub(crate) async fn tenant_of(
     Ok(directory.get(principal.tenant()).await?)
 }
 
-/// One of a tenant's scan places ([`TenantHandle::scan_permit`]), held while its scan runs and,
+/// One of a tenant's scan places ([`TenantDirectory::scan_permit`]), held while its scan runs and,
 /// for a streamed page, by the stream ([`Held`]).
 pub(crate) type ScanPermit = Option<tokio::sync::OwnedSemaphorePermit>;
 

@@ -35,6 +35,8 @@ impl From<ApiError> for Status {
                 StoreError::Unavailable(m) => Status::unavailable(m),
                 StoreError::NotFound(m) => Status::not_found(m),
                 StoreError::AlreadyExists(m) => Status::already_exists(m),
+                StoreError::Unauthenticated(m) => Status::unauthenticated(m),
+                StoreError::PermissionDenied(m) => Status::permission_denied(m),
             },
             ApiError::Invalid(m) => Status::invalid_argument(m),
             ApiError::Unauthenticated(m) => Status::unauthenticated(m),

@@ -474,12 +474,60 @@ impl<T> TenantCore<T> {
         self.waiting.len() + self.deferred.len()
     }
 
+    /// Refuse a caller whose key's revocation, or loss of the capability `cmd` needs, is in the
+    /// log but not applied yet. The gateway checked the key against the catalog, which changes
+    /// only when that record is applied; without this, the caller's change would be logged (and
+    /// audited) after the record that took its right away.
+    fn check_pending_rights(&self, cmd: &Command, caller: &Caller) -> Result<(), StoreError> {
+        if self.pending_revokes.is_empty() && self.pending_caps.is_empty() {
+            return Ok(());
+        }
+        // The operator (the admin socket) is no key of the tenant's.
+        let Some(key_id) = caller
+            .principal
+            .strip_prefix(self.tenant.as_str())
+            .and_then(|rest| rest.strip_prefix('/'))
+        else {
+            return Ok(());
+        };
+        if self.pending_revokes.contains(key_id) {
+            return Err(StoreError::Unauthenticated(
+                "the key this call authenticated with was revoked; authenticate again".into(),
+            ));
+        }
+        let needed = match cmd {
+            Command::Read { .. } => Capability::Read,
+            Command::ChangeCapabilities { .. } => Capability::Admin,
+            Command::Write { .. }
+            | Command::Delete { .. }
+            | Command::Prog { .. }
+            | Command::Run { .. }
+            | Command::Link { .. }
+            | Command::Unlink { .. }
+            | Command::Seal { .. } => Capability::Write,
+            // Security events and the operator's own changes need no capability of the caller.
+            Command::Event { .. }
+            | Command::RevokeKey { .. }
+            | Command::CreateKey
+            | Command::SetDurability { .. } => return Ok(()),
+        };
+        match self.pending_caps.get(key_id) {
+            Some((_, caps)) if !caps.contains(&needed) => Err(StoreError::PermissionDenied(
+                format!("key '{key_id}' lacks the {needed:?} capability for this call"),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// Handle a command. Returns an answer now, or `None` when the answer waits for durability
     /// (it then comes out of [`TenantCore::on_durable`]).
     pub fn handle(&mut self, cmd: Command, caller: &Caller, token: T) -> Option<Answer<T>> {
         if cmd.is_mutation()
             && let Err(e) = self.writable()
         {
+            return Some((token, Err(e)));
+        }
+        if let Err(e) = self.check_pending_rights(&cmd, caller) {
             return Some((token, Err(e)));
         }
         let prepared = match cmd {
@@ -1515,6 +1563,50 @@ mod tests {
             dir.join(SNAPSHOT).with_extension("journal"),
         )
         .unwrap();
+    }
+
+    /// A key whose revocation, or loss of a capability, is logged but not yet applied (so not
+    /// yet in the catalog the gateway checks) gets no change into the log after that record.
+    #[test]
+    fn a_key_whose_revocation_or_lost_capability_is_pending_acts_no_more() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, config) = tenant_with_catalog(dir.path());
+        let doomed = catalog.create_key("t").unwrap();
+        let demoted = catalog.create_key("t").unwrap();
+        let as_key = |key_id: &str| Caller {
+            principal: format!("t/{key_id}"),
+            ts_ms: 1,
+        };
+        let mut core = open(dir.path(), &config);
+        let revoke = Command::RevokeKey {
+            key_id: doomed.key_id.clone(),
+        };
+        assert!(core.handle(revoke, &who(), 1).is_none());
+        let demote = caps(&demoted.key_id, &[], &[Capability::Write]);
+        assert!(core.handle(demote, &who(), 2).is_none());
+        let at_once = |core: &mut TenantCore<u32>, cmd, caller: &Caller, token| {
+            core.handle(cmd, caller, token).expect("answered at once").1
+        };
+        let refused = at_once(&mut core, write(1, b"late"), &as_key(&doomed.key_id), 3);
+        assert!(
+            matches!(&refused, Err(StoreError::Unauthenticated(m)) if m.contains("revoked")),
+            "{refused:?}"
+        );
+        let refused = at_once(&mut core, write(2, b"late"), &as_key(&demoted.key_id), 4);
+        assert!(
+            matches!(&refused, Err(StoreError::PermissionDenied(m)) if m.contains("Write")),
+            "{refused:?}"
+        );
+        // What the demoted key keeps, it still may do; other keys are not concerned.
+        let read = Command::Read { coord: at(2) };
+        assert!(at_once(&mut core, read, &as_key(&demoted.key_id), 5).is_ok());
+        assert!(core.handle(write(3, b"other"), &who(), 6).is_none());
+        let answers = settle(&mut core);
+        let tokens: Vec<u32> = answers.iter().map(|(t, _)| *t).collect();
+        assert_eq!(tokens, vec![1, 2, 6], "{answers:?}");
+        assert!(answers.iter().all(|(_, r)| r.is_ok()), "{answers:?}");
+        // Nothing of the refused calls reached the log: three records.
+        assert_eq!(core.wal.as_ref().unwrap().next_seq(), 4);
     }
 
     /// The state store can be durable past a catalog change's record before a checkpoint made the

@@ -889,6 +889,14 @@ impl TenantDirectory {
         (opened, results.len() - opened)
     }
 
+    /// Whether `tenant` has a slot (open, opening or failed): a call to it opens nothing.
+    pub fn is_open(&self, tenant: &str) -> bool {
+        self.tenants
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(tenant)
+    }
+
     /// Tenants with a slot (open, opening or failed).
     pub fn open_count(&self) -> usize {
         self.tenants.read().unwrap_or_else(|p| p.into_inner()).len()
@@ -1059,6 +1067,11 @@ impl TenantDirectory {
     pub async fn scan_permit(&self, tenant: &str) -> Option<tokio::sync::OwnedSemaphorePermit> {
         // The semaphore is never closed, so this always ends with a permit.
         self.scan_places.of(tenant).acquire_owned().await.ok()
+    }
+
+    /// The catalog the tenants' keys and policies are in (`None` in tests of the store alone).
+    pub fn catalog(&self) -> Option<&Arc<Catalog>> {
+        self.catalog.as_ref()
     }
 
     /// Passivate idle tenants every so often until the directory is dropped.

@@ -22,6 +22,13 @@ pub enum StoreError {
     /// Already exists (ALREADY_EXISTS).
     #[error("{0}")]
     AlreadyExists(String),
+    /// The caller's key was revoked after its call was authenticated (UNAUTHENTICATED).
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// The caller's key lost the capability its call needs after the call was authenticated
+    /// (PERMISSION_DENIED).
+    #[error("{0}")]
+    PermissionDenied(String),
 }
 
 impl StoreError {

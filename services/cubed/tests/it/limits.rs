@@ -449,6 +449,38 @@ async fn unread_pages_give_their_places_back_after_the_read_limit() {
     );
 }
 
+/// The wait for a scan place has no bound, so a scan looks its key up again once it has one: a
+/// Region queued behind 32 unread pages whose key is revoked meanwhile is refused, not served
+/// the tenant's data when a place comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scan_whose_key_was_revoked_while_it_waited_for_a_place_is_refused() {
+    let server = TestServer::start_with(cubed(), &["--page-read-secs", "2"]).unwrap();
+    let region = three_mib_of_cells(&server).await;
+    let (_hog, _unread) = thirty_two_unread_pages(&server, &region).await;
+    let out = server.cli(&["key", "create", "demo"]).unwrap();
+    assert!(out.status.success());
+    let doomed: cube_auth::Credentials = serde_json::from_slice(&out.stdout).unwrap();
+    let mut queued = server.cells(&doomed).await.unwrap();
+    let req = region();
+    let waiting = tokio::spawn(async move { queued.region(req).await.map(|_| ()) });
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(!waiting.is_finished(), "the scan did not wait for a place");
+    let out = server
+        .cli(&["key", "revoke", "demo", &doomed.key_id])
+        .unwrap();
+    assert!(out.status.success());
+    let err = tokio::time::timeout(std::time::Duration::from_secs(15), waiting)
+        .await
+        .expect("the queued scan was not answered once the places came back")
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
+    assert!(
+        err.message().contains("revoked while the call waited"),
+        "{err:?}"
+    );
+}
+
 /// The read limit is on stalls, not on a page's whole time: a client that reads a 4 MiB page
 /// slowly, one cell every 100 ms for 4 s with `--page-read-secs 2`, gets all of it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

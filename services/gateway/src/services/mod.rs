@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use cube_store::{StateReader, StoreError, TenantDirectory, TenantHandle};
+use cube_store::{Capability, StateReader, StoreError, TenantDirectory, TenantHandle};
 use futures::Stream;
 use tonic::Status;
 
@@ -41,6 +41,8 @@ pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce(&StateReader) -> Result<T, StoreError> + Send + 'static,
 ) -> Result<(T, ScanPermit), ApiError> {
     let permit = directory.scan_permit(principal.tenant()).await;
+    // The wait for a place has no bound: the key may have been revoked, or lost READ, meanwhile.
+    still_reads(directory, principal)?;
     let reader = tenant_of(directory, principal).await?.reader().clone();
     // The place goes with the scan: a caller that gives up (deadline, reset) drops this future,
     // but a blocking task cannot be stopped, so its place is freed only when it ends.
@@ -56,6 +58,26 @@ pub(crate) async fn blocking<T: Send + 'static>(
         Err(_) => Err(ApiError::Store(StoreError::Unavailable(
             "the read was cancelled (server shutting down); retry".into(),
         ))),
+    }
+}
+
+/// Whether the caller's key still exists unrevoked and with READ, as the catalog has it now
+/// (every scan needs READ, checked when the call began).
+fn still_reads(directory: &TenantDirectory, principal: &Principal) -> Result<(), ApiError> {
+    let Some(catalog) = directory.catalog() else {
+        return Ok(());
+    };
+    match catalog.key(principal.tenant(), &principal.key.key_id) {
+        Some(key) if !key.revoked && key.has(Capability::Read) => Ok(()),
+        Some(key) if !key.revoked => Err(ApiError::PermissionDenied(format!(
+            "key '{}' lost the Read capability while this call waited for a scan place",
+            key.key_id
+        ))),
+        _ => Err(ApiError::Unauthenticated(
+            "the key this call authenticated with was revoked while the call waited for a scan \
+             place; authenticate again"
+                .into(),
+        )),
     }
 }
 

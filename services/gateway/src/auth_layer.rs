@@ -61,6 +61,10 @@ pub struct Authenticator {
     /// Per tenant, the `auth.failed` entries recorded in the current second and those dropped
     /// since the last one recorded.
     failed_entries: Mutex<HashMap<String, EntryBudget>>,
+    /// `auth.failed` entries recorded this second for tenants that were not open, over all
+    /// tenants: each opens its tenant (replaying its log), which a flood from many addresses
+    /// must not be able to do to every tenant.
+    waking_entries: Mutex<PerSecond>,
     skew_ms: i64,
     mode: AuthMode,
     failures: FailureLimiter,
@@ -84,6 +88,9 @@ const MAX_REASON_CHARS: usize = 200;
 /// (each within the per-address throttle) would otherwise fill the tenant's log and mailbox;
 /// the next entry recorded says how many were dropped (`dropped=N`).
 const FAILED_ENTRIES_PER_SEC: u32 = 10;
+/// Most `auth.failed` entries recorded per second for tenants that were not open, over all
+/// tenants together (the rest are counted in the next entry's `dropped=`).
+const WAKING_ENTRIES_PER_SEC: u32 = 2;
 
 /// One tenant's `auth.failed` budget.
 #[derive(Debug, Default)]
@@ -91,6 +98,9 @@ struct EntryBudget {
     recorded: PerSecond,
     /// Entries dropped since the last one recorded.
     dropped: u64,
+    /// When an entry last opened the tenant (took from the waking budget): its open may still
+    /// be under way, and the entries right after it open nothing more.
+    woken_ms: Option<i64>,
 }
 
 static H_TENANT: HeaderName = HeaderName::from_static(headers::TENANT);
@@ -115,9 +125,25 @@ pub(crate) fn active_key(
         .filter(|k| !k.revoked)
         .ok_or_else(|| {
             unauthenticated(format!(
-                "unknown or revoked key '{key_id}' for tenant '{tenant}'"
+                "unknown or revoked key '{}' for tenant '{}'",
+                clipped(key_id),
+                clipped(tenant)
             ))
         })
+}
+
+/// Client text quoted back in a refusal, cut to 128 bytes: a header can be up to
+/// `--max-metadata-bytes` long, more than some clients take in an answer's metadata.
+fn clipped(text: &str) -> std::borrow::Cow<'_, str> {
+    const MAX: usize = 128;
+    if text.len() <= MAX {
+        return text.into();
+    }
+    let mut end = MAX;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end]).into()
 }
 
 /// Whether `path` needs a per-call signature.
@@ -138,6 +164,7 @@ impl Authenticator {
             catalog,
             replay,
             failed_entries: Mutex::new(HashMap::new()),
+            waking_entries: Mutex::default(),
             skew_ms,
             mode,
             failures: FailureLimiter::new(failure_limits),
@@ -150,7 +177,7 @@ impl Authenticator {
     /// (`TenantDirectory::awaiting_recovery`): the catalog may still lack key changes only its
     /// log holds (a revoked key would authenticate). Each refusal retries the open in the
     /// background.
-    fn require_recovered(&self, principal: Principal) -> Result<Principal, Status> {
+    pub(crate) fn require_recovered(&self, principal: Principal) -> Result<Principal, Status> {
         let Some(directory) = &self.directory else {
             return Ok(principal);
         };
@@ -186,6 +213,7 @@ impl Authenticator {
         if !self.catalog.has_tenant(tenant) {
             return;
         }
+        let (now, asleep) = (now_ms(), !directory.is_open(tenant));
         // Only existing tenants get here, so the map holds at most one entry per tenant.
         let dropped = {
             let mut budgets = self
@@ -193,7 +221,20 @@ impl Authenticator {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
             let budget = budgets.entry(tenant.to_string()).or_default();
-            if !budget.recorded.take(now_ms(), FAILED_ENTRIES_PER_SEC) {
+            let awake = !asleep || budget.woken_ms.is_some_and(|t| now - t < 10_000);
+            let recorded = budget.recorded.take(now, FAILED_ENTRIES_PER_SEC)
+                && (awake || {
+                    let wakes = self
+                        .waking_entries
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .take(now, WAKING_ENTRIES_PER_SEC);
+                    if wakes {
+                        budget.woken_ms = Some(now);
+                    }
+                    wakes
+                });
+            if !recorded {
                 budget.dropped += 1;
                 return;
             }
@@ -264,15 +305,18 @@ impl Authenticator {
             return Ok(None);
         }
         self.check_throttle(conn)?;
-        let result = self
-            .identify(path, md, conn)
-            .and_then(|principal| self.require_recovered(principal));
+        let result = self.identify(path, md, conn);
         if let Some(status) = result
             .as_ref()
             .err()
             .filter(|s| s.code() == tonic::Code::Unauthenticated)
         {
-            self.record_failure(conn);
+            // A correctly signed call that is merely too old says nothing against the
+            // credentials: a client that signed calls while the server restarted must not get
+            // its whole address throttled. It is still recorded in the audit trail.
+            if status.message() != TOO_OLD {
+                self.record_failure(conn);
+            }
             if let Some(tenant) = md.get(&H_TENANT).and_then(|v| v.to_str().ok()) {
                 self.record_failed_auth(tenant, "call", status.message(), conn);
             }
@@ -387,9 +431,7 @@ impl Authenticator {
             Err(ReplayError::Replayed) => Err(unauthenticated(
                 "x-cube-nonce was already used: every call needs a fresh nonce",
             )),
-            Err(ReplayError::TooOld) => Err(unauthenticated(
-                "x-cube-ts is older than the server's replay window (the server restarted or is under heavy load); sign again with the current time",
-            )),
+            Err(ReplayError::TooOld) => Err(unauthenticated(TOO_OLD)),
             Err(ReplayError::TooFarAhead) => Err(Status::resource_exhausted(
                 "x-cube-ts is more than a second ahead of the server clock, and the server holds as many such calls as it can: sync the client's clock (NTP) and sign again with the current time",
             )),
@@ -399,6 +441,9 @@ impl Authenticator {
         }
     }
 }
+
+/// The refusal of a correctly signed call stamped before the replay window (check 8).
+const TOO_OLD: &str = "x-cube-ts is older than the server's replay window (the server restarted or is under heavy load); sign again with the current time";
 
 /// The refusal of a call on a connection whose key was revoked after it authenticated.
 pub(crate) const SESSION_KEY_REVOKED: &str =
@@ -544,7 +589,19 @@ where
         match decision {
             Ok(principal) => {
                 if let Some(p) = principal {
-                    req.extensions_mut().insert(p);
+                    // A tenant whose recovery failed at start is refused after authentication:
+                    // counted under the caller's model, never as a failed authentication.
+                    match self.auth.require_recovered(p) {
+                        Ok(p) => {
+                            req.extensions_mut().insert(p);
+                        }
+                        Err(status) => {
+                            if metrics {
+                                labels.handled(status.code() as i32, auth, started);
+                            }
+                            return Box::pin(ready(Ok(status.into_http())));
+                        }
+                    }
                 }
                 // tonic holds the call to the client's own deadline; ours only when it is
                 // shorter (or the client sent none), so a call needs one timer at most.
@@ -728,6 +785,15 @@ mod tests {
         assert!(futures::poll!(&mut call).is_pending());
         tokio::time::sleep(limit * 4).await;
         assert!(futures::poll!(&mut call).is_pending());
+    }
+
+    #[test]
+    fn client_text_quoted_in_a_refusal_is_clipped_at_a_character_boundary() {
+        assert_eq!(clipped("k1"), "k1");
+        let long = "k".repeat(127) + "é" + &"x".repeat(10_000);
+        let cut = clipped(&long);
+        assert_eq!(cut, "k".repeat(127) + "…");
+        assert_eq!(clipped(&"k".repeat(128)), "k".repeat(128));
     }
 
     #[test]

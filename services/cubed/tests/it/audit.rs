@@ -143,6 +143,36 @@ async fn failed_authentication_entries_are_limited_per_tenant_and_second() {
     assert!((11..=21).contains(&recorded), "{recorded} recorded");
 }
 
+/// Recording a failed authentication for a tenant that is not open opens it: failures naming ten
+/// idle tenants open at most 2 of them a second (4 if the burst spans a second boundary); the
+/// others' failures are counted as dropped, for the next entry of each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_authentications_naming_idle_tenants_open_few_of_them() {
+    let mut server = TestServer::start(cubed()).unwrap();
+    let tenants: Vec<Credentials> = (0..10)
+        .map(|i| server.create_tenant(&format!("idle{i}")).unwrap())
+        .collect();
+    // A graceful stop closes every tenant; none is open after the restart.
+    assert!(
+        tokio::task::block_in_place(|| server.sigterm())
+            .unwrap()
+            .success()
+    );
+    tokio::task::block_in_place(|| server.restart()).unwrap();
+    let before = server.metric("cube_tenants_active").unwrap_or(0.0);
+    for creds in &tenants {
+        let bad = Credentials {
+            secret: Secret::generate().to_hex(),
+            ..creds.clone()
+        };
+        let mut c = server.cells(&bad).await.unwrap();
+        assert!(c.read(read(0, 0, 0)).await.is_err());
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let opened = server.metric("cube_tenants_active").unwrap_or(0.0) - before;
+    assert!((1.0..=4.0).contains(&opened), "{opened} tenants opened");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tampered_entry_is_named_by_verification() {
     // No checkpoint deletes the first WAL segment while the test runs.

@@ -322,6 +322,48 @@ async fn a_flood_of_bad_signatures_is_throttled_while_good_clients_are_served() 
     assert!(good.read(read(0, 0, 0)).await.unwrap().into_inner().found);
 }
 
+/// Correctly signed calls stamped before the server started (as a client signs them while the
+/// server restarts) are refused as too old, but do not get their address throttled: their
+/// signature verified, so they say nothing against the credentials.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_refused_as_too_old_do_not_throttle_their_address() {
+    let server = TestServer::start_with(cubed(), &["--auth-failure-limit", "5"]).unwrap();
+    let channel = server.channel().await.unwrap();
+    let stale = now_ms() - 5_000;
+    for _ in 0..20 {
+        let mut req = Request::new(read(1, 1, 1));
+        sign_manually(&mut req, &server.demo, READ, stale, &new_call_nonce()).unwrap();
+        let err = CellsClient::new(channel.clone())
+            .read(req)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
+        assert!(err.message().contains("replay window"), "{err:?}");
+    }
+    let mut req = Request::new(read(1, 1, 1));
+    sign_manually(&mut req, &server.demo, READ, now_ms(), &new_call_nonce()).unwrap();
+    CellsClient::new(channel.clone()).read(req).await.unwrap();
+    // A wrong secret still counts: six failures cross the limit of five.
+    let wrong = Credentials {
+        secret: Secret::generate().to_hex(),
+        ..server.demo.clone()
+    };
+    let mut codes = Vec::new();
+    for _ in 0..7 {
+        let mut req = Request::new(read(1, 1, 1));
+        sign_manually(&mut req, &wrong, READ, now_ms(), &new_call_nonce()).unwrap();
+        codes.push(
+            CellsClient::new(channel.clone())
+                .read(req)
+                .await
+                .unwrap_err()
+                .code(),
+        );
+    }
+    assert_eq!(codes[5], Code::Unauthenticated, "{codes:?}");
+    assert_eq!(codes[6], Code::ResourceExhausted, "{codes:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_metadata_is_refused_and_the_server_keeps_serving() {
     let server = TestServer::start_with(cubed(), &["--max-metadata-bytes", "4096"]).unwrap();

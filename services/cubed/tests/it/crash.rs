@@ -280,6 +280,17 @@ async fn a_tenant_with_a_corrupt_log_can_still_have_keys_revoked_and_its_durabil
     let mut a = server.cells(&acme).await.unwrap();
     let err = a.read(read(0, 0, 0)).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    // The key was good: the refusal is the tenant's, not a failed authentication.
+    let (_, text) = cube_testkit::admin_get(server.admin_addr, "/metrics").unwrap();
+    assert_eq!(
+        cube_testkit::metric_sample(
+            &text,
+            "grpc_server_handled_total{auth=\"call\",grpc_code=\"Unavailable\",grpc_method=\"Read\""
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(!text.contains("cube_auth_failures_total{"), "{text}");
 
     // While the server runs (the admin socket).
     let (out, _) = cli_ok(&server, &["key", "revoke", "acme", &online_key.key_id]);

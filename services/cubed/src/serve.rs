@@ -167,6 +167,24 @@ pub async fn run(
         Some(Arc::clone(&catalog)),
     )?);
     directory.start_janitor();
+    // The admin listener comes up before the recovery below, which can take a while after a
+    // crash (every tenant left open replays its log): `/healthz` answers that the process is
+    // alive (so an orchestrator's startup probe does not kill it mid-recovery) and `/readyz`
+    // stays 503 until gRPC is served.
+    let admin_http_listener = TcpListener::bind(config.admin_listen)
+        .await
+        .with_context(|| format!("cannot listen on --admin-listen {}", config.admin_listen))?;
+    let admin_addr = admin_http_listener
+        .local_addr()
+        .context("reading the admin address")?;
+    let ready = Readiness::default();
+    let http_stop = CancellationToken::new();
+    let admin_http = tokio::spawn(admin_http::serve(
+        admin_http_listener,
+        ready.clone(),
+        http_stop.clone(),
+    ));
+    cube_metrics::init();
     // Before serving: a tenant left open by a crash replays its log, which puts back in force
     // the capability changes that were durable only there (see `recover_unclosed`).
     let tenants = catalog
@@ -213,21 +231,6 @@ pub async fn run(
     let admin_listener = UnixListener::bind(&socket_path).context("binding the admin socket")?;
     fs::set_permissions(&socket_path, fs::Permissions::from_mode(0o600))
         .context("securing the admin socket")?;
-
-    let admin_http_listener = TcpListener::bind(config.admin_listen)
-        .await
-        .with_context(|| format!("cannot listen on --admin-listen {}", config.admin_listen))?;
-    let admin_addr = admin_http_listener
-        .local_addr()
-        .context("reading the admin address")?;
-    let ready = Readiness::default();
-    let http_stop = CancellationToken::new();
-    let admin_http = tokio::spawn(admin_http::serve(
-        admin_http_listener,
-        ready.clone(),
-        http_stop.clone(),
-    ));
-    cube_metrics::init();
 
     let stop = CancellationToken::new();
     let admin_gateway = gateway.clone();

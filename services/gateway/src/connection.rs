@@ -37,7 +37,8 @@ pub(crate) struct PendingChallenge {
 #[derive(Debug, Default)]
 pub struct Session {
     /// What authenticated this connection so far, for the `cube_connections_open` gauge:
-    /// 0 none, 1 per-call signatures, 2 handshake or certificate.
+    /// 0 none, 1 per-call signatures, 2 handshake or certificate, [`CLOSED`] once the
+    /// connection has closed (its request tasks may still finish after that).
     gauge_model: std::sync::atomic::AtomicU8,
     /// The key this connection authenticated as (after a successful Hello).
     principal: RwLock<Option<Arc<KeyInfo>>>,
@@ -61,7 +62,7 @@ impl Session {
         *principal = Some(key);
         self.revoked.store(false, Ordering::SeqCst);
         drop(principal);
-        self.move_gauge(2);
+        self.move_gauge(None, 2);
     }
 
     /// Whether the key this connection authenticated as was revoked since (the session ended).
@@ -71,23 +72,39 @@ impl Session {
 
     /// A signed call arrived on this connection.
     pub(crate) fn saw_signed_call(&self) {
-        if self.gauge_model.load(Ordering::Relaxed) == 0 {
-            self.move_gauge(1);
-        }
+        self.move_gauge(Some(0), 1);
     }
 
-    fn move_gauge(&self, to: u8) {
-        let from = self.gauge_model.swap(to, Ordering::Relaxed);
-        if from != to {
-            cube_metrics::CONNECTIONS_OPEN
-                .with_label_values(&[gauge_label(from)])
-                .dec();
-            cube_metrics::CONNECTIONS_OPEN
-                .with_label_values(&[gauge_label(to)])
-                .inc();
+    /// Move this connection in the gauge to `to` (only from `only_from`, if given). One
+    /// compare-and-swap decides, so racing request tasks move it once, and nothing moves once
+    /// the connection has closed: the gauge cannot drift.
+    fn move_gauge(&self, only_from: Option<u8>, to: u8) {
+        let mut from = self.gauge_model.load(Ordering::Acquire);
+        loop {
+            if from == CLOSED || from == to || only_from.is_some_and(|f| f != from) {
+                return;
+            }
+            match self.gauge_model.compare_exchange_weak(
+                from,
+                to,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break,
+                Err(now) => from = now,
+            }
         }
+        cube_metrics::CONNECTIONS_OPEN
+            .with_label_values(&[gauge_label(from)])
+            .dec();
+        cube_metrics::CONNECTIONS_OPEN
+            .with_label_values(&[gauge_label(to)])
+            .inc();
     }
 }
+
+/// [`Session::gauge_model`] of a closed connection.
+const CLOSED: u8 = u8::MAX;
 
 fn gauge_label(model: u8) -> &'static str {
     match model {
@@ -109,7 +126,7 @@ impl Session {
         {
             drop(p);
             // No longer a handshake-authenticated connection; a later signed call moves it on.
-            self.move_gauge(0);
+            self.move_gauge(None, 0);
             return true;
         }
         false
@@ -255,7 +272,7 @@ impl<IO> CubeConn<IO> {
 impl<IO> Drop for CubeConn<IO> {
     fn drop(&mut self) {
         self.registry.close(self.info.id);
-        let model = self.info.session.gauge_model.load(Ordering::Relaxed);
+        let model = self.info.session.gauge_model.swap(CLOSED, Ordering::AcqRel);
         cube_metrics::CONNECTIONS_OPEN
             .with_label_values(&[gauge_label(model)])
             .dec();
@@ -372,10 +389,18 @@ mod tests {
         a.session.authenticate(key("t", "k3"));
         assert!(!a.session.revoked());
         assert_eq!(a.session.gauge_model.load(Ordering::Relaxed), 2);
+        // A signed call does not move a handshake-authenticated connection down to `call`.
+        a.session.saw_signed_call();
+        assert_eq!(a.session.gauge_model.load(Ordering::Relaxed), 2);
         let conn = CubeConn::new((), &registry, None);
         assert_eq!(registry.len(), 3);
+        let session = conn.info.session.clone();
         drop(conn);
         assert_eq!(registry.len(), 2);
+        // A request task that outlives its connection moves nothing.
+        session.authenticate(key("t", "k4"));
+        session.saw_signed_call();
+        assert_eq!(session.gauge_model.load(Ordering::Relaxed), CLOSED);
     }
 
     #[test]

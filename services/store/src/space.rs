@@ -18,6 +18,8 @@ pub struct SpaceGuard {
     dir: PathBuf,
     min_free: u64,
     low: AtomicBool,
+    /// The last check could not ask the file system.
+    unreadable: AtomicBool,
     free: AtomicU64,
 }
 
@@ -28,6 +30,7 @@ impl SpaceGuard {
             dir,
             min_free,
             low: AtomicBool::new(false),
+            unreadable: AtomicBool::new(false),
             free: AtomicU64::new(u64::MAX),
         });
         g.check();
@@ -36,10 +39,24 @@ impl SpaceGuard {
 
     /// Ask the file system now; returns the free bytes (for unprivileged users).
     pub fn check(&self) -> u64 {
-        let free = match nix::sys::statvfs::statvfs(&self.dir) {
+        let stat = nix::sys::statvfs::statvfs(&self.dir);
+        if self.unreadable.swap(stat.is_err(), Ordering::Relaxed) != stat.is_err() {
+            match &stat {
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot check the data directory's free space")
+                }
+                Ok(_) => tracing::info!("the data directory's free space can be checked again"),
+            }
+        }
+        let free = match stat {
             Ok(s) => s.blocks_available().saturating_mul(s.fragment_size()),
-            // Cannot tell: do not refuse writes on a guess; the WAL still handles a real ENOSPC.
-            Err(_) => u64::MAX,
+            // Cannot tell: do not refuse writes on a guess (the WAL still handles a real
+            // ENOSPC), but report -1, which is below any alert's threshold: a disk nobody can
+            // check is worth a look.
+            Err(_) => {
+                cube_metrics::DISK_FREE_BYTES.set(-1);
+                u64::MAX
+            }
         };
         let low = free < self.min_free;
         if self.low.swap(low, Ordering::Relaxed) != low {
@@ -54,7 +71,9 @@ impl SpaceGuard {
             }
         }
         self.free.store(free, Ordering::Relaxed);
-        cube_metrics::DISK_FREE_BYTES.set(free.min(i64::MAX as u64) as i64);
+        if !self.unreadable.load(Ordering::Relaxed) {
+            cube_metrics::DISK_FREE_BYTES.set(free.min(i64::MAX as u64) as i64);
+        }
         free
     }
 
@@ -90,13 +109,28 @@ impl SpaceGuard {
 mod tests {
     use super::*;
 
+    /// The gauge is the process's: tests that set it take turns.
+    static GAUGE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     #[test]
     fn below_the_minimum_writes_are_refused_and_above_it_they_are_not() {
+        let _turn = GAUGE.lock().unwrap_or_else(|p| p.into_inner());
         let dir = tempfile::tempdir().unwrap();
         let roomy = SpaceGuard::new(dir.path().to_path_buf(), 1);
         assert!(!roomy.low());
         assert!(roomy.check() > 1);
         let starved = SpaceGuard::new(dir.path().to_path_buf(), u64::MAX);
         assert!(starved.low());
+    }
+
+    #[test]
+    fn a_directory_that_cannot_be_checked_refuses_nothing_and_reports_minus_one() {
+        let _turn = GAUGE.lock().unwrap_or_else(|p| p.into_inner());
+        let dir = tempfile::tempdir().unwrap();
+        let gone = dir.path().join("gone");
+        let guard = SpaceGuard::new(gone, 1);
+        assert!(!guard.low());
+        assert!(guard.unreadable.load(Ordering::Relaxed));
+        assert_eq!(cube_metrics::DISK_FREE_BYTES.get(), -1);
     }
 }

@@ -444,7 +444,6 @@ pub fn admin_get(admin: SocketAddr, path: &str) -> anyhow::Result<(u16, String)>
     Ok((status, body))
 }
 
-/// Current unix time in milliseconds.
 /// The value of the first sample in a Prometheus text exposition whose line starts with `prefix`.
 pub fn metric_sample(text: &str, prefix: &str) -> Option<f64> {
     text.lines()
@@ -453,6 +452,7 @@ pub fn metric_sample(text: &str, prefix: &str) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// Current unix time in milliseconds.
 pub fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -157,6 +157,8 @@ pub enum HandshakeError {
     Refused(#[from] tonic::Status),
     #[error("the server's proof (server_mac) is wrong: it does not know this key")]
     BadServerProof,
+    #[error("the server authenticated the connection as '{got}', not as '{expected}'")]
+    WrongPrincipal { expected: String, got: String },
     #[error("the credentials' secret is malformed: {0}")]
     Secret(#[from] crate::SecretError),
 }
@@ -197,9 +199,16 @@ pub async fn handshake(
         })
         .await?
         .into_inner();
-    let expected = crate::server_mac(&secret, &challenge.nonce, &client_nonce);
-    if hello.server_mac.as_slice() != expected.as_slice() {
+    // Step 5 of docs/protocol.md: the proof compared in constant time, then the principal.
+    if !crate::verify_server_mac(&secret, &challenge.nonce, &client_nonce, &hello.server_mac) {
         return Err(HandshakeError::BadServerProof);
+    }
+    let principal = format!("{}/{}", creds.tenant, creds.key_id);
+    if hello.principal != principal {
+        return Err(HandshakeError::WrongPrincipal {
+            expected: principal,
+            got: hello.principal,
+        });
     }
     Ok(hello.principal)
 }

@@ -47,14 +47,29 @@ pub fn verify_hello_mac(
         .is_ok()
 }
 
-/// The server's proof that it knows the key too.
-pub fn server_mac(secret: &Secret, nonce: &[u8], client_nonce: &[u8]) -> [u8; 32] {
-    let canonical = format!(
+/// Constant-time check of the server's proof (`server_mac`), as a client does in step 5.
+pub fn verify_server_mac(
+    secret: &Secret,
+    nonce: &[u8],
+    client_nonce: &[u8],
+    server_mac: &[u8],
+) -> bool {
+    mac_over(secret, &[server_canonical(nonce, client_nonce).as_bytes()])
+        .verify_slice(server_mac)
+        .is_ok()
+}
+
+fn server_canonical(nonce: &[u8], client_nonce: &[u8]) -> String {
+    format!(
         "CUBE1-SERVER\n{}\n{}",
         hex::encode(nonce),
         hex::encode(client_nonce)
-    );
-    mac_over(secret, &[canonical.as_bytes()])
+    )
+}
+
+/// The server's proof that it knows the key too.
+pub fn server_mac(secret: &Secret, nonce: &[u8], client_nonce: &[u8]) -> [u8; 32] {
+    mac_over(secret, &[server_canonical(nonce, client_nonce).as_bytes()])
         .finalize()
         .into_bytes()
         .into()
@@ -98,6 +113,17 @@ mod tests {
             &nonce,
             &client_nonce,
             &mac
+        ));
+        let proof = server_mac(&secret, &nonce, &client_nonce);
+        assert!(verify_server_mac(&secret, &nonce, &client_nonce, &proof));
+        let mut forged = proof;
+        forged[31] ^= 1;
+        assert!(!verify_server_mac(&secret, &nonce, &client_nonce, &forged));
+        assert!(!verify_server_mac(
+            &secret,
+            &nonce,
+            &client_nonce,
+            &proof[..31]
         ));
     }
 }

@@ -11,7 +11,7 @@ pub use call::{
     CallSignature, PreparedKey, SignedCall, call_canonical_string, new_call_nonce, parse_nonce,
 };
 pub use credentials::{Credentials, Secret, SecretError};
-pub use hello::{hello_mac, server_mac, verify_hello_mac};
+pub use hello::{hello_mac, server_mac, verify_hello_mac, verify_server_mac};
 
 /// Metadata keys of a per-call signature.
 pub mod headers {

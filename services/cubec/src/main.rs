@@ -184,9 +184,12 @@ async fn run() -> anyhow::Result<()> {
         let mut tenant = TenantClient::new(transport);
         return match audit {
             AuditCmd::List { from, limit } => {
-                // 0 means the server's default page, as in the rpc.
-                let limit = if *limit == 0 { 100 } else { *limit };
-                for e in fetch_audit(&mut tenant, *from, Some(limit)).await? {
+                // `--limit 0` asks for nothing (docs/protocol.md); in the rpc 0 would mean the
+                // server's default page, so it is not sent.
+                if *limit == 0 {
+                    return Ok(());
+                }
+                for e in fetch_audit(&mut tenant, *from, Some(*limit)).await? {
                     println!("{}", entry_json(&e));
                 }
                 Ok(())

@@ -111,3 +111,40 @@ async fn a_new_request_stream_has_capacity_at_once_and_goes_out_in_one_write() {
     server.abort();
     conn.abort();
 }
+
+/// A request reset before the connection task wrote its HEADERS (a caller that gave up at once,
+/// as hyper does when a response future is dropped) still sends those HEADERS before its
+/// RST_STREAM: a RST_STREAM on a stream the server never saw is a connection error (RFC 9113
+/// §6.4), which would fail every other call on the connection. With the patch's streams opened
+/// at once, the reset used to drop the queued HEADERS (vendor/h2/CUBE-PATCH.md, change 5).
+#[tokio::test(flavor = "current_thread")]
+async fn a_request_reset_before_its_headers_were_written_leaves_the_connection_up() {
+    let (client_io, server_io) = tokio::io::duplex(1 << 20);
+    let server = tokio::spawn(async move {
+        let mut conn = h2::server::handshake(server_io).await.unwrap();
+        while let Some(Ok((_req, mut respond))) = conn.accept().await {
+            let _ = respond.send_response(http::Response::new(()), true);
+        }
+    });
+    let (client, conn) = h2::client::handshake(client_io).await.unwrap();
+    let conn = tokio::spawn(conn);
+    let mut client = client.ready().await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    let req = || {
+        http::Request::post("http://cube.test/cube.v1.Cells/Read")
+            .body(())
+            .unwrap()
+    };
+    let (_given_up, mut stream) = client.send_request(req(), false).unwrap();
+    // No await since send_request: its HEADERS are not written yet.
+    stream.send_reset(h2::Reason::CANCEL);
+    let mut client = client.ready().await.unwrap();
+    let (response, _) = client.send_request(req(), true).unwrap();
+    let response = tokio::time::timeout(std::time::Duration::from_secs(5), response)
+        .await
+        .expect("the second request got no answer")
+        .expect("the connection was closed after the first request's reset");
+    assert_eq!(response.status(), http::StatusCode::OK);
+    server.abort();
+    conn.abort();
+}

@@ -861,12 +861,18 @@ impl Prioritize {
                     }
                     Frame::PushPromise(pp)
                 }
-                Some(frame) => frame.map(|_| {
-                    unreachable!(
-                        "Frame::map closure will only be called \
-                             on DATA frames."
-                    )
-                }),
+                Some(frame) => {
+                    // CUBE-PATCH: the stream's HEADERS leave now (see `is_headers_unsent`).
+                    if matches!(frame, Frame::Headers(_)) {
+                        stream.is_headers_unsent = false;
+                    }
+                    frame.map(|_| {
+                        unreachable!(
+                            "Frame::map closure will only be called \
+                                 on DATA frames."
+                        )
+                    })
+                }
                 None => {
                     if let Some(reason) = stream.state.get_scheduled_reset() {
                         stream.set_reset(reason, Initiator::Library);

@@ -153,6 +153,7 @@ impl Send {
             // `pending_open`, where it gets no capacity, so a request's body always waited for a
             // second round of the connection task (and `poll_ready` for the next request
             // waited for the first).
+            stream.is_headers_unsent = true;
             if !self.prioritize.has_pending_open() && counts.can_inc_num_send_streams() {
                 counts.inc_num_send_streams(stream);
             } else {
@@ -270,7 +271,9 @@ impl Send {
         // on idle streams and §6.4 says RST_STREAM on idle is a PROTOCOL_ERROR.
         // Keep the queued HEADERS so the stream opens, then send the reset
         // immediately after.
-        if !stream.is_pending_open {
+        // CUBE-PATCH: the same holds for a stream opened at once whose HEADERS still wait in
+        // `pending_send` (`is_headers_unsent`).
+        if !stream.is_pending_open && !stream.is_headers_unsent {
             // Otherwise, drop any buffered DATA/HEADERS and only send the
             // reset.
             //

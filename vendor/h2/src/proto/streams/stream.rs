@@ -70,6 +70,11 @@ pub(super) struct Stream {
     /// Set to true when the stream is pending to be opened
     pub is_pending_open: bool,
 
+    /// CUBE-PATCH: set while a locally initiated stream's HEADERS frame is queued but not yet
+    /// written. A stream opened at once (`Send::send_headers`) is no longer `is_pending_open`
+    /// in that window, and an explicit reset must not drop those HEADERS either.
+    pub is_headers_unsent: bool,
+
     /// Set to true when a push is pending for this stream
     pub is_pending_push: bool,
 
@@ -176,6 +181,7 @@ impl Stream {
             next_pending_send_capacity: None,
             send_capacity_inc: false,
             is_pending_open: false,
+            is_headers_unsent: false,
             next_open: None,
             is_pending_push: false,
 

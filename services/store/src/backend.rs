@@ -226,6 +226,9 @@ impl FjallBackend {
                 return Err(BackendError(format!("locking the state directory: {e}")));
             }
         }
+        // fjall creates a new partition's directory without fsyncing the directory that names
+        // it; a power cut could then lose the whole partition (docs/durability.md).
+        let creating = !dir.join("partitions").join("state").exists();
         let keyspace = fjall::Config::new(dir)
             .cache_size(cache_bytes)
             .flush_workers(1)
@@ -253,6 +256,13 @@ impl FjallBackend {
                     )),
             )
             .map_err(|e| BackendError(format!("opening state partition: {e}")))?;
+        if creating {
+            std::fs::File::open(dir.join("partitions"))
+                .and_then(|d| d.sync_all())
+                .map_err(|e| {
+                    BackendError(format!("syncing the new state partition's directory: {e}"))
+                })?;
+        }
         Ok(FjallBackend {
             open: Some(OpenKeyspace {
                 part,

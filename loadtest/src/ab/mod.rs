@@ -249,6 +249,7 @@ async fn run_on(
         interval: args
             .rate
             .map(|r| Duration::from_secs_f64(args.users as f64 / r.max(1e-3))),
+        users: args.users,
         start,
         end: start + duration,
         value_bytes: args.value_bytes,
@@ -348,7 +349,11 @@ async fn run_on(
         ok,
         ok_pct: 100.0 * ok as f64 / ops.max(1) as f64,
         ops_per_sec: ops as f64 / elapsed,
-        windows: report::windows(&done_per_window, user::WINDOW.as_secs_f64(), elapsed),
+        windows: report::windows(
+            &done_per_window,
+            user::WINDOW.as_secs_f64(),
+            duration.as_secs_f64(),
+        ),
         failures,
         mismatch_examples: examples,
         handshakes,
@@ -528,7 +533,13 @@ pub async fn stress(args: StressArgs, default_cubed: PathBuf) -> anyhow::Result<
         run_on(&server, &args.load, Model::Connection, &mix, duration),
         run_on(&server, &args.load, Model::Call, &mix, duration),
     );
-    let reports = [a?, b?];
+    let mut reports = [a?, b?];
+    // The two runs share both processes at once: each one's CPU per op would charge it the
+    // other's work too, so none is reported.
+    for r in &mut reports {
+        r.client_cpu_us_per_op = None;
+        r.server_cpu_us_per_op = None;
+    }
     println!("{}", report::summary_table(&reports));
     println!("{}", report::window_table(&reports));
     println!("{}", report::op_tables(&reports));

@@ -73,8 +73,11 @@ pub struct RunCtx {
     pub model: Model,
     pub mix: Mix,
     pub op_timeout: Duration,
-    /// Per-user pacing in open-loop mode: op k is due at `start + k * interval`.
+    /// Per-user pacing in open-loop mode: user i's op k is due at
+    /// `start + (k + i / users) * interval`, so the users' ops are spread evenly rather than
+    /// due in bursts of `users` at once.
     pub interval: Option<Duration>,
+    pub users: usize,
     pub start: Instant,
     pub end: Instant,
     pub value_bytes: usize,
@@ -180,6 +183,11 @@ pub struct Ledger {
     next_seal: i32,
     /// y of cells written and sealed (plane SEALED).
     sealed: Vec<i32>,
+    /// y of the acknowledged SealWrite the next Seal seals (plane SEALED).
+    seal_pending: Option<i32>,
+    /// y of acknowledged SealWrites whose Seal failed or never came: the value must be there,
+    /// sealed or not (plane SEALED).
+    seal_unknown: Vec<i32>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -390,6 +398,8 @@ impl User {
                 let i = self.rng.gen_range(0..self.ledger.programs.len());
                 let p = self.ledger.programs[i];
                 let input: [u8; 16] = self.rng.r#gen();
+                // Unknown until answered: a timeout drops this future before any arm below runs.
+                self.ledger.programs[i].unknown_runs += 1;
                 let r = c
                     .cells
                     .run(RunRequest {
@@ -401,6 +411,7 @@ impl User {
                     Ok(resp) => {
                         let resp = resp.into_inner();
                         let cell = &mut self.ledger.programs[i];
+                        cell.unknown_runs -= 1;
                         cell.acked_runs += 1;
                         let cell = *cell;
                         self.acked_mutation();
@@ -415,10 +426,7 @@ impl User {
                             Outcome::Ok
                         }
                     }
-                    Err(s) => {
-                        self.ledger.programs[i].unknown_runs += 1;
-                        failed(s)
-                    }
+                    Err(s) => failed(s),
                 }
             }
             Step::Write => {
@@ -499,6 +507,8 @@ impl User {
             Step::Link => {
                 let k = self.ledger.next_link;
                 self.ledger.next_link += 1;
+                // Unknown until answered: a timeout drops this future before any arm below runs.
+                let was_unknown = std::mem::replace(&mut self.ledger.chain_unknown, true);
                 let r = c
                     .cells
                     .link(LinkRequest {
@@ -509,16 +519,14 @@ impl User {
                     .await;
                 match r {
                     Ok(_) => {
-                        if !self.ledger.chain_unknown {
+                        self.ledger.chain_unknown = was_unknown;
+                        if !was_unknown {
                             self.ledger.chain_len = k + 1;
                         }
                         self.acked_mutation();
                         Outcome::Ok
                     }
-                    Err(s) => {
-                        self.ledger.chain_unknown = true;
-                        failed(s)
-                    }
+                    Err(s) => failed(s),
                 }
             }
             Step::Walk => {
@@ -556,6 +564,10 @@ impl User {
             Step::SealWrite => {
                 let y = self.ledger.next_seal;
                 self.ledger.next_seal += 1;
+                // A written cell that was never sealed is checked for its value only.
+                if let Some(earlier) = self.ledger.seal_pending.take() {
+                    self.ledger.seal_unknown.push(earlier);
+                }
                 let req = WriteRequest {
                     coord: coord(x, y, SEALED),
                     value: value_of(x, y, SEALED, vb),
@@ -563,6 +575,7 @@ impl User {
                 };
                 match c.cells.write(req).await {
                     Ok(_) => {
+                        self.ledger.seal_pending = Some(y);
                         self.acked_mutation();
                         Outcome::Ok
                     }
@@ -570,8 +583,12 @@ impl User {
                 }
             }
             Step::Seal => {
-                // Seals the cell the preceding SealWrite wrote (or tried to).
-                let y = self.ledger.next_seal - 1;
+                // Seals the cell the preceding SealWrite wrote; none if that write failed.
+                let Some(y) = self.ledger.seal_pending.take() else {
+                    return Outcome::Skipped;
+                };
+                // Until answered the seal is unknown: a timeout drops this future.
+                self.ledger.seal_unknown.push(y);
                 match c
                     .cells
                     .seal(SealRequest {
@@ -585,6 +602,7 @@ impl User {
                         if r.into_inner().digest != digest.as_slice() {
                             self.mismatch(format!("Seal ({x},{y},3): digest of another value"))
                         } else {
+                            self.ledger.seal_unknown.pop();
                             self.ledger.sealed.push(y);
                             Outcome::Ok
                         }
@@ -679,7 +697,10 @@ pub async fn run_user(ctx: Arc<RunCtx>, index: usize, conn: Option<Clients>) -> 
     };
     let mut per_op: BTreeMap<&'static str, OpStats> = BTreeMap::new();
     let (mut handshakes, mut handshake_us, mut late_starts) = (0u64, hist(), 0u64);
-    let mut due = ctx.start;
+    let mut due = ctx.start
+        + ctx.interval.map_or(Duration::ZERO, |iv| {
+            iv.mul_f64(index as f64 / ctx.users.max(1) as f64)
+        });
     let mut conn = conn;
     let mut done_per_window = vec![0u64; ctx.windows()];
     'run: loop {
@@ -723,6 +744,10 @@ pub async fn run_user(ctx: Arc<RunCtx>, index: usize, conn: Option<Clients>) -> 
             .await
             .unwrap_or_else(|_| Outcome::Failed("timeout".into()));
             if matches!(outcome, Outcome::Skipped) {
+                // Nothing was sent: the slot goes to the next op, so the offered rate holds.
+                if let Some(iv) = ctx.interval {
+                    due -= iv;
+                }
                 continue;
             }
             done_per_window[ctx.window_of(Instant::now())] += 1;
@@ -840,13 +865,14 @@ async fn region_all(c: &mut Cells, x: i32, z: i32, max_y: i32) -> Result<Vec<Cel
 }
 
 /// Compare a plane's cells as the server returned them with what it acknowledged: every
-/// acknowledged y present with its exact value and seal flag. Cells that were never
-/// acknowledged (a timed-out write may still have been applied) are not an error.
+/// acknowledged y present with its exact value and seal flag (either flag for `None`: a seal
+/// whose answer never came). Cells that were never acknowledged (a timed-out write may still
+/// have been applied) are not an error.
 fn check_plane(
     x: i32,
     z: i32,
     acked: &[i32],
-    sealed: bool,
+    sealed: Option<bool>,
     cells: &[Cell],
     value_bytes: usize,
 ) -> Vec<String> {
@@ -857,11 +883,13 @@ fn check_plane(
     let mut out = Vec::new();
     for &y in acked {
         match got.get(&y) {
-            Some(c) if c.value == value_of(x, y, z, value_bytes) && c.sealed == sealed => {}
-            Some(c) if c.sealed != sealed => out.push(format!(
+            Some(c)
+                if c.value == value_of(x, y, z, value_bytes)
+                    && sealed.is_none_or(|s| c.sealed == s) => {}
+            Some(c) if sealed.is_some_and(|s| c.sealed != s) => out.push(format!(
                 "cell ({x},{y},{z}) is {}sealed, acknowledged as {}sealed",
                 if c.sealed { "" } else { "not " },
-                if sealed { "" } else { "not " }
+                if c.sealed { "not " } else { "" }
             )),
             Some(_) => out.push(format!(
                 "cell ({x},{y},{z}) holds another value than the acknowledged one"
@@ -892,9 +920,12 @@ pub async fn verify(target: Target, ledger: Ledger, value_bytes: usize) -> Verif
         }
     };
     let x = ledger.x;
+    let mut seal_unknown = ledger.seal_unknown.clone();
+    seal_unknown.extend(ledger.seal_pending);
     for (z, acked, sealed) in [
-        (WRITES, &ledger.writes, false),
-        (SEALED, &ledger.sealed, true),
+        (WRITES, &ledger.writes, Some(false)),
+        (SEALED, &ledger.sealed, Some(true)),
+        (SEALED, &seal_unknown, None),
     ] {
         if acked.is_empty() {
             continue;
@@ -913,7 +944,7 @@ pub async fn verify(target: Target, ledger: Ledger, value_bytes: usize) -> Verif
         for p in check_plane(x, z, acked, sealed, &cells, value_bytes) {
             problem(&mut v, p);
         }
-        if sealed {
+        if sealed == Some(true) {
             v.sealed += acked.len() as u64;
         } else {
             v.writes += acked.len() as u64;
@@ -985,13 +1016,20 @@ mod tests {
             good(3), // never acknowledged (a timed-out write): not an error
             good(4),
         ];
-        let p = check_plane(x, z, &[0, 1, 2, 4], false, &cells, vb);
+        let p = check_plane(x, z, &[0, 1, 2, 4], Some(false), &cells, vb);
         assert_eq!(p.len(), 2, "{p:?}");
         assert!(p[0].contains("(7,1,1) holds another value"), "{p:?}");
         assert!(p[1].contains("(7,2,1) is missing"), "{p:?}");
-        let p = check_plane(x, z, &[0], true, &cells, vb);
-        assert!(p[0].contains("is not sealed"), "{p:?}");
-        assert!(check_plane(x, z, &[0, 4], false, &cells, vb).is_empty());
+        let p = check_plane(x, z, &[0], Some(true), &cells, vb);
+        assert!(
+            p[0].contains("is not sealed, acknowledged as sealed"),
+            "{p:?}"
+        );
+        assert!(check_plane(x, z, &[0, 4], Some(false), &cells, vb).is_empty());
+        // A seal whose answer never came: either flag, but the value must be there.
+        assert!(check_plane(x, z, &[0, 4], None, &cells, vb).is_empty());
+        let p = check_plane(x, z, &[1, 2], None, &cells, vb);
+        assert_eq!(p.len(), 2, "{p:?}");
     }
 
     #[test]

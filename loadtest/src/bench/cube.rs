@@ -173,13 +173,13 @@ async fn measure(s: &Settings, data: &Path, out: &mut Results) -> anyhow::Result
         let bar = progress::rows("Cube Region (all)", grid.cells);
         let t = Instant::now();
         let n = region_count(&mut c, (0, 0, 0), (last, last, last), &bar).await?;
-        full.push(n, t.elapsed());
+        full.push("Cube Region (all)", n, grid.cells, t.elapsed())?;
         bar.finish_and_clear();
         let bar = progress::rows("Cube Region (1% box)", grid.box_rows);
         let m = grid.box_max_xz();
         let t = Instant::now();
         let n = region_count(&mut c, (0, 0, 0), (m, last, m), &bar).await?;
-        part.push(n, t.elapsed());
+        part.push("Cube Region (1% box)", n, grid.box_rows, t.elapsed())?;
         bar.finish_and_clear();
     }
     out.scans.push(ScanResult::new(

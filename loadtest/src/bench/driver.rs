@@ -132,25 +132,23 @@ impl Recorder {
     }
 
     /// Record a call that started at `t` and just finished; false once the window is over
-    /// (a call finishing after the end is not counted: the window is exactly `measure`).
+    /// (a call finishing after the end is not timed: the window is exactly `measure`). Errors
+    /// count whenever they happen, in the warm-up or after the end too: a failed call is a
+    /// failure of the phase.
     fn record(&mut self, t: Instant, result: anyhow::Result<()>) -> bool {
         let now = Instant::now();
         self.started.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = &result {
+            self.errors += 1;
+            if self.first_error.is_none() {
+                self.first_error = Some(format!("{e:#}"));
+            }
+        }
         if now >= self.end {
             return false;
         }
-        if t >= self.measure_from {
-            match result {
-                Ok(()) => {
-                    let _ = self.hist.record((now - t).as_micros().max(1) as u64);
-                }
-                Err(e) => {
-                    self.errors += 1;
-                    if self.first_error.is_none() {
-                        self.first_error = Some(format!("{e:#}"));
-                    }
-                }
-            }
+        if t >= self.measure_from && result.is_ok() {
+            let _ = self.hist.record((now - t).as_micros().max(1) as u64);
         }
         true
     }
@@ -494,9 +492,22 @@ pub struct Rates {
 }
 
 impl Rates {
-    pub fn push(&mut self, rows: u64, elapsed: Duration) {
+    /// One round of `what`: `rows` read in `elapsed`, which must be the `expected` rows (a
+    /// short or duplicated result is an error, not a rate).
+    pub fn push(
+        &mut self,
+        what: &str,
+        rows: u64,
+        expected: u64,
+        elapsed: Duration,
+    ) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            rows == expected,
+            "{what} returned {rows} rows, {expected} expected"
+        );
         self.rows = rows;
         self.rates.push(rows as f64 / elapsed.as_secs_f64());
+        Ok(())
     }
 
     /// (rows of the last round, median rows/s).

@@ -240,12 +240,12 @@ async fn measure(
         let bar = progress::rows("etcd Range (all)", grid.cells);
         let t = Instant::now();
         let n = range_count(&mut kv, b"s/".to_vec(), b"s0".to_vec(), &bar).await?;
-        full.push(n, t.elapsed());
+        full.push("etcd Range (all)", n, grid.cells, t.elapsed())?;
         bar.finish_and_clear();
         let bar = progress::rows("etcd Range (1%)", grid.box_rows);
         let t = Instant::now();
         let n = range_count(&mut kv, key("s/", 0), key("s/", grid.box_rows), &bar).await?;
-        part.push(n, t.elapsed());
+        part.push("etcd Range (1%)", n, grid.box_rows, t.elapsed())?;
         bar.finish_and_clear();
     }
     out.scans.push(ScanResult::new(

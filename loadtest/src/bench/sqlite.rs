@@ -170,14 +170,14 @@ fn measure(s: &Settings, journal: Journal, dir: &Path, out: &mut Results) -> any
         for _ in 0..s.scan_rounds {
             let t = Instant::now();
             let n = count_rows(&c, "SELECT k, v FROM scan", [])?;
-            full.push(n, t.elapsed());
+            full.push("SQLite full scan", n, grid.cells, t.elapsed())?;
             let t = Instant::now();
             let n = count_rows(
                 &c,
                 "SELECT k, v FROM scan WHERE k >= ?1 AND k < ?2",
                 [0, grid.box_rows as i64],
             )?;
-            part.push(n, t.elapsed());
+            part.push("SQLite range (1%)", n, grid.box_rows, t.elapsed())?;
         }
         out.scans.push(ScanResult::new(
             "SQLite",

@@ -187,7 +187,18 @@ pub fn targets(r: &Results) -> Vec<Target> {
                 name: name.into(),
                 ratio: Some(ratio),
                 echo_ratio: None,
-                detail: format!("{:.1} ÷ {:.1} MiB/s", b.mib_per_sec, d.seq_mib_per_sec),
+                // The reference is the faster pass, as the seed measured its disk (a sequential
+                // write, then fsync); the 4-MiB pass syncs as often as 64 clients × 64 KiB can.
+                detail: match d.seq_by_sync.first() {
+                    Some((every, per_4)) if *per_4 < d.seq_mib_per_sec => format!(
+                        "{:.1} ÷ {:.1} MiB/s; ÷ the fdatasync-per-{} MiB pass: {:.2}×",
+                        b.mib_per_sec,
+                        d.seq_mib_per_sec,
+                        every >> 20,
+                        b.mib_per_sec / per_4
+                    ),
+                    _ => format!("{:.1} ÷ {:.1} MiB/s", b.mib_per_sec, d.seq_mib_per_sec),
+                },
                 met: Some(ratio >= 0.6),
             }
         }
@@ -319,10 +330,18 @@ pub fn markdown(r: &Results) -> String {
             d.fsync_p50_us,
             d.fsync_p99_us
         );
+        for (every, mib_per_sec) in &d.seq_by_sync {
+            let _ = writeln!(
+                o,
+                "| sequential write, fdatasync after every {} MiB ({} MiB, new file) | {:.1} MiB/s |",
+                every >> 20,
+                d.seq_bytes >> 20,
+                mib_per_sec
+            );
+        }
         let _ = writeln!(
             o,
-            "| sequential write, fdatasync after every 4 MiB ({} MiB, new file) | {:.1} MiB/s |\n",
-            d.seq_bytes >> 20,
+            "| the reference for bulk loads: the faster of those | {:.1} MiB/s |\n",
             d.seq_mib_per_sec
         );
     }
@@ -343,7 +362,7 @@ pub fn markdown(r: &Results) -> String {
         if let Some(raw) = raw {
             let _ = writeln!(
                 o,
-                "| the disk (write + fdatasync per 4 MiB) | — | — | {raw:.1} | 100% |"
+                "| the disk (the faster of its sequential passes) | — | — | {raw:.1} | 100% |"
             );
         }
         for b in &r.bulk {

@@ -177,14 +177,14 @@ impl Authenticator {
     /// (`TenantDirectory::awaiting_recovery`): the catalog may still lack key changes only its
     /// log holds (a revoked key would authenticate). Each refusal retries the open in the
     /// background.
-    pub(crate) fn require_recovered(&self, principal: Principal) -> Result<Principal, Status> {
+    pub(crate) fn require_recovered(&self, tenant: &str) -> Result<(), Status> {
         let Some(directory) = &self.directory else {
-            return Ok(principal);
+            return Ok(());
         };
-        let Some(why) = directory.awaiting_recovery(&principal.key.tenant) else {
-            return Ok(principal);
+        let Some(why) = directory.awaiting_recovery(tenant) else {
+            return Ok(());
         };
-        let (directory, name) = (Arc::clone(directory), principal.key.tenant.clone());
+        let (directory, name) = (Arc::clone(directory), tenant.to_string());
         tokio::spawn(async move {
             let _ = directory.get(&name).await;
         });
@@ -591,17 +591,13 @@ where
                 if let Some(p) = principal {
                     // A tenant whose recovery failed at start is refused after authentication:
                     // counted under the caller's model, never as a failed authentication.
-                    match self.auth.require_recovered(p) {
-                        Ok(p) => {
-                            req.extensions_mut().insert(p);
+                    if let Err(status) = self.auth.require_recovered(p.tenant()) {
+                        if metrics {
+                            labels.handled(status.code() as i32, auth, started);
                         }
-                        Err(status) => {
-                            if metrics {
-                                labels.handled(status.code() as i32, auth, started);
-                            }
-                            return Box::pin(ready(Ok(status.into_http())));
-                        }
+                        return Box::pin(ready(Ok(status.into_http())));
                     }
+                    req.extensions_mut().insert(p);
                 }
                 // tonic holds the call to the client's own deadline; ours only when it is
                 // shorter (or the client sent none), so a call needs one timer at most.

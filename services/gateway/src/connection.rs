@@ -79,21 +79,14 @@ impl Session {
     /// compare-and-swap decides, so racing request tasks move it once, and nothing moves once
     /// the connection has closed: the gauge cannot drift.
     fn move_gauge(&self, only_from: Option<u8>, to: u8) {
-        let mut from = self.gauge_model.load(Ordering::Acquire);
-        loop {
-            if from == CLOSED || from == to || only_from.is_some_and(|f| f != from) {
-                return;
-            }
-            match self.gauge_model.compare_exchange_weak(
-                from,
-                to,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => break,
-                Err(now) => from = now,
-            }
-        }
+        let moved = self
+            .gauge_model
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |from| {
+                (from != CLOSED && from != to && only_from.is_none_or(|f| f == from)).then_some(to)
+            });
+        let Ok(from) = moved else {
+            return;
+        };
         cube_metrics::CONNECTIONS_OPEN
             .with_label_values(&[gauge_label(from)])
             .dec();

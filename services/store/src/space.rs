@@ -48,15 +48,15 @@ impl SpaceGuard {
                 Ok(_) => tracing::info!("the data directory's free space can be checked again"),
             }
         }
-        let free = match stat {
-            Ok(s) => s.blocks_available().saturating_mul(s.fragment_size()),
-            // Cannot tell: do not refuse writes on a guess (the WAL still handles a real
-            // ENOSPC), but report -1, which is below any alert's threshold: a disk nobody can
-            // check is worth a look.
-            Err(_) => {
-                cube_metrics::DISK_FREE_BYTES.set(-1);
-                u64::MAX
+        // Cannot tell: do not refuse writes on a guess (the WAL still handles a real ENOSPC),
+        // but report -1, which is below any alert's threshold: a disk nobody can check is worth
+        // a look.
+        let (free, reported) = match stat {
+            Ok(s) => {
+                let free = s.blocks_available().saturating_mul(s.fragment_size());
+                (free, free.min(i64::MAX as u64) as i64)
             }
+            Err(_) => (u64::MAX, -1),
         };
         let low = free < self.min_free;
         if self.low.swap(low, Ordering::Relaxed) != low {
@@ -71,9 +71,7 @@ impl SpaceGuard {
             }
         }
         self.free.store(free, Ordering::Relaxed);
-        if !self.unreadable.load(Ordering::Relaxed) {
-            cube_metrics::DISK_FREE_BYTES.set(free.min(i64::MAX as u64) as i64);
-        }
+        cube_metrics::DISK_FREE_BYTES.set(reported);
         free
     }
 

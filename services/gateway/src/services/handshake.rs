@@ -15,7 +15,6 @@ use tonic::{Request, Response, Status};
 
 use crate::auth_layer::{Authenticator, active_key, now_ms};
 use crate::connection::{ConnInfo, PendingChallenge};
-use crate::principal::{AuthModel, Principal};
 
 /// How long a challenge may be answered.
 pub(crate) const CHALLENGE_TTL: Duration = Duration::from_secs(30);
@@ -159,13 +158,7 @@ impl Auth for HandshakeService {
         })?;
         // A tenant whose recovery failed at start may hold key changes only in its log (a
         // revocation): no session for it until it opens, as for a signed call.
-        let key = self
-            .auth
-            .require_recovered(Principal {
-                key,
-                model: AuthModel::Connection,
-            })?
-            .key;
+        self.auth.require_recovered(&key.tenant)?;
         let mac = server_mac(
             &Secret::from_bytes(key.secret),
             &hello.nonce,

@@ -16,6 +16,7 @@ use futures::Stream;
 use tonic::Status;
 
 use crate::ApiError;
+use crate::auth_layer::active_key;
 use crate::principal::Principal;
 
 /// The caller's tenant (opened if it is not open).
@@ -67,18 +68,20 @@ fn still_reads(directory: &TenantDirectory, principal: &Principal) -> Result<(),
     let Some(catalog) = directory.catalog() else {
         return Ok(());
     };
-    match catalog.key(principal.tenant(), &principal.key.key_id) {
-        Some(key) if !key.revoked && key.has(Capability::Read) => Ok(()),
-        Some(key) if !key.revoked => Err(ApiError::PermissionDenied(format!(
-            "key '{}' lost the Read capability while this call waited for a scan place",
-            key.key_id
-        ))),
-        _ => Err(ApiError::Unauthenticated(
+    let key = active_key(catalog, principal.tenant(), &principal.key.key_id).map_err(|_| {
+        ApiError::Unauthenticated(
             "the key this call authenticated with was revoked while the call waited for a scan \
              place; authenticate again"
                 .into(),
-        )),
+        )
+    })?;
+    if !key.has(Capability::Read) {
+        return Err(ApiError::PermissionDenied(format!(
+            "key '{}' lost the Read capability while this call waited for a scan place",
+            key.key_id
+        )));
     }
+    Ok(())
 }
 
 /// A streamed page and the scan place it holds.

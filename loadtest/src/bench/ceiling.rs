@@ -1,12 +1,15 @@
 //! The ceiling: a trivial tonic echo service (`crate::echo`) driven exactly like Cube, a
 //! write-shaped call (value-sized request, 16-byte reply) and a read-shaped one (16-byte
 //! request, value-sized reply), with nothing behind it. No gRPC service beats it on this machine.
+//! Its bulk load sends the bulk values exactly as Cube's does (one value per call from every
+//! writer at once) and drops them: what moving the bytes through gRPC alone costs.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use tonic::transport::Channel;
 
-use super::driver::{CellKey, SingleCell, write_then_read};
+use super::driver::{BatchWriter, CellKey, SingleCell, bulk, write_then_read};
 use super::{Results, Settings};
 use crate::echo::EchoChild;
 use crate::echo::pb::EchoRequest;
@@ -41,6 +44,25 @@ impl SingleCell for EchoCell {
     }
 }
 
+struct EchoWriter {
+    client: EchoClient<Channel>,
+    value: Arc<[u8]>,
+}
+
+impl BatchWriter for EchoWriter {
+    async fn write_batch(&mut self, range: Range<u64>) -> anyhow::Result<()> {
+        for _ in range {
+            self.client
+                .echo(EchoRequest {
+                    payload: self.value.to_vec(),
+                    reply_bytes: 16,
+                })
+                .await?;
+        }
+        Ok(())
+    }
+}
+
 pub async fn run(s: &Settings, out: &mut Results) -> anyhow::Result<()> {
     let echo = EchoChild::spawn()?;
     let value: Arc<[u8]> = vec![0xA5; s.value_bytes].into();
@@ -54,5 +76,23 @@ pub async fn run(s: &Settings, out: &mut Results) -> anyhow::Result<()> {
         }
         write_then_read(SYSTEM, clients, s.window, &value, &mut out.single).await;
     }
+
+    // Bulk: Cube's bulk load's calls, with nothing behind them.
+    let bulk_value: Arc<[u8]> = vec![0x5A; s.bulk_value_bytes].into();
+    let writers = crate::drive::connect(&echo.addr.to_string(), s.bulk_clients)
+        .await?
+        .into_iter()
+        .map(|ch| EchoWriter {
+            client: EchoClient::new(ch),
+            value: Arc::clone(&bulk_value),
+        })
+        .collect();
+    let method = format!(
+        "{} connections, one {} KiB call per value, dropped (the gRPC ceiling)",
+        s.bulk_clients,
+        s.bulk_value_bytes >> 10
+    );
+    out.bulk
+        .push(bulk(SYSTEM, method, writers, s.bulk_bytes, s.bulk_value_bytes, 1).await?);
     Ok(())
 }

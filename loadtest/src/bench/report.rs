@@ -183,10 +183,11 @@ pub fn targets(r: &Results) -> Vec<Target> {
     t.push(match (bulk, &r.disk) {
         (Some(b), Some(d)) if d.seq_mib_per_sec > 0.0 => {
             let ratio = b.mib_per_sec / d.seq_mib_per_sec;
+            let echo = r.bulk.iter().find(|b| b.system == ceiling::SYSTEM);
             Target {
                 name: name.into(),
                 ratio: Some(ratio),
-                echo_ratio: None,
+                echo_ratio: echo.map(|e| e.mib_per_sec / d.seq_mib_per_sec),
                 // The reference is the faster pass, as the seed measured its disk (a sequential
                 // write, then fsync); the 4-MiB pass syncs as often as 64 clients × 64 KiB can.
                 detail: match d.seq_by_sync.first() {

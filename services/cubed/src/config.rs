@@ -53,6 +53,12 @@ pub const DEFAULT_CALL_TIMEOUT_MS: u64 = 0;
 pub const MAX_CALL_TIMEOUT_MS: u64 = 86_400_000;
 /// Largest `--keepalive-secs` accepted (a day).
 pub const MAX_KEEPALIVE_SECS: u64 = 86_400;
+/// Largest `--auth-failure-cooldown-secs`, `--idle-secs` and `--checkpoint-secs` accepted (a
+/// day): each is added to the current time, which must stay a representable instant.
+pub const MAX_DAY_SECS: u64 = 86_400;
+/// How long a graceful stop waits for calls in flight: well inside the 60 s grace period of
+/// the deploy files, which also covers syncing and closing the tenants after it.
+pub const DEFAULT_DRAIN_SECS: u64 = 20;
 pub const DEFAULT_MAX_OPEN_TENANTS: usize = 256;
 pub const DEFAULT_REGION_MAX_CELLS: u32 = 10_000;
 pub const DEFAULT_WALK_MAX_VISITS: u32 = 10_000;
@@ -351,6 +357,12 @@ pub struct ServeArgs {
     /// page is dropped (the stream ends with ABORTED) and its tenant's scan place freed.
     #[arg(long, env = "CUBE_PAGE_READ_SECS", default_value_t = DEFAULT_PAGE_READ_SECS)]
     pub page_read_secs: u64,
+    /// On SIGTERM/SIGINT, seconds to wait for calls in flight and open streams (a client's
+    /// Health.Watch, a Region page being read) to finish before their connections are closed;
+    /// the tenants are synced and closed after it either way. A second signal ends the wait at
+    /// once. 0: do not wait. At most 86400.
+    #[arg(long, env = "CUBE_DRAIN_SECS", default_value_t = DEFAULT_DRAIN_SECS)]
+    pub drain_secs: u64,
 }
 
 /// Where the listener's certificate comes from.
@@ -393,6 +405,7 @@ pub struct ServeConfig {
     pub idle_after: std::time::Duration,
     pub max_open_tenants: usize,
     pub scan_limits: cube_gateway::ScanLimits,
+    pub drain: std::time::Duration,
 }
 
 impl ServeArgs {
@@ -483,6 +496,20 @@ impl ServeArgs {
             (1..=MAX_PAGE_READ_SECS).contains(&self.page_read_secs),
             "--page-read-secs must be 1 to {MAX_PAGE_READ_SECS}"
         );
+        for (flag, value) in [
+            (
+                "--auth-failure-cooldown-secs",
+                self.auth_failure_cooldown_secs,
+            ),
+            ("--idle-secs", self.idle_secs),
+            ("--checkpoint-secs", self.checkpoint_secs),
+            ("--drain-secs", self.drain_secs),
+        ] {
+            anyhow::ensure!(
+                value <= MAX_DAY_SECS,
+                "{flag} must be at most {MAX_DAY_SECS}"
+            );
+        }
         Ok(ServeConfig {
             data_dir: self.data_dir,
             admin_listen: self.admin_listen,
@@ -529,6 +556,7 @@ impl ServeArgs {
                 walk_max: self.walk_max_visits,
                 page_read: std::time::Duration::from_secs(self.page_read_secs),
             },
+            drain: std::time::Duration::from_secs(self.drain_secs),
         })
     }
 }
@@ -689,6 +717,32 @@ mod config_file_tests {
         assert!(
             err.to_string().contains("'data-dir' must be a string"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn durations_added_to_the_clock_are_at_most_a_day() {
+        let serve = |args: &[&str]| cubed(args).unwrap().serve.validate();
+        // Each of these is added to an Instant; a huge one panicked there (the throttle's
+        // cool-down on every refused peer) or wrapped (the idle timer).
+        for flag in [
+            "--auth-failure-cooldown-secs",
+            "--idle-secs",
+            "--checkpoint-secs",
+            "--drain-secs",
+        ] {
+            let err = serve(&[flag, "86401"]).unwrap_err();
+            assert!(err.to_string().contains(flag), "{flag}: {err}");
+            let err = serve(&[flag, "18446744073709551615"]).unwrap_err();
+            assert!(err.to_string().contains(flag), "{flag}: {err}");
+            serve(&[flag, "86400"]).unwrap();
+        }
+        let config = serve(&["--drain-secs", "0"]).unwrap();
+        assert_eq!(config.drain, std::time::Duration::ZERO);
+        let config = serve(&[]).unwrap();
+        assert_eq!(
+            config.drain,
+            std::time::Duration::from_secs(DEFAULT_DRAIN_SECS)
         );
     }
 

@@ -8,6 +8,7 @@ use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use cube_auth::Credentials;
@@ -28,6 +29,8 @@ use crate::certs;
 use crate::config::{ServeConfig, TlsChoice};
 
 const DEMO_TENANT: &str = "demo";
+/// `sun_path` of a Unix socket address on Linux, its terminating NUL included.
+const MAX_SOCKET_PATH: usize = 108;
 
 /// Bind the configured address and serve until SIGTERM or SIGINT.
 pub async fn run_until_signal(config: ServeConfig) -> anyhow::Result<()> {
@@ -41,15 +44,34 @@ pub async fn run_until_signal(config: ServeConfig) -> anyhow::Result<()> {
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let stop = CancellationToken::new();
-    let on_signal = stop.clone();
+    let hurry = CancellationToken::new();
+    let (on_signal, on_second) = (stop.clone(), hurry.clone());
     tokio::spawn(async move {
         tokio::select! {
             _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
             _ = int.recv() => tracing::info!("SIGINT: shutting down"),
         }
         on_signal.cancel();
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = int.recv() => {},
+        }
+        tracing::warn!("second signal: no longer waiting for calls in flight");
+        on_second.cancel();
     });
-    run(config, listener, stop.cancelled_owned()).await
+    run(config, listener, stop.cancelled_owned(), hurry).await
+}
+
+/// Resolves when a stop that began at `draining` should stop waiting for the connections still
+/// open: after `drain`, or at once on a second signal (`hurry`).
+async fn drain_over(draining: &CancellationToken, hurry: &CancellationToken, drain: Duration) {
+    draining.cancelled().await;
+    tokio::select! {
+        () = tokio::time::sleep(drain) => {
+            tracing::warn!(secs = drain.as_secs(), "calls still open after --drain-secs: closing their connections");
+        }
+        () = hurry.cancelled() => {}
+    }
 }
 
 /// How long a starting server waits for a catalog another process holds while no server answers
@@ -105,21 +127,37 @@ async fn open_catalog(
     }
 }
 
-/// Serve on `listener` until `shutdown` resolves; return once every tenant is closed.
+/// Serve on `listener` until `shutdown` resolves, wait up to `config.drain` (or until `hurry`)
+/// for the calls in flight; return once every tenant is closed.
 pub async fn run(
     config: ServeConfig,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
+    hurry: CancellationToken,
 ) -> anyhow::Result<()> {
     // Polled from here on: a stop asked for during start-up is honoured before the ready line.
     let mut shutdown = Box::pin(shutdown);
     let data = DataDir::new(&config.data_dir);
+    // Checked before anything is written: a data directory whose socket cannot be bound could
+    // never be served.
+    let socket_path = data.admin_socket();
+    anyhow::ensure!(
+        socket_path.as_os_str().len() < MAX_SOCKET_PATH,
+        "the data directory's path is too long: its admin socket {} would be {} bytes, and a Unix \
+         socket path is at most {} (use a shorter --data-dir)",
+        socket_path.display(),
+        socket_path.as_os_str().len(),
+        MAX_SOCKET_PATH - 1
+    );
     prepare_data_dir(data.root())?;
     let Some(catalog) = open_catalog(&data, &mut shutdown).await? else {
         tracing::info!("stop requested during start-up: not serving");
         return Ok(());
     };
     let catalog = Arc::new(catalog);
+    // Before the demo tenant and crash recovery: a missing or unreadable certificate stops the
+    // start with nothing else changed.
+    let tls_files = tls_settings(&config.tls, data.root())?;
     let addr = listener.local_addr().context("reading the bound address")?;
     if config.demo {
         let scheme = if config.tls == TlsChoice::Plaintext {
@@ -219,18 +257,30 @@ pub async fn run(
             auth_mode: config.auth_mode,
             failure_limits: config.failure_limits,
             max_metadata_bytes: config.max_metadata_bytes,
-            tls: tls_settings(&config.tls, data.root())?,
+            tls: tls_files,
             metrics: config.metrics,
             scan_limits: config.scan_limits,
         },
     )
-    .context("configuring TLS")?;
-    let socket_path = data.admin_socket();
+    .context("configuring TLS");
     // A socket left by a crashed server; the catalog lock proves no server owns it now.
     let _ = fs::remove_file(&socket_path);
-    let admin_listener = UnixListener::bind(&socket_path).context("binding the admin socket")?;
-    fs::set_permissions(&socket_path, fs::Permissions::from_mode(0o600))
-        .context("securing the admin socket")?;
+    let started = gateway.and_then(|gateway| {
+        let admin_listener =
+            UnixListener::bind(&socket_path).context("binding the admin socket")?;
+        fs::set_permissions(&socket_path, fs::Permissions::from_mode(0o600))
+            .context("securing the admin socket")?;
+        Ok((gateway, admin_listener))
+    });
+    let (gateway, admin_listener) = match started {
+        Ok(started) => started,
+        Err(e) => {
+            // Recovery may have opened tenants: close them as a stop would.
+            directory.shutdown().await;
+            let _ = fs::remove_file(&socket_path);
+            return Err(e);
+        }
+    };
 
     let stop = CancellationToken::new();
     let admin_gateway = gateway.clone();
@@ -266,16 +316,25 @@ pub async fn run(
         tracing::info!(%addr, data_dir = %data.root().display(), "serving");
         let stop_gateway = stop.clone();
         let not_ready = ready.clone();
-        gateway
-            .serve(listener, async move {
-                tokio::select! {
-                    () = shutdown => {},
-                    () = stop_gateway.cancelled() => {},
-                }
-                // Load balancers stop sending new work while the calls in flight drain.
-                not_ready.set(false);
-            })
-            .await
+        let draining = CancellationToken::new();
+        let drain_begins = draining.clone();
+        let serving = gateway.serve(listener, async move {
+            tokio::select! {
+                () = shutdown => {},
+                () = stop_gateway.cancelled() => {},
+            }
+            // Load balancers stop sending new work while the calls in flight drain.
+            not_ready.set(false);
+            drain_begins.cancel();
+        });
+        // tonic waits for every connection to close, which a client holding a stream open
+        // (Health.Watch ends only with the server) never does: the wait is bounded. Connections
+        // still open then were sent GOAWAY (no new calls); their calls may still be answered
+        // until the process exits, and a write among them is acknowledged only once durable.
+        tokio::select! {
+            served = serving => served,
+            () = drain_over(&draining, &hurry, config.drain) => Ok(()),
+        }
     };
     stop.cancel();
     let _ = admin.await;

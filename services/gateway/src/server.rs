@@ -196,6 +196,11 @@ impl Gateway {
             health_reporter
                 .set_not_serving::<CellsServer<CellsService>>()
                 .await;
+            // The whole server too (the empty service name): clients that check that, as
+            // gRPC's client-side health checking does, stop sending here.
+            health_reporter
+                .set_service_status("", tonic_health::ServingStatus::NotServing)
+                .await;
             tracing::info!("stopped accepting; draining calls in flight");
         };
         let served = Server::builder()

@@ -181,6 +181,83 @@ async fn write_then_graceful_restart_then_read() {
     assert_eq!(r.seq, 3);
 }
 
+/// Send `server` SIGTERM without waiting for it.
+fn signal_term(server: &TestServer) {
+    use nix::sys::signal::{Signal, kill};
+    let pid = nix::unistd::Pid::from_raw(server.pid().unwrap() as i32);
+    kill(pid, Signal::SIGTERM).unwrap();
+}
+
+/// Watch the whole server's health (the empty service name) on a connection of its own; the
+/// stream and its first answer (SERVING).
+async fn watch_health(
+    server: &TestServer,
+) -> tonic::Streaming<tonic_health::pb::HealthCheckResponse> {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let mut health = HealthClient::new(server.channel().await.unwrap());
+    let mut watch = health
+        .watch(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = watch.message().await.unwrap().unwrap();
+    assert_eq!(first.status(), ServingStatus::Serving);
+    watch
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_health_watch_does_not_hold_up_a_graceful_stop() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    let mut server = TestServer::start_with(cubed(), &["--drain-secs", "1"]).unwrap();
+    let mut c = server.cells(&server.demo).await.unwrap();
+    c.write(write(1, 2, 3, b"kept")).await.unwrap();
+    // gRPC clients with health checking hold such a stream open for the connection's life; it
+    // ends only with the server, so an unbounded drain waited for it forever.
+    let mut watch = watch_health(&server).await;
+    signal_term(&server);
+    // Told that the whole server stops serving, not only cube.v1.Cells.
+    let next = tokio::time::timeout(Duration::from_secs(10), watch.message())
+        .await
+        .expect("no health change after SIGTERM")
+        .unwrap()
+        .unwrap();
+    assert_eq!(next.status(), ServingStatus::NotServing);
+    let status = tokio::task::block_in_place(|| server.wait_exit(Duration::from_secs(20)))
+        .unwrap()
+        .expect("cubed still running 20 s after SIGTERM with --drain-secs 1");
+    assert!(status.success(), "{status}");
+    let log = server.log();
+    assert!(log.contains("closing their connections"), "{log}");
+    assert!(log.contains("stopped cleanly"), "{log}");
+    drop(watch);
+    tokio::task::block_in_place(|| server.restart()).unwrap();
+    let mut c = server.cells(&server.demo).await.unwrap();
+    let r = c.read(read(1, 2, 3)).await.unwrap().into_inner();
+    assert_eq!(r.value, b"kept");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_ends_the_drain_at_once() {
+    let mut server = TestServer::start_with(cubed(), &["--drain-secs", "600"]).unwrap();
+    let watch = watch_health(&server).await;
+    signal_term(&server);
+    // Still draining: the watch is open and the drain has ten minutes.
+    let early = tokio::task::block_in_place(|| server.wait_exit(Duration::from_millis(500)));
+    assert!(early.unwrap().is_none(), "exited before its drain was over");
+    signal_term(&server);
+    let status = tokio::task::block_in_place(|| server.wait_exit(Duration::from_secs(20)))
+        .unwrap()
+        .expect("cubed still running 20 s after a second SIGTERM");
+    assert!(status.success(), "{status}");
+    let log = server.log();
+    assert!(log.contains("second signal"), "{log}");
+    assert!(log.contains("stopped cleanly"), "{log}");
+    drop(watch);
+}
+
 /// SIGTERM, and the server must exit 0.
 fn stop_gracefully(server: &mut TestServer) {
     assert!(

@@ -134,3 +134,53 @@ async fn in_call_mode_a_client_certificate_authenticates_nothing() {
         Code::Unauthenticated
     );
 }
+
+/// `cubed serve` on `data_dir` with `args`, expected to refuse to start: its stderr.
+fn refused_start(data_dir: &std::path::Path, args: &[&str]) -> String {
+    let out = std::process::Command::new(cubed())
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .args(args)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn a_start_that_cannot_serve_changes_nothing_in_the_data_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    // A missing certificate: refused before the demo tenant and its credentials are made, so
+    // no dev-credentials.json points clients at a server that never ran.
+    let data = dir.path().join("data");
+    let stderr = refused_start(
+        &data,
+        &[
+            "--tls-cert",
+            "/nonexistent/cert.pem",
+            "--tls-key",
+            "/nonexistent/key.pem",
+        ],
+    );
+    assert!(
+        stderr.contains("reading --tls-cert /nonexistent/cert.pem"),
+        "{stderr}"
+    );
+    assert!(!data.join("dev-credentials.json").exists());
+    // A data directory too deep for its admin socket: refused before anything is created.
+    let deep = dir.path().join("d".repeat(120));
+    let stderr = refused_start(&deep, &[]);
+    assert!(
+        stderr.contains("the data directory's path is too long"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("use a shorter --data-dir"), "{stderr}");
+    assert!(!deep.exists());
+}

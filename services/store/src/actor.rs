@@ -208,11 +208,15 @@ impl Handler<Shutdown> for TenantActor {
         // nothing; when it covers the whole log, the log's files are removed there too, so that
         // the next open does not even read them.
         let wal_dir = wal.dir().to_path_buf();
-        let close = async move { tokio::task::spawn_blocking(move || wal.close()).await };
+        let close =
+            async move { tokio::task::spawn_blocking(move || wal.close_or_failure()).await };
         ctx.wait(close.into_actor(self).map(move |closed, act, ctx| {
+            // A shard stopped by a failed write stays reopenable: reported as such, not as a
+            // failed fdatasync, so the close does not refuse the tenant until the restart.
             let (event, final_seq) = match closed {
                 Ok(Ok(durable)) => (DurableEvent::Durable(durable), Some(durable)),
-                _ => (DurableEvent::Poisoned, None),
+                Ok(Err(failure)) => (failure, None),
+                Err(_) => (DurableEvent::Poisoned, None),
             };
             Self::answer(act.core.on_durable(event));
             let job = act.core.begin_checkpoint();

@@ -2190,6 +2190,81 @@ mod tests {
         restarted.shutdown().await;
     }
 
+    /// A write of the log that fails without a full disk (EIO, no descriptor left) stops the
+    /// tenant reopenable: the janitor closes it and its next call opens it afresh. Its close
+    /// used to report the stopped log as a failed fdatasync, which refused the tenant until the
+    /// restart.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_tenant_whose_log_write_failed_is_served_again_after_its_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, config) = tenant_with_catalog(dir.path());
+        let data = crate::DataDir::new(dir.path().join("data"));
+        let directory = test_directory(data.clone(), &config, &catalog);
+        directory.call("t", write(1, b"kept"), "t/k").await.unwrap();
+        cube_wal::failpoint::fail_next_write(&data.tenant_wal("t"));
+        let failed = directory.call("t", write(2, b"lost"), "t/k").await;
+        assert!(
+            matches!(&failed, Err(StoreError::Unavailable(m)) if m.contains("reopens by itself")),
+            "{failed:?}"
+        );
+        assert_eq!(directory.close_failed().await, 1);
+        directory.call("t", write(3, b"v"), "t/k").await.unwrap();
+        for (x, want) in [(1, Some(&b"kept"[..])), (2, None), (3, Some(&b"v"[..]))] {
+            let read = directory
+                .call("t", Command::Read { coord: at(x) }, "t/k")
+                .await
+                .unwrap();
+            match (&read, want) {
+                (Reply::Read(Some(c)), Some(v)) => assert_eq!(c.value, v, "cell {x}"),
+                (Reply::Read(None), None) => {}
+                _ => panic!("cell {x}: {read:?}"),
+            }
+        }
+        directory.shutdown().await;
+    }
+
+    /// An fdatasync that fails while a tenant's log is opened (the sync of what a crash left in
+    /// the page cache) refuses the tenant until the restart, as a failed fdatasync of its
+    /// syncer does: a retried open would read the pages the kernel could not write back as
+    /// durable. It used to be retried a second later like any failed open.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_fdatasync_while_opening_a_log_is_not_retried() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, config) = tenant_with_catalog(dir.path());
+        let data = crate::DataDir::new(dir.path().join("data"));
+        let directory = test_directory(data.clone(), &config, &catalog);
+        directory.call("t", write(1, b"kept"), "t/k").await.unwrap();
+        assert!(directory.close_tenant("t").await);
+        cube_wal::failpoint::fail_next_fdatasync(&data.tenant_wal("t"));
+        let failed = directory.call("t", write(2, b"v"), "t/k").await;
+        assert!(
+            matches!(&failed, Err(StoreError::Unavailable(_))),
+            "{failed:?}"
+        );
+        // Past the failed open's retry delay, as the janitor would find it.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        directory.close_failed().await;
+        for attempt in 0..2 {
+            let refused = directory.call("t", write(3, b"v"), "t/k").await;
+            assert!(
+                matches!(&refused, Err(StoreError::Unavailable(m)) if m.contains("until the server restarts")),
+                "attempt {attempt}: {refused:?}"
+            );
+        }
+        directory.shutdown().await;
+        drop(directory);
+        let restarted = test_directory(data, &config, &catalog);
+        let read = restarted
+            .call("t", Command::Read { coord: at(1) }, "t/k")
+            .await
+            .unwrap();
+        assert!(
+            matches!(&read, Reply::Read(Some(c)) if c.value == b"kept"),
+            "{read:?}"
+        );
+        restarted.shutdown().await;
+    }
+
     /// A tenant's scan places outlive its passivation: pages its clients still hold keep theirs
     /// after the tenant is closed and reopened.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -45,17 +45,19 @@ impl WalError {
     /// other failed write leaves it reopenable (see [`crate::DurableEvent`]).
     pub fn after_syncer_failure(&self) -> crate::DurableEvent {
         match self {
-            WalError::Io { op, source }
-                if !op.starts_with("fdatasync")
-                    && !op.starts_with("syncing")
-                    && *op != SYNCER_PANICKED =>
-            {
+            WalError::Io { op, source } if !self.is_failed_sync() && *op != SYNCER_PANICKED => {
                 crate::DurableEvent::WriteFailed {
                     no_space: is_no_space(source),
                 }
             }
             _ => crate::DurableEvent::Poisoned,
         }
+    }
+
+    /// An fdatasync (of a segment or of a directory) failed: the kernel may have dropped the
+    /// pages it could not write, so nothing read back from them afterwards can be trusted.
+    pub fn is_failed_sync(&self) -> bool {
+        matches!(self, WalError::Io { op, .. } if op.starts_with("fdatasync") || op.starts_with("syncing"))
     }
 
     pub(crate) fn io(op: &'static str) -> impl FnOnce(io::Error) -> WalError {

@@ -7,7 +7,7 @@
 //! segment deletions, before the directory fsync).
 //!
 //! Also here: injected fdatasync failures for tests ([`fail_next_fdatasync`]), of a WAL shard or
-//! of a tenant's state store.
+//! of a tenant's state store, and injected write failures of a WAL shard ([`fail_next_write`]).
 
 use std::sync::OnceLock;
 
@@ -31,11 +31,18 @@ pub fn hit(name: &str) {
 /// shard writing in that directory fail as a disk's EIO would. Unarmed, a sync pays one relaxed
 /// atomic load.
 static SYNC_FAULTS_ARMED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-/// (directory, how long the failing fdatasync takes).
-type SyncFault = (std::path::PathBuf, std::time::Duration);
+/// What an injected fault fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FaultOn {
+    Sync,
+    Write,
+}
+/// (directory, what fails, how long the failing call takes).
+type SyncFault = (std::path::PathBuf, FaultOn, std::time::Duration);
 static SYNC_FAULTS: std::sync::Mutex<Vec<SyncFault>> = std::sync::Mutex::new(Vec::new());
 
-/// Make the next fdatasync of the WAL shard in `dir` fail (tests only). For a tenant's state
+/// Make the next fdatasync of the WAL shard in `dir` fail (tests only): its syncer's, or the
+/// sync of the last segment when the shard is opened. For a tenant's state
 /// directory, its next checkpoint's flush fails instead (cube-store asks
 /// [`injected_sync_failure`]).
 #[doc(hidden)]
@@ -48,8 +55,19 @@ pub fn fail_next_fdatasync(dir: &std::path::Path) {
 /// window open).
 #[doc(hidden)]
 pub fn fail_next_fdatasync_after(dir: &std::path::Path, delay: std::time::Duration) {
+    arm(dir, FaultOn::Sync, delay);
+}
+
+/// Make the next batch write of the WAL shard in `dir` fail as an I/O error other than a full
+/// disk would (tests only): the shard stops, reopenable.
+#[doc(hidden)]
+pub fn fail_next_write(dir: &std::path::Path) {
+    arm(dir, FaultOn::Write, std::time::Duration::ZERO);
+}
+
+fn arm(dir: &std::path::Path, on: FaultOn, delay: std::time::Duration) {
     let mut faults = SYNC_FAULTS.lock().unwrap_or_else(|p| p.into_inner());
-    faults.push((dir.to_path_buf(), delay));
+    faults.push((dir.to_path_buf(), on, delay));
     SYNC_FAULTS_ARMED.store(true, std::sync::atomic::Ordering::SeqCst);
 }
 
@@ -57,14 +75,23 @@ pub fn fail_next_fdatasync_after(dir: &std::path::Path, delay: std::time::Durati
 /// delay).
 #[doc(hidden)]
 pub fn injected_sync_failure(dir: &std::path::Path) -> bool {
+    injected(dir, FaultOn::Sync)
+}
+
+/// Whether this batch write of the WAL shard in `dir` is to fail (consumes the injection).
+pub(crate) fn injected_write_failure(dir: &std::path::Path) -> bool {
+    injected(dir, FaultOn::Write)
+}
+
+fn injected(dir: &std::path::Path, on: FaultOn) -> bool {
     if !SYNC_FAULTS_ARMED.load(std::sync::atomic::Ordering::Relaxed) {
         return false;
     }
     let mut faults = SYNC_FAULTS.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(i) = faults.iter().position(|(d, _)| d == dir) else {
+    let Some(i) = faults.iter().position(|(d, o, _)| d == dir && *o == on) else {
         return false;
     };
-    let (_, delay) = faults.swap_remove(i);
+    let (_, _, delay) = faults.swap_remove(i);
     if faults.is_empty() {
         SYNC_FAULTS_ARMED.store(false, std::sync::atomic::Ordering::SeqCst);
     }

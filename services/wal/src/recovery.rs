@@ -161,6 +161,15 @@ pub(crate) fn recover(
                         format!("invalid record followed by valid record {seq} at offset {off}"),
                     ));
                 }
+                AfterEnd::Unverified => {
+                    return Err(corrupt(
+                        &name,
+                        pos as u64,
+                        "invalid record followed by more record-like bytes than recovery checks; \
+                         not cut, since a valid later record among them cannot be ruled out"
+                            .into(),
+                    ));
+                }
             }
         };
         write_offset = pos as u64;
@@ -256,12 +265,29 @@ enum AfterEnd {
     TornWrite,
     /// A valid record that is not: the first one found.
     LaterBatch { off: usize, seq: u64 },
+    /// The tail held more candidate records than [`CHECK_BUDGET_PER_BYTE`] lets recovery
+    /// checksum, so whether a valid one is among them is not known.
+    Unverified,
 }
+
+/// Bytes recovery may checksum looking for records after the end of data, per byte of the
+/// segment. Real later records are found in one pass (each checksummed once, the scan then
+/// skipping past it); the bound is for bytes crafted to look like many long records at every
+/// offset (client values in a recycled segment's old tail), which would otherwise cost a
+/// checksum of up to the rest of the segment per offset.
+const CHECK_BUDGET_PER_BYTE: usize = 4;
 
 fn after_end_of_data(data: &[u8], end: usize, exp: u64, salt: u32) -> AfterEnd {
     let mut first = None;
     let mut from = end;
-    while let Some((off, seq, position, total)) = find_valid_record_after(data, from, exp, salt) {
+    let mut budget = data.len().saturating_mul(CHECK_BUDGET_PER_BYTE);
+    loop {
+        let Ok(found) = find_valid_record_after(data, from, end, exp, salt, &mut budget) else {
+            return AfterEnd::Unverified;
+        };
+        let Some((off, seq, position, total)) = found else {
+            break;
+        };
         // Of the torn write only if records exp..seq-1 fit between `end` and it (a header each
         // at least) and its batch began at or before exp. A batch position that saturated
         // understates how early the batch began, which can only make this answer "no".
@@ -302,22 +328,33 @@ fn lost_sector_signature(data: &[u8], end: usize, until: usize) -> bool {
 }
 
 /// Look for any whole record, checksummed under `salt`, with a plausible sequence number after
-/// `from`: (offset, seq, batch position, framed length).
+/// `from`: (offset, seq, batch position, framed length). `end` is where record `min_seq` was
+/// due. `Err` once checksumming the candidates would take more than `budget` bytes (which it is
+/// reduced by).
 fn find_valid_record_after(
     data: &[u8],
     from: usize,
+    end: usize,
     min_seq: u64,
     salt: u32,
-) -> Option<(usize, u64, u64, usize)> {
-    // A sequence number far beyond the expected one cannot be ours; checking it first keeps this
-    // scan cheap on large garbage tails.
-    const PLAUSIBLE_SEQ_SPAN: u64 = 1 << 32;
-    let last_start = data.len().checked_sub(HEADER_LEN)?;
+    budget: &mut usize,
+) -> Result<Option<(usize, u64, u64, usize)>, ()> {
+    let Some(last_start) = data.len().checked_sub(HEADER_LEN) else {
+        return Ok(None);
+    };
     for off in from + 1..=last_start {
-        let header: &[u8; HEADER_LEN] = data[off..off + HEADER_LEN].try_into().ok()?;
+        let header: &[u8; HEADER_LEN] = data[off..off + HEADER_LEN].try_into().map_err(|_| ())?;
         let seq = record::seq_of_header(header);
-        if seq < min_seq || seq - min_seq > PLAUSIBLE_SEQ_SPAN {
+        // A record of this log at `off` follows records min_seq..seq-1 written between `end` and
+        // it, a header each at least: any other sequence number cannot be one of ours. Checked
+        // before the checksum, this keeps the scan cheap on old or garbage tails.
+        if seq < min_seq || (seq - min_seq).saturating_mul(HEADER_LEN as u64) > (off - end) as u64 {
             continue;
+        }
+        // A record that would run past the data is refused by `decode` without a checksum.
+        let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
+        if len <= data.len() - off - HEADER_LEN {
+            *budget = budget.checked_sub(len).ok_or(())?;
         }
         if let Frame::Record {
             seq,
@@ -326,10 +363,10 @@ fn find_valid_record_after(
             ..
         } = record::decode(&data[off..], salt)
         {
-            return Some((off, seq, position, total));
+            return Ok(Some((off, seq, position, total)));
         }
     }
-    None
+    Ok(None)
 }
 
 fn zero_range(path: &Path, offset: u64, len: u64) -> Result<(), WalError> {

@@ -241,6 +241,27 @@ impl WalShard {
         visit: &mut ReplayVisitor<'_>,
         notify: Option<DurableNotify>,
     ) -> Result<(WalShard, RecoveryReport), WalError> {
+        let mut notify = notify;
+        let opened = Self::open_with(dir, options, start_after, visit, &mut notify);
+        if let Err(e) = &opened
+            && e.is_failed_sync()
+            && let Some(notify) = &notify
+        {
+            // Reported as the syncer's failed fdatasync is: what a crash left in the page cache
+            // and this sync could not write would read back as durable at a retried open (the
+            // kernel reports a writeback error once), so the shard must not be reopened.
+            notify(DurableEvent::Poisoned);
+        }
+        opened
+    }
+
+    fn open_with(
+        dir: &Path,
+        options: WalOptions,
+        start_after: u64,
+        visit: &mut ReplayVisitor<'_>,
+        notify: &mut Option<DurableNotify>,
+    ) -> Result<(WalShard, RecoveryReport), WalError> {
         create_dir_durably(dir)?;
         let (mut resume, report) = recover(dir, start_after, visit)?;
         // What a killed process wrote but did not fsync (its last batch; a segment whose name it
@@ -249,6 +270,11 @@ impl WalShard {
         // counts from them. Make the last segment (earlier ones were synced before the next was
         // created) and the directory's names durable first.
         if let Some((_, path, _)) = resume.segments.last() {
+            if crate::failpoint::injected_sync_failure(dir) {
+                return Err(WalError::io("syncing the recovered last segment")(
+                    std::io::Error::other("injected fdatasync failure"),
+                ));
+            }
             File::open(path)
                 .and_then(|f| f.sync_data())
                 .map_err(WalError::io("syncing the recovered last segment"))?;
@@ -297,7 +323,7 @@ impl WalShard {
             }),
             work: Condvar::new(),
             durable_cv: Condvar::new(),
-            notify,
+            notify: notify.take(),
             segments: table,
             deleting: Mutex::new(()),
         });
@@ -474,6 +500,13 @@ impl WalShard {
     /// sequence number. Appends after this fail with [`WalError::Closed`].
     pub fn close(mut self) -> Result<u64, WalError> {
         self.shutdown()
+    }
+
+    /// [`WalShard::close`], failing with what stopped the shard: a failed write leaves it
+    /// reopenable, a failed fdatasync does not.
+    pub fn close_or_failure(mut self) -> Result<u64, DurableEvent> {
+        self.shutdown()
+            .map_err(|_| self.failure().unwrap_or(DurableEvent::Poisoned))
     }
 
     fn shutdown(&mut self) -> Result<u64, WalError> {
@@ -1011,6 +1044,11 @@ impl SegmentWriter {
     /// to. Records never straddle segments. The active segment is left unsynced: see
     /// [`SegmentWriter::sync`].
     fn write(&mut self, batch: &mut [u8], first_seq: u64) -> Result<(), WalError> {
+        if crate::failpoint::injected_write_failure(&self.dir) {
+            return Err(WalError::io("writing batch")(std::io::Error::other(
+                "injected write failure",
+            )));
+        }
         let mut rest = batch;
         let mut seq = first_seq;
         while !rest.is_empty() {

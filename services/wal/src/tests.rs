@@ -1260,3 +1260,41 @@ fn a_panicking_syncer_poisons_the_shard_instead_of_leaving_it_hanging() {
     assert!(matches!(wal.append(b"y"), Err(WalError::Poisoned)));
     assert!(matches!(wal.close(), Err(WalError::Poisoned)));
 }
+
+/// Bytes after the end of data that look like a long record at every offset (client values in
+/// a recycled segment's old tail can be made to) cost recovery a checksum of up to the rest of
+/// the segment per offset: hours for a large segment. Past a budget of a few times the
+/// segment's size the tail is refused as unverifiable instead of checked further, and left as
+/// it is.
+#[test]
+fn a_tail_of_crafted_record_headers_is_refused_not_scanned_for_ever() {
+    const SALT: u32 = 0x5a17_c0de;
+    const SIZE: usize = 256 << 10;
+    let dir = tempfile::tempdir().unwrap();
+    let mut data = Vec::new();
+    for seq in 1..=2 {
+        let start = data.len();
+        crate::record::encode(&mut data, seq, 0, &payload(seq));
+        crate::record::seal(&mut data[start..], SALT);
+    }
+    // A header claiming record 3 with a length reaching the end, at every 16th byte.
+    let end = data.len();
+    data.resize(SIZE, 0);
+    let mut off = end;
+    while off + 16 <= SIZE {
+        let len = (SIZE - off - 16) as u32;
+        data[off..off + 4].copy_from_slice(&len.to_le_bytes());
+        data[off + 4..off + 8].copy_from_slice(&0xdead_beef_u32.to_le_bytes());
+        data[off + 8..off + 16].copy_from_slice(&3u64.to_le_bytes());
+        off += 16;
+    }
+    let name = SegmentName {
+        first_seq: 1,
+        salt: SALT,
+    };
+    let seg = dir.path().join(name.file_name());
+    fs::write(&seg, &data).unwrap();
+    // Unbounded, this tail is ~2 GiB of checksums (and then cut); bounded, 1 MiB.
+    expect_corrupt(open(dir.path(), small()), "more record-like bytes");
+    assert_eq!(fs::read(&seg).unwrap(), data);
+}

@@ -21,6 +21,7 @@
 import grpc from 'k6/net/grpc';
 import crypto from 'k6/crypto';
 import encoding from 'k6/encoding';
+import exec from 'k6/execution';
 import { check, fail, sleep } from 'k6';
 import { Counter, Rate } from 'k6/metrics';
 
@@ -200,10 +201,12 @@ export class CubeVU {
   connect() {
     // k6 registers the reflected types in one process-wide registry, and two VUs doing that at
     // once can panic ("message ... is already registered", grafana/k6#3961; seen once in
-    // .ci/run with k6 1.1.0): the VUs' first connections are staggered by 250 ms each.
+    // .ci/run with k6 1.1.0): the VUs' first connections are staggered by 250 ms each, closer
+    // together when there are more than 8 VUs so that the last one starts within 2 s (a longer
+    // wait could outlast the run, and run.sh wants one handshake per VU).
     if (!this.staggered) {
       this.staggered = true;
-      sleep(0.25 * (__VU - 1));
+      sleep(Math.min(0.25, 2 / exec.instance.vusInitialized) * (__VU - 1));
     }
     // reflect: the schemas come from the server's reflection service; no .proto files loaded.
     this.client.connect(this.cfg.addr, { plaintext: true, reflect: true, timeout: '10s' });

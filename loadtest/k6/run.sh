@@ -14,7 +14,9 @@
 #   CUBE_P99_MS   p99 threshold in ms (default 500: generous, a debug build on 2 cores)
 #   CUBE_K6_NEGATIVE=0  skip the last step, which proves the thresholds can fail (a run with a
 #                       wrong secret must exit 99)
-# Anything else the scripts read (CUBE_MIX, CUBE_CELLS, CUBE_TIMEOUT, ...) is passed through.
+# Anything else the scripts read (CUBE_MIX, CUBE_CELLS, CUBE_TIMEOUT, ...) is passed through, except
+# CUBE_TENANT, CUBE_KEY_ID and CUBE_SECRET: the runs use the fresh server's dev-credentials.json.
+# The server gets no CUBE_* variable at all (loadtest/lib/cubed.sh).
 #
 # Also cross-checks the server's own counters (/metrics) so that each script is shown to have
 # used the model it claims: handshakes and per-connection calls only in connection.js, signed
@@ -65,6 +67,9 @@ echo "cubed ready on $ADDR (admin $ADMIN, pid $SERVER_PID)"
 
 export CUBE_CREDENTIALS="$DATA/dev-credentials.json"
 export CUBE_ADDR="$ADDR"
+# lib.js lets these override the file's fields, and docs/protocol.md has cubec users export them:
+# left in the caller's shell, they would fail every call against this fresh server.
+unset CUBE_TENANT CUBE_KEY_ID CUBE_SECRET
 
 # counters: prints "handshakes conn_calls signed_calls" from the server's /metrics.
 counters() {

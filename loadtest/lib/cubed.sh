@@ -3,8 +3,9 @@
 # directory, stopped when the script exits.
 #
 # start_cubed NAME [FLAGS...]
-#   Needs CUBED (the server binary). Starts `cubed serve` on 127.0.0.1 port 0 with FLAGS, waits
-#   up to 30 s for its ready line, and sets:
+#   Needs CUBED (the server binary). Starts `cubed serve` on 127.0.0.1 port 0 with FLAGS and
+#   without any CUBE_* variable of the caller's environment, waits up to 30 s for its ready line,
+#   and sets:
 #     TMP         the script's temporary directory (removed on exit)
 #     DATA        the server's data directory ($TMP/data)
 #     SERVER_PID  the server's pid (set it to "" once the script has stopped the server itself)
@@ -29,7 +30,15 @@ start_cubed() {
   DATA="$TMP/data"
   SERVER_PID=""
   trap _stop_cubed EXIT
-  "$CUBED" serve --data-dir "$DATA" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 "$@" \
+  # cubed reads every CUBE_* variable as a flag: one left in the caller's shell (CUBE_NO_DEMO=1,
+  # CUBE_AUTH_MODE=call, ...) would reconfigure the test server under the scripts, which pass
+  # their settings as FLAGS. env execs cubed, so $! is still the server's pid.
+  local unset_cube=() var
+  for var in $(compgen -e); do
+    if [[ "$var" == CUBE_* ]]; then unset_cube+=(-u "$var"); fi
+  done
+  env ${unset_cube[@]+"${unset_cube[@]}"} \
+    "$CUBED" serve --data-dir "$DATA" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 "$@" \
     >"$TMP/server.out" 2>"$TMP/server.err" &
   SERVER_PID=$!
   READY=""

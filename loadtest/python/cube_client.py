@@ -22,7 +22,7 @@ Library use::
 CLI (JSON on stdout, "cube_client: error: CODE: message" on stderr and exit status 1)::
 
     cube_client.py selfcheck
-    cube_client.py [--credentials F] [--endpoint URL] [--auth call|connection] write X Y Z VALUE
+    cube_client.py [--credentials F] [--endpoint URL] [--ca FILE] [--auth call|connection] write X Y Z VALUE
     cube_client.py ... read X Y Z
     cube_client.py ... delete X Y Z
     cube_client.py ... handshake        # Challenge + Hello only; prints the principal
@@ -279,12 +279,16 @@ def target_of(endpoint: str) -> tuple[str, bool]:
     return endpoint.rstrip("/"), False
 
 
-def open_channel(endpoint: str, extra_options: Sequence[tuple] = ()) -> grpc.Channel:
-    """One channel with its own subchannel pool: one HTTP/2 connection at a time."""
+def open_channel(endpoint: str, extra_options: Sequence[tuple] = (), ca: Optional[str] = None) -> grpc.Channel:
+    """One channel with its own subchannel pool: one HTTP/2 connection at a time.
+
+    ca: PEM file of the roots to trust for https (a --tls-dev server's <data-dir>/tls/ca.pem);
+    None trusts the system's roots."""
     target, tls = target_of(endpoint)
     options = list(CHANNEL_OPTIONS) + list(extra_options)
     if tls:
-        return grpc.secure_channel(target, grpc.ssl_channel_credentials(), options=options)
+        roots = Path(ca).read_bytes() if ca else None
+        return grpc.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=roots), options=options)
     return grpc.insecure_channel(target, options=options)
 
 
@@ -352,6 +356,7 @@ class CubeClient:
         auth: str = "call",
         stubs: Optional[SimpleNamespace] = None,
         timeout: float = 10.0,
+        ca: Optional[str] = None,
     ):
         if auth not in ("call", "connection"):
             raise ValueError("auth must be 'call' or 'connection'")
@@ -360,7 +365,7 @@ class CubeClient:
         self.auth = auth
         self.timeout = timeout
         self.pb = stubs or load_stubs()
-        self.channel = open_channel(self.endpoint)
+        self.channel = open_channel(self.endpoint, ca=ca)
         calls = self.channel
         if auth == "call":
             calls = grpc.intercept_channel(self.channel, _SigningInterceptor(creds))
@@ -459,7 +464,7 @@ def _code_of(fn) -> tuple[str, str]:
         return e.code().name, e.details() or ""
 
 
-def connection_check(creds: Credentials, endpoint: str, concurrency: int = 64) -> dict:
+def connection_check(creds: Credentials, endpoint: str, concurrency: int = 64, ca: Optional[str] = None) -> dict:
     """The session opened by Hello is bound to one channel (one connection):
 
     1. channel A: handshake, then `concurrency` concurrent unsigned reads all succeed;
@@ -471,7 +476,7 @@ def connection_check(creds: Credentials, endpoint: str, concurrency: int = 64) -
     subchannel pool share one authenticated connection."""
     pb = load_stubs()
     result: dict = {}
-    with CubeClient(creds, endpoint, auth="connection", stubs=pb) as a:
+    with CubeClient(creds, endpoint, auth="connection", stubs=pb, ca=ca) as a:
         result["principal"] = a.handshake()
         stub = pb.cells_pb2_grpc.CellsStub(a.channel)  # the raw channel: nothing can sign
         futures = [stub.Read.future(_read_request(pb, i, 0, 0), timeout=10) for i in range(concurrency)]
@@ -485,7 +490,7 @@ def connection_check(creds: Credentials, endpoint: str, concurrency: int = 64) -
         result["concurrent_unsigned_ok"] = ok
         result["concurrent_unsigned_total"] = concurrency
 
-        b_channel = open_channel(endpoint)
+        b_channel = open_channel(endpoint, ca=ca)
         try:
             b_stub = pb.cells_pb2_grpc.CellsStub(b_channel)
             code, _ = _code_of(lambda: b_stub.Read(_read_request(pb), timeout=10, wait_for_ready=True))
@@ -547,11 +552,11 @@ def connection_check(creds: Credentials, endpoint: str, concurrency: int = 64) -
     return result
 
 
-def replay_check(creds: Credentials, endpoint: str) -> dict:
+def replay_check(creds: Credentials, endpoint: str, ca: Optional[str] = None) -> dict:
     """Send one signed Read twice with identical metadata: the first passes, the second must be
     refused with UNAUTHENTICATED (nonce already used)."""
     pb = load_stubs()
-    channel = open_channel(endpoint)
+    channel = open_channel(endpoint, ca=ca)
     try:
         stub = pb.cells_pb2_grpc.CellsStub(channel)
         md = sign_call(creds, "/cube.v1.Cells/Read")
@@ -608,6 +613,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="cube_client.py", description="Cube client (docs/protocol.md) in Python")
     p.add_argument("--credentials", help=f"credentials JSON (default: $CUBE_TENANT/KEY_ID/SECRET, else {DEFAULT_CREDENTIALS})")
     p.add_argument("--endpoint", help="e.g. http://127.0.0.1:50051 (default: the credentials' endpoint)")
+    p.add_argument(
+        "--ca", metavar="FILE", help="CA certificate (PEM) to trust for an https:// endpoint (default: the system's roots)"
+    )
     p.add_argument("--auth", choices=("call", "connection"), default="call", help="authentication model (default: call)")
     p.add_argument("--proto-dir", help="directory holding cube/v1/*.proto (default: <repo>/proto)")
     p.add_argument("--timeout", type=float, default=10.0)
@@ -640,14 +648,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         creds = _load_creds(args)
         endpoint = args.endpoint or creds.endpoint or DEFAULT_ENDPOINT
         if args.cmd == "conncheck":
-            res = connection_check(creds, endpoint, args.concurrency)
+            res = connection_check(creds, endpoint, args.concurrency, ca=args.ca)
             _dump(res)
             return 0 if res["ok"] else 1
         if args.cmd == "replaycheck":
-            res = replay_check(creds, endpoint)
+            res = replay_check(creds, endpoint, ca=args.ca)
             _dump(res)
             return 0 if res["ok"] else 1
-        with CubeClient(creds, endpoint, auth=args.auth, timeout=args.timeout) as c:
+        with CubeClient(creds, endpoint, auth=args.auth, timeout=args.timeout, ca=args.ca) as c:
             if args.cmd == "handshake":
                 _dump({"principal": c.handshake()})
             elif args.cmd == "write":

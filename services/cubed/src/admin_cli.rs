@@ -17,7 +17,7 @@ use cube_api::v1::{
 use cube_auth::{Credentials, Secret};
 use cube_store::{
     Catalog, CatalogOpenError, Command, DataDir, KeyInfo, Reply, SyncPolicy, describe_policy,
-    open_offline, run_offline,
+    open_offline, run_offline, validate_tenant_name,
 };
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
@@ -100,25 +100,61 @@ fn print(outcome: Outcome) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How long a command waits for a catalog that is locked while no server answers on the admin
+/// socket: a server holds it that way from its start through crash recovery (which may replay
+/// many tenants' logs) and while it closes its tenants at a stop; an offline command holds it
+/// while it opens one tenant.
+const LOCKED_CATALOG_WAIT: Duration = Duration::from_secs(60);
+
 async fn execute(data_dir: &Path, op: Op<'_>) -> anyhow::Result<Outcome> {
     let data = DataDir::new(data_dir);
+    if let Op::CreateTenant(name) = op {
+        // Before anything is created: a bad name must not leave a new data directory behind.
+        validate_tenant_name(name).map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    if !data.catalog().exists() {
+        // A typo'd --data-dir (or the default one, from the wrong working directory) would get
+        // a fresh catalog, and `tenant create` credentials that the real server rejects.
+        match op {
+            Op::CreateTenant(_) => eprintln!(
+                "note: no Cube data directory at {}: creating one (pass --data-dir or --config to use the server's)",
+                data_dir.display()
+            ),
+            _ => bail!(
+                "no Cube data directory at {} (it has no catalog): pass --data-dir or --config naming the server's",
+                data_dir.display()
+            ),
+        }
+    }
     let socket = data.admin_socket();
-    // A running server is retried a few times: it may be between locking the catalog and binding
-    // its socket.
-    for _ in 0..50 {
+    let deadline = std::time::Instant::now() + LOCKED_CATALOG_WAIT;
+    let mut told = false;
+    loop {
         if let Ok(client) = connect(socket.clone()).await {
             return remote(client, &op).await;
         }
         match Catalog::open(&data.catalog()) {
             Ok(catalog) => return local(&data, &Arc::new(catalog), &op),
-            Err(CatalogOpenError::Locked) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Err(CatalogOpenError::Locked) => {}
             Err(e) => return Err(e).context("opening the catalog"),
         }
+        if std::time::Instant::now() >= deadline {
+            bail!(
+                "the catalog in {} stayed locked for {} s with no server answering on its admin \
+                 socket: a server starting or stopping there, or another command, holds it",
+                data_dir.display(),
+                LOCKED_CATALOG_WAIT.as_secs()
+            );
+        }
+        if !told {
+            told = true;
+            eprintln!(
+                "waiting for the catalog in {}: a server is starting or stopping there, or another command holds it",
+                data_dir.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    bail!(
-        "the catalog in {} is locked but no server answers on its admin socket",
-        data_dir.display()
-    )
 }
 
 fn credentials(k: &KeyInfo) -> Credentials {

@@ -11,6 +11,9 @@ pub const DEFAULT_DATA_DIR: &str = "./cube-data";
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9464";
 pub const DEFAULT_MAX_VALUE_BYTES: usize = 1 << 20;
+/// Largest `--max-value-bytes` accepted: a value is held several times in memory while it waits
+/// for its fdatasync, and a WAL record's length must fit its 32-bit field.
+pub const MAX_VALUE_BYTES: usize = 256 << 20;
 pub const DEFAULT_SKEW_SECS: u64 = 300;
 /// Largest `--skew-secs`: a wider window only lengthens what a replay or a key's floor covers.
 pub const MAX_SKEW_SECS: u64 = 3600;
@@ -271,7 +274,7 @@ pub struct ServeArgs {
     /// Do not create the `demo` tenant and dev-credentials.json on first start.
     #[arg(long, env = "CUBE_NO_DEMO")]
     pub no_demo: bool,
-    /// Largest cell value in bytes; larger writes get INVALID_ARGUMENT.
+    /// Largest cell value in bytes; larger writes get INVALID_ARGUMENT. 1 to 268435456.
     #[arg(long, env = "CUBE_MAX_VALUE_BYTES", default_value_t = DEFAULT_MAX_VALUE_BYTES)]
     pub max_value_bytes: usize,
     /// Largest gRPC request message in bytes; larger ones are refused before decoding with
@@ -410,6 +413,16 @@ pub struct ServeConfig {
 
 impl ServeArgs {
     pub fn validate(self) -> anyhow::Result<ServeConfig> {
+        anyhow::ensure!(
+            (1..=MAX_VALUE_BYTES).contains(&self.max_value_bytes),
+            "--max-value-bytes must be 1 to {MAX_VALUE_BYTES}"
+        );
+        anyhow::ensure!(
+            self.max_message_bytes
+                .is_none_or(|m| m <= 2 * MAX_VALUE_BYTES),
+            "--max-message-bytes must be at most {}",
+            2 * MAX_VALUE_BYTES
+        );
         let max_message_bytes = self
             .max_message_bytes
             .unwrap_or((self.max_value_bytes + MESSAGE_OVERHEAD).max(MIN_DEFAULT_MESSAGE_BYTES));
@@ -737,6 +750,17 @@ mod config_file_tests {
             assert!(err.to_string().contains(flag), "{flag}: {err}");
             serve(&[flag, "86400"]).unwrap();
         }
+        // A value's length plus framing must stay a representable (and 32-bit) length.
+        for (flag, value) in [
+            ("--max-value-bytes", "18446744073709551615"),
+            ("--max-value-bytes", "268435457"),
+            ("--max-value-bytes", "0"),
+            ("--max-message-bytes", "18446744073709551615"),
+        ] {
+            let err = serve(&[flag, value]).unwrap_err();
+            assert!(err.to_string().contains(flag), "{flag} {value}: {err}");
+        }
+        serve(&["--max-value-bytes", "268435456"]).unwrap();
         let config = serve(&["--drain-secs", "0"]).unwrap();
         assert_eq!(config.drain, std::time::Duration::ZERO);
         let config = serve(&[]).unwrap();

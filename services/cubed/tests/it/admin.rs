@@ -272,3 +272,64 @@ fn a_starting_server_waits_for_a_held_catalog_but_not_beside_a_server() {
         "{stderr}"
     );
 }
+
+/// `cubed ARGS...` in no server's presence: its output.
+fn offline(args: &[&str], data_dir: &std::path::Path) -> std::process::Output {
+    std::process::Command::new(cubed())
+        .args(args)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .output()
+        .unwrap()
+}
+
+/// A command aimed at a data directory that does not exist (a typo, the default one from the
+/// wrong working directory) creates nothing: the key commands refuse, and a bad tenant name is
+/// refused before a catalog is made. Only a good `tenant create` makes a new one, and says so.
+#[test]
+fn commands_on_a_missing_data_directory_create_nothing_they_should_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("typo");
+    for args in [
+        &["key", "create", "acme"][..],
+        &["key", "revoke", "acme", "k-1"],
+        &["tenant", "durability", "acme", "sync"],
+        &["tenant", "create", "Bad_Name"],
+    ] {
+        let out = offline(args, &missing);
+        assert!(!out.status.success(), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("no Cube data directory at") || stderr.contains("invalid tenant name"),
+            "{args:?}: {stderr}"
+        );
+        assert!(!missing.exists(), "{args:?} created {}", missing.display());
+    }
+    let out = offline(&["tenant", "create", "acme"], &missing);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("creating one"));
+    parse(&out);
+    parse(&offline(&["key", "create", "acme"], &missing));
+}
+
+/// A command that finds the catalog locked with no server on the admin socket (a server still
+/// recovering its tenants, or closing them) waits for it, longer than the 5 s it used to.
+#[test]
+fn a_command_waits_for_a_catalog_held_while_no_server_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    parse(&offline(&["tenant", "create", "acme"], &data));
+    let catalog = cube_store::Catalog::open(&cube_store::DataDir::new(&data).catalog()).unwrap();
+    let holder = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(7));
+        drop(catalog);
+    });
+    let out = offline(&["key", "create", "acme"], &data);
+    holder.join().unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("waiting for the catalog"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    parse(&out);
+}

@@ -345,8 +345,37 @@ pub struct RegionPage {
     pub next_token: Option<Vec<u8>>,
 }
 
-/// Version byte of region page tokens (the rest is the Morton key to resume at).
+/// Version byte of the region page tokens of earlier builds: the Morton key to resume at.
+/// Still accepted (a client paging across an upgrade), within the box only.
 const TOKEN_V1: u8 = 1;
+/// Version byte of region page tokens: the Morton key to resume at, then [`TOKEN_TAG_LEN`]
+/// bytes tying it to its box ([`token_tag`]), so that a token sent with another box is refused
+/// instead of silently skipping or repeating that box's cells.
+const TOKEN_V2: u8 = 2;
+const TOKEN_TAG_LEN: usize = 8;
+
+/// The tag of a v2 page token: a digest of the box and the resume point. Not a secret (a
+/// client may read its own tenant from anywhere): it catches tokens sent with the wrong box.
+fn token_tag(min: Coord, max: Coord, code: &[u8]) -> [u8; TOKEN_TAG_LEN] {
+    let mut h = Sha256::new();
+    h.update(b"cube region page token");
+    for v in [min.x, min.y, min.z, max.x, max.y, max.z] {
+        h.update(v.to_be_bytes());
+    }
+    h.update(code);
+    let mut tag = [0u8; TOKEN_TAG_LEN];
+    tag.copy_from_slice(&h.finalize()[..TOKEN_TAG_LEN]);
+    tag
+}
+
+fn region_token(min: Coord, max: Coord, next: u128) -> Vec<u8> {
+    let code = morton::to_bytes(next);
+    let mut t = Vec::with_capacity(1 + code.len() + TOKEN_TAG_LEN);
+    t.push(TOKEN_V2);
+    t.extend_from_slice(&code);
+    t.extend_from_slice(&token_tag(min, max, &code));
+    t
+}
 
 /// Whether a Region request's box and page token are valid: the gateway asks before the request
 /// waits for a scan place ([`StateReader::region`] checks again).
@@ -366,21 +395,38 @@ fn region_start(
                 "region min {min} must not exceed max {max} on any axis"
             ))
         })?;
-    let start = if token.is_empty() {
-        bounds.zmin()
-    } else {
-        match token.split_first() {
-            Some((&TOKEN_V1, rest)) => morton::from_bytes(rest),
-            _ => None,
-        }
-        .ok_or_else(|| {
-            StoreError::InvalidArgument(
-                "page_token is not one this server issued; pass back the \
-                 x-cube-next-page-token-bin value of the previous page unchanged"
-                    .into(),
-            )
-        })?
+    if token.is_empty() {
+        return Ok((bounds, bounds.zmin()));
+    }
+    let not_issued = || {
+        StoreError::InvalidArgument(
+            "page_token is not one this server issued; pass back the \
+             x-cube-next-page-token-bin value of the previous page unchanged"
+                .into(),
+        )
     };
+    let other_box = || {
+        StoreError::InvalidArgument(format!(
+            "page_token was issued for another box than min {min} max {max}: send the min and \
+             max of the request whose page returned it, or no token to start this box over"
+        ))
+    };
+    let start = match token.split_first() {
+        Some((&TOKEN_V1, code)) => morton::from_bytes(code).ok_or_else(not_issued)?,
+        Some((&TOKEN_V2, rest)) if rest.len() == morton::KEY_LEN + TOKEN_TAG_LEN => {
+            let (code, tag) = rest.split_at(morton::KEY_LEN);
+            let start = morton::from_bytes(code).ok_or_else(not_issued)?;
+            if token_tag(min, max, code) != tag {
+                return Err(other_box());
+            }
+            start
+        }
+        _ => return Err(not_issued()),
+    };
+    // Every token resumes inside its box's code range.
+    if start < bounds.zmin() || start > bounds.zmax() {
+        return Err(other_box());
+    }
     Ok((bounds, start))
 }
 
@@ -491,11 +537,7 @@ impl StateReader {
             (true, Some(at), _) => Some(at),
             (true, None, last) => last.and_then(|(last, _)| morton::resume_after(*last)),
         };
-        let next_token = next.map(|next| {
-            let mut t = vec![TOKEN_V1];
-            t.extend_from_slice(&morton::to_bytes(next));
-            t
-        });
+        let next_token = next.map(|next| region_token(min, max, next));
         let mut cells = Vec::with_capacity(page.items.len());
         for (m, bytes) in page.items {
             let cell = StoredCell::decode(bytes.as_slice())
@@ -2260,6 +2302,57 @@ mod tests {
         }
         assert_eq!(got, 10);
         assert!(pages >= 3, "{pages}");
+    }
+
+    /// A page token only continues the box it was issued for: sent with another box it is
+    /// INVALID_ARGUMENT, where it used to reposition that box's scan (an empty page with no
+    /// token: "the box is empty"; or cells repeated). Tokens of earlier builds (v1) are still
+    /// taken inside their box's code range.
+    #[test]
+    fn a_region_page_token_continues_only_its_own_box() {
+        let mut h = Harness::new(fresh(16));
+        for x in 0..8 {
+            for y in 0..8 {
+                h.run(write(Coord { x, y, z: 0 }, b"v")).unwrap();
+            }
+        }
+        let (a_min, a_max) = (Coord { x: 0, y: 0, z: 0 }, Coord { x: 7, y: 7, z: 0 });
+        let (b_min, b_max) = (Coord { x: 0, y: 0, z: 0 }, Coord { x: 1, y: 1, z: 0 });
+        let reader = h.s.reader();
+        let page = reader.region(a_min, a_max, 10, &[]).unwrap();
+        let token = page.next_token.unwrap();
+        assert_eq!(
+            reader
+                .region(a_min, a_max, 100, &token)
+                .unwrap()
+                .cells
+                .len(),
+            54
+        );
+        let refused = reader.region(b_min, b_max, 10, &token);
+        assert!(
+            matches!(&refused, Err(StoreError::InvalidArgument(m)) if m.contains("another box")),
+            "{refused:?}"
+        );
+        // A token whose tag was altered.
+        let mut forged = token.clone();
+        *forged.last_mut().unwrap() ^= 1;
+        assert!(matches!(
+            reader.region(a_min, a_max, 10, &forged),
+            Err(StoreError::InvalidArgument(_))
+        ));
+        // v1: the bare resume code. Outside the box's codes, refused; inside, continued.
+        assert!(matches!(
+            reader.region(b_min, b_max, 10, &[1; 13]),
+            Err(StoreError::InvalidArgument(_))
+        ));
+        let first = reader.region(b_min, b_max, 1, &[]).unwrap();
+        let v2 = first.next_token.unwrap();
+        let mut v1 = vec![TOKEN_V1];
+        v1.extend_from_slice(&v2[1..1 + morton::KEY_LEN]);
+        let resumed = reader.region(b_min, b_max, 10, &v1).unwrap();
+        assert_eq!(resumed.cells.len(), 3);
+        assert!(resumed.next_token.is_none());
     }
 
     /// A thin box through many stored cells outside it costs one seek per run of them: a page

@@ -14,6 +14,8 @@ pub const DEFAULT_MAX_VALUE_BYTES: usize = 1 << 20;
 /// Largest `--max-value-bytes` accepted: a value is held several times in memory while it waits
 /// for its fdatasync, and a WAL record's length must fit its 32-bit field.
 pub const MAX_VALUE_BYTES: usize = 256 << 20;
+/// What one tenant's requests in flight may carry: 64 clients writing 1 MiB values at once.
+pub const DEFAULT_MAX_IN_FLIGHT_BYTES: usize = 64 << 20;
 pub const DEFAULT_SKEW_SECS: u64 = 300;
 /// Largest `--skew-secs`: a wider window only lengthens what a replay or a key's floor covers.
 pub const MAX_SKEW_SECS: u64 = 3600;
@@ -290,6 +292,11 @@ pub struct ServeArgs {
     /// Requests queued per tenant before callers get RESOURCE_EXHAUSTED.
     #[arg(long, env = "CUBE_MAILBOX_CAPACITY", default_value_t = DEFAULT_MAILBOX_CAPACITY)]
     pub mailbox_capacity: usize,
+    /// Bytes of values, programs and inputs one tenant's requests in flight may carry before
+    /// callers get RESOURCE_EXHAUSTED (each is held in a few copies until it is answered); at
+    /// least --max-value-bytes.
+    #[arg(long, env = "CUBE_MAX_IN_FLIGHT_BYTES", default_value_t = DEFAULT_MAX_IN_FLIGHT_BYTES)]
+    pub max_in_flight_bytes: usize,
     /// Threads running tenant actors (default: one per 4 CPUs, at least 1; on 2 cores one actor
     /// thread beat two by ~25% in the e2e benchmark, docs/benchmarks.md).
     #[arg(long, env = "CUBE_ACTOR_THREADS")]
@@ -394,6 +401,7 @@ pub struct ServeConfig {
     pub skew_ms: i64,
     pub replay_capacity: usize,
     pub mailbox_capacity: usize,
+    pub max_in_flight_bytes: usize,
     pub actor_threads: usize,
     pub max_concurrent_streams: u32,
     pub max_connections: usize,
@@ -434,6 +442,12 @@ impl ServeArgs {
         anyhow::ensure!(
             self.mailbox_capacity > 0,
             "--mailbox-capacity must be at least 1"
+        );
+        anyhow::ensure!(
+            self.max_in_flight_bytes >= self.max_value_bytes,
+            "--max-in-flight-bytes ({}) must be at least --max-value-bytes ({})",
+            self.max_in_flight_bytes,
+            self.max_value_bytes
         );
         anyhow::ensure!(
             (1..=MAX_SKEW_SECS).contains(&self.skew_secs),
@@ -543,6 +557,7 @@ impl ServeArgs {
             skew_ms: i64::try_from(self.skew_secs.saturating_mul(1000)).unwrap_or(i64::MAX),
             replay_capacity: self.replay_capacity,
             mailbox_capacity: self.mailbox_capacity,
+            max_in_flight_bytes: self.max_in_flight_bytes,
             actor_threads: threads.max(1),
             max_concurrent_streams: self.max_concurrent_streams,
             max_connections: self.max_connections.unwrap_or_else(default_max_connections),
@@ -760,7 +775,15 @@ mod config_file_tests {
             let err = serve(&[flag, value]).unwrap_err();
             assert!(err.to_string().contains(flag), "{flag} {value}: {err}");
         }
-        serve(&["--max-value-bytes", "268435456"]).unwrap();
+        serve(&[
+            "--max-value-bytes",
+            "268435456",
+            "--max-in-flight-bytes",
+            "268435456",
+        ])
+        .unwrap();
+        let err = serve(&["--max-value-bytes", "268435456"]).unwrap_err();
+        assert!(err.to_string().contains("--max-in-flight-bytes"), "{err}");
         let config = serve(&["--drain-secs", "0"]).unwrap();
         assert_eq!(config.drain, std::time::Duration::ZERO);
         let config = serve(&[]).unwrap();

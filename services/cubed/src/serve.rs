@@ -198,6 +198,7 @@ pub async fn run(
                 catalog: None,
             },
             mailbox_capacity: config.mailbox_capacity,
+            max_in_flight_bytes: config.max_in_flight_bytes,
             actor_threads: config.actor_threads,
             idle_after: config.idle_after,
             max_open: config.max_open_tenants,

@@ -33,12 +33,18 @@ impl Responder {
     }
 }
 
-/// One admitted request of a tenant; releases its slot when dropped.
-pub(crate) struct InFlightPermit(pub Arc<AtomicUsize>);
+/// One admitted request of a tenant; releases its slot and its bytes when dropped.
+pub(crate) struct InFlightPermit {
+    pub requests: Arc<AtomicUsize>,
+    pub bytes: Arc<AtomicUsize>,
+    /// What the request carries ([`crate::Command::payload_bytes`]).
+    pub size: usize,
+}
 
 impl Drop for InFlightPermit {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.requests.fetch_sub(1, Ordering::AcqRel);
+        self.bytes.fetch_sub(self.size, Ordering::AcqRel);
         cube_metrics::MAILBOX_DEPTH.dec();
     }
 }

@@ -1903,6 +1903,7 @@ mod tests {
                 data_dir: data,
                 core: config.clone(),
                 mailbox_capacity: 64,
+                max_in_flight_bytes: 64 << 20,
                 actor_threads: 1,
                 idle_after: Duration::from_secs(3600),
                 max_open,
@@ -2263,6 +2264,56 @@ mod tests {
             "{read:?}"
         );
         restarted.shutdown().await;
+    }
+
+    /// What one tenant's requests in flight carry is bounded: writes waiting behind a slow
+    /// fdatasync past `max_in_flight_bytes` are refused with RESOURCE_EXHAUSTED at once, long
+    /// before the request count (`mailbox_capacity`) is reached; with nothing held, a value
+    /// larger than the bound still goes through.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn requests_in_flight_are_bounded_in_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, config) = tenant_with_catalog(dir.path());
+        let data = crate::DataDir::new(dir.path().join("data"));
+        let directory = Arc::new(
+            crate::TenantDirectory::new(
+                crate::DirectoryConfig {
+                    data_dir: data.clone(),
+                    core: config.clone(),
+                    mailbox_capacity: 64,
+                    max_in_flight_bytes: 512 << 10,
+                    actor_threads: 1,
+                    idle_after: Duration::from_secs(3600),
+                    max_open: 4,
+                },
+                Some(Arc::clone(&catalog)),
+            )
+            .unwrap(),
+        );
+        let big = vec![7u8; 1 << 20];
+        directory.call("t", write(0, &big), "t/k").await.unwrap();
+        // The next fdatasync takes 2 s (then fails): writes pile up behind it.
+        cube_wal::failpoint::fail_next_fdatasync_after(
+            &data.tenant_wal("t"),
+            Duration::from_secs(2),
+        );
+        let value = vec![1u8; 128 << 10];
+        let calls: Vec<_> = (1..=12)
+            .map(|x| {
+                let (directory, value) = (Arc::clone(&directory), value.clone());
+                tokio::spawn(async move { directory.call("t", write(x, &value), "t/k").await })
+            })
+            .collect();
+        let mut busy = 0;
+        for call in calls {
+            if let Err(StoreError::ResourceExhausted(m)) = call.await.unwrap() {
+                assert!(m.contains("requests in flight already carry"), "{m}");
+                busy += 1;
+            }
+        }
+        // 512 KiB holds four 128 KiB values at once.
+        assert_eq!(busy, 8, "{busy} of 12 refused");
+        directory.shutdown().await;
     }
 
     /// A tenant's scan places outlive its passivation: pages its clients still hold keep theirs

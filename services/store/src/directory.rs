@@ -40,6 +40,10 @@ pub struct DirectoryConfig {
     /// Requests one tenant may have queued or waiting for durability before further callers get
     /// RESOURCE_EXHAUSTED at once.
     pub mailbox_capacity: usize,
+    /// Bytes of values (programs, inputs...) one tenant's requests may hold in flight, counted
+    /// like `mailbox_capacity`; beyond it RESOURCE_EXHAUSTED. A request is always admitted when
+    /// the tenant holds none, so one value larger than this still goes through.
+    pub max_in_flight_bytes: usize,
     /// Threads that run tenant actors.
     pub actor_threads: usize,
     /// A tenant with no call for this long is passivated.
@@ -64,8 +68,11 @@ pub struct TenantHandle {
     tenant: Arc<str>,
     addr: Addr<TenantActor>,
     mailbox_capacity: usize,
+    max_in_flight_bytes: usize,
     /// Requests admitted and not yet answered (queued in the mailbox or waiting for fsync).
     in_flight: Arc<AtomicUsize>,
+    /// What those requests carry ([`Command::payload_bytes`]).
+    in_flight_bytes: Arc<AtomicUsize>,
     /// Set when the tenant is being passivated: callers must reopen it.
     retired: Arc<AtomicBool>,
     reader: StateReader,
@@ -95,7 +102,7 @@ impl TenantHandle {
         if let Command::Read { coord } = &cmd {
             return Ok(self.reader.read(coord).map(Reply::Read));
         }
-        let permit = match self.admit() {
+        let permit = match self.admit(cmd.payload_bytes()) {
             Ok(p) => p,
             Err(e) => return Ok(Err(e)),
         };
@@ -175,14 +182,28 @@ impl TenantHandle {
         self.in_flight.load(Ordering::SeqCst)
     }
 
-    fn admit(&self) -> Result<InFlightPermit, StoreError> {
+    fn admit(&self, bytes: usize) -> Result<InFlightPermit, StoreError> {
         let before = self.in_flight.fetch_add(1, Ordering::SeqCst);
+        let held = self.in_flight_bytes.fetch_add(bytes, Ordering::SeqCst);
         cube_metrics::MAILBOX_DEPTH.inc();
-        let permit = InFlightPermit(Arc::clone(&self.in_flight));
+        let permit = InFlightPermit {
+            requests: Arc::clone(&self.in_flight),
+            bytes: Arc::clone(&self.in_flight_bytes),
+            size: bytes,
+        };
         if before >= self.mailbox_capacity {
             return Err(StoreError::ResourceExhausted(format!(
                 "tenant '{}' is busy: {} requests are already in flight; retry with backoff",
                 self.tenant, self.mailbox_capacity
+            )));
+        }
+        if held > 0 && held.saturating_add(bytes) > self.max_in_flight_bytes {
+            return Err(StoreError::ResourceExhausted(format!(
+                "tenant '{}' is busy: its requests in flight already carry {} KiB (at most {} KiB \
+                 at once); retry with backoff",
+                self.tenant,
+                held >> 10,
+                self.max_in_flight_bytes >> 10
             )));
         }
         Ok(permit)
@@ -494,6 +515,7 @@ struct OpenContext {
     catalog: Option<Arc<Catalog>>,
     arbiter: actix::ArbiterHandle,
     mailbox_capacity: usize,
+    max_in_flight_bytes: usize,
     failed_logs: Arc<FailedLogs>,
     closing: Arc<Closing>,
 }
@@ -573,7 +595,9 @@ impl OpenContext {
             tenant: tenant.into(),
             addr,
             mailbox_capacity: self.mailbox_capacity,
+            max_in_flight_bytes: self.max_in_flight_bytes,
             in_flight: Arc::new(AtomicUsize::new(0)),
+            in_flight_bytes: Arc::new(AtomicUsize::new(0)),
             retired: Arc::new(AtomicBool::new(false)),
             reader,
             stats,
@@ -833,6 +857,7 @@ impl TenantDirectory {
             catalog: self.catalog.clone(),
             arbiter: self.runtime.pick().clone(),
             mailbox_capacity: self.config.mailbox_capacity,
+            max_in_flight_bytes: self.config.max_in_flight_bytes,
             failed_logs: Arc::clone(&self.failed_logs),
             closing: Arc::clone(&self.closing),
         }

@@ -156,6 +156,26 @@ pub struct Caller {
 }
 
 impl Command {
+    /// Bytes the command carries from its caller (values, programs, inputs, labels): what it
+    /// holds in memory, in a few copies, until it is answered.
+    pub fn payload_bytes(&self) -> usize {
+        match self {
+            Command::Write { value, .. } => value.len(),
+            Command::Prog { program, .. } => program.len(),
+            Command::Run { input, .. } => input.len(),
+            Command::Event { op, detail } => op.len() + detail.len(),
+            Command::Link { label, .. } | Command::Unlink { label, .. } => label.len(),
+            Command::ChangeCapabilities { key_id, .. } | Command::RevokeKey { key_id } => {
+                key_id.len()
+            }
+            Command::Read { .. }
+            | Command::Delete { .. }
+            | Command::Seal { .. }
+            | Command::CreateKey
+            | Command::SetDurability { .. } => 0,
+        }
+    }
+
     /// Whether the command may change state (and so goes through the WAL).
     pub fn is_mutation(&self) -> bool {
         !matches!(self, Command::Read { .. })

@@ -96,6 +96,68 @@ pub struct SharedStats {
     /// Its actor was told to stop (a shutdown or passivation). An actor that is gone without
     /// this stopped because a handler panicked (see `TenantHandle::crashed`).
     pub stopping: std::sync::atomic::AtomicBool,
+    /// Key revocations and capability changes logged but not applied yet.
+    pub pending_rights: PendingRights,
+}
+
+/// The tenant's key revocations and capability changes that are logged but not yet applied to
+/// the catalog (they wait for their fdatasync), as its core has them: the catalog, which
+/// authenticated the call, still shows the old rights until then. Published for the reads
+/// answered off the core's thread (a Read, a scan), which check it as the core checks changes.
+#[derive(Debug, Default)]
+pub struct PendingRights {
+    /// Anything pending (the common case is not: one load and no lock).
+    any: std::sync::atomic::AtomicBool,
+    keys: std::sync::RwLock<PendingKeys>,
+}
+
+/// Revoked key ids, and each changed key's newest logged capability set.
+#[derive(Debug, Default)]
+struct PendingKeys {
+    revoked: HashSet<String>,
+    caps: HashMap<String, Vec<Capability>>,
+}
+
+impl PendingRights {
+    fn publish(&self, revokes: &HashSet<String>, caps: &HashMap<String, (u64, Vec<Capability>)>) {
+        let mut keys = self.keys.write().unwrap_or_else(|p| p.into_inner());
+        keys.revoked.clone_from(revokes);
+        keys.caps = caps
+            .iter()
+            .map(|(k, (_, c))| (k.clone(), c.clone()))
+            .collect();
+        self.any
+            .store(!revokes.is_empty() || !caps.is_empty(), Ordering::SeqCst);
+    }
+
+    /// Why a call of key `key_id` that needs `needed` (None: only an unrevoked key) must be
+    /// refused under what is pending, if it must.
+    pub fn refusal(&self, key_id: &str, needed: Option<Capability>) -> Option<StoreError> {
+        if !self.any.load(Ordering::SeqCst) {
+            return None;
+        }
+        let keys = self.keys.read().unwrap_or_else(|p| p.into_inner());
+        if keys.revoked.contains(key_id) {
+            return Some(StoreError::Unauthenticated(
+                "the key this call authenticated with was revoked; authenticate again".into(),
+            ));
+        }
+        match (needed, keys.caps.get(key_id)) {
+            (Some(needed), Some(caps)) if !caps.contains(&needed) => {
+                Some(StoreError::PermissionDenied(format!(
+                    "key '{key_id}' lacks the {needed:?} capability for this call"
+                )))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The key id of `principal` (`tenant/key_id`) if it is a key of `tenant` (the operator is not).
+pub(crate) fn key_of<'p>(tenant: &str, principal: &'p str) -> Option<&'p str> {
+    principal
+        .strip_prefix(tenant)
+        .and_then(|rest| rest.strip_prefix('/'))
 }
 
 /// The durability policy as Stats shows it.
@@ -483,40 +545,36 @@ impl<T> TenantCore<T> {
             return Ok(());
         }
         // The operator (the admin socket) is no key of the tenant's.
-        let Some(key_id) = caller
-            .principal
-            .strip_prefix(self.tenant.as_str())
-            .and_then(|rest| rest.strip_prefix('/'))
-        else {
+        let Some(key_id) = key_of(&self.tenant, &caller.principal) else {
             return Ok(());
         };
-        if self.pending_revokes.contains(key_id) {
-            return Err(StoreError::Unauthenticated(
-                "the key this call authenticated with was revoked; authenticate again".into(),
-            ));
-        }
         let needed = match cmd {
-            Command::Read { .. } => Capability::Read,
-            Command::ChangeCapabilities { .. } => Capability::Admin,
+            Command::Read { .. } => Some(Capability::Read),
+            Command::ChangeCapabilities { .. } => Some(Capability::Admin),
             Command::Write { .. }
             | Command::Delete { .. }
             | Command::Prog { .. }
             | Command::Run { .. }
             | Command::Link { .. }
             | Command::Unlink { .. }
-            | Command::Seal { .. } => Capability::Write,
+            | Command::Seal { .. } => Some(Capability::Write),
             // Security events and the operator's own changes need no capability of the caller.
             Command::Event { .. }
             | Command::RevokeKey { .. }
             | Command::CreateKey
-            | Command::SetDurability { .. } => return Ok(()),
+            | Command::SetDurability { .. } => None,
         };
-        match self.pending_caps.get(key_id) {
-            Some((_, caps)) if !caps.contains(&needed) => Err(StoreError::PermissionDenied(
-                format!("key '{key_id}' lacks the {needed:?} capability for this call"),
-            )),
-            _ => Ok(()),
+        match self.stats.pending_rights.refusal(key_id, needed) {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
+    }
+
+    /// Publish the pending revocations and capability changes after they changed.
+    fn publish_pending_rights(&self) {
+        self.stats
+            .pending_rights
+            .publish(&self.pending_revokes, &self.pending_caps);
     }
 
     /// Handle a command. Returns an answer now, or `None` when the answer waits for durability
@@ -566,10 +624,12 @@ impl<T> TenantCore<T> {
             None => true,
             Some((_, key_id, CatalogEdit::Caps(caps))) => {
                 self.pending_caps.insert(key_id, (seq, caps));
+                self.publish_pending_rights();
                 false
             }
             Some((_, key_id, CatalogEdit::Revoke)) => {
                 self.pending_revokes.insert(key_id);
+                self.publish_pending_rights();
                 false
             }
             Some((_, _, CatalogEdit::Create { .. } | CatalogEdit::Durability(_))) => false,
@@ -976,6 +1036,7 @@ impl<T> TenantCore<T> {
                 }
                 CatalogEdit::Create { .. } | CatalogEdit::Durability(_) => {}
             }
+            self.publish_pending_rights();
         }
         Ok(())
     }
@@ -1007,6 +1068,7 @@ impl<T> TenantCore<T> {
         self.state.discard_pending();
         self.pending_caps.clear();
         self.pending_revokes.clear();
+        self.publish_pending_rights();
     }
 
     /// Applying records to the state store failed (fjall's keyspace poisoned by a memtable flush
@@ -2313,6 +2375,66 @@ mod tests {
         }
         // 512 KiB holds four 128 KiB values at once.
         assert_eq!(busy, 8, "{busy} of 12 refused");
+        directory.shutdown().await;
+    }
+
+    /// A Read, answered off the core's thread from the applied state, is refused to a key whose
+    /// revocation or loss of READ is logged but not yet applied (while its fdatasync runs): the
+    /// catalog that authenticated the call does not show it yet, the core does. It used to be
+    /// answered in that window while the same key's Write was refused.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_read_by_a_key_whose_revocation_is_pending_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, config) = tenant_with_catalog(dir.path());
+        let doomed = catalog.create_key("t").unwrap();
+        let demoted = catalog.create_key("t").unwrap();
+        let data = crate::DataDir::new(dir.path().join("data"));
+        let directory = Arc::new(test_directory(data.clone(), &config, &catalog));
+        directory.call("t", write(1, b"v"), "t/k").await.unwrap();
+        let read = |key: &str| {
+            let (directory, principal) = (Arc::clone(&directory), format!("t/{key}"));
+            async move {
+                directory
+                    .call("t", Command::Read { coord: at(1) }, &principal)
+                    .await
+            }
+        };
+        assert!(read(&doomed.key_id).await.is_ok());
+        // The next fdatasync takes 1 s (then fails): both changes wait for it.
+        cube_wal::failpoint::fail_next_fdatasync_after(
+            &data.tenant_wal("t"),
+            Duration::from_secs(1),
+        );
+        let changes = {
+            let directory = Arc::clone(&directory);
+            let (doomed, demoted) = (doomed.key_id.clone(), demoted.key_id.clone());
+            tokio::spawn(async move {
+                let revoke = Command::RevokeKey { key_id: doomed };
+                let demote = Command::ChangeCapabilities {
+                    key_id: demoted,
+                    grant: vec![],
+                    revoke: vec![Capability::Read],
+                };
+                tokio::join!(
+                    directory.call("t", revoke, "operator"),
+                    directory.call("t", demote, "operator")
+                )
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let refused = read(&doomed.key_id).await;
+        assert!(
+            matches!(&refused, Err(StoreError::Unauthenticated(m)) if m.contains("revoked")),
+            "{refused:?}"
+        );
+        let refused = read(&demoted.key_id).await;
+        assert!(
+            matches!(&refused, Err(StoreError::PermissionDenied(m)) if m.contains("Read")),
+            "{refused:?}"
+        );
+        // Other keys read on.
+        assert!(read("k").await.is_ok());
+        let _ = changes.await;
         directory.shutdown().await;
     }
 

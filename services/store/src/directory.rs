@@ -24,7 +24,7 @@ use tokio::sync::{oneshot, watch};
 
 use crate::StoreError;
 use crate::actor::{Call, Durable, InFlightPermit, Responder, Shutdown, TenantActor};
-use crate::catalog::Catalog;
+use crate::catalog::{Capability, Catalog};
 use crate::core::{CoreConfig, SharedStats, TenantCore, describe_policy};
 use crate::layout::DataDir;
 use crate::runtime::ActorRuntime;
@@ -100,6 +100,12 @@ impl TenantHandle {
         principal: &str,
     ) -> Result<Result<Reply, StoreError>, Command> {
         if let Command::Read { coord } = &cmd {
+            // Answered here, not by the core: so checked here against what the core has logged.
+            if let Some(key_id) = crate::core::key_of(&self.tenant, principal)
+                && let Err(e) = self.check_rights(key_id, Capability::Read)
+            {
+                return Ok(Err(e));
+            }
             return Ok(self.reader.read(coord).map(Reply::Read));
         }
         let permit = match self.admit(cmd.payload_bytes()) {
@@ -162,9 +168,20 @@ impl TenantHandle {
         self.addr.do_send(crate::actor::Crash);
     }
 
-    /// Read access to the tenant's applied state (no trip through the actor).
+    /// Read access to the tenant's applied state (no trip through the actor). A caller that
+    /// reads for a key checks [`TenantHandle::check_rights`] first.
     pub fn reader(&self) -> &StateReader {
         &self.reader
+    }
+
+    /// Whether key `key_id`, which authenticated a call needing `needed`, may still make it
+    /// under the revocations and capability changes the tenant has logged but not yet applied
+    /// to the catalog (which authenticated the call and still shows the old rights).
+    pub fn check_rights(&self, key_id: &str, needed: Capability) -> Result<(), StoreError> {
+        match self.stats.pending_rights.refusal(key_id, Some(needed)) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     /// WAL and checkpoint numbers and the durability policy.

@@ -44,7 +44,11 @@ pub(crate) async fn blocking<T: Send + 'static>(
     let permit = directory.scan_permit(principal.tenant()).await;
     // The wait for a place has no bound: the key may have been revoked, or lost READ, meanwhile.
     still_reads(directory, principal)?;
-    let reader = tenant_of(directory, principal).await?.reader().clone();
+    let tenant = tenant_of(directory, principal).await?;
+    tenant
+        .check_rights(&principal.key.key_id, Capability::Read)
+        .map_err(ApiError::from)?;
+    let reader = tenant.reader().clone();
     // The place goes with the scan: a caller that gives up (deadline, reset) drops this future,
     // but a blocking task cannot be stopped, so its place is freed only when it ends.
     match tokio::task::spawn_blocking(move || (f(&reader), permit)).await {

@@ -65,6 +65,9 @@ impl Tenant for TenantService {
         }
         // One point lookup, like Cells.Read: answered on the handler's task.
         let tenant = tenant_of(&self.directory, &principal).await?;
+        tenant
+            .check_rights(&principal.key.key_id, Capability::Read)
+            .map_err(ApiError::from)?;
         let (totals, _) = tenant.reader().totals().map_err(ApiError::from)?;
         let log = tenant.log_stats();
         Ok(Response::new(v1::StatsResponse {

@@ -71,6 +71,43 @@ fn checksum(len: u32, seq: u64, payload: &[u8]) -> u32 {
     crc32c::crc32c_append(crc, payload)
 }
 
+/// Whether the frame at `buf[0]` (in a segment salted with `salt`) fails its checksum by
+/// exactly one flipped bit of its sequence field, payload or stored checksum: damage to bytes
+/// that were written whole, which a torn write (whole sectors lost, or a frame cut short)
+/// matches only by chance, with odds of about 8 × its length in 2^32.
+pub(crate) fn off_by_one_bit(buf: &[u8], salt: u32) -> bool {
+    let Some(header) = buf.get(..HEADER_LEN) else {
+        return false;
+    };
+    let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
+    let Some(payload) = buf.get(HEADER_LEN..HEADER_LEN + len as usize) else {
+        return false;
+    };
+    let stored = u32::from_le_bytes([header[4], header[5], header[6], header[7]]) ^ salt;
+    let diff = checksum(len, seq_field(header), payload) ^ stored;
+    if diff == 0 {
+        return false;
+    }
+    if diff.count_ones() == 1 {
+        // A bit of the stored checksum itself.
+        return true;
+    }
+    // CRC-32C is linear: flipping the message bit t bits before its end (t = 1 for the last
+    // byte's highest bit, counting the reflected algorithm's order) changes the checksum by
+    // S^t(1), S being one step of its shift register, whatever the message. Compare the
+    // difference with each of those.
+    const POLY: u32 = 0x82F6_3B78;
+    let bits = 8 * (12 + u64::from(len));
+    let mut syndrome: u32 = 1;
+    for _ in 0..bits {
+        syndrome = (syndrome >> 1) ^ (POLY & 0u32.wrapping_sub(syndrome & 1));
+        if syndrome == diff {
+            return true;
+        }
+    }
+    false
+}
+
 /// What the bytes at some offset hold.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Frame<'a> {
@@ -202,6 +239,36 @@ mod tests {
                 payload: b"",
                 total: 16
             }
+        );
+    }
+
+    /// Every single flipped bit of a frame's sequence field, payload or stored checksum is
+    /// recognised as one; a whole frame, a zeroed stretch and a frame cut short are not.
+    #[test]
+    fn a_single_flipped_bit_is_told_from_other_damage() {
+        const SALT: u32 = 0x1357_9bdf;
+        let payload: Vec<u8> = (0..300u32).map(|i| (i * 7 + 3) as u8).collect();
+        let mut frame = Vec::new();
+        encode(&mut frame, 42, 3, &payload);
+        seal(&mut frame, SALT);
+        assert!(!off_by_one_bit(&frame, SALT), "a whole frame");
+        for byte in 4..frame.len() {
+            for bit in 0..8 {
+                let mut damaged = frame.clone();
+                damaged[byte] ^= 1 << bit;
+                assert!(off_by_one_bit(&damaged, SALT), "byte {byte} bit {bit}");
+            }
+        }
+        let mut two = frame.clone();
+        two[40] ^= 1;
+        two[90] ^= 4;
+        assert!(!off_by_one_bit(&two, SALT), "two flipped bits");
+        let mut zeroed = frame.clone();
+        zeroed[100..164].fill(0);
+        assert!(!off_by_one_bit(&zeroed, SALT), "a zeroed stretch");
+        assert!(
+            !off_by_one_bit(&frame[..frame.len() - 1], SALT),
+            "cut short"
         );
     }
 

@@ -1298,3 +1298,52 @@ fn a_tail_of_crafted_record_headers_is_refused_not_scanned_for_ever() {
     expect_corrupt(open(dir.path(), small()), "more record-like bytes");
     assert_eq!(fs::read(&seg).unwrap(), data);
 }
+
+/// One flipped bit in an acknowledged record is damage, not a torn write, and is refused, not
+/// cut: even when its value holds a zero sector (which passes for the mark of a lost write when
+/// later records of its batch follow), and even when it is the log's last record (where nothing
+/// follows it to tell).
+#[test]
+fn a_flipped_bit_in_the_last_batch_is_refused_even_beside_a_zero_sector() {
+    const SALT: u32 = 0x5a17_c0de;
+    // Record 3 holds 2 KiB of zeros (an aligned 512-byte sector of them, wherever it starts).
+    let value = |seq: u64| {
+        if seq == 3 {
+            let mut v = b"zeros:".to_vec();
+            v.resize(2048 + 6, 0);
+            v.extend_from_slice(b":end");
+            v
+        } else {
+            payload(seq)
+        }
+    };
+    let write_log = |dir: &Path, batches: &[std::ops::RangeInclusive<u64>]| {
+        let mut data = Vec::new();
+        let mut at3 = 0;
+        for batch in batches {
+            for seq in batch.clone() {
+                let start = data.len();
+                if seq == 3 {
+                    at3 = start;
+                }
+                crate::record::encode(&mut data, seq, seq - batch.start(), &value(seq));
+                crate::record::seal(&mut data[start..], SALT);
+            }
+        }
+        data.resize(16384, 0);
+        // One bit of record 3's value, outside its zeros.
+        data[at3 + 16 + 2] ^= 0x10;
+        let name = SegmentName {
+            first_seq: 1,
+            salt: SALT,
+        };
+        fs::write(dir.join(name.file_name()), &data).unwrap();
+        data
+    };
+    for batches in [&[1..=1, 2..=2, 3..=6][..], &[1..=1, 2..=2, 3..=3]] {
+        let dir = tempfile::tempdir().unwrap();
+        let before = write_log(dir.path(), batches);
+        expect_corrupt(open(dir.path(), small()), "one flipped bit");
+        assert_eq!(fs::read(only_segment(dir.path())).unwrap(), before);
+    }
+}

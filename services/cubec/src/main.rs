@@ -1,6 +1,8 @@
-//! cubec: a minimal command-line client. Signs every call (per-call auth).
+//! cubec: a minimal command-line client. Signs every call (per-call auth) unless told to run the
+//! handshake (`--auth connection`) or given a client certificate (mTLS).
 
-use std::path::PathBuf;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -9,7 +11,7 @@ use cube_api::v1::tenant_client::TenantClient;
 use cube_api::v1::{AuditEntry, AuditRequest};
 use cube_api::v1::{Coord, DeleteRequest, ReadRequest, WriteRequest};
 use cube_auth::Credentials;
-use cube_auth::client::{CallSigner, Signing};
+use cube_auth::client::{CallSigner, HandshakeError, Signing};
 use tonic::transport::{Channel, Endpoint};
 
 const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:50051";
@@ -23,21 +25,27 @@ struct Cli {
     #[arg(long, env = "CUBE_ENDPOINT", global = true)]
     endpoint: Option<String>,
     /// Credentials JSON ({"tenant","key_id","secret"}); default ./cube-data/dev-credentials.json.
-    /// Alternatively set CUBE_TENANT, CUBE_KEY_ID and CUBE_SECRET.
+    /// Alternatively set all three of CUBE_TENANT, CUBE_KEY_ID and CUBE_SECRET (not together
+    /// with this). Not needed with --cert.
     #[arg(long, env = "CUBE_CREDENTIALS", global = true)]
     credentials: Option<PathBuf>,
     /// CA certificate (PEM) to trust for an https:// endpoint; default ./cube-data/tls/ca.pem.
     #[arg(long, env = "CUBE_CA", global = true)]
     ca: Option<PathBuf>,
-    /// Client certificate (PEM) from `cubed key cert`: authenticates the connection (mTLS).
+    /// Name the server's certificate must carry; default: the endpoint's host.
+    #[arg(long, env = "CUBE_TLS_SERVER_NAME", global = true)]
+    tls_server_name: Option<String>,
+    /// Client certificate (PEM) from `cubed key cert`: authenticates the connection (mTLS, so
+    /// an https:// endpoint); no credentials file or --auth then.
     #[arg(long, env = "CUBE_CERT", global = true, requires = "key")]
     cert: Option<PathBuf>,
     /// Private key (PEM) of --cert.
     #[arg(long, env = "CUBE_KEY", global = true, requires = "cert")]
     key: Option<PathBuf>,
-    /// Authentication model: sign every call, or authenticate the connection once.
-    #[arg(long, env = "CUBE_AUTH", value_enum, default_value_t = AuthModel::Call, global = true)]
-    auth: AuthModel,
+    /// Authentication model: sign every call (the default), or authenticate the connection
+    /// once.
+    #[arg(long, env = "CUBE_AUTH", value_enum, global = true)]
+    auth: Option<AuthModel>,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -52,13 +60,17 @@ enum AuthModel {
 
 #[derive(Debug, Subcommand)]
 enum Cmd {
-    /// Write VALUE (UTF-8 text) at (X, Y, Z).
+    /// Write VALUE (UTF-8 text), or the bytes of --value-file, at (X, Y, Z).
     #[command(allow_negative_numbers = true)]
     Write {
         x: i32,
         y: i32,
         z: i32,
-        value: String,
+        #[arg(required_unless_present = "value_file", conflicts_with = "value_file")]
+        value: Option<String>,
+        /// Write this file's bytes (any bytes; `-` reads standard input).
+        #[arg(long)]
+        value_file: Option<PathBuf>,
         /// Write only if the cell is at this version (0 = must not exist).
         #[arg(long)]
         expected_version: Option<u64>,
@@ -68,7 +80,14 @@ enum Cmd {
     Read { x: i32, y: i32, z: i32 },
     /// Delete the cell at (X, Y, Z).
     #[command(allow_negative_numbers = true)]
-    Delete { x: i32, y: i32, z: i32 },
+    Delete {
+        x: i32,
+        y: i32,
+        z: i32,
+        /// Delete only if the cell is at this version.
+        #[arg(long)]
+        expected_version: Option<u64>,
+    },
     /// The tenant's audit trail.
     #[command(subcommand)]
     Audit(AuditCmd),
@@ -87,14 +106,38 @@ enum AuditCmd {
     Verify,
 }
 
+/// The variables that give credentials instead of a file.
+const CREDENTIAL_VARS: [&str; 3] = ["CUBE_TENANT", "CUBE_KEY_ID", "CUBE_SECRET"];
+
 fn load_credentials(path: Option<&PathBuf>) -> anyhow::Result<Credentials> {
-    if path.is_none()
-        && let (Ok(tenant), Ok(key_id), Ok(secret)) = (
-            std::env::var("CUBE_TENANT"),
-            std::env::var("CUBE_KEY_ID"),
-            std::env::var("CUBE_SECRET"),
-        )
-    {
+    let vars = CREDENTIAL_VARS.map(|v| std::env::var(v).ok());
+    if vars.iter().any(Option::is_some) {
+        // Half a set, or a set beside a file, would otherwise fall back to the file (usually the
+        // demo tenant's) and act as the wrong tenant without a word.
+        let missing: Vec<&str> = CREDENTIAL_VARS
+            .iter()
+            .zip(&vars)
+            .filter(|(_, v)| v.is_none())
+            .map(|(name, _)| *name)
+            .collect();
+        anyhow::ensure!(
+            missing.is_empty(),
+            "{} set but {} not: set all three of CUBE_TENANT, CUBE_KEY_ID and CUBE_SECRET, or none",
+            CREDENTIAL_VARS
+                .iter()
+                .filter(|v| !missing.contains(v))
+                .copied()
+                .collect::<Vec<_>>()
+                .join(", "),
+            missing.join(", ")
+        );
+        anyhow::ensure!(
+            path.is_none(),
+            "credentials given twice: by CUBE_TENANT/CUBE_KEY_ID/CUBE_SECRET and by \
+             --credentials/CUBE_CREDENTIALS ({}); unset one",
+            path.map(|p| p.display().to_string()).unwrap_or_default()
+        );
+        let [tenant, key_id, secret] = vars.map(Option::unwrap_or_default);
         return Ok(Credentials {
             tenant,
             key_id,
@@ -148,33 +191,54 @@ fn error_chain(e: &anyhow::Error) -> String {
 
 async fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let creds = load_credentials(cli.credentials.as_ref())?;
-    let secret = creds.secret().context("the credentials' secret")?;
+    // A client certificate authenticates the connection: no key material is needed besides it.
+    let creds = match &cli.cert {
+        Some(_) => {
+            anyhow::ensure!(
+                cli.auth.is_none(),
+                "--cert authenticates the connection itself: leave out --auth"
+            );
+            None
+        }
+        None => Some(load_credentials(cli.credentials.as_ref())?),
+    };
     let endpoint = cli
         .endpoint
         .clone()
-        .or(creds.endpoint.clone())
+        .or(creds.as_ref().and_then(|c| c.endpoint.clone()))
         .unwrap_or_else(|| DEFAULT_ENDPOINT.into());
+    let tls = endpoint.starts_with("https://");
+    anyhow::ensure!(
+        tls || cli.cert.is_none(),
+        "--cert needs an https:// endpoint (a client certificate is presented in the TLS \
+         handshake), not {endpoint}"
+    );
     let mut ep = Endpoint::from_shared(endpoint.clone())
         .with_context(|| format!("bad endpoint {endpoint}"))?;
-    if endpoint.starts_with("https://") {
+    if tls {
         ep = ep.tls_config(tls_config(&cli)?)?;
     }
     let channel: Channel = ep
         .connect()
         .await
         .with_context(|| format!("cannot connect to {endpoint}"))?;
-    let transport = match cli.auth {
+    let transport = match (&creds, cli.auth.unwrap_or(AuthModel::Call)) {
         // The client certificate already authenticates the connection.
-        _ if cli.cert.is_some() => Signing::passthrough(channel),
-        AuthModel::Call => Signing::new(
-            channel,
-            CallSigner::new(&creds.tenant, &creds.key_id, secret),
-        ),
-        AuthModel::Connection => {
-            cube_auth::client::handshake(channel.clone(), &creds)
+        (None, _) => Signing::passthrough(channel),
+        (Some(creds), AuthModel::Call) => {
+            let secret = creds.secret().context("the credentials' secret")?;
+            Signing::new(
+                channel,
+                CallSigner::new(&creds.tenant, &creds.key_id, secret),
+            )
+        }
+        (Some(creds), AuthModel::Connection) => {
+            cube_auth::client::handshake(channel.clone(), creds)
                 .await
-                .context("handshake")?;
+                .map_err(|e| match e {
+                    HandshakeError::Refused(s) => status(s).context("handshake refused"),
+                    other => anyhow::Error::new(other).context("handshake"),
+                })?;
             Signing::passthrough(channel)
         }
     };
@@ -190,37 +254,64 @@ async fn run() -> anyhow::Result<()> {
                     return Ok(());
                 }
                 for e in fetch_audit(&mut tenant, *from, Some(*limit)).await? {
-                    println!("{}", entry_json(&e));
+                    out(entry_json(&e));
                 }
                 Ok(())
             }
             AuditCmd::Verify => {
-                let entries = fetch_audit(&mut tenant, 0, None).await?;
-                match cube_auth::client::verify_audit_entries(&entries) {
-                    Ok(_) => {
-                        println!(
-                            "{}",
-                            serde_json::json!({ "ok": true, "entries": entries.len() })
-                        );
-                        Ok(())
+                const ATTEMPTS: usize = 3;
+                for attempt in 1..=ATTEMPTS {
+                    let entries = fetch_audit(&mut tenant, 0, None).await?;
+                    let (seq, why) = match cube_auth::client::verify_audit_entries(&entries) {
+                        Ok(_) => {
+                            out(serde_json::json!({ "ok": true, "entries": entries.len() }));
+                            return Ok(());
+                        }
+                        Err(broken) => broken,
+                    };
+                    // Retention removing entries while the pages were read leaves a gap that
+                    // is no break: then the entry before the gap has expired by now too. Read
+                    // the whole trail again.
+                    let before_gap = entries
+                        .windows(2)
+                        .find(|w| w[1].seq == seq && w[0].seq + 1 != seq)
+                        .map(|w| w[0].seq);
+                    let oldest = fetch_audit(&mut tenant, 0, Some(1)).await?;
+                    let expired =
+                        matches!((before_gap, oldest.first()), (Some(p), Some(o)) if o.seq > p);
+                    if !expired {
+                        anyhow::bail!("audit chain broken at seq {seq}: {why}");
                     }
-                    Err((seq, why)) => anyhow::bail!("audit chain broken at seq {seq}: {why}"),
+                    if attempt == ATTEMPTS {
+                        anyhow::bail!(
+                            "the trail expired entries faster than it could be read ({ATTEMPTS} \
+                             attempts): retry when it is quieter, or raise the server's \
+                             --audit-retention"
+                        );
+                    }
                 }
+                Ok(())
             }
         };
     }
-    let out = match cli.command {
+    let answer = match cli.command {
         Cmd::Write {
             x,
             y,
             z,
             value,
+            value_file,
             expected_version,
         } => {
+            let value = match (value, value_file) {
+                (Some(text), _) => text.into_bytes(),
+                (None, Some(file)) => read_value_file(&file)?,
+                (None, None) => anyhow::bail!("give VALUE or --value-file"),
+            };
             let r = cells
                 .write(WriteRequest {
                     coord: coord(x, y, z),
-                    value: value.into_bytes(),
+                    value,
                     expected_version,
                 })
                 .await
@@ -246,11 +337,16 @@ async fn run() -> anyhow::Result<()> {
             }
         }
         Cmd::Audit(_) => unreachable!("handled above"),
-        Cmd::Delete { x, y, z } => {
+        Cmd::Delete {
+            x,
+            y,
+            z,
+            expected_version,
+        } => {
             let r = cells
                 .delete(DeleteRequest {
                     coord: coord(x, y, z),
-                    expected_version: None,
+                    expected_version,
                 })
                 .await
                 .map_err(status)?
@@ -258,8 +354,32 @@ async fn run() -> anyhow::Result<()> {
             serde_json::json!({ "existed": r.existed, "seq": r.seq })
         }
     };
-    println!("{out}");
+    out(answer);
     Ok(())
+}
+
+/// Print one line of output. A reader that stopped reading (`cubec audit list | head -1`) ends
+/// the program quietly and successfully, as with other command-line tools.
+fn out(line: impl std::fmt::Display) {
+    let mut stdout = std::io::stdout().lock();
+    if let Err(e) = writeln!(stdout, "{line}").and_then(|()| stdout.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("cubec: error: writing the output: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// The bytes of `--value-file` (`-`: standard input).
+fn read_value_file(file: &Path) -> anyhow::Result<Vec<u8>> {
+    if file == Path::new("-") {
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut bytes)
+            .context("reading the value from standard input")?;
+        return Ok(bytes);
+    }
+    std::fs::read(file).with_context(|| format!("reading --value-file {}", file.display()))
 }
 
 const DEFAULT_CA: &str = "./cube-data/tls/ca.pem";
@@ -273,10 +393,12 @@ fn tls_config(cli: &Cli) -> anyhow::Result<tonic::transport::ClientTlsConfig> {
             ca_path.display()
         )
     })?;
-    // The development certificate names localhost and 127.0.0.1.
-    let mut tls = ClientTlsConfig::new()
-        .ca_certificate(Certificate::from_pem(ca))
-        .domain_name("localhost");
+    // Checked against the endpoint's host (tonic's default) unless told otherwise: the
+    // development certificate names localhost, 127.0.0.1 and ::1, a real one the server's name.
+    let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
+    if let Some(name) = &cli.tls_server_name {
+        tls = tls.domain_name(name.clone());
+    }
     if let (Some(cert), Some(key)) = (&cli.cert, &cli.key) {
         let cert =
             std::fs::read_to_string(cert).with_context(|| format!("reading {}", cert.display()))?;
@@ -339,8 +461,25 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// `<Code>: <message>` (docs/protocol.md), with the transport's cause when there is one (the
+/// status of a failed connection says only "transport error").
 fn status(s: tonic::Status) -> anyhow::Error {
-    anyhow::anyhow!("{:?}: {}", s.code(), s.message())
+    let mut text = format!("{:?}: {}", s.code(), s.message());
+    let mut cause = std::error::Error::source(&s);
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.ends_with(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = c.source();
+    }
+    if s.code() == tonic::Code::Unknown && s.message() == "transport error" {
+        text.push_str(
+            " (does the endpoint's scheme match the server: https:// for TLS, http:// for plaintext?)",
+        );
+    }
+    anyhow::anyhow!(text)
 }
 
 #[cfg(test)]

@@ -1,0 +1,365 @@
+//! cubec end to end, against a real cubed on port 0: credentials from the environment, mTLS,
+//! TLS server names, handshake errors, output into a closed pipe, binary values.
+//!
+//! cubed comes from the same build (`cargo test --workspace` builds it beside cubec).
+
+// Test helpers outside #[test] fns: a panic here is a failed assertion with a backtrace.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use cube_testkit::TestServer;
+
+fn cubec() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_cubec"))
+}
+
+fn cubed() -> PathBuf {
+    let bin = cubec().with_file_name("cubed");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo test --workspace` (or `cargo build -p cubed`) first",
+        bin.display()
+    );
+    bin
+}
+
+/// cubec with `args`, run in `cwd` with none of the caller's CUBE_* variables, plus `env`.
+fn run(cwd: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
+    let mut cmd = Command::new(cubec());
+    cmd.current_dir(cwd).args(args).stdin(Stdio::null());
+    for (k, _) in std::env::vars() {
+        if k.starts_with("CUBE_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.envs(env.iter().copied()).output().unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn json(o: &Output) -> serde_json::Value {
+    assert!(o.status.success(), "{}", stderr(o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+#[test]
+fn credentials_from_the_environment_are_all_or_nothing_and_not_beside_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("creds.json");
+    std::fs::write(&file, r#"{"tenant":"demo","key_id":"k-1","secret":"00"}"#).unwrap();
+    // Half a set used to fall back to the default file, acting as its (demo) tenant.
+    let o = run(
+        dir.path(),
+        &[("CUBE_TENANT", "acme"), ("CUBE_KEY_ID", "k-2")],
+        &["--endpoint", "http://127.0.0.1:1", "read", "1", "2", "3"],
+    );
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("but CUBE_SECRET not"), "{}", stderr(&o));
+    let o = run(
+        dir.path(),
+        &[
+            ("CUBE_TENANT", "acme"),
+            ("CUBE_KEY_ID", "k-2"),
+            ("CUBE_SECRET", "00"),
+            ("CUBE_CREDENTIALS", file.to_str().unwrap()),
+        ],
+        &["--endpoint", "http://127.0.0.1:1", "read", "1", "2", "3"],
+    );
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("credentials given twice"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn a_client_certificate_needs_https_and_no_auth_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = run(
+        dir.path(),
+        &[],
+        &[
+            "--endpoint",
+            "http://127.0.0.1:1",
+            "--cert",
+            "c.pem",
+            "--key",
+            "k.pem",
+            "read",
+            "1",
+            "2",
+            "3",
+        ],
+    );
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("--cert needs an https:// endpoint"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(
+        dir.path(),
+        &[],
+        &[
+            "--endpoint",
+            "https://127.0.0.1:1",
+            "--cert",
+            "c.pem",
+            "--key",
+            "k.pem",
+            "--auth",
+            "call",
+            "read",
+            "1",
+            "2",
+            "3",
+        ],
+    );
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("leave out --auth"), "{}", stderr(&o));
+}
+
+/// With a client certificate, cubec needs only it, its key and the CA: no credentials file
+/// (protocol.md has users move only the two PEM files to the client).
+#[test]
+fn mtls_needs_no_credentials_file() {
+    let server = TestServer::start_with(&cubed(), &["--tls-dev"]).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let cert = server
+        .cli(&[
+            "key",
+            "cert",
+            "demo",
+            &server.demo.key_id,
+            "--out",
+            out.path().to_str().unwrap(),
+        ])
+        .unwrap();
+    assert!(cert.status.success(), "{}", stderr(&cert));
+    let pem = |suffix: &str| {
+        std::fs::read_dir(out.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.to_string_lossy().ends_with(suffix))
+            .unwrap()
+    };
+    let (crt, key) = (pem(".crt.pem"), pem(".key.pem"));
+    let ca = server.data_dir().join("tls/ca.pem");
+    let empty = tempfile::tempdir().unwrap();
+    let endpoint = format!(
+        "https://{}",
+        server.endpoint().trim_start_matches("http://")
+    );
+    let o = run(
+        empty.path(),
+        &[],
+        &[
+            "--endpoint",
+            &endpoint,
+            "--ca",
+            ca.to_str().unwrap(),
+            "--cert",
+            crt.to_str().unwrap(),
+            "--key",
+            key.to_str().unwrap(),
+            "read",
+            "1",
+            "1",
+            "1",
+        ],
+    );
+    assert_eq!(json(&o)["found"], false);
+}
+
+/// The server certificate is checked against the endpoint's host, so a certificate that names
+/// the server (not localhost, which cubec used to insist on) works.
+#[test]
+fn tls_checks_the_certificate_against_the_endpoints_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let params =
+        rcgen::CertificateParams::new(vec!["cube.test".to_string(), "127.0.0.1".to_string()])
+            .unwrap();
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    let write = |name: &str, text: String| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let ca_pem = write("ca.pem", ca.pem());
+    let cert_pem = write("server.pem", cert.pem());
+    let key_pem = write("server.key", key.serialize_pem());
+    let server = TestServer::start_with(
+        &cubed(),
+        &[
+            "--tls-cert",
+            cert_pem.to_str().unwrap(),
+            "--tls-key",
+            key_pem.to_str().unwrap(),
+        ],
+    )
+    .unwrap();
+    let creds = server.data_dir().join("dev-credentials.json");
+    let o = run(
+        dir.path(),
+        &[],
+        &[
+            "--credentials",
+            creds.to_str().unwrap(),
+            "--ca",
+            ca_pem.to_str().unwrap(),
+            "read",
+            "1",
+            "1",
+            "1",
+        ],
+    );
+    assert_eq!(json(&o)["found"], false);
+    // A name the certificate does not carry is refused.
+    let o = run(
+        dir.path(),
+        &[],
+        &[
+            "--credentials",
+            creds.to_str().unwrap(),
+            "--ca",
+            ca_pem.to_str().unwrap(),
+            "--tls-server-name",
+            "localhost",
+            "read",
+            "1",
+            "1",
+            "1",
+        ],
+    );
+    assert!(!o.status.success());
+}
+
+#[test]
+fn a_refused_handshake_reads_code_then_message() {
+    let server = TestServer::start(&cubed()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let wrong = dir.path().join("wrong.json");
+    std::fs::write(
+        &wrong,
+        serde_json::json!({
+            "tenant": server.demo.tenant,
+            "key_id": server.demo.key_id,
+            "secret": "11".repeat(32),
+            "endpoint": server.endpoint(),
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let o = run(
+        dir.path(),
+        &[],
+        &[
+            "--credentials",
+            wrong.to_str().unwrap(),
+            "--auth",
+            "connection",
+            "read",
+            "1",
+            "1",
+            "1",
+        ],
+    );
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(
+        err.starts_with("cubec: error: handshake refused: Unauthenticated: "),
+        "{err}"
+    );
+    assert!(!err.contains("code: '"), "{err}");
+}
+
+/// `cubec audit list | head -1`: the reader goes away, cubec ends quietly with status 0.
+#[test]
+fn output_into_a_closed_pipe_ends_quietly() {
+    let server = TestServer::start(&cubed()).unwrap();
+    let creds = server.data_dir().join("dev-credentials.json");
+    let mut child = Command::new(cubec())
+        .args(["--credentials", creds.to_str().unwrap()])
+        .args(["audit", "list", "--limit", "1000"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+    assert!(o.status.success(), "{:?}: {}", o.status, stderr(&o));
+}
+
+#[test]
+fn binary_values_from_a_file_and_conditional_deletes() {
+    let server = TestServer::start(&cubed()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let creds = server.data_dir().join("dev-credentials.json");
+    let c = creds.to_str().unwrap();
+    let value = dir.path().join("value.bin");
+    std::fs::write(&value, [0u8, 159, 146, 150, 255]).unwrap();
+    let w = json(&run(
+        dir.path(),
+        &[],
+        &[
+            "--credentials",
+            c,
+            "write",
+            "4",
+            "-5",
+            "6",
+            "--value-file",
+            value.to_str().unwrap(),
+        ],
+    ));
+    assert_eq!(w["version"], 1);
+    let r = json(&run(
+        dir.path(),
+        &[],
+        &["--credentials", c, "read", "4", "-5", "6"],
+    ));
+    assert_eq!(r["value_hex"], "009f9296ff");
+    let o = run(
+        dir.path(),
+        &[],
+        &[
+            "--credentials",
+            c,
+            "delete",
+            "4",
+            "-5",
+            "6",
+            "--expected-version",
+            "7",
+        ],
+    );
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("FailedPrecondition"), "{}", stderr(&o));
+    let d = json(&run(
+        dir.path(),
+        &[],
+        &[
+            "--credentials",
+            c,
+            "delete",
+            "4",
+            "-5",
+            "6",
+            "--expected-version",
+            "1",
+        ],
+    ));
+    assert_eq!(d["existed"], true);
+}

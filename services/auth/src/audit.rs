@@ -80,6 +80,16 @@ pub fn verify_audit_chain<'a>(
             }
             _ => {}
         }
+        // The canonical string separates fields by line breaks: only the last, `detail`, may
+        // hold one (the server writes none into the others), else an entry's fields could be
+        // re-split without changing its hash.
+        if e.principal.contains('\n') || e.op.contains('\n') {
+            return Err((
+                e.seq,
+                "a line break in its principal or op (altered: the fields cannot be told apart)"
+                    .into(),
+            ));
+        }
         if e.hash != audit_hash(e.prev_hash, e.seq, e.ts_ms, e.principal, e.op, e.detail) {
             return Err((e.seq, "the entry does not match its hash (altered)".into()));
         }
@@ -167,6 +177,32 @@ mod tests {
         let mut gap = links(&entries);
         gap.remove(3);
         assert_eq!(check(&gap).unwrap_err().0, 5);
+    }
+
+    /// The fields are joined by line breaks, so an entry re-split across `op` and `detail` keeps
+    /// its hash: verification refuses a line break in any field but the last.
+    #[test]
+    fn an_entry_re_split_at_a_line_break_is_refused() {
+        let (principal, op, detail) = ("unauthenticated", "auth.failed\na", "b");
+        let hash = audit_hash(&AUDIT_GENESIS, 1, 5, principal, op, detail);
+        assert_eq!(
+            hash,
+            audit_hash(&AUDIT_GENESIS, 1, 5, principal, "auth.failed", "a\nb"),
+            "the canonical string cannot tell them apart"
+        );
+        let link = |op, detail| AuditLink {
+            seq: 1,
+            ts_ms: 5,
+            principal,
+            op,
+            detail,
+            prev_hash: &AUDIT_GENESIS,
+            hash: &hash,
+        };
+        assert_eq!(verify_audit_chain([link("auth.failed", "a\nb")]), Ok(1));
+        let (seq, why) = verify_audit_chain([link(op, detail)]).unwrap_err();
+        assert_eq!(seq, 1);
+        assert!(why.contains("line break"), "{why}");
     }
 
     #[test]

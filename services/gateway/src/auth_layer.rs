@@ -84,10 +84,13 @@ pub(crate) fn now_ms() -> i64 {
 /// Longest failure reason kept in an `auth.failed` audit entry.
 const MAX_REASON_CHARS: usize = 200;
 
-/// `auth.failed` entries recorded per tenant and second at most. Failures from many addresses
-/// (each within the per-address throttle) would otherwise fill the tenant's log and mailbox;
-/// the next entry recorded says how many were dropped (`dropped=N`).
-const FAILED_ENTRIES_PER_SEC: u32 = 10;
+/// `auth.failed` entries recorded per tenant: a burst of up to this many...
+const FAILED_ENTRIES_BURST: u32 = 10;
+/// ...then one per this many milliseconds (600 an hour). Failures from many addresses (each
+/// within the per-address throttle) would otherwise fill the tenant's log and mailbox, and push
+/// its real entries out of `--audit-retention` (at 10 a second, a day's flood was 864,000
+/// entries); the next entry recorded says how many were dropped (`dropped=N`).
+const FAILED_ENTRY_EVERY_MS: i64 = 6_000;
 /// Most `auth.failed` entries recorded per second for tenants that were not open, over all
 /// tenants together (the rest are counted in the next entry's `dropped=`).
 const WAKING_ENTRIES_PER_SEC: u32 = 2;
@@ -95,12 +98,46 @@ const WAKING_ENTRIES_PER_SEC: u32 = 2;
 /// One tenant's `auth.failed` budget.
 #[derive(Debug, Default)]
 struct EntryBudget {
-    recorded: PerSecond,
+    recorded: EntryBucket,
     /// Entries dropped since the last one recorded.
     dropped: u64,
     /// When an entry last opened the tenant (took from the waking budget): its open may still
     /// be under way, and the entries right after it open nothing more.
     woken_ms: Option<i64>,
+}
+
+/// A token bucket of [`FAILED_ENTRIES_BURST`] entries, refilled one per
+/// [`FAILED_ENTRY_EVERY_MS`].
+#[derive(Debug, Default)]
+struct EntryBucket {
+    /// Entries taken beyond the refills, as of `at_ms` (0: a full bucket).
+    used: u32,
+    at_ms: i64,
+}
+
+impl EntryBucket {
+    /// Take one entry at `now_ms`; false when the bucket is empty (nothing is taken then).
+    fn take(&mut self, now_ms: i64) -> bool {
+        let refills = (now_ms - self.at_ms).max(0) / FAILED_ENTRY_EVERY_MS;
+        if refills > 0 {
+            self.used = self
+                .used
+                .saturating_sub(u32::try_from(refills).unwrap_or(u32::MAX));
+            self.at_ms = if self.used == 0 {
+                now_ms
+            } else {
+                self.at_ms + refills * FAILED_ENTRY_EVERY_MS
+            };
+        }
+        if self.used >= FAILED_ENTRIES_BURST {
+            return false;
+        }
+        if self.used == 0 {
+            self.at_ms = now_ms;
+        }
+        self.used += 1;
+        true
+    }
 }
 
 static H_TENANT: HeaderName = HeaderName::from_static(headers::TENANT);
@@ -136,14 +173,26 @@ pub(crate) fn active_key(
 /// `--max-metadata-bytes` long, more than some clients take in an answer's metadata.
 fn clipped(text: &str) -> std::borrow::Cow<'_, str> {
     const MAX: usize = 128;
-    if text.len() <= MAX {
-        return text.into();
-    }
-    let mut end = MAX;
+    let mut end = text.len().min(MAX);
     while !text.is_char_boundary(end) {
         end -= 1;
     }
-    format!("{}…", &text[..end]).into()
+    let (head, cut) = (&text[..end], end < text.len());
+    // Control characters escaped: a line break quoted into an audit entry's detail would make
+    // the entry read (and, in the chain's line-based canonical string, hash) like other fields.
+    let control = head.chars().any(char::is_control);
+    if !cut && !control {
+        return head.into();
+    }
+    let mut out: String = if control {
+        head.escape_debug().collect()
+    } else {
+        head.to_string()
+    };
+    if cut {
+        out.push('…');
+    }
+    out.into()
 }
 
 /// Whether `path` needs a per-call signature.
@@ -222,7 +271,7 @@ impl Authenticator {
                 .unwrap_or_else(|p| p.into_inner());
             let budget = budgets.entry(tenant.to_string()).or_default();
             let awake = !asleep || budget.woken_ms.is_some_and(|t| now - t < 10_000);
-            let recorded = budget.recorded.take(now, FAILED_ENTRIES_PER_SEC)
+            let recorded = budget.recorded.take(now)
                 && (awake || {
                     let wakes = self
                         .waking_entries
@@ -784,12 +833,37 @@ mod tests {
     }
 
     #[test]
+    fn failed_entries_come_in_a_burst_of_10_then_one_per_6_s() {
+        let mut b = EntryBucket::default();
+        let t0 = 1_000_000;
+        assert_eq!((0..30).filter(|i| b.take(t0 + i)).count(), 10);
+        assert!(!b.take(t0 + 5_999));
+        assert!(b.take(t0 + 6_000));
+        assert!(!b.take(t0 + 6_001));
+        assert!(!b.take(t0 + 11_999));
+        assert!(b.take(t0 + 12_000));
+        // An hour of flooding: 600 more at most.
+        let hour = (1..=3_600_000)
+            .step_by(100)
+            .filter(|i| b.take(t0 + 12_000 + i))
+            .count();
+        assert!((599..=600).contains(&hour), "{hour}");
+        // Idle for a minute: the burst is back.
+        let later = t0 + 12_000 + 3_600_000 + 60_000;
+        assert_eq!((0..30).filter(|i| b.take(later + i)).count(), 10);
+    }
+
+    #[test]
     fn client_text_quoted_in_a_refusal_is_clipped_at_a_character_boundary() {
         assert_eq!(clipped("k1"), "k1");
         let long = "k".repeat(127) + "é" + &"x".repeat(10_000);
         let cut = clipped(&long);
         assert_eq!(cut, "k".repeat(127) + "…");
         assert_eq!(clipped(&"k".repeat(128)), "k".repeat(128));
+        // Control characters are escaped: quoted into an audit entry, a line break would read
+        // like the start of another field.
+        assert_eq!(clipped("x\ny"), "x\\ny");
+        assert_eq!(clipped(&("\n".repeat(200))), "\\n".repeat(128) + "…");
     }
 
     #[test]

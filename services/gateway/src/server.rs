@@ -186,8 +186,9 @@ impl Gateway {
                     registry,
                     Arc::clone(&self.catalog),
                     limits,
+                    self.config.auth_mode.allows_connection(),
                 );
-                (incoming, Some(task))
+                (incoming, Some(AbortOnDrop(task)))
             }
             None => (transport::plain(listener, registry, limits), None),
         };
@@ -249,9 +250,7 @@ impl Gateway {
             }))
             .serve_with_incoming_shutdown(incoming, stopping)
             .await;
-        if let Some(task) = acceptor_task {
-            task.abort();
-        }
+        drop(acceptor_task);
         served?;
         Ok(())
     }
@@ -280,5 +279,15 @@ impl Gateway {
     /// Open connections (for tests and metrics).
     pub fn connections(&self) -> &Arc<ConnectionRegistry> {
         &self.connections
+    }
+}
+
+/// Aborts its task when dropped: the TLS accept loop must not outlive `serve`, also when the
+/// `serve` future itself is dropped (a drain cut short).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }

@@ -199,20 +199,29 @@ pub fn plain(
     ))
 }
 
-/// Accept TLS connections; the returned task handle must be aborted when serving stops (it owns
-/// the listener).
+/// Accept TLS connections. The returned task owns the listener: it ends (closing it) when the
+/// stream is dropped, which tonic does as soon as shutdown begins; the handle aborts it when
+/// serving stops otherwise. A client certificate authenticates its connection only if
+/// `certificates_authenticate` (not in `--auth-mode call`, where only signed calls count).
 pub fn tls(
     listener: TcpListener,
     acceptor: TlsAcceptor,
     registry: Arc<ConnectionRegistry>,
     catalog: Arc<Catalog>,
     limits: AcceptLimits,
+    certificates_authenticate: bool,
 ) -> (Incoming, tokio::task::JoinHandle<()>) {
     let (tx, rx) = tokio::sync::mpsc::channel(256);
     let mut gate = Gate::new(Arc::clone(&registry), limits);
     let task = tokio::spawn(async move {
         loop {
-            let (tcp, remote, slot) = gate.accept(&listener).await;
+            let (tcp, remote, slot) = tokio::select! {
+                biased;
+                // Nobody takes connections any more (a stop began): close the listener rather
+                // than handshake with clients that will be dropped.
+                () = tx.closed() => return,
+                accepted = gate.accept(&listener) => accepted,
+            };
             let (acceptor, registry, catalog, tx) = (
                 acceptor.clone(),
                 Arc::clone(&registry),
@@ -246,7 +255,7 @@ pub fn tls(
                     .with_preface_deadline(limits.preface_timeout)
                     .holding(slot);
                 drop(handshaking);
-                if let Some((tenant, key_id)) = identity {
+                if let Some((tenant, key_id)) = identity.filter(|_| certificates_authenticate) {
                     match catalog.key(&tenant, &key_id).filter(|k| !k.revoked) {
                         Some(key) => conn.session().authenticate(key),
                         None => {

@@ -123,18 +123,6 @@ fn plaintext_on_a_non_loopback_address_needs_an_explicit_flag() {
     assert!(stderr.contains("refusing to serve plaintext"), "{stderr}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn in_call_mode_a_client_certificate_authenticates_nothing() {
-    let server = TestServer::start_with(cubed(), &["--tls-dev", "--auth-mode", "call"]).unwrap();
-    let out = tempfile::tempdir().unwrap();
-    let (cert, key) = issue_cert(&server, &server.demo.key_id, out.path());
-    let mut c = CellsClient::new(server.tls_channel(Some((&cert, &key))).await.unwrap());
-    assert_eq!(
-        c.read(read(0, 0, 0)).await.unwrap_err().code(),
-        Code::Unauthenticated
-    );
-}
-
 /// `cubed serve` on `data_dir` with `args`, expected to refuse to start: its stderr.
 fn refused_start(data_dir: &std::path::Path, args: &[&str]) -> String {
     let out = std::process::Command::new(cubed())
@@ -183,4 +171,72 @@ fn a_start_that_cannot_serve_changes_nothing_in_the_data_dir() {
     );
     assert!(stderr.contains("use a shorter --data-dir"), "{stderr}");
     assert!(!deep.exists());
+}
+
+/// A stop closes the TLS listener at once, also while a client holds a stream open and the
+/// drain waits for it: the TLS accept loop used to keep the port and go on handshaking with new
+/// clients until the process exited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_closes_the_tls_listener_while_the_drain_waits() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let server = TestServer::start_with(cubed(), &["--tls-dev", "--drain-secs", "60"]).unwrap();
+    let mut health = HealthClient::new(server.tls_channel(None).await.unwrap());
+    let mut watch = health
+        .watch(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        watch.message().await.unwrap().unwrap().status(),
+        ServingStatus::Serving
+    );
+    let pid = nix::unistd::Pid::from_raw(server.pid().unwrap() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    assert_eq!(
+        watch.message().await.unwrap().unwrap().status(),
+        ServingStatus::NotServing
+    );
+    let mut closed = false;
+    for _ in 0..50 {
+        if std::net::TcpStream::connect(server.addr).is_err() {
+            closed = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(closed, "the TLS listener still accepts 5 s into the stop");
+    drop(watch);
+}
+
+/// Under `--auth-mode call` a client certificate authenticates nothing: its connection's calls
+/// must be signed, and the connection counts as a per-call one (it used to be counted as
+/// certificate-authenticated, skewing the A/B gauges).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_authenticates_nothing_in_call_mode() {
+    let server = TestServer::start_with(cubed(), &["--tls-dev", "--auth-mode", "call"]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = issue_cert(&server, &server.demo.key_id, dir.path());
+    let channel = server.tls_channel(Some((&cert, &key))).await.unwrap();
+    let mut bare = CellsClient::new(channel.clone());
+    assert_eq!(
+        bare.read(read(1, 1, 1)).await.unwrap_err().code(),
+        Code::Unauthenticated
+    );
+    let signer = CallSigner::new(
+        &server.demo.tenant,
+        &server.demo.key_id,
+        server.demo.secret().unwrap(),
+    );
+    let mut signed = CellsClient::new(Signing::new(channel, signer));
+    signed.read(read(1, 1, 1)).await.unwrap();
+    let gauge = |auth: &str| {
+        server
+            .metric(&format!("cube_connections_open{{auth=\"{auth}\"}}"))
+            .unwrap_or(0.0)
+    };
+    assert_eq!(gauge("connection"), 0.0);
+    assert_eq!(gauge("call"), 1.0);
 }

@@ -2438,6 +2438,63 @@ mod tests {
         directory.shutdown().await;
     }
 
+    /// The operator's commands are admitted past the tenant's caps: a key's holder keeping the
+    /// tenant busy cannot get its revocation refused as busy (which the admin socket then made
+    /// through the catalog, without the revocation's audit entry).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_operators_revocation_is_not_refused_as_busy() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, config) = tenant_with_catalog(dir.path());
+        let doomed = catalog.create_key("t").unwrap();
+        let data = crate::DataDir::new(dir.path().join("data"));
+        let directory = Arc::new(
+            crate::TenantDirectory::new(
+                crate::DirectoryConfig {
+                    data_dir: data.clone(),
+                    core: config.clone(),
+                    mailbox_capacity: 4,
+                    max_in_flight_bytes: 64 << 20,
+                    actor_threads: 1,
+                    idle_after: Duration::from_secs(3600),
+                    max_open: 4,
+                },
+                Some(Arc::clone(&catalog)),
+            )
+            .unwrap(),
+        );
+        directory.call("t", write(0, b"v"), "t/k").await.unwrap();
+        // Writes wait 1 s behind the next fdatasync: the tenant is at capacity meanwhile.
+        cube_wal::failpoint::fail_next_fdatasync_after(
+            &data.tenant_wal("t"),
+            Duration::from_secs(1),
+        );
+        let principal = format!("t/{}", doomed.key_id);
+        let writes: Vec<_> = (1..=4)
+            .map(|x| {
+                let (directory, principal) = (Arc::clone(&directory), principal.clone());
+                tokio::spawn(async move { directory.call("t", write(x, b"v"), &principal).await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let busy = directory.call("t", write(5, b"v"), &principal).await;
+        assert!(
+            matches!(busy, Err(StoreError::ResourceExhausted(_))),
+            "{busy:?}"
+        );
+        let revoke = Command::RevokeKey {
+            key_id: doomed.key_id.clone(),
+        };
+        let revoked = directory.call("t", revoke, crate::OPERATOR).await;
+        assert!(
+            !matches!(revoked, Err(StoreError::ResourceExhausted(_))),
+            "{revoked:?}"
+        );
+        for w in writes {
+            let _ = w.await;
+        }
+        directory.shutdown().await;
+    }
+
     /// A tenant's scan places outlive its passivation: pages its clients still hold keep theirs
     /// after the tenant is closed and reopened.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

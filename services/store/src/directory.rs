@@ -108,7 +108,10 @@ impl TenantHandle {
             }
             return Ok(self.reader.read(coord).map(Reply::Read));
         }
-        let permit = match self.admit(cmd.payload_bytes()) {
+        // The operator's commands are never refused as busy: a key's holder keeping its tenant
+        // at capacity must not be able to delay the key's revocation (or push it off the log,
+        // which would leave it without its audit entry).
+        let permit = match self.admit(cmd.payload_bytes(), principal != OPERATOR) {
             Ok(p) => p,
             Err(e) => return Ok(Err(e)),
         };
@@ -199,7 +202,7 @@ impl TenantHandle {
         self.in_flight.load(Ordering::SeqCst)
     }
 
-    fn admit(&self, bytes: usize) -> Result<InFlightPermit, StoreError> {
+    fn admit(&self, bytes: usize, bounded: bool) -> Result<InFlightPermit, StoreError> {
         let before = self.in_flight.fetch_add(1, Ordering::SeqCst);
         let held = self.in_flight_bytes.fetch_add(bytes, Ordering::SeqCst);
         cube_metrics::MAILBOX_DEPTH.inc();
@@ -208,13 +211,13 @@ impl TenantHandle {
             bytes: Arc::clone(&self.in_flight_bytes),
             size: bytes,
         };
-        if before >= self.mailbox_capacity {
+        if bounded && before >= self.mailbox_capacity {
             return Err(StoreError::ResourceExhausted(format!(
                 "tenant '{}' is busy: {} requests are already in flight; retry with backoff",
                 self.tenant, self.mailbox_capacity
             )));
         }
-        if held > 0 && held.saturating_add(bytes) > self.max_in_flight_bytes {
+        if bounded && held > 0 && held.saturating_add(bytes) > self.max_in_flight_bytes {
             return Err(StoreError::ResourceExhausted(format!(
                 "tenant '{}' is busy: its requests in flight already carry {} KiB (at most {} KiB \
                  at once); retry with backoff",
@@ -311,8 +314,10 @@ fn offline(
     Ok(answer)
 }
 
-/// Principal of a tenant's creation entry (as of the admin commands that create tenants).
-const CREATOR: &str = "operator";
+/// The principal of the operator's commands (the local admin socket, the offline `cubed`
+/// commands), also of a tenant's creation entry.
+pub const OPERATOR: &str = "operator";
+const CREATOR: &str = OPERATOR;
 
 /// The entry a new tenant's log starts with: `tenant.create`, naming the key(s) the tenant was
 /// created with. The catalog makes the tenant first (it must exist to be opened), so the entry

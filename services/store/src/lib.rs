@@ -33,7 +33,7 @@ pub use catalog::{Capability, Catalog, CatalogOpenError, KeyInfo, validate_tenan
 pub use core::{CheckpointPolicy, CoreConfig, TenantCore, describe_policy};
 pub use cube_wal::SyncPolicy;
 pub use directory::{
-    DirectoryConfig, LogStats, TenantDirectory, TenantHandle, open_offline, run_offline,
+    DirectoryConfig, LogStats, OPERATOR, TenantDirectory, TenantHandle, open_offline, run_offline,
 };
 pub use error::StoreError;
 pub use keys::Totals;

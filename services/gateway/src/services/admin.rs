@@ -22,7 +22,7 @@ pub(crate) struct AdminService {
 }
 
 /// Principal of audit entries made through the local admin socket.
-pub(crate) const OPERATOR: &str = "operator";
+pub(crate) use cube_store::OPERATOR;
 
 fn credentials(k: &KeyInfo) -> v1::Credentials {
     v1::Credentials {

@@ -246,6 +246,10 @@ impl Authenticator {
         self.replay.ready_ms()
     }
 
+    pub(crate) fn replay(&self) -> &ReplayCache {
+        &self.replay
+    }
+
     /// Record a failed authentication in the audit trail of the tenant it named, if that tenant
     /// exists. Fire and forget: the caller's refusal does not wait for the fsync. Floods are
     /// bounded by the per-peer throttle, which refuses before this point.
@@ -486,6 +490,9 @@ impl Authenticator {
             )),
             Err(ReplayError::Unrecorded) => Err(Status::unavailable(
                 "x-cube-ts is more than a second ahead of the server clock, and the server could not record it (see the server log): sync the client's clock (NTP), or retry",
+            )),
+            Err(ReplayError::Unmarked) => Err(Status::unavailable(
+                "the server cannot record its replay clock mark right now (see the server log); retry shortly",
             )),
         }
     }

@@ -12,6 +12,7 @@ mod error;
 mod oversize;
 mod principal;
 mod replay;
+mod replay_clock;
 mod rpc_metrics;
 mod server;
 mod services;

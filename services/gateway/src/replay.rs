@@ -25,6 +25,10 @@
 //! ([`ReplayCache::with_floors`]); the next server refuses that key's timestamps at or below it.
 //! Only keys whose clients run more than [`AHEAD_MS`] ahead ever write it.
 //!
+//! Both rules take the new server's clock to be past the old one's. In case it stepped back, the
+//! server also keeps a *clock mark* on disk, at or above every timestamp it accepted
+//! ([`crate::replay_clock`]), and the next server's watermark starts at that mark at least.
+//!
 //! What is remembered of a (key, nonce) pair is a 64-bit fingerprint, a SipHash under keys drawn
 //! at random when the server starts (so a client cannot aim at another's fingerprints), not the
 //! 128-bit nonce and the key: 16 bytes of queue and 8 of set per nonce instead of 32 and 32. Two
@@ -40,6 +44,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use crate::abuse::PerSecond;
+use crate::replay_clock::ClockMark;
+
+/// The clock mark's file, beside the floors file.
+pub const CLOCK_FILE: &str = "replay-clock";
 
 const SHARDS: usize = 16;
 
@@ -71,6 +79,8 @@ pub enum ReplayError {
     TooFarAhead,
     /// Future-stamped, and its key's floor could not be written (see the server log).
     Unrecorded,
+    /// Above the clock mark, which has not been renewed in time (see the server log).
+    Unmarked,
 }
 
 /// tenant -> key id -> floor, ms (nested so that a lookup needs no allocation).
@@ -254,6 +264,8 @@ pub struct ReplayCache {
     fingerprint: RandomState,
     /// `None`: future-stamped calls are not remembered across restarts (tests, tools).
     floors: Option<Floors>,
+    /// `None` as for `floors`.
+    clock: Option<ClockMark>,
     /// The first timestamp accepted.
     ready_ms: i64,
 }
@@ -299,23 +311,55 @@ impl ReplayCache {
             skew_ms,
             fingerprint: RandomState::new(),
             floors: None,
+            clock: None,
             ready_ms: watermark + 1,
         }
     }
 
     /// [`ReplayCache::new`], remembering future-stamped calls across restarts in the file at
-    /// `path` (read now; written, and fsynced, before such a call is accepted).
+    /// `path` (read now; written, and fsynced, before such a call is accepted), and keeping a
+    /// clock mark in [`CLOCK_FILE`] beside it (read now, and renewed at once: keep renewing it
+    /// with [`ReplayCache::renew_clock`]).
     pub fn with_floors(
         capacity: usize,
         skew_ms: i64,
         start_ms: i64,
         path: PathBuf,
     ) -> std::io::Result<ReplayCache> {
-        let floors = Floors::open(path, start_ms + AHEAD_MS - 1)?;
-        Ok(ReplayCache {
-            floors: Some(floors),
-            ..ReplayCache::new(capacity, skew_ms, start_ms)
-        })
+        let (clock, mark) = ClockMark::open(path.with_file_name(CLOCK_FILE))?;
+        let mut cache = ReplayCache::new(capacity, skew_ms, start_ms);
+        if let Some(mark) = mark
+            && mark >= cache.ready_ms
+        {
+            // The clock is behind the previous server's mark: it stepped back, or that server
+            // crashed less than a lease ago.
+            for shard in &mut cache.shards {
+                let shard = shard.get_mut().unwrap_or_else(|p| p.into_inner());
+                shard.watermark = shard.watermark.max(mark);
+            }
+            cache.ready_ms = mark + 1;
+        }
+        clock.renew(start_ms)?;
+        cache.floors = Some(Floors::open(path, cache.ready_ms - 1)?);
+        cache.clock = Some(clock);
+        Ok(cache)
+    }
+
+    /// Renew the clock mark (see [`crate::replay_clock`]); nothing without one. Call it every
+    /// [`crate::replay_clock::RENEW_EVERY`] while serving.
+    pub fn renew_clock(&self, now_ms: i64) -> std::io::Result<()> {
+        self.clock.as_ref().map_or(Ok(()), |c| c.renew(now_ms))
+    }
+
+    /// Once no call can be accepted any more (the server stopped serving): lower the clock mark
+    /// to what was accepted, so that the next start need not wait out its lease.
+    pub fn settle_clock(&self, now_ms: i64) -> std::io::Result<()> {
+        self.clock.as_ref().map_or(Ok(()), |c| c.settle(now_ms))
+    }
+
+    /// Whether there is a clock mark to renew.
+    pub fn has_clock(&self) -> bool {
+        self.clock.is_some()
     }
 
     /// The first timestamp accepted: calls stamped earlier are refused as too old (the server
@@ -387,6 +431,9 @@ impl ReplayCache {
             return Err(ReplayError::Replayed);
         }
         if ts_ms <= due_until {
+            if self.clock.as_ref().is_some_and(|c| !c.admit(ts_ms)) {
+                return Err(ReplayError::Unmarked);
+            }
             shard.seen.insert(fp);
             shard.order.push_back((ts_ms, fp));
             return Ok(());
@@ -495,6 +542,7 @@ mod tests {
         let path = dir.path().join("replay-floors");
         let now = 1_000_000;
         let old = ReplayCache::with_floors(1000, 300_000, 0, path.clone()).unwrap();
+        old.renew_clock(now).unwrap();
         assert_eq!(
             old.check_and_insert(("a", "k"), 1, now + 60_000, now),
             Ok(())
@@ -552,12 +600,73 @@ mod tests {
         assert_eq!(text, format!("{} c k\n", at + 5_000 + FLOOR_RESERVE_MS));
     }
 
+    /// A call accepted just before a restart whose clock stepped back (by more than the start
+    /// watermark's second) stays refused: the new watermark starts at the old server's mark.
+    #[test]
+    fn a_clock_that_stepped_back_across_a_restart_does_not_reopen_replays() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("replay-floors");
+        let start = 1_000_000;
+        let old = ReplayCache::with_floors(1000, 300_000, start, path.clone()).unwrap();
+        let now = start + 60_000;
+        old.renew_clock(now).unwrap();
+        assert_eq!(old.check_and_insert(("a", "k"), 1, now, now), Ok(()));
+        // kill -9: no settling. The clock is set back by 30 s before the next start.
+        drop(old);
+        let back = now - 30_000;
+        let new = ReplayCache::with_floors(1000, 300_000, back, path.clone()).unwrap();
+        assert_eq!(
+            new.check_and_insert(("a", "k"), 1, now, back + 5_000),
+            Err(ReplayError::TooOld)
+        );
+        assert!(new.ready_ms() > now);
+        // Once the clock passes the mark, calls are accepted again.
+        let later = new.ready_ms();
+        new.renew_clock(later).unwrap();
+        assert_eq!(new.check_and_insert(("a", "k"), 2, later, later), Ok(()));
+        // Without the mark (data from before it), the start watermark alone lets it through.
+        drop(new);
+        std::fs::remove_file(dir.path().join(CLOCK_FILE)).unwrap();
+        let unmarked = ReplayCache::with_floors(1000, 300_000, back, path).unwrap();
+        assert_eq!(
+            unmarked.check_and_insert(("a", "k"), 1, now, back + 5_000),
+            Ok(())
+        );
+    }
+
+    /// A mark that is not renewed refuses calls past it (the renewer fell behind), and a
+    /// graceful stop lowers it so the next start is ready a second after it starts.
+    #[test]
+    fn calls_past_an_unrenewed_mark_are_refused_and_a_stop_settles_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("replay-floors");
+        let start = 1_000_000;
+        let c = ReplayCache::with_floors(1000, 300_000, start, path.clone()).unwrap();
+        let ready = c.ready_ms();
+        assert_eq!(c.check_and_insert(("a", "k"), 1, ready, ready), Ok(()));
+        let stale = start + AHEAD_MS + crate::replay_clock::LEASE_MS + 1;
+        assert_eq!(
+            c.check_and_insert(("a", "k"), 2, stale, stale),
+            Err(ReplayError::Unmarked)
+        );
+        c.renew_clock(stale).unwrap();
+        assert_eq!(c.check_and_insert(("a", "k"), 2, stale, stale), Ok(()));
+        c.settle_clock(stale).unwrap();
+        drop(c);
+        let next = ReplayCache::with_floors(1000, 300_000, stale + 1, path).unwrap();
+        assert_eq!(next.ready_ms(), stale + 1 + AHEAD_MS);
+    }
+
     #[test]
     fn a_floor_that_cannot_be_written_refuses_the_call() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("missing").join("replay-floors");
-        let c = ReplayCache::with_floors(1000, 300_000, 0, path).unwrap();
+        let sub = dir.path().join("gone");
+        std::fs::create_dir(&sub).unwrap();
+        let c = ReplayCache::with_floors(1000, 300_000, 0, sub.join("replay-floors")).unwrap();
         let now = 1_000_000;
+        c.renew_clock(now).unwrap();
+        // The clock mark's file stays open; the floors file cannot be made any more.
+        std::fs::remove_dir_all(&sub).unwrap();
         assert_eq!(
             c.check_and_insert(("a", "k"), 1, now + 60_000, now),
             Err(ReplayError::Unrecorded)

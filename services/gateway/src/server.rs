@@ -12,7 +12,8 @@ use cube_api::v1::cells_server::CellsServer;
 use cube_api::v1::tenant_server::TenantServer;
 use cube_store::{Catalog, TenantDirectory};
 
-use crate::replay::ReplayCache;
+use crate::replay::{AHEAD_MS, ReplayCache};
+use crate::replay_clock::{LEASE_MS, RENEW_EVERY};
 use tokio::net::{TcpListener, UnixListener};
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::Server;
@@ -104,9 +105,12 @@ impl Gateway {
     /// How long until signed calls stamped with the current time are accepted: the replay cache
     /// refuses timestamps up to a second past the start, which a previous server may have
     /// accepted (see `replay.rs`). The server announces itself ready only then.
+    /// At most a second and a lease: a longer wait means the clock stepped back, and signed
+    /// calls are refused as too old until it catches up (handshakes are served meanwhile).
     pub fn replay_ready_in(&self) -> std::time::Duration {
+        let most = AHEAD_MS + LEASE_MS;
         let wait = self.auth.replay_ready_ms() - crate::auth_layer::now_ms();
-        std::time::Duration::from_millis(wait.max(0) as u64)
+        std::time::Duration::from_millis(wait.clamp(0, most) as u64)
     }
 
     /// Fails if the TLS settings are unusable or the replay floors file unreadable.
@@ -127,6 +131,16 @@ impl Gateway {
             .map_err(ServeError::ReplayFloors)?,
             None => ReplayCache::new(config.replay_capacity, config.skew_ms, start),
         };
+        let behind = replay.ready_ms() - start - AHEAD_MS;
+        if behind > LEASE_MS {
+            tracing::warn!(
+                behind_ms = behind,
+                "the server clock is behind the replay clock mark a previous server left: it \
+                 stepped backwards. Signed calls stamped before the mark are refused as too old \
+                 until the clock passes it (about {} s); per-connection handshakes are not affected",
+                behind / 1000
+            );
+        }
         let mut auth = Authenticator::new(
             Arc::clone(&catalog),
             config.auth_mode,
@@ -171,6 +185,11 @@ impl Gateway {
             limits: self.config.scan_limits,
         })
         .max_decoding_message_size(max);
+        let renewer = self
+            .auth
+            .replay()
+            .has_clock()
+            .then(|| AbortOnDrop(tokio::spawn(renew_clock(Arc::clone(&self.auth)))));
         let registry = Arc::clone(&self.connections);
         let limits = transport::AcceptLimits {
             max_connections: self.config.max_connections,
@@ -251,6 +270,18 @@ impl Gateway {
             .serve_with_incoming_shutdown(incoming, stopping)
             .await;
         drop(acceptor_task);
+        drop(renewer);
+        if self.auth.replay().has_clock() {
+            // No call is accepted any more: the next start need not wait out the lease.
+            let auth = Arc::clone(&self.auth);
+            let settled = tokio::task::spawn_blocking(move || {
+                auth.replay().settle_clock(crate::auth_layer::now_ms())
+            })
+            .await;
+            if let Ok(Err(e)) = settled {
+                tracing::warn!(error = %e, "the replay clock mark could not be lowered at stop; the next start waits up to a second more");
+            }
+        }
         served?;
         Ok(())
     }
@@ -279,6 +310,35 @@ impl Gateway {
     /// Open connections (for tests and metrics).
     pub fn connections(&self) -> &Arc<ConnectionRegistry> {
         &self.connections
+    }
+}
+
+/// Renew the replay cache's clock mark every [`RENEW_EVERY`] until aborted: a renewal that
+/// falls a lease behind makes signed calls refused (`UNAVAILABLE`) until one succeeds again.
+async fn renew_clock(auth: Arc<Authenticator>) {
+    let mut every = tokio::time::interval(RENEW_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = false;
+    loop {
+        every.tick().await;
+        let renewing = Arc::clone(&auth);
+        let renewed = tokio::task::spawn_blocking(move || {
+            renewing.replay().renew_clock(crate::auth_layer::now_ms())
+        })
+        .await;
+        match renewed {
+            Ok(Ok(())) if failing => {
+                tracing::info!("the replay clock mark is written again");
+                failing = false;
+            }
+            Ok(Ok(())) | Err(_) => {}
+            Ok(Err(e)) => {
+                if !failing {
+                    tracing::error!(error = %e, "the replay clock mark could not be renewed: signed calls are refused with UNAVAILABLE once it falls a second behind, until it is written again");
+                }
+                failing = true;
+            }
+        }
     }
 }
 

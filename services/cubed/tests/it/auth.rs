@@ -75,6 +75,49 @@ async fn a_call_signed_ahead_of_the_server_clock_is_not_replayable_after_a_resta
         .unwrap();
 }
 
+/// A restart whose clock stepped back, simulated by the clock mark a server running a minute
+/// later would have left: signed calls stamped at or below the mark stay refused (the old
+/// server may have accepted them), those above it are served, and the server does not wait for
+/// its clock to catch up: it is ready, serves handshakes and says why in its log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_clock_steps_back_calls_up_to_the_previous_servers_mark_stay_refused() {
+    let mut server = TestServer::start(cubed()).unwrap();
+    let demo = server.demo.clone();
+    read_signed(&server, &demo, READ, now_ms(), &new_call_nonce())
+        .await
+        .unwrap();
+    assert!(server.sigterm().unwrap().success());
+    // The mark file: two 24-byte slots at 0 and 512 (write number, mark, CRC-32C of both);
+    // the slot with the higher write number counts.
+    let path = server.data_dir().join("replay-clock");
+    let mut bytes = std::fs::read(&path).unwrap();
+    assert_eq!(bytes.len(), 512 + 24);
+    let mark = now_ms() + 60_000;
+    let mut slot = [0u8; 24];
+    slot[..8].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    slot[8..16].copy_from_slice(&mark.to_le_bytes());
+    let crc = crc32c::crc32c(&slot[..16]);
+    slot[16..20].copy_from_slice(&crc.to_le_bytes());
+    bytes[..24].copy_from_slice(&slot);
+    std::fs::write(&path, &bytes).unwrap();
+
+    server.restart().unwrap();
+    expect_unauthenticated(
+        read_signed(&server, &demo, READ, now_ms(), &new_call_nonce()).await,
+        "older than the server's replay window",
+    );
+    read_signed(&server, &demo, READ, mark + 1, &new_call_nonce())
+        .await
+        .unwrap();
+    let mut on_connection = server.cells_on_connection(&demo).await.unwrap();
+    on_connection.read(read(1, 1, 1)).await.unwrap();
+    assert!(
+        server.log().contains("behind the replay clock mark"),
+        "{}",
+        server.log()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_bad_credential_is_unauthenticated() {
     let server = TestServer::start(cubed()).unwrap();

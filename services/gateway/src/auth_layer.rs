@@ -372,6 +372,11 @@ impl Authenticator {
             }
             if let Some(tenant) = md.get(&H_TENANT).and_then(|v| v.to_str().ok()) {
                 self.record_failed_auth(tenant, "call", status.message(), conn);
+            } else if status.message() == SESSION_KEY_REVOKED
+                && let Some(key) = conn.and_then(|c| c.session.key())
+            {
+                // A call on a connection whose key was revoked: the revoked key's tenant's.
+                self.record_failed_auth(&key.tenant, "connection", status.message(), conn);
             }
         }
         result.map(Some)

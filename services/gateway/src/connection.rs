@@ -260,6 +260,10 @@ impl<IO> CubeConn<IO> {
     pub fn session(&self) -> &Session {
         &self.info.session
     }
+
+    pub(crate) fn info(&self) -> &ConnInfo {
+        &self.info
+    }
 }
 
 impl<IO> Drop for CubeConn<IO> {

@@ -203,7 +203,7 @@ impl Gateway {
                     listener,
                     acceptor,
                     registry,
-                    Arc::clone(&self.catalog),
+                    Arc::clone(&self.auth),
                     limits,
                     self.config.auth_mode.allows_connection(),
                 );

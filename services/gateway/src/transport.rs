@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use cube_store::Catalog;
+use crate::auth_layer::Authenticator;
 use futures::Stream;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -207,7 +207,7 @@ pub fn tls(
     listener: TcpListener,
     acceptor: TlsAcceptor,
     registry: Arc<ConnectionRegistry>,
-    catalog: Arc<Catalog>,
+    auth: Arc<Authenticator>,
     limits: AcceptLimits,
     certificates_authenticate: bool,
 ) -> (Incoming, tokio::task::JoinHandle<()>) {
@@ -222,10 +222,10 @@ pub fn tls(
                 () = tx.closed() => return,
                 accepted = gate.accept(&listener) => accepted,
             };
-            let (acceptor, registry, catalog, tx) = (
+            let (acceptor, registry, auth, tx) = (
                 acceptor.clone(),
                 Arc::clone(&registry),
-                Arc::clone(&catalog),
+                Arc::clone(&auth),
                 tx.clone(),
             );
             gate.handshaking.fetch_add(1, Ordering::Relaxed);
@@ -256,10 +256,21 @@ pub fn tls(
                     .holding(slot);
                 drop(handshaking);
                 if let Some((tenant, key_id)) = identity.filter(|_| certificates_authenticate) {
-                    match catalog.key(&tenant, &key_id).filter(|k| !k.revoked) {
+                    match auth.catalog().key(&tenant, &key_id).filter(|k| !k.revoked) {
                         Some(key) => conn.session().authenticate(key),
                         None => {
-                            tracing::info!(%remote, %tenant, %key_id, "client certificate for an unknown or revoked key")
+                            tracing::info!(%remote, %tenant, %key_id, "client certificate for an unknown or revoked key");
+                            // A failed authentication like any other: it counts against the
+                            // address, and the tenant's trail records it.
+                            auth.record_failure(Some(conn.info()));
+                            auth.record_failed_auth(
+                                &tenant,
+                                "connection",
+                                &format!(
+                                    "client certificate of an unknown or revoked key '{key_id}'"
+                                ),
+                                Some(conn.info()),
+                            );
                         }
                     }
                 }

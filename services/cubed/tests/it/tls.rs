@@ -1,7 +1,9 @@
 //! TLS and mTLS: signed calls over TLS, client certificates as a per-connection authenticator,
 //! and no plaintext on non-loopback addresses without an explicit flag.
 
+use cube_api::v1::AuditRequest;
 use cube_api::v1::cells_client::CellsClient;
+use cube_api::v1::tenant_client::TenantClient;
 use cube_auth::client::{CallSigner, Signing};
 use cube_testkit::TestServer;
 use tonic::Code;
@@ -94,6 +96,51 @@ async fn a_client_certificate_authenticates_its_connection_until_the_key_is_revo
     assert_eq!(
         again.read(read(4, 4, 4)).await.unwrap_err().code(),
         Code::Unauthenticated
+    );
+    // Both refusals are in the tenant's trail (recorded in the background), as the revoked
+    // certificate's connection and as a call on the connection whose session the revocation
+    // ended; read with another key.
+    let o = server.cli(&["key", "create", "demo"]).unwrap();
+    let second: cube_auth::Credentials = serde_json::from_slice(&o.stdout).unwrap();
+    let signer = CallSigner::new(&second.tenant, &second.key_id, second.secret().unwrap());
+    let mut tenant = TenantClient::new(Signing::new(
+        server.tls_channel(None).await.unwrap(),
+        signer,
+    ));
+    let mut failed = Vec::new();
+    for _ in 0..200 {
+        let mut page = tenant
+            .audit(AuditRequest {
+                from_seq: 0,
+                limit: 0,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        failed.clear();
+        while let Some(e) = page.message().await.unwrap() {
+            if e.op == "auth.failed" {
+                failed.push(e.detail);
+            }
+        }
+        if failed.len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let key_id = &server.demo.key_id;
+    assert!(
+        failed.iter().any(|d| d.contains("model=connection")
+            && d.contains(&format!(
+                "client certificate of an unknown or revoked key '{key_id}'"
+            ))),
+        "{failed:?}"
+    );
+    assert!(
+        failed
+            .iter()
+            .any(|d| d.contains("model=connection") && d.contains("was revoked")),
+        "{failed:?}"
     );
     // No certificate for a revoked key is issued either.
     let out_arg = out.path().to_string_lossy().to_string();

@@ -200,9 +200,23 @@ impl Floors {
         next.entry(tenant.to_string())
             .or_default()
             .insert(key_id.to_string(), ts_ms.saturating_add(FLOOR_RESERVE_MS));
-        write_floors(&self.path, &next).map_err(RecordError::Io)?;
+        // Two fsyncs: on a slow disk they must not hold up the other connections this worker
+        // thread serves.
+        off_worker(|| write_floors(&self.path, &next)).map_err(RecordError::Io)?;
         recorded.floors = next;
         Ok(())
+    }
+}
+
+/// Run blocking `f` so that the tokio worker calling it hands its other tasks to another thread
+/// meanwhile (on a multi-threaded runtime; elsewhere, as it is).
+fn off_worker<T>(f: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
     }
 }
 

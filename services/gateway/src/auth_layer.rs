@@ -171,7 +171,7 @@ pub(crate) fn active_key(
 
 /// Client text quoted back in a refusal, cut to 128 bytes: a header can be up to
 /// `--max-metadata-bytes` long, more than some clients take in an answer's metadata.
-fn clipped(text: &str) -> std::borrow::Cow<'_, str> {
+pub(crate) fn clipped(text: &str) -> std::borrow::Cow<'_, str> {
     const MAX: usize = 128;
     let mut end = text.len().min(MAX);
     while !text.is_char_boundary(end) {
@@ -370,13 +370,14 @@ impl Authenticator {
             if status.message() != TOO_OLD {
                 self.record_failure(conn);
             }
-            if let Some(tenant) = md.get(&H_TENANT).and_then(|v| v.to_str().ok()) {
-                self.record_failed_auth(tenant, "call", status.message(), conn);
-            } else if status.message() == SESSION_KEY_REVOKED
+            if status.message() == SESSION_KEY_REVOKED
                 && let Some(key) = conn.and_then(|c| c.session.key())
             {
-                // A call on a connection whose key was revoked: the revoked key's tenant's.
+                // A call on a connection whose key was revoked: the revoked key's tenant's,
+                // whatever tenant an (unsigned) header names.
                 self.record_failed_auth(&key.tenant, "connection", status.message(), conn);
+            } else if let Some(tenant) = md.get(&H_TENANT).and_then(|v| v.to_str().ok()) {
+                self.record_failed_auth(tenant, "call", status.message(), conn);
             }
         }
         result.map(Some)

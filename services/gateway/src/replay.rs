@@ -26,7 +26,8 @@
 //! Only keys whose clients run more than [`AHEAD_MS`] ahead ever write it.
 //!
 //! Both rules take the new server's clock to be past the old one's. In case it stepped back, the
-//! server also keeps a *clock mark* on disk, at or above every timestamp it accepted
+//! server also keeps a *clock mark* on disk, at or above every timestamp it accepted at most
+//! [`AHEAD_MS`] ahead of its clock (those further ahead have their key's floor)
 //! ([`crate::replay_clock`]), and the next server's watermark starts at that mark at least.
 //!
 //! What is remembered of a (key, nonce) pair is a 64-bit fingerprint, a SipHash under keys drawn
@@ -183,6 +184,7 @@ impl Floors {
         (tenant, key_id): (&str, &str),
         ts_ms: i64,
         now_ms: i64,
+        prune_to: i64,
     ) -> Result<(), RecordError> {
         let mut recorded = self.recorded.lock().unwrap_or_else(|p| p.into_inner());
         if floor_of(&recorded.floors, tenant, key_id).is_some_and(|floor| ts_ms <= floor) {
@@ -192,9 +194,10 @@ impl Floors {
             return Err(RecordError::Busy);
         }
         let mut next = recorded.floors.clone();
-        // Floors in the past are covered by the next server's start watermark.
+        // Floors at or below `prune_to` (the clock, and the durable clock mark) are covered by
+        // the next server's start watermark.
         for keys in next.values_mut() {
-            keys.retain(|_, floor| *floor > now_ms);
+            keys.retain(|_, floor| *floor > prune_to);
         }
         next.retain(|_, keys| !keys.is_empty());
         next.entry(tenant.to_string())
@@ -461,11 +464,18 @@ impl ReplayCache {
         shard.ahead.push(Reverse((ts_ms, fp, tag)));
         *shard.ahead_by_tenant.entry(tag).or_default() += 1;
         drop(shard);
+        if let Some(clock) = &self.clock {
+            clock.note(ts_ms);
+        }
+        let prune_to = self
+            .clock
+            .as_ref()
+            .map_or(now_ms, |clock| now_ms.min(clock.covered()));
         // The nonce stays remembered if this fails: the client signs again anyway.
         match &self.floors {
             None => Ok(()),
             Some(floors) => floors
-                .record((tenant, key_id), ts_ms, now_ms)
+                .record((tenant, key_id), ts_ms, now_ms, prune_to)
                 .map_err(|e| match e {
                     RecordError::Busy => ReplayError::TooFarAhead,
                     RecordError::Io(e) => {
@@ -669,6 +679,38 @@ mod tests {
         drop(c);
         let next = ReplayCache::with_floors(1000, 300_000, stale + 1, path).unwrap();
         assert_eq!(next.ready_ms(), stale + 1 + AHEAD_MS);
+    }
+
+    /// A far-ahead call whose floor was dropped (the clock and the mark passed it) is still
+    /// covered after a graceful stop with a clock that had stepped back: the settled mark takes
+    /// the highest timestamp accepted, far-ahead ones included.
+    #[test]
+    fn a_settled_mark_covers_far_ahead_calls_whose_floor_was_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("replay-floors");
+        let now = 1_000_000_000;
+        let old = ReplayCache::with_floors(1000, 300_000, now, path.clone()).unwrap();
+        assert_eq!(
+            old.check_and_insert(("a", "k"), 1, now + 60_000, now),
+            Ok(())
+        );
+        // 62 s later another key's far-ahead call rewrites the file without a's passed floor.
+        let later = now + 62_000;
+        old.renew_clock(later).unwrap();
+        assert_eq!(
+            old.check_and_insert(("b", "k"), 2, later + 5_000, later),
+            Ok(())
+        );
+        assert!(!std::fs::read_to_string(&path).unwrap().contains(" a k"));
+        // The clock steps back two minutes; the server stops gracefully and starts again.
+        let back = now - 120_000;
+        old.settle_clock(back).unwrap();
+        drop(old);
+        let new = ReplayCache::with_floors(1000, 300_000, back + 1, path).unwrap();
+        assert_eq!(
+            new.check_and_insert(("a", "k"), 1, now + 60_000, back + 2_000),
+            Err(ReplayError::TooOld)
+        );
     }
 
     #[test]

@@ -1,27 +1,31 @@
-//! The replay cache's clock mark: a bound, kept on disk, on every timestamp the server accepted.
+//! The replay cache's clock mark: a bound, kept on disk, on the timestamps the server accepted.
 //!
 //! The replay cache is empty after a restart, so the new server refuses every timestamp at or
 //! below a start watermark. Taking that watermark from the new server's own clock (its start
 //! plus a second) is right only if the clock did not step backwards across the restart: after a
 //! step back of *d*, calls the old server accepted in its last *d* would be accepted again. So
-//! the server keeps a **mark** on disk, a timestamp at or above every one it may accept, and
-//! accepts a call stamped above the mark only once a higher mark is durable. The next server
-//! starts its watermark at the mark at least, whatever its clock says.
+//! the server keeps a **mark** on disk, a timestamp at or above every one it accepts at most
+//! [`AHEAD_MS`] ahead of its clock, and accepts such a call stamped above the mark only once a
+//! higher mark is durable. (A call stamped further ahead has its key's floor written first, in
+//! the floors file, and a floor is dropped from it only once both the clock and the durable mark
+//! have passed it.) The next server starts its watermark at the mark at least, whatever its
+//! clock says.
 //!
 //! The mark is renewed ahead of need: every [`RENEW_EVERY`] it becomes the clock plus
 //! [`LEASE_MS`] (beyond the second the cache admits ahead of the clock), so a call waits for no
 //! write, and only a renewal stalled for most of a lease (a disk that takes that long to
-//! fdatasync 8 bytes) refuses calls, with `UNAVAILABLE`. A graceful stop lowers the mark to what
-//! was really accepted, so only a crash costs the next start up to [`LEASE_MS`] more before it
-//! is ready. A mark never goes down below one read at start: a server that crashes soon after
+//! fdatasync a few bytes) refuses calls, with `UNAVAILABLE`. A graceful stop lowers the mark to
+//! the clock plus a second, or the highest timestamp accepted (those further ahead included) if
+//! that is higher, so only a crash costs the next start up to [`LEASE_MS`] more before it is
+//! ready. A mark never goes down below one read at start: a server that crashes soon after
 //! starting leaves a mark that still covers its predecessor.
 //!
-//! The file holds two 24-byte slots in different 512-byte sectors, written in turn, each a
-//! little-endian `u64` write number, the `i64` mark, a CRC-32C of both and 4 zero bytes; the
-//! valid slot with the higher write number holds the mark (a lowered one included). A torn
-//! write (a power cut) spoils at most the slot being written, and the other still holds the
-//! previous mark. Renewals
-//! overwrite bytes already allocated, so they keep working on a full disk.
+//! The file holds two 24-byte slots 4 KiB apart (in different sectors and pages), written in
+//! turn, each a little-endian `u64` write number, the `i64` mark, a CRC-32C of both and 4 zero
+//! bytes; the valid slot with the higher write number holds the mark (a lowered one included).
+//! A torn write (a power cut) spoils at most the slot being written, and the other still holds
+//! the previous mark. Renewals overwrite bytes already allocated, so they keep working on a
+//! full disk.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -40,7 +44,8 @@ pub const LEASE_MS: i64 = 1_000;
 /// refused.
 pub const RENEW_EVERY: Duration = Duration::from_millis(200);
 
-const SLOT: u64 = 512;
+/// Slots are a page apart (a 4 KiB sector or page holds one of them).
+const SLOT: u64 = 4096;
 const RECORD: usize = 24;
 
 /// See the module docs.
@@ -155,40 +160,59 @@ impl ClockMark {
         Ok((mark, inherited))
     }
 
-    /// Whether a call stamped `ts_ms` may be accepted; if so, it counts as accepted.
+    /// Whether a call stamped `ts_ms` may be accepted; if so, it counts as accepted. (Counted
+    /// before the second look at the mark, so that [`ClockMark::settle`], which closes the mark
+    /// before it reads what was accepted, sees every call admitted; all `SeqCst`.)
     pub(crate) fn admit(&self, ts_ms: i64) -> bool {
-        if ts_ms > self.covered.load(Ordering::Acquire) {
+        if ts_ms > self.covered.load(Ordering::SeqCst) {
             return false;
         }
-        self.accepted.fetch_max(ts_ms, Ordering::AcqRel);
-        true
+        self.accepted.fetch_max(ts_ms, Ordering::SeqCst);
+        ts_ms <= self.covered.load(Ordering::SeqCst)
+    }
+
+    /// Count a call accepted without [`ClockMark::admit`] (one stamped more than [`AHEAD_MS`]
+    /// ahead, which its key's floor covers), so that a graceful stop's mark covers it too.
+    pub(crate) fn note(&self, ts_ms: i64) {
+        self.accepted.fetch_max(ts_ms, Ordering::SeqCst);
+    }
+
+    /// The durable mark: calls stamped up to it may be accepted.
+    pub(crate) fn covered(&self) -> i64 {
+        self.covered.load(Ordering::SeqCst)
     }
 
     /// Make the mark cover calls stamped up to `now_ms` plus [`AHEAD_MS`] and [`LEASE_MS`].
     pub(crate) fn renew(&self, now_ms: i64) -> io::Result<()> {
-        self.write(now_ms.saturating_add(AHEAD_MS + LEASE_MS), false)
+        self.write(now_ms.saturating_add(AHEAD_MS + LEASE_MS))
     }
 
     /// At a stop, once no call can be accepted any more: lower the mark to what was accepted,
     /// so that the next start need not wait out the lease.
+    /// Calls admitted afterwards are refused.
     pub(crate) fn settle(&self, now_ms: i64) -> io::Result<()> {
+        let mut writer = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        // Renewals stop; no call is admitted any more; then what was admitted is read.
+        self.settled.store(true, Ordering::SeqCst);
+        self.covered.store(i64::MIN, Ordering::SeqCst);
         let mark = now_ms
             .saturating_add(AHEAD_MS)
-            .max(self.accepted.load(Ordering::Acquire))
+            .max(self.accepted.load(Ordering::SeqCst))
             .max(self.inherited);
-        self.write(mark, true)
+        self.write_locked(&mut writer, mark)
     }
 
-    fn write(&self, mark: i64, lower: bool) -> io::Result<()> {
+    fn write(&self, mark: i64) -> io::Result<()> {
         let mut writer = self.file.lock().unwrap_or_else(|p| p.into_inner());
-        if !lower && (mark <= writer.written || self.settled.load(Ordering::Acquire)) {
+        if mark <= writer.written || self.settled.load(Ordering::SeqCst) {
             return Ok(());
         }
-        if lower {
-            self.settled.store(true, Ordering::Release);
-            // No call may be accepted above the lowered mark from here on.
-            self.covered.fetch_min(mark, Ordering::AcqRel);
-        }
+        self.write_locked(&mut writer, mark)?;
+        self.covered.fetch_max(mark, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn write_locked(&self, writer: &mut Writer, mark: i64) -> io::Result<()> {
         let at = writer.next;
         writer
             .file
@@ -200,9 +224,6 @@ impl ClockMark {
         writer.next = SLOT - at;
         writer.seq += 1;
         writer.written = mark;
-        if !lower {
-            self.covered.fetch_max(mark, Ordering::AcqRel);
-        }
         Ok(())
     }
 }
@@ -259,10 +280,7 @@ mod tests {
         assert!(mark.admit(11_500));
         // The clock stepped back to 9,000 while serving: the mark still covers 11,500.
         mark.settle(9_000).unwrap();
-        assert!(
-            !mark.admit(11_501),
-            "nothing above a settled mark is accepted"
-        );
+        assert!(!mark.admit(0), "nothing is accepted after settling");
         drop(mark);
         let (_, inherited) = ClockMark::open(path.clone()).unwrap();
         assert_eq!(inherited, Some(11_500));

@@ -185,11 +185,23 @@ impl Gateway {
             limits: self.config.scan_limits,
         })
         .max_decoding_message_size(max);
-        let renewer = self
-            .auth
-            .replay()
-            .has_clock()
-            .then(|| AbortOnDrop(tokio::spawn(renew_clock(Arc::clone(&self.auth)))));
+        let renewer = if self.auth.replay().has_clock() {
+            // Renewed once before any connection is taken: since `new` the mark may have
+            // fallen behind the clock (the wait for the replay window, a crash's lease).
+            let auth = Arc::clone(&self.auth);
+            let renewed = tokio::task::spawn_blocking(move || {
+                auth.replay().renew_clock(crate::auth_layer::now_ms())
+            })
+            .await;
+            if let Ok(Err(e)) = renewed {
+                tracing::error!(error = %e, "the replay clock mark could not be renewed: signed calls are refused with UNAVAILABLE until it is");
+            }
+            Some(AbortOnDrop(tokio::spawn(renew_clock(Arc::clone(
+                &self.auth,
+            )))))
+        } else {
+            None
+        };
         let registry = Arc::clone(&self.connections);
         let limits = transport::AcceptLimits {
             max_connections: self.config.max_connections,

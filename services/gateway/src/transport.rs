@@ -261,16 +261,22 @@ pub fn tls(
                         None => {
                             tracing::info!(%remote, %tenant, %key_id, "client certificate for an unknown or revoked key");
                             // A failed authentication like any other: it counts against the
-                            // address, and the tenant's trail records it.
-                            auth.record_failure(Some(conn.info()));
-                            auth.record_failed_auth(
-                                &tenant,
-                                "connection",
-                                &format!(
-                                    "client certificate of an unknown or revoked key '{key_id}'"
-                                ),
-                                Some(conn.info()),
-                            );
+                            // address, and the tenant's trail records it, unless the address is
+                            // throttled already (so one address cannot take the tenant's budget
+                            // of such entries).
+                            let info = Some(conn.info());
+                            if auth.check_throttle(info).is_ok() {
+                                auth.record_failure(info);
+                                auth.record_failed_auth(
+                                    &tenant,
+                                    "connection",
+                                    &format!(
+                                        "client certificate of an unknown or revoked key '{}'",
+                                        crate::auth_layer::clipped(&key_id)
+                                    ),
+                                    info,
+                                );
+                            }
                         }
                     }
                 }

@@ -43,8 +43,8 @@ impl DataDir {
         self.root.join("replay-floors")
     }
 
-    /// Beside [`DataDir::replay_floors`] (the gateway opens it there): a bound on every
-    /// timestamp a signed call was accepted with, so a restarted server whose clock stepped
+    /// Beside [`DataDir::replay_floors`] (the gateway opens it there): a bound on the
+    /// timestamps signed calls were accepted with, so a restarted server whose clock stepped
     /// back still refuses their replay.
     pub fn replay_clock(&self) -> PathBuf {
         self.root.join("replay-clock")

@@ -87,11 +87,11 @@ async fn after_the_clock_steps_back_calls_up_to_the_previous_servers_mark_stay_r
         .await
         .unwrap();
     assert!(server.sigterm().unwrap().success());
-    // The mark file: two 24-byte slots at 0 and 512 (write number, mark, CRC-32C of both);
+    // The mark file: two 24-byte slots at 0 and 4096 (write number, mark, CRC-32C of both);
     // the slot with the higher write number counts.
     let path = server.data_dir().join("replay-clock");
     let mut bytes = std::fs::read(&path).unwrap();
-    assert_eq!(bytes.len(), 512 + 24);
+    assert_eq!(bytes.len(), 4096 + 24);
     let mark = now_ms() + 60_000;
     let mut slot = [0u8; 24];
     slot[..8].copy_from_slice(&(1u64 << 40).to_le_bytes());

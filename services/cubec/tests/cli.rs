@@ -130,25 +130,9 @@ fn a_client_certificate_needs_https_and_no_auth_model() {
 fn mtls_needs_no_credentials_file() {
     let server = TestServer::start_with(&cubed(), &["--tls-dev"]).unwrap();
     let out = tempfile::tempdir().unwrap();
-    let cert = server
-        .cli(&[
-            "key",
-            "cert",
-            "demo",
-            &server.demo.key_id,
-            "--out",
-            out.path().to_str().unwrap(),
-        ])
+    let (crt, key) = server
+        .demo_key_cert(&server.demo.key_id, out.path())
         .unwrap();
-    assert!(cert.status.success(), "{}", stderr(&cert));
-    let pem = |suffix: &str| {
-        std::fs::read_dir(out.path())
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .find(|p| p.to_string_lossy().ends_with(suffix))
-            .unwrap()
-    };
-    let (crt, key) = (pem(".crt.pem"), pem(".key.pem"));
     let ca = server.data_dir().join("tls/ca.pem");
     let empty = tempfile::tempdir().unwrap();
     let endpoint = format!(

@@ -1945,6 +1945,30 @@ mod tests {
     }
 
     /// A directory over `data` whose tenants use `config` and `catalog`, one actor thread.
+    /// `result` is the refusal of a tenant that only a restart brings back.
+    fn assert_refused_until_restart<T: std::fmt::Debug>(result: &Result<T, StoreError>) {
+        assert!(
+            matches!(result, Err(StoreError::Unavailable(m)) if m.contains("until the server restarts")),
+            "{result:?}"
+        );
+    }
+
+    /// After a restart (a new directory on `data`), tenant `t` has the acknowledged `kept` in
+    /// cell 1 and takes writes again.
+    async fn restart_finds_kept(data: crate::DataDir, config: &CoreConfig, catalog: &Arc<Catalog>) {
+        let restarted = test_directory(data, config, catalog);
+        let read = restarted
+            .call("t", Command::Read { coord: at(1) }, "t/k")
+            .await
+            .unwrap();
+        assert!(
+            matches!(&read, Reply::Read(Some(c)) if c.value == b"kept"),
+            "{read:?}"
+        );
+        restarted.call("t", write(2, b"v"), "t/k").await.unwrap();
+        restarted.shutdown().await;
+    }
+
     fn test_directory(
         data: crate::DataDir,
         config: &CoreConfig,
@@ -2090,10 +2114,7 @@ mod tests {
         let directory = relaxed_tenant_whose_next_fsync_fails(dir.path(), Duration::ZERO).await;
         assert!(directory.close_tenant("t").await, "not passivated");
         let refused = directory.call("t", write(2, b"v"), "t/k").await;
-        assert!(
-            matches!(&refused, Err(StoreError::Unavailable(m)) if m.contains("until the server restarts")),
-            "{refused:?}"
-        );
+        assert_refused_until_restart(&refused);
         assert!(directory.get("t").await.is_err());
         directory.shutdown().await;
     }
@@ -2206,15 +2227,9 @@ mod tests {
             directory.call("t", write(2, b"v"), "t/k").await
         });
         assert!(closed);
-        assert!(
-            matches!(&raced, Err(StoreError::Unavailable(m)) if m.contains("until the server restarts")),
-            "{raced:?}"
-        );
+        assert_refused_until_restart(&raced);
         let after = directory.call("t", write(3, b"v"), "t/k").await;
-        assert!(
-            matches!(&after, Err(StoreError::Unavailable(m)) if m.contains("until the server restarts")),
-            "{after:?}"
-        );
+        assert_refused_until_restart(&after);
         directory.shutdown().await;
     }
 
@@ -2231,26 +2246,13 @@ mod tests {
         directory.call("t", write(1, b"kept"), "t/k").await.unwrap();
         cube_wal::failpoint::fail_next_fdatasync(&data.tenant_state("t"));
         assert!(directory.close_tenant("t").await);
-        for attempt in 0..2 {
+        for _ in 0..2 {
             let refused = directory.call("t", write(2, b"v"), "t/k").await;
-            assert!(
-                matches!(&refused, Err(StoreError::Unavailable(m)) if m.contains("until the server restarts")),
-                "attempt {attempt}: {refused:?}"
-            );
+            assert_refused_until_restart(&refused);
         }
         directory.shutdown().await;
         drop(directory);
-        let restarted = test_directory(data, &config, &catalog);
-        let read = restarted
-            .call("t", Command::Read { coord: at(1) }, "t/k")
-            .await
-            .unwrap();
-        assert!(
-            matches!(&read, Reply::Read(Some(c)) if c.value == b"kept"),
-            "{read:?}"
-        );
-        restarted.call("t", write(2, b"v"), "t/k").await.unwrap();
-        restarted.shutdown().await;
+        restart_finds_kept(data, &config, &catalog).await;
     }
 
     /// A write of the log that fails without a full disk (EIO, no descriptor left) stops the
@@ -2307,25 +2309,13 @@ mod tests {
         // Past the failed open's retry delay, as the janitor would find it.
         tokio::time::sleep(Duration::from_millis(1100)).await;
         directory.close_failed().await;
-        for attempt in 0..2 {
+        for _ in 0..2 {
             let refused = directory.call("t", write(3, b"v"), "t/k").await;
-            assert!(
-                matches!(&refused, Err(StoreError::Unavailable(m)) if m.contains("until the server restarts")),
-                "attempt {attempt}: {refused:?}"
-            );
+            assert_refused_until_restart(&refused);
         }
         directory.shutdown().await;
         drop(directory);
-        let restarted = test_directory(data, &config, &catalog);
-        let read = restarted
-            .call("t", Command::Read { coord: at(1) }, "t/k")
-            .await
-            .unwrap();
-        assert!(
-            matches!(&read, Reply::Read(Some(c)) if c.value == b"kept"),
-            "{read:?}"
-        );
-        restarted.shutdown().await;
+        restart_finds_kept(data, &config, &catalog).await;
     }
 
     /// What one tenant's requests in flight carry is bounded: writes waiting behind a slow

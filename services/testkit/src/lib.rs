@@ -393,6 +393,23 @@ impl TestServer {
         Ok(CellsClient::new(channel))
     }
 
+    /// `cubed key cert demo KEY_ID --out OUT`: the paths of the client certificate and its key.
+    pub fn demo_key_cert(&self, key_id: &str, out: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
+        let out_arg = out.to_string_lossy();
+        let o = self.cli(&["key", "cert", "demo", key_id, "--out", &out_arg])?;
+        if !o.status.success() {
+            bail!("key cert failed: {}", String::from_utf8_lossy(&o.stderr));
+        }
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout)?;
+        let path = |field: &str| {
+            v[field]
+                .as_str()
+                .map(PathBuf::from)
+                .ok_or_else(|| anyhow::anyhow!("key cert printed no {field:?}"))
+        };
+        Ok((path("cert")?, path("key")?))
+    }
+
     /// Run `cubed ARGS --data-dir <this server's data dir>`.
     pub fn cli(&self, args: &[&str]) -> anyhow::Result<Output> {
         Ok(Command::new(&self.bin)

@@ -9,7 +9,7 @@ use std::time::Duration;
 use cube_testkit::TestServer;
 use rand::Rng;
 
-use crate::{cubed, read, write};
+use crate::{cubed, read, signal_term, watch_health, write};
 
 const WRITERS: usize = 32;
 
@@ -181,33 +181,6 @@ async fn write_then_graceful_restart_then_read() {
     assert_eq!(r.seq, 3);
 }
 
-/// Send `server` SIGTERM without waiting for it.
-fn signal_term(server: &TestServer) {
-    use nix::sys::signal::{Signal, kill};
-    let pid = nix::unistd::Pid::from_raw(server.pid().unwrap() as i32);
-    kill(pid, Signal::SIGTERM).unwrap();
-}
-
-/// Watch the whole server's health (the empty service name) on a connection of its own; the
-/// stream and its first answer (SERVING).
-async fn watch_health(
-    server: &TestServer,
-) -> tonic::Streaming<tonic_health::pb::HealthCheckResponse> {
-    use tonic_health::pb::health_check_response::ServingStatus;
-    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
-    let mut health = HealthClient::new(server.channel().await.unwrap());
-    let mut watch = health
-        .watch(HealthCheckRequest {
-            service: String::new(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let first = watch.message().await.unwrap().unwrap();
-    assert_eq!(first.status(), ServingStatus::Serving);
-    watch
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_health_watch_does_not_hold_up_a_graceful_stop() {
     use tonic_health::pb::health_check_response::ServingStatus;
@@ -216,7 +189,7 @@ async fn an_open_health_watch_does_not_hold_up_a_graceful_stop() {
     c.write(write(1, 2, 3, b"kept")).await.unwrap();
     // gRPC clients with health checking hold such a stream open for the connection's life; it
     // ends only with the server, so an unbounded drain waited for it forever.
-    let mut watch = watch_health(&server).await;
+    let mut watch = watch_health(server.channel().await.unwrap()).await;
     signal_term(&server);
     // Told that the whole server stops serving, not only cube.v1.Cells.
     let next = tokio::time::timeout(Duration::from_secs(10), watch.message())
@@ -242,7 +215,7 @@ async fn an_open_health_watch_does_not_hold_up_a_graceful_stop() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_signal_ends_the_drain_at_once() {
     let mut server = TestServer::start_with(cubed(), &["--drain-secs", "600"]).unwrap();
-    let watch = watch_health(&server).await;
+    let watch = watch_health(server.channel().await.unwrap()).await;
     signal_term(&server);
     // Still draining: the watch is open and the drain has ten minutes.
     let early = tokio::task::block_in_place(|| server.wait_exit(Duration::from_millis(500)));

@@ -71,3 +71,29 @@ pub async fn totals_of(
         .totals
         .unwrap()
 }
+
+/// Send `server` SIGTERM without waiting for it.
+pub fn signal_term(server: &cube_testkit::TestServer) {
+    use nix::sys::signal::{Signal, kill};
+    let pid = nix::unistd::Pid::from_raw(server.pid().unwrap() as i32);
+    kill(pid, Signal::SIGTERM).unwrap();
+}
+
+/// Watch the whole server's health (the empty service name) on `channel`, a connection of its
+/// own; the stream, after its first answer (SERVING).
+pub async fn watch_health(
+    channel: tonic::transport::Channel,
+) -> tonic::Streaming<tonic_health::pb::HealthCheckResponse> {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let mut watch = HealthClient::new(channel)
+        .watch(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = watch.message().await.unwrap().unwrap();
+    assert_eq!(first.status(), ServingStatus::Serving);
+    watch
+}

@@ -8,18 +8,13 @@ use cube_auth::client::{CallSigner, Signing};
 use cube_testkit::TestServer;
 use tonic::Code;
 
-use crate::{cubed, read, write};
+use crate::{cubed, read, signal_term, watch_health, write};
 
+/// The PEM texts of a client certificate for demo's `key_id` and of its key.
 fn issue_cert(server: &TestServer, key_id: &str, out: &std::path::Path) -> (String, String) {
-    let out_arg = out.to_string_lossy().to_string();
-    let o = server
-        .cli(&["key", "cert", "demo", key_id, "--out", &out_arg])
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let cert = std::fs::read_to_string(v["cert"].as_str().unwrap()).unwrap();
-    let key = std::fs::read_to_string(v["key"].as_str().unwrap()).unwrap();
-    (cert, key)
+    let (cert, key) = server.demo_key_cert(key_id, out).unwrap();
+    let read = |p| std::fs::read_to_string(p).unwrap();
+    (read(cert), read(key))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -226,22 +221,9 @@ fn a_start_that_cannot_serve_changes_nothing_in_the_data_dir() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_closes_the_tls_listener_while_the_drain_waits() {
     use tonic_health::pb::health_check_response::ServingStatus;
-    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
     let server = TestServer::start_with(cubed(), &["--tls-dev", "--drain-secs", "60"]).unwrap();
-    let mut health = HealthClient::new(server.tls_channel(None).await.unwrap());
-    let mut watch = health
-        .watch(HealthCheckRequest {
-            service: String::new(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(
-        watch.message().await.unwrap().unwrap().status(),
-        ServingStatus::Serving
-    );
-    let pid = nix::unistd::Pid::from_raw(server.pid().unwrap() as i32);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let mut watch = watch_health(server.tls_channel(None).await.unwrap()).await;
+    signal_term(&server);
     assert_eq!(
         watch.message().await.unwrap().unwrap().status(),
         ServingStatus::NotServing

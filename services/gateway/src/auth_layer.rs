@@ -123,17 +123,14 @@ impl EntryBucket {
             self.used = self
                 .used
                 .saturating_sub(u32::try_from(refills).unwrap_or(u32::MAX));
-            self.at_ms = if self.used == 0 {
-                now_ms
-            } else {
-                self.at_ms + refills * FAILED_ENTRY_EVERY_MS
-            };
+            self.at_ms += refills * FAILED_ENTRY_EVERY_MS;
+        }
+        if self.used == 0 {
+            // Nothing to refill: the next refill is counted from this entry.
+            self.at_ms = now_ms;
         }
         if self.used >= FAILED_ENTRIES_BURST {
             return false;
-        }
-        if self.used == 0 {
-            self.at_ms = now_ms;
         }
         self.used += 1;
         true

@@ -113,14 +113,8 @@ impl ClockMark {
         let mut inherited;
         let (next, seq);
         {
-            let mut bytes = vec![0u8; (SLOT as usize) + RECORD];
-            let len = read_up_to(&file, &mut bytes)?;
-            let slots = [0, SLOT as usize].map(|at| {
-                bytes
-                    .get(at..at + RECORD)
-                    .filter(|_| len >= at + RECORD)
-                    .and_then(decode)
-            });
+            let bytes = std::fs::read(&path)?;
+            let slots = [0, SLOT as usize].map(|at| bytes.get(at..at + RECORD).and_then(decode));
             let last = slots.iter().flatten().copied().max();
             inherited = last.map(|(_, mark)| mark);
             seq = last.map_or(0, |(seq, _)| seq);
@@ -226,20 +220,6 @@ impl ClockMark {
         writer.written = mark;
         Ok(())
     }
-}
-
-/// Read from the start of `file` into `buf` until it is full or the file ends: the bytes read.
-fn read_up_to(file: &File, buf: &mut [u8]) -> io::Result<usize> {
-    let mut len = 0;
-    while len < buf.len() {
-        match file.read_at(&mut buf[len..], len as u64) {
-            Ok(0) => break,
-            Ok(n) => len += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(len)
 }
 
 #[cfg(test)]

@@ -188,12 +188,7 @@ impl Gateway {
         let renewer = if self.auth.replay().has_clock() {
             // Renewed once before any connection is taken: since `new` the mark may have
             // fallen behind the clock (the wait for the replay window, a crash's lease).
-            let auth = Arc::clone(&self.auth);
-            let renewed = tokio::task::spawn_blocking(move || {
-                auth.replay().renew_clock(crate::auth_layer::now_ms())
-            })
-            .await;
-            if let Ok(Err(e)) = renewed {
+            if let Err(e) = renew_clock_once(&self.auth).await {
                 tracing::error!(error = %e, "the replay clock mark could not be renewed: signed calls are refused with UNAVAILABLE until it is");
             }
             Some(AbortOnDrop(tokio::spawn(renew_clock(Arc::clone(
@@ -333,18 +328,13 @@ async fn renew_clock(auth: Arc<Authenticator>) {
     let mut failing = false;
     loop {
         every.tick().await;
-        let renewing = Arc::clone(&auth);
-        let renewed = tokio::task::spawn_blocking(move || {
-            renewing.replay().renew_clock(crate::auth_layer::now_ms())
-        })
-        .await;
-        match renewed {
-            Ok(Ok(())) if failing => {
+        match renew_clock_once(&auth).await {
+            Ok(()) if failing => {
                 tracing::info!("the replay clock mark is written again");
                 failing = false;
             }
-            Ok(Ok(())) | Err(_) => {}
-            Ok(Err(e)) => {
+            Ok(()) => {}
+            Err(e) => {
                 if !failing {
                     tracing::error!(error = %e, "the replay clock mark could not be renewed: signed calls are refused with UNAVAILABLE once it falls a second behind, until it is written again");
                 }
@@ -352,6 +342,14 @@ async fn renew_clock(auth: Arc<Authenticator>) {
             }
         }
     }
+}
+
+/// One renewal of the replay clock mark, on the blocking pool (it fdatasyncs).
+async fn renew_clock_once(auth: &Arc<Authenticator>) -> std::io::Result<()> {
+    let auth = Arc::clone(auth);
+    tokio::task::spawn_blocking(move || auth.replay().renew_clock(crate::auth_layer::now_ms()))
+        .await
+        .unwrap_or(Ok(()))
 }
 
 /// Aborts its task when dropped: the TLS accept loop must not outlive `serve`, also when the

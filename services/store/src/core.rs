@@ -1984,19 +1984,24 @@ mod tests {
         catalog: &Arc<Catalog>,
         max_open: usize,
     ) -> crate::TenantDirectory {
-        crate::TenantDirectory::new(
-            crate::DirectoryConfig {
-                data_dir: data,
-                core: config.clone(),
-                mailbox_capacity: 64,
-                max_in_flight_bytes: 64 << 20,
-                actor_threads: 1,
-                idle_after: Duration::from_secs(3600),
-                max_open,
-            },
-            Some(Arc::clone(catalog)),
-        )
-        .unwrap()
+        let config = crate::DirectoryConfig {
+            max_open,
+            ..directory_config(data, config)
+        };
+        crate::TenantDirectory::new(config, Some(Arc::clone(catalog))).unwrap()
+    }
+
+    /// The directory settings of [`test_directory`].
+    fn directory_config(data: crate::DataDir, config: &CoreConfig) -> crate::DirectoryConfig {
+        crate::DirectoryConfig {
+            data_dir: data,
+            core: config.clone(),
+            mailbox_capacity: 64,
+            max_in_flight_bytes: 64 << 20,
+            actor_threads: 1,
+            idle_after: Duration::from_secs(3600),
+            max_open: 4,
+        }
     }
 
     /// A tenant being passivated when shutdown begins is closed by the time shutdown returns
@@ -2327,21 +2332,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (catalog, config) = tenant_with_catalog(dir.path());
         let data = crate::DataDir::new(dir.path().join("data"));
-        let directory = Arc::new(
-            crate::TenantDirectory::new(
-                crate::DirectoryConfig {
-                    data_dir: data.clone(),
-                    core: config.clone(),
-                    mailbox_capacity: 64,
-                    max_in_flight_bytes: 512 << 10,
-                    actor_threads: 1,
-                    idle_after: Duration::from_secs(3600),
-                    max_open: 4,
-                },
-                Some(Arc::clone(&catalog)),
-            )
-            .unwrap(),
-        );
+        let settings = crate::DirectoryConfig {
+            mailbox_capacity: 64,
+            max_in_flight_bytes: 512 << 10,
+            ..directory_config(data.clone(), &config)
+        };
+        let directory =
+            Arc::new(crate::TenantDirectory::new(settings, Some(Arc::clone(&catalog))).unwrap());
         let big = vec![7u8; 1 << 20];
         directory.call("t", write(0, &big), "t/k").await.unwrap();
         // The next fdatasync takes 2 s (then fails): writes pile up behind it.
@@ -2437,21 +2434,12 @@ mod tests {
         let (catalog, config) = tenant_with_catalog(dir.path());
         let doomed = catalog.create_key("t").unwrap();
         let data = crate::DataDir::new(dir.path().join("data"));
-        let directory = Arc::new(
-            crate::TenantDirectory::new(
-                crate::DirectoryConfig {
-                    data_dir: data.clone(),
-                    core: config.clone(),
-                    mailbox_capacity: 4,
-                    max_in_flight_bytes: 64 << 20,
-                    actor_threads: 1,
-                    idle_after: Duration::from_secs(3600),
-                    max_open: 4,
-                },
-                Some(Arc::clone(&catalog)),
-            )
-            .unwrap(),
-        );
+        let settings = crate::DirectoryConfig {
+            mailbox_capacity: 4,
+            ..directory_config(data.clone(), &config)
+        };
+        let directory =
+            Arc::new(crate::TenantDirectory::new(settings, Some(Arc::clone(&catalog))).unwrap());
         directory.call("t", write(0, b"v"), "t/k").await.unwrap();
         // Writes wait 1 s behind the next fdatasync: the tenant is at capacity meanwhile.
         cube_wal::failpoint::fail_next_fdatasync_after(

@@ -23,7 +23,7 @@ pub(crate) struct Responder {
 }
 
 impl Responder {
-    fn send(self, result: Result<Reply, StoreError>) {
+    pub(crate) fn send(self, result: Result<Reply, StoreError>) {
         let Responder { tx, permit } = self;
         // Released before the answer goes out, so a caller acting on the answer (closing the
         // now idle tenant, as a durability change does) never finds its own request in flight.

@@ -7,13 +7,15 @@
 //!
 //! Lifecycle of a change: prepare (checked against the logical state) → WAL append → durable
 //! (policy `sync`) or inside the relaxed window → applied to the state store in one batch with
-//! its group → answered. A checkpoint flushes the state store and then deletes the WAL segments
+//! its group → answered. Under `sync`, a change whose answer is settled when it is logged is
+//! answered by the WAL's syncer as soon as it is durable, while the apply runs (see
+//! [`EarlyAnswers`]). A checkpoint flushes the state store and then deletes the WAL segments
 //! it covers; recovery opens the state store and replays only the WAL after its applied seq.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cube_wal::{
@@ -30,6 +32,75 @@ use crate::{Capability, Catalog, StoreError};
 
 /// An answer for a caller: its token and the result.
 pub type Answer<T> = (T, Result<Reply, StoreError>);
+
+/// Answers of durable changes that the WAL's syncer may send itself, right after the
+/// fdatasync that made them durable, instead of waiting for the tenant's actor to apply them
+/// first (one thread hand-off less per durable write). Only a change whose answer is settled
+/// when it is logged goes here (a cell change under the `sync` policy, not a catalog change):
+/// what it answers does not depend on its apply.
+///
+/// Readers that do not go through the actor's mailbox (scans, walks, audit pages, totals) wait
+/// until the state holds every change answered from here ([`EarlyAnswers::answered`]); a call
+/// that does go through the mailbox is queued behind the syncer's `Durable` report, which is
+/// sent before these answers.
+pub struct EarlyAnswers<T> {
+    queue: Mutex<VecDeque<(u64, T, Reply)>>,
+    /// Highest seq answered from here (by the syncer, or by the actor).
+    answered: AtomicU64,
+}
+
+impl<T> std::fmt::Debug for EarlyAnswers<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EarlyAnswers")
+            .field("answered", &self.answered())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T> Default for EarlyAnswers<T> {
+    fn default() -> Self {
+        EarlyAnswers {
+            queue: Mutex::new(VecDeque::new()),
+            answered: AtomicU64::new(0),
+        }
+    }
+}
+
+impl<T> EarlyAnswers<T> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<(u64, T, Reply)>> {
+        // Plain data: a panic elsewhere cannot leave it half-updated in a way that matters.
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn push(&self, seq: u64, token: T, reply: Reply) {
+        self.lock().push_back((seq, token, reply));
+    }
+
+    /// Take the answers of every change `<= upto` (durable), and count them as answered.
+    pub fn take_through(&self, upto: u64) -> Vec<(T, Reply)> {
+        let mut queue = self.lock();
+        let n = queue.iter().take_while(|(seq, _, _)| *seq <= upto).count();
+        if n == 0 {
+            return Vec::new();
+        }
+        let taken: Vec<(u64, T, Reply)> = queue.drain(..n).collect();
+        drop(queue);
+        if let Some((last, _, _)) = taken.last() {
+            self.answered.fetch_max(*last, Ordering::AcqRel);
+        }
+        taken.into_iter().map(|(_, t, r)| (t, r)).collect()
+    }
+
+    /// Take every answer still queued (the tenant failed or closed).
+    fn take_all(&self) -> Vec<(u64, T, Reply)> {
+        self.lock().drain(..).collect()
+    }
+
+    /// Highest seq whose change was answered from here.
+    pub fn answered(&self) -> u64 {
+        self.answered.load(Ordering::Acquire)
+    }
+}
 
 /// When to checkpoint: whichever comes first.
 #[derive(Debug, Clone, Copy)]
@@ -98,6 +169,34 @@ pub struct SharedStats {
     pub stopping: std::sync::atomic::AtomicBool,
     /// Key revocations and capability changes logged but not applied yet.
     pub pending_rights: PendingRights,
+    /// Woken when a group was applied or the tenant failed, for readers waiting until the state
+    /// holds what the syncer answered ([`EarlyAnswers`]).
+    pub applied: tokio::sync::Notify,
+}
+
+impl SharedStats {
+    /// Wait until the tenant's applied state holds every change up to `need` (see
+    /// [`EarlyAnswers`]). `false` when it never will: the tenant failed (poisoned) or its actor
+    /// is gone (`gone`), and only its reopen brings the changes back.
+    pub async fn applied_through(&self, need: u64, gone: impl Fn() -> bool) -> bool {
+        loop {
+            if self.last_seq.load(Ordering::Acquire) >= need {
+                return true;
+            }
+            let woken = self.applied.notified();
+            tokio::pin!(woken);
+            // Registered before the checks, so an apply between them still wakes it.
+            woken.as_mut().enable();
+            if self.last_seq.load(Ordering::Acquire) >= need {
+                return true;
+            }
+            if self.poisoned.load(Ordering::SeqCst) || gone() {
+                return false;
+            }
+            // The bound only re-checks for an actor that stopped without a word (a panic).
+            let _ = tokio::time::timeout(Duration::from_millis(10), woken).await;
+        }
+    }
 }
 
 /// The tenant's key revocations and capability changes that are logged but not yet applied to
@@ -180,8 +279,8 @@ struct Waiting<T> {
     appended: Instant,
     op: WalOp,
     hint: Option<(Coord, Hint)>,
-    reply: Reply,
-    token: T,
+    /// The caller and its answer; `None` when the answer went to [`EarlyAnswers`].
+    answer: Option<(T, Reply)>,
 }
 
 /// A checkpoint to run off the actor's thread: flush the state store as of `seq`.
@@ -262,6 +361,19 @@ pub struct TenantCore<T> {
     pending_caps: HashMap<String, (u64, Vec<Capability>)>,
     /// Keys whose revocation is logged but not applied yet.
     pending_revokes: HashSet<String>,
+    /// Where answers the syncer may send itself go (none: every answer comes from here).
+    early: Option<Arc<EarlyAnswers<T>>>,
+}
+
+impl<T> Drop for TenantCore<T> {
+    fn drop(&mut self) {
+        // The log first: its final fdatasync lets the syncer send the early answers it covers.
+        // Those left were not made durable; dropping them tells their callers so.
+        drop(self.wal.take());
+        if let Some(early) = &self.early {
+            drop(early.take_all());
+        }
+    }
 }
 
 impl<T> std::fmt::Debug for TenantCore<T> {
@@ -503,11 +615,19 @@ impl<T> TenantCore<T> {
             catalog: config.catalog.clone(),
             pending_caps: HashMap::new(),
             pending_revokes: HashSet::new(),
+            early: None,
         };
         if read_only {
             core.poison_after(DurableEvent::WriteFailed { no_space: true });
         }
         Ok((core, report))
+    }
+
+    /// Let the syncer answer settled durable changes itself (see [`EarlyAnswers`]); the WAL's
+    /// notify callback must send what [`EarlyAnswers::take_through`] gives it, after it reported
+    /// the event to this core's shell.
+    pub fn answer_early_through(&mut self, early: Arc<EarlyAnswers<T>>) {
+        self.early = Some(early);
     }
 
     /// Highest WAL seq the state store holds durably.
@@ -650,13 +770,20 @@ impl<T> TenantCore<T> {
             });
         }
         let hint = self.state.note_pending(seq, &op, effect);
+        let answer = match &self.early {
+            // Settled now, and not a catalog change (which must reach the catalog first).
+            Some(early) if relaxed_ok && self.window == 0 => {
+                early.push(seq, token, Prepared::seal(reply, seq));
+                None
+            }
+            _ => Some((token, reply)),
+        };
         self.waiting.push_back(Waiting {
             seq,
             appended: Instant::now(),
             op,
             hint,
-            reply,
-            token,
+            answer,
         });
         None
     }
@@ -682,15 +809,31 @@ impl<T> TenantCore<T> {
     fn fail_all_waiting(&mut self, err: &StoreError) -> Vec<Answer<T>> {
         // A waiting change is in the log already; a deferred answer logged nothing.
         let logged = err.outcome_unknown();
+        // An early answer whose change is durable is answered as such (the reopen replays it).
+        let durable = self.durable;
+        let early = self
+            .early
+            .as_ref()
+            .map(|e| e.take_all())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(seq, token, reply)| {
+                if seq <= durable {
+                    (token, Ok(reply))
+                } else {
+                    (token, Err(logged.clone()))
+                }
+            });
         let waiting = self
             .waiting
             .drain(..)
-            .map(|w| (w.token, Err(logged.clone())));
+            .filter_map(|w| w.answer)
+            .map(|(token, _)| (token, Err(logged.clone())));
         let deferred = self
             .deferred
             .drain(..)
             .map(|(_, token, _)| (token, Err(err.clone())));
-        waiting.chain(deferred).collect()
+        early.chain(waiting).chain(deferred).collect()
     }
 
     /// Apply what may now be answered and answer its callers, or fail every waiting caller if
@@ -725,6 +868,7 @@ impl<T> TenantCore<T> {
                     return Vec::new();
                 }
                 let group: Vec<Waiting<T>> = self.waiting.drain(..n).collect();
+                let (upto, applied_records) = (group.last().map_or(0, |w| w.seq), group.len());
                 let now = Instant::now();
                 let mut records = Vec::with_capacity(group.len());
                 let mut replies = Vec::with_capacity(group.len());
@@ -735,7 +879,9 @@ impl<T> TenantCore<T> {
                         .observe(now.saturating_duration_since(w.appended).as_secs_f64());
                     catalog_changes.extend(catalog_change(w.seq, &w.op));
                     records.push((w.seq, w.op));
-                    replies.push((w.token, w.reply, w.seq));
+                    if let Some((token, reply)) = w.answer {
+                        replies.push((token, reply, w.seq));
+                    }
                     hints.extend(w.hint);
                 }
                 let applied = self
@@ -744,17 +890,29 @@ impl<T> TenantCore<T> {
                     .map_err(|e| self.apply_failed(&e))
                     .and_then(|()| self.apply_catalog_changes(catalog_changes));
                 let took = now.elapsed().as_secs_f64();
-                for _ in 0..replies.len() {
+                for _ in 0..applied_records {
                     cube_metrics::CHANGE_APPLY.observe(took);
                 }
                 match applied {
                     Ok(()) => {
-                        let upto = replies.last().map_or(0, |(_, _, seq)| *seq);
-                        self.stats.last_seq.store(upto, Ordering::Relaxed);
-                        let mut answers: Vec<Answer<T>> = replies
+                        // Release: a reader that sees this seq sees the state it names.
+                        self.stats.last_seq.store(upto, Ordering::Release);
+                        if self.early.is_some() {
+                            self.stats.applied.notify_waiters();
+                        }
+                        // Early answers the syncer has not sent yet (it reported the event
+                        // before this core queued them): durable, so sent from here.
+                        let early = self.early.as_ref().map(|e| e.take_through(upto));
+                        let mut answers: Vec<Answer<T>> = early
                             .into_iter()
-                            .map(|(token, reply, seq)| (token, Ok(Prepared::seal(reply, seq))))
+                            .flatten()
+                            .map(|(token, reply)| (token, Ok(reply)))
                             .collect();
+                        answers.extend(
+                            replies
+                                .into_iter()
+                                .map(|(token, reply, seq)| (token, Ok(Prepared::seal(reply, seq)))),
+                        );
                         let ready = self
                             .deferred
                             .iter()
@@ -1069,6 +1227,7 @@ impl<T> TenantCore<T> {
         self.pending_caps.clear();
         self.pending_revokes.clear();
         self.publish_pending_rights();
+        self.stats.applied.notify_waiters();
     }
 
     /// Applying records to the state store failed (fjall's keyspace poisoned by a memtable flush
@@ -1389,6 +1548,91 @@ mod tests {
             panic!()
         };
         assert_eq!((cell.value.as_slice(), cell.version), (&b"b"[..], 2));
+    }
+
+    #[test]
+    fn settled_changes_are_answered_early_once_durable_and_catalog_changes_are_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, config) = tenant_with_catalog(dir.path());
+        let mut core = open(dir.path(), &config);
+        let early = Arc::new(EarlyAnswers::default());
+        core.answer_early_through(Arc::clone(&early));
+        assert!(core.handle(write(1, b"a"), &who(), 1).is_none());
+        // Nothing is answered before its fdatasync.
+        assert!(early.take_through(0).is_empty());
+        let wal = core.wal.as_ref().unwrap();
+        wal.wait_durable(1).unwrap();
+        // What the syncer's report sends at once, before the core has applied anything.
+        assert_eq!(
+            early.take_through(1),
+            vec![(1, Reply::Written { version: 1, seq: 1 })]
+        );
+        assert_eq!(early.answered(), 1);
+        let reader = core.state().reader();
+        assert_eq!(reader.read(&at(1)).unwrap(), None);
+        assert_eq!(core.stats.last_seq.load(Ordering::Acquire), 0);
+        // The core applies it without answering it again.
+        assert_eq!(core.on_durable(DurableEvent::Durable(1)), vec![]);
+        assert_eq!(reader.read(&at(1)).unwrap().unwrap().version, 1);
+        assert_eq!(core.stats.last_seq.load(Ordering::Acquire), 1);
+        // A report the core sees before its answer was taken (the syncer ran ahead of the
+        // core's queueing): the core answers it, once.
+        assert!(core.handle(write(1, b"b"), &who(), 2).is_none());
+        assert_eq!(
+            settle(&mut core),
+            vec![(2, Ok(Reply::Written { version: 2, seq: 2 }))]
+        );
+        assert!(early.take_through(2).is_empty());
+        // A capability change is answered by the core, after it reached the catalog.
+        let key = catalog.create_key("t").unwrap();
+        let grant = caps(&key.key_id, &[], &[Capability::Write]);
+        assert!(core.handle(grant, &who(), 3).is_none());
+        core.wal.as_ref().unwrap().wait_durable(3).unwrap();
+        assert!(early.take_through(3).is_empty());
+        assert_eq!(settle(&mut core).len(), 1);
+        assert_eq!(early.answered(), 2);
+    }
+
+    #[test]
+    fn a_failure_answers_the_durable_early_answers_and_fails_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut core = open(dir.path(), &config());
+        let early = Arc::new(EarlyAnswers::default());
+        core.answer_early_through(Arc::clone(&early));
+        assert!(core.handle(write(1, b"a"), &who(), 1).is_none());
+        core.wal.as_ref().unwrap().wait_durable(1).unwrap();
+        core.durable = 1;
+        assert!(core.handle(write(2, b"b"), &who(), 2).is_none());
+        let answers = core.on_durable(DurableEvent::WriteFailed { no_space: false });
+        assert_eq!(answers.len(), 2);
+        assert_eq!(answers[0], (1, Ok(Reply::Written { version: 1, seq: 1 })));
+        let (token, Err(e)) = &answers[1] else {
+            panic!("{answers:?}")
+        };
+        assert_eq!(*token, 2);
+        assert!(matches!(e, StoreError::Unavailable(_)), "{e:?}");
+        assert!(early.take_through(u64::MAX).is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_reader_waits_until_what_was_answered_early_is_applied() {
+        let stats = Arc::new(SharedStats::default());
+        stats.last_seq.store(3, Ordering::Release);
+        assert!(stats.applied_through(3, || false).await);
+        let applier = Arc::clone(&stats);
+        let apply = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            applier.last_seq.store(5, Ordering::Release);
+            applier.applied.notify_waiters();
+        });
+        let started = Instant::now();
+        assert!(stats.applied_through(5, || false).await);
+        assert!(started.elapsed() >= Duration::from_millis(40));
+        apply.await.unwrap();
+        // A tenant that failed, or whose actor is gone, will not apply it: no endless wait.
+        assert!(!stats.applied_through(6, || true).await);
+        stats.poisoned.store(true, Ordering::SeqCst);
+        assert!(!stats.applied_through(6, || false).await);
     }
 
     /// The whole audit trail of `core`'s tenant, checked to be one unbroken chain from seq 1.
@@ -2057,6 +2301,42 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         refused
+    }
+
+    /// A write the syncer acknowledged before the actor applied it is still what the very next
+    /// read sees: by the actor-free read path and by a scan of the shared state alike.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_acknowledged_write_is_read_back_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, config) = tenant_with_catalog(dir.path());
+        let data = crate::DataDir::new(dir.path().join("data"));
+        let directory = test_directory(data, &config, &catalog);
+        let tenant = directory.get("t").await.unwrap();
+        for i in 0..400 {
+            let value = format!("v{i}").into_bytes();
+            let written = directory.call("t", write(i % 7, &value), "t/k").await;
+            let Ok(Reply::Written { version, .. }) = written else {
+                panic!("{written:?}")
+            };
+            let read = directory
+                .call("t", Command::Read { coord: at(i % 7) }, "t/k")
+                .await
+                .unwrap();
+            assert!(
+                matches!(&read, Reply::Read(Some(c)) if c.value == value && c.version == version),
+                "write {i}: {read:?}"
+            );
+            let written = directory.call("t", write(100 + i, b"x"), "t/k").await;
+            assert!(written.is_ok(), "{written:?}");
+            tenant.caught_up().await.unwrap();
+            let (totals, _) = tenant.reader().totals().unwrap();
+            assert_eq!(
+                totals.cells,
+                7.min(i as u64 + 1) + i as u64 + 1,
+                "write {i}"
+            );
+        }
+        directory.shutdown().await;
     }
 
     /// A tenant whose actor panicked answers UNAVAILABLE (not "shutting down") until the janitor

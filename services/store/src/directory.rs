@@ -25,7 +25,7 @@ use tokio::sync::{oneshot, watch};
 use crate::StoreError;
 use crate::actor::{Call, Durable, InFlightPermit, Responder, Shutdown, TenantActor};
 use crate::catalog::{Capability, Catalog};
-use crate::core::{CoreConfig, SharedStats, TenantCore, describe_policy};
+use crate::core::{CoreConfig, EarlyAnswers, SharedStats, TenantCore, describe_policy};
 use crate::layout::DataDir;
 use crate::runtime::ActorRuntime;
 use crate::state::{Caller, Command, Reply, StateReader};
@@ -81,6 +81,8 @@ pub struct TenantHandle {
     /// Set by the WAL syncer's report itself (not by the actor, which may be gone) when an
     /// fdatasync of the tenant's log failed: such a tenant is never reopened before a restart.
     wal_failed: Arc<AtomicBool>,
+    /// The answers the syncer sends itself (see [`EarlyAnswers`]).
+    early: Arc<EarlyAnswers<Responder>>,
 }
 
 /// Scans of one tenant running (or holding a built page for its client) at once; more wait.
@@ -104,6 +106,9 @@ impl TenantHandle {
             if let Some(key_id) = crate::core::key_of(&self.tenant, principal)
                 && let Err(e) = self.check_rights(key_id, Capability::Read)
             {
+                return Ok(Err(e));
+            }
+            if let Err(e) = self.caught_up().await {
                 return Ok(Err(e));
             }
             return Ok(self.reader.read(coord).map(Reply::Read));
@@ -171,8 +176,26 @@ impl TenantHandle {
         self.addr.do_send(crate::actor::Crash);
     }
 
+    /// Wait until the applied state holds every change the syncer has answered (see
+    /// [`EarlyAnswers`]): a caller that saw its write acknowledged then reads it back. Usually
+    /// there is nothing to wait for (the actor applies a group while its answers travel).
+    pub async fn caught_up(&self) -> Result<(), StoreError> {
+        let need = self.early.answered();
+        if self.stats.applied_through(need, || self.crashed()).await {
+            return Ok(());
+        }
+        // Acknowledged and durable, but not in the state this tenant serves: its reopen replays
+        // them.
+        Err(StoreError::Unavailable(format!(
+            "tenant '{}' is reopening after a failure; nothing acknowledged is lost, retry in a \
+             moment",
+            self.tenant
+        )))
+    }
+
     /// Read access to the tenant's applied state (no trip through the actor). A caller that
-    /// reads for a key checks [`TenantHandle::check_rights`] first.
+    /// reads for a key checks [`TenantHandle::check_rights`] first, and waits for
+    /// [`TenantHandle::caught_up`].
     pub fn reader(&self) -> &StateReader {
         &self.reader
     }
@@ -570,10 +593,14 @@ impl OpenContext {
         let notify_failed = Arc::clone(&wal_failed);
         let failed_logs = Arc::clone(&self.failed_logs);
         let notify_name: Arc<str> = tenant.into();
+        // Answers the syncer sends itself (used under the `sync` policy only, see there).
+        let early: Arc<EarlyAnswers<Responder>> = Arc::new(EarlyAnswers::default());
+        let notify_early = early.clone();
         let notify = move || -> cube_wal::DurableNotify {
             let slot = Arc::clone(&notify_slot);
             let failed = Arc::clone(&notify_failed);
             let (failed_logs, name) = (Arc::clone(&failed_logs), Arc::clone(&notify_name));
+            let early = Arc::clone(&notify_early);
             Box::new(move |event| {
                 if event == DurableEvent::Poisoned {
                     failed.store(true, Ordering::SeqCst);
@@ -584,6 +611,12 @@ impl OpenContext {
                 }
                 if let Some(addr) = slot.get() {
                     addr.do_send(Durable(event));
+                }
+                // After the report: a call its answer prompts queues behind it.
+                if let DurableEvent::Durable(upto) = event {
+                    for (responder, reply) in early.take_through(upto) {
+                        responder.send(Ok(reply));
+                    }
                 }
             })
         };
@@ -607,6 +640,8 @@ impl OpenContext {
         })
         .await
         .map_err(|_| StoreError::Unavailable(format!("tenant '{tenant}' failed to open")))??;
+        let mut core = core;
+        core.answer_early_through(Arc::clone(&early));
         let creation = creation_event(self.catalog.as_deref(), tenant, &report);
         let reader = core.state().reader();
         let stats = core.stats();
@@ -625,6 +660,7 @@ impl OpenContext {
             stats,
             durability,
             wal_failed,
+            early,
         };
         // Logged before the handle is handed to anyone, so it is the log's first record. If it
         // cannot be (a full disk: the tenant opened for reads only), the tenant still serves

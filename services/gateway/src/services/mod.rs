@@ -48,6 +48,7 @@ pub(crate) async fn blocking<T: Send + 'static>(
     tenant
         .check_rights(&principal.key.key_id, Capability::Read)
         .map_err(ApiError::from)?;
+    tenant.caught_up().await.map_err(ApiError::from)?;
     let reader = tenant.reader().clone();
     // The place goes with the scan: a caller that gives up (deadline, reset) drops this future,
     // but a blocking task cannot be stopped, so its place is freed only when it ends.

@@ -68,6 +68,7 @@ impl Tenant for TenantService {
         tenant
             .check_rights(&principal.key.key_id, Capability::Read)
             .map_err(ApiError::from)?;
+        tenant.caught_up().await.map_err(ApiError::from)?;
         let (totals, _) = tenant.reader().totals().map_err(ApiError::from)?;
         let log = tenant.log_stats();
         Ok(Response::new(v1::StatsResponse {

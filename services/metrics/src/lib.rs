@@ -212,7 +212,7 @@ pub static MAILBOX_DEPTH: LazyLock<IntGauge> = LazyLock::new(|| {
 pub static CHANGE_STAGE_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
     histogram_vec(
         "cube_change_stage_seconds",
-        "Time a call spends in each stage inside its tenant: mailbox (queued for the tenant's actor), durable (from its WAL append until the actor hears it is fsynced), apply (applying the group it was made durable in).",
+        "Time a call spends in each stage inside its tenant: mailbox (queued for the tenant's actor), durable (from its WAL append until the actor hears it is fsynced), apply (applying the group it was made durable in). A cell change under the sync policy is answered by the WAL syncer as soon as it is fsynced, so only mailbox and the fdatasync are on its answer's path.",
         &["stage"],
         fine_buckets(),
     )
@@ -224,7 +224,8 @@ pub static CHANGE_MAILBOX: LazyLock<Histogram> =
 /// the syncer's queue, the write and fdatasync, and the report's trip back to the actor.
 pub static CHANGE_DURABLE: LazyLock<Histogram> =
     LazyLock::new(|| CHANGE_STAGE_SECONDS.with_label_values(&["durable"]));
-/// Applying a durable change's group to the tenant's state (its callers are answered right after).
+/// Applying a durable change's group to the tenant's state. A change the WAL syncer answered
+/// itself (a cell change under `sync`) was answered while this ran; the others right after it.
 pub static CHANGE_APPLY: LazyLock<Histogram> =
     LazyLock::new(|| CHANGE_STAGE_SECONDS.with_label_values(&["apply"]));
 /// Time to open (recover) a tenant.

@@ -174,27 +174,58 @@ pub struct SharedStats {
     pub applied: tokio::sync::Notify,
 }
 
+/// Why a reader could not wait until the applied state caught up (see [`EarlyAnswers`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lag {
+    /// The tenant failed (poisoned) or its actor is gone: only its reopen (or, for a tenant
+    /// poisoned for good, the restart) applies the changes.
+    Failed,
+    /// Still not applied after the reader's patience (a state store stalled on its flushes).
+    Slow,
+}
+
 impl SharedStats {
     /// Wait until the tenant's applied state holds every change up to `need` (see
-    /// [`EarlyAnswers`]). `false` when it never will: the tenant failed (poisoned) or its actor
-    /// is gone (`gone`), and only its reopen brings the changes back.
-    pub async fn applied_through(&self, need: u64, gone: impl Fn() -> bool) -> bool {
+    /// [`EarlyAnswers`]), for at most `patience`; `gone` says whether its actor is gone.
+    pub async fn applied_through(
+        &self,
+        need: u64,
+        gone: impl Fn() -> bool,
+        patience: Duration,
+    ) -> Result<(), Lag> {
+        self.applied_through_polling(need, gone, patience, Duration::from_millis(10))
+            .await
+    }
+
+    /// [`SharedStats::applied_through`], re-checking every `poll` without a wake-up (only an
+    /// actor that stopped without a word, a panic, needs that).
+    async fn applied_through_polling(
+        &self,
+        need: u64,
+        gone: impl Fn() -> bool,
+        patience: Duration,
+        poll: Duration,
+    ) -> Result<(), Lag> {
+        if self.last_seq.load(Ordering::Acquire) >= need {
+            return Ok(());
+        }
+        let deadline = tokio::time::Instant::now() + patience;
         loop {
-            if self.last_seq.load(Ordering::Acquire) >= need {
-                return true;
-            }
             let woken = self.applied.notified();
             tokio::pin!(woken);
             // Registered before the checks, so an apply between them still wakes it.
             woken.as_mut().enable();
             if self.last_seq.load(Ordering::Acquire) >= need {
-                return true;
+                return Ok(());
             }
             if self.poisoned.load(Ordering::SeqCst) || gone() {
-                return false;
+                return Err(Lag::Failed);
             }
-            // The bound only re-checks for an actor that stopped without a word (a panic).
-            let _ = tokio::time::timeout(Duration::from_millis(10), woken).await;
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Err(Lag::Slow);
+            }
+            let _ = tokio::time::timeout_at(deadline.min(now + poll), woken).await;
         }
     }
 }
@@ -809,21 +840,20 @@ impl<T> TenantCore<T> {
     fn fail_all_waiting(&mut self, err: &StoreError) -> Vec<Answer<T>> {
         // A waiting change is in the log already; a deferred answer logged nothing.
         let logged = err.outcome_unknown();
-        // An early answer whose change is durable is answered as such (the reopen replays it).
-        let durable = self.durable;
-        let early = self
-            .early
-            .as_ref()
-            .map(|e| e.take_all())
-            .unwrap_or_default()
+        // An early answer whose change is durable is answered as such (the reopen replays it),
+        // and counted as answered, so reads wait for it (see `EarlyAnswers`); the rest fail.
+        let (durable, not_durable) = match &self.early {
+            Some(e) => (e.take_through(self.durable), e.take_all()),
+            None => (Vec::new(), Vec::new()),
+        };
+        let early = durable
             .into_iter()
-            .map(|(seq, token, reply)| {
-                if seq <= durable {
-                    (token, Ok(reply))
-                } else {
-                    (token, Err(logged.clone()))
-                }
-            });
+            .map(|(token, reply)| (token, Ok(reply)))
+            .chain(
+                not_durable
+                    .into_iter()
+                    .map(|(_, token, _)| (token, Err(logged.clone()))),
+            );
         let waiting = self
             .waiting
             .drain(..)
@@ -866,6 +896,9 @@ impl<T> TenantCore<T> {
                     .count();
                 if n == 0 {
                     return Vec::new();
+                }
+                if let Some(wal) = &self.wal {
+                    cube_wal::failpoint::apply_delay(wal.dir());
                 }
                 let group: Vec<Waiting<T>> = self.waiting.drain(..n).collect();
                 let (upto, applied_records) = (group.last().map_or(0, |w| w.seq), group.len());
@@ -1558,8 +1591,6 @@ mod tests {
         let early = Arc::new(EarlyAnswers::default());
         core.answer_early_through(Arc::clone(&early));
         assert!(core.handle(write(1, b"a"), &who(), 1).is_none());
-        // Nothing is answered before its fdatasync.
-        assert!(early.take_through(0).is_empty());
         let wal = core.wal.as_ref().unwrap();
         wal.wait_durable(1).unwrap();
         // What the syncer's report sends at once, before the core has applied anything.
@@ -1603,9 +1634,13 @@ mod tests {
         core.wal.as_ref().unwrap().wait_durable(1).unwrap();
         core.durable = 1;
         assert!(core.handle(write(2, b"b"), &who(), 2).is_none());
+        assert_eq!(early.answered(), 0);
         let answers = core.on_durable(DurableEvent::WriteFailed { no_space: false });
         assert_eq!(answers.len(), 2);
         assert_eq!(answers[0], (1, Ok(Reply::Written { version: 1, seq: 1 })));
+        // Answered, and not applied: reads must wait for the reopen.
+        assert_eq!(early.answered(), 1);
+        assert_eq!(core.stats.last_seq.load(Ordering::Acquire), 0);
         let (token, Err(e)) = &answers[1] else {
             panic!("{answers:?}")
         };
@@ -1617,22 +1652,36 @@ mod tests {
     #[tokio::test]
     async fn a_reader_waits_until_what_was_answered_early_is_applied() {
         let stats = Arc::new(SharedStats::default());
+        let long = Duration::from_secs(3600);
         stats.last_seq.store(3, Ordering::Release);
-        assert!(stats.applied_through(3, || false).await);
+        assert_eq!(stats.applied_through(3, || false, long).await, Ok(()));
+        // Woken by the apply alone: no re-check by time within the test's bound.
         let applier = Arc::clone(&stats);
         let apply = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(50)).await;
             applier.last_seq.store(5, Ordering::Release);
             applier.applied.notify_waiters();
         });
-        let started = Instant::now();
-        assert!(stats.applied_through(5, || false).await);
-        assert!(started.elapsed() >= Duration::from_millis(40));
+        let waited = stats.applied_through_polling(5, || false, long, long);
+        let waited = tokio::time::timeout(Duration::from_secs(10), waited).await;
+        assert_eq!(waited.expect("woken by the apply"), Ok(()));
         apply.await.unwrap();
-        // A tenant that failed, or whose actor is gone, will not apply it: no endless wait.
-        assert!(!stats.applied_through(6, || true).await);
+        // Not applied within the reader's patience.
+        let short = Duration::from_millis(30);
+        assert_eq!(
+            stats.applied_through(6, || false, short).await,
+            Err(Lag::Slow)
+        );
+        // A tenant that failed, or whose actor is gone, will not apply it: no wait at all.
+        assert_eq!(
+            stats.applied_through(6, || true, long).await,
+            Err(Lag::Failed)
+        );
         stats.poisoned.store(true, Ordering::SeqCst);
-        assert!(!stats.applied_through(6, || false).await);
+        assert_eq!(
+            stats.applied_through(6, || false, long).await,
+            Err(Lag::Failed)
+        );
     }
 
     /// The whole audit trail of `core`'s tenant, checked to be one unbroken chain from seq 1.

@@ -25,7 +25,7 @@ use tokio::sync::{oneshot, watch};
 use crate::StoreError;
 use crate::actor::{Call, Durable, InFlightPermit, Responder, Shutdown, TenantActor};
 use crate::catalog::{Capability, Catalog};
-use crate::core::{CoreConfig, EarlyAnswers, SharedStats, TenantCore, describe_policy};
+use crate::core::{CoreConfig, EarlyAnswers, Lag, SharedStats, TenantCore, describe_policy};
 use crate::layout::DataDir;
 use crate::runtime::ActorRuntime;
 use crate::state::{Caller, Command, Reply, StateReader};
@@ -91,6 +91,11 @@ pub struct TenantHandle {
 /// blocking pool that every tenant shares, whatever its client does: a client that opens many
 /// streams and reads none only delays its own tenant, and only for that long.
 pub const SCANS_PER_TENANT: usize = 32;
+
+/// Longest a read waits for the applied state to hold what the WAL syncer acknowledged
+/// ([`TenantHandle::caught_up`]); beyond it UNAVAILABLE. Only a state store stalled on its
+/// flushes (fjall holds writes for up to 30 s then) makes it wait that long.
+const READ_PATIENCE: Duration = Duration::from_secs(5);
 
 impl TenantHandle {
     /// Send `cmd` and wait for the answer (for changes: until applied, with their audit entry).
@@ -181,16 +186,35 @@ impl TenantHandle {
     /// there is nothing to wait for (the actor applies a group while its answers travel).
     pub async fn caught_up(&self) -> Result<(), StoreError> {
         let need = self.early.answered();
-        if self.stats.applied_through(need, || self.crashed()).await {
-            return Ok(());
-        }
-        // Acknowledged and durable, but not in the state this tenant serves: its reopen replays
-        // them.
-        Err(StoreError::Unavailable(format!(
-            "tenant '{}' is reopening after a failure; nothing acknowledged is lost, retry in a \
-             moment",
-            self.tenant
-        )))
+        let lag = match self
+            .stats
+            .applied_through(need, || self.crashed(), READ_PATIENCE)
+            .await
+        {
+            Ok(()) => return Ok(()),
+            Err(lag) => lag,
+        };
+        // Acknowledged and durable (in the log), but not in the state this tenant serves.
+        let tenant = &self.tenant;
+        Err(StoreError::Unavailable(match lag {
+            Lag::Slow => format!(
+                "tenant '{tenant}' is still applying its newest acknowledged changes (its state \
+                 store is slow to take writes); retry in a moment"
+            ),
+            Lag::Failed if self.may_reopen() => format!(
+                "tenant '{tenant}' is reopening after a failure; nothing acknowledged is lost, \
+                 retry in a moment"
+            ),
+            Lag::Failed => format!(
+                "tenant '{tenant}' failed before applying its newest acknowledged changes; they \
+                 are safe in its log, and the server log says what an operator must do"
+            ),
+        }))
+    }
+
+    /// Whether changes the syncer acknowledged are not applied yet (see [`EarlyAnswers`]).
+    fn lags(&self) -> bool {
+        self.stats.last_seq.load(Ordering::Acquire) < self.early.answered()
     }
 
     /// Read access to the tenant's applied state (no trip through the actor). A caller that
@@ -1196,11 +1220,15 @@ impl TenantDirectory {
                     let (close, crashed) = match s.opened.get() {
                         Some(Ok(h)) if h.crashed() => (h.may_reopen(), true),
                         Some(Ok(h)) => {
+                            // On a full disk a reopen serves reads only, so it waits for room;
+                            // unless the state lacks changes already acknowledged (their apply
+                            // failed): the reopen's replay holds them, and reads wait for it.
                             let close = h.stats.reopenable.load(Ordering::Relaxed)
-                                && !(h.stats.no_space.load(Ordering::Relaxed)
-                                    && crate::core::nearly_full(
-                                        &self.config.data_dir.tenant_wal(name),
-                                    ));
+                                && (h.lags()
+                                    || !(h.stats.no_space.load(Ordering::Relaxed)
+                                        && crate::core::nearly_full(
+                                            &self.config.data_dir.tenant_wal(name),
+                                        )));
                             (close, false)
                         }
                         Some(Err(_)) => (

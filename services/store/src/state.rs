@@ -494,8 +494,10 @@ pub struct RunRecord {
 /// Read access to a tenant's applied state from any thread: reads never queue behind the
 /// tenant's actor, and only ever see applied changes.
 ///
-/// INVARIANT: the actor answers a change only after applying it, so a read that starts after an
-/// acknowledgement sees that change.
+/// INVARIANT: a change is answered only after it is applied, or (answered by the WAL syncer,
+/// see `crate::EarlyAnswers`) every read waits first until it is applied
+/// (`TenantHandle::caught_up`), so a read that starts after an acknowledgement sees that
+/// change.
 #[derive(Debug, Clone)]
 pub struct StateReader {
     store: Arc<dyn StateBackend>,

@@ -7,7 +7,10 @@
 //! segment deletions, before the directory fsync).
 //!
 //! Also here: injected fdatasync failures for tests ([`fail_next_fdatasync`]), of a WAL shard or
-//! of a tenant's state store, and injected write failures of a WAL shard ([`fail_next_write`]).
+//! of a tenant's state store, and injected write failures of a WAL shard ([`fail_next_write`]);
+//! and, with `CUBE_FAILPOINT_APPLY_DELAY_MS=<ms>` in the environment, a delay before a tenant's
+//! actor applies each durable group ([`apply_delay`]), which holds open the window between the
+//! WAL syncer's answer and the apply for integration tests.
 
 use std::sync::OnceLock;
 
@@ -23,6 +26,24 @@ pub fn hit(name: &str) {
     if armed.as_deref() == Some(name) {
         eprintln!("cube failpoint '{name}' hit: aborting");
         std::process::abort();
+    }
+}
+
+static APPLY_DELAY: OnceLock<Option<std::time::Duration>> = OnceLock::new();
+
+/// Sleep before applying a durable group of the tenant whose WAL is in `dir`, when
+/// `CUBE_FAILPOINT_APPLY_DELAY_MS` is set (tests only; never set in production). Without the
+/// variable this costs one load and a comparison.
+pub fn apply_delay(dir: &std::path::Path) {
+    let delay = APPLY_DELAY.get_or_init(|| {
+        std::env::var("CUBE_FAILPOINT_APPLY_DELAY_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map(std::time::Duration::from_millis)
+    });
+    if let Some(delay) = delay {
+        tracing::warn!(dir = %dir.display(), ms = delay.as_millis() as u64, "failpoint: apply delayed");
+        std::thread::sleep(*delay);
     }
 }
 

@@ -341,3 +341,89 @@ async fn relaxed_durability_is_set_online_and_shown_in_stats() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("max_delay"));
 }
+
+/// A cell change is answered by the WAL's syncer as soon as it is durable, while the tenant's
+/// actor applies it (docs/architecture.md, "How a write flows"). With every apply held back
+/// 300 ms (a test-only failpoint), each kind of read issued right after an answer must still see
+/// the change: Read, Region, Walk, Stats (totals and a cell's runs) and Audit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_read_sees_a_change_answered_before_its_apply() {
+    use cube_api::v1::AuditRequest;
+    let env = [("CUBE_FAILPOINT_APPLY_DELAY_MS", "300")];
+    let server = TestServer::start_with_env(cubed(), &[], &env).unwrap();
+    let mut c = server.cells(&server.demo).await.unwrap();
+    let mut t = TenantClient::new(server.signed(&server.demo).await.unwrap());
+    let totals = |s: cube_api::v1::StatsResponse| s.totals.unwrap().cells;
+
+    let w = c.write(write(5, 5, 5, b"one")).await.unwrap().into_inner();
+    let got = c.read(read(5, 5, 5)).await.unwrap().into_inner();
+    assert_eq!(
+        (got.found, got.value.as_slice(), got.version),
+        (true, &b"one"[..], w.version)
+    );
+
+    c.write(write(6, 5, 5, b"two")).await.unwrap();
+    let cells =
+        cube_testkit::region_all(&mut c, coord(5, 5, 5).unwrap(), coord(6, 5, 5).unwrap(), 10)
+            .await
+            .unwrap();
+    let values: Vec<&[u8]> = cells.iter().map(|c| c.value.as_slice()).collect();
+    assert_eq!(values, vec![&b"one"[..], &b"two"[..]]);
+
+    let link = LinkRequest {
+        from: coord(5, 5, 5),
+        to: coord(6, 5, 5),
+        label: "next".into(),
+    };
+    assert!(c.link(link).await.unwrap().into_inner().created);
+    let walk = WalkRequest {
+        start: coord(5, 5, 5),
+        max_depth: 1,
+        limit: 0,
+        labels: vec![],
+    };
+    let visits = c.walk(walk).await.unwrap().into_inner().visits;
+    assert_eq!(visits.len(), 1, "{visits:?}");
+
+    c.write(write(7, 5, 5, b"three")).await.unwrap();
+    let stats = t.stats(StatsRequest { coord: None }).await.unwrap();
+    assert_eq!(totals(stats.into_inner()), 3);
+
+    let program = ProgRequest {
+        coord: coord(8, 5, 5),
+        program: b"p".to_vec(),
+    };
+    c.prog(program).await.unwrap();
+    let run = RunRequest {
+        coord: coord(8, 5, 5),
+        input: vec![1],
+    };
+    assert_eq!(c.run(run).await.unwrap().into_inner().run_count, 1);
+    let cell_stats = t
+        .stats(StatsRequest {
+            coord: coord(8, 5, 5),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .cell
+        .unwrap();
+    assert_eq!(cell_stats.run_count, 1);
+
+    c.write(write(9, 5, 5, b"four")).await.unwrap();
+    let mut trail = t
+        .audit(AuditRequest {
+            from_seq: 0,
+            limit: 1000,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut newest = None;
+    while let Some(entry) = trail.message().await.unwrap() {
+        newest = Some(entry);
+    }
+    let newest = newest.expect("a trail");
+    assert_eq!(newest.op, "write");
+    assert!(newest.detail.ends_with("bytes=4"), "{}", newest.detail);
+}

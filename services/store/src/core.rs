@@ -917,9 +917,16 @@ impl<T> TenantCore<T> {
                     }
                     hints.extend(w.hint);
                 }
-                let applied = self
-                    .state
-                    .apply_hinted(records, hints)
+                let injected = self
+                    .wal
+                    .as_ref()
+                    .is_some_and(|w| cube_wal::failpoint::injected_apply_failure(w.dir()));
+                let applied = if injected {
+                    Err(ApplyError::Backend(BackendError("injected (test)".into())))
+                } else {
+                    self.state.apply_hinted(records, hints)
+                };
+                let applied = applied
                     .map_err(|e| self.apply_failed(&e))
                     .and_then(|()| self.apply_catalog_changes(catalog_changes));
                 let took = now.elapsed().as_secs_f64();
@@ -2618,6 +2625,41 @@ mod tests {
                 (Reply::Read(None), None) => {}
                 _ => panic!("cell {x}: {read:?}"),
             }
+        }
+        directory.shutdown().await;
+    }
+
+    /// A change the syncer acknowledged whose apply then failed: reads refuse to serve the state
+    /// that lacks it (UNAVAILABLE, not a stale answer) until the janitor's reopen, whose replay
+    /// applies it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_change_acknowledged_before_its_apply_failed_is_read_after_the_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, config) = tenant_with_catalog(dir.path());
+        let data = crate::DataDir::new(dir.path().join("data"));
+        let directory = test_directory(data.clone(), &config, &catalog);
+        directory.call("t", write(1, b"kept"), "t/k").await.unwrap();
+        cube_wal::failpoint::fail_next_apply(&data.tenant_wal("t"));
+        // Durable, so acknowledged (by the syncer, or by the failure's answers).
+        let acked = directory.call("t", write(2, b"acked"), "t/k").await;
+        assert_eq!(acked, Ok(Reply::Written { version: 1, seq: 3 }));
+        let read = directory
+            .call("t", Command::Read { coord: at(2) }, "t/k")
+            .await;
+        assert!(
+            matches!(&read, Err(StoreError::Unavailable(m)) if m.contains("reopening")),
+            "{read:?}"
+        );
+        assert_eq!(directory.close_failed().await, 1);
+        for (x, want) in [(1, &b"kept"[..]), (2, &b"acked"[..])] {
+            let read = directory
+                .call("t", Command::Read { coord: at(x) }, "t/k")
+                .await
+                .unwrap();
+            assert!(
+                matches!(&read, Reply::Read(Some(c)) if c.value == want),
+                "cell {x}: {read:?}"
+            );
         }
         directory.shutdown().await;
     }

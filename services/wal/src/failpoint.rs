@@ -57,6 +57,7 @@ static SYNC_FAULTS_ARMED: std::sync::atomic::AtomicBool = std::sync::atomic::Ato
 enum FaultOn {
     Sync,
     Write,
+    Apply,
 }
 /// (directory, what fails, how long the failing call takes).
 type SyncFault = (std::path::PathBuf, FaultOn, std::time::Duration);
@@ -84,6 +85,19 @@ pub fn fail_next_fdatasync_after(dir: &std::path::Path, delay: std::time::Durati
 #[doc(hidden)]
 pub fn fail_next_write(dir: &std::path::Path) {
     arm(dir, FaultOn::Write, std::time::Duration::ZERO);
+}
+
+/// Make the next apply of a durable group, by the tenant whose WAL is in `dir`, fail as a
+/// state-store failure would (tests only; cube-store asks [`injected_apply_failure`]).
+#[doc(hidden)]
+pub fn fail_next_apply(dir: &std::path::Path) {
+    arm(dir, FaultOn::Apply, std::time::Duration::ZERO);
+}
+
+/// Whether this apply, by the tenant whose WAL is in `dir`, is to fail (consumes the injection).
+#[doc(hidden)]
+pub fn injected_apply_failure(dir: &std::path::Path) -> bool {
+    injected(dir, FaultOn::Apply)
 }
 
 fn arm(dir: &std::path::Path, on: FaultOn, delay: std::time::Duration) {

@@ -2639,6 +2639,8 @@ mod tests {
         let data = crate::DataDir::new(dir.path().join("data"));
         let directory = test_directory(data.clone(), &config, &catalog);
         directory.call("t", write(1, b"kept"), "t/k").await.unwrap();
+        // Applied (it may have been answered first), so the next apply is the next write's.
+        directory.get("t").await.unwrap().caught_up().await.unwrap();
         cube_wal::failpoint::fail_next_apply(&data.tenant_wal("t"));
         // Durable, so acknowledged (by the syncer, or by the failure's answers).
         let acked = directory.call("t", write(2, b"acked"), "t/k").await;

@@ -897,9 +897,10 @@ impl<T> TenantCore<T> {
                 if n == 0 {
                     return Vec::new();
                 }
-                if let Some(wal) = &self.wal {
-                    cube_wal::failpoint::apply_delay(wal.dir());
-                }
+                let injected = self
+                    .wal
+                    .as_ref()
+                    .is_some_and(|w| cube_wal::failpoint::before_apply(w.dir()));
                 let group: Vec<Waiting<T>> = self.waiting.drain(..n).collect();
                 let (upto, applied_records) = (group.last().map_or(0, |w| w.seq), group.len());
                 let now = Instant::now();
@@ -917,10 +918,6 @@ impl<T> TenantCore<T> {
                     }
                     hints.extend(w.hint);
                 }
-                let injected = self
-                    .wal
-                    .as_ref()
-                    .is_some_and(|w| cube_wal::failpoint::injected_apply_failure(w.dir()));
                 let applied = if injected {
                     Err(ApplyError::Backend(BackendError("injected (test)".into())))
                 } else {

@@ -182,8 +182,8 @@ impl TenantHandle {
     }
 
     /// Wait until the applied state holds every change the syncer has answered (see
-    /// [`EarlyAnswers`]): a caller that saw its write acknowledged then reads it back. Usually
-    /// there is nothing to wait for (the actor applies a group while its answers travel).
+    /// [`EarlyAnswers`]): a caller that saw its write acknowledged then reads it back. There is
+    /// nothing to wait for unless the actor is still applying a group the syncer answered.
     pub async fn caught_up(&self) -> Result<(), StoreError> {
         let need = self.early.answered();
         let lag = match self
@@ -619,7 +619,7 @@ impl OpenContext {
         let notify_name: Arc<str> = tenant.into();
         // Answers the syncer sends itself (used under the `sync` policy only, see there).
         let early: Arc<EarlyAnswers<Responder>> = Arc::new(EarlyAnswers::default());
-        let notify_early = early.clone();
+        let notify_early = Arc::clone(&early);
         let notify = move || -> cube_wal::DurableNotify {
             let slot = Arc::clone(&notify_slot);
             let failed = Arc::clone(&notify_failed);
@@ -645,7 +645,7 @@ impl OpenContext {
             })
         };
         let catalog = self.catalog.clone();
-        let (core, report) = tokio::task::spawn_blocking(move || {
+        let (mut core, report) = tokio::task::spawn_blocking(move || {
             let (mut core, report) =
                 TenantCore::open(&name, &wal_dir, &state_dir, &config, Some(notify()))?;
             // A durability change replayed from the log (acknowledged before a crash, not yet in
@@ -664,7 +664,6 @@ impl OpenContext {
         })
         .await
         .map_err(|_| StoreError::Unavailable(format!("tenant '{tenant}' failed to open")))??;
-        let mut core = core;
         core.answer_early_through(Arc::clone(&early));
         let creation = creation_event(self.catalog.as_deref(), tenant, &report);
         let reader = core.state().reader();

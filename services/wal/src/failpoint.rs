@@ -8,9 +8,10 @@
 //!
 //! Also here: injected fdatasync failures for tests ([`fail_next_fdatasync`]), of a WAL shard or
 //! of a tenant's state store, and injected write failures of a WAL shard ([`fail_next_write`]);
-//! and, with `CUBE_FAILPOINT_APPLY_DELAY_MS=<ms>` in the environment, a delay before a tenant's
-//! actor applies each durable group ([`apply_delay`]), which holds open the window between the
-//! WAL syncer's answer and the apply for integration tests.
+//! and, before a tenant's actor applies a durable group ([`before_apply`]), a delay with
+//! `CUBE_FAILPOINT_APPLY_DELAY_MS=<ms>` in the environment (it holds open the window between the
+//! WAL syncer's answer and the apply for integration tests) and injected apply failures
+//! ([`fail_next_apply`]).
 
 use std::sync::OnceLock;
 
@@ -31,10 +32,10 @@ pub fn hit(name: &str) {
 
 static APPLY_DELAY: OnceLock<Option<std::time::Duration>> = OnceLock::new();
 
-/// Sleep before applying a durable group of the tenant whose WAL is in `dir`, when
-/// `CUBE_FAILPOINT_APPLY_DELAY_MS` is set (tests only; never set in production). Without the
-/// variable this costs one load and a comparison.
-pub fn apply_delay(dir: &std::path::Path) {
+/// Called before the tenant whose WAL is in `dir` applies a durable group (tests only; neither
+/// is set in production): sleeps when `CUBE_FAILPOINT_APPLY_DELAY_MS` is set, and says whether
+/// this apply is to fail ([`fail_next_apply`]). Unarmed, two loads and comparisons.
+pub fn before_apply(dir: &std::path::Path) -> bool {
     let delay = APPLY_DELAY.get_or_init(|| {
         std::env::var("CUBE_FAILPOINT_APPLY_DELAY_MS")
             .ok()
@@ -45,6 +46,7 @@ pub fn apply_delay(dir: &std::path::Path) {
         tracing::warn!(dir = %dir.display(), ms = delay.as_millis() as u64, "failpoint: apply delayed");
         std::thread::sleep(*delay);
     }
+    injected(dir, FaultOn::Apply)
 }
 
 /// Injected fdatasync failures, for tests in this and other crates (a failed fsync cannot be
@@ -88,16 +90,10 @@ pub fn fail_next_write(dir: &std::path::Path) {
 }
 
 /// Make the next apply of a durable group, by the tenant whose WAL is in `dir`, fail as a
-/// state-store failure would (tests only; cube-store asks [`injected_apply_failure`]).
+/// state-store failure would (tests only; cube-store asks [`before_apply`]).
 #[doc(hidden)]
 pub fn fail_next_apply(dir: &std::path::Path) {
     arm(dir, FaultOn::Apply, std::time::Duration::ZERO);
-}
-
-/// Whether this apply, by the tenant whose WAL is in `dir`, is to fail (consumes the injection).
-#[doc(hidden)]
-pub fn injected_apply_failure(dir: &std::path::Path) -> bool {
-    injected(dir, FaultOn::Apply)
 }
 
 fn arm(dir: &std::path::Path, on: FaultOn, delay: std::time::Duration) {

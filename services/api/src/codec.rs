@@ -4,12 +4,16 @@
 //! field that is not UTF-8, a truncated field) with INTERNAL, quoting the decoder. A malformed
 //! request is the caller's error, so this codec answers INVALID_ARGUMENT instead and names the
 //! fault; encoding is tonic's own.
+//!
+//! [`PreEncodedCodec`] sends replies that are already protobuf (audit entries as the store keeps
+//! them) as they are; the gateway routes `Tenant.Audit` through it.
 
 use std::marker::PhantomData;
 
 use prost::Message;
+use prost::bytes::{BufMut, Bytes};
 use tonic::Status;
-use tonic::codec::{Codec, DecodeBuf, Decoder};
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic_prost::ProstEncoder;
 
 /// `ProstCodec`, except that an undecodable message is INVALID_ARGUMENT.
@@ -56,5 +60,52 @@ impl<U: Message + Default> Decoder for CubeDecoder<U> {
                  client uses cube.v1's .proto and that string fields hold UTF-8"
             ))
         })
+    }
+}
+
+/// One reply message, already encoded as protobuf (for example a stored audit entry, whose
+/// encoding is that of `cube.v1.AuditEntry`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Encoded(pub Bytes);
+
+/// [`CubeCodec`] for a method whose replies are [`Encoded`]: each is copied to the wire as it is.
+#[derive(Debug, Clone)]
+pub struct PreEncodedCodec<U>(PhantomData<U>);
+
+impl<U> Default for PreEncodedCodec<U> {
+    fn default() -> Self {
+        PreEncodedCodec(PhantomData)
+    }
+}
+
+impl<U> Codec for PreEncodedCodec<U>
+where
+    U: Message + Default + Send + 'static,
+{
+    type Encode = Encoded;
+    type Decode = U;
+    type Encoder = PreEncodedEncoder;
+    type Decoder = CubeDecoder<U>;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        PreEncodedEncoder
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        CubeDecoder(PhantomData)
+    }
+}
+
+/// Copies an [`Encoded`] message to the wire.
+#[derive(Debug, Clone)]
+pub struct PreEncodedEncoder;
+
+impl Encoder for PreEncodedEncoder {
+    type Item = Encoded;
+    type Error = Status;
+
+    fn encode(&mut self, item: Encoded, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        buf.put_slice(&item.0);
+        Ok(())
     }
 }

@@ -9,7 +9,6 @@ use cube_api::v1::access_server::AccessServer;
 use cube_api::v1::admin_server::AdminServer;
 use cube_api::v1::auth_server::AuthServer;
 use cube_api::v1::cells_server::CellsServer;
-use cube_api::v1::tenant_server::TenantServer;
 use cube_store::{Catalog, TenantDirectory};
 
 use crate::replay::{AHEAD_MS, ReplayCache};
@@ -26,7 +25,7 @@ use crate::services::access::AccessService;
 use crate::services::admin::AdminService;
 use crate::services::cells::{CellsService, ScanLimits};
 use crate::services::handshake::HandshakeService;
-use crate::services::tenant::TenantService;
+use crate::services::tenant::{TenantRoutes, TenantService};
 use crate::tls::{TlsError, TlsSettings, server_config};
 use crate::transport;
 
@@ -256,13 +255,13 @@ impl Gateway {
                 })
                 .max_decoding_message_size(max),
             )
-            .add_service(
-                TenantServer::new(TenantService {
+            .add_service(TenantRoutes::new(
+                TenantService {
                     directory: Arc::clone(&self.directory),
                     page_read: self.config.scan_limits.page_read,
-                })
-                .max_decoding_message_size(max),
-            )
+                },
+                max,
+            ))
             .add_service(
                 AuthServer::new(HandshakeService {
                     auth: Arc::clone(&self.auth),

@@ -1,10 +1,13 @@
 //! An entry of a tenant's audit trail. Entries are written in the same WAL record as the change
 //! they record and applied to the tenant's state store in the same batch as it; `Tenant.Audit`
-//! pages through them with [`crate::StateReader::audit_page`] on the caller's thread, so reading
+//! pages through them with [`crate::StateReader::audit_page_encoded`] on the caller's thread, so reading
 //! the trail never blocks writers.
 //!
 //! Retention keeps the newest entries; the oldest retained entry's `prev_hash` is the anchor a
 //! verifier starts from.
+
+use prost::Message;
+use prost::bytes::Bytes;
 
 use crate::walop::WalAudit;
 
@@ -31,5 +34,66 @@ impl From<WalAudit> for AuditEntry {
             prev_hash: a.prev_hash,
             hash: a.hash,
         }
+    }
+}
+
+/// One entry of the audit trail as stored: its protobuf encoding, which is also the encoding of
+/// `cube.v1.AuditEntry` (`WalAudit` has the same fields under the same tags), so `Tenant.Audit`
+/// sends a page without decoding and encoding every entry again (docs/benchmarks.md, "Audit
+/// pages sent as stored").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EncodedAuditEntry {
+    pub seq: u64,
+    pub bytes: Bytes,
+}
+
+impl EncodedAuditEntry {
+    /// The entry's fields.
+    pub fn decode(&self) -> Result<AuditEntry, prost::DecodeError> {
+        WalAudit::decode(self.bytes.as_ref()).map(AuditEntry::from)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cube_api::v1;
+
+    #[test]
+    fn a_stored_entry_is_the_encoding_of_a_cube_v1_audit_entry() {
+        let stored = WalAudit {
+            seq: 300,
+            ts_ms: -5,
+            principal: "key-1".into(),
+            op: "write".into(),
+            detail: "(1,2,3) v7".into(),
+            prev_hash: vec![1; 32],
+            hash: vec![2; 32],
+        };
+        let bytes = Bytes::from(stored.encode_to_vec());
+        let sent = v1::AuditEntry::decode(bytes.as_ref()).unwrap();
+        let entry = EncodedAuditEntry { seq: 300, bytes }.decode().unwrap();
+        assert_eq!(
+            (
+                sent.seq,
+                sent.ts_ms,
+                &sent.principal,
+                &sent.op,
+                &sent.detail
+            ),
+            (
+                entry.seq,
+                entry.ts_ms,
+                &entry.principal,
+                &entry.op,
+                &entry.detail
+            )
+        );
+        assert_eq!(
+            (&sent.prev_hash, &sent.hash),
+            (&entry.prev_hash, &entry.hash)
+        );
+        // And byte for byte: what a client is sent is what it would be sent after a decode.
+        assert_eq!(sent.encode_to_vec(), stored.encode_to_vec());
     }
 }

@@ -219,11 +219,28 @@ impl Totals {
 
 /// NOTE: on-disk format of the audit entries of one applied group, consecutive seqs from the key's
 /// seq. One key per group instead of one per entry: each sled insert copies a tree node, and a
-/// per-entry insert doubled the cost of a write (docs/benchmarks.md).
+/// per-entry insert doubled the cost of a write (docs/benchmarks.md). Each entry's encoding is
+/// also sent as is, as a `cube.v1.AuditEntry` (see [`crate::EncodedAuditEntry`]).
 #[derive(Clone, PartialEq, Message)]
 pub struct AuditChunk {
     #[prost(message, repeated, tag = "1")]
     pub entries: Vec<crate::walop::WalAudit>,
+}
+
+/// An [`AuditChunk`] read without decoding its entries: each entry's encoding, sliced from the
+/// stored value without a copy when decoded from a `Bytes` (a repeated message field and a
+/// repeated bytes field are the same on the wire).
+#[derive(Clone, PartialEq, Message)]
+pub(crate) struct EncodedAuditChunk {
+    #[prost(bytes = "bytes", repeated, tag = "1")]
+    pub entries: Vec<prost::bytes::Bytes>,
+}
+
+/// The seq of an encoded audit entry; its other fields are skipped, not copied.
+#[derive(Clone, PartialEq, Message)]
+pub(crate) struct AuditSeq {
+    #[prost(uint64, tag = "1")]
+    pub seq: u64,
 }
 
 /// NOTE: on-disk format of the audit chain's head: what the next entry chains to.

@@ -25,7 +25,7 @@ mod state;
 mod walop;
 
 pub use actor::TenantActor;
-pub use audit::AuditEntry;
+pub use audit::{AuditEntry, EncodedAuditEntry};
 pub use backend::{
     BackendError, BatchOp, FjallBackend, MemBackend, RangeIter, SledBackend, StateBackend,
 };

@@ -14,11 +14,12 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use prost::Message;
+use prost::bytes::Bytes;
 use sha2::{Digest, Sha256};
 
-use crate::audit::AuditEntry;
+use crate::audit::{AuditEntry, EncodedAuditEntry};
 use crate::backend::{BackendError, BatchOp, StateBackend};
-use crate::keys::{self, AuditChunk, AuditHead, StoredCell, Totals};
+use crate::keys::{self, AuditChunk, AuditHead, AuditSeq, EncodedAuditChunk, StoredCell, Totals};
 use crate::morton;
 use crate::walop::{self, Op, WalAudit, WalCoord, WalOp};
 use crate::{Capability, StoreError};
@@ -655,6 +656,19 @@ impl StateReader {
 
     /// Up to `limit` retained audit entries with `seq >= from_seq`, in order.
     pub fn audit_page(&self, from_seq: u64, limit: usize) -> Result<Vec<AuditEntry>, StoreError> {
+        self.audit_page_encoded(from_seq, limit)?
+            .iter()
+            .map(|e| e.decode().map_err(|e| undecodable_audit(&e)))
+            .collect()
+    }
+
+    /// [`Self::audit_page`] with each entry as it is stored: its encoding, sliced from the stored
+    /// chunk without a copy, and its seq; only the seq is decoded.
+    pub fn audit_page_encoded(
+        &self,
+        from_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<EncodedAuditEntry>, StoreError> {
         let (_, _, head) = load_meta(&*self.store).map_err(|e| storage_error(&e))?;
         // Audit seqs start at 1.
         let from = from_seq
@@ -701,18 +715,24 @@ impl StateReader {
             {
                 continue;
             }
-            let chunk = AuditChunk::decode(v.as_slice())
-                .map_err(|e| storage_error(&BackendError(format!("undecodable audit: {e}"))))?;
-            for a in chunk.entries {
-                if a.seq >= from {
+            let chunk =
+                EncodedAuditChunk::decode(Bytes::from(v)).map_err(|e| undecodable_audit(&e))?;
+            for bytes in chunk.entries {
+                let seq = AuditSeq::decode(bytes.as_ref())
+                    .map_err(|e| undecodable_audit(&e))?
+                    .seq;
+                if seq >= from {
                     // The scan is not a snapshot: expiry running beside it may remove chunks it
                     // has not reached yet. What follows such a gap is still a contiguous part
                     // of the retained trail, so the page restarts there instead of handing out
                     // a chain with entries missing.
-                    if out.last().is_some_and(|l: &AuditEntry| a.seq != l.seq + 1) {
+                    if out
+                        .last()
+                        .is_some_and(|l: &EncodedAuditEntry| seq != l.seq + 1)
+                    {
                         out.clear();
                     }
-                    out.push(AuditEntry::from(a));
+                    out.push(EncodedAuditEntry { seq, bytes });
                     if out.len() == limit {
                         return Ok(out);
                     }
@@ -743,6 +763,10 @@ fn view(c: StoredCell) -> CellView {
         version: c.version,
         sealed: c.sealed,
     }
+}
+
+fn undecodable_audit(e: &prost::DecodeError) -> StoreError {
+    storage_error(&BackendError(format!("undecodable audit: {e}")))
 }
 
 /// One stored audit chunk: (key, encoded `AuditChunk`).

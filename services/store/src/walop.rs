@@ -15,6 +15,9 @@ pub struct WalOp {
 }
 
 /// One audit-trail entry; `hash` chains it to the previous one (see cube_auth::audit_hash).
+///
+/// NOTE: stored entries are sent to clients as they are stored, as `cube.v1.AuditEntry`
+/// (proto/cube/v1/tenant.proto): these fields and tags must stay that message's.
 #[derive(Clone, PartialEq, Message)]
 pub struct WalAudit {
     #[prost(uint64, tag = "1")]

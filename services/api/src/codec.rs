@@ -66,9 +66,9 @@ impl<U: Message + Default> Decoder for CubeDecoder<U> {
 /// One reply message, already encoded as protobuf (for example a stored audit entry, whose
 /// encoding is that of `cube.v1.AuditEntry`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Encoded(pub Bytes);
+pub struct PreEncoded(pub Bytes);
 
-/// [`CubeCodec`] for a method whose replies are [`Encoded`]: each is copied to the wire as it is.
+/// [`CubeCodec`] for a method whose replies are [`PreEncoded`]: each is copied to the wire as it is.
 #[derive(Debug, Clone)]
 pub struct PreEncodedCodec<U>(PhantomData<U>);
 
@@ -82,7 +82,7 @@ impl<U> Codec for PreEncodedCodec<U>
 where
     U: Message + Default + Send + 'static,
 {
-    type Encode = Encoded;
+    type Encode = PreEncoded;
     type Decode = U;
     type Encoder = PreEncodedEncoder;
     type Decoder = CubeDecoder<U>;
@@ -96,15 +96,15 @@ where
     }
 }
 
-/// Copies an [`Encoded`] message to the wire.
+/// Copies an [`PreEncoded`] message to the wire.
 #[derive(Debug, Clone)]
 pub struct PreEncodedEncoder;
 
 impl Encoder for PreEncodedEncoder {
-    type Item = Encoded;
+    type Item = PreEncoded;
     type Error = Status;
 
-    fn encode(&mut self, item: Encoded, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
+    fn encode(&mut self, item: PreEncoded, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
         buf.put_slice(&item.0);
         Ok(())
     }

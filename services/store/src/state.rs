@@ -654,7 +654,8 @@ impl StateReader {
         Ok(Some((cell.runs, records.into())))
     }
 
-    /// Up to `limit` retained audit entries with `seq >= from_seq`, in order.
+    /// Up to `limit` retained audit entries with `seq >= from_seq`, in order, decoded (for tests and
+    /// tools: `Tenant.Audit` sends [`Self::audit_page_encoded`] as it is).
     pub fn audit_page(&self, from_seq: u64, limit: usize) -> Result<Vec<AuditEntry>, StoreError> {
         self.audit_page_encoded(from_seq, limit)?
             .iter()
@@ -1413,7 +1414,7 @@ impl TenantState {
         }
         if !audits.is_empty() {
             // At most AUDIT_CHUNK_ENTRIES per chunk, so a page can find the chunk holding any
-            // seq with a short forward scan (see `StateReader::audit_page`).
+            // seq with a short forward scan (see `StateReader::audit_page_encoded`).
             let mut starts = Vec::with_capacity(audits.len().div_ceil(AUDIT_CHUNK_ENTRIES));
             let mut rest = audits.into_iter().peekable();
             while let Some(first) = rest.peek().map(|a| a.seq) {

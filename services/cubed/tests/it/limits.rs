@@ -171,8 +171,16 @@ struct RawWalkRequest {
     labels: Vec<Vec<u8>>,
 }
 
+/// `AuditRequest` as the wire sees it, with `from_seq` (tag 1, a varint) sent as bytes.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawAuditRequest {
+    #[prost(bytes = "vec", tag = "1")]
+    from_seq: Vec<u8>,
+}
+
 /// A request that is not valid protobuf for its method (here a string that is not UTF-8) is the
-/// caller's error: INVALID_ARGUMENT with a message naming the fault, not tonic's INTERNAL.
+/// caller's error: INVALID_ARGUMENT with a message naming the fault, not tonic's INTERNAL. The
+/// same for `Tenant.Audit`, which the gateway routes through its own codec.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_request_is_invalid_argument() {
     let server = TestServer::start(cubed()).unwrap();
@@ -191,6 +199,25 @@ async fn a_malformed_request_is_invalid_argument() {
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
     assert!(err.message().contains("UTF-8"), "{}", err.message());
+
+    grpc.ready().await.unwrap();
+    let bad = RawAuditRequest {
+        from_seq: vec![1, 2, 3],
+    };
+    let err = grpc
+        .server_streaming::<_, cube_api::v1::AuditEntry, _>(
+            tonic::Request::new(bad),
+            tonic::codegen::http::uri::PathAndQuery::from_static("/cube.v1.Tenant/Audit"),
+            tonic_prost::ProstCodec::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message().contains("not valid protobuf"),
+        "{}",
+        err.message()
+    );
 }
 
 /// Connections beyond `--max-connections` are closed at accept (counted in

@@ -15,18 +15,21 @@ use cube_auth::client::{CallSigner, HandshakeError, Signing};
 use tonic::transport::{Channel, Endpoint};
 
 const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:50051";
+/// The default address when a client certificate (so TLS) is given.
+const DEFAULT_TLS_ENDPOINT: &str = "https://127.0.0.1:50051";
 const DEFAULT_CREDENTIALS: &str = "./cube-data/dev-credentials.json";
 
 /// Command-line client for cubed.
 #[derive(Debug, Parser)]
 #[command(name = "cubec", version)]
 struct Cli {
-    /// Server address; default: the credentials file's endpoint, else http://127.0.0.1:50051.
+    /// Server address; default: the credentials file's endpoint, else http://127.0.0.1:50051
+    /// (https:// with --cert).
     #[arg(long, env = "CUBE_ENDPOINT", global = true)]
     endpoint: Option<String>,
     /// Credentials JSON ({"tenant","key_id","secret"}); default ./cube-data/dev-credentials.json.
     /// Alternatively set all three of CUBE_TENANT, CUBE_KEY_ID and CUBE_SECRET (not together
-    /// with this). Not needed with --cert.
+    /// with this). With --cert, only its endpoint is used (when the file exists).
     #[arg(long, env = "CUBE_CREDENTIALS", global = true)]
     credentials: Option<PathBuf>,
     /// CA certificate (PEM) to trust for an https:// endpoint; default ./cube-data/tls/ca.pem.
@@ -36,7 +39,7 @@ struct Cli {
     #[arg(long, env = "CUBE_TLS_SERVER_NAME", global = true)]
     tls_server_name: Option<String>,
     /// Client certificate (PEM) from `cubed key cert`: authenticates the connection (mTLS, so
-    /// an https:// endpoint); no credentials file or --auth then.
+    /// an https:// endpoint); no --auth then, and a credentials file only for its endpoint.
     #[arg(long, env = "CUBE_CERT", global = true, requires = "key")]
     cert: Option<PathBuf>,
     /// Private key (PEM) of --cert.
@@ -63,8 +66,11 @@ enum Cmd {
     /// Write VALUE (UTF-8 text), or the bytes of --value-file, at (X, Y, Z).
     #[command(allow_negative_numbers = true)]
     Write {
+        /// X coordinate (a signed 32-bit integer).
         x: i32,
+        /// Y coordinate.
         y: i32,
+        /// Z coordinate.
         z: i32,
         #[arg(required_unless_present = "value_file", conflicts_with = "value_file")]
         value: Option<String>,
@@ -77,12 +83,22 @@ enum Cmd {
     },
     /// Read the cell at (X, Y, Z).
     #[command(allow_negative_numbers = true)]
-    Read { x: i32, y: i32, z: i32 },
+    Read {
+        /// X coordinate (a signed 32-bit integer).
+        x: i32,
+        /// Y coordinate.
+        y: i32,
+        /// Z coordinate.
+        z: i32,
+    },
     /// Delete the cell at (X, Y, Z).
     #[command(allow_negative_numbers = true)]
     Delete {
+        /// X coordinate (a signed 32-bit integer).
         x: i32,
+        /// Y coordinate.
         y: i32,
+        /// Z coordinate.
         z: i32,
         /// Delete only if the cell is at this version.
         #[arg(long)]
@@ -97,8 +113,10 @@ enum Cmd {
 enum AuditCmd {
     /// Print entries as JSON lines.
     List {
+        /// First sequence number to print (older entries are skipped; 0: the oldest retained).
         #[arg(long, default_value_t = 0)]
         from: u64,
+        /// Entries to print at most (0 prints none).
         #[arg(long, default_value_t = 100)]
         limit: u32,
     },
@@ -148,11 +166,29 @@ fn load_credentials(path: Option<&PathBuf>) -> anyhow::Result<Credentials> {
     let path = path
         .cloned()
         .unwrap_or_else(|| PathBuf::from(DEFAULT_CREDENTIALS));
-    let text = std::fs::read_to_string(&path).with_context(|| {
+    load_credentials_file(&path)
+}
+
+fn load_credentials_file(path: &Path) -> anyhow::Result<Credentials> {
+    let text = std::fs::read_to_string(path).with_context(|| {
         format!("cannot read credentials from {} (use --credentials or CUBE_TENANT/CUBE_KEY_ID/CUBE_SECRET)", path.display())
     })?;
     serde_json::from_str(&text)
         .with_context(|| format!("{} is not a credentials JSON file", path.display()))
+}
+
+/// The endpoint of a client-certificate (mTLS) call without --endpoint: the credentials file's,
+/// as for signed calls (its key material is not used), else the default address over TLS. An
+/// explicit --credentials file must be readable; the default one is used only if it exists, so
+/// that only the two PEM files need to reach a client (docs/protocol.md).
+fn certificate_endpoint(path: Option<&PathBuf>) -> anyhow::Result<String> {
+    let default = Path::new(DEFAULT_CREDENTIALS);
+    let from_file = match path {
+        Some(p) => load_credentials_file(p)?.endpoint,
+        None if default.exists() => load_credentials_file(default)?.endpoint,
+        None => None,
+    };
+    Ok(from_file.unwrap_or_else(|| DEFAULT_TLS_ENDPOINT.into()))
 }
 
 fn main() -> std::process::ExitCode {
@@ -202,11 +238,14 @@ async fn run() -> anyhow::Result<()> {
         }
         None => Some(load_credentials(cli.credentials.as_ref())?),
     };
-    let endpoint = cli
-        .endpoint
-        .clone()
-        .or(creds.as_ref().and_then(|c| c.endpoint.clone()))
-        .unwrap_or_else(|| DEFAULT_ENDPOINT.into());
+    let endpoint = match (&cli.endpoint, &creds) {
+        (Some(e), _) => e.clone(),
+        (None, Some(creds)) => creds
+            .endpoint
+            .clone()
+            .unwrap_or_else(|| DEFAULT_ENDPOINT.into()),
+        (None, None) => certificate_endpoint(cli.credentials.as_ref())?,
+    };
     let tls = endpoint.starts_with("https://");
     anyhow::ensure!(
         tls || cli.cert.is_none(),
@@ -218,10 +257,12 @@ async fn run() -> anyhow::Result<()> {
     if tls {
         ep = ep.tls_config(tls_config(&cli)?)?;
     }
-    let channel: Channel = ep
-        .connect()
-        .await
-        .with_context(|| format!("cannot connect to {endpoint}"))?;
+    let channel: Channel = ep.connect().await.with_context(|| {
+        format!(
+            "cannot connect to {endpoint} (is cubed serving there? The address comes from \
+                 --endpoint, CUBE_ENDPOINT or the credentials file)"
+        )
+    })?;
     let transport = match (&creds, cli.auth.unwrap_or(AuthModel::Call)) {
         // The client certificate already authenticates the connection.
         (None, _) => Signing::passthrough(channel),

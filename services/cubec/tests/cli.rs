@@ -160,6 +160,57 @@ fn mtls_needs_no_credentials_file() {
     assert_eq!(json(&o)["found"], false);
 }
 
+/// The README's mTLS command, run beside `./cube-data` with neither --endpoint nor --ca: the
+/// endpoint comes from the credentials file (https, from `--tls-dev`), the CA from its default
+/// place. cubec used to fall back to http://127.0.0.1:50051 with --cert and refuse it.
+#[test]
+fn mtls_takes_the_endpoint_from_the_credentials_file() {
+    let server = TestServer::start_with(&cubed(), &["--tls-dev"]).unwrap();
+    let cwd = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(server.data_dir(), cwd.path().join("cube-data")).unwrap();
+    let (crt, key) = server
+        .demo_key_cert(&server.demo.key_id, cwd.path())
+        .unwrap();
+    let o = run(
+        cwd.path(),
+        &[],
+        &[
+            "--cert",
+            crt.to_str().unwrap(),
+            "--key",
+            key.to_str().unwrap(),
+            "read",
+            "1",
+            "1",
+            "1",
+        ],
+    );
+    assert_eq!(json(&o)["found"], false);
+    // An explicit credentials file that cannot be read is an error, not a silent default.
+    let o = run(
+        cwd.path(),
+        &[],
+        &[
+            "--credentials",
+            "missing.json",
+            "--cert",
+            crt.to_str().unwrap(),
+            "--key",
+            key.to_str().unwrap(),
+            "read",
+            "1",
+            "1",
+            "1",
+        ],
+    );
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("cannot read credentials from missing.json"),
+        "{}",
+        stderr(&o)
+    );
+}
+
 /// The server certificate is checked against the endpoint's host, so a certificate that names
 /// the server (not localhost, which cubec used to insist on) works.
 #[test]

@@ -36,7 +36,7 @@ const MAX_SOCKET_PATH: usize = 108;
 pub async fn run_until_signal(config: ServeConfig) -> anyhow::Result<()> {
     let listener = TcpListener::bind(config.listen)
         .await
-        .with_context(|| format!("cannot listen on {}", config.listen))?;
+        .with_context(|| format!("cannot listen on --listen {}", config.listen))?;
     use tokio::signal::unix::{SignalKind, signal};
     // Installed here, before anything else starts: a signal arriving from now on stops the
     // server (a handler installed by the spawned task, when it first ran, left a window in
@@ -149,15 +149,38 @@ pub async fn run(
         socket_path.as_os_str().len(),
         MAX_SOCKET_PATH - 1
     );
+    // Both listeners are bound, and certificate files read, before the data directory is
+    // created or opened: a start that fails on any of them leaves nothing behind (it used to
+    // leave a new data directory with tenant `demo` and credentials naming a port never served).
+    let tls_files = read_tls_files(&config.tls)?;
+    // The admin listener serves from here on, before the recovery below, which can take a
+    // while after a crash (every tenant left open replays its log), and before a wait for a
+    // catalog an offline command holds: `/healthz` answers that the process is alive (so an
+    // orchestrator's startup probe does not kill it mid-recovery) and `/readyz` stays 503
+    // until gRPC is served.
+    let admin_http_listener = TcpListener::bind(config.admin_listen)
+        .await
+        .with_context(|| format!("cannot listen on --admin-listen {}", config.admin_listen))?;
+    let admin_addr = admin_http_listener
+        .local_addr()
+        .context("reading the admin address")?;
+    cube_metrics::init();
+    let ready = Readiness::default();
+    let http_stop = CancellationToken::new();
+    let admin_http = tokio::spawn(admin_http::serve(
+        admin_http_listener,
+        ready.clone(),
+        http_stop.clone(),
+    ));
     prepare_data_dir(data.root())?;
     let Some(catalog) = open_catalog(&data, &mut shutdown).await? else {
         tracing::info!("stop requested during start-up: not serving");
         return Ok(());
     };
     let catalog = Arc::new(catalog);
-    // Before the demo tenant and crash recovery: a missing or unreadable certificate stops the
-    // start with nothing else changed.
-    let tls_files = tls_settings(&config.tls, data.root())?;
+    // Before the demo tenant and crash recovery: a --tls-dev certificate that cannot be made
+    // stops the start with nothing else changed.
+    let tls_files = tls_settings(&config.tls, tls_files, data.root())?;
     let addr = listener.local_addr().context("reading the bound address")?;
     if config.demo {
         let scheme = if config.tls == TlsChoice::Plaintext {
@@ -206,24 +229,6 @@ pub async fn run(
         Some(Arc::clone(&catalog)),
     )?);
     directory.start_janitor();
-    // The admin listener comes up before the recovery below, which can take a while after a
-    // crash (every tenant left open replays its log): `/healthz` answers that the process is
-    // alive (so an orchestrator's startup probe does not kill it mid-recovery) and `/readyz`
-    // stays 503 until gRPC is served.
-    let admin_http_listener = TcpListener::bind(config.admin_listen)
-        .await
-        .with_context(|| format!("cannot listen on --admin-listen {}", config.admin_listen))?;
-    let admin_addr = admin_http_listener
-        .local_addr()
-        .context("reading the admin address")?;
-    let ready = Readiness::default();
-    let http_stop = CancellationToken::new();
-    let admin_http = tokio::spawn(admin_http::serve(
-        admin_http_listener,
-        ready.clone(),
-        http_stop.clone(),
-    ));
-    cube_metrics::init();
     // Before serving: a tenant left open by a crash replays its log, which puts back in force
     // the capability changes that were durable only there (see `recover_unclosed`).
     let tenants = catalog
@@ -350,17 +355,32 @@ pub async fn run(
 
 /// Certificate material for the listener. With TLS on, the data directory's CA is created if
 /// needed and its client certificates (`cubed key cert`) are accepted for mTLS.
-fn tls_settings(choice: &TlsChoice, data_dir: &Path) -> anyhow::Result<Option<TlsSettings>> {
-    let (cert_chain_pem, key_pem) = match choice {
-        TlsChoice::Plaintext => return Ok(None),
-        TlsChoice::Files { cert, key } => (
+/// The contents of `--tls-cert` and `--tls-key`, if given.
+fn read_tls_files(choice: &TlsChoice) -> anyhow::Result<Option<(Vec<u8>, Vec<u8>)>> {
+    Ok(match choice {
+        TlsChoice::Files { cert, key } => Some((
             fs::read(cert).with_context(|| format!("reading --tls-cert {}", cert.display()))?,
             fs::read(key).with_context(|| format!("reading --tls-key {}", key.display()))?,
-        ),
-        TlsChoice::Dev => {
+        )),
+        TlsChoice::Plaintext | TlsChoice::Dev => None,
+    })
+}
+
+/// The listener's TLS settings: the files read by [`read_tls_files`], or under `--tls-dev` the
+/// development certificate in the data directory; either way the data directory's CA verifies
+/// client certificates.
+fn tls_settings(
+    choice: &TlsChoice,
+    files: Option<(Vec<u8>, Vec<u8>)>,
+    data_dir: &Path,
+) -> anyhow::Result<Option<TlsSettings>> {
+    let (cert_chain_pem, key_pem) = match files {
+        Some(files) => files,
+        None if *choice == TlsChoice::Dev => {
             let (chain, key) = certs::ensure_dev_server_cert(data_dir)?;
             (chain.into_bytes(), key.into_bytes())
         }
+        None => return Ok(None),
     };
     let (_, ca_pem) = certs::ensure_ca(data_dir)?;
     Ok(Some(TlsSettings {

@@ -88,9 +88,16 @@ async fn a_client_certificate_authenticates_its_connection_until_the_key_is_revo
         Code::Unauthenticated
     );
     let mut again = CellsClient::new(server.tls_channel(Some((&cert, &key))).await.unwrap());
-    assert_eq!(
-        again.read(read(4, 4, 4)).await.unwrap_err().code(),
-        Code::Unauthenticated
+    let refused = again.read(read(4, 4, 4)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated);
+    // Told what is wrong with the certificate, not that no credentials were given.
+    assert!(
+        refused.message().starts_with(&format!(
+            "this connection's client certificate is of an unknown or revoked key '{}' of \
+             tenant 'demo', so it authenticates nothing",
+            server.demo.key_id
+        )),
+        "{refused:?}"
     );
     // Both refusals are in the tenant's trail (recorded in the background), as the revoked
     // certificate's connection and as a call on the connection whose session the revocation
@@ -203,7 +210,25 @@ fn a_start_that_cannot_serve_changes_nothing_in_the_data_dir() {
         stderr.contains("reading --tls-cert /nonexistent/cert.pem"),
         "{stderr}"
     );
-    assert!(!data.join("dev-credentials.json").exists());
+    // Nor the data directory itself: the files are read before it is created.
+    assert!(!data.exists());
+    // An admin address in use: refused before the data directory is created (it used to be
+    // bound after the demo tenant and its credentials, which named a port never served).
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let admin = taken.local_addr().unwrap().to_string();
+    let out = std::process::Command::new(cubed())
+        .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", &admin])
+        .arg("--data-dir")
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("cannot listen on --admin-listen {admin}")),
+        "{stderr}"
+    );
+    assert!(!data.exists());
     // A data directory too deep for its admin socket: refused before anything is created.
     let deep = dir.path().join("d".repeat(120));
     let stderr = refused_start(&deep, &[]);

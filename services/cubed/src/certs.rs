@@ -146,7 +146,12 @@ pub fn write_client_cert(
     cert: &str,
     key: &str,
 ) -> anyhow::Result<(PathBuf, PathBuf)> {
-    fs::create_dir_all(out)?;
+    fs::create_dir_all(out).with_context(|| {
+        format!(
+            "--out {}: cannot create it as a directory for the certificate files",
+            out.display()
+        )
+    })?;
     let cert_path = out.join(format!("{tenant}.{key_id}.crt.pem"));
     let key_path = out.join(format!("{tenant}.{key_id}.key.pem"));
     write_private(&cert_path, cert)?;

@@ -117,12 +117,14 @@ pub enum TenantCommand {
         name: String,
         #[arg(value_enum)]
         policy: PolicyArg,
-        /// Relaxed only: longest time a write stays acknowledged but not fdatasync'ed (1..=10000).
-        #[arg(long, default_value_t = 5)]
-        max_delay_ms: u64,
-        /// Relaxed only: most records acknowledged but not fdatasync'ed (1..=1000000).
-        #[arg(long, default_value_t = 1000)]
-        max_records: u64,
+        /// Relaxed only: longest time a write stays acknowledged but not fdatasync'ed (1..=10000;
+        /// default 5).
+        #[arg(long)]
+        max_delay_ms: Option<u64>,
+        /// Relaxed only: most records acknowledged but not fdatasync'ed (1..=1000000; default
+        /// 1000).
+        #[arg(long)]
+        max_records: Option<u64>,
         #[command(flatten)]
         dir: DataDirArg,
     },
@@ -289,7 +291,8 @@ pub struct ServeArgs {
     /// Nonces the replay cache remembers at most (24 bytes each, up to ~50 with growth slack).
     #[arg(long, env = "CUBE_REPLAY_CAPACITY", default_value_t = DEFAULT_REPLAY_CAPACITY)]
     pub replay_capacity: usize,
-    /// Requests queued per tenant before callers get RESOURCE_EXHAUSTED.
+    /// Requests per tenant admitted and not yet answered (queued, or writes waiting for their
+    /// fdatasync) before callers get RESOURCE_EXHAUSTED.
     #[arg(long, env = "CUBE_MAILBOX_CAPACITY", default_value_t = DEFAULT_MAILBOX_CAPACITY)]
     pub mailbox_capacity: usize,
     /// Bytes of values, programs and inputs one tenant's requests in flight may carry before
@@ -342,7 +345,8 @@ pub struct ServeArgs {
     /// ...or this many seconds after its last checkpoint, whichever comes first.
     #[arg(long, env = "CUBE_CHECKPOINT_SECS", default_value_t = DEFAULT_CHECKPOINT_SECS)]
     pub checkpoint_secs: u64,
-    /// Page cache of each open tenant's state store, in bytes.
+    /// Block cache of each open tenant's state store (fjall), in bytes; every open tenant has
+    /// its own.
     #[arg(long, env = "CUBE_STATE_CACHE_BYTES", default_value_t = DEFAULT_STATE_CACHE_BYTES)]
     pub state_cache_bytes: u64,
     /// Refuse writes (RESOURCE_EXHAUSTED) while the data directory's file system has less than
@@ -646,7 +650,18 @@ pub fn parse_with_config(argv: Vec<std::ffi::OsString>) -> anyhow::Result<Cli> {
         ) {
             continue;
         }
+        let switch = !arg.get_action().takes_values();
         match value {
+            toml::Value::Boolean(_) if !switch => anyhow::bail!(
+                "--config {}: '{key}' takes a value, not true or false (`{key} = ...`, as \
+                 `--{key} VALUE` on the command line)",
+                path.display()
+            ),
+            toml::Value::String(_) | toml::Value::Integer(_) if switch => anyhow::bail!(
+                "--config {}: '{key}' is a switch: write `{key} = true` (or leave it out), \
+                 without quotes",
+                path.display()
+            ),
             toml::Value::Boolean(true) => argv.push(format!("--{key}").into()),
             toml::Value::Boolean(false) => {}
             toml::Value::String(s) => argv.push(format!("--{key}={s}").into()),
@@ -658,7 +673,49 @@ pub fn parse_with_config(argv: Vec<std::ffi::OsString>) -> anyhow::Result<Cli> {
             ),
         }
     }
-    Ok(Cli::try_parse_from(argv)?)
+    // The command line and the environment parsed above, so what fails now is the file's.
+    Cli::try_parse_from(argv).map_err(|e| config_file_error(&e, path))
+}
+
+/// A clap error about what the config file gave, as one line that names the file and the key
+/// (clap's own text starts with "error:", speaks of command-line flags and ends with a usage
+/// hint).
+fn config_file_error(e: &clap::Error, path: &std::path::Path) -> anyhow::Error {
+    use clap::error::{ContextKind, ContextValue};
+    let text = |kind| match e.get(kind) {
+        Some(ContextValue::String(s)) => Some(s.clone()),
+        _ => None,
+    };
+    let why = match (std::error::Error::source(e), e.get(ContextKind::ValidValue)) {
+        (Some(source), _) => source.to_string(),
+        (None, Some(ContextValue::Strings(valid))) => {
+            format!("expected one of {}", valid.join(", "))
+        }
+        _ => {
+            // Not about one value (two flags that conflict, say): clap's first line, as is.
+            let rendered = e.to_string();
+            let first = rendered.lines().next().unwrap_or_default();
+            return anyhow::anyhow!(
+                "--config {}: {}",
+                path.display(),
+                first.trim_start_matches("error: ")
+            );
+        }
+    };
+    // "--idle-secs <IDLE_SECS>" names the key `idle-secs`.
+    let key = text(ContextKind::InvalidArg).unwrap_or_default();
+    let key = key
+        .trim_start_matches("--")
+        .split([' ', '='])
+        .next()
+        .unwrap_or_default();
+    match text(ContextKind::InvalidValue) {
+        Some(value) => anyhow::anyhow!(
+            "--config {}: '{key}' = {value:?} is not valid: {why}",
+            path.display()
+        ),
+        None => anyhow::anyhow!("--config {}: '{key}' is not valid: {why}", path.display()),
+    }
 }
 
 #[cfg(test)]
@@ -829,7 +886,34 @@ mod config_file_tests {
         std::fs::write(&file, "idle-secs = [1]\n").unwrap();
         let err = parse_with_config(argv(&["cubed", "--config", f])).unwrap_err();
         assert!(err.to_string().contains("'idle-secs'"), "{err}");
-        std::fs::write(&file, "idle-secs = \"soon\"\n").unwrap();
-        assert!(parse_with_config(argv(&["cubed", "--config", f])).is_err());
+        // Each bad value: one line naming the file, the key, the value and why, not clap's
+        // text about a command-line flag.
+        for (contents, want) in [
+            (
+                "idle-secs = \"soon\"\n",
+                "'idle-secs' = \"soon\" is not valid: invalid digit found in string",
+            ),
+            (
+                "auth-mode = \"calls\"\n",
+                "'auth-mode' = \"calls\" is not valid: expected one of connection, call, both",
+            ),
+            (
+                "no-demo = \"yes\"\n",
+                "'no-demo' is a switch: write `no-demo = true`",
+            ),
+            ("no-demo = 1\n", "'no-demo' is a switch"),
+            (
+                "idle-secs = true\n",
+                "'idle-secs' takes a value, not true or false",
+            ),
+        ] {
+            std::fs::write(&file, contents).unwrap();
+            let err = parse_with_config(argv(&["cubed", "--config", f]))
+                .unwrap_err()
+                .to_string();
+            assert!(err.starts_with(&format!("--config {f}: ")), "{err}");
+            assert!(err.contains(want), "{contents}: {err}");
+            assert!(!err.contains("error:") && !err.contains('\n'), "{err}");
+        }
     }
 }

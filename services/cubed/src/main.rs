@@ -5,6 +5,10 @@ use std::process::ExitCode;
 use cubed::config::{Command, KeyCommand, PolicyArg, TenantCommand};
 use cubed::{admin_cli, serve};
 
+/// `cubed tenant durability NAME relaxed` without --max-delay-ms / --max-records.
+const RELAXED_DEFAULT_MAX_DELAY_MS: u64 = 5;
+const RELAXED_DEFAULT_MAX_RECORDS: u64 = 1000;
+
 // Measured: glibc malloc/free took ~20% of CPU under load; see docs/benchmarks.md.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -63,6 +67,8 @@ fn run() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| default_filter.into()),
         )
         .with_writer(std::io::stderr)
+        // Colour codes only for a terminal, not in a log file or a journal.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -82,10 +88,20 @@ fn run() -> anyhow::Result<()> {
                 dir,
             })) => {
                 let policy = match policy {
-                    PolicyArg::Sync => cube_store::SyncPolicy::Always,
+                    PolicyArg::Sync => {
+                        // Given with `sync` they would be dropped without a word.
+                        anyhow::ensure!(
+                            max_delay_ms.is_none() && max_records.is_none(),
+                            "--max-delay-ms and --max-records bound the `relaxed` policy only; \
+                             `sync` acknowledges every write after its fdatasync: leave them out"
+                        );
+                        cube_store::SyncPolicy::Always
+                    }
                     PolicyArg::Relaxed => cube_store::SyncPolicy::Relaxed {
-                        max_delay: std::time::Duration::from_millis(max_delay_ms),
-                        max_records,
+                        max_delay: std::time::Duration::from_millis(
+                            max_delay_ms.unwrap_or(RELAXED_DEFAULT_MAX_DELAY_MS),
+                        ),
+                        max_records: max_records.unwrap_or(RELAXED_DEFAULT_MAX_RECORDS),
                     },
                 };
                 admin_cli::set_durability(&dir.data_dir, &name, policy).await

@@ -81,6 +81,44 @@ async fn bad_names_and_duplicates_are_refused_clearly() {
         );
     };
     refused_as_no_tenant(&server);
+    // A bound of the relaxed policy given with `sync` is refused, not silently dropped.
+    let out = server
+        .cli(&[
+            "tenant",
+            "durability",
+            "demo",
+            "sync",
+            "--max-delay-ms",
+            "50",
+        ])
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("bound the `relaxed` policy only"),
+        "{stderr}"
+    );
+    // --out that names a file: said so, with the path, not a bare "File exists".
+    let file = server.data_dir().join("dev-credentials.json");
+    let out = server
+        .cli(&[
+            "key",
+            "cert",
+            "demo",
+            &server.demo.key_id,
+            "--out",
+            file.to_str().unwrap(),
+        ])
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "--out {}: cannot create it as a directory",
+            file.display()
+        )),
+        "{stderr}"
+    );
     assert!(server.sigterm().unwrap().success());
     refused_as_no_tenant(&server);
 }

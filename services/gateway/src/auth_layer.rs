@@ -415,6 +415,23 @@ impl Authenticator {
                 model: AuthModel::Connection,
             });
         }
+        // A certificate that authenticates nothing is named as such, not as no credentials.
+        if let Some((tenant, key_id)) = conn
+            .filter(|_| self.mode.allows_connection())
+            .and_then(|c| c.session.refused_certificate())
+        {
+            return Err(unauthenticated(format!(
+                "this connection's client certificate is of an unknown or revoked key '{}' of \
+                 tenant '{}', so it authenticates nothing: connect with a certificate of a \
+                 current key (`cubed key cert`), or {} (see docs/protocol.md)",
+                clipped(key_id),
+                clipped(tenant),
+                match self.mode {
+                    AuthMode::Connection => "run Auth.Challenge and Auth.Hello on it",
+                    _ => "sign every call, or run Auth.Challenge and Auth.Hello on it",
+                }
+            )));
+        }
         Err(unauthenticated(match self.mode {
             AuthMode::Both => {
                 "missing credentials: sign every call with x-cube-tenant, x-cube-key, x-cube-ts, \

@@ -47,6 +47,9 @@ pub struct Session {
     revoked: std::sync::atomic::AtomicBool,
     /// At most one outstanding challenge; a new Challenge replaces it, Hello consumes it.
     challenge: Mutex<Option<PendingChallenge>>,
+    /// (tenant, key id) of a client certificate this connection presented whose key is unknown
+    /// or revoked: its calls without other credentials are told so, not that none were given.
+    refused_certificate: std::sync::OnceLock<(String, String)>,
 }
 
 impl Session {
@@ -68,6 +71,19 @@ impl Session {
     /// Whether the key this connection authenticated as was revoked since (the session ended).
     pub(crate) fn revoked(&self) -> bool {
         self.revoked.load(Ordering::SeqCst)
+    }
+
+    /// The connection presented a client certificate of `tenant/key_id`, an unknown or revoked
+    /// key: it stays unauthenticated.
+    pub(crate) fn refuse_certificate(&self, tenant: &str, key_id: &str) {
+        let _ = self
+            .refused_certificate
+            .set((tenant.to_string(), key_id.to_string()));
+    }
+
+    /// What [`Session::refuse_certificate`] recorded, if anything.
+    pub(crate) fn refused_certificate(&self) -> Option<&(String, String)> {
+        self.refused_certificate.get()
     }
 
     /// A signed call arrived on this connection.

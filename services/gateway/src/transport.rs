@@ -260,6 +260,7 @@ pub fn tls(
                         Some(key) => conn.session().authenticate(key),
                         None => {
                             tracing::info!(%remote, %tenant, %key_id, "client certificate for an unknown or revoked key");
+                            conn.session().refuse_certificate(&tenant, &key_id);
                             // A failed authentication like any other: it counts against the
                             // address, and the tenant's trail records it, unless the address is
                             // throttled already (so one address cannot take the tenant's budget

@@ -129,9 +129,15 @@ impl Admin for AdminService {
                 .revoke_key(&r.tenant, &r.key_id)
                 .map_err(ApiError::from)?,
         };
-        if let Some(connections) = &self.connections {
-            let ended = connections.end_sessions_of(&r.tenant, &r.key_id);
+        // Sessions are ended again for a key already revoked: ending none costs nothing.
+        let ended = self
+            .connections
+            .as_ref()
+            .map_or(0, |c| c.end_sessions_of(&r.tenant, &r.key_id));
+        if revoked {
             tracing::info!(tenant = %r.tenant, key = %r.key_id, sessions_ended = ended, "key revoked");
+        } else {
+            tracing::info!(tenant = %r.tenant, key = %r.key_id, sessions_ended = ended, "key revocation asked for a key already revoked: nothing changed");
         }
         Ok(Response::new(v1::RevokeKeyResponse { revoked }))
     }

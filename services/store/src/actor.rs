@@ -241,15 +241,9 @@ impl Handler<Shutdown> for TenantActor {
                         Some((seq, Ok(_))) => Some(prior.max(*seq)),
                         Some((_, Err(_))) => None,
                     };
-                    if let (Some(last), Some(covered)) = (final_seq, covered)
-                        && !poisoned
-                        && covered >= last
-                    {
-                        match cube_wal::remove_covered_log(&wal_dir, last + 1) {
-                            Ok(n) => tracing::debug!(tenant = %tenant, removed = n, "log covered by the checkpoint removed"),
-                            Err(e) => tracing::warn!(tenant = %tenant, error = %e, "could not remove the checkpointed log; the next open reads it"),
-                        }
-                    }
+                    crate::core::remove_checkpointed_log(
+                        &tenant, &wal_dir, final_seq, covered, poisoned,
+                    );
                     flushed
                 })
                 .await

@@ -1048,6 +1048,7 @@ impl<T> TenantCore<T> {
         let Some(wal) = self.take_wal() else {
             return Ok(Vec::new());
         };
+        let wal_dir = wal.dir().to_path_buf();
         let durable = wal.close().map_err(|e| {
             tracing::error!(tenant = %self.tenant, error = %e, "tenant log could not be synced at close");
             StoreError::Unavailable(format!(
@@ -1056,11 +1057,21 @@ impl<T> TenantCore<T> {
             ))
         })?;
         let answers = self.on_durable(DurableEvent::Durable(durable));
+        let prior = self.checkpoint_seq();
+        let mut covered = Some(prior);
         if let Some(job) = self.begin_checkpoint() {
             let seq = job.seq;
             let r = job.run();
+            covered = r.is_ok().then_some(prior.max(seq));
             self.finish_checkpoint(seq, r);
         }
+        remove_checkpointed_log(
+            &self.tenant,
+            &wal_dir,
+            Some(durable),
+            covered,
+            self.is_poisoned(),
+        );
         Ok(answers)
     }
 
@@ -1438,6 +1449,31 @@ fn replay_error(tenant: &str, e: ApplyError) -> StoreError {
                 "tenant '{tenant}' is unavailable: its state store could not take the replayed \
                  log (see the server log); it is retried"
             ))
+        }
+    }
+}
+
+/// After a tenant's final checkpoint at close: remove its log if that checkpoint (or an earlier
+/// one) covers every record up to `last`, the log's last durable seq, so that its next open (a
+/// server's start among them) has nothing to replay and does not count it as left open by a
+/// crash. `covered` is `None` when the checkpoint failed; nothing is removed then, nor from a
+/// poisoned tenant or a log whose close failed (`last` `None`).
+pub(crate) fn remove_checkpointed_log(
+    tenant: &str,
+    wal_dir: &Path,
+    last: Option<u64>,
+    covered: Option<u64>,
+    poisoned: bool,
+) {
+    if let (Some(last), Some(covered)) = (last, covered)
+        && !poisoned
+        && covered >= last
+    {
+        match cube_wal::remove_covered_log(wal_dir, last + 1) {
+            Ok(n) => tracing::debug!(tenant, removed = n, "log covered by the checkpoint removed"),
+            Err(e) => {
+                tracing::warn!(tenant, error = %e, "could not remove the checkpointed log; the next open reads it")
+            }
         }
     }
 }

@@ -520,6 +520,17 @@ fn status(s: tonic::Status) -> anyhow::Error {
             " (does the endpoint's scheme match the server: https:// for TLS, http:// for plaintext?)",
         );
     }
+    // A server that takes only per-connection authentication (`--auth-mode connection`) says
+    // what any client should do; cubec's way of doing it is a flag.
+    if s.code() == tonic::Code::Unauthenticated
+        && (s
+            .message()
+            .starts_with("this connection is not authenticated")
+            || s.message()
+                .starts_with("this server accepts only per-connection"))
+    {
+        text.push_str(" (with cubec: --auth connection, or a client certificate with --cert)");
+    }
     anyhow::anyhow!(text)
 }
 

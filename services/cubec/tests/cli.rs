@@ -211,6 +211,30 @@ fn mtls_takes_the_endpoint_from_the_credentials_file() {
     );
 }
 
+/// Against a server that takes only per-connection authentication, a signed call's refusal
+/// ends with cubec's way of authenticating the connection; with it, the call goes through.
+#[test]
+fn a_connection_only_server_points_at_the_auth_flag() {
+    let server = TestServer::start_with(&cubed(), &["--auth-mode", "connection"]).unwrap();
+    let creds = server.data_dir().join("dev-credentials.json");
+    let dir = tempfile::tempdir().unwrap();
+    let args = |extra: &[&'static str]| {
+        let mut a = vec!["--credentials", creds.to_str().unwrap()];
+        a.extend_from_slice(extra);
+        a.extend_from_slice(&["read", "1", "1", "1"]);
+        a
+    };
+    let o = run(dir.path(), &[], &args(&[]));
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("(with cubec: --auth connection, or a client certificate with --cert)"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(dir.path(), &[], &args(&["--auth", "connection"]));
+    assert_eq!(json(&o)["found"], false);
+}
+
 /// The server certificate is checked against the endpoint's host, so a certificate that names
 /// the server (not localhost, which cubec used to insist on) works.
 #[test]

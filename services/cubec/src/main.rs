@@ -177,18 +177,28 @@ fn load_credentials_file(path: &Path) -> anyhow::Result<Credentials> {
         .with_context(|| format!("{} is not a credentials JSON file", path.display()))
 }
 
-/// The endpoint of a client-certificate (mTLS) call without --endpoint: the credentials file's,
-/// as for signed calls (its key material is not used), else the default address over TLS. An
-/// explicit --credentials file must be readable; the default one is used only if it exists, so
-/// that only the two PEM files need to reach a client (docs/protocol.md).
-fn certificate_endpoint(path: Option<&PathBuf>) -> anyhow::Result<String> {
+/// The endpoint of a client-certificate (mTLS) call without --endpoint, and where it came from:
+/// the credentials file's, as for signed calls (its key material is not used), else the default
+/// address over TLS. An explicit --credentials file must be readable; the default one is read
+/// only if it exists, so that only the two PEM files need to reach a client (docs/protocol.md).
+fn certificate_endpoint(path: Option<&PathBuf>) -> anyhow::Result<(String, String)> {
     let default = Path::new(DEFAULT_CREDENTIALS);
-    let from_file = match path {
-        Some(p) => load_credentials_file(p)?.endpoint,
-        None if default.exists() => load_credentials_file(default)?.endpoint,
-        None => None,
+    let file = match path {
+        Some(p) => Some(p.as_path()),
+        None => default.exists().then_some(default),
     };
-    Ok(from_file.unwrap_or_else(|| DEFAULT_TLS_ENDPOINT.into()))
+    if let Some(file) = file {
+        let creds = load_credentials_file(file).with_context(|| {
+            format!(
+                "with --cert only the endpoint of {} is used; give --endpoint instead",
+                file.display()
+            )
+        })?;
+        if let Some(endpoint) = creds.endpoint {
+            return Ok((endpoint, file.display().to_string()));
+        }
+    }
+    Ok((DEFAULT_TLS_ENDPOINT.into(), "cubec's default".into()))
 }
 
 fn main() -> std::process::ExitCode {
@@ -238,19 +248,20 @@ async fn run() -> anyhow::Result<()> {
         }
         None => Some(load_credentials(cli.credentials.as_ref())?),
     };
-    let endpoint = match (&cli.endpoint, &creds) {
-        (Some(e), _) => e.clone(),
-        (None, Some(creds)) => creds
-            .endpoint
-            .clone()
-            .unwrap_or_else(|| DEFAULT_ENDPOINT.into()),
+    // And where it came from, for the messages below.
+    let (endpoint, origin) = match (&cli.endpoint, &creds) {
+        (Some(e), _) => (e.clone(), "--endpoint or CUBE_ENDPOINT".to_string()),
+        (None, Some(creds)) => match &creds.endpoint {
+            Some(e) => (e.clone(), "the credentials file".to_string()),
+            None => (DEFAULT_ENDPOINT.into(), "cubec's default".to_string()),
+        },
         (None, None) => certificate_endpoint(cli.credentials.as_ref())?,
     };
     let tls = endpoint.starts_with("https://");
     anyhow::ensure!(
         tls || cli.cert.is_none(),
         "--cert needs an https:// endpoint (a client certificate is presented in the TLS \
-         handshake), not {endpoint}"
+         handshake), not {endpoint} (from {origin})"
     );
     let mut ep = Endpoint::from_shared(endpoint.clone())
         .with_context(|| format!("bad endpoint {endpoint}"))?;
@@ -258,10 +269,7 @@ async fn run() -> anyhow::Result<()> {
         ep = ep.tls_config(tls_config(&cli)?)?;
     }
     let channel: Channel = ep.connect().await.with_context(|| {
-        format!(
-            "cannot connect to {endpoint} (is cubed serving there? The address comes from \
-                 --endpoint, CUBE_ENDPOINT or the credentials file)"
-        )
+        format!("cannot connect to {endpoint} (from {origin}; is cubed serving there?)")
     })?;
     let transport = match (&creds, cli.auth.unwrap_or(AuthModel::Call)) {
         // The client certificate already authenticates the connection.

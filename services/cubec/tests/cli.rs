@@ -122,6 +122,34 @@ fn a_client_certificate_needs_https_and_no_auth_model() {
     );
     assert!(!o.status.success());
     assert!(stderr(&o).contains("leave out --auth"), "{}", stderr(&o));
+    // Without --endpoint the default credentials file gives it, if there is one; one that is
+    // not usable is named, with the way around it.
+    std::fs::create_dir(dir.path().join("cube-data")).unwrap();
+    let file = dir.path().join("cube-data/dev-credentials.json");
+    std::fs::write(&file, "{").unwrap();
+    let cert = ["--cert", "c.pem", "--key", "k.pem", "read", "1", "2", "3"];
+    let o = run(dir.path(), &[], &cert);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains(
+            "with --cert only the endpoint of ./cube-data/dev-credentials.json is used; give \
+             --endpoint instead"
+        ),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::write(
+        &file,
+        r#"{"tenant":"demo","key_id":"k-1","secret":"00","endpoint":"http://127.0.0.1:1"}"#,
+    )
+    .unwrap();
+    let o = run(dir.path(), &[], &cert);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("not http://127.0.0.1:1 (from ./cube-data/dev-credentials.json)"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 /// With a client certificate, cubec needs only it, its key and the CA: no credentials file

@@ -688,17 +688,26 @@ fn config_file_error(e: &clap::Error, path: &std::path::Path) -> anyhow::Error {
     };
     let why = match (std::error::Error::source(e), e.get(ContextKind::ValidValue)) {
         (Some(source), _) => source.to_string(),
+        (None, Some(ContextValue::Strings(valid))) if valid.is_empty() => {
+            "a value is required (it is empty)".to_string()
+        }
         (None, Some(ContextValue::Strings(valid))) => {
             format!("expected one of {}", valid.join(", "))
         }
         _ => {
-            // Not about one value (two flags that conflict, say): clap's first line, as is.
+            // Not about one value (a flag that needs another, two that conflict): clap's
+            // text up to its usage line, on one line ("... not provided: --tls-key <TLS_KEY>").
             let rendered = e.to_string();
-            let first = rendered.lines().next().unwrap_or_default();
+            let what: Vec<&str> = rendered
+                .lines()
+                .take_while(|l| !l.starts_with("Usage:"))
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect();
             return anyhow::anyhow!(
                 "--config {}: {}",
                 path.display(),
-                first.trim_start_matches("error: ")
+                what.join(" ").trim_start_matches("error: ")
             );
         }
     };
@@ -905,6 +914,14 @@ mod config_file_tests {
             (
                 "idle-secs = true\n",
                 "'idle-secs' takes a value, not true or false",
+            ),
+            (
+                "tls-key = \"\"\n",
+                "'tls-key' = \"\" is not valid: a value is required (it is empty)",
+            ),
+            (
+                "tls-cert = \"c.pem\"\n",
+                "the following required arguments were not provided: --tls-key <TLS_KEY>",
             ),
         ] {
             std::fs::write(&file, contents).unwrap();

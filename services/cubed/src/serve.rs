@@ -172,7 +172,13 @@ pub async fn run(
         ready.clone(),
         http_stop.clone(),
     ));
+    // Whatever way `run` returns, the admin listener does not outlive it.
+    let _http_stopped = http_stop.clone().drop_guard();
     prepare_data_dir(data.root())?;
+    // From here `cube_disk_free_bytes` is real, also while a held catalog is waited for.
+    // With --min-free-bytes 0 the guard refuses nothing but still reports it.
+    let space = SpaceGuard::new(data.root().to_path_buf(), config.min_free_bytes);
+    space.start(SPACE_CHECK_EVERY);
     let Some(catalog) = open_catalog(&data, &mut shutdown).await? else {
         tracing::info!("stop requested during start-up: not serving");
         return Ok(());
@@ -210,13 +216,7 @@ pub async fn run(
                 },
                 checkpoint: config.checkpoint,
                 state_cache_bytes: config.state_cache_bytes,
-                // With --min-free-bytes 0 the guard refuses nothing but still reports
-                // cube_disk_free_bytes.
-                space: Some({
-                    let guard = SpaceGuard::new(data.root().to_path_buf(), config.min_free_bytes);
-                    guard.start(SPACE_CHECK_EVERY);
-                    guard
-                }),
+                space: Some(space),
                 // Each tenant gets the directory's catalog when it opens.
                 catalog: None,
             },
@@ -353,22 +353,35 @@ pub async fn run(
     Ok(())
 }
 
-/// Certificate material for the listener. With TLS on, the data directory's CA is created if
-/// needed and its client certificates (`cubed key cert`) are accepted for mTLS.
-/// The contents of `--tls-cert` and `--tls-key`, if given.
+/// The contents of `--tls-cert` and `--tls-key`, if given, checked to make a TLS
+/// configuration (a certificate and a matching key), so that a file that is not usable stops
+/// the start before the data directory is touched.
 fn read_tls_files(choice: &TlsChoice) -> anyhow::Result<Option<(Vec<u8>, Vec<u8>)>> {
-    Ok(match choice {
-        TlsChoice::Files { cert, key } => Some((
-            fs::read(cert).with_context(|| format!("reading --tls-cert {}", cert.display()))?,
-            fs::read(key).with_context(|| format!("reading --tls-key {}", key.display()))?,
-        )),
-        TlsChoice::Plaintext | TlsChoice::Dev => None,
-    })
+    let TlsChoice::Files { cert, key } = choice else {
+        return Ok(None);
+    };
+    let cert_chain_pem =
+        fs::read(cert).with_context(|| format!("reading --tls-cert {}", cert.display()))?;
+    let key_pem = fs::read(key).with_context(|| format!("reading --tls-key {}", key.display()))?;
+    let settings = TlsSettings {
+        cert_chain_pem,
+        key_pem,
+        client_ca_pem: None,
+    };
+    cube_gateway::server_config(&settings).with_context(|| {
+        format!(
+            "configuring TLS from --tls-cert {} and --tls-key {}",
+            cert.display(),
+            key.display()
+        )
+    })?;
+    Ok(Some((settings.cert_chain_pem, settings.key_pem)))
 }
 
-/// The listener's TLS settings: the files read by [`read_tls_files`], or under `--tls-dev` the
-/// development certificate in the data directory; either way the data directory's CA verifies
-/// client certificates.
+/// Certificate material for the listener: the files read by [`read_tls_files`], or under
+/// `--tls-dev` the development certificate in the data directory. With TLS on, the data
+/// directory's CA is created if needed and its client certificates (`cubed key cert`) are
+/// accepted for mTLS.
 fn tls_settings(
     choice: &TlsChoice,
     files: Option<(Vec<u8>, Vec<u8>)>,

@@ -212,6 +212,18 @@ fn a_start_that_cannot_serve_changes_nothing_in_the_data_dir() {
     );
     // Nor the data directory itself: the files are read before it is created.
     assert!(!data.exists());
+    // Files that are there but hold no certificate: refused as early, naming both flags.
+    let junk = dir.path().join("junk.pem");
+    std::fs::write(&junk, "not a certificate\n").unwrap();
+    let junk = junk.to_str().unwrap();
+    let stderr = refused_start(&data, &["--tls-cert", junk, "--tls-key", junk]);
+    assert!(
+        stderr.contains(&format!(
+            "configuring TLS from --tls-cert {junk} and --tls-key {junk}"
+        )),
+        "{stderr}"
+    );
+    assert!(!data.exists());
     // An admin address in use: refused before the data directory is created (it used to be
     // bound after the demo tenant and its credentials, which named a port never served).
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

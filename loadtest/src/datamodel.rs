@@ -148,7 +148,8 @@ pub async fn run(args: DataModelArgs, default_cubed: PathBuf) -> anyhow::Result<
                 "--checkpoint-bytes",
                 "1099511627776",
                 "--checkpoint-secs",
-                "1000000",
+                // cubed's most: no checkpoint within the run.
+                "86400",
             ],
         )
     })?;

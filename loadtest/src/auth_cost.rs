@@ -22,12 +22,12 @@ use crate::drive::{RunArgs, coord, median, phase};
 #[derive(Debug, Args)]
 pub struct AuthCostArgs {
     /// Reads in flight on the single connection.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = crate::args::at_least_one::<usize>)]
     in_flight: usize,
     #[command(flatten)]
     run: RunArgs,
     /// Sequential handshakes and sequential reads measured for the latency comparison.
-    #[arg(long, default_value_t = 3000)]
+    #[arg(long, default_value_t = 3000, value_parser = crate::args::at_least_one::<usize>)]
     samples: usize,
 }
 
@@ -62,10 +62,10 @@ where
     F: Fn(CellsClient<Signing<Channel>>, usize, u64) -> Fut + Clone + Send + Sync + 'static,
     Fut: std::future::Future<Output = bool> + Send,
 {
-    use crate::ab::scrape::cpu_seconds;
-    let before = (cpu_seconds(None), cpu_seconds(server_pid));
+    use crate::ab::scrape::{cpu_seconds, own_cpu_seconds};
+    let before = (own_cpu_seconds(), cpu_seconds(server_pid));
     let p = phase(name, clients, shape, call).await;
-    let after = (cpu_seconds(None), cpu_seconds(server_pid));
+    let after = (own_cpu_seconds(), cpu_seconds(server_pid));
     // The CPU covers the warm-up too, so it is divided by every call made, not only the measured.
     let total_calls = (p.calls_per_sec * (shape.seconds + shape.warmup)).max(1.0);
     let per_call = |a: Option<f64>, b: Option<f64>| match (a, b) {

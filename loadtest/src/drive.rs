@@ -23,10 +23,10 @@ use crate::echo::pb::echo_client::EchoClient;
 #[derive(Debug, Args)]
 pub struct E2eArgs {
     /// HTTP/2 connections per phase.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = crate::args::at_least_one::<usize>)]
     connections: usize,
     /// Calls in flight in total (closed loop: each finished call starts the next).
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, value_parser = crate::args::at_least_one::<usize>)]
     in_flight: usize,
     #[command(flatten)]
     run: RunArgs,
@@ -57,13 +57,13 @@ impl E2eArgs {
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// Measured seconds per phase.
-    #[arg(long, default_value_t = 3.0)]
+    #[arg(long, default_value_t = 3.0, value_parser = crate::args::positive)]
     pub seconds: f64,
     /// Unmeasured warm-up seconds per phase.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = crate::args::non_negative)]
     pub warmup: f64,
     /// Rounds of alternating phases.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = crate::args::at_least_one::<usize>)]
     pub rounds: usize,
     /// cubed binary (default: the one next to cube-load).
     #[arg(long)]

@@ -8,6 +8,9 @@
 // A test harness: a panic is a failed run with a backtrace.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "args.rs"]
+#[allow(dead_code)] // cube-load's parsers too; this binary uses some
+mod args;
 #[path = "durability/mod.rs"]
 mod durability;
 
@@ -22,19 +25,19 @@ use durability::scenarios::{self, ScenarioReport, Settings};
 struct Cli {
     /// Which scenarios, any of a,b,c,d,e (d and e need root; they are skipped, with the reason,
     /// where they cannot run).
-    #[arg(long, default_value = "a,b,c,d,e", value_delimiter = ',')]
+    #[arg(long, default_value = "a,b,c,d,e", value_delimiter = ',', value_parser = parse_scenario)]
     scenarios: Vec<String>,
     /// Concurrent writers, each with its own connection.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, value_parser = args::at_least_one::<usize>)]
     writers: usize,
-    /// Record size in bytes (header, incompressible payload, CRC32C).
-    #[arg(long, default_value_t = 1024)]
+    /// Record size in bytes (header, incompressible payload, CRC32C); at least 20.
+    #[arg(long, default_value_t = 1024, value_parser = parse_value_bytes)]
     value_bytes: usize,
     /// Bytes acknowledged per writing phase: a number with an optional KiB/MiB/GiB suffix.
     #[arg(long, default_value = "8MiB", value_parser = parse_size)]
     size: u64,
     /// Repetitions of each scenario (C: kills at random moments; D: power cuts).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = args::at_least_one::<usize>)]
     repeat: usize,
     /// The cubed binary (default: next to this one).
     #[arg(long)]
@@ -45,6 +48,26 @@ struct Cli {
     /// Fail when a scenario was skipped.
     #[arg(long)]
     require_all: bool,
+}
+
+/// A scenario's letter, checked before any scenario runs (lower case).
+fn parse_scenario(s: &str) -> Result<String, String> {
+    let name = s.trim().to_lowercase();
+    match name.as_str() {
+        "a" | "b" | "c" | "d" | "e" => Ok(name),
+        _ => Err(format!("{s:?} is not a scenario (a, b, c, d or e)")),
+    }
+}
+
+/// A record size that holds a record's header and CRC.
+fn parse_value_bytes(s: &str) -> Result<usize, String> {
+    let min = durability::record::MIN_LEN;
+    match s.trim().parse::<usize>() {
+        Ok(n) if n >= min => Ok(n),
+        _ => Err(format!(
+            "{s:?} is not a record size of at least {min} bytes (its header and CRC)"
+        )),
+    }
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -58,10 +81,17 @@ fn parse_size(s: &str) -> Result<u64, String> {
     .iter()
     .find_map(|(suf, m)| s.strip_suffix(suf).map(|n| (n, *m)))
     .unwrap_or((s, 1));
-    num.trim()
+    match num
+        .trim()
         .parse::<u64>()
-        .map(|n| n * mult)
-        .map_err(|_| format!("{s:?} is not a size (examples: 8MiB, 1GiB, 4096)"))
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+    {
+        Some(n) if n > 0 => Ok(n),
+        _ => Err(format!(
+            "{s:?} is not a size above 0 (examples: 8MiB, 1GiB, 4096)"
+        )),
+    }
 }
 
 #[global_allocator]
@@ -77,10 +107,10 @@ fn main() -> anyhow::Result<()> {
         .tempdir()?;
     let settings = Settings {
         cubed: cli.cubed.clone().unwrap_or_else(durability::cubed_default),
-        writers: cli.writers.max(1),
+        writers: cli.writers,
         value_bytes: cli.value_bytes,
         size: cli.size,
-        repeat: cli.repeat.max(1),
+        repeat: cli.repeat,
         work: work.path().to_path_buf(),
     };
     let mut reports: Vec<ScenarioReport> = Vec::new();

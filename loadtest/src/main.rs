@@ -11,6 +11,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod ab;
+mod args;
 mod auth_cost;
 mod bench;
 mod datamodel;
@@ -40,7 +41,8 @@ enum Cmd {
     MetricsCost(metrics_cost::MetricsCostArgs),
     /// Region throughput, recovery time with and without a checkpoint, and 10,000 idle tenants.
     Datamodel(datamodel::DataModelArgs),
-    /// One auth model × one op mix: users, duration, timeout, closed or open loop.
+    /// One auth model × one op mix: users, duration, timeout, closed or open loop. Exits 1 when
+    /// an op failed or answered wrongly, or acknowledged data was not read back.
     Run(ab::RunArgs),
     /// The auth-model A/B matrix (3 models × 2 mixes) written to docs/ab-results.md.
     Ab(ab::AbArgs),
@@ -50,6 +52,7 @@ enum Cmd {
     Bench(bench::BenchArgs),
     /// Serve the echo baseline (used by `e2e` as a child process).
     EchoServer {
+        /// Address to serve on (port 0: a free port, printed at start).
         #[arg(long, default_value = "127.0.0.1:0")]
         listen: std::net::SocketAddr,
     },

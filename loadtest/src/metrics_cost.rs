@@ -14,9 +14,11 @@ use crate::drive::{RunArgs, connect, coord, median, phase};
 
 #[derive(Debug, Args)]
 pub struct MetricsCostArgs {
-    #[arg(long, default_value_t = 8)]
+    /// HTTP/2 connections per phase.
+    #[arg(long, default_value_t = 8, value_parser = crate::args::at_least_one::<usize>)]
     connections: usize,
-    #[arg(long, default_value_t = 256)]
+    /// Calls in flight in total (closed loop: each finished call starts the next).
+    #[arg(long, default_value_t = 256, value_parser = crate::args::at_least_one::<usize>)]
     in_flight: usize,
     #[command(flatten)]
     run: RunArgs,

@@ -97,9 +97,12 @@ impl Mix {
         }
         let mut weights = Vec::new();
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let (g, w) = part
-                .split_once('=')
-                .with_context(|| format!("mix entry {part:?} is not GROUP=WEIGHT"))?;
+            let (g, w) = part.split_once('=').with_context(|| {
+                format!(
+                    "mix entry {part:?} is not GROUP=WEIGHT (or give a whole mix: audit, \
+                         legacy)"
+                )
+            })?;
             let g = Group::parse(g.trim())?;
             let w: u32 = w
                 .trim()

@@ -60,18 +60,18 @@ impl Model {
 #[derive(Debug, Args, Clone)]
 pub struct LoadArgs {
     /// Concurrent users, each with its own connection (churn: its own sequence of connections).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = crate::args::at_least_one::<usize>)]
     pub users: usize,
     /// Seconds each run lasts (default: 120 for run/ab as in the seed, 60 for stress).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::args::positive)]
     pub duration: Option<f64>,
     /// Per-op timeout in milliseconds (the seed's socket timeout was 3 s); a timed-out op is a
     /// failure of class `timeout`, never lumped with gRPC errors.
-    #[arg(long, default_value_t = 3000)]
+    #[arg(long, default_value_t = 3000, value_parser = crate::args::at_least_one::<u64>)]
     pub timeout_ms: u64,
     /// Open loop: total ops/s over all users, each user pacing its ops evenly and timing each
     /// from when it was due (so queueing is not hidden). Default: closed loop.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::args::positive)]
     pub rate: Option<f64>,
     /// Speak TLS (the embedded server runs with --tls-dev).
     #[arg(long)]
@@ -239,7 +239,7 @@ async fn run_on(
         conns.resize_with(args.users, || None);
     }
     let before = tokio::task::block_in_place(|| scrape::scrape(server.admin));
-    let (client_cpu0, server_cpu0) = (scrape::cpu_seconds(None), scrape::cpu_seconds(server.pid));
+    let (client_cpu0, server_cpu0) = (scrape::own_cpu_seconds(), scrape::cpu_seconds(server.pid));
     let start = Instant::now();
     let ctx = Arc::new(RunCtx {
         target: server.target.clone(),
@@ -267,7 +267,7 @@ async fn run_on(
         users.push(t.await.context("a user task panicked")?);
     }
     let elapsed = start.elapsed().as_secs_f64();
-    let (client_cpu1, server_cpu1) = (scrape::cpu_seconds(None), scrape::cpu_seconds(server.pid));
+    let (client_cpu1, server_cpu1) = (scrape::own_cpu_seconds(), scrape::cpu_seconds(server.pid));
     let after = tokio::task::block_in_place(|| scrape::scrape(server.admin));
 
     let verified = if args.no_verify {
@@ -436,9 +436,21 @@ pub async fn run(args: RunArgs, default_cubed: PathBuf) -> anyhow::Result<()> {
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_vec_pretty(&reports[0])?)?;
     }
-    let bad = report::problems(&reports);
+    // As the stress gate, so that a script can trust the exit status: failed ops, ops that
+    // answered wrongly, or acknowledged data not read back fail the run (exit 1).
+    let mut bad = report::problems(&reports);
+    let r = &reports[0];
+    if r.ops == 0 {
+        bad.push(format!("{} / {}: no op ran", r.model.name(), r.mix));
+    }
+    if let Some(v) = r.verified.as_ref().filter(|v| v.problems.is_empty()) {
+        eprintln!(
+            "verified: read back {} writes and {} sealed cells, {} runs on {} program cells matched",
+            v.writes, v.sealed, v.runs, v.program_cells
+        );
+    }
     if !bad.is_empty() {
-        eprintln!("{}", bad.join("\n"));
+        bail!("the run had problems:\n{}", bad.join("\n"));
     }
     Ok(())
 }
@@ -511,7 +523,9 @@ pub async fn ab(args: AbArgs, default_cubed: PathBuf) -> anyhow::Result<()> {
 pub struct StressArgs {
     #[command(flatten)]
     pub load: LoadArgs,
-    /// Op mix (default: the full mix with audit).
+    /// `audit` (the seed's mix, the default), `legacy` (without audit) or weights like
+    /// `write-read=3,audit=1` (groups: prog-run, write-read, grant-revoke, link-walk, seal,
+    /// stats, audit).
     #[arg(long, default_value = "audit")]
     pub mix: String,
 }

@@ -221,12 +221,19 @@ pub fn scrape(admin: Option<SocketAddr>) -> Page {
         .unwrap_or_default()
 }
 
-/// User + system CPU seconds of a process so far (`/proc/PID/stat`, Linux).
+/// User + system CPU seconds of this process so far.
+pub fn own_cpu_seconds() -> Option<f64> {
+    stat_cpu_seconds("/proc/self/stat")
+}
+
+/// User + system CPU seconds of process `pid` so far; `None` without a pid (a `--target`
+/// server given without `--server-pid`: its CPU is unknown, not this process's).
 pub fn cpu_seconds(pid: Option<u32>) -> Option<f64> {
-    let path = match pid {
-        Some(p) => format!("/proc/{p}/stat"),
-        None => "/proc/self/stat".into(),
-    };
+    stat_cpu_seconds(&format!("/proc/{}/stat", pid?))
+}
+
+/// CPU seconds from a `/proc/PID/stat` file (Linux).
+fn stat_cpu_seconds(path: &str) -> Option<f64> {
     let stat = std::fs::read_to_string(path).ok()?;
     // Fields after the command name (which may hold spaces) start at the last ')'.
     let after = stat.rsplit_once(')')?.1;
@@ -298,8 +305,11 @@ grpc_server_handling_seconds_count{grpc_type="unary",grpc_service="cube.v1.Cells
     }
 
     #[test]
-    fn own_cpu_time_is_readable() {
-        let t = cpu_seconds(None).unwrap();
+    fn own_cpu_time_is_readable_and_no_pid_is_no_server() {
+        let t = own_cpu_seconds().unwrap();
         assert!(t >= 0.0);
+        // A --target without --server-pid: unknown, not this process's CPU.
+        assert_eq!(cpu_seconds(None), None);
+        assert!(cpu_seconds(Some(std::process::id())).is_some());
     }
 }

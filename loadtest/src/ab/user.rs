@@ -712,6 +712,11 @@ pub async fn run_user(ctx: Arc<RunCtx>, index: usize, conn: Option<Clients>) -> 
                 None => Instant::now(),
                 Some(iv) => {
                     let d = due;
+                    // Not a sleep past the run's end (a rate this low has intervals longer
+                    // than the run).
+                    if d >= ctx.end {
+                        break 'run;
+                    }
                     due += iv;
                     tokio::time::sleep_until(d.into()).await;
                     if Instant::now() > d + Duration::from_millis(1) {

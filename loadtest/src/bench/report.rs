@@ -102,7 +102,7 @@ fn not_measured(name: &str, what: &str) -> Target {
         name: name.into(),
         ratio: None,
         echo_ratio: None,
-        detail: format!("not measured ({what})"),
+        detail: format!("not measured: {what}"),
         met: None,
     }
 }

@@ -57,6 +57,9 @@ function loadConfig(defaultZ) {
     fail('CUBE_SECRET must be 64 lowercase hex characters');
   }
   if (!(cfg.cells > 0)) fail('CUBE_CELLS must be a positive integer');
+  // NaN would make the threshold `p(99)<NaN`, which every run crosses: a configuration error
+  // reported as a latency failure.
+  if (!(cfg.p99Ms > 0)) fail('CUBE_P99_MS must be a positive integer (milliseconds)');
   // The secret is the 32 decoded bytes, not the hex text (docs/protocol.md "Credentials").
   cfg.secret = hexToBytes(cfg.secretHex);
   return cfg;
@@ -209,9 +212,20 @@ export class CubeVU {
       sleep(Math.min(0.25, 2 / exec.instance.vusInitialized) * (__VU - 1));
     }
     // reflect: the schemas come from the server's reflection service; no .proto files loaded.
-    this.client.connect(this.cfg.addr, { plaintext: true, reflect: true, timeout: '10s' });
+    try {
+      this.client.connect(this.cfg.addr, { plaintext: true, reflect: true, timeout: '10s' });
+    } catch (e) {
+      // Counted as a failed op (and a failed check), so that a run against no server fails its
+      // thresholds instead of passing on zero samples; then a short pause, not a spin.
+      check(null, { 'connect OK': () => false });
+      opErrors.add(true);
+      logFailure('connect', { status: 'none', error: { message: String(e) } });
+      sleep(0.1);
+      return false;
+    }
     this.connected = true;
     this.authenticated = false;
+    return true;
   }
 
   disconnect() {
@@ -273,7 +287,7 @@ export class CubeVU {
 
   // One iteration: (re)connect and authenticate if needed, then one op drawn from the mix.
   iteration() {
-    if (!this.connected) this.connect();
+    if (!this.connected && !this.connect()) return;
     if (this.model === 'connection' && !this.authenticated && !this.handshake()) return;
 
     const cfg = this.cfg;

@@ -12,8 +12,8 @@
 #   PYTHON        interpreter used to create that venv (default: python3)
 #   K6_VUS        VUs per run (default 4)           K6_DURATION  per run (default 5s)
 #   CUBE_P99_MS   p99 threshold in ms (default 500: generous, a debug build on 2 cores)
-#   CUBE_K6_NEGATIVE=0  skip the last step, which proves the thresholds can fail (a run with a
-#                       wrong secret must exit 99)
+#   CUBE_K6_NEGATIVE=0  skip the last steps, which prove the thresholds can fail (a run with a
+#                       wrong secret, and one against a port nobody listens on, must exit 99)
 # Anything else the scripts read (CUBE_MIX, CUBE_CELLS, CUBE_TIMEOUT, ...) is passed through, except
 # CUBE_TENANT, CUBE_KEY_ID and CUBE_SECRET: the runs use the fresh server's dev-credentials.json.
 # The server gets no CUBE_* variable at all (loadtest/lib/cubed.sh).
@@ -161,6 +161,16 @@ if [[ "${CUBE_K6_NEGATIVE:-1}" != "0" ]]; then
   else
     bad "call.js with a wrong secret: k6 exited $RC, want 99"
     tail -n 40 "$TMP/negative.log"
+  fi
+  # 4. Nothing listening: every failed connect counts as a failed op, so the run crosses its
+  # thresholds (it used to pass them on zero samples).
+  CLOSED_PORT="$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+  K6_VUS=1 K6_DURATION=1s CUBE_ADDR="127.0.0.1:$CLOSED_PORT" run_k6 no-server call.js
+  if [[ $RC -eq 99 ]]; then
+    ok "call.js against a port nobody listens on: thresholds crossed (k6 exit 99)"
+  else
+    bad "call.js against a port nobody listens on: k6 exited $RC, want 99"
+    tail -n 40 "$TMP/no-server.log"
   fi
 fi
 

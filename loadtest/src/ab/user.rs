@@ -258,6 +258,21 @@ struct OpenFailure {
     detail: String,
 }
 
+/// A hint for the commonest cause of these transport errors: TLS on one side only. A plaintext
+/// client's HTTP/2 preface reaches a TLS server as garbage (h2 reports a protocol error), and a
+/// TLS client gets a plaintext server's bytes as a corrupt TLS record.
+fn tls_hint(client_tls: bool, error: &str) -> &'static str {
+    if !client_tls && (error.contains("h2 protocol error") || error.contains("http2 error")) {
+        " (does the server speak TLS? then give --tls and --ca)"
+    } else if client_tls
+        && (error.contains("InvalidContentType") || error.contains("corrupt message"))
+    {
+        " (does the server speak plaintext? then leave out --tls and --ca)"
+    } else {
+        ""
+    }
+}
+
 /// A connection authenticated per `model`: the clients and, for a handshake, its duration.
 async fn open(target: &Target, model: Model) -> Result<(Clients, Option<Duration>), OpenFailure> {
     let failure = |class: &str, detail: String| OpenFailure {
@@ -266,9 +281,11 @@ async fn open(target: &Target, model: Model) -> Result<(Clients, Option<Duration
     };
     let t = Instant::now();
     let ch = target.connect().await.map_err(|e| {
+        let cause = e.root_cause().to_string();
+        let hint = tls_hint(target.tls.is_some(), &cause);
         failure(
             "connect",
-            format!("cannot connect to {}: {}", target.endpoint, e.root_cause()),
+            format!("cannot connect to {}: {cause}{hint}", target.endpoint),
         )
     })?;
     match model {
@@ -287,10 +304,11 @@ async fn open(target: &Target, model: Model) -> Result<(Clients, Option<Duration
                     cube_auth::client::HandshakeError::Refused(s) => failure(
                         &format!("handshake {}", status_class(s)),
                         format!(
-                            "{} refused the handshake: {} ({:?})",
+                            "{} refused the handshake: {} ({:?}){}",
                             target.endpoint,
                             s.message(),
-                            s.code()
+                            s.code(),
+                            tls_hint(target.tls.is_some(), s.message())
                         ),
                     ),
                     _ => failure("handshake proof", e.to_string()),
@@ -989,6 +1007,19 @@ pub async fn verify(target: Target, ledger: Ledger, value_bytes: usize) -> Verif
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The texts tonic and rustls gave when TLS was on one side only (a helper's black-box
+    /// run, 2026-12-03), and one that has nothing to do with TLS.
+    #[test]
+    fn tls_on_one_side_only_gets_a_hint() {
+        let h2 = "h2 protocol error: http2 error";
+        assert!(tls_hint(false, h2).contains("give --tls and --ca"));
+        assert_eq!(tls_hint(true, h2), "");
+        let record = "received corrupt message of type InvalidContentType";
+        assert!(tls_hint(true, record).contains("leave out --tls"));
+        assert_eq!(tls_hint(false, record), "");
+        assert_eq!(tls_hint(false, "Connection refused (os error 111)"), "");
+    }
 
     #[test]
     fn an_op_counts_in_the_window_it_ended_in_and_late_ones_in_the_last() {

@@ -444,10 +444,7 @@ pub async fn run(args: RunArgs, default_cubed: PathBuf) -> anyhow::Result<()> {
         bad.push(format!("{} / {}: no op ran", r.model.name(), r.mix));
     }
     if let Some(v) = r.verified.as_ref().filter(|v| v.problems.is_empty()) {
-        eprintln!(
-            "verified: read back {} writes and {} sealed cells, {} runs on {} program cells matched",
-            v.writes, v.sealed, v.runs, v.program_cells
-        );
+        eprintln!("verified: {}", v.summary());
     }
     if !bad.is_empty() {
         bail!("the run had problems:\n{}", bad.join("\n"));
@@ -567,14 +564,14 @@ pub async fn stress(args: StressArgs, default_cubed: PathBuf) -> anyhow::Result<
         }
     }
     if bad.is_empty() {
-        let v: Vec<_> = reports.iter().filter_map(|r| r.verified.as_ref()).collect();
+        let mut v = Verified::default();
+        for r in &reports {
+            v.merge(r.verified.clone().unwrap_or_default());
+        }
         println!(
-            "stress gate passed: {} ops, 0 failed; read back {} writes and {} sealed cells, {} runs on {} program cells matched",
+            "stress gate passed: {} ops, 0 failed; {}",
             reports.iter().map(|r| r.ops).sum::<u64>(),
-            v.iter().map(|v| v.writes).sum::<u64>(),
-            v.iter().map(|v| v.sealed).sum::<u64>(),
-            v.iter().map(|v| v.runs).sum::<u64>(),
-            v.iter().map(|v| v.program_cells).sum::<u64>(),
+            v.summary()
         );
         Ok(())
     } else {

@@ -868,6 +868,14 @@ pub struct Verified {
 }
 
 impl Verified {
+    /// What was read back, for the line a passing `run` or `stress` prints.
+    pub fn summary(&self) -> String {
+        format!(
+            "read back {} writes and {} sealed cells, {} runs on {} program cells matched",
+            self.writes, self.sealed, self.runs, self.program_cells
+        )
+    }
+
     pub fn merge(&mut self, o: Verified) {
         self.writes += o.writes;
         self.sealed += o.sealed;

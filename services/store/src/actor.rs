@@ -236,13 +236,9 @@ impl Handler<Shutdown> for TenantActor {
                         let seq = job.seq;
                         (seq, job.run())
                     });
-                    let covered = match &flushed {
-                        None => Some(prior),
-                        Some((seq, Ok(_))) => Some(prior.max(*seq)),
-                        Some((_, Err(_))) => None,
-                    };
+                    let checkpoint = flushed.as_ref().map(|(seq, r)| (*seq, r.is_ok()));
                     crate::core::remove_checkpointed_log(
-                        &tenant, &wal_dir, final_seq, covered, poisoned,
+                        &tenant, &wal_dir, final_seq, prior, checkpoint, poisoned,
                     );
                     flushed
                 })

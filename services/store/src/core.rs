@@ -1058,18 +1058,19 @@ impl<T> TenantCore<T> {
         })?;
         let answers = self.on_durable(DurableEvent::Durable(durable));
         let prior = self.checkpoint_seq();
-        let mut covered = Some(prior);
+        let mut checkpoint = None;
         if let Some(job) = self.begin_checkpoint() {
             let seq = job.seq;
             let r = job.run();
-            covered = r.is_ok().then_some(prior.max(seq));
+            checkpoint = Some((seq, r.is_ok()));
             self.finish_checkpoint(seq, r);
         }
         remove_checkpointed_log(
             &self.tenant,
             &wal_dir,
             Some(durable),
-            covered,
+            prior,
+            checkpoint,
             self.is_poisoned(),
         );
         Ok(answers)
@@ -1453,18 +1454,25 @@ fn replay_error(tenant: &str, e: ApplyError) -> StoreError {
     }
 }
 
-/// After a tenant's final checkpoint at close: remove its log if that checkpoint (or an earlier
-/// one) covers every record up to `last`, the log's last durable seq, so that its next open (a
-/// server's start among them) has nothing to replay and does not count it as left open by a
-/// crash. `covered` is `None` when the checkpoint failed; nothing is removed then, nor from a
-/// poisoned tenant or a log whose close failed (`last` `None`).
+/// After a tenant's final checkpoint at close: remove its log if the checkpoints cover every
+/// record up to `last`, the log's last durable seq, so that its next open (a server's start
+/// among them) has nothing to replay and does not count it as left open by a crash. `prior` is
+/// the seq checkpointed before; `checkpoint` the final one's (seq, succeeded), `None` if there
+/// was nothing new to checkpoint. Nothing is removed after a failed checkpoint, from a poisoned
+/// tenant, or from a log whose close failed (`last` `None`).
 pub(crate) fn remove_checkpointed_log(
     tenant: &str,
     wal_dir: &Path,
     last: Option<u64>,
-    covered: Option<u64>,
+    prior: u64,
+    checkpoint: Option<(u64, bool)>,
     poisoned: bool,
 ) {
+    let covered = match checkpoint {
+        None => Some(prior),
+        Some((seq, true)) => Some(prior.max(seq)),
+        Some((_, false)) => None,
+    };
     if let (Some(last), Some(covered)) = (last, covered)
         && !poisoned
         && covered >= last

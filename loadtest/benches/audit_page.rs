@@ -1,0 +1,83 @@
+//! What the load driver spends checking one `Tenant.Audit` page of 100 entries: decoding each
+//! entry into `cube.v1.AuditEntry` (owned strings and byte vectors) and verifying the chain, as
+//! it did, against reading each entry in place (`AuditEntryRef`) and verifying the same chain,
+//! as it does now. Both verify every hash; only the decoding differs.
+//!
+//! `cargo bench -p cube-load --bench audit_page`
+
+// A benchmark: a panic is a failed run with a backtrace.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use criterion::{Criterion, black_box, criterion_group, criterion_main};
+use cube_api::codec::AuditEntryRef;
+use cube_api::v1::AuditEntry;
+use cube_auth::client::verify_audit_entries;
+use cube_auth::{AUDIT_GENESIS, AuditLink, audit_hash, verify_audit_chain};
+use prost::Message;
+use prost::bytes::Bytes;
+
+/// A page as the server sends it: 100 chained entries like the A/B mix's (a principal, an op,
+/// a short detail), each encoded on its own.
+fn page() -> Vec<Bytes> {
+    let mut prev = AUDIT_GENESIS.to_vec();
+    (1..=100u64)
+        .map(|seq| {
+            let (principal, op) = ("key-1", "write");
+            let detail = format!("({seq},7,1) v{seq} 100 bytes");
+            let ts_ms = 1_764_700_000_000 + seq as i64;
+            let hash = audit_hash(&prev, seq, ts_ms, principal, op, &detail).to_vec();
+            let e = AuditEntry {
+                seq,
+                ts_ms,
+                principal: principal.into(),
+                op: op.into(),
+                detail,
+                prev_hash: std::mem::replace(&mut prev, hash.clone()),
+                hash,
+            };
+            Bytes::from(e.encode_to_vec())
+        })
+        .collect()
+}
+
+fn decoded(page: &[Bytes]) -> usize {
+    let entries: Vec<AuditEntry> = page
+        .iter()
+        .map(|b| AuditEntry::decode(b.clone()).unwrap())
+        .collect();
+    verify_audit_entries(&entries).unwrap()
+}
+
+fn in_place(page: &[Bytes]) -> usize {
+    let links: Vec<AuditLink<'_>> = page
+        .iter()
+        .map(|b| {
+            let e = AuditEntryRef::parse(b).unwrap();
+            AuditLink {
+                seq: e.seq,
+                ts_ms: e.ts_ms,
+                principal: e.principal,
+                op: e.op,
+                detail: e.detail,
+                prev_hash: e.prev_hash,
+                hash: e.hash,
+            }
+        })
+        .collect();
+    verify_audit_chain(links).unwrap()
+}
+
+fn bench(c: &mut Criterion) {
+    let page = page();
+    assert_eq!(decoded(&page), 100);
+    assert_eq!(in_place(&page), 100);
+    let mut g = c.benchmark_group("audit page of 100, check the chain");
+    g.bench_function("decode to AuditEntry", |b| {
+        b.iter(|| decoded(black_box(&page)))
+    });
+    g.bench_function("read in place", |b| b.iter(|| in_place(black_box(&page))));
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -596,15 +596,22 @@ impl ServeArgs {
 /// Parse the command line, filling `serve` flags not given on it (nor in the environment) from
 /// the `--config` file. Exits with clap's message on bad flags, like `Cli::parse`.
 pub fn parse_with_config(argv: Vec<std::ffi::OsString>) -> anyhow::Result<Cli> {
-    use clap::{CommandFactory, FromArgMatches, parser::ValueSource};
-    let matches = Cli::command().get_matches_from(argv.clone());
+    use clap::{CommandFactory, parser::ValueSource};
+    // The first parse tells what the command line gave. It leaves out which flags need which
+    // (`--tls-cert` needs `--tls-key`): one may be on the command line and its partner in the
+    // file, so that is checked by the parses below, of everything.
+    let no_requires = |a: clap::Arg| a.requires(clap::builder::Resettable::Reset);
+    let matches = Cli::command()
+        .mut_args(no_requires)
+        .mut_subcommand("serve", |serve| serve.mut_args(no_requires))
+        .get_matches_from(argv.clone());
     let serve = match matches.subcommand() {
         None => &matches,
         Some(("serve", m)) => m,
         Some((_, group)) => {
             // `tenant`/`key` commands need only the data directory from the server's file.
             let leaf = group.subcommand().map_or(group, |(_, leaf)| leaf);
-            let mut cli = Cli::from_arg_matches(&matches)?;
+            let mut cli = Cli::parse_from(&argv);
             if let Some(path) = leaf.get_one::<PathBuf>("config")
                 && leaf.value_source("data_dir") == Some(ValueSource::DefaultValue)
                 && let Some(value) = read_config_table(path)?.get("data-dir")
@@ -628,7 +635,7 @@ pub fn parse_with_config(argv: Vec<std::ffi::OsString>) -> anyhow::Result<Cli> {
         }
     };
     let Some(path) = serve.get_one::<PathBuf>("config") else {
-        return Ok(Cli::from_arg_matches(&matches)?);
+        return Ok(Cli::parse_from(argv));
     };
     let table = read_config_table(path)?;
     let command = Cli::command();
@@ -932,5 +939,35 @@ mod config_file_tests {
             assert!(err.contains(want), "{contents}: {err}");
             assert!(!err.contains("error:") && !err.contains('\n'), "{err}");
         }
+    }
+
+    #[test]
+    fn a_flag_and_the_flag_it_needs_may_come_one_from_each_place() {
+        let (_dir, file) = config_file("tls-key = \"/etc/cube/key.pem\"\n");
+        let f = file.to_str().unwrap();
+        for args in [
+            &["--config", f, "--tls-cert", "/etc/cube/cert.pem"][..],
+            &["serve", "--config", f, "--tls-cert", "/etc/cube/cert.pem"][..],
+        ] {
+            let cli = cubed(args).unwrap();
+            let serve = match cli.command {
+                Some(Command::Serve(serve)) => serve,
+                _ => cli.serve,
+            };
+            assert_eq!(
+                serve.tls_cert.unwrap(),
+                std::path::Path::new("/etc/cube/cert.pem")
+            );
+            assert_eq!(
+                serve.tls_key.unwrap(),
+                std::path::Path::new("/etc/cube/key.pem")
+            );
+        }
+        // Still needed: when neither place gives the partner, the parse of both refuses.
+        let (_dir, other) = config_file("idle-secs = 5\n");
+        let err = cubed(&["--config", other.to_str().unwrap(), "--tls-cert", "c.pem"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not provided: --tls-key"), "{err}");
     }
 }

@@ -53,30 +53,38 @@ pub async fn serve(listen: SocketAddr) -> anyhow::Result<()> {
 /// The echo server as a child process, killed on drop.
 pub struct EchoChild {
     child: Child,
+    registered: Option<cube_testkit::interrupt::Registered>,
     pub addr: SocketAddr,
 }
 
 impl EchoChild {
     pub fn spawn() -> anyhow::Result<EchoChild> {
-        let mut child = Command::new(std::env::current_exe()?)
+        let child = Command::new(std::env::current_exe()?)
             .args(["echo-server", "--listen", "127.0.0.1:0"])
             .stdout(Stdio::piped())
             .stdin(Stdio::null())
             .spawn()?;
-        let stdout = child.stdout.take().context("no stdout")?;
+        // Owned (killed on drop) before anything below can fail.
+        let mut echo = EchoChild {
+            registered: Some(cube_testkit::interrupt::process(child.id())),
+            child,
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        };
+        let stdout = echo.child.stdout.take().context("no stdout")?;
         let mut line = String::new();
         BufReader::new(stdout).read_line(&mut line)?;
-        let addr = line
+        echo.addr = line
             .trim()
             .strip_prefix(READY)
             .context("echo server did not start")?
             .parse()?;
-        Ok(EchoChild { child, addr })
+        Ok(echo)
     }
 }
 
 impl Drop for EchoChild {
     fn drop(&mut self) {
+        self.registered = None;
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

@@ -74,6 +74,12 @@ fn main() -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    if !matches!(cli.command, Cmd::EchoServer { .. }) {
+        // Stopped half-way (Ctrl-C, a timeout's SIGTERM), a run still removes the servers it
+        // started and their data.
+        let _rt = rt.enter();
+        cube_testkit::interrupt::clean_up_on_signals()?;
+    }
     match cli.command {
         Cmd::E2e(args) => rt.block_on(drive::e2e(args, sibling_cubed())),
         Cmd::AuthCost(args) => rt.block_on(auth_cost::run(args, sibling_cubed())),

@@ -337,6 +337,7 @@ pub async fn run(args: BenchArgs, default_cubed: PathBuf) -> anyhow::Result<()> 
         .prefix("cube-bench-")
         .tempdir_in(&s.dir)
         .with_context(|| format!("creating a temporary directory in {}", s.dir.display()))?;
+    let _root_registered = cube_testkit::interrupt::dir(root.path());
     let machine = crate::machine::Machine::probe(root.path());
     eprintln!(
         "data under {} on {} ({}, mounted at {}); {:.1} GiB free",

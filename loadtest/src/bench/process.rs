@@ -50,6 +50,8 @@ pub fn free_port() -> anyhow::Result<u16> {
 pub struct PeerProcess {
     name: &'static str,
     child: Child,
+    /// Until the child is reaped: killed if the driver is stopped by a signal.
+    registered: Option<cube_testkit::interrupt::Registered>,
     log: PathBuf,
 }
 
@@ -68,12 +70,18 @@ impl PeerProcess {
             .stdin(Stdio::null())
             .spawn()
             .with_context(|| format!("starting {name}"))?;
-        Ok(PeerProcess { name, child, log })
+        Ok(PeerProcess {
+            name,
+            registered: Some(cube_testkit::interrupt::process(child.id())),
+            child,
+            log,
+        })
     }
 
     /// Fails if the process has exited, with the end of its log.
     pub fn check_alive(&mut self) -> anyhow::Result<()> {
         if let Some(status) = self.child.try_wait()? {
+            self.registered = None;
             bail!(
                 "{} exited ({status}); the end of its log:\n{}",
                 self.name,
@@ -120,6 +128,7 @@ impl PeerProcess {
 
 impl Drop for PeerProcess {
     fn drop(&mut self) {
+        self.registered = None;
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

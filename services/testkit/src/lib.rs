@@ -18,6 +18,8 @@ use nix::unistd::Pid;
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, Endpoint};
 
+pub mod interrupt;
+
 /// A Cells client that signs every call.
 pub type SignedCells = CellsClient<Signing<Channel>>;
 
@@ -92,6 +94,10 @@ pub struct TestServer {
     /// Environment of the next start (e.g. `CUBE_FAILPOINT`).
     env: Vec<(String, String)>,
     child: Option<Child>,
+    /// The child's and the root's registrations for a driver stopped by a signal
+    /// ([`interrupt`]).
+    child_registered: Option<interrupt::Registered>,
+    _root_registered: interrupt::Registered,
     starts: u32,
     /// Address of the gRPC listener of the current process.
     pub addr: SocketAddr,
@@ -168,6 +174,7 @@ impl TestServer {
                 }
             }
         });
+        self.child_registered = Some(interrupt::process(child.id()));
         self.child = Some(child);
         let (addr, admin) = match rx.recv_timeout(START_TIMEOUT) {
             Ok(a) => a,
@@ -193,9 +200,15 @@ impl TestServer {
         self.child.as_ref().map(Child::id)
     }
 
+    /// The child, no longer registered ([`interrupt::process`]): whoever takes it reaps it.
+    fn take_child(&mut self) -> Option<Child> {
+        self.child_registered = None;
+        self.child.take()
+    }
+
     /// SIGKILL the server and reap it.
     pub fn kill9(&mut self) -> anyhow::Result<()> {
-        if let Some(mut child) = self.child.take() {
+        if let Some(mut child) = self.take_child() {
             child.kill()?;
             child.wait()?;
         }
@@ -204,7 +217,7 @@ impl TestServer {
 
     /// SIGTERM the server and wait for it to exit.
     pub fn sigterm(&mut self) -> anyhow::Result<ExitStatus> {
-        let mut child = self.child.take().context("server is not running")?;
+        let mut child = self.take_child().context("server is not running")?;
         kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM)?;
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
@@ -249,6 +262,7 @@ impl TestServer {
         let data = data_dir.map_or_else(|| root.path().join("data"), Path::to_path_buf);
         let mut server = TestServer {
             bin: bin.to_path_buf(),
+            _root_registered: interrupt::dir(root.path()),
             root,
             data,
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
@@ -257,6 +271,7 @@ impl TestServer {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             child: None,
+            child_registered: None,
             starts: 0,
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -281,7 +296,7 @@ impl TestServer {
         };
         loop {
             if let Some(status) = child.try_wait()? {
-                self.child = None;
+                self.take_child();
                 return Ok(Some(status));
             }
             if std::time::Instant::now() > deadline {

@@ -80,7 +80,7 @@ fn main() -> anyhow::Result<()> {
         let _rt = rt.enter();
         cube_testkit::interrupt::clean_up_on_signals()?;
     }
-    match cli.command {
+    let result = match cli.command {
         Cmd::E2e(args) => rt.block_on(drive::e2e(args, sibling_cubed())),
         Cmd::AuthCost(args) => rt.block_on(auth_cost::run(args, sibling_cubed())),
         Cmd::MetricsCost(args) => rt.block_on(metrics_cost::run(args, sibling_cubed())),
@@ -90,5 +90,8 @@ fn main() -> anyhow::Result<()> {
         Cmd::Stress(args) => rt.block_on(ab::stress(args, sibling_cubed())),
         Cmd::Bench(args) => rt.block_on(bench::run(args, sibling_cubed())),
         Cmd::EchoServer { listen } => rt.block_on(echo::serve(listen)),
-    }
+    };
+    // A command whose servers a signal's cleanup killed fails: the cleanup ends the process.
+    cube_testkit::interrupt::wait_if_stopping();
+    result
 }

@@ -266,7 +266,7 @@ async fn audit_page(
 ) -> Result<Vec<prost::bytes::Bytes>, tonic::Status> {
     raw.ready()
         .await
-        .map_err(|e| tonic::Status::unavailable(format!("connection not ready: {e}")))?;
+        .map_err(|e| tonic::Status::unknown(format!("Service was not ready: {e}")))?;
     let path = tonic::codegen::http::uri::PathAndQuery::from_static("/cube.v1.Tenant/Audit");
     let mut stream = raw
         .server_streaming(

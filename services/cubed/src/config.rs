@@ -704,6 +704,7 @@ fn config_file_error(e: &clap::Error, path: &std::path::Path) -> anyhow::Error {
         _ => {
             // Not about one value (a flag that needs another, two that conflict): clap's
             // text up to its usage line, on one line ("... not provided: --tls-key <TLS_KEY>").
+            // Either flag may have come from the command line or the environment instead.
             let rendered = e.to_string();
             let what: Vec<&str> = rendered
                 .lines()
@@ -712,7 +713,7 @@ fn config_file_error(e: &clap::Error, path: &std::path::Path) -> anyhow::Error {
                 .filter(|l| !l.is_empty())
                 .collect();
             return anyhow::anyhow!(
-                "--config {}: {}",
+                "--config {}: {} (counting the command line and the environment too)",
                 path.display(),
                 what.join(" ").trim_start_matches("error: ")
             );

@@ -6,13 +6,16 @@
 //! the temp directory, and a server started by `cube-load run` would keep running. Owners
 //! register what they hold ([`dir`], [`process`]) for as long as they hold it, and a driver
 //! that calls [`clean_up_on_signals`] stops every registered process (SIGKILL) and removes
-//! every registered directory when such a signal arrives, then exits with 128 + the signal.
+//! every registered directory when such a signal arrives, then exits with 128 + the signal's
+//! number. What is registered after the signal (the next server of a matrix of runs) is
+//! cleaned up at once.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
 use nix::sys::signal::{Signal, kill};
+use nix::sys::wait::{Id, WaitPidFlag, waitid};
 use nix::unistd::Pid;
 
 enum Leftover {
@@ -20,15 +23,17 @@ enum Leftover {
     Process(u32),
 }
 
-#[derive(Default)]
 struct Registry {
     next: u64,
     held: BTreeMap<u64, Leftover>,
+    /// A signal arrived: cleaned up, or being cleaned up.
+    stopping: bool,
 }
 
 static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
     next: 0,
     held: BTreeMap::new(),
+    stopping: false,
 });
 
 fn registry() -> MutexGuard<'static, Registry> {
@@ -48,6 +53,13 @@ impl Drop for Registered {
 
 fn register(what: Leftover) -> Registered {
     let mut r = registry();
+    if r.stopping {
+        // Started while the driver is being stopped: not kept either.
+        match &what {
+            Leftover::Process(pid) => kill_pid(*pid),
+            Leftover::Dir(path) => remove(path),
+        }
+    }
     r.next += 1;
     let id = r.next;
     r.held.insert(id, what);
@@ -59,64 +71,135 @@ pub fn dir(path: &Path) -> Registered {
     register(Leftover::Dir(path.to_path_buf()))
 }
 
-/// A child process to kill if the driver is stopped by a signal. Drop the guard before the
-/// child is reaped, so that its pid, free again, is never signalled.
+/// A child process to kill if the driver is stopped by a signal. Drop the guard as soon as the
+/// child is reaped, so that its pid, free again, is not signalled.
 pub fn process(pid: u32) -> Registered {
     register(Leftover::Process(pid))
 }
 
-/// Kill every registered process, then remove every registered directory. Returns how many of
-/// each.
-fn clean_up() -> (usize, usize) {
-    let held = std::mem::take(&mut registry().held);
-    let (mut processes, mut dirs) = (Vec::new(), Vec::new());
-    for what in held.into_values() {
-        match what {
-            Leftover::Process(pid) => processes.push(pid),
-            Leftover::Dir(path) => dirs.push(path),
-        }
+fn pid_of(pid: u32) -> Pid {
+    Pid::from_raw(i32::try_from(pid).unwrap_or(i32::MAX))
+}
+
+fn kill_pid(pid: u32) {
+    let _ = kill(pid_of(pid), Signal::SIGKILL);
+}
+
+fn remove(path: &Path) {
+    if let Err(e) = std::fs::remove_dir_all(path)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        eprintln!("could not remove {}: {e}", path.display());
     }
-    for &pid in &processes {
-        let pid = Pid::from_raw(i32::try_from(pid).unwrap_or(i32::MAX));
-        if kill(pid, Signal::SIGKILL).is_ok() {
-            // Reaped here, so that it is gone (not writing into a directory removed below).
-            let _ = nix::sys::wait::waitpid(pid, None);
+}
+
+/// Kill every registered process, wait for each to have exited, then remove every registered
+/// directory; from now on, whatever is registered is killed or removed at once. Returns how
+/// many processes and directories were registered.
+fn clean_up() -> (usize, usize) {
+    let (processes, dirs) = {
+        let mut r = registry();
+        r.stopping = true;
+        let held = std::mem::take(&mut r.held);
+        let (mut processes, mut dirs) = (Vec::new(), Vec::new());
+        for what in held.into_values() {
+            match what {
+                Leftover::Process(pid) => processes.push(pid),
+                Leftover::Dir(path) => dirs.push(path),
+            }
         }
+        // Signalled under the lock: an owner unregisters its child (under this lock) right
+        // after reaping it, so no pid here has been freed and reused yet.
+        for &pid in &processes {
+            kill_pid(pid);
+        }
+        (processes, dirs)
+    };
+    for &pid in &processes {
+        // Wait until it has exited (so it no longer writes into a directory removed below)
+        // without reaping it: its owner still does, and may be waiting for it now.
+        let _ = waitid(
+            Id::Pid(pid_of(pid)),
+            WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT,
+        );
     }
     for path in &dirs {
-        if let Err(e) = std::fs::remove_dir_all(path)
-            && e.kind() != std::io::ErrorKind::NotFound
-        {
-            eprintln!("could not remove {}: {e}", path.display());
-        }
+        remove(path);
     }
     (processes.len(), dirs.len())
 }
 
-/// On SIGINT, SIGTERM or SIGHUP: clean up what is registered, say so on stderr and exit with
-/// 128 + the signal's number. Call once, inside a tokio runtime, before starting work.
+/// On SIGINT, SIGTERM or SIGHUP (each unless the process was started with it ignored, as
+/// under `nohup`): clean up what is registered, say so on stderr, and exit with 128 + the
+/// signal's number.
+/// Call once, inside a tokio runtime, before starting work; call [`wait_if_stopping`] before
+/// returning from `main`, so that work that ends because its servers were killed does not
+/// exit before the cleanup does.
 pub fn clean_up_on_signals() -> std::io::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
-    let mut int = signal(SignalKind::interrupt())?;
-    let mut term = signal(SignalKind::terminate())?;
-    let mut hup = signal(SignalKind::hangup())?;
+    let mut streams = Vec::new();
+    for (sig, kind) in [
+        (Signal::SIGINT, SignalKind::interrupt()),
+        (Signal::SIGTERM, SignalKind::terminate()),
+        (Signal::SIGHUP, SignalKind::hangup()),
+    ] {
+        if !ignored(sig) {
+            streams.push((sig, signal(kind)?));
+        }
+    }
+    if streams.is_empty() {
+        return Ok(());
+    }
+    let (arrived, mut first) = tokio::sync::mpsc::channel(1);
+    for (sig, mut stream) in streams {
+        let arrived = arrived.clone();
+        tokio::spawn(async move {
+            if stream.recv().await.is_some() {
+                let _ = arrived.send(sig).await;
+            }
+        });
+    }
     tokio::spawn(async move {
-        let (name, number) = tokio::select! {
-            _ = int.recv() => ("SIGINT", Signal::SIGINT as i32),
-            _ = term.recv() => ("SIGTERM", Signal::SIGTERM as i32),
-            _ = hup.recv() => ("SIGHUP", Signal::SIGHUP as i32),
+        let Some(sig) = first.recv().await else {
+            return;
         };
         // The cleanup blocks (kill, wait, remove): off the runtime's workers.
         let (processes, dirs) = tokio::task::spawn_blocking(clean_up)
             .await
             .unwrap_or_default();
         eprintln!(
-            "stopped by {name}: killed {processes} child process(es) and removed {dirs} \
+            "stopped by {sig}: killed {processes} child process(es) and removed {dirs} \
              temporary director(ies)"
         );
-        std::process::exit(128 + number);
+        die_of(sig);
     });
     Ok(())
+}
+
+/// If a signal has started the cleanup, wait for it: it ends the process.
+pub fn wait_if_stopping() {
+    if registry().stopping {
+        loop {
+            std::thread::park();
+        }
+    }
+}
+
+/// Whether `sig` is ignored (inherited from the parent, as `nohup` does for SIGHUP), from the
+/// kernel's `SigIgn` mask in /proc/self/status (the workspace has no `unsafe` for `sigaction`).
+fn ignored(sig: Signal) -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let mask = status.lines().find_map(|l| l.strip_prefix("SigIgn:"))?;
+            u64::from_str_radix(mask.trim(), 16).ok()
+        })
+        .is_some_and(|mask| mask & (1 << (sig as u32 - 1)) != 0)
+}
+
+/// Exit as a process ended by `sig` is reported: 128 + its number.
+fn die_of(sig: Signal) -> ! {
+    std::process::exit(128 + sig as i32);
 }
 
 #[cfg(test)]
@@ -124,27 +207,51 @@ mod tests {
     use super::*;
 
     #[test]
-    fn what_is_registered_is_cleaned_up_and_what_was_released_is_not() {
+    fn signals_ignored_at_start_are_known() {
+        // Every Rust program ignores SIGPIPE; SIGKILL cannot be ignored. (Whether SIGHUP is
+        // depends on how the tests were started: `nohup` ignores it.)
+        assert!(ignored(Signal::SIGPIPE));
+        assert!(!ignored(Signal::SIGKILL));
+    }
+
+    // The registry is global: this is the only test of this crate that touches it.
+    #[test]
+    fn what_is_registered_is_cleaned_up_and_what_is_registered_later_at_once() {
         let base = tempfile::tempdir().unwrap();
         let held = base.path().join("held");
         let released = base.path().join("released");
-        std::fs::create_dir_all(held.join("inside")).unwrap();
-        std::fs::create_dir_all(&released).unwrap();
-        let mut child = std::process::Command::new("sleep")
-            .arg("600")
-            .spawn()
-            .unwrap();
+        let later = base.path().join("later");
+        for d in [&held.join("inside"), &released, &later] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        let sleep = || {
+            std::process::Command::new("sleep")
+                .arg("600")
+                .spawn()
+                .unwrap()
+        };
+        let mut child = sleep();
         let _dir = dir(&held);
-        let _child = process(child.id());
+        let child_registered = process(child.id());
         drop(dir(&released));
-        let (processes, dirs) = clean_up();
-        assert_eq!((processes, dirs), (1, 1));
+        assert_eq!(clean_up(), (1, 1));
         assert!(!held.exists(), "a registered directory was left");
         assert!(released.exists(), "a released directory was removed");
-        // Killed and already reaped by the cleanup.
-        assert!(
-            matches!(child.try_wait(), Err(_) | Ok(Some(_))),
-            "the registered child still runs"
+        // Killed, and left for its owner to reap.
+        let status = child.wait().unwrap();
+        drop(child_registered);
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(Signal::SIGKILL as i32)
+        );
+        // Once stopping, what is registered is cleaned up as it is registered.
+        let mut late_child = sleep();
+        let _late = (process(late_child.id()), dir(&later));
+        assert!(!later.exists(), "a directory registered late was left");
+        let status = late_child.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(Signal::SIGKILL as i32)
         );
     }
 }

@@ -87,6 +87,8 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// A running (or stopped) cubed process and its data directory.
 pub struct TestServer {
     bin: PathBuf,
+    /// Unregistered before `root` is removed (fields drop in order).
+    _root_registered: interrupt::Registered,
     root: tempfile::TempDir,
     /// The data directory: `<root>/data` unless started with [`TestServer::start_at`].
     data: PathBuf,
@@ -94,10 +96,8 @@ pub struct TestServer {
     /// Environment of the next start (e.g. `CUBE_FAILPOINT`).
     env: Vec<(String, String)>,
     child: Option<Child>,
-    /// The child's and the root's registrations for a driver stopped by a signal
-    /// ([`interrupt`]).
+    /// The child's registration, for a driver stopped by a signal ([`interrupt`]).
     child_registered: Option<interrupt::Registered>,
-    _root_registered: interrupt::Registered,
     starts: u32,
     /// Address of the gRPC listener of the current process.
     pub addr: SocketAddr,
@@ -217,15 +217,18 @@ impl TestServer {
 
     /// SIGTERM the server and wait for it to exit.
     pub fn sigterm(&mut self) -> anyhow::Result<ExitStatus> {
-        let mut child = self.take_child().context("server is not running")?;
+        // Registered until reaped: a driver stopped during the drain still kills it.
+        let child = self.child.as_mut().context("server is not running")?;
         kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM)?;
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
+            let child = self.child.as_mut().context("server is not running")?;
             if let Some(status) = child.try_wait()? {
+                self.take_child();
                 return Ok(status);
             }
             if std::time::Instant::now() > deadline {
-                child.kill()?;
+                self.kill9()?;
                 bail!("cubed did not exit within 60 s of SIGTERM");
             }
             std::thread::sleep(Duration::from_millis(20));

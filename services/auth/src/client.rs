@@ -227,6 +227,29 @@ pub fn verify_audit_entries(entries: &[cube_api::v1::AuditEntry]) -> Result<usiz
     }))
 }
 
+/// [`verify_audit_entries`] for entries as the bytes they were sent as, each read in place
+/// ([`cube_api::codec::AuditEntryRef`]) without decoding it into owned fields. `Err` if an entry
+/// is not a `cube.v1.AuditEntry` (what is wrong with it), else the chain's verdict.
+pub fn verify_encoded_audit_entries<B: AsRef<[u8]>>(
+    entries: &[B],
+) -> Result<Result<usize, (u64, String)>, String> {
+    let links = entries
+        .iter()
+        .map(|b| {
+            cube_api::codec::AuditEntryRef::parse(b.as_ref()).map(|e| crate::AuditLink {
+                seq: e.seq,
+                ts_ms: e.ts_ms,
+                principal: e.principal,
+                op: e.op,
+                detail: e.detail,
+                prev_hash: e.prev_hash,
+                hash: e.hash,
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    Ok(crate::verify_audit_chain(links))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -321,5 +344,38 @@ mod tests {
             .into_inner()
             .unwrap();
         assert!(recorder.0.lock().unwrap()[0].is_empty());
+    }
+    #[test]
+    fn encoded_entries_are_verified_like_decoded_ones() {
+        use prost::Message;
+        let mut prev = crate::AUDIT_GENESIS.to_vec();
+        let entries: Vec<cube_api::v1::AuditEntry> = (1..=3u64)
+            .map(|seq| {
+                let detail = format!("({seq},1,1) v{seq}");
+                let hash = crate::audit_hash(&prev, seq, 1000 + seq as i64, "k1", "write", &detail);
+                cube_api::v1::AuditEntry {
+                    seq,
+                    ts_ms: 1000 + seq as i64,
+                    principal: "k1".into(),
+                    op: "write".into(),
+                    detail,
+                    prev_hash: std::mem::replace(&mut prev, hash.to_vec()),
+                    hash: hash.to_vec(),
+                }
+            })
+            .collect();
+        let encoded: Vec<Vec<u8>> = entries.iter().map(Message::encode_to_vec).collect();
+        assert_eq!(verify_audit_entries(&entries), Ok(3));
+        assert_eq!(verify_encoded_audit_entries(&encoded), Ok(Ok(3)));
+        // A detail altered in transit: both name the same link.
+        let mut tampered = entries.clone();
+        tampered[1].detail.push('!');
+        let tampered_encoded: Vec<Vec<u8>> = tampered.iter().map(Message::encode_to_vec).collect();
+        let verdict = verify_audit_entries(&tampered);
+        assert_eq!(verdict.as_ref().map_err(|(seq, _)| *seq), Err(2));
+        assert_eq!(verify_encoded_audit_entries(&tampered_encoded), Ok(verdict));
+        // Bytes that are no AuditEntry at all (field 3 runs past the end).
+        let err = verify_encoded_audit_entries(&[vec![(3 << 3) | 2, 9, b'x']]).unwrap_err();
+        assert!(err.contains("field 3"), "{err}");
     }
 }

@@ -1,7 +1,7 @@
 //! What the load driver spends checking one `Tenant.Audit` page of 100 entries: decoding each
 //! entry into `cube.v1.AuditEntry` (owned strings and byte vectors) and verifying the chain, as
 //! it did, against reading each entry in place (`verify_encoded_audit_entries`, through
-//! `AuditEntryRef`) and verifying the same chain, as it does now. Both verify every hash; only
+//! `audit_link_of`) and verifying the same chain, as it does now. Both verify every hash; only
 //! the decoding differs. Both start from the entries' bytes as the driver's decoder hands them
 //! over; gRPC framing is in neither.
 //!

@@ -228,26 +228,64 @@ pub fn verify_audit_entries(entries: &[cube_api::v1::AuditEntry]) -> Result<usiz
 }
 
 /// [`verify_audit_entries`] for entries as the bytes they were sent as, each read in place
-/// ([`cube_api::codec::AuditEntryRef`]) without decoding it into owned fields. `Err` if an entry
-/// is not a `cube.v1.AuditEntry` (what is wrong with it), else the chain's verdict.
+/// ([`audit_link_of`]) without decoding it into owned fields. `Err` if an entry is not a
+/// `cube.v1.AuditEntry` (what is wrong with it), else the chain's verdict.
 pub fn verify_encoded_audit_entries<B: AsRef<[u8]>>(
     entries: &[B],
 ) -> Result<Result<usize, (u64, String)>, String> {
     let links = entries
         .iter()
-        .map(|b| {
-            cube_api::codec::AuditEntryRef::parse(b.as_ref()).map(|e| crate::AuditLink {
-                seq: e.seq,
-                ts_ms: e.ts_ms,
-                principal: e.principal,
-                op: e.op,
-                detail: e.detail,
-                prev_hash: e.prev_hash,
-                hash: e.hash,
-            })
-        })
+        .map(|b| audit_link_of(b.as_ref()))
         .collect::<Result<Vec<_>, String>>()?;
     Ok(crate::verify_audit_chain(links))
+}
+
+/// A `cube.v1.AuditEntry` read in place from its encoding, its fields borrowed. Decodes as
+/// prost does: a field missing is its default, the last occurrence of a field wins, unknown
+/// fields are skipped, strings must be UTF-8; an encoding prost would refuse is an error that
+/// says what is wrong.
+pub fn audit_link_of(mut buf: &[u8]) -> Result<crate::AuditLink<'_>, String> {
+    use prost::encoding::{DecodeContext, WireType, decode_key, decode_varint, skip_field};
+    let invalid = |e: prost::DecodeError| e.to_string();
+    let mut e = crate::AuditLink {
+        seq: 0,
+        ts_ms: 0,
+        principal: "",
+        op: "",
+        detail: "",
+        prev_hash: &[],
+        hash: &[],
+    };
+    while !buf.is_empty() {
+        let (tag, wire_type) = decode_key(&mut buf).map_err(invalid)?;
+        match (tag, wire_type) {
+            (1, WireType::Varint) => e.seq = decode_varint(&mut buf).map_err(invalid)?,
+            // int64 is the varint's two's complement: `as` is the conversion prost makes.
+            (2, WireType::Varint) => e.ts_ms = decode_varint(&mut buf).map_err(invalid)? as i64,
+            (3..=7, WireType::LengthDelimited) => {
+                let len = usize::try_from(decode_varint(&mut buf).map_err(invalid)?)
+                    .ok()
+                    .filter(|&len| len <= buf.len())
+                    .ok_or_else(|| format!("field {tag} runs past the end of the entry"))?;
+                let (field, rest) = buf.split_at(len);
+                buf = rest;
+                let text = || {
+                    std::str::from_utf8(field)
+                        .map_err(|_| format!("string field {tag} is not UTF-8"))
+                };
+                match tag {
+                    3 => e.principal = text()?,
+                    4 => e.op = text()?,
+                    5 => e.detail = text()?,
+                    6 => e.prev_hash = field,
+                    _ => e.hash = field,
+                }
+            }
+            (1..=7, _) => return Err(format!("field {tag} has wire type {wire_type:?}")),
+            _ => skip_field(wire_type, tag, &mut buf, DecodeContext::default()).map_err(invalid)?,
+        }
+    }
+    Ok(e)
 }
 
 #[cfg(test)]
@@ -377,5 +415,86 @@ mod tests {
         // Bytes that are no AuditEntry at all (field 3 runs past the end).
         let err = verify_encoded_audit_entries(&[vec![(3 << 3) | 2, 9, b'x']]).unwrap_err();
         assert!(err.contains("field 3"), "{err}");
+    }
+
+    fn entry() -> cube_api::v1::AuditEntry {
+        cube_api::v1::AuditEntry {
+            seq: 300,
+            ts_ms: -5,
+            principal: "key-1".into(),
+            op: "write".into(),
+            detail: "(1,2,3) v7\nmore".into(),
+            prev_hash: vec![1; 32],
+            hash: vec![2; 32],
+        }
+    }
+
+    fn owned(e: crate::AuditLink<'_>) -> cube_api::v1::AuditEntry {
+        cube_api::v1::AuditEntry {
+            seq: e.seq,
+            ts_ms: e.ts_ms,
+            principal: e.principal.into(),
+            op: e.op.into(),
+            detail: e.detail.into(),
+            prev_hash: e.prev_hash.into(),
+            hash: e.hash.into(),
+        }
+    }
+
+    #[test]
+    fn an_entry_read_in_place_is_the_entry_prost_decodes() {
+        use prost::Message;
+        let full = entry();
+        let bytes = full.encode_to_vec();
+        assert_eq!(owned(audit_link_of(&bytes).unwrap()), full);
+        // Defaults are not encoded at all.
+        let empty = cube_api::v1::AuditEntry::default();
+        assert_eq!(owned(audit_link_of(&[]).unwrap()), empty);
+        // Negative timestamps and the largest seq survive the varints.
+        let edge = cube_api::v1::AuditEntry {
+            seq: u64::MAX,
+            ts_ms: i64::MIN,
+            ..entry()
+        };
+        assert_eq!(owned(audit_link_of(&edge.encode_to_vec()).unwrap()), edge);
+    }
+
+    #[test]
+    fn unknown_fields_are_skipped_and_the_last_occurrence_wins() {
+        use prost::Message;
+        let mut bytes = entry().encode_to_vec();
+        // Field 9 (varint 7), field 10 (length-delimited "xy"), then op again as "seal".
+        bytes.extend_from_slice(&[9 << 3, 7, (10 << 3) | 2, 2, b'x', b'y']);
+        bytes.extend_from_slice(&[(4 << 3) | 2, 4, b's', b'e', b'a', b'l']);
+        let prost_view = cube_api::v1::AuditEntry::decode(bytes.as_slice()).unwrap();
+        let read = audit_link_of(&bytes).unwrap();
+        assert_eq!(read.op, "seal");
+        assert_eq!(owned(read), prost_view);
+    }
+
+    #[test]
+    fn what_prost_refuses_is_refused() {
+        use prost::Message;
+        let bytes = entry().encode_to_vec();
+        let cases: Vec<(&str, Vec<u8>)> = vec![
+            (
+                "truncated inside a field",
+                bytes[..bytes.len() - 1].to_vec(),
+            ),
+            ("a length past the end", vec![(3 << 3) | 2, 5, b'a']),
+            ("principal not UTF-8", vec![(3 << 3) | 2, 1, 0xff]),
+            ("seq sent as bytes", vec![(1 << 3) | 2, 1, 0]),
+            ("a varint never ending", vec![1 << 3, 0x80]),
+            ("tag 0", vec![0, 1]),
+            ("wire type 6", vec![(9 << 3) | 6, 1]),
+            ("an end group never started", vec![(9 << 3) | 4]),
+        ];
+        for (what, case) in cases {
+            assert!(
+                cube_api::v1::AuditEntry::decode(case.as_slice()).is_err(),
+                "{what}: prost accepts it, so the case is wrong"
+            );
+            assert!(audit_link_of(&case).is_err(), "{what}: accepted");
+        }
     }
 }

@@ -2,7 +2,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
 use anyhow::Context;
 use tonic::{Request, Response, Status};
@@ -52,8 +52,8 @@ pub async fn serve(listen: SocketAddr) -> anyhow::Result<()> {
 
 /// The echo server as a child process, killed on drop.
 pub struct EchoChild {
-    child: Child,
-    registered: Option<cube_testkit::interrupt::Registered>,
+    /// Held to be killed and reaped on drop.
+    _child: cube_testkit::interrupt::ChildProcess,
     pub addr: SocketAddr,
 }
 
@@ -65,27 +65,18 @@ impl EchoChild {
             .stdin(Stdio::null())
             .spawn()?;
         // Owned (killed on drop) before anything below can fail.
-        let mut echo = EchoChild {
-            registered: Some(cube_testkit::interrupt::process(child.id())),
-            child,
-            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-        };
-        let stdout = echo.child.stdout.take().context("no stdout")?;
+        let mut child = cube_testkit::interrupt::ChildProcess::new(child);
+        let stdout = child.take_stdout().context("no stdout")?;
         let mut line = String::new();
         BufReader::new(stdout).read_line(&mut line)?;
-        echo.addr = line
+        let addr = line
             .trim()
             .strip_prefix(READY)
             .context("echo server did not start")?
             .parse()?;
-        Ok(echo)
-    }
-}
-
-impl Drop for EchoChild {
-    fn drop(&mut self) {
-        self.registered = None;
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        Ok(EchoChild {
+            _child: child,
+            addr,
+        })
     }
 }

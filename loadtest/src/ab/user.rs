@@ -256,9 +256,10 @@ impl Clients {
 }
 
 /// One `Tenant.Audit` page, each entry as the bytes it was sent as. The driver reads them in
-/// place to check the hash chain (`verify_encoded_audit_entries`) rather than decoding ~5 owned fields per
-/// entry: 100 entries per call made decoding most of its own CPU spent on Audit (the pages are
-/// checked in full either way; docs/benchmarks.md, "A lighter load driver for Audit").
+/// place to check the hash chain (`verify_encoded_audit_entries`) rather than decoding ~5 owned
+/// fields per entry: 100 entries per call made decoding most of its own CPU spent on Audit (the
+/// pages are checked in full either way; docs/benchmarks.md, "A lighter load driver for
+/// Audit").
 async fn audit_page(
     raw: &mut tonic::client::Grpc<Signing<Channel>>,
     req: AuditRequest,

@@ -3,7 +3,7 @@
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -49,9 +49,8 @@ pub fn free_port() -> anyhow::Result<u16> {
 /// A running peer server, killed (SIGKILL) and reaped on drop.
 pub struct PeerProcess {
     name: &'static str,
-    child: Child,
-    /// Until the child is reaped: killed if the driver is stopped by a signal.
-    registered: Option<cube_testkit::interrupt::Registered>,
+    /// Killed and reaped on drop.
+    child: cube_testkit::interrupt::ChildProcess,
     log: PathBuf,
 }
 
@@ -72,8 +71,7 @@ impl PeerProcess {
             .with_context(|| format!("starting {name}"))?;
         Ok(PeerProcess {
             name,
-            registered: Some(cube_testkit::interrupt::process(child.id())),
-            child,
+            child: cube_testkit::interrupt::ChildProcess::new(child),
             log,
         })
     }
@@ -81,7 +79,6 @@ impl PeerProcess {
     /// Fails if the process has exited, with the end of its log.
     pub fn check_alive(&mut self) -> anyhow::Result<()> {
         if let Some(status) = self.child.try_wait()? {
-            self.registered = None;
             bail!(
                 "{} exited ({status}); the end of its log:\n{}",
                 self.name,
@@ -123,13 +120,5 @@ impl PeerProcess {
                 Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
             }
         }
-    }
-}
-
-impl Drop for PeerProcess {
-    fn drop(&mut self) {
-        self.registered = None;
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }

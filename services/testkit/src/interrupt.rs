@@ -77,6 +77,57 @@ pub fn process(pid: u32) -> Registered {
     register(Leftover::Process(pid))
 }
 
+/// A child process that is killed and reaped when dropped, and registered ([`process`]) until
+/// it is reaped: the one way the drivers own the servers they start.
+#[derive(Debug)]
+pub struct ChildProcess {
+    child: std::process::Child,
+    registered: Option<Registered>,
+}
+
+impl ChildProcess {
+    pub fn new(child: std::process::Child) -> ChildProcess {
+        let registered = Some(process(child.id()));
+        ChildProcess { child, registered }
+    }
+
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Its stdout, if piped and not taken yet.
+    pub fn take_stdout(&mut self) -> Option<std::process::ChildStdout> {
+        self.child.stdout.take()
+    }
+
+    pub fn kill(&mut self) -> std::io::Result<()> {
+        self.child.kill()
+    }
+
+    /// Its exit status if it has exited (reaped then, and no longer registered).
+    pub fn try_wait(&mut self) -> std::io::Result<Option<std::process::ExitStatus>> {
+        let status = self.child.try_wait()?;
+        if status.is_some() {
+            self.registered = None;
+        }
+        Ok(status)
+    }
+
+    /// Wait for it to exit (reaped then, and no longer registered).
+    pub fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        let status = self.child.wait()?;
+        self.registered = None;
+        Ok(status)
+    }
+}
+
+impl Drop for ChildProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.wait();
+    }
+}
+
 fn pid_of(pid: u32) -> Pid {
     Pid::from_raw(i32::try_from(pid).unwrap_or(i32::MAX))
 }

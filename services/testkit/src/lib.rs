@@ -5,7 +5,7 @@ use std::fs;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::process::{Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -95,9 +95,7 @@ pub struct TestServer {
     extra_args: Vec<String>,
     /// Environment of the next start (e.g. `CUBE_FAILPOINT`).
     env: Vec<(String, String)>,
-    child: Option<Child>,
-    /// The child's registration, for a driver stopped by a signal ([`interrupt`]).
-    child_registered: Option<interrupt::Registered>,
+    child: Option<interrupt::ChildProcess>,
     starts: u32,
     /// Address of the gRPC listener of the current process.
     pub addr: SocketAddr,
@@ -142,7 +140,7 @@ impl TestServer {
     fn spawn(&mut self) -> anyhow::Result<()> {
         self.starts += 1;
         let log = fs::File::create(self.log_path())?;
-        let mut child = Command::new(&self.bin)
+        let child = Command::new(&self.bin)
             .arg("serve")
             .arg("--data-dir")
             .arg(self.data_dir())
@@ -154,7 +152,8 @@ impl TestServer {
             .stdin(Stdio::null())
             .spawn()
             .with_context(|| format!("spawning {}", self.bin.display()))?;
-        let stdout = child.stdout.take().context("no stdout")?;
+        let mut child = interrupt::ChildProcess::new(child);
+        let stdout = child.take_stdout().context("no stdout")?;
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
@@ -174,7 +173,6 @@ impl TestServer {
                 }
             }
         });
-        self.child_registered = Some(interrupt::process(child.id()));
         self.child = Some(child);
         let (addr, admin) = match rx.recv_timeout(START_TIMEOUT) {
             Ok(a) => a,
@@ -197,18 +195,12 @@ impl TestServer {
     }
 
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
-    }
-
-    /// The child, no longer registered ([`interrupt::process`]): whoever takes it reaps it.
-    fn take_child(&mut self) -> Option<Child> {
-        self.child_registered = None;
-        self.child.take()
+        self.child.as_ref().map(interrupt::ChildProcess::id)
     }
 
     /// SIGKILL the server and reap it.
     pub fn kill9(&mut self) -> anyhow::Result<()> {
-        if let Some(mut child) = self.take_child() {
+        if let Some(mut child) = self.child.take() {
             child.kill()?;
             child.wait()?;
         }
@@ -224,7 +216,7 @@ impl TestServer {
         loop {
             let child = self.child.as_mut().context("server is not running")?;
             if let Some(status) = child.try_wait()? {
-                self.take_child();
+                self.child = None;
                 return Ok(status);
             }
             if std::time::Instant::now() > deadline {
@@ -274,7 +266,6 @@ impl TestServer {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             child: None,
-            child_registered: None,
             starts: 0,
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -299,7 +290,7 @@ impl TestServer {
         };
         loop {
             if let Some(status) = child.try_wait()? {
-                self.take_child();
+                self.child = None;
                 return Ok(Some(status));
             }
             if std::time::Instant::now() > deadline {

@@ -102,9 +102,24 @@ fn main() -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    // Stopped half-way (Ctrl-C, a timeout's SIGTERM), a run still stops its servers, unmounts
+    // its file systems and removes its work directory.
+    {
+        let _rt = rt.enter();
+        cube_testkit::interrupt::clean_up_on_signals()?;
+    }
+    let result = run(&cli, &rt);
+    // A run whose servers a signal's cleanup killed fails: the cleanup ends the process.
+    cube_testkit::interrupt::wait_if_stopping();
+    result
+}
+
+/// The scenarios, then their table.
+fn run(cli: &Cli, rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
     let work = tempfile::Builder::new()
         .prefix("cube-durability-")
         .tempdir()?;
+    let _work_registered = cube_testkit::interrupt::dir(work.path());
     let settings = Settings {
         cubed: cli.cubed.clone().unwrap_or_else(durability::cubed_default),
         writers: cli.writers,

@@ -32,6 +32,7 @@ pub fn tmpfs_unsupported() -> Option<String> {
         Ok(dir) => dir,
         Err(e) => return Some(format!("no temporary directory for a mount probe: {e}")),
     };
+    let _probe_registered = cube_testkit::interrupt::dir(probe.path());
     match Mount::tmpfs(probe.path(), 1 << 20) {
         Ok(mount) => {
             drop(mount);
@@ -64,25 +65,39 @@ pub fn loop_unsupported() -> Option<String> {
     None
 }
 
-/// A mounted file system, unmounted (and its loop device detached) on drop.
+/// A mounted file system, unmounted (and its loop device detached) on drop, or by
+/// `cube_testkit::interrupt` if the harness is stopped by a signal.
 pub struct Mount {
     pub dir: PathBuf,
-    device: Option<String>,
+    /// The image behind the loop device, if on one.
+    image: Option<PathBuf>,
+    registered: Option<cube_testkit::interrupt::Registered>,
 }
 
 impl Mount {
+    /// Registered for a signal's cleanup before anything is mounted or attached, so a signal
+    /// arriving half-way is covered too ([`unmount`] tolerates what is not there).
+    fn registered(dir: &Path, image: Option<&Path>) -> Mount {
+        let (d, i) = (dir.to_path_buf(), image.map(Path::to_path_buf));
+        Mount {
+            dir: dir.to_path_buf(),
+            image: image.map(Path::to_path_buf),
+            registered: Some(cube_testkit::interrupt::mount(move || {
+                unmount(&d, i.as_deref())
+            })),
+        }
+    }
+
     /// A tmpfs of `bytes` at `dir`.
     pub fn tmpfs(dir: &Path, bytes: u64) -> anyhow::Result<Mount> {
         std::fs::create_dir_all(dir)?;
+        let mount = Mount::registered(dir, None);
         let d = dir.to_string_lossy();
         run(
             "mount",
             &["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs", &d],
         )?;
-        Ok(Mount {
-            dir: dir.to_path_buf(),
-            device: None,
-        })
+        Ok(mount)
     }
 
     /// Format `image` (created sparse, `bytes` long) as ext4 if `format`, attach it to a loop
@@ -94,27 +109,35 @@ impl Mount {
             f.set_len(bytes)?;
             run("mkfs.ext4", &["-q", "-F", &img])?;
         }
-        let device = run("losetup", &["-f", "--show", &img])?;
         std::fs::create_dir_all(dir)?;
-        if let Err(e) = run("mount", &[&device, &dir.to_string_lossy()]) {
-            let _ = run("losetup", &["-d", &device]);
-            return Err(e);
-        }
-        Ok(Mount {
-            dir: dir.to_path_buf(),
-            device: Some(device),
-        })
+        // Dropped on an error below: detaches what was attached.
+        let mount = Mount::registered(dir, Some(image));
+        let device = run("losetup", &["-f", "--show", &img])?;
+        run("mount", &[&device, &dir.to_string_lossy()])?;
+        Ok(mount)
     }
 }
 
 impl Drop for Mount {
     fn drop(&mut self) {
-        let d = self.dir.to_string_lossy().to_string();
-        if run("umount", &[&d]).is_err() {
-            let _ = run("umount", &["-l", &d]);
-        }
-        if let Some(dev) = &self.device {
-            let _ = run("losetup", &["-d", dev]);
+        // Unregistered first, so a signal now does not undo it a second time.
+        self.registered = None;
+        unmount(&self.dir, self.image.as_deref());
+    }
+}
+
+/// Unmount `dir` (lazily if it is busy) and detach every loop device backed by `image`;
+/// quietly does nothing where nothing is mounted or attached.
+fn unmount(dir: &Path, image: Option<&Path>) {
+    let d = dir.to_string_lossy().to_string();
+    if run("umount", &[&d]).is_err() {
+        let _ = run("umount", &["-l", &d]);
+    }
+    if let Some(image) = image {
+        // `losetup -j IMAGE` lists the devices backed by it, one per line: "/dev/loop3: [...]".
+        let attached = run("losetup", &["-j", &image.to_string_lossy()]).unwrap_or_default();
+        for device in attached.lines().filter_map(|l| l.split(':').next()) {
+            let _ = run("losetup", &["-d", device.trim()]);
         }
     }
 }

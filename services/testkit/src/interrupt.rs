@@ -1,14 +1,15 @@
 //! What a load driver stopped by a signal leaves behind, cleaned up.
 //!
-//! A driver's temporary directories and child servers are removed and stopped by their
-//! owners' `Drop`s, which do not run when the process is killed by SIGINT, SIGTERM or SIGHUP:
-//! a `cube-load bench` stopped half-way would leave its bulk-loaded data (up to gigabytes) in
-//! the temp directory, and a server started by `cube-load run` would keep running. Owners
-//! register what they hold ([`dir`], [`process`]) for as long as they hold it, and a driver
-//! that calls [`clean_up_on_signals`] stops every registered process (SIGKILL) and removes
-//! every registered directory when such a signal arrives, then exits with 128 + the signal's
-//! number. What is registered after the signal (the next server of a matrix of runs) is
-//! cleaned up at once.
+//! A driver's temporary directories, child servers and mounts are removed, stopped and
+//! unmounted by their owners' `Drop`s, which do not run when the process is killed by SIGINT,
+//! SIGTERM or SIGHUP: a `cube-load bench` stopped half-way would leave its bulk-loaded data (up
+//! to gigabytes) in the temp directory, a server started by `cube-load run` would keep running,
+//! and `cube-durability` would leave a tmpfs or a loop device mounted. Owners register what they
+//! hold ([`dir`], [`process`], [`mount`]) for as long as they hold it, and a driver that calls
+//! [`clean_up_on_signals`] stops every registered process (SIGKILL), then undoes every
+//! registered mount (newest first), then removes every registered directory when such a signal
+//! arrives, and exits with 128 + the signal's number. What is registered after the signal (the
+//! next server of a matrix of runs) is cleaned up at once.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -21,6 +22,7 @@ use nix::unistd::Pid;
 enum Leftover {
     Dir(PathBuf),
     Process(u32),
+    Mount(Box<dyn FnOnce() + Send>),
 }
 
 struct Registry {
@@ -53,16 +55,18 @@ impl Drop for Registered {
 
 fn register(what: Leftover) -> Registered {
     let mut r = registry();
-    if r.stopping {
-        // Started while the driver is being stopped: not kept either.
-        match &what {
-            Leftover::Process(pid) => kill_pid(*pid),
-            Leftover::Dir(path) => remove(path),
-        }
-    }
     r.next += 1;
     let id = r.next;
-    r.held.insert(id, what);
+    if r.stopping {
+        // Started while the driver is being stopped: not kept either.
+        match what {
+            Leftover::Process(pid) => kill_pid(pid),
+            Leftover::Dir(path) => remove(&path),
+            Leftover::Mount(undo) => undo(),
+        }
+    } else {
+        r.held.insert(id, what);
+    }
     Registered(id)
 }
 
@@ -75,6 +79,15 @@ pub fn dir(path: &Path) -> Registered {
 /// child is reaped, so that its pid, free again, is not signalled.
 pub fn process(pid: u32) -> Registered {
     register(Leftover::Process(pid))
+}
+
+/// A mount (or any set-up that a directory's removal must wait for), undone by `undo` if the
+/// driver is stopped by a signal: after every registered process has exited, before any
+/// registered directory is removed, newest first. Register it before mounting, so that a
+/// signal arriving during the mount is covered too: `undo` must then tolerate what it undoes
+/// not being there (yet). The owner's own `Drop` drops the guard first, then undoes.
+pub fn mount(undo: impl FnOnce() + Send + 'static) -> Registered {
+    register(Leftover::Mount(Box::new(undo)))
 }
 
 /// A child process that is killed and reaped when dropped, and registered ([`process`]) until
@@ -144,18 +157,28 @@ fn remove(path: &Path) {
     }
 }
 
-/// Kill every registered process, wait for each to have exited, then remove every registered
-/// directory; from now on, whatever is registered is killed or removed at once. Returns how
-/// many processes and directories were registered.
-fn clean_up() -> (usize, usize) {
-    let (processes, dirs) = {
+/// How many of each kind [`clean_up`] found registered.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Cleaned {
+    processes: usize,
+    mounts: usize,
+    dirs: usize,
+}
+
+/// Kill every registered process, wait for each to have exited, undo every registered mount
+/// (newest first), then remove every registered directory; from now on, whatever is
+/// registered is cleaned up at once.
+fn clean_up() -> Cleaned {
+    let (processes, mounts, dirs) = {
         let mut r = registry();
         r.stopping = true;
         let held = std::mem::take(&mut r.held);
-        let (mut processes, mut dirs) = (Vec::new(), Vec::new());
+        let (mut processes, mut mounts, mut dirs) = (Vec::new(), Vec::new(), Vec::new());
+        // In registration order (ids grow).
         for what in held.into_values() {
             match what {
                 Leftover::Process(pid) => processes.push(pid),
+                Leftover::Mount(undo) => mounts.push(undo),
                 Leftover::Dir(path) => dirs.push(path),
             }
         }
@@ -164,7 +187,7 @@ fn clean_up() -> (usize, usize) {
         for &pid in &processes {
             kill_pid(pid);
         }
-        (processes, dirs)
+        (processes, mounts, dirs)
     };
     for &pid in &processes {
         // Wait until it has exited (so it no longer writes into a directory removed below)
@@ -174,10 +197,19 @@ fn clean_up() -> (usize, usize) {
             WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT,
         );
     }
+    let cleaned = Cleaned {
+        processes: processes.len(),
+        mounts: mounts.len(),
+        dirs: dirs.len(),
+    };
+    // Newest first: a mount made inside an earlier one comes off before it.
+    for undo in mounts.into_iter().rev() {
+        undo();
+    }
     for path in &dirs {
         remove(path);
     }
-    (processes.len(), dirs.len())
+    cleaned
 }
 
 /// On SIGINT, SIGTERM or SIGHUP (each unless the process was started with it ignored, as
@@ -215,12 +247,16 @@ pub fn clean_up_on_signals() -> std::io::Result<()> {
             return;
         };
         // The cleanup blocks (kill, wait, remove): off the runtime's workers.
-        let (processes, dirs) = tokio::task::spawn_blocking(clean_up)
+        let Cleaned {
+            processes,
+            mounts,
+            dirs,
+        } = tokio::task::spawn_blocking(clean_up)
             .await
             .unwrap_or_default();
         eprintln!(
-            "stopped by {sig}: killed {processes} child process(es) and removed {dirs} \
-             temporary director(ies)"
+            "stopped by {sig}: killed {processes} child process(es), undid {mounts} mount(s) \
+             and removed {dirs} temporary director(ies)"
         );
         die_of(sig);
     });
@@ -255,6 +291,8 @@ fn die_of(sig: Signal) -> ! {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
 
     #[test]
@@ -285,7 +323,40 @@ mod tests {
         let _dir = dir(&held);
         let child_registered = process(child.id());
         drop(dir(&released));
-        assert_eq!(clean_up(), (1, 1));
+        // Each undo notes what it saw: whether the child had exited and the held directory
+        // was still there.
+        type Seen = Vec<(&'static str, bool, bool)>;
+        let seen: Arc<Mutex<Seen>> = Arc::default();
+        let pid = child.id();
+        let note = |name: &'static str| {
+            let (seen, held) = (seen.clone(), held.clone());
+            move || {
+                let exited = !matches!(
+                    waitid(
+                        Id::Pid(pid_of(pid)),
+                        WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT | WaitPidFlag::WNOHANG,
+                    ),
+                    Ok(nix::sys::wait::WaitStatus::StillAlive)
+                );
+                seen.lock().unwrap().push((name, exited, held.exists()));
+            }
+        };
+        let _outer = mount(note("outer"));
+        let _inner = mount(note("inner"));
+        drop(mount(note("released")));
+        assert_eq!(
+            clean_up(),
+            Cleaned {
+                processes: 1,
+                mounts: 2,
+                dirs: 1
+            }
+        );
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [("inner", true, true), ("outer", true, true)],
+            "mounts are undone newest first, after the processes exit, before the directories go"
+        );
         assert!(!held.exists(), "a registered directory was left");
         assert!(released.exists(), "a released directory was removed");
         // Killed, and left for its owner to reap.
@@ -297,8 +368,13 @@ mod tests {
         );
         // Once stopping, what is registered is cleaned up as it is registered.
         let mut late_child = sleep();
-        let _late = (process(late_child.id()), dir(&later));
+        let _late = (process(late_child.id()), dir(&later), mount(note("late")));
         assert!(!later.exists(), "a directory registered late was left");
+        assert_eq!(
+            seen.lock().unwrap().last().map(|s| s.0),
+            Some("late"),
+            "a mount registered late was not undone at once"
+        );
         let status = late_child.wait().unwrap();
         assert_eq!(
             std::os::unix::process::ExitStatusExt::signal(&status),

@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use anyhow::{Context, bail};
 
@@ -71,33 +72,64 @@ pub struct Mount {
     pub dir: PathBuf,
     /// The image behind the loop device, if on one.
     image: Option<PathBuf>,
+    /// Held while mounting and while unmounting, by the owner and by a signal's cleanup alike:
+    /// the cleanup waits for a mount or an unmount in progress instead of running beside it.
+    busy: Arc<Mutex<()>>,
     registered: Option<cube_testkit::interrupt::Registered>,
 }
 
+fn hold(lock: &Mutex<()>) -> MutexGuard<'_, ()> {
+    lock.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 impl Mount {
-    /// Registered for a signal's cleanup before anything is mounted or attached, so a signal
-    /// arriving half-way is covered too ([`unmount`] tolerates what is not there).
-    fn registered(dir: &Path, image: Option<&Path>) -> Mount {
-        let (d, i) = (dir.to_path_buf(), image.map(Path::to_path_buf));
-        Mount {
+    /// Registered for a signal's cleanup, then `attach` (which mounts at `dir`, from `image` if
+    /// given) run under the mount's lock, so a signal arriving half-way is undone once the
+    /// mount is complete. Refused when the harness is being stopped.
+    fn attached(
+        dir: &Path,
+        image: Option<&Path>,
+        attach: impl FnOnce() -> anyhow::Result<()>,
+    ) -> anyhow::Result<Mount> {
+        let busy = Arc::new(Mutex::new(()));
+        let mounting = hold(&busy);
+        let undo = {
+            let (busy, d, i) = (
+                Arc::clone(&busy),
+                dir.to_path_buf(),
+                image.map(Path::to_path_buf),
+            );
+            move || {
+                let _unmounting = hold(&busy);
+                unmount(&d, i.as_deref());
+            }
+        };
+        let registered = cube_testkit::interrupt::mount(undo)
+            .context("not mounting: the harness is being stopped")?;
+        let mount = Mount {
             dir: dir.to_path_buf(),
             image: image.map(Path::to_path_buf),
-            registered: Some(cube_testkit::interrupt::mount(move || {
-                unmount(&d, i.as_deref())
-            })),
-        }
+            busy: Arc::clone(&busy),
+            registered: Some(registered),
+        };
+        let result = attach();
+        drop(mounting);
+        // On an error, `mount`'s drop undoes what was done (unmount and detach tolerate what
+        // is not there).
+        result.map(|()| mount)
     }
 
     /// A tmpfs of `bytes` at `dir`.
     pub fn tmpfs(dir: &Path, bytes: u64) -> anyhow::Result<Mount> {
         std::fs::create_dir_all(dir)?;
-        let mount = Mount::registered(dir, None);
         let d = dir.to_string_lossy();
-        run(
-            "mount",
-            &["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs", &d],
-        )?;
-        Ok(mount)
+        Mount::attached(dir, None, || {
+            run(
+                "mount",
+                &["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs", &d],
+            )
+            .map(drop)
+        })
     }
 
     /// Format `image` (created sparse, `bytes` long) as ext4 if `format`, attach it to a loop
@@ -110,19 +142,21 @@ impl Mount {
             run("mkfs.ext4", &["-q", "-F", &img])?;
         }
         std::fs::create_dir_all(dir)?;
-        // Dropped on an error below: detaches what was attached.
-        let mount = Mount::registered(dir, Some(image));
-        let device = run("losetup", &["-f", "--show", &img])?;
-        run("mount", &[&device, &dir.to_string_lossy()])?;
-        Ok(mount)
+        Mount::attached(dir, Some(image), || {
+            let device = run("losetup", &["-f", "--show", &img])?;
+            run("mount", &[&device, &dir.to_string_lossy()]).map(drop)
+        })
     }
 }
 
 impl Drop for Mount {
     fn drop(&mut self) {
-        // Unregistered first, so a signal now does not undo it a second time.
+        {
+            // A signal's cleanup arriving now waits for this, then finds nothing to undo.
+            let _unmounting = hold(&self.busy);
+            unmount(&self.dir, self.image.as_deref());
+        }
         self.registered = None;
-        unmount(&self.dir, self.image.as_deref());
     }
 }
 

@@ -8,8 +8,8 @@
 //! hold ([`dir`], [`process`], [`mount`]) for as long as they hold it, and a driver that calls
 //! [`clean_up_on_signals`] stops every registered process (SIGKILL), then undoes every
 //! registered mount (newest first), then removes every registered directory when such a signal
-//! arrives, and exits with 128 + the signal's number. What is registered after the signal (the
-//! next server of a matrix of runs) is cleaned up at once.
+//! arrives, and exits with 128 + the signal's number. A process or directory registered after
+//! the signal (the next server of a matrix of runs) is cleaned up at once; a mount is refused.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -53,41 +53,55 @@ impl Drop for Registered {
     }
 }
 
-fn register(what: Leftover) -> Registered {
+/// Held until the guard is dropped; or, when the driver is already stopping, handed back to be
+/// cleaned up by the caller (outside the registry's lock: removing a directory or unmounting
+/// may take a while, and other threads unregister under that lock).
+fn register(what: Leftover) -> Result<Registered, Leftover> {
     let mut r = registry();
+    if r.stopping {
+        return Err(what);
+    }
     r.next += 1;
     let id = r.next;
-    if r.stopping {
-        // Started while the driver is being stopped: not kept either.
-        match what {
-            Leftover::Process(pid) => kill_pid(pid),
-            Leftover::Dir(path) => remove(&path),
-            Leftover::Mount(undo) => undo(),
-        }
-    } else {
-        r.held.insert(id, what);
-    }
-    Registered(id)
+    r.held.insert(id, what);
+    Ok(Registered(id))
 }
 
-/// A directory to remove (with everything in it) if the driver is stopped by a signal.
+/// A guard that holds nothing: what it stood for was cleaned up at once.
+fn nothing_held() -> Registered {
+    Registered(0)
+}
+
+/// A directory to remove (with everything in it) if the driver is stopped by a signal; removed
+/// at once if it is stopping already.
 pub fn dir(path: &Path) -> Registered {
-    register(Leftover::Dir(path.to_path_buf()))
+    register(Leftover::Dir(path.to_path_buf())).unwrap_or_else(|_| {
+        remove(path);
+        nothing_held()
+    })
 }
 
-/// A child process to kill if the driver is stopped by a signal. Drop the guard as soon as the
-/// child is reaped, so that its pid, free again, is not signalled.
+/// A child process to kill if the driver is stopped by a signal; killed at once if it is
+/// stopping already (its owner, which has not reaped it, still does). Drop the guard as soon
+/// as the child is reaped, so that its pid, free again, is not signalled.
 pub fn process(pid: u32) -> Registered {
-    register(Leftover::Process(pid))
+    register(Leftover::Process(pid)).unwrap_or_else(|_| {
+        kill_pid(pid);
+        nothing_held()
+    })
 }
 
 /// A mount (or any set-up that a directory's removal must wait for), undone by `undo` if the
 /// driver is stopped by a signal: after every registered process has exited, before any
-/// registered directory is removed, newest first. Register it before mounting, so that a
-/// signal arriving during the mount is covered too: `undo` must then tolerate what it undoes
-/// not being there (yet). The owner's own `Drop` drops the guard first, then undoes.
-pub fn mount(undo: impl FnOnce() + Send + 'static) -> Registered {
-    register(Leftover::Mount(Box::new(undo)))
+/// registered directory is removed, newest first. `None` when the driver is stopping already:
+/// do not mount then.
+///
+/// Register before mounting, and make `undo` wait for a mount in progress and for an unmount
+/// by the owner's `Drop` (a lock that both hold), so that a signal arriving half-way is
+/// covered; `undo` must tolerate what it undoes not being there. The owner's `Drop` unmounts,
+/// then drops the guard.
+pub fn mount(undo: impl FnOnce() + Send + 'static) -> Option<Registered> {
+    register(Leftover::Mount(Box::new(undo))).ok()
 }
 
 /// A child process that is killed and reaped when dropped, and registered ([`process`]) until
@@ -366,15 +380,16 @@ mod tests {
             std::os::unix::process::ExitStatusExt::signal(&status),
             Some(Signal::SIGKILL as i32)
         );
-        // Once stopping, what is registered is cleaned up as it is registered.
+        // Once stopping, a process or directory is cleaned up as it is registered, and a
+        // mount is refused (nothing mounted yet, so nothing undone).
         let mut late_child = sleep();
-        let _late = (process(late_child.id()), dir(&later), mount(note("late")));
+        let _late = (process(late_child.id()), dir(&later));
         assert!(!later.exists(), "a directory registered late was left");
-        assert_eq!(
-            seen.lock().unwrap().last().map(|s| s.0),
-            Some("late"),
-            "a mount registered late was not undone at once"
+        assert!(
+            mount(note("late")).is_none(),
+            "a mount may not start once stopping"
         );
+        assert_eq!(seen.lock().unwrap().len(), 2, "a refused mount's undo ran");
         let status = late_child.wait().unwrap();
         assert_eq!(
             std::os::unix::process::ExitStatusExt::signal(&status),

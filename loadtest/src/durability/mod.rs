@@ -408,36 +408,83 @@ pub fn require_clean_writes(write: &WriteStats, v: &mut Verification) -> bool {
     clean
 }
 
-/// Read a few acknowledged records one by one (reads must work while writes are refused).
-pub async fn spot_read(server: &TestServer, ledger: &Ledger, n: usize) -> anyhow::Result<usize> {
+/// How long one read may keep answering `UNAVAILABLE` while its tenant reopens before
+/// [`spot_read`] fails: a tenant whose apply failed on the full disk answers reads so until the
+/// server's janitor has reopened it, "within about a second" (docs/durability.md, "Applying").
+pub const REOPEN_PATIENCE: Duration = Duration::from_secs(5);
+
+/// What [`spot_read`] read.
+#[derive(Debug, Default)]
+pub struct SpotReads {
+    /// Acknowledged records read back whole.
+    pub good: usize,
+    /// Reads first answered `UNAVAILABLE` (the tenant reopening), then served on a retry.
+    pub waited: usize,
+    /// The longest such wait.
+    pub longest_wait: Duration,
+    /// The message of the first such answer.
+    pub first_message: Option<String>,
+}
+
+/// Read a few acknowledged records one by one (reads must work while writes are refused). A
+/// read answered `UNAVAILABLE` is retried, as its message asks, for up to [`REOPEN_PATIENCE`];
+/// such reads are counted, and any other refusal fails.
+pub async fn spot_read(
+    server: &TestServer,
+    ledger: &Ledger,
+    n: usize,
+) -> anyhow::Result<SpotReads> {
     let mut c = cells(server.addr, &server.demo).await?;
-    let mut good = 0;
+    let mut out = SpotReads::default();
     for (w, acked) in ledger.counts().into_iter().enumerate().take(n) {
         if acked == 0 {
             continue;
         }
         let seq = acked - 1;
-        let r = c
-            .read(ReadRequest {
-                coord: Some(Coord {
-                    x: w as i32,
-                    y: seq as i32,
-                    z: Z,
-                }),
-            })
-            .await?
-            .into_inner();
+        let request = ReadRequest {
+            coord: Some(Coord {
+                x: w as i32,
+                y: seq as i32,
+                z: Z,
+            }),
+        };
+        let started = Instant::now();
+        let mut refused = false;
+        let r = loop {
+            match c.read(request).await {
+                Ok(r) => break r.into_inner(),
+                Err(e) if e.code() == Code::Unavailable && started.elapsed() < REOPEN_PATIENCE => {
+                    refused = true;
+                    out.first_message
+                        .get_or_insert_with(|| e.message().to_string());
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => {
+                    return Err(e).with_context(|| {
+                        format!(
+                            "writer {w}: reading acknowledged record {seq} ({} ms after the \
+                             first try)",
+                            started.elapsed().as_millis()
+                        )
+                    });
+                }
+            }
+        };
+        if refused {
+            out.waited += 1;
+            out.longest_wait = out.longest_wait.max(started.elapsed());
+        }
         if r.found
             && record::check(&r.value, w as u32, seq, ledger.value_bytes) == record::Check::Good
         {
-            good += 1;
+            out.good += 1;
         } else {
             bail!(
                 "writer {w}: acknowledged record {seq} did not read back while the disk was full"
             );
         }
     }
-    Ok(good)
+    Ok(out)
 }
 
 /// Make everything the server wrote so far reach the disk (the set-up before a power cut: the

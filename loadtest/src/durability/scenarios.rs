@@ -484,12 +484,13 @@ async fn disk_full_round(
     // Reads must keep working for as long as the disk stays full, not just right after the
     // refusal: read again after the server's janitor (which reopens failed tenants every
     // second, and closes idle ones) has had time to act.
-    let mut reads = 0;
+    let (mut reads, mut waited, mut longest) = (0, 0, Duration::ZERO);
+    let mut first_message = None;
     for pass in 0..READ_PASSES_WHILE_FULL {
         if pass > 0 {
             tokio::time::sleep(Duration::from_millis(1500)).await;
         }
-        reads += spot_read(&server, &ledger, s.writers)
+        let r = spot_read(&server, &ledger, s.writers)
             .await
             .with_context(|| {
                 format!(
@@ -498,10 +499,24 @@ async fn disk_full_round(
                     log_tail(&server.log(), 20)
                 )
             })?;
+        reads += r.good;
+        waited += r.waited;
+        longest = longest.max(r.longest_wait);
+        first_message = first_message.or(r.first_message);
     }
+    let reopening = if waited == 0 {
+        String::new()
+    } else {
+        format!(
+            "; {waited} of them first answered UNAVAILABLE and were served on a retry, after at \
+             most {} ms (the first: {:?})",
+            longest.as_millis(),
+            first_message.unwrap_or_default()
+        )
+    };
     notes.push(format!(
         "{label}: while full: {reads} acknowledged records read back one by one, in \
-         {READ_PASSES_WHILE_FULL} passes 1.5 s apart"
+         {READ_PASSES_WHILE_FULL} passes 1.5 s apart{reopening}"
     ));
     // Free the space; writers retry refused records until they get through.
     std::fs::remove_file(&ballast)?;

@@ -227,13 +227,32 @@ fn main() -> std::process::ExitCode {
 fn error_chain(e: &anyhow::Error) -> String {
     let mut parts: Vec<String> = Vec::new();
     for cause in e.chain() {
-        let text = cause.to_string();
+        let text = without_os_code(&cause.to_string());
         if parts.last() != Some(&text) {
             parts.push(text);
         }
     }
     parts.join(": ")
 }
+
+/// `text` without the ` (os error N)` that Rust appends to an operating-system error: the
+/// words before it ("No such file or directory") are what a user reads.
+fn without_os_code(text: &str) -> String {
+    match text.rfind(" (os error ") {
+        Some(at)
+            if text[at + " (os error ".len()..]
+                .strip_suffix(')')
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())) =>
+        {
+            text[..at].to_string()
+        }
+        _ => text.to_string(),
+    }
+}
+
+/// The hint for a client and a server that do not speak the same transport.
+const SCHEME_HINT: &str =
+    " (does the endpoint's scheme match the server: https:// for TLS, http:// for plaintext?)";
 
 async fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
@@ -268,8 +287,18 @@ async fn run() -> anyhow::Result<()> {
     if tls {
         ep = ep.tls_config(tls_config(&cli)?)?;
     }
-    let channel: Channel = ep.connect().await.with_context(|| {
-        format!("cannot connect to {endpoint} (from {origin}; is cubed serving there?)")
+    let channel: Channel = ep.connect().await.map_err(|e| {
+        // A TLS client answered by a plaintext server reads its first bytes as a TLS record
+        // of no known type.
+        let plaintext_peer = tls && format!("{e:?}").contains("InvalidContentType");
+        let hint = if plaintext_peer {
+            "it answered, but not in TLS: use http:// for a plaintext server"
+        } else {
+            "is cubed serving there?"
+        };
+        anyhow::Error::new(e).context(format!(
+            "cannot connect to {endpoint} (from {origin}; {hint})"
+        ))
     })?;
     let transport = match (&creds, cli.auth.unwrap_or(AuthModel::Call)) {
         // The client certificate already authenticates the connection.
@@ -523,10 +552,12 @@ fn status(s: tonic::Status) -> anyhow::Error {
         }
         cause = c.source();
     }
-    if s.code() == tonic::Code::Unknown && s.message() == "transport error" {
-        text.push_str(
-            " (does the endpoint's scheme match the server: https:// for TLS, http:// for plaintext?)",
-        );
+    // A plaintext client answered by a TLS server reads its TLS record as a broken HTTP/2
+    // frame ("h2 protocol error: ... frame with invalid size").
+    if (s.code() == tonic::Code::Unknown && s.message() == "transport error")
+        || (s.code() == tonic::Code::Internal && s.message().starts_with("h2 protocol error"))
+    {
+        text.push_str(SCHEME_HINT);
     }
     // A server that takes only per-connection authentication (`--auth-mode connection`) says
     // what any client should do; cubec's way of doing it is a flag.
@@ -547,6 +578,25 @@ mod tests {
     use super::error_chain;
 
     #[test]
+    fn an_os_error_is_printed_without_its_number() {
+        let e = anyhow::anyhow!("No such file or directory (os error 2)")
+            .context("cannot read credentials from x.json");
+        assert_eq!(
+            error_chain(&e),
+            "cannot read credentials from x.json: No such file or directory"
+        );
+        // Only a trailing "(os error N)" goes.
+        for kept in [
+            "a (os error x)",
+            "a (os error )",
+            "(os error 2) b",
+            "os error 2",
+        ] {
+            assert_eq!(error_chain(&anyhow::anyhow!(kept.to_string())), kept);
+        }
+    }
+
+    #[test]
     fn a_cause_that_repeats_the_one_before_is_printed_once() {
         let e = anyhow::anyhow!("Connection refused (os error 111)")
             .context("tcp connect error")
@@ -555,7 +605,7 @@ mod tests {
             .context("cannot connect to http://127.0.0.1:1");
         assert_eq!(
             error_chain(&e),
-            "cannot connect to http://127.0.0.1:1: transport error: tcp connect error: Connection refused (os error 111)"
+            "cannot connect to http://127.0.0.1:1: transport error: tcp connect error: Connection refused"
         );
     }
 }

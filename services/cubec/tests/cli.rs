@@ -152,6 +152,55 @@ fn a_client_certificate_needs_https_and_no_auth_model() {
     );
 }
 
+/// An endpoint whose scheme does not match the server (http:// to a TLS server, https:// to a
+/// plaintext one) is named as the likely cause, not left as an HTTP/2 or TLS error alone.
+#[test]
+fn a_scheme_that_does_not_match_the_server_is_named() {
+    let tls = TestServer::start_with(&cubed(), &["--tls-dev"]).unwrap();
+    let plain = TestServer::start_with(&cubed(), &[]).unwrap();
+    let ca = tls.data_dir().join("tls/ca.pem");
+    let dir = tempfile::tempdir().unwrap();
+    let creds = |s: &TestServer| {
+        [
+            ("CUBE_TENANT", s.demo.tenant.clone()),
+            ("CUBE_KEY_ID", s.demo.key_id.clone()),
+            ("CUBE_SECRET", s.demo.secret.clone()),
+        ]
+    };
+    let address = |s: &TestServer| s.endpoint().trim_start_matches("http://").to_string();
+    for (server, endpoint, want) in [
+        (
+            &tls,
+            format!("http://{}", address(&tls)),
+            "does the endpoint's scheme match the server: https:// for TLS, http:// for plaintext?",
+        ),
+        (
+            &plain,
+            format!("https://{}", address(&plain)),
+            "it answered, but not in TLS: use http:// for a plaintext server",
+        ),
+    ] {
+        let env = creds(server);
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let o = run(
+            dir.path(),
+            &env,
+            &[
+                "--endpoint",
+                &endpoint,
+                "--ca",
+                ca.to_str().unwrap(),
+                "read",
+                "1",
+                "1",
+                "1",
+            ],
+        );
+        assert!(!o.status.success(), "{endpoint}");
+        assert!(stderr(&o).contains(want), "{endpoint}: {}", stderr(&o));
+    }
+}
+
 /// With a client certificate, cubec needs only it, its key and the CA: no credentials file
 /// (protocol.md has users move only the two PEM files to the client).
 #[test]

@@ -112,6 +112,7 @@ async fn execute(data_dir: &Path, op: Op<'_>) -> anyhow::Result<Outcome> {
         // Before anything is created: a bad name must not leave a new data directory behind.
         validate_tenant_name(name).map_err(|e| anyhow::anyhow!("{e}"))?;
     }
+    crate::config::check_data_dir(data_dir)?;
     if !data.catalog().exists() {
         // A typo'd --data-dir (or the default one, from the wrong working directory) would get
         // a fresh catalog, and `tenant create` credentials that the real server rejects.

@@ -735,6 +735,19 @@ fn config_file_error(e: &clap::Error, path: &std::path::Path) -> anyhow::Error {
     }
 }
 
+/// Refuse a data directory path that names something other than a directory (a file, say),
+/// in plain words, before anything tries to create or open inside it.
+pub fn check_data_dir(path: &std::path::Path) -> anyhow::Result<()> {
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_dir() => anyhow::bail!(
+            "the data directory {} exists and is not a directory: pass --data-dir naming a \
+             directory (or one to create)",
+            path.display()
+        ),
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod config_file_tests {
     use super::*;

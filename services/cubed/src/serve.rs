@@ -404,6 +404,7 @@ fn tls_settings(
 }
 
 fn prepare_data_dir(root: &Path) -> anyhow::Result<()> {
+    crate::config::check_data_dir(root)?;
     fs::create_dir_all(root)
         .with_context(|| format!("creating the data directory {}", root.display()))?;
     // The admin socket and the catalog's secrets live here: only the owner may enter.

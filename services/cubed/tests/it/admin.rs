@@ -357,6 +357,33 @@ fn commands_on_a_missing_data_directory_create_nothing_they_should_not() {
     parse(&offline(&["key", "create", "acme"], &missing));
 }
 
+/// A data directory path that names a file is refused in plain words, by the server and by the
+/// admin commands alike, and the file is left as it was.
+#[test]
+fn a_data_directory_that_is_a_file_is_refused_in_plain_words() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cube-data");
+    std::fs::write(&file, b"not a directory").unwrap();
+    let serve = serve_on(&file).output().unwrap();
+    for (what, out) in [
+        ("serve", serve),
+        (
+            "tenant create",
+            offline(&["tenant", "create", "acme"], &file),
+        ),
+        ("key create", offline(&["key", "create", "acme"], &file)),
+    ] {
+        assert!(!out.status.success(), "{what}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("exists and is not a directory") && !stderr.contains("os error"),
+            "{what}: {stderr}"
+        );
+        assert!(!stderr.contains("creating one"), "{what}: {stderr}");
+    }
+    assert_eq!(std::fs::read(&file).unwrap(), b"not a directory");
+}
+
 /// A command that finds the catalog locked with no server on the admin socket (a server still
 /// recovering its tenants, or closing them) waits for it, longer than the 5 s it used to.
 #[test]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Does `cube-durability` leave nothing behind when it is stopped half-way? Runs scenarios D and
-# E (a loop-device ext4 and a tmpfs, where root can mount them; elsewhere they skip) N times and
-# stops each run at a random moment with SIGTERM, SIGINT or SIGHUP in turn (those not ignored). Each run must exit
+# Does `cube-durability` leave nothing behind when it is stopped half-way? Runs scenarios D, E
+# and A (D and E mount a loop-device ext4 and a tmpfs where root can; elsewhere they skip, and A
+# keeps the run going) N times and stops each run at a random moment within its first 10 s with
+# SIGTERM, SIGINT or SIGHUP in turn (those not ignored). Each run must exit
 # with 128 + the signal's number and leave no process, mount, loop device or directory behind
 # (README.md, "Stopped half-way"; `cube_testkit::interrupt`). Each run's temporary files go to a
 # directory of this script's own (TMPDIR), so only what the runs made is looked at.
@@ -61,8 +62,8 @@ stopped=0
 for i in $(seq 1 "$N"); do
     k=$(( (i - 1) % ${#signals[@]} ))
     sig=${signals[$k]}
-    delay=$(awk -v s="$RANDOM" 'BEGIN { srand(s); printf "%.2f", 0.2 + rand() * 4.8 }')
-    TMPDIR=$BASE "$BIN" --scenarios d,e --repeat 1 --size 4MiB > "$BASE.log" 2>&1 &
+    delay=$(awk -v s="$RANDOM" 'BEGIN { srand(s); printf "%.2f", 0.2 + rand() * 9.8 }')
+    TMPDIR=$BASE "$BIN" --scenarios d,e,a --repeat 1 --size 4MiB > "$BASE.log" 2>&1 &
     pid=$!
     sleep "$delay"
     kill -s "$sig" "$pid" 2>/dev/null || true

@@ -410,10 +410,11 @@ pub fn require_clean_writes(write: &WriteStats, v: &mut Verification) -> bool {
 
 /// How long one read may keep answering `UNAVAILABLE` while its tenant reopens before
 /// [`spot_read`] fails: a tenant whose apply failed on the full disk answers reads so until the
-/// server's janitor has reopened it, "within about a second" (docs/durability.md, "Applying").
+/// server's janitor has reopened it, "within about a second" (docs/durability.md, "Tenant state
+/// store").
 pub const REOPEN_PATIENCE: Duration = Duration::from_secs(5);
 
-/// What [`spot_read`] read.
+/// What [`spot_read`] read, summed over its calls.
 #[derive(Debug, Default)]
 pub struct SpotReads {
     /// Acknowledged records read back whole.
@@ -426,16 +427,16 @@ pub struct SpotReads {
     pub first_message: Option<String>,
 }
 
-/// Read a few acknowledged records one by one (reads must work while writes are refused). A
-/// read answered `UNAVAILABLE` is retried, as its message asks, for up to [`REOPEN_PATIENCE`];
-/// such reads are counted, and any other refusal fails.
+/// Read a few acknowledged records one by one (reads must work while writes are refused), and
+/// add what was read to `out`. A read answered `UNAVAILABLE` is retried, as its message asks,
+/// for up to [`REOPEN_PATIENCE`]; such reads are counted, and any other refusal fails.
 pub async fn spot_read(
     server: &TestServer,
     ledger: &Ledger,
     n: usize,
-) -> anyhow::Result<SpotReads> {
+    out: &mut SpotReads,
+) -> anyhow::Result<()> {
     let mut c = cells(server.addr, &server.demo).await?;
-    let mut out = SpotReads::default();
     for (w, acked) in ledger.counts().into_iter().enumerate().take(n) {
         if acked == 0 {
             continue;
@@ -484,7 +485,7 @@ pub async fn spot_read(
             );
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Make everything the server wrote so far reach the disk (the set-up before a power cut: the

@@ -11,7 +11,7 @@ use rand::Rng;
 use serde::Serialize;
 
 use super::{
-    AUDIT_RETENTION, Ledger, SERVER_FLAGS, Until, Verification, WriteStats, fs,
+    AUDIT_RETENTION, Ledger, SERVER_FLAGS, SpotReads, Until, Verification, WriteStats, fs,
     require_clean_writes, spot_read, sync_all, verify, write,
 };
 
@@ -484,13 +484,12 @@ async fn disk_full_round(
     // Reads must keep working for as long as the disk stays full, not just right after the
     // refusal: read again after the server's janitor (which reopens failed tenants every
     // second, and closes idle ones) has had time to act.
-    let (mut reads, mut waited, mut longest) = (0, 0, Duration::ZERO);
-    let mut first_message = None;
+    let mut reads = SpotReads::default();
     for pass in 0..READ_PASSES_WHILE_FULL {
         if pass > 0 {
             tokio::time::sleep(Duration::from_millis(1500)).await;
         }
-        let r = spot_read(&server, &ledger, s.writers)
+        spot_read(&server, &ledger, s.writers, &mut reads)
             .await
             .with_context(|| {
                 format!(
@@ -499,24 +498,20 @@ async fn disk_full_round(
                     log_tail(&server.log(), 20)
                 )
             })?;
-        reads += r.good;
-        waited += r.waited;
-        longest = longest.max(r.longest_wait);
-        first_message = first_message.or(r.first_message);
     }
-    let reopening = if waited == 0 {
-        String::new()
-    } else {
-        format!(
-            "; {waited} of them first answered UNAVAILABLE and were served on a retry, after at \
-             most {} ms (the first: {:?})",
-            longest.as_millis(),
-            first_message.unwrap_or_default()
-        )
+    let reopening = match &reads.first_message {
+        None => String::new(),
+        Some(first) => format!(
+            "; {} of them first answered UNAVAILABLE and were served on a retry, after at most \
+             {} ms (the first: {first:?})",
+            reads.waited,
+            reads.longest_wait.as_millis(),
+        ),
     };
     notes.push(format!(
-        "{label}: while full: {reads} acknowledged records read back one by one, in \
-         {READ_PASSES_WHILE_FULL} passes 1.5 s apart{reopening}"
+        "{label}: while full: {} acknowledged records read back one by one, in \
+         {READ_PASSES_WHILE_FULL} passes 1.5 s apart{reopening}",
+        reads.good
     ));
     // Free the space; writers retry refused records until they get through.
     std::fs::remove_file(&ballast)?;

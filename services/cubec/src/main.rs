@@ -250,10 +250,6 @@ fn without_os_code(text: &str) -> String {
     }
 }
 
-/// The hint for a client and a server that do not speak the same transport.
-const SCHEME_HINT: &str =
-    " (does the endpoint's scheme match the server: https:// for TLS, http:// for plaintext?)";
-
 async fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     // A client certificate authenticates the connection: no key material is needed besides it.
@@ -557,7 +553,9 @@ fn status(s: tonic::Status) -> anyhow::Error {
     if (s.code() == tonic::Code::Unknown && s.message() == "transport error")
         || (s.code() == tonic::Code::Internal && s.message().starts_with("h2 protocol error"))
     {
-        text.push_str(SCHEME_HINT);
+        text.push_str(
+            " (does the endpoint's scheme match the server: https:// for TLS, http:// for plaintext?)",
+        );
     }
     // A server that takes only per-connection authentication (`--auth-mode connection`) says
     // what any client should do; cubec's way of doing it is a flag.

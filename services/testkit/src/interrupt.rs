@@ -197,7 +197,9 @@ fn clean_up() -> Cleaned {
             }
         }
         // Signalled under the lock: an owner unregisters its child (under this lock) right
-        // after reaping it, so no pid here has been freed and reused yet.
+        // after reaping it, so a pid here was freed at most those few instructions ago, far too
+        // soon for the kernel to hand it to a new process (pids are reused only after wrapping
+        // around).
         for &pid in &processes {
             kill_pid(pid);
         }

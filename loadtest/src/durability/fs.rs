@@ -66,6 +66,18 @@ pub fn loop_unsupported() -> Option<String> {
     None
 }
 
+/// Create the directory `path` (fine if it exists) inside its existing parent. Never
+/// `create_dir_all` under the work directory: after a signal's cleanup has removed that, the
+/// harness keeps running until the process exits, and must not make it again.
+pub fn make_dir(path: &Path) -> anyhow::Result<()> {
+    match std::fs::create_dir(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+            Err(e).with_context(|| format!("creating {}", path.display()))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// A mounted file system, unmounted (and its loop device detached) on drop, or by
 /// `cube_testkit::interrupt` if the harness is stopped by a signal.
 pub struct Mount {
@@ -121,7 +133,7 @@ impl Mount {
 
     /// A tmpfs of `bytes` at `dir`.
     pub fn tmpfs(dir: &Path, bytes: u64) -> anyhow::Result<Mount> {
-        std::fs::create_dir_all(dir)?;
+        make_dir(dir)?;
         let d = dir.to_string_lossy();
         Mount::attached(dir, None, || {
             run(
@@ -141,7 +153,7 @@ impl Mount {
             f.set_len(bytes)?;
             run("mkfs.ext4", &["-q", "-F", &img])?;
         }
-        std::fs::create_dir_all(dir)?;
+        make_dir(dir)?;
         Mount::attached(dir, Some(image), || {
             let device = run("losetup", &["-f", "--show", &img])?;
             run("mount", &[&device, &dir.to_string_lossy()]).map(drop)

@@ -280,7 +280,7 @@ pub async fn power_loss(s: &Settings) -> anyhow::Result<ScenarioReport> {
     for i in 0..=s.repeat {
         let control = i == s.repeat;
         let dir = s.work.join(format!("D{i}"));
-        std::fs::create_dir_all(&dir)?;
+        fs::make_dir(&dir)?;
         let (image, snap) = (dir.join("disk.img"), dir.join("after-cut.img"));
         let ledger = Arc::new(Ledger::new(s.writers, s.value_bytes));
         let after = Duration::from_millis(rand::thread_rng().gen_range(500..2500));

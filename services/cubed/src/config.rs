@@ -735,16 +735,32 @@ fn config_file_error(e: &clap::Error, path: &std::path::Path) -> anyhow::Error {
     }
 }
 
-/// Refuse a data directory path that names something other than a directory (a file, say),
-/// in plain words, before anything tries to create or open inside it.
+/// Refuse a data directory path that names something other than a directory (a file, say), or
+/// one that cannot be created because a file stands where a parent directory would be, in plain
+/// words, before anything tries to create or open inside it.
 pub fn check_data_dir(path: &std::path::Path) -> anyhow::Result<()> {
-    match std::fs::metadata(path) {
-        Ok(m) if !m.is_dir() => anyhow::bail!(
+    let is_dir = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.is_dir());
+    match is_dir(path) {
+        Ok(true) => Ok(()),
+        Ok(false) => anyhow::bail!(
             "the data directory {} exists and is not a directory: pass --data-dir naming a \
              directory (or one to create)",
             path.display()
         ),
-        _ => Ok(()),
+        // Missing: its nearest existing ancestor must be a directory to create it in.
+        Err(_) => match path
+            .ancestors()
+            .skip(1)
+            .find_map(|a| Some((a, is_dir(a).ok()?)))
+        {
+            Some((parent, false)) => anyhow::bail!(
+                "the data directory {} cannot be created: {} is not a directory: pass \
+                 --data-dir naming a directory (or one to create)",
+                path.display(),
+                parent.display()
+            ),
+            _ => Ok(()),
+        },
     }
 }
 

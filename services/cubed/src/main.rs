@@ -22,7 +22,7 @@ fn main() -> ExitCode {
     match run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("cubed: error: {e:#}");
+            eprintln!("cubed: error: {}", cube_cli::error_chain(&e));
             ExitCode::FAILURE
         }
     }

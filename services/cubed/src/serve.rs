@@ -32,11 +32,32 @@ const DEMO_TENANT: &str = "demo";
 /// `sun_path` of a Unix socket address on Linux, its terminating NUL included.
 const MAX_SOCKET_PATH: usize = 108;
 
+/// Why `flag`'s address `addr` could not be bound, and what to do about the usual causes.
+fn listen_error(flag: &str, addr: std::net::SocketAddr, e: &std::io::Error) -> anyhow::Error {
+    use std::io::ErrorKind;
+    let hint = match e.kind() {
+        ErrorKind::AddrInUse => {
+            " (another process is listening there: stop it, or pass another port; port 0 lets \
+             the system pick a free one)"
+        }
+        ErrorKind::AddrNotAvailable => {
+            " (that is not an address of this machine: pass one of its own, 127.0.0.1 for \
+             this machine only, or 0.0.0.0 for every interface)"
+        }
+        ErrorKind::PermissionDenied => " (ports below 1024 need privileges: pass a higher port)",
+        _ => "",
+    };
+    anyhow::anyhow!(
+        "cannot listen on {flag} {addr}: {}{hint}",
+        cube_cli::without_os_code(&e.to_string())
+    )
+}
+
 /// Bind the configured address and serve until SIGTERM or SIGINT.
 pub async fn run_until_signal(config: ServeConfig) -> anyhow::Result<()> {
     let listener = TcpListener::bind(config.listen)
         .await
-        .with_context(|| format!("cannot listen on --listen {}", config.listen))?;
+        .map_err(|e| listen_error("--listen", config.listen, &e))?;
     use tokio::signal::unix::{SignalKind, signal};
     // Installed here, before anything else starts: a signal arriving from now on stops the
     // server (a handler installed by the spawned task, when it first ran, left a window in
@@ -160,7 +181,7 @@ pub async fn run(
     // until gRPC is served.
     let admin_http_listener = TcpListener::bind(config.admin_listen)
         .await
-        .with_context(|| format!("cannot listen on --admin-listen {}", config.admin_listen))?;
+        .map_err(|e| listen_error("--admin-listen", config.admin_listen, &e))?;
     let admin_addr = admin_http_listener
         .local_addr()
         .context("reading the admin address")?;

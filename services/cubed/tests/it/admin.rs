@@ -382,6 +382,25 @@ fn a_data_directory_that_is_a_file_is_refused_in_plain_words() {
         assert!(!stderr.contains("creating one"), "{what}: {stderr}");
     }
     assert_eq!(std::fs::read(&file).unwrap(), b"not a directory");
+    // A directory to create below that file: the file is named as what stands in the way.
+    let below = file.join("sub");
+    let serve = serve_on(&below).output().unwrap();
+    for (what, out) in [
+        ("serve", serve),
+        (
+            "tenant create",
+            offline(&["tenant", "create", "acme"], &below),
+        ),
+    ] {
+        assert!(!out.status.success(), "{what}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(&format!("{} is not a directory", file.display()))
+                && !stderr.contains("os error")
+                && !stderr.contains("creating one"),
+            "{what}: {stderr}"
+        );
+    }
 }
 
 /// A command that finds the catalog locked with no server on the admin socket (a server still

@@ -237,7 +237,9 @@ fn a_start_that_cannot_serve_changes_nothing_in_the_data_dir() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains(&format!("cannot listen on --admin-listen {admin}")),
+        stderr.contains(&format!("cannot listen on --admin-listen {admin}"))
+            && stderr.contains("another process is listening there")
+            && !stderr.contains("os error"),
         "{stderr}"
     );
     assert!(!data.exists());

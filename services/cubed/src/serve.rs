@@ -238,8 +238,9 @@ pub async fn run(
                 checkpoint: config.checkpoint,
                 state_cache_bytes: config.state_cache_bytes,
                 space: Some(space),
-                // Each tenant gets the directory's catalog when it opens.
+                // Each tenant gets the directory's catalog and janitor when it opens.
                 catalog: None,
+                janitor: None,
             },
             mailbox_capacity: config.mailbox_capacity,
             max_in_flight_bytes: config.max_in_flight_bytes,

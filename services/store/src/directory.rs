@@ -740,6 +740,9 @@ pub struct TenantDirectory {
     /// Consecutive failed opens by tenant, and when the last one failed, for the retry delay.
     /// Reset by a successful open, or once the last failure is [`OPEN_FAILURES_FORGOTTEN`] old.
     open_failures: Arc<Mutex<HashMap<String, (u32, Instant)>>>,
+    /// Woken by a tenant poisoned reopenable ([`CoreConfig::janitor`]), so that the janitor
+    /// closes it at once rather than at its next round.
+    janitor_wake: Arc<tokio::sync::Notify>,
 }
 
 impl std::fmt::Debug for TenantDirectory {
@@ -756,8 +759,13 @@ const RETIRED_RETRIES: usize = 8;
 /// Tenants recovered at once by [`TenantDirectory::recover_unclosed`].
 const RECOVERY_CONCURRENCY: usize = 4;
 
-/// How often the janitor closes tenants poisoned by a failed write, so they can reopen.
+/// How often the janitor closes tenants poisoned by a failed write, so they can reopen (and
+/// retries failed opens), besides the passes a poisoned tenant wakes it for.
 const REOPEN_FAILED_EVERY: Duration = Duration::from_secs(1);
+
+/// Shortest time between two of the janitor's passes over failed tenants when a tenant's
+/// failure wakes it.
+const JANITOR_WAKE_GAP: Duration = Duration::from_millis(50);
 
 /// Longest wait before a tenant whose opens keep failing is tried again.
 const MAX_OPEN_RETRY_DELAY: Duration = Duration::from_secs(30);
@@ -798,6 +806,7 @@ impl TenantDirectory {
             closing: Arc::default(),
             scan_places: ScanPlaces::default(),
             open_failures: Arc::default(),
+            janitor_wake: Arc::default(),
         })
     }
 
@@ -934,7 +943,10 @@ impl TenantDirectory {
     fn open_context(&self) -> OpenContext {
         OpenContext {
             data_dir: self.config.data_dir.clone(),
-            core: self.config.core.clone(),
+            core: CoreConfig {
+                janitor: Some(Arc::clone(&self.janitor_wake)),
+                ..self.config.core.clone()
+            },
             catalog: self.catalog.clone(),
             arbiter: self.runtime.pick().clone(),
             mailbox_capacity: self.config.mailbox_capacity,
@@ -1180,18 +1192,36 @@ impl TenantDirectory {
         self.catalog.as_ref()
     }
 
-    /// Passivate idle tenants every so often until the directory is dropped.
+    /// Passivate idle tenants every so often, and close failed tenants so that they reopen
+    /// (about once a second, and at once when a tenant is poisoned reopenable), until the
+    /// directory is dropped.
     pub fn start_janitor(self: &Arc<Self>) {
-        let weak = Arc::downgrade(self);
         let every =
             (self.config.idle_after / 4).clamp(Duration::from_millis(50), Duration::from_secs(10));
-        let tick = every.min(REOPEN_FAILED_EVERY);
+        self.start_janitor_every(every, every.min(REOPEN_FAILED_EVERY));
+    }
+
+    /// [`TenantDirectory::start_janitor`], passivating every `every` and looking for failed
+    /// tenants every `tick` (tests set a long one, to see what a wake-up alone does).
+    pub(crate) fn start_janitor_every(self: &Arc<Self>, every: Duration, tick: Duration) {
+        let weak = Arc::downgrade(self);
+        let wake = Arc::clone(&self.janitor_wake);
         tokio::spawn(async move {
             let mut idle_check = tokio::time::Instant::now();
+            let mut last_pass = tokio::time::Instant::now();
             loop {
-                tokio::time::sleep(tick).await;
+                let woken = tokio::select! {
+                    () = tokio::time::sleep(tick) => false,
+                    () = wake.notified() => true,
+                };
+                if woken {
+                    // Tenants failing together (a full disk) are closed in one pass, and a pass
+                    // that could not close one is not repeated at once.
+                    tokio::time::sleep_until(last_pass + JANITOR_WAKE_GAP).await;
+                }
                 let Some(dir) = weak.upgrade() else { return };
                 dir.close_failed().await;
+                last_pass = tokio::time::Instant::now();
                 if idle_check.elapsed() >= every {
                     idle_check = tokio::time::Instant::now();
                     dir.passivate_idle().await;

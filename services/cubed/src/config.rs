@@ -226,10 +226,10 @@ pub struct ServeArgs {
     #[arg(long, env = "CUBE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
     pub data_dir: PathBuf,
     /// gRPC listen address. Port 0 picks a free port (printed on the ready line).
-    #[arg(long, env = "CUBE_LISTEN", default_value = DEFAULT_LISTEN)]
+    #[arg(long, env = "CUBE_LISTEN", default_value = DEFAULT_LISTEN, value_parser = listen_address)]
     pub listen: SocketAddr,
     /// Admin HTTP listen address (/metrics, /healthz, /readyz). Port 0 picks a free port.
-    #[arg(long, env = "CUBE_ADMIN_LISTEN", default_value = DEFAULT_ADMIN_LISTEN)]
+    #[arg(long, env = "CUBE_ADMIN_LISTEN", default_value = DEFAULT_ADMIN_LISTEN, value_parser = listen_address)]
     pub admin_listen: SocketAddr,
     /// A TOML file of `flag = value` lines, keys being these long flag names without `--`
     /// (e.g. `listen = "0.0.0.0:50051"`, `idle-secs = 600`, `no-demo = true`). Flags given on the
@@ -379,6 +379,15 @@ pub struct ServeArgs {
     pub drain_secs: u64,
 }
 
+/// A listen address: an IP address and a port, said so when it is not one.
+fn listen_address(text: &str) -> Result<SocketAddr, String> {
+    text.parse().map_err(|_| {
+        "expected IP:PORT, such as 127.0.0.1:50051, 0.0.0.0:50051 or [::1]:50051 (host names \
+         are not resolved; port 0 picks a free one)"
+            .to_string()
+    })
+}
+
 /// Where the listener's certificate comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TlsChoice {
@@ -473,6 +482,14 @@ impl ServeArgs {
             (_, _, true) => TlsChoice::Dev,
             _ => TlsChoice::Plaintext,
         };
+        // Port 0 twice is two free ports; the same fixed port twice would fail to bind as "in
+        // use", as if another process held it.
+        anyhow::ensure!(
+            self.listen != self.admin_listen || self.listen.port() == 0,
+            "--listen and --admin-listen are both {}: the gRPC and the admin (metrics) listener \
+             need different ports",
+            self.listen
+        );
         anyhow::ensure!(
             tls != TlsChoice::Plaintext
                 || self.listen.ip().is_loopback()
@@ -486,16 +503,24 @@ impl ServeArgs {
             "--audit-retention must be at least 1"
         );
         anyhow::ensure!(
-            self.checkpoint_bytes >= 64 << 10 && self.checkpoint_secs >= 1,
-            "--checkpoint-bytes must be at least 64 KiB and --checkpoint-secs at least 1"
+            self.checkpoint_bytes >= 64 << 10,
+            "--checkpoint-bytes must be at least 64 KiB"
+        );
+        anyhow::ensure!(
+            self.checkpoint_secs >= 1,
+            "--checkpoint-secs must be at least 1"
         );
         anyhow::ensure!(
             self.state_cache_bytes >= 1 << 20,
             "--state-cache-bytes must be at least 1 MiB"
         );
         anyhow::ensure!(
-            self.max_connections != Some(0) && self.max_concurrent_streams >= 1,
-            "--max-connections and --max-concurrent-streams must be at least 1"
+            self.max_connections != Some(0),
+            "--max-connections must be at least 1"
+        );
+        anyhow::ensure!(
+            self.max_concurrent_streams >= 1,
+            "--max-concurrent-streams must be at least 1"
         );
         anyhow::ensure!(
             (MIN_PREFACE_TIMEOUT_MS..=MAX_PREFACE_TIMEOUT_MS).contains(&self.preface_timeout_ms),
@@ -515,14 +540,14 @@ impl ServeArgs {
             self.max_metadata_bytes >= MIN_METADATA_BYTES,
             "--max-metadata-bytes must be at least {MIN_METADATA_BYTES}"
         );
-        anyhow::ensure!(
-            self.idle_secs >= 1 && self.max_open_tenants >= 1,
-            "--idle-secs and --max-open-tenants must be at least 1"
-        );
-        anyhow::ensure!(
-            self.region_max_cells >= 1 && self.walk_max_visits >= 1,
-            "--region-max-cells and --walk-max-visits must be at least 1"
-        );
+        for (flag, value) in [
+            ("--idle-secs", self.idle_secs),
+            ("--max-open-tenants", self.max_open_tenants as u64),
+            ("--region-max-cells", self.region_max_cells as u64),
+            ("--walk-max-visits", self.walk_max_visits as u64),
+        ] {
+            anyhow::ensure!(value >= 1, "{flag} must be at least 1");
+        }
         anyhow::ensure!(
             (1..=MAX_PAGE_READ_SECS).contains(&self.page_read_secs),
             "--page-read-secs must be 1 to {MAX_PAGE_READ_SECS}"
@@ -894,6 +919,53 @@ mod config_file_tests {
             config.drain,
             std::time::Duration::from_secs(DEFAULT_DRAIN_SECS)
         );
+    }
+
+    #[test]
+    fn a_refused_value_names_its_own_flag_and_only_it() {
+        let serve = |args: &[&str]| cubed(args).unwrap().serve.validate();
+        let all = [
+            "--checkpoint-bytes",
+            "--checkpoint-secs",
+            "--max-connections",
+            "--max-concurrent-streams",
+            "--idle-secs",
+            "--max-open-tenants",
+            "--region-max-cells",
+            "--walk-max-visits",
+        ];
+        for flag in all {
+            let err = serve(&[flag, "0"]).unwrap_err().to_string();
+            let named: Vec<_> = all.iter().filter(|f| err.contains(**f)).collect();
+            assert_eq!(named, [&flag], "{err}");
+        }
+    }
+
+    #[test]
+    fn listen_addresses_are_ip_and_port_on_two_ports() {
+        for bad in ["localhost:50051", "127.0.0.1", ":50051"] {
+            for flag in ["--listen", "--admin-listen"] {
+                // (`parse_with_config` exits on a command-line error, as clap does.)
+                let err = <Cli as clap::Parser>::try_parse_from(["cubed", flag, bad])
+                    .unwrap_err()
+                    .to_string();
+                assert!(
+                    err.contains(flag) && err.contains("expected IP:PORT"),
+                    "{flag} {bad}: {err}"
+                );
+            }
+        }
+        let serve = |args: &[&str]| cubed(args).unwrap().serve.validate();
+        let same = [
+            "--listen",
+            "127.0.0.1:7000",
+            "--admin-listen",
+            "127.0.0.1:7000",
+        ];
+        let err = serve(&same).unwrap_err().to_string();
+        assert!(err.contains("need different ports"), "{err}");
+        serve(&["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"]).unwrap();
+        serve(&["--listen", "[::1]:7000", "--admin-listen", "127.0.0.1:7001"]).unwrap();
     }
 
     #[test]

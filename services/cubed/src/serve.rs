@@ -210,12 +210,7 @@ pub async fn run(
     let tls_files = tls_settings(&config.tls, tls_files, data.root())?;
     let addr = listener.local_addr().context("reading the bound address")?;
     if config.demo {
-        let scheme = if config.tls == TlsChoice::Plaintext {
-            "http"
-        } else {
-            "https"
-        };
-        ensure_demo(&catalog, &data, &format!("{scheme}://{addr}"))?;
+        ensure_demo(&catalog, &data, &client_endpoint(&config.tls, addr))?;
     }
     let directory = Arc::new(TenantDirectory::new(
         DirectoryConfig {
@@ -427,6 +422,10 @@ fn tls_settings(
 
 fn prepare_data_dir(root: &Path) -> anyhow::Result<()> {
     crate::config::check_data_dir(root)?;
+    if !root.exists() {
+        // A mistyped --data-dir starts an empty server: say so where the operator looks.
+        tracing::info!(dir = %root.display(), "no data directory there yet: creating a new, empty one");
+    }
     fs::create_dir_all(root)
         .with_context(|| format!("creating the data directory {}", root.display()))?;
     // The admin socket and the catalog's secrets live here: only the owner may enter.
@@ -439,6 +438,26 @@ fn prepare_data_dir(root: &Path) -> anyhow::Result<()> {
 /// on later starts keep that file's endpoint current. A first start stopped between the two (a
 /// crash) leaves a catalog of tenant `demo` alone with its one key and no file: the file is
 /// written then from the catalog's key.
+/// The endpoint a client on this machine reaches the server at, for the dev credentials: the
+/// bound address, except that a wildcard one (0.0.0.0, ::) becomes the loopback address of its
+/// family. A client cannot connect to a wildcard over TLS: the `--tls-dev` certificate names
+/// only localhost, 127.0.0.1 and ::1.
+fn client_endpoint(tls: &TlsChoice, mut addr: std::net::SocketAddr) -> String {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    if addr.ip().is_unspecified() {
+        addr.set_ip(match addr.ip() {
+            IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::LOCALHOST),
+            IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        });
+    }
+    let scheme = if *tls == TlsChoice::Plaintext {
+        "http"
+    } else {
+        "https"
+    };
+    format!("{scheme}://{addr}")
+}
+
 fn ensure_demo(catalog: &Catalog, data: &DataDir, endpoint: &str) -> anyhow::Result<()> {
     let path = data.dev_credentials();
     let endpoint = endpoint.to_string();
@@ -458,7 +477,7 @@ fn ensure_demo(catalog: &Catalog, data: &DataDir, endpoint: &str) -> anyhow::Res
         && let [key_id] = keys.as_slice()
         && let Some(key) = catalog.key(DEMO_TENANT, key_id)
     {
-        tracing::info!(path = %path.display(), "wrote the dev credentials of tenant 'demo', missing after an interrupted first start");
+        tracing::info!(path = %path.display(), "wrote the dev credentials of tenant 'demo' again: the file was missing");
         creds_of(&key)
     } else {
         let Ok(text) = fs::read_to_string(&path) else {
@@ -482,4 +501,29 @@ fn write_private_json(path: &Path, value: &impl serde::Serialize) -> anyhow::Res
     text.push(b'\n');
     cube_wal::replace_file_durably(path, &text)
         .with_context(|| format!("writing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_dev_credentials_name_loopback_for_a_wildcard_listen_address() {
+        let at = |a: &str| a.parse::<std::net::SocketAddr>().unwrap();
+        let tls = TlsChoice::Dev;
+        assert_eq!(
+            client_endpoint(&tls, at("0.0.0.0:50051")),
+            "https://127.0.0.1:50051"
+        );
+        assert_eq!(client_endpoint(&tls, at("[::]:7")), "https://[::1]:7");
+        assert_eq!(
+            client_endpoint(&TlsChoice::Plaintext, at("0.0.0.0:8")),
+            "http://127.0.0.1:8"
+        );
+        assert_eq!(
+            client_endpoint(&tls, at("10.1.2.3:9")),
+            "https://10.1.2.3:9"
+        );
+        assert_eq!(client_endpoint(&tls, at("[::1]:9")), "https://[::1]:9");
+    }
 }

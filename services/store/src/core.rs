@@ -1514,6 +1514,11 @@ fn open_error(tenant: &str, e: &WalError) -> StoreError {
             "tenant '{tenant}' is unavailable: its write-ahead log is corrupt (the server log \
              names the segment and offset); an operator must repair it before it can serve"
         )),
+        WalError::StateBehindLog { .. } => StoreError::Unavailable(format!(
+            "tenant '{tenant}' is unavailable: its stored state is older than its write-ahead log \
+             (some acknowledged records are in neither; the server log says which); an operator \
+             must restore the tenant's state and log from one copy before it can serve"
+        )),
         WalError::Replay { seq, .. } => StoreError::Unavailable(format!(
             "tenant '{tenant}' is unavailable: write-ahead-log record {seq} cannot be applied; an \
              operator must repair it before it can serve"

@@ -21,6 +21,23 @@ pub enum WalError {
         offset: u64,
         detail: String,
     },
+    /// The state the log is replayed into has applied fewer records than the log's oldest
+    /// segment starts after: the records in between are in neither. The log itself may be
+    /// sound; the state is missing or older than it (`state/` deleted, or restored from an
+    /// older copy than `wal/`), or segments were deleted by hand.
+    #[error(
+        "the state has applied records up to {applied}, but the wal's oldest segment {segment} \
+         starts at record {first_seq}: records {}..{} are in neither (the state store is missing \
+         or older than the wal, or wal segments were deleted: restore the tenant's state and wal \
+         from one copy)",
+        applied + 1,
+        first_seq - 1
+    )]
+    StateBehindLog {
+        segment: String,
+        applied: u64,
+        first_seq: u64,
+    },
     /// An earlier write or fdatasync failed. The shard accepts nothing until it is reopened:
     /// retrying an fsync and pretending the data is safe is how databases lose data.
     #[error("wal shard is poisoned after a failed write or fsync")]

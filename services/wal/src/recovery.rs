@@ -19,6 +19,9 @@
 //! - An invalid record followed by a valid one of a later batch, a sealed segment whose records
 //!   stop before the next segment's first seq, or a gap in sequence numbers is corruption:
 //!   [`WalError::Corrupt`], and the shard stays closed.
+//! - An oldest segment that starts after the record following `start_after` (the caller's
+//!   checkpoint) is [`WalError::StateBehindLog`]: the records in between are in neither the
+//!   caller's state nor the log, and the shard stays closed.
 
 use std::fs::{self, OpenOptions};
 use std::os::unix::fs::FileExt;
@@ -91,11 +94,11 @@ pub(crate) fn recover(
                 ));
             }
         } else if *first_seq > start_after + 1 {
-            return Err(corrupt(
-                &name,
-                0,
-                format!("records {}..{} are missing", start_after + 1, first_seq),
-            ));
+            return Err(WalError::StateBehindLog {
+                segment: name,
+                applied: start_after,
+                first_seq: *first_seq,
+            });
         }
         // Segments wholly covered by the checkpoint need not be read at all.
         if let Some((next, _)) = listed.get(i + 1)

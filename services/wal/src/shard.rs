@@ -470,7 +470,7 @@ impl WalShard {
     ///
     /// Call it once the caller's state up to `seq` is durable elsewhere (a checkpoint): from then
     /// on the shard must be opened with `start_after >= seq`, and opening it with an older
-    /// checkpoint fails with [`WalError::Corrupt`] (records missing). The active segment is never
+    /// checkpoint fails with [`WalError::StateBehindLog`]. The active segment is never
     /// deleted, nor any segment that may hold a record above `seq`. Safe to call from any thread
     /// while appends continue.
     ///

@@ -38,8 +38,23 @@ pub enum TlsError {
     Key(String),
     #[error("cannot read the client CA: {0}")]
     ClientCa(String),
+    #[error(
+        "the private key does not belong to the certificate (the first one of the certificate \
+         file): check that the two files are a pair, and not swapped"
+    )]
+    KeyMismatch,
+    /// Its text is in the message; not a `source`, so that a chain of causes shows it once.
     #[error("TLS configuration rejected: {0}")]
-    Config(#[from] rustls::Error),
+    Config(rustls::Error),
+}
+
+impl From<rustls::Error> for TlsError {
+    fn from(e: rustls::Error) -> Self {
+        match e {
+            rustls::Error::InconsistentKeys(_) => TlsError::KeyMismatch,
+            e => TlsError::Config(e),
+        }
+    }
 }
 
 /// Build the rustls server configuration.

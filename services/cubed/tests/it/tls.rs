@@ -224,6 +224,29 @@ fn a_start_that_cannot_serve_changes_nothing_in_the_data_dir() {
         "{stderr}"
     );
     assert!(!data.exists());
+    // A certificate and the key of another: named as such, once.
+    let (one, other) = (
+        rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap(),
+        rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap(),
+    );
+    let (cert, key) = (dir.path().join("one.pem"), dir.path().join("other.key"));
+    std::fs::write(&cert, one.cert.pem()).unwrap();
+    std::fs::write(&key, other.signing_key.serialize_pem()).unwrap();
+    let stderr = refused_start(
+        &data,
+        &[
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        stderr.contains("the private key does not belong to the certificate")
+            && !stderr.contains("KeyMismatch"),
+        "{stderr}"
+    );
+    assert!(!data.exists());
     // An admin address in use: refused before the data directory is created (it used to be
     // bound after the demo tenant and its credentials, which named a port never served).
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -379,6 +379,41 @@ pub struct ServeArgs {
     pub drain_secs: u64,
 }
 
+/// The one of `known` that `key` most likely misspells: `_` for `-`, or at most two letters
+/// added, dropped or changed (none if two are equally near).
+fn closest<'a>(key: &str, known: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+    let key = key.replace('_', "-");
+    let mut best: Option<(usize, &str)> = None;
+    let mut tie = false;
+    for candidate in known {
+        let d = edit_distance(&key, candidate);
+        match best {
+            Some((b, _)) if d > b => {}
+            Some((b, _)) if d == b => tie = true,
+            _ => (best, tie) = (Some((d, candidate)), false),
+        }
+    }
+    best.filter(|(d, _)| *d <= 2 && !tie).map(|(_, c)| c)
+}
+
+/// Levenshtein distance of two short ASCII strings.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b = b.as_bytes();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.bytes().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let next = (diagonal + usize::from(ca != *cb))
+                .min(row[j] + 1)
+                .min(row[j + 1] + 1);
+            diagonal = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
+
 /// A listen address: an IP address and a port, said so when it is not one.
 fn listen_address(text: &str) -> Result<SocketAddr, String> {
     text.parse().map_err(|_| {
@@ -670,9 +705,14 @@ pub fn parse_with_config(argv: Vec<std::ffi::OsString>) -> anyhow::Result<Cli> {
             .get_arguments()
             .find(|a| a.get_long() == Some(key.as_str()) && key != "config" && key != "help")
             .ok_or_else(|| {
+                let longs = command.get_arguments().filter_map(|a| a.get_long());
+                let hint = match closest(&key, longs) {
+                    Some(near) => format!(" (did you mean '{near}'?)"),
+                    None => String::new(),
+                };
                 anyhow::anyhow!(
-                    "--config {}: unknown key '{key}'; keys are the long flags of `cubed serve` \
-                     without the leading --",
+                    "--config {}: unknown key '{key}'{hint}; keys are the long flags of `cubed \
+                     serve` without the leading --",
                     path.display()
                 )
             })?;
@@ -1000,7 +1040,27 @@ mod config_file_tests {
         std::fs::write(&file, "listne = \"x\"\n").unwrap();
         let f = file.to_str().unwrap();
         let err = parse_with_config(argv(&["cubed", "--config", f])).unwrap_err();
-        assert!(err.to_string().contains("unknown key 'listne'"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("unknown key 'listne' (did you mean 'listen'?)"),
+            "{err}"
+        );
+        for (typo, meant) in [
+            ("idle_secs", "idle-secs"),
+            ("max-open-tenant", "max-open-tenants"),
+        ] {
+            std::fs::write(&file, format!("{typo} = 5\n")).unwrap();
+            let err = parse_with_config(argv(&["cubed", "--config", f])).unwrap_err();
+            assert!(
+                err.to_string()
+                    .contains(&format!("(did you mean '{meant}'?)")),
+                "{err}"
+            );
+        }
+        // Nothing near: no guess.
+        std::fs::write(&file, "colour = 5\n").unwrap();
+        let err = parse_with_config(argv(&["cubed", "--config", f])).unwrap_err();
+        assert!(!err.to_string().contains("did you mean"), "{err}");
         std::fs::write(&file, "idle-secs = [1]\n").unwrap();
         let err = parse_with_config(argv(&["cubed", "--config", f])).unwrap_err();
         assert!(err.to_string().contains("'idle-secs'"), "{err}");

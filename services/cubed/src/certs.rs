@@ -146,6 +146,12 @@ pub fn write_client_cert(
     cert: &str,
     key: &str,
 ) -> anyhow::Result<(PathBuf, PathBuf)> {
+    anyhow::ensure!(
+        !out.exists() || out.is_dir(),
+        "--out {} is a file: --out names the directory the certificate and key files are written \
+         into",
+        out.display()
+    );
     fs::create_dir_all(out).with_context(|| {
         format!(
             "--out {}: cannot create it as a directory for the certificate files",

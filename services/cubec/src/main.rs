@@ -166,15 +166,23 @@ fn load_credentials(path: Option<&PathBuf>) -> anyhow::Result<Credentials> {
     let path = path
         .cloned()
         .unwrap_or_else(|| PathBuf::from(DEFAULT_CREDENTIALS));
-    load_credentials_file(&path)
+    load_credentials_file(
+        &path,
+        "use --credentials or CUBE_TENANT/CUBE_KEY_ID/CUBE_SECRET",
+    )
 }
 
-fn load_credentials_file(path: &Path) -> anyhow::Result<Credentials> {
-    let text = std::fs::read_to_string(path).with_context(|| {
-        format!("cannot read credentials from {} (use --credentials or CUBE_TENANT/CUBE_KEY_ID/CUBE_SECRET)", path.display())
-    })?;
-    serde_json::from_str(&text)
-        .with_context(|| format!("{} is not a credentials JSON file", path.display()))
+/// The credentials in `path`; `advice` (what to do instead) goes into the error, so that each
+/// caller gives its own and a message never carries two.
+fn load_credentials_file(path: &Path, advice: &str) -> anyhow::Result<Credentials> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read credentials from {} ({advice})", path.display()))?;
+    serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{} is not a credentials JSON file ({advice})",
+            path.display()
+        )
+    })
 }
 
 /// The endpoint of a client-certificate (mTLS) call without --endpoint, and where it came from:
@@ -188,12 +196,10 @@ fn certificate_endpoint(path: Option<&PathBuf>) -> anyhow::Result<(String, Strin
         None => default.exists().then_some(default),
     };
     if let Some(file) = file {
-        let creds = load_credentials_file(file).with_context(|| {
-            format!(
-                "with --cert only the endpoint of {} is used; give --endpoint instead",
-                file.display()
-            )
-        })?;
+        let creds = load_credentials_file(
+            file,
+            "with --cert only its endpoint is needed: pass --endpoint instead",
+        )?;
         if let Some(endpoint) = creds.endpoint {
             return Ok((endpoint, file.display().to_string()));
         }
@@ -243,31 +249,39 @@ async fn run() -> anyhow::Result<()> {
         },
         (None, None) => certificate_endpoint(cli.credentials.as_ref())?,
     };
-    let tls = endpoint.starts_with("https://");
+    let target = Target::new(endpoint, origin, &cli)?;
     anyhow::ensure!(
-        tls || cli.cert.is_none(),
+        target.tls || cli.cert.is_none(),
         "--cert needs an https:// endpoint (a client certificate is presented in the TLS \
-         handshake), not {endpoint} (from {origin})"
+         handshake), not {} (from {})",
+        target.endpoint,
+        target.origin
     );
-    let mut ep = Endpoint::from_shared(endpoint.clone())
-        .with_context(|| format!("bad endpoint {endpoint}"))?;
-    if tls {
-        ep = ep.tls_config(tls_config(&cli)?)?;
+    let mut ep = Endpoint::from_shared(target.endpoint.clone())
+        .with_context(|| format!("bad endpoint {}", target.endpoint))?;
+    if target.tls {
+        ep = ep
+            .tls_config(tls_config(&cli, &target.ca)?)
+            .context("loading the TLS files (--ca, --cert, --key)")?;
     }
-    let channel: Channel = ep.connect().await.map_err(|e| {
-        // A TLS client answered by a plaintext server reads its first bytes as a TLS record
-        // of no known type.
-        let plaintext_peer = tls && format!("{e:?}").contains("InvalidContentType");
-        let hint = if plaintext_peer {
-            "it answered, but not in TLS: use http:// for a plaintext server"
-        } else {
-            "is cubed serving there?"
-        };
-        anyhow::Error::new(e).context(format!(
-            "cannot connect to {endpoint} (from {origin}; {hint})"
-        ))
-    })?;
-    let transport = match (&creds, cli.auth.unwrap_or(AuthModel::Call)) {
+    let channel = match ep.connect().await {
+        Ok(channel) => channel,
+        Err(e) => return Err(target.connect_error(e).await),
+    };
+    let result = calls(cli, creds.as_ref(), channel).await;
+    // A call that failed in the connection, not with the server's answer, is explained here,
+    // where the endpoint is known.
+    if let Err(e) = &result
+        && let Some(failure) = e.chain().find_map(|c| c.downcast_ref::<TransportFailure>())
+    {
+        return Err(target.transport_failure(failure).await);
+    }
+    result
+}
+
+/// The calls of `cli`'s command over `channel`.
+async fn calls(cli: Cli, creds: Option<&Credentials>, channel: Channel) -> anyhow::Result<()> {
+    let transport = match (creds, cli.auth.unwrap_or(AuthModel::Call)) {
         // The client certificate already authenticates the connection.
         (None, _) => Signing::passthrough(channel),
         (Some(creds), AuthModel::Call) => {
@@ -429,26 +443,268 @@ fn read_value_file(file: &Path) -> anyhow::Result<Vec<u8>> {
 
 const DEFAULT_CA: &str = "./cube-data/tls/ca.pem";
 
-fn tls_config(cli: &Cli) -> anyhow::Result<tonic::transport::ClientTlsConfig> {
-    use tonic::transport::{Certificate, ClientTlsConfig, Identity};
-    let ca_path = cli.ca.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_CA));
-    let ca = std::fs::read_to_string(&ca_path).with_context(|| {
-        format!(
-            "reading the CA certificate {} (use --ca)",
-            ca_path.display()
+/// The CA file trusted for an https:// endpoint, and how it was chosen (for messages).
+struct CaFile {
+    path: PathBuf,
+    /// "--ca", or "the default of --ca".
+    flag: &'static str,
+}
+
+/// Where cubec connects, checked, with what explains a failure to get there.
+struct Target {
+    endpoint: String,
+    /// Where the endpoint came from ("--endpoint or CUBE_ENDPOINT", ...).
+    origin: String,
+    /// host:port.
+    authority: String,
+    tls: bool,
+    ca: CaFile,
+}
+
+impl Target {
+    /// Checked up front: tonic takes an endpoint without a scheme as a relative URL ("scheme is
+    /// missing"), any scheme but https:// as plaintext, and ignores a path.
+    fn new(endpoint: String, origin: String, cli: &Cli) -> anyhow::Result<Target> {
+        const SCHEMES: &str =
+            "http:// (plaintext) or https:// (TLS) before host:port, e.g. http://127.0.0.1:50051";
+        let (scheme, rest) = match endpoint.split_once("://") {
+            Some((scheme @ ("http" | "https"), rest)) => (scheme, rest),
+            Some((other, _)) => anyhow::bail!(
+                "the endpoint {endpoint} (from {origin}) has the scheme {other}://, which cubec \
+                 does not speak: use {SCHEMES}"
+            ),
+            None => anyhow::bail!(
+                "the endpoint {endpoint} (from {origin}) has no scheme: it needs {SCHEMES}"
+            ),
+        };
+        // A trailing slash is harmless; anything else after host:port would be dropped.
+        let (authority, path) = rest.split_at(rest.find(['/', '?', '#']).unwrap_or(rest.len()));
+        anyhow::ensure!(
+            path.is_empty() || path == "/",
+            "the endpoint {endpoint} (from {origin}) has {path} after host:port: give only \
+             {scheme}://HOST:PORT (cubed serves every call at its own path)"
+        );
+        let parsed = authority
+            .parse::<tonic::codegen::http::uri::Authority>()
+            .ok()
+            .filter(|a| !a.host().is_empty());
+        let Some(parsed) = parsed else {
+            anyhow::bail!(
+                "the endpoint {endpoint} (from {origin}) does not name host:port after \
+                 {scheme}://, e.g. {scheme}://127.0.0.1:50051"
+            );
+        };
+        // Without a port, the scheme's (as tonic connects): a server behind a proxy on 443.
+        let authority = match parsed.port_u16() {
+            Some(_) => authority.to_string(),
+            None if scheme == "https" => format!("{authority}:443"),
+            None => format!("{authority}:80"),
+        };
+        let ca = match &cli.ca {
+            Some(path) => CaFile {
+                path: path.clone(),
+                flag: "--ca",
+            },
+            None => CaFile {
+                path: PathBuf::from(DEFAULT_CA),
+                flag: "the default of --ca",
+            },
+        };
+        Ok(Target {
+            tls: scheme == "https",
+            authority,
+            endpoint,
+            origin,
+            ca,
+        })
+    }
+
+    /// A failed connect explained: the server's certificate not signed by the trusted CA, a
+    /// server that does not speak TLS, or no server.
+    async fn connect_error(&self, e: tonic::transport::Error) -> anyhow::Error {
+        let (endpoint, origin) = (&self.endpoint, &self.origin);
+        // rustls's reasons are told apart only by their names.
+        let debug = format!("{e:?}");
+        if debug.contains("UnknownIssuer") {
+            return anyhow::anyhow!(
+                "cannot connect to {endpoint} (from {origin}): the server's certificate is not \
+                 signed by the CA in {} ({}): pass --ca with the CA that signed it (for `cubed \
+                 serve --tls-dev`: DATA_DIR/tls/ca.pem)",
+                self.ca.path.display(),
+                self.ca.flag
+            );
+        }
+        // A TLS client answered by a server without TLS reads its first bytes as a TLS record
+        // of no known type: a plaintext cubed, or an HTTP/1 server such as the admin port.
+        let hint = if self.tls && debug.contains("InvalidContentType") {
+            if let Peer::Http1(version) = probe(&self.authority).await {
+                return self.http1_peer(&version);
+            }
+            "it answered, but not in TLS: use http:// for a plaintext server"
+        } else if debug.contains("InvalidCertificate") {
+            "it answered, but its certificate was refused"
+        } else {
+            "is cubed serving there?"
+        };
+        anyhow::Error::new(e).context(format!(
+            "cannot connect to {endpoint} (from {origin}; {hint})"
+        ))
+    }
+
+    /// A call that failed in the connection explained. After a TLS handshake the scheme is
+    /// right; over plaintext the server is asked (a cheap HTTP/1.1 request) what it speaks,
+    /// and the scheme or port blamed only when that does not tell.
+    async fn transport_failure(&self, failure: &TransportFailure) -> anyhow::Error {
+        let at = format!(
+            "cannot talk to the server at {} (from {})",
+            self.endpoint, self.origin
+        );
+        if self.tls {
+            return anyhow::anyhow!("{at}: {failure}");
+        }
+        match probe(&self.authority).await {
+            Peer::Http1(version) => self.http1_peer(&version),
+            Peer::Tls => anyhow::anyhow!(
+                "{at}: it answers in TLS, not plaintext HTTP/2: use https://{}",
+                self.authority
+            ),
+            // The right scheme (a stream the server reset, say): nothing to add.
+            Peer::Http2 => anyhow::anyhow!("{at}: {failure}"),
+            Peer::Unreachable => anyhow::anyhow!("{at}: {failure} (is cubed still serving there?)"),
+            Peer::Other => anyhow::anyhow!(
+                "{at}: {failure} (does the endpoint's scheme match the server: https:// for TLS, \
+                 http:// for plaintext? or is this cubed's --admin-listen (metrics) port rather \
+                 than its --listen port?)"
+            ),
+        }
+    }
+
+    fn http1_peer(&self, version: &str) -> anyhow::Error {
+        anyhow::anyhow!(
+            "cannot talk to the server at {} (from {}): it answers plain {version}, not gRPC: is \
+             this cubed's --admin-listen (metrics) port rather than its --listen port?",
+            self.endpoint,
+            self.origin
         )
-    })?;
+    }
+}
+
+/// What a server answers to an HTTP/1.1 request, told apart by its first bytes.
+enum Peer {
+    /// "HTTP/1.1 404 ...": an HTTP/1 server (cubed's admin port answers so), with its version.
+    Http1(String),
+    /// A TLS record (an alert, content type 21, or a handshake, 22; version 3.x).
+    Tls,
+    /// An HTTP/2 frame of type 4, the SETTINGS a server sends first: plaintext gRPC.
+    Http2,
+    /// No connection.
+    Unreachable,
+    /// Anything else: nothing, or no answer in time.
+    Other,
+}
+
+/// Ask the server at `authority` (host:port) with a plaintext `OPTIONS * HTTP/1.1`, which every
+/// HTTP/1 server answers and a TLS server answers with an alert. Only run to explain a failure.
+async fn probe(authority: &str) -> Peer {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    const WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+    let mut stream =
+        match tokio::time::timeout(WAIT, tokio::net::TcpStream::connect(authority)).await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(_)) => return Peer::Unreachable,
+            Err(_) => return Peer::Other,
+        };
+    let mut head = [0u8; 8];
+    let ask = async {
+        let request =
+            format!("OPTIONS * HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await?;
+        let mut n = 0;
+        while n < head.len() {
+            match stream.read(&mut head[n..]).await? {
+                0 => break,
+                got => n += got,
+            }
+        }
+        std::io::Result::Ok(n)
+    };
+    let head = match tokio::time::timeout(WAIT, ask).await {
+        Ok(Ok(n)) => &head[..n],
+        _ => return Peer::Other,
+    };
+    if head.starts_with(b"HTTP/1.") {
+        Peer::Http1(String::from_utf8_lossy(head).into_owned())
+    } else if let [21 | 22, 3, ..] = head {
+        Peer::Tls
+    } else if let [_, _, _, 4, ..] = head {
+        Peer::Http2
+    } else {
+        Peer::Other
+    }
+}
+
+/// The labels of the PEM blocks in `text` ("CERTIFICATE", "PRIVATE KEY", ...).
+fn pem_labels(text: &str) -> Vec<&str> {
+    text.lines()
+        .filter_map(|l| l.trim().strip_prefix("-----BEGIN ")?.strip_suffix("-----"))
+        .collect()
+}
+
+fn holds_certificate(text: &str) -> bool {
+    pem_labels(text).contains(&"CERTIFICATE")
+}
+
+/// "PRIVATE KEY" (PKCS#8), "RSA PRIVATE KEY", "EC PRIVATE KEY".
+fn holds_private_key(text: &str) -> bool {
+    pem_labels(text).iter().any(|l| l.ends_with("PRIVATE KEY"))
+}
+
+/// The text of the PEM file `path`, `what` given by `flag` (any bytes: a DER file then holds
+/// no PEM block).
+fn read_pem(path: &Path, what: &str, flag: &str) -> anyhow::Result<String> {
+    let bytes = std::fs::read(path)
+        .with_context(|| format!("cannot read {what} {} ({flag})", path.display()))?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// The TLS files checked here, each named with its flag: tonic's own errors name neither
+/// ("no RSA or PKCS8-encoded keys found"), and a CA without a certificate would surface only
+/// as the server's certificate being refused.
+fn tls_config(cli: &Cli, ca: &CaFile) -> anyhow::Result<tonic::transport::ClientTlsConfig> {
+    use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+    let ca_pem = read_pem(&ca.path, "the CA certificate", ca.flag)?;
+    anyhow::ensure!(
+        holds_certificate(&ca_pem),
+        "no PEM certificate in {} ({}): pass --ca with the CA certificate that signed the \
+         server's (for `cubed serve --tls-dev`: DATA_DIR/tls/ca.pem)",
+        ca.path.display(),
+        ca.flag
+    );
     // Checked against the endpoint's host (tonic's default) unless told otherwise: the
     // development certificate names localhost, 127.0.0.1 and ::1, a real one the server's name.
-    let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
+    let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca_pem));
     if let Some(name) = &cli.tls_server_name {
         tls = tls.domain_name(name.clone());
     }
-    if let (Some(cert), Some(key)) = (&cli.cert, &cli.key) {
-        let cert =
-            std::fs::read_to_string(cert).with_context(|| format!("reading {}", cert.display()))?;
-        let key =
-            std::fs::read_to_string(key).with_context(|| format!("reading {}", key.display()))?;
+    if let (Some(cert_path), Some(key_path)) = (&cli.cert, &cli.key) {
+        let cert = read_pem(cert_path, "the client certificate", "--cert")?;
+        let key = read_pem(key_path, "the private key", "--key")?;
+        let (cert_shown, key_shown) = (cert_path.display(), key_path.display());
+        anyhow::ensure!(
+            holds_certificate(&cert) || !holds_private_key(&cert) || !holds_certificate(&key),
+            "--cert {cert_shown} holds a private key and --key {key_shown} a certificate: they \
+             look swapped"
+        );
+        anyhow::ensure!(
+            holds_certificate(&cert),
+            "no PEM certificate in {cert_shown} (--cert): pass the client certificate from \
+             `cubed key cert`"
+        );
+        anyhow::ensure!(
+            holds_private_key(&key),
+            "no PEM private key in {key_shown} (--key): pass the key written beside the \
+             certificate by `cubed key cert`"
+        );
         tls = tls.identity(Identity::from_pem(cert, key));
     }
     Ok(tls)
@@ -506,28 +762,59 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// `<Code>: <message>` (docs/protocol.md), with the transport's cause when there is one (the
-/// status of a failed connection says only "transport error").
-fn status(s: tonic::Status) -> anyhow::Error {
-    let mut text = format!("{:?}: {}", s.code(), s.message());
-    let mut cause = std::error::Error::source(&s);
+/// A call that failed in the connection (no answer of the server's), by its cause: `run`
+/// explains it with the endpoint.
+#[derive(Debug)]
+struct TransportFailure(String);
+
+impl std::fmt::Display for TransportFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the connection failed: {}", self.0)
+    }
+}
+
+impl std::error::Error for TransportFailure {}
+
+/// The cause of a failed connection, from a status and its sources, without the wrappers each
+/// layer adds ("h2 protocol error: http2 error: transport error: http2 error: connection error
+/// detected: frame with invalid size" is "frame with invalid size").
+fn transport_cause(s: &tonic::Status) -> String {
+    const WRAPPERS: [&str; 5] = [
+        "transport error",
+        "h2 protocol error",
+        "http2 error",
+        "connection error",
+        "connection error detected",
+    ];
+    let mut texts = vec![s.message().to_string()];
+    let mut cause = std::error::Error::source(s);
     while let Some(c) = cause {
-        let more = c.to_string();
-        if !text.ends_with(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
-        }
+        texts.push(c.to_string());
         cause = c.source();
     }
-    // A plaintext client answered by a TLS server reads its TLS record as a broken HTTP/2
-    // frame ("h2 protocol error: ... frame with invalid size").
-    if (s.code() == tonic::Code::Unknown && s.message() == "transport error")
-        || (s.code() == tonic::Code::Internal && s.message().starts_with("h2 protocol error"))
-    {
-        text.push_str(
-            " (does the endpoint's scheme match the server: https:// for TLS, http:// for plaintext?)",
-        );
+    let mut parts: Vec<&str> = Vec::new();
+    for part in texts.iter().flat_map(|t| t.split(": ")) {
+        if !WRAPPERS.contains(&part) && !parts.contains(&part) {
+            parts.push(part);
+        }
     }
+    if parts.is_empty() {
+        "no reason given".into()
+    } else {
+        parts.join(": ")
+    }
+}
+
+/// `<Code>: <message>` (docs/protocol.md) of a server's answer; a failed connection's cause.
+fn status(s: tonic::Status) -> anyhow::Error {
+    // A status with a source was made by the client from its connection's failure (one the
+    // server sent has none): there is no gRPC code to show, and a label such as "Internal"
+    // would read as a server fault. A plaintext client answered by a TLS or HTTP/1 server
+    // lands here, reading its bytes as a broken HTTP/2 frame ("frame with invalid size").
+    if std::error::Error::source(&s).is_some() {
+        return anyhow::Error::new(TransportFailure(transport_cause(&s)));
+    }
+    let mut text = format!("{:?}: {}", s.code(), s.message());
     // A server that takes only per-connection authentication (`--auth-mode connection`) says
     // what any client should do; cubec's way of doing it is a flag.
     if s.code() == tonic::Code::Unauthenticated

@@ -132,8 +132,8 @@ fn a_client_certificate_needs_https_and_no_auth_model() {
     assert!(!o.status.success());
     assert!(
         stderr(&o).contains(
-            "with --cert only the endpoint of ./cube-data/dev-credentials.json is used; give \
-             --endpoint instead"
+            "./cube-data/dev-credentials.json is not a credentials JSON file (with --cert only \
+             its endpoint is needed: pass --endpoint instead)"
         ),
         "{}",
         stderr(&o)
@@ -172,12 +172,16 @@ fn a_scheme_that_does_not_match_the_server_is_named() {
         (
             &tls,
             format!("http://{}", address(&tls)),
-            "does the endpoint's scheme match the server: https:// for TLS, http:// for plaintext?",
+            format!(
+                "cubec: error: cannot talk to the server at http://{0} (from --endpoint or \
+                 CUBE_ENDPOINT): it answers in TLS, not plaintext HTTP/2: use https://{0}\n",
+                address(&tls)
+            ),
         ),
         (
             &plain,
             format!("https://{}", address(&plain)),
-            "it answered, but not in TLS: use http:// for a plaintext server",
+            "it answered, but not in TLS: use http:// for a plaintext server".to_string(),
         ),
     ] {
         let env = creds(server);
@@ -197,8 +201,294 @@ fn a_scheme_that_does_not_match_the_server_is_named() {
             ],
         );
         assert!(!o.status.success(), "{endpoint}");
-        assert!(stderr(&o).contains(want), "{endpoint}: {}", stderr(&o));
+        assert!(stderr(&o).contains(&want), "{endpoint}: {}", stderr(&o));
     }
+}
+
+/// A self-signed CA of no server here, as a PEM file in `dir`.
+fn unrelated_ca(dir: &Path) -> PathBuf {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let path = dir.join("other-ca.pem");
+    std::fs::write(&path, params.self_signed(&key).unwrap().pem()).unwrap();
+    path
+}
+
+/// A --ca file without a certificate is refused before connecting (it used to surface as the
+/// server's certificate being refused, "UnknownIssuer", with "is cubed serving there?"), and a
+/// CA that did not sign the server's certificate is named as such.
+#[test]
+fn a_ca_that_cannot_check_the_server_is_named() {
+    let server = TestServer::start_with(&cubed(), &["--tls-dev"]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let creds = server.data_dir().join("dev-credentials.json");
+    let read = |ca: Option<&Path>| {
+        let mut args = vec!["--credentials", creds.to_str().unwrap()];
+        if let Some(ca) = ca {
+            args.extend(["--ca", ca.to_str().unwrap()]);
+        }
+        args.extend(["read", "1", "1", "1"]);
+        run(dir.path(), &[], &args)
+    };
+    let not_pem = dir.path().join("ca.json");
+    std::fs::write(&not_pem, r#"{"ca": "not a certificate"}"#).unwrap();
+    let o = read(Some(&not_pem));
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).starts_with(&format!(
+            "cubec: error: no PEM certificate in {} (--ca): ",
+            not_pem.display()
+        )),
+        "{}",
+        stderr(&o)
+    );
+    let other = unrelated_ca(dir.path());
+    let o = read(Some(&other));
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(
+        err.contains(&format!(
+            "the server's certificate is not signed by the CA in {} (--ca): pass --ca with the \
+             CA that signed it",
+            other.display()
+        )),
+        "{err}"
+    );
+    // The server did answer.
+    assert!(!err.contains("is cubed serving there?"), "{err}");
+    // Without --ca, the default file is the one named.
+    std::fs::create_dir_all(dir.path().join("cube-data/tls")).unwrap();
+    std::fs::copy(&other, dir.path().join("cube-data/tls/ca.pem")).unwrap();
+    let o = read(None);
+    assert!(
+        stderr(&o).contains(
+            "not signed by the CA in ./cube-data/tls/ca.pem (the default of --ca): pass --ca"
+        ),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// The endpoint is checked before connecting: without a scheme tonic said "invalid URL, scheme
+/// is missing" (with "is cubed serving there?"), and took grpc:// as plaintext and dropped a
+/// path without a word.
+#[test]
+fn an_endpoint_is_http_or_https_and_host_port() {
+    let server = TestServer::start(&cubed()).unwrap();
+    let creds = server.data_dir().join("dev-credentials.json");
+    let dir = tempfile::tempdir().unwrap();
+    let read = |endpoint: &str| {
+        run(
+            dir.path(),
+            &[],
+            &[
+                "--credentials",
+                creds.to_str().unwrap(),
+                "--endpoint",
+                endpoint,
+                "read",
+                "1",
+                "1",
+                "1",
+            ],
+        )
+    };
+    let address = server.addr.to_string();
+    for (endpoint, want) in [
+        (
+            address.clone(),
+            format!(
+                "the endpoint {address} (from --endpoint or CUBE_ENDPOINT) has no scheme: it \
+                 needs http:// (plaintext) or https:// (TLS) before host:port, e.g. \
+                 http://127.0.0.1:50051"
+            ),
+        ),
+        (
+            format!("grpc://{address}"),
+            format!(
+                "the endpoint grpc://{address} (from --endpoint or CUBE_ENDPOINT) has the scheme \
+                 grpc://, which cubec does not speak: use http:// (plaintext) or https:// (TLS)"
+            ),
+        ),
+        (
+            format!("http://{address}/cube.v1.Cells"),
+            format!(
+                "the endpoint http://{address}/cube.v1.Cells (from --endpoint or CUBE_ENDPOINT) \
+                 has /cube.v1.Cells after host:port: give only http://HOST:PORT"
+            ),
+        ),
+        (
+            format!("http://:{}", server.addr.port()),
+            format!(
+                "the endpoint http://:{} (from --endpoint or CUBE_ENDPOINT) does not name \
+                 host:port after http://",
+                server.addr.port()
+            ),
+        ),
+    ] {
+        let o = read(&endpoint);
+        assert!(!o.status.success(), "{endpoint}");
+        assert!(stderr(&o).contains(&want), "{endpoint}: {}", stderr(&o));
+        assert!(!stderr(&o).contains("serving there"), "{}", stderr(&o));
+    }
+    // A trailing slash is no path.
+    assert_eq!(json(&read(&format!("http://{address}/")))["found"], false);
+}
+
+/// cubed's admin port answers HTTP/1.1: cubec names it instead of blaming the scheme ("does the
+/// endpoint's scheme match", after "Unknown: ... broken pipe"; "not in TLS: use http://").
+#[test]
+fn the_admin_port_is_named_as_such() {
+    let server = TestServer::start_with(&cubed(), &["--tls-dev"]).unwrap();
+    let ca = server.data_dir().join("tls/ca.pem");
+    let creds = server.data_dir().join("dev-credentials.json");
+    let dir = tempfile::tempdir().unwrap();
+    let read = |endpoint: &str| {
+        run(
+            dir.path(),
+            &[],
+            &[
+                "--credentials",
+                creds.to_str().unwrap(),
+                "--ca",
+                ca.to_str().unwrap(),
+                "--endpoint",
+                endpoint,
+                "read",
+                "1",
+                "1",
+                "1",
+            ],
+        )
+    };
+    for scheme in ["http", "https"] {
+        let endpoint = format!("{scheme}://{}", server.admin_addr);
+        let o = read(&endpoint);
+        assert!(!o.status.success(), "{endpoint}");
+        let err = stderr(&o);
+        assert!(
+            err.contains(&format!(
+                "cannot talk to the server at {endpoint} (from --endpoint or CUBE_ENDPOINT): it \
+                 answers plain HTTP/1.1, not gRPC: is this cubed's --admin-listen (metrics) port \
+                 rather than its --listen port?"
+            )),
+            "{err}"
+        );
+        assert!(!err.contains("scheme"), "{err}");
+    }
+    // A server cubec cannot tell (it closes every connection at once) gets both hints, and no
+    // gRPC code: the server sent none.
+    let closer = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", closer.local_addr().unwrap());
+    std::thread::spawn(move || closer.incoming().for_each(drop));
+    let o = read(&endpoint);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(
+        err.starts_with(&format!(
+            "cubec: error: cannot talk to the server at {endpoint} (from --endpoint or \
+             CUBE_ENDPOINT): the connection failed: "
+        )),
+        "{err}"
+    );
+    assert!(
+        err.ends_with(
+            " (does the endpoint's scheme match the server: https:// for TLS, http:// for \
+             plaintext? or is this cubed's --admin-listen (metrics) port rather than its \
+             --listen port?)\n"
+        ),
+        "{err}"
+    );
+}
+
+/// --cert and --key are read and checked before connecting, each named with its flag; tonic's
+/// own error named neither ("no RSA or PKCS8-encoded keys found").
+#[test]
+fn client_certificate_files_are_named_with_their_flag() {
+    let server = TestServer::start_with(&cubed(), &["--tls-dev"]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (crt, key) = server
+        .demo_key_cert(&server.demo.key_id, dir.path())
+        .unwrap();
+    let ca = server.data_dir().join("tls/ca.pem");
+    let endpoint = format!("https://{}", server.addr);
+    let read = |cert: &Path, key: &Path| {
+        run(
+            dir.path(),
+            &[],
+            &[
+                "--endpoint",
+                &endpoint,
+                "--ca",
+                ca.to_str().unwrap(),
+                "--cert",
+                cert.to_str().unwrap(),
+                "--key",
+                key.to_str().unwrap(),
+                "read",
+                "1",
+                "1",
+                "1",
+            ],
+        )
+    };
+    let missing = dir.path().join("nope.pem");
+    for (cert, key, want) in [
+        (
+            &key,
+            &crt,
+            format!(
+                "cubec: error: --cert {} holds a private key and --key {} a certificate: they \
+                 look swapped\n",
+                key.display(),
+                crt.display()
+            ),
+        ),
+        (
+            &missing,
+            &key,
+            format!(
+                "cubec: error: cannot read the client certificate {} (--cert): No such file or \
+                 directory\n",
+                missing.display()
+            ),
+        ),
+        (
+            &crt,
+            &missing,
+            format!(
+                "cubec: error: cannot read the private key {} (--key): No such file or \
+                 directory\n",
+                missing.display()
+            ),
+        ),
+        (
+            &crt,
+            &crt,
+            format!(
+                "cubec: error: no PEM private key in {} (--key): pass the key written beside \
+                 the certificate by `cubed key cert`\n",
+                crt.display()
+            ),
+        ),
+    ] {
+        let o = read(cert, key);
+        assert!(!o.status.success());
+        assert!(stderr(&o).starts_with(&want), "{}", stderr(&o));
+    }
+    let not_pem = dir.path().join("cert.json");
+    std::fs::write(&not_pem, "{}").unwrap();
+    let o = read(&not_pem, &key);
+    assert!(
+        stderr(&o).starts_with(&format!(
+            "cubec: error: no PEM certificate in {} (--cert)",
+            not_pem.display()
+        )),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(json(&read(&crt, &key))["found"], false);
 }
 
 /// With a client certificate, cubec needs only it, its key and the CA: no credentials file
@@ -281,11 +571,16 @@ fn mtls_takes_the_endpoint_from_the_credentials_file() {
         ],
     );
     assert!(!o.status.success());
+    // One piece of advice: it used to add "use --credentials or CUBE_TENANT/..." too.
+    let err = stderr(&o);
     assert!(
-        stderr(&o).contains("cannot read credentials from missing.json"),
-        "{}",
-        stderr(&o)
+        err.contains(
+            "cannot read credentials from missing.json (with --cert only its endpoint is \
+             needed: pass --endpoint instead): No such file or directory"
+        ),
+        "{err}"
     );
+    assert!(!err.contains("CUBE_TENANT"), "{err}");
 }
 
 /// Against a server that takes only per-connection authentication, a signed call's refusal

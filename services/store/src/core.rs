@@ -1273,10 +1273,14 @@ impl<T> TenantCore<T> {
             DurableEvent::WriteFailed { no_space } => (true, no_space),
             _ => (false, false),
         };
-        if !self.stats.poisoned.swap(true, Ordering::Relaxed) {
+        // Only the actor poisons its tenant. How is published before `poisoned` (Release):
+        // another thread that sees `poisoned` must not read a not-yet-set `reopenable` as "for
+        // good" (a read then said an operator had to act; seen under CPU load in a test).
+        if !self.stats.poisoned.load(Ordering::Acquire) {
             cube_metrics::TENANTS_UNAVAILABLE.inc();
             self.stats.reopenable.store(reopenable, Ordering::Relaxed);
             self.stats.no_space.store(no_space, Ordering::Relaxed);
+            self.stats.poisoned.store(true, Ordering::Release);
             if reopenable && let Some(janitor) = &self.janitor {
                 janitor.notify_one();
             }

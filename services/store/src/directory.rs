@@ -154,7 +154,8 @@ impl TenantHandle {
     /// Whether closing and reopening the tenant from disk is safe: not after a failed fsync of
     /// its log (a reopen would read back pages whose fsync failed as if they were durable).
     fn may_reopen(&self) -> bool {
-        let poisoned_for_good = self.stats.poisoned.load(Ordering::Relaxed)
+        // `poisoned` first (Acquire): its cause is published before it.
+        let poisoned_for_good = self.stats.poisoned.load(Ordering::Acquire)
             && !self.stats.reopenable.load(Ordering::Relaxed);
         let fsync_failed = self.wal_failed.load(Ordering::SeqCst);
         !(poisoned_for_good || fsync_failed)
@@ -767,6 +768,10 @@ const REOPEN_FAILED_EVERY: Duration = Duration::from_secs(1);
 /// failure wakes it.
 const JANITOR_WAKE_GAP: Duration = Duration::from_millis(50);
 
+/// Passes a wake-up makes at most, [`JANITOR_WAKE_GAP`] apart, while a failed tenant it would
+/// close still has a call in flight; then the regular round takes over.
+const JANITOR_WAKE_PASSES: u32 = 20;
+
 /// Longest wait before a tenant whose opens keep failing is tried again.
 const MAX_OPEN_RETRY_DELAY: Duration = Duration::from_secs(30);
 
@@ -1209,18 +1214,29 @@ impl TenantDirectory {
         tokio::spawn(async move {
             let mut idle_check = tokio::time::Instant::now();
             let mut last_pass = tokio::time::Instant::now();
+            // Passes still to make at the wake-up gap: a woken pass can find the tenant with a
+            // call in flight (the very call whose failure woke it, or a retry), and closes only
+            // idle tenants.
+            let mut quick_passes = 0;
             loop {
-                let woken = tokio::select! {
-                    () = tokio::time::sleep(tick) => false,
-                    () = wake.notified() => true,
-                };
-                if woken {
-                    // Tenants failing together (a full disk) are closed in one pass, and a pass
-                    // that could not close one is not repeated at once.
+                if quick_passes > 0 {
+                    quick_passes -= 1;
+                } else {
+                    tokio::select! {
+                        () = tokio::time::sleep(tick) => {}
+                        () = wake.notified() => quick_passes = JANITOR_WAKE_PASSES - 1,
+                    }
+                }
+                if quick_passes > 0 {
+                    // Tenants failing together (a full disk) are closed in one pass, and a
+                    // pass that could not close one is not repeated at once.
                     tokio::time::sleep_until(last_pass + JANITOR_WAKE_GAP).await;
                 }
                 let Some(dir) = weak.upgrade() else { return };
-                dir.close_failed().await;
+                let (_, left) = dir.close_failed_counted().await;
+                if left == 0 {
+                    quick_passes = 0;
+                }
                 last_pass = tokio::time::Instant::now();
                 if idle_check.elapsed() >= every {
                     idle_check = tokio::time::Instant::now();
@@ -1241,6 +1257,12 @@ impl TenantDirectory {
     /// flush fails on the full disk: it would come back read-only (`TenantCore::open`), having
     /// done the work for nothing, once a second.
     pub async fn close_failed(&self) -> usize {
+        self.close_failed_counted().await.0
+    }
+
+    /// [`TenantDirectory::close_failed`]: (tenants closed, tenants it would have closed but
+    /// could not, a call being in flight, say).
+    async fn close_failed_counted(&self) -> (usize, usize) {
         // (name, slot, whether its actor crashed)
         let failed: Vec<(String, Arc<Slot>, bool)> = {
             let map = self.tenants.read().unwrap_or_else(|p| p.into_inner());
@@ -1270,7 +1292,7 @@ impl TenantDirectory {
                 })
                 .collect()
         };
-        let mut n = 0;
+        let (mut n, found) = (0, failed.len());
         for (name, slot, crashed) in failed {
             if self.passivate(&name, &slot).await {
                 if crashed {
@@ -1282,7 +1304,7 @@ impl TenantDirectory {
                 n += 1;
             }
         }
-        n
+        (n, found - n)
     }
 
     /// Stop every tenant: answer or fail what is queued, final fdatasync and checkpoint. No

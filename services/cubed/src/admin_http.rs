@@ -42,17 +42,35 @@ async fn handle(
     ready: Readiness,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     const TEXT: &str = "text/plain; charset=utf-8";
-    Ok(match (req.method(), req.uri().path()) {
+    let path = req.uri().path();
+    let known = matches!(path, "/metrics" | "/healthz" | "/readyz");
+    // HEAD is answered as GET (hyper sends no body for it): some probes use it.
+    if known && !matches!(*req.method(), Method::GET | Method::HEAD) {
+        let mut r = respond(
+            StatusCode::METHOD_NOT_ALLOWED,
+            TEXT,
+            format!("method not allowed: {path} answers GET (and HEAD)\n"),
+        );
+        r.headers_mut().insert(
+            hyper::header::ALLOW,
+            hyper::header::HeaderValue::from_static("GET, HEAD"),
+        );
+        return Ok(r);
+    }
+    Ok(match (req.method(), path) {
+        (&Method::HEAD, "/metrics") => respond(
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            String::new(),
+        ),
         (&Method::GET, "/metrics") => respond(
             StatusCode::OK,
             "text/plain; version=0.0.4; charset=utf-8",
             cube_metrics::render(),
         ),
-        (&Method::GET, "/healthz") => respond(StatusCode::OK, TEXT, "ok\n".into()),
-        (&Method::GET, "/readyz") if ready.get() => respond(StatusCode::OK, TEXT, "ready\n".into()),
-        (&Method::GET, "/readyz") => {
-            respond(StatusCode::SERVICE_UNAVAILABLE, TEXT, "not ready\n".into())
-        }
+        (_, "/healthz") => respond(StatusCode::OK, TEXT, "ok\n".into()),
+        (_, "/readyz") if ready.get() => respond(StatusCode::OK, TEXT, "ready\n".into()),
+        (_, "/readyz") => respond(StatusCode::SERVICE_UNAVAILABLE, TEXT, "not ready\n".into()),
         _ => respond(
             StatusCode::NOT_FOUND,
             TEXT,

@@ -449,12 +449,17 @@ impl Drop for TestServer {
 
 /// `GET http://<admin>/<path>` with a plain HTTP/1.1 request: (status code, body).
 pub fn admin_get(admin: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+    admin_request(admin, "GET", path)
+}
+
+/// [`admin_get`] with another HTTP method.
+pub fn admin_request(admin: SocketAddr, method: &str, path: &str) -> anyhow::Result<(u16, String)> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(admin)?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: cube\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: cube\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
     )?;
     let mut raw = String::new();
     s.read_to_string(&mut raw)?;

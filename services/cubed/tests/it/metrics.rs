@@ -1,7 +1,7 @@
 //! The admin HTTP listener: /healthz, /readyz, and /metrics counting real calls by method,
 //! code and auth model.
 
-use cube_testkit::{TestServer, admin_get, metric_sample};
+use cube_testkit::{TestServer, admin_get, admin_request, metric_sample};
 
 use crate::{cubed, read, write};
 
@@ -12,6 +12,16 @@ async fn metrics_count_calls_by_method_code_and_auth_model() {
     assert_eq!(admin_get(server.admin_addr, "/healthz").unwrap().0, 200);
     assert_eq!(admin_get(server.admin_addr, "/readyz").unwrap().0, 200);
     assert_eq!(admin_get(server.admin_addr, "/nope").unwrap().0, 404);
+    // HEAD as GET, without a body; another method on a known path is 405, not "not found".
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        assert_eq!(
+            admin_request(server.admin_addr, "HEAD", path).unwrap(),
+            (200, String::new())
+        );
+        let (status, body) = admin_request(server.admin_addr, "POST", path).unwrap();
+        assert_eq!(status, 405, "{path}: {body}");
+        assert!(body.contains("answers GET"), "{path}: {body}");
+    }
 
     let mut signed = server.cells(&server.demo).await.unwrap();
     for i in 0..3 {

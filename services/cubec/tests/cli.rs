@@ -37,6 +37,15 @@ fn run(cwd: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
     cmd.envs(env.iter().copied()).output().unwrap()
 }
 
+/// `first`, then `--cert CERT --key KEY read 1 1 1`: an mTLS read.
+fn mtls_read<'a>(first: &[&'a str], cert: &'a Path, key: &'a Path) -> Vec<&'a str> {
+    let mut args = first.to_vec();
+    args.extend_from_slice(&["--cert", cert.to_str().unwrap()]);
+    args.extend_from_slice(&["--key", key.to_str().unwrap()]);
+    args.extend_from_slice(&["read", "1", "1", "1"]);
+    args
+}
+
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
@@ -413,26 +422,8 @@ fn client_certificate_files_are_named_with_their_flag() {
         .unwrap();
     let ca = server.data_dir().join("tls/ca.pem");
     let endpoint = format!("https://{}", server.addr);
-    let read = |cert: &Path, key: &Path| {
-        run(
-            dir.path(),
-            &[],
-            &[
-                "--endpoint",
-                &endpoint,
-                "--ca",
-                ca.to_str().unwrap(),
-                "--cert",
-                cert.to_str().unwrap(),
-                "--key",
-                key.to_str().unwrap(),
-                "read",
-                "1",
-                "1",
-                "1",
-            ],
-        )
-    };
+    let first = ["--endpoint", &endpoint, "--ca", ca.to_str().unwrap()];
+    let read = |cert: &Path, key: &Path| run(dir.path(), &[], &mtls_read(&first, cert, key));
     let missing = dir.path().join("nope.pem");
     for (cert, key, want) in [
         (
@@ -506,24 +497,8 @@ fn mtls_needs_no_credentials_file() {
         "https://{}",
         server.endpoint().trim_start_matches("http://")
     );
-    let o = run(
-        empty.path(),
-        &[],
-        &[
-            "--endpoint",
-            &endpoint,
-            "--ca",
-            ca.to_str().unwrap(),
-            "--cert",
-            crt.to_str().unwrap(),
-            "--key",
-            key.to_str().unwrap(),
-            "read",
-            "1",
-            "1",
-            "1",
-        ],
-    );
+    let first = ["--endpoint", &endpoint, "--ca", ca.to_str().unwrap()];
+    let o = run(empty.path(), &[], &mtls_read(&first, &crt, &key));
     assert_eq!(json(&o)["found"], false);
 }
 
@@ -538,38 +513,11 @@ fn mtls_takes_the_endpoint_from_the_credentials_file() {
     let (crt, key) = server
         .demo_key_cert(&server.demo.key_id, cwd.path())
         .unwrap();
-    let o = run(
-        cwd.path(),
-        &[],
-        &[
-            "--cert",
-            crt.to_str().unwrap(),
-            "--key",
-            key.to_str().unwrap(),
-            "read",
-            "1",
-            "1",
-            "1",
-        ],
-    );
+    let o = run(cwd.path(), &[], &mtls_read(&[], &crt, &key));
     assert_eq!(json(&o)["found"], false);
     // An explicit credentials file that cannot be read is an error, not a silent default.
-    let o = run(
-        cwd.path(),
-        &[],
-        &[
-            "--credentials",
-            "missing.json",
-            "--cert",
-            crt.to_str().unwrap(),
-            "--key",
-            key.to_str().unwrap(),
-            "read",
-            "1",
-            "1",
-            "1",
-        ],
-    );
+    let first = ["--credentials", "missing.json"];
+    let o = run(cwd.path(), &[], &mtls_read(&first, &crt, &key));
     assert!(!o.status.success());
     // One piece of advice: it used to add "use --credentials or CUBE_TENANT/..." too.
     let err = stderr(&o);

@@ -653,6 +653,37 @@ impl ServeArgs {
     }
 }
 
+/// Print clap's error and exit as clap does, adding, when the refused value came from a `CUBE_*`
+/// variable rather than the command line, which variable: clap names only the flag.
+fn exit_naming_the_variable(e: &clap::Error, argv: &[std::ffi::OsString]) -> ! {
+    use clap::CommandFactory;
+    use clap::error::{ContextKind, ContextValue};
+    let _ = e.print();
+    if let Some(ContextValue::String(shown)) = e.get(ContextKind::InvalidArg)
+        && let Some(long) = shown.strip_prefix("--").and_then(|s| s.split(' ').next())
+    {
+        let flag = format!("--{long}");
+        let on_command_line = argv.iter().filter_map(|a| a.to_str()).any(|a| {
+            a == flag
+                || a.strip_prefix(flag.as_str())
+                    .is_some_and(|r| r.starts_with('='))
+        });
+        let command = Cli::command();
+        let serve = command.find_subcommand("serve");
+        let arg = command
+            .get_arguments()
+            .chain(serve.into_iter().flat_map(|s| s.get_arguments()))
+            .find(|a| a.get_long() == Some(long));
+        if let Some(var) = arg.and_then(|a| a.get_env()).and_then(|v| v.to_str())
+            && !on_command_line
+            && std::env::var_os(var).is_some()
+        {
+            eprintln!("note: the value of {flag} came from the environment variable {var}");
+        }
+    }
+    std::process::exit(e.exit_code())
+}
+
 /// Parse the command line, filling `serve` flags not given on it (nor in the environment) from
 /// the `--config` file. Exits with clap's message on bad flags, like `Cli::parse`.
 pub fn parse_with_config(argv: Vec<std::ffi::OsString>) -> anyhow::Result<Cli> {
@@ -664,14 +695,16 @@ pub fn parse_with_config(argv: Vec<std::ffi::OsString>) -> anyhow::Result<Cli> {
     let matches = Cli::command()
         .mut_args(no_requires)
         .mut_subcommand("serve", |serve| serve.mut_args(no_requires))
-        .get_matches_from(argv.clone());
+        .try_get_matches_from(argv.clone())
+        .unwrap_or_else(|e| exit_naming_the_variable(&e, &argv));
     let serve = match matches.subcommand() {
         None => &matches,
         Some(("serve", m)) => m,
         Some((_, group)) => {
             // `tenant`/`key` commands need only the data directory from the server's file.
             let leaf = group.subcommand().map_or(group, |(_, leaf)| leaf);
-            let mut cli = Cli::parse_from(&argv);
+            let mut cli =
+                Cli::try_parse_from(&argv).unwrap_or_else(|e| exit_naming_the_variable(&e, &argv));
             if let Some(path) = leaf.get_one::<PathBuf>("config")
                 && leaf.value_source("data_dir") == Some(ValueSource::DefaultValue)
                 && let Some(value) = read_config_table(path)?.get("data-dir")
@@ -695,7 +728,9 @@ pub fn parse_with_config(argv: Vec<std::ffi::OsString>) -> anyhow::Result<Cli> {
         }
     };
     let Some(path) = serve.get_one::<PathBuf>("config") else {
-        return Ok(Cli::parse_from(argv));
+        return Ok(
+            Cli::try_parse_from(&argv).unwrap_or_else(|e| exit_naming_the_variable(&e, &argv))
+        );
     };
     let table = read_config_table(path)?;
     let command = Cli::command();

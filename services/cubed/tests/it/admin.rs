@@ -217,6 +217,39 @@ async fn missing_demo_credentials_are_written_again_from_the_catalog() {
 }
 
 /// `cubed serve` on free loopback ports with its data in `data_dir`, not started yet.
+/// clap names the flag of a refused value; when the value came from a `CUBE_*` variable, cubed
+/// also names the variable (the flag was not on the command line at all).
+#[test]
+fn a_refused_value_from_the_environment_names_its_variable() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |extra: &[&str]| {
+        let mut cmd = std::process::Command::new(cubed());
+        cmd.args(["serve", "--admin-listen", "127.0.0.1:0"])
+            .args(extra)
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .env("CUBE_IDLE_SECS", "soon");
+        let out = cmd.output().unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let stderr = run(&[]);
+    assert!(
+        stderr.contains("invalid value 'soon' for '--idle-secs")
+            && stderr.contains(
+                "the value of --idle-secs came from the environment variable CUBE_IDLE_SECS"
+            ),
+        "{stderr}"
+    );
+    // Given on the command line, the variable is not what was refused.
+    let stderr = run(&["--idle-secs", "later"]);
+    assert!(
+        stderr.contains("'later'") && !stderr.contains("environment variable"),
+        "{stderr}"
+    );
+    assert!(!dir.path().join("data").exists());
+}
+
 fn serve_on(data_dir: &std::path::Path) -> std::process::Command {
     let mut cmd = std::process::Command::new(cubed());
     cmd.args([

@@ -475,7 +475,8 @@ impl Authenticator {
         if off > self.skew_ms.unsigned_abs() {
             return Err(unauthenticated(format!(
                 "x-cube-ts is {} s away from the server clock; at most {} s is allowed (check the client's clock)",
-                off / 1000,
+                // Rounded up: 300.1 s away must not read as "300 s away; at most 300".
+                off.div_ceil(1000),
                 self.skew_ms / 1000
             )));
         }

@@ -155,6 +155,11 @@ async fn every_bad_credential_is_unauthenticated() {
         read_signed(&server, &demo, READ, now_ms() + 301_000, &new_call_nonce()).await,
         "away from the server clock",
     );
+    // Just past the window: the distance is rounded up, never shown as within it.
+    expect_unauthenticated(
+        read_signed(&server, &demo, READ, now_ms() - 300_100, &new_call_nonce()).await,
+        "x-cube-ts is 301 s away from the server clock; at most 300 s is allowed",
+    );
     // The most negative timestamp the canonical form allows: refused, not an overflow.
     expect_unauthenticated(
         read_signed(&server, &demo, READ, i64::MIN, &new_call_nonce()).await,

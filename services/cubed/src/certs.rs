@@ -61,6 +61,12 @@ fn lock_tls_dir(dir: &Path) -> anyhow::Result<nix::fcntl::Flock<fs::File>> {
         .map_err(|(_, e)| anyhow::anyhow!("locking {}: {e}", dir.display()))
 }
 
+/// Whether the data directory has its CA already (both files).
+pub fn has_ca(data_dir: &Path) -> bool {
+    let dir = tls_dir(data_dir);
+    dir.join(CA_CERT).exists() && dir.join(CA_KEY).exists()
+}
+
 /// The CA key and certificate PEM, created on first use.
 pub fn ensure_ca(data_dir: &Path) -> anyhow::Result<(KeyPair, String)> {
     let dir = tls_dir(data_dir);

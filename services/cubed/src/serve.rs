@@ -207,7 +207,19 @@ pub async fn run(
     let catalog = Arc::new(catalog);
     // Before the demo tenant and crash recovery: a --tls-dev certificate that cannot be made
     // stops the start with nothing else changed.
+    let had_ca = certs::has_ca(data.root());
     let tls_files = tls_settings(&config.tls, tls_files, data.root())?;
+    if tls_files.is_some() && !had_ca && catalog.list()?.iter().any(|(_, keys)| !keys.is_empty()) {
+        // Certificates `cubed key cert` issued under another CA (a data directory restored
+        // without its tls/, say) fail their TLS handshake from now on, with nothing on the
+        // server's side to say why.
+        tracing::warn!(
+            dir = %certs::tls_dir(data.root()).display(),
+            "created a new certificate authority for a data directory whose tenants already have \
+             keys: client certificates issued for it before (`cubed key cert`), if any, are not \
+             accepted any more; if this directory was restored from a copy, restore its tls/ too"
+        );
+    }
     let addr = listener.local_addr().context("reading the bound address")?;
     if config.demo {
         ensure_demo(&catalog, &data, &client_endpoint(&config.tls, addr))?;

@@ -331,3 +331,24 @@ async fn a_client_certificate_authenticates_nothing_in_call_mode() {
     assert_eq!(gauge("connection"), 0.0);
     assert_eq!(gauge("call"), 1.0);
 }
+
+/// A data directory whose tenants have keys but whose CA is gone (restored without `tls/`) gets
+/// a new CA, under which no client certificate issued before is accepted: the server says so,
+/// and where to look. A fresh directory's first CA is no news.
+#[test]
+fn a_new_ca_for_a_directory_whose_tenants_have_keys_is_warned_about() {
+    const WARNING: &str = "created a new certificate authority for a data directory whose \
+                           tenants already have keys";
+    let mut first = TestServer::start_with(cubed(), &["--tls-dev"]).unwrap();
+    assert!(!first.log().contains(WARNING), "{}", first.log());
+    let data = first.data_dir();
+    assert!(first.sigterm().unwrap().success());
+    std::fs::remove_dir_all(data.join("tls")).unwrap();
+    let mut second = TestServer::start_at(cubed(), &data, &["--tls-dev"]).unwrap();
+    let log = second.log();
+    assert!(
+        log.contains(WARNING) && log.contains("restore its tls/ too"),
+        "{log}"
+    );
+    assert!(second.sigterm().unwrap().success());
+}

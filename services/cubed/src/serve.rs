@@ -40,6 +40,11 @@ fn listen_error(flag: &str, addr: std::net::SocketAddr, e: &std::io::Error) -> a
             " (another process is listening there: stop it, or pass another port; port 0 lets \
              the system pick a free one)"
         }
+        // The admin listener serves unauthenticated metrics: never suggest every interface.
+        ErrorKind::AddrNotAvailable if flag == "--admin-listen" => {
+            " (that is not an address of this machine: pass one of its own, or 127.0.0.1 for \
+             this machine only)"
+        }
         ErrorKind::AddrNotAvailable => {
             " (that is not an address of this machine: pass one of its own, 127.0.0.1 for \
              this machine only, or 0.0.0.0 for every interface)"

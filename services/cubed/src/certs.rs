@@ -75,7 +75,7 @@ pub fn ensure_ca(data_dir: &Path) -> anyhow::Result<(KeyPair, String)> {
     let (cert_path, key_path) = (dir.join(CA_CERT), dir.join(CA_KEY));
     // The key goes first, the certificate last: a CA whose certificate is missing was never
     // used, and is made again whole.
-    if cert_path.exists() && key_path.exists() {
+    if has_ca(data_dir) {
         let key =
             KeyPair::from_pem(&fs::read_to_string(&key_path)?).context("reading the CA key")?;
         return Ok((key, fs::read_to_string(&cert_path)?));

@@ -451,10 +451,6 @@ fn prepare_data_dir(root: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// On the first start of an empty data directory create tenant `demo` and dev-credentials.json;
-/// on later starts keep that file's endpoint current. A first start stopped between the two (a
-/// crash) leaves a catalog of tenant `demo` alone with its one key and no file: the file is
-/// written then from the catalog's key.
 /// The endpoint a client on this machine reaches the server at, for the dev credentials: the
 /// bound address, except that a wildcard one (0.0.0.0, ::) becomes the loopback address of its
 /// family. A client cannot connect to a wildcard over TLS: the `--tls-dev` certificate names
@@ -475,6 +471,10 @@ fn client_endpoint(tls: &TlsChoice, mut addr: std::net::SocketAddr) -> String {
     format!("{scheme}://{addr}")
 }
 
+/// On the first start of an empty data directory create tenant `demo` and dev-credentials.json;
+/// on later starts keep that file's endpoint current. A first start stopped between the two (a
+/// crash) leaves a catalog of tenant `demo` alone with its one key and no file: the file is
+/// written then from the catalog's key.
 fn ensure_demo(catalog: &Catalog, data: &DataDir, endpoint: &str) -> anyhow::Result<()> {
     let path = data.dev_credentials();
     let endpoint = endpoint.to_string();

@@ -1275,7 +1275,7 @@ impl<T> TenantCore<T> {
         };
         // Only the actor poisons its tenant. How is published before `poisoned` (Release):
         // another thread that sees `poisoned` must not read a not-yet-set `reopenable` as "for
-        // good" (a read then said an operator had to act; seen under CPU load in a test).
+        // good" (a read would then say an operator has to act).
         if !self.stats.poisoned.load(Ordering::Acquire) {
             cube_metrics::TENANTS_UNAVAILABLE.inc();
             self.stats.reopenable.store(reopenable, Ordering::Relaxed);

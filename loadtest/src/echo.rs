@@ -59,13 +59,13 @@ pub struct EchoChild {
 
 impl EchoChild {
     pub fn spawn() -> anyhow::Result<EchoChild> {
-        let child = Command::new(std::env::current_exe()?)
-            .args(["echo-server", "--listen", "127.0.0.1:0"])
-            .stdout(Stdio::piped())
-            .stdin(Stdio::null())
-            .spawn()?;
         // Owned (killed on drop) before anything below can fail.
-        let mut child = cube_testkit::interrupt::ChildProcess::new(child);
+        let mut child = cube_testkit::interrupt::ChildProcess::spawn(
+            Command::new(std::env::current_exe()?)
+                .args(["echo-server", "--listen", "127.0.0.1:0"])
+                .stdout(Stdio::piped())
+                .stdin(Stdio::null()),
+        )?;
         let stdout = child.take_stdout().context("no stdout")?;
         let mut line = String::new();
         BufReader::new(stdout).read_line(&mut line)?;

@@ -63,15 +63,13 @@ impl PeerProcess {
     ) -> anyhow::Result<PeerProcess> {
         let out =
             std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-        let child = cmd
-            .stdout(out.try_clone()?)
+        cmd.stdout(out.try_clone()?)
             .stderr(out)
-            .stdin(Stdio::null())
-            .spawn()
-            .with_context(|| format!("starting {name}"))?;
+            .stdin(Stdio::null());
         Ok(PeerProcess {
             name,
-            child: cube_testkit::interrupt::ChildProcess::new(child),
+            child: cube_testkit::interrupt::ChildProcess::spawn(&mut cmd)
+                .with_context(|| format!("starting {name}"))?,
             log,
         })
     }

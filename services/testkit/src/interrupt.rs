@@ -5,11 +5,11 @@
 //! SIGTERM or SIGHUP: a `cube-load bench` stopped half-way would leave its bulk-loaded data (up
 //! to gigabytes) in the temp directory, a server started by `cube-load run` would keep running,
 //! and `cube-durability` would leave a tmpfs or a loop device mounted. Owners register what they
-//! hold ([`dir`], [`process`], [`mount`]) for as long as they hold it, and a driver that calls
-//! [`clean_up_on_signals`] stops every registered process (SIGKILL), then undoes every
-//! registered mount (newest first), then removes every registered directory when such a signal
-//! arrives, and exits with 128 + the signal's number. A process or directory registered after
-//! the signal (the next server of a matrix of runs) is cleaned up at once; a mount is refused.
+//! hold ([`dir`], [`ChildProcess::spawn`], [`mount`]) for as long as they hold it, and a
+//! driver that calls [`clean_up_on_signals`] stops every registered process (SIGKILL), then
+//! undoes every registered mount (newest first), then removes every registered directory when
+//! such a signal arrives, and exits with 128 + the signal's number. A directory registered after the signal
+//! is removed at once; a process (the next server of a matrix of runs) or a mount is refused.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -61,10 +61,16 @@ fn register(what: Leftover) -> Result<Registered, Leftover> {
     if r.stopping {
         return Err(what);
     }
-    r.next += 1;
-    let id = r.next;
-    r.held.insert(id, what);
-    Ok(Registered(id))
+    Ok(r.hold(what))
+}
+
+impl Registry {
+    fn hold(&mut self, what: Leftover) -> Registered {
+        self.next += 1;
+        let id = self.next;
+        self.held.insert(id, what);
+        Registered(id)
+    }
 }
 
 /// A guard that holds nothing: what it stood for was cleaned up at once.
@@ -77,16 +83,6 @@ fn nothing_held() -> Registered {
 pub fn dir(path: &Path) -> Registered {
     register(Leftover::Dir(path.to_path_buf())).unwrap_or_else(|_| {
         remove(path);
-        nothing_held()
-    })
-}
-
-/// A child process to kill if the driver is stopped by a signal; killed at once if it is
-/// stopping already (its owner, which has not reaped it, still does). Drop the guard as soon
-/// as the child is reaped, so that its pid, free again, is not signalled.
-pub fn process(pid: u32) -> Registered {
-    register(Leftover::Process(pid)).unwrap_or_else(|_| {
-        kill_pid(pid);
         nothing_held()
     })
 }
@@ -104,8 +100,9 @@ pub fn mount(undo: impl FnOnce() + Send + 'static) -> Option<Registered> {
     register(Leftover::Mount(Box::new(undo))).ok()
 }
 
-/// A child process that is killed and reaped when dropped, and registered ([`process`]) until
-/// it is reaped: the one way the drivers own the servers they start.
+/// A child process that is killed and reaped when dropped, and registered (killed if the
+/// driver is stopped by a signal) until it is reaped: the one way the drivers own the servers
+/// they start.
 #[derive(Debug)]
 pub struct ChildProcess {
     child: std::process::Child,
@@ -113,9 +110,23 @@ pub struct ChildProcess {
 }
 
 impl ChildProcess {
-    pub fn new(child: std::process::Child) -> ChildProcess {
-        let registered = Some(process(child.id()));
-        ChildProcess { child, registered }
+    /// Start `command` and register the child (killed if the driver is stopped by a signal)
+    /// under the registry's lock: a signal's cleanup either finds it registered (and kills it,
+    /// waits for it to exit, and only then removes the directories it may write into) or has
+    /// begun before it is started, and then it is not. Registering after the start would leave
+    /// a gap in which a cleanup removes the directories while the child, not yet known,
+    /// recreates its own (a server creates its data directory as it starts), or the driver
+    /// exits with the child still running.
+    pub fn spawn(command: &mut std::process::Command) -> std::io::Result<ChildProcess> {
+        let mut r = registry();
+        if r.stopping {
+            return Err(std::io::Error::other(
+                "not starting a child process: stopped by a signal, cleaning up",
+            ));
+        }
+        let child = command.spawn()?;
+        let registered = Some(r.hold(Leftover::Process(child.id())));
+        Ok(ChildProcess { child, registered })
     }
 
     pub fn id(&self) -> u32 {
@@ -329,15 +340,9 @@ mod tests {
         for d in [&held.join("inside"), &released, &later] {
             std::fs::create_dir_all(d).unwrap();
         }
-        let sleep = || {
-            std::process::Command::new("sleep")
-                .arg("600")
-                .spawn()
-                .unwrap()
-        };
-        let mut child = sleep();
+        let sleep = || ChildProcess::spawn(std::process::Command::new("sleep").arg("600"));
+        let mut child = sleep().unwrap();
         let _dir = dir(&held);
-        let child_registered = process(child.id());
         drop(dir(&released));
         // Each undo notes what it saw: whether the child had exited and the held directory
         // was still there.
@@ -377,25 +382,19 @@ mod tests {
         assert!(released.exists(), "a released directory was removed");
         // Killed, and left for its owner to reap.
         let status = child.wait().unwrap();
-        drop(child_registered);
         assert_eq!(
             std::os::unix::process::ExitStatusExt::signal(&status),
             Some(Signal::SIGKILL as i32)
         );
-        // Once stopping, a process or directory is cleaned up as it is registered, and a
-        // mount is refused (nothing mounted yet, so nothing undone).
-        let mut late_child = sleep();
-        let _late = (process(late_child.id()), dir(&later));
+        // Once stopping, a directory is removed as it is registered, and a process or a
+        // mount is refused (nothing started or mounted yet, so nothing killed or undone).
+        let _late = dir(&later);
         assert!(!later.exists(), "a directory registered late was left");
+        assert!(sleep().is_err(), "a process may not start once stopping");
         assert!(
             mount(note("late")).is_none(),
             "a mount may not start once stopping"
         );
         assert_eq!(seen.lock().unwrap().len(), 2, "a refused mount's undo ran");
-        let status = late_child.wait().unwrap();
-        assert_eq!(
-            std::os::unix::process::ExitStatusExt::signal(&status),
-            Some(Signal::SIGKILL as i32)
-        );
     }
 }

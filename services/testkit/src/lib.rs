@@ -140,7 +140,8 @@ impl TestServer {
     fn spawn(&mut self) -> anyhow::Result<()> {
         self.starts += 1;
         let log = fs::File::create(self.log_path())?;
-        let child = Command::new(&self.bin)
+        let mut command = Command::new(&self.bin);
+        command
             .arg("serve")
             .arg("--data-dir")
             .arg(self.data_dir())
@@ -149,10 +150,9 @@ impl TestServer {
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::piped())
             .stderr(log)
-            .stdin(Stdio::null())
-            .spawn()
+            .stdin(Stdio::null());
+        let mut child = interrupt::ChildProcess::spawn(&mut command)
             .with_context(|| format!("spawning {}", self.bin.display()))?;
-        let mut child = interrupt::ChildProcess::new(child);
         let stdout = child.take_stdout().context("no stdout")?;
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {

@@ -8,8 +8,9 @@
 //! hold ([`dir`], [`ChildProcess::spawn`], [`mount`]) for as long as they hold it, and a
 //! driver that calls [`clean_up_on_signals`] stops every registered process (SIGKILL), then
 //! undoes every registered mount (newest first), then removes every registered directory when
-//! such a signal arrives, and exits with 128 + the signal's number. A directory registered after the signal
-//! is removed at once; a process (the next server of a matrix of runs) or a mount is refused.
+//! such a signal arrives, and exits with 128 + the signal's number. A directory registered
+//! after the signal is removed at once; a process (the next server of a matrix of runs) or a
+//! mount is refused.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

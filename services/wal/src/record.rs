@@ -108,6 +108,33 @@ pub(crate) fn off_by_one_bit(buf: &[u8], salt: u32) -> bool {
     false
 }
 
+/// Whether the frame at `buf[0]` (in a segment salted with `salt`) is record `exp` with exactly
+/// one bit flipped, wherever it is: in the length, the stored checksum, the sequence field or
+/// the payload. A sequence number one bit away from `exp` is that bit, if the checksum holds
+/// with it restored; [`off_by_one_bit`] finds a bit of the checksum, the batch position or the
+/// payload; a flipped length also moves where the payload ends (the checksum is then taken over
+/// other bytes), so the length's 32 bits are tried one by one.
+pub(crate) fn is_record_but_one_bit(buf: &[u8], exp: u64, salt: u32) -> bool {
+    let Some(header) = buf.get(..HEADER_LEN) else {
+        return false;
+    };
+    let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
+    let stored = u32::from_le_bytes([header[4], header[5], header[6], header[7]]) ^ salt;
+    let field = seq_field(header);
+    let checks = |len: u32, field: u64| {
+        (len as usize)
+            .checked_add(HEADER_LEN)
+            .and_then(|end| buf.get(HEADER_LEN..end))
+            .is_some_and(|payload| checksum(len, field, payload) == stored)
+    };
+    let seq_diff = (field & MAX_SEQ) ^ exp;
+    match seq_diff.count_ones() {
+        0 => off_by_one_bit(buf, salt) || (0..u32::BITS).any(|bit| checks(len ^ (1 << bit), field)),
+        1 => checks(len, field ^ seq_diff),
+        _ => false,
+    }
+}
+
 /// What the bytes at some offset hold.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Frame<'a> {
@@ -193,6 +220,32 @@ mod tests {
                 "bit {bit}"
             );
         }
+    }
+
+    #[test]
+    fn a_record_with_any_one_bit_flipped_is_recognised_and_nothing_else() {
+        const SALT: u32 = 0x0bad_5eed;
+        let mut frame = Vec::new();
+        encode(&mut frame, 7, 3, b"hello, one flipped bit");
+        seal(&mut frame, SALT);
+        assert!(!is_record_but_one_bit(&frame, 7, SALT), "an intact record");
+        for bit in 0..frame.len() * 8 {
+            let mut bad = frame.clone();
+            bad[bit / 8] ^= 1 << (bit % 8);
+            assert!(is_record_but_one_bit(&bad, 7, SALT), "bit {bit}");
+            // The same damage to record 7 seen where another seq was expected.
+            assert!(
+                !is_record_but_one_bit(&bad, 7 ^ 0b110, SALT),
+                "bit {bit}, seq 1"
+            );
+        }
+        let mut two = frame.clone();
+        two[HEADER_LEN] ^= 0x01;
+        two[HEADER_LEN + 5] ^= 0x20;
+        assert!(!is_record_but_one_bit(&two, 7, SALT), "two payload bits");
+        let mut cut = frame.clone();
+        cut.truncate(HEADER_LEN + 4);
+        assert!(!is_record_but_one_bit(&cut, 7, SALT), "a frame cut short");
     }
 
     #[test]

@@ -153,15 +153,11 @@ pub(crate) fn recover(
         // record of a later batch means one in between is damaged.
         let torn_write = if data[pos..].iter().all(|b| *b == 0) {
             false
-        } else if data.get(pos..pos + HEADER_LEN).is_some_and(|h| {
-            h.try_into()
-                .is_ok_and(|h: &[u8; HEADER_LEN]| record::seq_of_header(h) == exp)
-        }) && record::off_by_one_bit(&data[pos..], segment.salt)
-        {
-            // Record `exp` is whole but for one bit: written data that rotted or was damaged,
-            // not a write that never completed; under `sync` it was acknowledged. Whatever
-            // follows it, cutting it would drop it silently (a zero sector its value holds
-            // would even pass for the mark of a lost write).
+        } else if record::is_record_but_one_bit(&data[pos..], exp, segment.salt) {
+            // Record `exp` is whole but for one bit (of its header or its payload): written data
+            // that rotted or was damaged, not a write that never completed; under `sync` it was
+            // acknowledged. Whatever follows it, cutting it would drop it silently (a zero
+            // sector its value holds would even pass for the mark of a lost write).
             return Err(corrupt(
                 &name,
                 pos as u64,

@@ -1327,7 +1327,8 @@ fn a_flipped_bit_in_the_last_batch_is_refused_even_beside_a_zero_sector() {
             payload(seq)
         }
     };
-    let write_log = |dir: &Path, batches: &[std::ops::RangeInclusive<u64>]| {
+    // `flip`: (offset in record 3's frame, bit mask).
+    let write_log = |dir: &Path, batches: &[std::ops::RangeInclusive<u64>], flip: (usize, u8)| {
         let mut data = Vec::new();
         let mut at3 = 0;
         for batch in batches {
@@ -1341,8 +1342,7 @@ fn a_flipped_bit_in_the_last_batch_is_refused_even_beside_a_zero_sector() {
             }
         }
         data.resize(16384, 0);
-        // One bit of record 3's value, outside its zeros.
-        data[at3 + 16 + 2] ^= 0x10;
+        data[at3 + flip.0] ^= flip.1;
         let name = SegmentName {
             first_seq: 1,
             salt: SALT,
@@ -1350,10 +1350,28 @@ fn a_flipped_bit_in_the_last_batch_is_refused_even_beside_a_zero_sector() {
         fs::write(dir.join(name.file_name()), &data).unwrap();
         data
     };
-    for batches in [&[1..=1, 2..=2, 3..=6][..], &[1..=1, 2..=2, 3..=3]] {
-        let dir = tempfile::tempdir().unwrap();
-        let before = write_log(dir.path(), batches);
-        expect_corrupt(open(dir.path(), small()), "one flipped bit");
-        assert_eq!(fs::read(only_segment(dir.path())).unwrap(), before);
+    // One bit of record 3's value (outside its zeros), and one of each field of its header: the
+    // length (low byte, and a bit that makes it longer than the segment), the stored checksum,
+    // the sequence number (lowest and highest bit), the batch position.
+    let flips = [
+        (16 + 2, 0x10),
+        (0, 0x04),
+        (3, 0x40),
+        (6, 0x01),
+        (8, 0x01),
+        (13, 0x80),
+        (15, 0x02),
+    ];
+    for flip in flips {
+        for batches in [&[1..=1, 2..=2, 3..=6][..], &[1..=1, 2..=2, 3..=3]] {
+            let dir = tempfile::tempdir().unwrap();
+            let before = write_log(dir.path(), batches, flip);
+            expect_corrupt(open(dir.path(), small()), "one flipped bit");
+            assert_eq!(
+                fs::read(only_segment(dir.path())).unwrap(),
+                before,
+                "flip {flip:?}, batches {batches:?}"
+            );
+        }
     }
 }

@@ -270,6 +270,15 @@ struct Shard {
     watermark: i64,
 }
 
+/// The shard a fingerprint is kept in. Taken from the keyed fingerprint, not from the nonce a
+/// client chooses: calls aimed at one shard would fill it, and each call it then forgets raises
+/// that shard's watermark, refusing as too old the calls of every tenant that land there. Bits
+/// 32–35, which a shard's set uses neither to place an entry (its low bits) nor to tag it (its
+/// top 7).
+fn shard_of(fp: u64) -> usize {
+    (fp >> 32) as usize % SHARDS
+}
+
 /// Remembers (key, nonce) pairs within the skew window.
 pub struct ReplayCache {
     shards: Vec<Mutex<Shard>>,
@@ -402,8 +411,7 @@ impl ReplayCache {
             return Err(ReplayError::TooOld);
         }
         let fp = self.fingerprint.hash_one((tenant, key_id, nonce));
-        let shard_index = (nonce as usize) % SHARDS;
-        let mut shard = self.shards[shard_index]
+        let mut shard = self.shards[shard_of(fp)]
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         let expired_before = now_ms - self.skew_ms;
@@ -505,6 +513,40 @@ impl ReplayCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The first `n` nonces (in increasing order) that `c` keeps in `shard` for `pair`.
+    fn nonces_in(c: &ReplayCache, pair: (&str, &str), shard: usize, n: usize) -> Vec<u128> {
+        (0u128..)
+            .filter(|nonce| shard_of(c.fingerprint.hash_one((pair.0, pair.1, *nonce))) == shard)
+            .take(n)
+            .collect()
+    }
+
+    /// A tenant choosing its nonces cannot fill one shard (and raise its watermark) for
+    /// another tenant's calls: nonces that once all fell in one shard (the same residue mod 16)
+    /// are spread over all of them.
+    #[test]
+    fn chosen_nonces_do_not_fill_one_shard_for_another_tenant() {
+        // 32 entries per shard; 64 calls would overflow one shard twice over.
+        let c = ReplayCache::new(16 * 32, 300_000, 0);
+        let now = 1_000_000;
+        for i in 0..64u128 {
+            assert_eq!(
+                c.check_and_insert(("mallory", "k"), i * 16, now, now),
+                Ok(())
+            );
+        }
+        assert_eq!(c.len(), 64, "nothing was forgotten");
+        // Another tenant's call, stamped a little earlier, in every shard.
+        for shard in 0..SHARDS {
+            let nonce = nonces_in(&c, ("alice", "k"), shard, 1)[0];
+            assert_eq!(
+                c.check_and_insert(("alice", "k"), nonce, now - 1_000, now),
+                Ok(()),
+                "shard {shard}"
+            );
+        }
+    }
 
     #[test]
     fn a_nonce_is_accepted_once_per_key() {
@@ -742,28 +784,26 @@ mod tests {
     #[test]
     fn memory_stays_bounded_and_forgetting_never_reopens_a_replay() {
         let c = ReplayCache::new(16 * 4, 300_000, 0);
-        // Nonces in one shard (same residue mod 16) with rising timestamps.
-        for i in 0..10u128 {
+        // Nonces in one shard with rising timestamps.
+        let n = nonces_in(&c, ("a", "k"), 0, 11);
+        for (i, nonce) in n[..10].iter().enumerate() {
             assert_eq!(
-                c.check_and_insert(("a", "k"), i * 16, 1_000 + i as i64, 2_000),
+                c.check_and_insert(("a", "k"), *nonce, 1_000 + i as i64, 2_000),
                 Ok(())
             );
         }
         assert!(c.len() <= 64);
         // The first nonces were evicted; replaying them is still refused (as too old).
         assert_eq!(
-            c.check_and_insert(("a", "k"), 0, 1_000, 2_000),
+            c.check_and_insert(("a", "k"), n[0], 1_000, 2_000),
             Err(ReplayError::TooOld)
         );
         assert_eq!(
-            c.check_and_insert(("a", "k"), 9 * 16, 1_009, 2_000),
+            c.check_and_insert(("a", "k"), n[9], 1_009, 2_000),
             Err(ReplayError::Replayed)
         );
         // A fresh call is fine.
-        assert_eq!(
-            c.check_and_insert(("a", "k"), 99 * 16, 1_500, 2_000),
-            Ok(())
-        );
+        assert_eq!(c.check_and_insert(("a", "k"), n[10], 1_500, 2_000), Ok(()));
     }
 
     /// Calls stamped far ahead of the server clock (the skew admits up to `skew` ahead) must not
@@ -774,16 +814,21 @@ mod tests {
         // One nonce per shard; the skew window is 300 s.
         let c = ReplayCache::new(16, 300_000, 0);
         let now = 1_000_000;
+        let a = nonces_in(&c, ("a", "k"), 0, 1)[0];
+        let b = nonces_in(&c, ("b", "k"), 0, 3);
         assert_eq!(
-            c.check_and_insert(("a", "k"), 0, now + 299_000, now),
+            c.check_and_insert(("a", "k"), a, now + 299_000, now),
             Ok(())
         );
         // A correctly stamped call in the same shard, from another tenant.
-        assert_eq!(c.check_and_insert(("b", "k"), 16, now, now), Ok(()));
-        assert_eq!(c.check_and_insert(("b", "k"), 32, now + 1, now + 1), Ok(()));
+        assert_eq!(c.check_and_insert(("b", "k"), b[0], now, now), Ok(()));
+        assert_eq!(
+            c.check_and_insert(("b", "k"), b[1], now + 1, now + 1),
+            Ok(())
+        );
         // The future-stamped call stays remembered: its replay is refused.
         assert_eq!(
-            c.check_and_insert(("a", "k"), 0, now + 299_000, now + 2),
+            c.check_and_insert(("a", "k"), a, now + 299_000, now + 2),
             Err(ReplayError::Replayed)
         );
         // Once the clock is within a second of it, it is an ordinary entry: this one-entry shard
@@ -791,11 +836,11 @@ mod tests {
         // past the clock: the replay is refused as too old.
         let later = now + 298_500;
         assert_eq!(
-            c.check_and_insert(("a", "k"), 0, now + 299_000, later),
+            c.check_and_insert(("a", "k"), a, now + 299_000, later),
             Err(ReplayError::TooOld)
         );
         assert_eq!(
-            c.check_and_insert(("b", "k"), 48, now + 299_001, later),
+            c.check_and_insert(("b", "k"), b[2], now + 299_001, later),
             Ok(())
         );
     }
@@ -809,40 +854,42 @@ mod tests {
         let (room, per_tenant) = (c.ahead_per_shard, c.ahead_per_tenant);
         assert_eq!((room, per_tenant), (8, 2));
         // Each tenant fills at most its share of a shard's room; four tenants fill it.
-        let mut nonce = 0u128;
         for tenant in ["a", "b", "c", "d"] {
-            for _ in 0..per_tenant {
+            let n = nonces_in(&c, (tenant, "k"), 0, per_tenant + 1);
+            for nonce in &n[..per_tenant] {
                 assert_eq!(
-                    c.check_and_insert((tenant, "k"), nonce * 16, now + 200_000, now),
+                    c.check_and_insert((tenant, "k"), *nonce, now + 200_000, now),
                     Ok(())
                 );
-                nonce += 1;
             }
             assert_eq!(
-                c.check_and_insert((tenant, "k"), 1000 * 16, now + 200_000, now),
+                c.check_and_insert((tenant, "k"), n[per_tenant], now + 200_000, now),
                 Err(ReplayError::TooFarAhead),
                 "{tenant}"
             );
         }
+        let e = nonces_in(&c, ("e", "k"), 0, 1)[0];
         assert_eq!(
-            c.check_and_insert(("e", "k"), 1001 * 16, now + 200_000, now),
+            c.check_and_insert(("e", "k"), e, now + 200_000, now),
             Err(ReplayError::TooFarAhead)
         );
         // A second ahead (the limit) is not "future-stamped".
+        let a = nonces_in(&c, ("a", "k"), 0, per_tenant + 2);
         assert_eq!(
-            c.check_and_insert(("a", "k"), 99 * 16, now + 1_000, now),
+            c.check_and_insert(("a", "k"), a[per_tenant + 1], now + 1_000, now),
             Ok(())
         );
         // Current calls fill and overflow the shard; the held calls are never what is forgotten.
         // (Forgetting the entry a second ahead raises the watermark to it: calls a second later
         // are current again.)
         let later = now + AHEAD_MS + 1;
-        for i in 100..300u128 {
+        let b = nonces_in(&c, ("b", "k"), 0, 300);
+        for (i, nonce) in b.iter().enumerate().skip(100) {
             let ts = later + i as i64;
-            assert_eq!(c.check_and_insert(("b", "k"), i * 16, ts, ts), Ok(()));
+            assert_eq!(c.check_and_insert(("b", "k"), *nonce, ts, ts), Ok(()));
         }
         assert_eq!(
-            c.check_and_insert(("a", "k"), 0, now + 200_000, later + 300),
+            c.check_and_insert(("a", "k"), a[0], now + 200_000, later + 300),
             Err(ReplayError::Replayed)
         );
         assert!(c.len() <= 64 + room, "{}", c.len());
@@ -854,9 +901,9 @@ mod tests {
     fn held_calls_that_come_due_stay_within_the_bound() {
         let c = ReplayCache::new(16 * 64, 300_000, 0);
         // Every call is held (stamped just over a second ahead), and due two calls later.
-        for i in 0..5_000u128 {
+        for (i, nonce) in nonces_in(&c, ("a", "k"), 0, 5_000).into_iter().enumerate() {
             let now = 1_000_000 + i as i64;
-            let _ = c.check_and_insert(("a", "k"), i * 16, now + AHEAD_MS + 1, now);
+            let _ = c.check_and_insert(("a", "k"), nonce, now + AHEAD_MS + 1, now);
         }
         assert!(c.len() <= 64 + c.ahead_per_shard, "{}", c.len());
     }
@@ -905,15 +952,16 @@ mod tests {
     #[test]
     fn nonces_expire_with_the_skew_window() {
         let c = ReplayCache::new(1000, 100, 0);
-        c.check_and_insert(("a", "k"), 5, 1_000, 1_000).unwrap();
+        let n = nonces_in(&c, ("a", "k"), 0, 2);
+        c.check_and_insert(("a", "k"), n[0], 1_000, 1_000).unwrap();
         assert_eq!(c.len(), 1);
-        // Long after, the entry is dropped when its shard is next used (nonce 21 shares nonce 5's
+        // Long after, the entry is dropped when its shard is next used (by a nonce of the same
         // shard); a replay would now fail the skew check instead.
-        c.check_and_insert(("a", "k"), 21, 5_000, 5_000).unwrap();
+        c.check_and_insert(("a", "k"), n[1], 5_000, 5_000).unwrap();
         assert_eq!(c.len(), 1);
         // Even if the server clock steps back, the forgotten nonce stays refused.
         assert_eq!(
-            c.check_and_insert(("a", "k"), 5, 1_000, 1_050),
+            c.check_and_insert(("a", "k"), n[0], 1_000, 1_050),
             Err(ReplayError::TooOld)
         );
     }

@@ -695,14 +695,14 @@ impl<T> TenantCore<T> {
         self.waiting.len() + self.deferred.len()
     }
 
-    /// Refuse a caller whose key's revocation, or loss of the capability `cmd` needs, is in the
-    /// log but not applied yet. The gateway checked the key against the catalog, which changes
-    /// only when that record is applied; without this, the caller's change would be logged (and
-    /// audited) after the record that took its right away.
-    fn check_pending_rights(&self, cmd: &Command, caller: &Caller) -> Result<(), StoreError> {
-        if self.pending_revokes.is_empty() && self.pending_caps.is_empty() {
-            return Ok(());
-        }
+    /// Refuse a caller whose key is revoked, or lacks the capability `cmd` needs, as the log has
+    /// it: the gateway checked the key against the catalog when the call came in, and the
+    /// catalog changes only when a revocation's or a capability change's record is applied.
+    /// Such a record may be logged but not applied yet (the pending rights), or applied after
+    /// the gateway's check and before this call reached the actor (the catalog as it is now);
+    /// either way, without this the caller's change would be logged (and audited) after the
+    /// record that took its right away.
+    fn check_rights(&self, cmd: &Command, caller: &Caller) -> Result<(), StoreError> {
         // The operator (the admin socket) is no key of the tenant's.
         let Some(key_id) = key_of(&self.tenant, &caller.principal) else {
             return Ok(());
@@ -723,8 +723,24 @@ impl<T> TenantCore<T> {
             | Command::CreateKey
             | Command::SetDurability { .. } => None,
         };
-        match self.stats.pending_rights.refusal(key_id, needed) {
-            Some(e) => Err(e),
+        if let Some(e) = self.stats.pending_rights.refusal(key_id, needed) {
+            return Err(e);
+        }
+        let Some(catalog) = &self.catalog else {
+            return Ok(());
+        };
+        // A revoked key stays in the catalog, marked; a principal the catalog has never known
+        // was not authenticated by the gateway (tests and tools name their own).
+        match catalog.key(&self.tenant, key_id) {
+            Some(key) if key.revoked => Err(StoreError::Unauthenticated(
+                "the key this call authenticated with was revoked; authenticate again".into(),
+            )),
+            Some(key) => match needed {
+                Some(needed) if !key.has(needed) => Err(StoreError::PermissionDenied(format!(
+                    "key '{key_id}' lacks the {needed:?} capability for this call"
+                ))),
+                _ => Ok(()),
+            },
             None => Ok(()),
         }
     }
@@ -744,7 +760,7 @@ impl<T> TenantCore<T> {
         {
             return Some((token, Err(e)));
         }
-        if let Err(e) = self.check_pending_rights(&cmd, caller) {
+        if let Err(e) = self.check_rights(&cmd, caller) {
             return Some((token, Err(e)));
         }
         let prepared = match cmd {
@@ -1989,7 +2005,8 @@ mod tests {
     }
 
     /// A key whose revocation, or loss of a capability, is logged but not yet applied (so not
-    /// yet in the catalog the gateway checks) gets no change into the log after that record.
+    /// yet in the catalog the gateway checks), or applied since the gateway checked, gets no
+    /// change into the log after that record.
     #[test]
     fn a_key_whose_revocation_or_lost_capability_is_pending_acts_no_more() {
         let dir = tempfile::tempdir().unwrap();
@@ -2029,6 +2046,20 @@ mod tests {
         assert_eq!(tokens, vec![1, 2, 6], "{answers:?}");
         assert!(answers.iter().all(|(_, r)| r.is_ok()), "{answers:?}");
         // Nothing of the refused calls reached the log: three records.
+        assert_eq!(core.wal.as_ref().unwrap().next_seq(), 4);
+        // Applied, the changes are in the catalog and pending no more. A call the gateway let
+        // through before they were applied (it checked the catalog then) still gets nothing
+        // into the log after them.
+        let refused = at_once(&mut core, write(4, b"later"), &as_key(&doomed.key_id), 7);
+        assert!(
+            matches!(&refused, Err(StoreError::Unauthenticated(m)) if m.contains("revoked")),
+            "{refused:?}"
+        );
+        let refused = at_once(&mut core, write(5, b"later"), &as_key(&demoted.key_id), 8);
+        assert!(
+            matches!(&refused, Err(StoreError::PermissionDenied(m)) if m.contains("Write")),
+            "{refused:?}"
+        );
         assert_eq!(core.wal.as_ref().unwrap().next_seq(), 4);
     }
 

@@ -609,18 +609,20 @@ mod tests {
         let now = 1_000_000;
         let old = ReplayCache::with_floors(1000, 300_000, 0, path.clone()).unwrap();
         old.renew_clock(now).unwrap();
+        // In three shards: at this capacity a tenant may hold one far-ahead call per shard.
+        let [n1, n2, n3] = [0, 1, 2].map(|shard| nonces_in(&old, ("a", "k"), shard, 1)[0]);
         assert_eq!(
-            old.check_and_insert(("a", "k"), 1, now + 60_000, now),
+            old.check_and_insert(("a", "k"), n1, now + 60_000, now),
             Ok(())
         );
         assert_eq!(
-            old.check_and_insert(("a", "k"), 2, now + AHEAD_MS, now),
+            old.check_and_insert(("a", "k"), n2, now + AHEAD_MS, now),
             Ok(())
         );
         // A steady client ahead by a minute writes the file once a second, not per call.
         let written = std::fs::metadata(&path).unwrap().modified().unwrap();
         assert_eq!(
-            old.check_and_insert(("a", "k"), 3, now + 60_500, now + 500),
+            old.check_and_insert(("a", "k"), n3, now + 60_500, now + 500),
             Ok(())
         );
         assert_eq!(
@@ -633,7 +635,7 @@ mod tests {
         let start = now + 1;
         let new = ReplayCache::with_floors(1000, 300_000, start, path.clone()).unwrap();
         let at = start + AHEAD_MS;
-        for (nonce, ts) in [(1, now + 60_000), (3, now + 60_500), (2, now + AHEAD_MS)] {
+        for (nonce, ts) in [(n1, now + 60_000), (n3, now + 60_500), (n2, now + AHEAD_MS)] {
             assert_eq!(
                 new.check_and_insert(("a", "k"), nonce, ts, at),
                 Err(ReplayError::TooOld),
@@ -765,16 +767,19 @@ mod tests {
         c.renew_clock(now).unwrap();
         // The clock mark's file stays open; the floors file cannot be made any more.
         std::fs::remove_dir_all(&sub).unwrap();
+        // In two shards: the refused call's nonce stays remembered, and at this capacity a
+        // tenant may hold one far-ahead call per shard.
+        let [n1, n2, n3] = [0, 1, 2].map(|shard| nonces_in(&c, ("a", "k"), shard, 1)[0]);
         assert_eq!(
-            c.check_and_insert(("a", "k"), 1, now + 60_000, now),
+            c.check_and_insert(("a", "k"), n1, now + 60_000, now),
             Err(ReplayError::Unrecorded)
         );
         // Nothing was recorded, so the next such call tries again; current calls are fine.
         assert_eq!(
-            c.check_and_insert(("a", "k"), 2, now + 60_000, now),
+            c.check_and_insert(("a", "k"), n2, now + 60_000, now),
             Err(ReplayError::Unrecorded)
         );
-        assert_eq!(c.check_and_insert(("a", "k"), 3, now, now), Ok(()));
+        assert_eq!(c.check_and_insert(("a", "k"), n3, now, now), Ok(()));
         // An unreadable file stops the start (rather than forgetting what it held).
         let bad = dir.path().join("bad");
         std::fs::write(&bad, "12 a\n").unwrap();
@@ -934,17 +939,19 @@ mod tests {
         let path = dir.path().join("replay-floors");
         let t = 1_000_000;
         let old = ReplayCache::with_floors(1000, 300_000, 0, path.clone()).unwrap();
-        assert_eq!(old.check_and_insert(("a", "k"), 1, t, t - 5_000), Ok(()));
+        // In two shards: at this capacity a tenant may hold one far-ahead call per shard.
+        let [n1, n2] = [0, 1].map(|shard| nonces_in(&old, ("a", "k"), shard, 1)[0]);
+        assert_eq!(old.check_and_insert(("a", "k"), n1, t, t - 5_000), Ok(()));
         let floor = t + FLOOR_RESERVE_MS;
         assert_eq!(
-            old.check_and_insert(("a", "k"), 2, floor, t - 5_000),
+            old.check_and_insert(("a", "k"), n2, floor, t - 5_000),
             Ok(())
         );
         drop(old);
         let new = ReplayCache::with_floors(1000, 300_000, floor - AHEAD_MS, path).unwrap();
         assert_eq!(new.ready_ms(), floor);
         assert_eq!(
-            new.check_and_insert(("a", "k"), 2, floor, floor),
+            new.check_and_insert(("a", "k"), n2, floor, floor),
             Err(ReplayError::TooOld)
         );
     }

@@ -767,8 +767,8 @@ mod tests {
         c.renew_clock(now).unwrap();
         // The clock mark's file stays open; the floors file cannot be made any more.
         std::fs::remove_dir_all(&sub).unwrap();
-        // In two shards: the refused call's nonce stays remembered, and at this capacity a
-        // tenant may hold one far-ahead call per shard.
+        // The two refused calls in two shards (a refused call's nonce stays remembered, and at
+        // this capacity a tenant may hold one far-ahead call per shard), the current one apart.
         let [n1, n2, n3] = [0, 1, 2].map(|shard| nonces_in(&c, ("a", "k"), shard, 1)[0]);
         assert_eq!(
             c.check_and_insert(("a", "k"), n1, now + 60_000, now),

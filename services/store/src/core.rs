@@ -272,19 +272,35 @@ impl PendingRights {
             return None;
         }
         let keys = self.keys.read().unwrap_or_else(|p| p.into_inner());
-        if keys.revoked.contains(key_id) {
-            return Some(StoreError::Unauthenticated(
-                "the key this call authenticated with was revoked; authenticate again".into(),
-            ));
+        rights_refusal(
+            key_id,
+            keys.revoked.contains(key_id),
+            keys.caps.get(key_id).map(Vec::as_slice),
+            needed,
+        )
+    }
+}
+
+/// Why a call of key `key_id` that needs `needed` must be refused, if the key is `revoked` or
+/// its capabilities are `caps` (`None`: not known to differ from what the gateway checked).
+fn rights_refusal(
+    key_id: &str,
+    revoked: bool,
+    caps: Option<&[Capability]>,
+    needed: Option<Capability>,
+) -> Option<StoreError> {
+    if revoked {
+        return Some(StoreError::Unauthenticated(
+            "the key this call authenticated with was revoked; authenticate again".into(),
+        ));
+    }
+    match (needed, caps) {
+        (Some(needed), Some(caps)) if !caps.contains(&needed) => {
+            Some(StoreError::PermissionDenied(format!(
+                "key '{key_id}' lacks the {needed:?} capability for this call"
+            )))
         }
-        match (needed, keys.caps.get(key_id)) {
-            (Some(needed), Some(caps)) if !caps.contains(&needed) => {
-                Some(StoreError::PermissionDenied(format!(
-                    "key '{key_id}' lacks the {needed:?} capability for this call"
-                )))
-            }
-            _ => None,
-        }
+        _ => None,
     }
 }
 
@@ -731,16 +747,11 @@ impl<T> TenantCore<T> {
         };
         // A revoked key stays in the catalog, marked; a principal the catalog has never known
         // was not authenticated by the gateway (tests and tools name their own).
-        match catalog.key(&self.tenant, key_id) {
-            Some(key) if key.revoked => Err(StoreError::Unauthenticated(
-                "the key this call authenticated with was revoked; authenticate again".into(),
-            )),
-            Some(key) => match needed {
-                Some(needed) if !key.has(needed) => Err(StoreError::PermissionDenied(format!(
-                    "key '{key_id}' lacks the {needed:?} capability for this call"
-                ))),
-                _ => Ok(()),
-            },
+        match catalog
+            .key(&self.tenant, key_id)
+            .and_then(|key| rights_refusal(key_id, key.revoked, Some(&key.capabilities), needed))
+        {
+            Some(e) => Err(e),
             None => Ok(()),
         }
     }

@@ -75,7 +75,7 @@ fn checksum(len: u32, seq: u64, payload: &[u8]) -> u32 {
 /// exactly one flipped bit of its sequence field, payload or stored checksum: damage to bytes
 /// that were written whole, which a torn write (whole sectors lost, or a frame cut short)
 /// matches only by chance, with odds of about 8 × its length in 2^32.
-pub(crate) fn off_by_one_bit(buf: &[u8], salt: u32) -> bool {
+fn off_by_one_bit(buf: &[u8], salt: u32) -> bool {
     let Some(header) = buf.get(..HEADER_LEN) else {
         return false;
     };

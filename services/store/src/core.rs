@@ -2038,16 +2038,25 @@ mod tests {
         let at_once = |core: &mut TenantCore<u32>, cmd, caller: &Caller, token| {
             core.handle(cmd, caller, token).expect("answered at once").1
         };
-        let refused = at_once(&mut core, write(1, b"late"), &as_key(&doomed.key_id), 3);
-        assert!(
-            matches!(&refused, Err(StoreError::Unauthenticated(m)) if m.contains("revoked")),
-            "{refused:?}"
-        );
-        let refused = at_once(&mut core, write(2, b"late"), &as_key(&demoted.key_id), 4);
-        assert!(
-            matches!(&refused, Err(StoreError::PermissionDenied(m)) if m.contains("Write")),
-            "{refused:?}"
-        );
+        // A write of each key, refused: the doomed one as revoked, the demoted one for WRITE.
+        let both_refused = |core: &mut TenantCore<u32>, x: i32, token: u32| {
+            let refused = at_once(core, write(x, b"late"), &as_key(&doomed.key_id), token);
+            assert!(
+                matches!(&refused, Err(StoreError::Unauthenticated(m)) if m.contains("revoked")),
+                "{refused:?}"
+            );
+            let refused = at_once(
+                core,
+                write(x + 1, b"late"),
+                &as_key(&demoted.key_id),
+                token + 1,
+            );
+            assert!(
+                matches!(&refused, Err(StoreError::PermissionDenied(m)) if m.contains("Write")),
+                "{refused:?}"
+            );
+        };
+        both_refused(&mut core, 1, 3);
         // What the demoted key keeps, it still may do; other keys are not concerned.
         let read = Command::Read { coord: at(2) };
         assert!(at_once(&mut core, read, &as_key(&demoted.key_id), 5).is_ok());
@@ -2061,16 +2070,7 @@ mod tests {
         // Applied, the changes are in the catalog and pending no more. A call the gateway let
         // through before they were applied (it checked the catalog then) still gets nothing
         // into the log after them.
-        let refused = at_once(&mut core, write(4, b"later"), &as_key(&doomed.key_id), 7);
-        assert!(
-            matches!(&refused, Err(StoreError::Unauthenticated(m)) if m.contains("revoked")),
-            "{refused:?}"
-        );
-        let refused = at_once(&mut core, write(5, b"later"), &as_key(&demoted.key_id), 8);
-        assert!(
-            matches!(&refused, Err(StoreError::PermissionDenied(m)) if m.contains("Write")),
-            "{refused:?}"
-        );
+        both_refused(&mut core, 4, 7);
         assert_eq!(core.wal.as_ref().unwrap().next_seq(), 4);
     }
 

@@ -193,7 +193,9 @@ fn run(cli: &Cli, rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         .map(|r| r.name.clone())
         .collect();
     if !failed.is_empty() {
-        bail!("scenarios {failed:?} lost or corrupted acknowledged data");
+        bail!(
+            "scenarios {failed:?} failed: lost or corrupted acknowledged data, or a check of the method itself (the report above names it)"
+        );
     }
     if cli.require_all && !skipped.is_empty() {
         bail!("scenarios {skipped:?} were skipped and --require-all was given");

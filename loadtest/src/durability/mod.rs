@@ -97,6 +97,9 @@ pub struct WriteStats {
     pub acked_this_phase: u64,
     /// Refusals by gRPC code while the server was meant to be serving.
     pub refused: BTreeMap<String, u64>,
+    /// Writes the stop cut off, by gRPC code: each writer's write in flight (or started) when
+    /// the server went away. Empty when the stop found every writer idle.
+    pub stopped: BTreeMap<String, u64>,
     pub seconds: f64,
 }
 
@@ -118,6 +121,7 @@ pub async fn write(
         let (ledger, until) = (ledger.clone(), until.clone());
         tasks.push(tokio::spawn(async move {
             let mut refused: BTreeMap<String, u64> = BTreeMap::new();
+            let mut stopped: BTreeMap<String, u64> = BTreeMap::new();
             let len = ledger.value_bytes as u64;
             loop {
                 if until.gone.load(Ordering::SeqCst)
@@ -160,6 +164,7 @@ pub async fn write(
                                     | Code::Internal
                             ) =>
                     {
+                        *stopped.entry(format!("{:?}", s.code())).or_default() += 1;
                         break;
                     }
                     Err(s) => {
@@ -172,13 +177,17 @@ pub async fn write(
                     }
                 }
             }
-            refused
+            (refused, stopped)
         }));
     }
     let mut stats = WriteStats::default();
     for t in tasks {
-        for (k, v) in t.await? {
+        let (refused, stopped) = t.await?;
+        for (k, v) in refused {
             *stats.refused.entry(k).or_default() += v;
+        }
+        for (k, v) in stopped {
+            *stats.stopped.entry(k).or_default() += v;
         }
     }
     stats.acked_this_phase = ledger.total() - before;
@@ -406,6 +415,33 @@ pub fn require_clean_writes(write: &WriteStats, v: &mut Verification) -> bool {
             .push("no write was acknowledged in this round".to_string());
     }
     clean
+}
+
+/// A round that stopped the server under its writers must have caught them writing: at least
+/// one write cut off by the stop (otherwise it tested an idle stop, which B covers). A graceful
+/// stop must also have answered every write it took: a record found beyond the acknowledged
+/// ones is a write the server applied and never answered, a call the drain cut short. Returns
+/// whether the round passed both.
+pub fn require_stop_mid_write(write: &WriteStats, graceful: bool, v: &mut Verification) -> bool {
+    let mid_write = !write.stopped.is_empty();
+    let drained = !graceful || v.beyond_acked == 0;
+    if !mid_write {
+        v.ok = false;
+        v.problems.push(
+            "no write was cut off by the stop: it found every writer idle, so the round did not \
+             stop the server mid-write"
+                .to_string(),
+        );
+    }
+    if !drained {
+        v.ok = false;
+        v.problems.push(format!(
+            "the graceful stop applied {} writes it never answered: SIGTERM must answer the calls \
+             it took before it exits",
+            v.beyond_acked
+        ));
+    }
+    mid_write && drained
 }
 
 /// How long one read may keep answering `UNAVAILABLE` while its tenant reopens before

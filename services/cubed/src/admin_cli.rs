@@ -198,7 +198,10 @@ fn local(data: &DataDir, catalog: &Arc<Catalog>, op: &Op<'_>) -> anyhow::Result<
             }
         }
         Op::RevokeKey(tenant, key) => {
-            catalog.require_key(tenant, key)?;
+            // The key is looked up once the tenant's log is replayed (by the command itself): a
+            // key created through the log before a crash may be missing from the catalog's
+            // files until then.
+            catalog.require_tenant(tenant)?;
             // One record of the tenant's log holds the revocation and its audit entry.
             let cmd = Command::RevokeKey {
                 key_id: key.to_string(),
@@ -218,6 +221,10 @@ fn local(data: &DataDir, catalog: &Arc<Catalog>, op: &Op<'_>) -> anyhow::Result<
         }
         Op::KeyIsActive(tenant, key) => {
             catalog.require_tenant(tenant)?;
+            // After a crash the catalog's files may lack key changes only the tenant's log
+            // holds (a revocation, a creation): replaying it puts them in.
+            open_offline(data, catalog, tenant)
+                .context("replaying the tenant's log to see its keys as they are")?;
             Outcome::Active(catalog.key(tenant, key).is_some_and(|k| !k.revoked))
         }
         Op::SetDurability(tenant, policy) => {
@@ -335,4 +342,90 @@ async fn connect(path: PathBuf) -> anyhow::Result<AdminClient<Channel>> {
         }))
         .await?;
     Ok(AdminClient::new(channel))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cube_store::{Caller, CoreConfig, TenantCore};
+
+    fn copy_dir(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            let target = to.join(entry.file_name());
+            if entry.file_type().unwrap().is_dir() {
+                copy_dir(&entry.path(), &target);
+            } else {
+                std::fs::copy(entry.path(), &target).unwrap();
+            }
+        }
+    }
+
+    /// A server applied a key creation and a revocation through the tenant's log, then crashed
+    /// before the catalog's files saw either: the offline commands must see both.
+    #[test]
+    fn offline_key_commands_see_the_key_changes_only_the_tenants_log_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = DataDir::new(dir.path());
+        let catalog = Arc::new(Catalog::open(&data.catalog()).unwrap());
+        let first = catalog.create_tenant("acme").unwrap();
+        open_offline(&data, &catalog, "acme").unwrap();
+        // The catalog's files as the crash below leaves them: without the two changes.
+        catalog.make_durable().unwrap();
+        let snapshot = dir.path().join("snapshot");
+        copy_dir(&data.catalog(), &snapshot);
+        std::fs::copy(
+            data.catalog().with_extension("journal"),
+            snapshot.with_extension("journal"),
+        )
+        .unwrap();
+
+        let config = CoreConfig {
+            catalog: Some(Arc::clone(&catalog)),
+            ..CoreConfig::default()
+        };
+        let (mut core, _) = TenantCore::<u32>::open(
+            "acme",
+            &data.tenant_wal("acme"),
+            &data.tenant_state("acme"),
+            &config,
+            None,
+        )
+        .unwrap();
+        let caller = Caller {
+            principal: OPERATOR.to_string(),
+            ts_ms: 1,
+        };
+        assert!(core.handle(Command::CreateKey, &caller, 1).is_none());
+        let revoke = Command::RevokeKey {
+            key_id: first.key_id.clone(),
+        };
+        assert!(core.handle(revoke, &caller, 2).is_none());
+        let wal = core.take_wal().unwrap();
+        wal.wait_durable(wal.next_seq() - 1).unwrap();
+        // The crash: the log is durable and not closed; nothing was applied or checkpointed.
+        std::mem::forget(wal);
+        drop(core);
+        drop(catalog);
+
+        let catalog = Arc::new(Catalog::open(&snapshot).unwrap());
+        assert!(!catalog.key("acme", &first.key_id).unwrap().revoked);
+        assert_eq!(catalog.active_key_ids("acme"), vec![first.key_id.clone()]);
+        let active = |id: &str| match local(&data, &catalog, &Op::KeyIsActive("acme", id)) {
+            Ok(Outcome::Active(a)) => a,
+            other => panic!("{:?}", other.map(|_| ())),
+        };
+        assert!(!active(&first.key_id), "the revoked key is not active");
+        let ids = catalog.active_key_ids("acme");
+        let [created] = ids.as_slice() else {
+            panic!("the replay adds the created key: {ids:?}")
+        };
+        assert!(active(created), "the created key is active");
+        match local(&data, &catalog, &Op::RevokeKey("acme", created)) {
+            Ok(Outcome::Revoked(true)) => {}
+            other => panic!("{:?}", other.map(|_| ())),
+        }
+        assert!(!active(created));
+    }
 }

@@ -351,9 +351,30 @@ impl Catalog {
         }
         // Wait for the fdatasync without the lock, so that changes made meanwhile share it.
         drop(st);
-        let synced = self.sync_to(end)?;
+        let synced = match self.sync_to(end) {
+            Ok(synced) => synced,
+            Err(e) => {
+                // Not known to be durable, and never published: the next change of these keys
+                // (one logged through a tenant's log included) must build on what is.
+                self.forget_pending(&mut self.lock_changes(), end, keys);
+                return Err(e);
+            }
+        };
         self.publish(&mut self.lock_changes(), synced);
         Ok(())
+    }
+
+    /// Drop the versions of `keys` that the change ending at `end` left pending.
+    fn forget_pending(&self, st: &mut JournalState, end: u64, keys: &[&Arc<KeyInfo>]) {
+        for k in keys {
+            let name = (k.tenant.clone(), k.key_id.clone());
+            if let Some(versions) = st.pending.get_mut(&name) {
+                versions.retain(|(at, _)| *at != end);
+                if versions.is_empty() {
+                    st.pending.remove(&name);
+                }
+            }
+        }
     }
 
     /// Group commit: returns a position at or past `end` up to which the journal is durable.
@@ -1037,6 +1058,34 @@ pub(crate) mod tests {
         // A change already durable in the tenant's log is applied, whatever the journal did.
         assert!(c.apply_logged_durability("acme", relaxed).unwrap());
         assert_eq!(c.durability("acme").unwrap(), relaxed);
+        assert!(c.apply_logged_revocation("acme", &key.key_id).unwrap());
+        assert!(c.key("acme", &key.key_id).unwrap().revoked);
+    }
+
+    #[test]
+    fn a_change_whose_journal_sync_failed_is_not_the_base_of_the_next() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Catalog::open(&dir.path().join("catalog")).unwrap();
+        let key = c.create_tenant("acme").unwrap();
+        // The journal's next fdatasync fails: /dev/null refuses it (EINVAL), as a failing
+        // disk would with EIO.
+        let null = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/null")
+            .unwrap();
+        c.sync.lock().unwrap().file = Arc::new(null);
+        assert!(matches!(
+            c.revoke_key("acme", &key.key_id),
+            Err(StoreError::Unavailable(_))
+        ));
+        assert!(!c.key("acme", &key.key_id).unwrap().revoked);
+        // Asked again, it is refused as any change after a failed journal write, not answered
+        // "already revoked" from the change that failed.
+        assert!(matches!(
+            c.revoke_key("acme", &key.key_id),
+            Err(StoreError::Unavailable(_))
+        ));
+        // The revocation through the tenant's log (durable there) takes effect.
         assert!(c.apply_logged_revocation("acme", &key.key_id).unwrap());
         assert!(c.key("acme", &key.key_id).unwrap().revoked);
     }

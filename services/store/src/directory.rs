@@ -325,6 +325,13 @@ fn offline(
 ) -> Result<Option<Result<Reply, StoreError>>, StoreError> {
     let config = CoreConfig {
         catalog: Some(Arc::clone(catalog)),
+        // The server's --audit-retention is not known here, and may be longer than the
+        // default: an offline command expires no audit entry (the server's next apply expires
+        // what its own retention says).
+        limits: crate::StateLimits {
+            audit_retention: u64::MAX,
+            ..crate::StateLimits::default()
+        },
         ..CoreConfig::default()
     };
     let (mut core, report) = TenantCore::<bool>::open(

@@ -49,9 +49,15 @@ struct Cli {
     /// once.
     #[arg(long, env = "CUBE_AUTH", value_enum, global = true)]
     auth: Option<AuthModel>,
+    /// Seconds to wait for the connection, and for each call's answer (0: no limit).
+    #[arg(long, env = "CUBE_TIMEOUT_SECS", global = true, default_value_t = DEFAULT_TIMEOUT_SECS)]
+    timeout_secs: u64,
     #[command(subcommand)]
     command: Cmd,
 }
+
+/// `--timeout-secs` unless given.
+const DEFAULT_TIMEOUT_SECS: u64 = 30;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum AuthModel {
@@ -72,7 +78,12 @@ enum Cmd {
         y: i32,
         /// Z coordinate.
         z: i32,
-        #[arg(required_unless_present = "value_file", conflicts_with = "value_file")]
+        /// The value (it may start with `-`: `cubec write 1 2 3 -hot` writes "-hot").
+        #[arg(
+            required_unless_present = "value_file",
+            conflicts_with = "value_file",
+            allow_hyphen_values = true
+        )]
         value: Option<String>,
         /// Write this file's bytes (any bytes; `-` reads standard input).
         #[arg(long)]
@@ -259,6 +270,12 @@ async fn run() -> anyhow::Result<()> {
     );
     let mut ep = Endpoint::from_shared(target.endpoint.clone())
         .with_context(|| format!("bad endpoint {}", target.endpoint))?;
+    if cli.timeout_secs > 0 {
+        // An unreachable address, or a server that takes the connection and never answers
+        // (stopped, say), ends the command instead of hanging it.
+        let limit = std::time::Duration::from_secs(cli.timeout_secs);
+        ep = ep.connect_timeout(limit).timeout(limit);
+    }
     if target.tls {
         ep = ep
             .tls_config(tls_config(&cli, &target.ca)?)
@@ -727,7 +744,8 @@ where
     let mut out = Vec::new();
     let mut next = from;
     loop {
-        let want = limit.map_or(PAGE, |l| (l - out.len() as u32).min(PAGE));
+        // Saturating: a server that sent more than was asked must not wrap this around.
+        let want = limit.map_or(PAGE, |l| l.saturating_sub(out.len() as u32).min(PAGE));
         if want == 0 {
             break;
         }
@@ -811,6 +829,18 @@ fn status(s: tonic::Status) -> anyhow::Error {
     // server sent has none): there is no gRPC code to show, and a label such as "Internal"
     // would read as a server fault. A plaintext client answered by a TLS or HTTP/1 server
     // lands here, reading its bytes as a broken HTTP/2 frame ("frame with invalid size").
+    let mut cause = std::error::Error::source(&s);
+    while let Some(c) = cause {
+        if c.downcast_ref::<tonic::TimeoutExpired>().is_some() {
+            return anyhow::anyhow!(
+                "no answer within --timeout-secs ({} s unless set): the server took the \
+                 connection but did not answer in time (stopped or overloaded?); raise \
+                 --timeout-secs for a slow call, 0 for no limit",
+                DEFAULT_TIMEOUT_SECS
+            );
+        }
+        cause = c.source();
+    }
     if std::error::Error::source(&s).is_some() {
         return anyhow::Error::new(TransportFailure(transport_cause(&s)));
     }
@@ -827,4 +857,39 @@ fn status(s: tonic::Status) -> anyhow::Error {
         text.push_str(" (with cubec: --auth connection, or a client certificate with --cert)");
     }
     anyhow::anyhow!(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn written_value(args: &[&str]) -> Option<String> {
+        let cli = Cli::try_parse_from(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        match cli.command {
+            Cmd::Write { value, .. } => value,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_value_may_start_with_a_hyphen_and_coordinates_may_be_negative() {
+        // Before: `-hot` was read as the short flags -h -o -t, printed help and exited 0,
+        // writing nothing.
+        assert_eq!(
+            written_value(&["cubec", "write", "1", "2", "3", "-hot"]).as_deref(),
+            Some("-hot")
+        );
+        assert_eq!(
+            written_value(&["cubec", "write", "-1", "-2", "-3", "--", "-x"]).as_deref(),
+            Some("-x")
+        );
+        assert_eq!(
+            written_value(&["cubec", "write", "-1", "2", "-3", "v"]).as_deref(),
+            Some("v")
+        );
+        assert_eq!(
+            written_value(&["cubec", "write", "1", "2", "3", "--value-file", "f"]),
+            None
+        );
+    }
 }

@@ -742,3 +742,42 @@ fn binary_values_from_a_file_and_conditional_deletes() {
     ));
     assert_eq!(d["existed"], true);
 }
+
+/// A server that took the connection and stopped answering (SIGSTOP) ends the command after
+/// `--timeout-secs`, with exit code 1 and the flag named, instead of hanging it.
+#[test]
+fn a_server_that_does_not_answer_ends_the_command_after_the_timeout() {
+    let server = TestServer::start_with(&cubed(), &[]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let env = [
+        ("CUBE_ENDPOINT", server.endpoint()),
+        ("CUBE_TENANT", server.demo.tenant.clone()),
+        ("CUBE_KEY_ID", server.demo.key_id.clone()),
+        ("CUBE_SECRET", server.demo.secret.clone()),
+    ];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let pid = nix::unistd::Pid::from_raw(server.pid().unwrap() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let started = std::time::Instant::now();
+    let o = run(
+        dir.path(),
+        &env,
+        &["--timeout-secs", "1", "read", "1", "2", "3"],
+    );
+    let took = started.elapsed();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).starts_with("cubec: error: no answer within --timeout-secs"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(took < std::time::Duration::from_secs(20), "{took:?}");
+    // Answering again, the server serves the same command.
+    let o = run(
+        dir.path(),
+        &env,
+        &["--timeout-secs", "1", "read", "1", "2", "3"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+}

@@ -807,6 +807,25 @@ impl Catalog {
         Ok(true)
     }
 
+    /// Clear the pin of `tenant`'s policy (through the journal, keeping the policy), if it is
+    /// pinned: called once the tenant's open has made every logged change it replayed durable
+    /// in the catalog and its state store covers their records, so no logged change older than
+    /// the pinned policy can be replayed again. A change logged after that is then made again
+    /// by recovery like any other, even if a crash cut it off before the catalog took it.
+    /// Returns whether there was a pin.
+    pub fn release_durability_pin(&self, tenant: &str) -> Result<bool, StoreError> {
+        let st = self.lock_changes();
+        match self.tenant_record(tenant) {
+            Ok(record) if record.durability_pinned => {}
+            // A tenant the catalog does not know has no policy to unpin (tests and tools).
+            Ok(_) | Err(StoreError::NotFound(_)) => return Ok(false),
+            Err(e) => return Err(e),
+        }
+        let op = self.durability_op(tenant, self.durability(tenant)?, false)?;
+        self.commit(st, vec![op], &[])?;
+        Ok(true)
+    }
+
     /// The tenant record with `policy` (and the pin), as a catalog write.
     fn durability_op(
         &self,

@@ -623,6 +623,14 @@ impl<T> TenantCore<T> {
         if !read_only && let Err(e) = wal.delete_segments_through(checkpoint_seq) {
             tracing::warn!(tenant, error = %e, "could not delete checkpointed wal segments");
         }
+        // Every logged change older than a policy pinned in the catalog is now applied and
+        // covered by the store: none can be replayed again, so the pin has done its work.
+        if !read_only
+            && let Some(catalog) = &config.catalog
+            && let Err(e) = catalog.release_durability_pin(tenant)
+        {
+            tracing::warn!(tenant, error = %e, "could not release the durability policy's pin; a policy change logged from now on and cut off by a crash before the catalog takes it would not be made again by recovery");
+        }
         cube_metrics::RECOVERY_SECONDS.observe(started.elapsed().as_secs_f64());
         cube_metrics::RECOVERY_TRUNCATED_BYTES.inc_by(report.truncated_bytes);
         tracing::info!(
@@ -2313,6 +2321,45 @@ mod tests {
         let core = open(dir.path(), &with_copy);
         assert_eq!(copy.durability("t").unwrap(), relaxed(30));
         drop(core);
+    }
+
+    /// The pin of a policy set through the catalog lasts until the tenant's next open has made
+    /// every older logged change durable: a change logged after that open, and cut off by a
+    /// crash before the catalog took it, is made again by recovery.
+    #[test]
+    fn a_durability_change_logged_after_a_pinned_policy_is_replayed_after_a_crash() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, config) = tenant_with_catalog(dir.path());
+        let relaxed = |ms| SyncPolicy::Relaxed {
+            max_delay: Duration::from_millis(ms),
+            max_records: 64,
+        };
+        // Set while the tenant's log could not take it: pinned.
+        catalog.set_durability("t", relaxed(20)).unwrap();
+        let mut core = open(dir.path(), &config);
+        assert_eq!(catalog.durability("t").unwrap(), relaxed(20));
+        let policy = relaxed(30);
+        assert!(
+            core.handle(Command::SetDurability { policy }, &who(), 1)
+                .is_none()
+        );
+        // The crash: the record is durable, the catalog never took it.
+        let wal = core.take_wal().unwrap();
+        wal.wait_durable(wal.next_seq() - 1).unwrap();
+        std::mem::forget(wal);
+        drop(core);
+        assert_eq!(catalog.durability("t").unwrap(), relaxed(20));
+        let core = open(dir.path(), &config);
+        assert_eq!(
+            catalog.durability("t").unwrap(),
+            policy,
+            "recovery makes the logged change again"
+        );
+        let trail = core.state().reader().audit_page(1, 10).unwrap();
+        assert_eq!(
+            trail.last().map(|e| e.detail.as_str()),
+            Some("policy=relaxed(max_delay_ms=30, max_records=64)")
+        );
     }
 
     /// A crash that left a durability change in the log only (acknowledged, not yet in the

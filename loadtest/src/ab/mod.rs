@@ -366,8 +366,14 @@ async fn run_on(
             .collect(),
         per_op: ops_report,
         late_starts: late,
-        server: scrape::window(&before.buckets, &after.buckets),
-        stages: scrape::stages(&before, &after),
+        server: match (&before, &after) {
+            (Some(before), Some(after)) => scrape::window(&before.buckets, &after.buckets),
+            _ => Vec::new(),
+        },
+        stages: before
+            .as_ref()
+            .zip(after.as_ref())
+            .and_then(|(before, after)| scrape::stages(before, after)),
         client_cpu_s: client_cpu,
         server_cpu_s: server_cpu,
         client_cpu_us_per_op: per_op_us(client_cpu),

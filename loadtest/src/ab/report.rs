@@ -455,6 +455,57 @@ fn find<'a>(runs: &'a [RunReport], model: Model, mix: &str) -> Option<&'a RunRep
 }
 
 /// The verdict, in words that follow from the numbers.
+/// The lowest and highest rate of a run's 10-s windows, the last (shorter, and holding the ops
+/// answered after the end) left out; `None` with fewer than two such windows.
+fn window_range(r: &RunReport) -> Option<(f64, f64)> {
+    let whole = &r.windows[..r.windows.len().saturating_sub(1)];
+    if whole.len() < 2 {
+        return None;
+    }
+    let rates = whole.iter().map(|w| w.ops_per_sec);
+    Some((
+        rates.clone().fold(f64::INFINITY, f64::min),
+        rates.fold(0.0, f64::max),
+    ))
+}
+
+/// The verdict's sentence on `call` against `connection` in one mix. One run of each is all
+/// there is, so the difference is set against the variation within each run (its 10-s
+/// windows) before anything is read into it; rates are of successful ops.
+fn signing_vs_handshake(call: &RunReport, conn: &RunReport) -> String {
+    let ok_rate = |r: &RunReport| r.ok as f64 / r.seconds.max(1e-9);
+    let (call_rate, conn_rate) = (ok_rate(call), ok_rate(conn));
+    let ratio = call_rate / conn_rate.max(1e-9);
+    let mut out = format!(
+        "`call` did {call_rate:.0} successful ops/s, {:.1}% of `connection`'s {conn_rate:.0} (p50 {:.3} vs {:.3} ms); server CPU per op {} vs {} µs",
+        100.0 * ratio,
+        call.latency.p50_ms,
+        conn.latency.p50_ms,
+        opt(call.server_cpu_us_per_op, 1),
+        opt(conn.server_cpu_us_per_op, 1),
+    );
+    if call.ok_pct < 99.9 || conn.ok_pct < 99.9 {
+        out += &format!(
+            " (ok {:.3}% and {:.3}%: failed ops are not in these rates)",
+            call.ok_pct, conn.ok_pct
+        );
+    }
+    out += ". ";
+    out += &match (window_range(call), window_range(conn)) {
+        (Some((clo, chi)), Some((nlo, nhi))) if clo <= nhi && nlo <= chi => format!(
+            "That is within the runs' own variation: their 10-s windows ranged over {clo:.0}–{chi:.0} (`call`) and {nlo:.0}–{nhi:.0} ops/s (`connection`), so one run of each cannot tell the models apart here; `cube-load auth-cost` (alternating rounds, docs/benchmarks.md) measures what signing costs."
+        ),
+        (Some(_), Some(_)) if ratio > 1.0 => "`call` was faster beyond the spread of either run's 10-s windows: signing every call cost nothing this run could measure.".to_string(),
+        (Some((clo, chi)), Some((nlo, nhi))) => format!(
+            "`call` was slower beyond the spread of either run's 10-s windows ({clo:.0}–{chi:.0} against {nlo:.0}–{nhi:.0} ops/s): verifying a signature on every call cost throughput here."
+        ),
+        _ if ratio > 1.05 => "`call` did more than `connection` (runs too short to show their own variation): signing every call cost nothing this run could measure.".to_string(),
+        _ if ratio >= 0.95 => "Within 5%, and the runs are too short to show their own variation: one run of each cannot tell the models apart.".to_string(),
+        _ => "Verifying a signature on every call cost throughput here (runs too short to show their own variation).".to_string(),
+    };
+    out
+}
+
 fn verdict(runs: &[RunReport]) -> String {
     let mut v = String::new();
     let worst = runs.iter().min_by(|a, b| a.ok_pct.total_cmp(&b.ok_pct));
@@ -503,11 +554,16 @@ fn verdict(runs: &[RunReport]) -> String {
                 v,
                 "- **The audit op.** No Audit call succeeded ({failed} failed, {timed_out} of them by the {timeout:.0} ms per-op timeout)."
             )
+        } else if failed == 0 {
+            writeln!(
+                v,
+                "- **The audit op.** Its p99 was at most {worst:.2} ms ({:.2}% of the {timeout:.0} ms per-op timeout) and no Audit call timed out or failed, so audit no longer blurs the comparison as it did in the seed.",
+                100.0 * worst / timeout
+            )
         } else if timed_out == 0 {
             writeln!(
                 v,
-                "- **The audit op.** Its p99 was at most {worst:.2} ms ({:.2}% of the {timeout:.0} ms per-op timeout) and no Audit call timed out, so audit no longer blurs the comparison as it did in the seed.",
-                100.0 * worst / timeout
+                "- **The audit op.** No Audit call timed out (p99 of those that succeeded at most {worst:.2} ms), but {failed} failed otherwise: by cause in the tables below."
             )
         } else {
             writeln!(
@@ -523,24 +579,10 @@ fn verdict(runs: &[RunReport]) -> String {
         ) else {
             continue;
         };
-        let ratio = call.ops_per_sec / conn.ops_per_sec;
         let _ = writeln!(
             v,
-            "- **Per-call signing vs one handshake per connection ({mix} mix).** `call` did {:.0} ops/s, {:.1}% of `connection`'s {:.0} ops/s (p50 {:.3} vs {:.3} ms); server CPU per op {} vs {} µs. {}",
-            call.ops_per_sec,
-            100.0 * ratio,
-            conn.ops_per_sec,
-            call.latency.p50_ms,
-            conn.latency.p50_ms,
-            opt(call.server_cpu_us_per_op, 1),
-            opt(conn.server_cpu_us_per_op, 1),
-            if ratio > 1.05 {
-                "`call` did more than `connection` here: signing every call cost nothing this run could measure."
-            } else if ratio >= 0.95 {
-                "At this load the difference is within a few percent: the durable work, not authentication, dominates."
-            } else {
-                "Verifying a signature on every call costs measurable throughput here."
-            }
+            "- **Per-call signing vs one handshake per connection ({mix} mix).** {}",
+            signing_vs_handshake(call, conn)
         );
     }
     if let (Some(churn), Some(conn)) = (
@@ -548,30 +590,43 @@ fn verdict(runs: &[RunReport]) -> String {
         find(runs, Model::Connection, "legacy").or_else(|| find(runs, Model::Connection, "audit")),
     ) {
         let hs_per_sec = churn.handshakes as f64 / churn.seconds;
-        let _ = writeln!(
-            v,
-            "- **A new connection and handshake per op (`churn`, the seed's model A).** {:.0} ops/s with {} handshakes in {:.0} s ({:.0}/s, {:.1}× the seed's {:.0}/s), mean op {:.3} ms vs {:.3} ms on a persistent connection: {}",
-            churn.ops_per_sec,
-            churn.handshakes,
-            churn.seconds,
-            hs_per_sec,
-            hs_per_sec / SEED_CHURN_HANDSHAKES_PER_SEC,
-            SEED_CHURN_HANDSHAKES_PER_SEC,
-            churn.latency.mean_ms,
-            conn.latency.mean_ms,
-            {
-                let slower = churn.latency.mean_ms / conn.latency.mean_ms.max(1e-9);
-                if slower > 1.05 {
-                    format!(
-                        "{slower:.1}× slower per op. Authenticating once per connection is the cheaper model; authenticating every op is sound but pays a connection and a handshake each time."
-                    )
-                } else {
-                    format!(
-                        "{slower:.2}× the persistent connection's time per op: a connection and a handshake per op cost nothing this run could measure."
-                    )
+        if churn.ok == 0 || conn.ok == 0 {
+            let (none, r) = if churn.ok == 0 {
+                ("churn", churn)
+            } else {
+                ("connection", conn)
+            };
+            let _ = writeln!(
+                v,
+                "- **A new connection and handshake per op (`churn`, the seed's model A).** No `{none}` op succeeded ({} failed: by cause in the tables below), so the two models' times per op cannot be compared.",
+                r.ops - r.ok
+            );
+        } else {
+            let _ = writeln!(
+                v,
+                "- **A new connection and handshake per op (`churn`, the seed's model A).** {:.0} ops/s with {} handshakes in {:.0} s ({:.0}/s, {:.1}× the seed's {:.0}/s), mean op {:.3} ms vs {:.3} ms on a persistent connection: {}",
+                churn.ops_per_sec,
+                churn.handshakes,
+                churn.seconds,
+                hs_per_sec,
+                hs_per_sec / SEED_CHURN_HANDSHAKES_PER_SEC,
+                SEED_CHURN_HANDSHAKES_PER_SEC,
+                churn.latency.mean_ms,
+                conn.latency.mean_ms,
+                {
+                    let slower = churn.latency.mean_ms / conn.latency.mean_ms.max(1e-9);
+                    if slower > 1.05 {
+                        format!(
+                            "{slower:.1}× slower per op. Authenticating once per connection is the cheaper model; authenticating every op is sound but pays a connection and a handshake each time."
+                        )
+                    } else {
+                        format!(
+                            "{slower:.2}× the persistent connection's time per op: a connection and a handshake per op cost nothing this run could measure."
+                        )
+                    }
                 }
-            }
-        );
+            );
+        }
     }
     let persistent: Vec<&RunReport> = runs.iter().filter(|r| r.model != Model::Churn).collect();
     if let Some(slowest) = persistent
@@ -821,11 +876,75 @@ mod tests {
         );
         let v = with_audit(100, 3);
         assert!(v.contains("3 Audit calls timed out"), "{v}");
+        // Failures other than timeouts are not waved through either.
+        let mut r = run_with(Model::Connection, &[100_000, 100_000], 20.0);
+        r.per_op.insert(
+            "Audit".into(),
+            OpReport {
+                ok: 10,
+                failures: BTreeMap::from([("Unavailable".to_string(), 50)]),
+                latency: Lat::of(&crate::ab::user::hist()),
+            },
+        );
+        let v = verdict(&[r]);
+        assert!(
+            v.contains("No Audit call timed out") && v.contains("but 50 failed otherwise"),
+            "{v}"
+        );
         let v = with_audit(0, 5);
         assert!(
             v.contains("No Audit call succeeded (5 failed, 5 of them"),
             "{v}"
         );
+    }
+
+    /// The call-against-connection sentence reads nothing into a difference that the runs' own
+    /// windows span, compares successful ops only, and says when they differ beyond that.
+    #[test]
+    fn signing_against_the_handshake_is_read_against_each_runs_own_spread() {
+        // 94% of the other, but the windows overlap (14,000-12,000 against 13,000-11,000).
+        let conn = run_with(Model::Connection, &[140_000, 120_000, 10_000], 21.0);
+        let call = run_with(Model::Call, &[130_000, 110_000, 9_000], 21.0);
+        let line = signing_vs_handshake(&call, &conn);
+        assert!(line.contains("within the runs' own variation"), "{line}");
+        assert!(line.contains("12000–14000 ops/s (`connection`)"), "{line}");
+        // Apart: every window of `call` below every window of `connection`.
+        let call = run_with(Model::Call, &[100_000, 105_000, 9_000], 21.0);
+        let line = signing_vs_handshake(&call, &conn);
+        assert!(
+            line.contains("`call` was slower beyond the spread"),
+            "{line}"
+        );
+        // Failed ops are not throughput: a `call` run whose ops all failed fast did nothing.
+        let mut failing = run_with(Model::Call, &[300_000, 300_000, 30_000], 21.0);
+        failing.ok = 0;
+        failing.ok_pct = 0.0;
+        let line = signing_vs_handshake(&failing, &conn);
+        assert!(
+            line.starts_with("`call` did 0 successful ops/s, 0.0%"),
+            "{line}"
+        );
+        assert!(line.contains("ok 0.000% and 100.000%"), "{line}");
+        // Too short for windows: the 5% band, said to be only that.
+        let conn = run_with(Model::Connection, &[100_000], 10.0);
+        let call = run_with(Model::Call, &[98_000], 10.0);
+        let line = signing_vs_handshake(&call, &conn);
+        assert!(
+            line.contains("too short to show their own variation"),
+            "{line}"
+        );
+    }
+
+    /// A churn run with no successful op is not "no slower" than a persistent one.
+    #[test]
+    fn a_churn_run_without_a_successful_op_is_said_to_have_none() {
+        let conn = run_with(Model::Connection, &[100_000, 100_000], 20.0);
+        let mut churn = run_with(Model::Churn, &[40_000, 40_000], 20.0);
+        churn.ok = 0;
+        churn.ok_pct = 0.0;
+        let v = verdict(&[conn, churn]);
+        assert!(v.contains("No `churn` op succeeded (80000 failed"), "{v}");
+        assert!(!v.contains("cost nothing"), "{v}");
     }
 
     #[test]

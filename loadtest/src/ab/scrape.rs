@@ -213,12 +213,13 @@ pub fn window(before: &Buckets, after: &Buckets) -> Vec<ServerOp> {
     by_method.into_values().collect()
 }
 
-/// Scrape the server's metrics now (empty when there is no admin address to ask).
-pub fn scrape(admin: Option<SocketAddr>) -> Page {
+/// Scrape the server's metrics now; `None` when there is no admin address to ask or the scrape
+/// failed (a window needs both of its scrapes: one missing would make it the server's whole
+/// life).
+pub fn scrape(admin: Option<SocketAddr>) -> Option<Page> {
     admin
         .and_then(|a| cube_testkit::admin_get(a, "/metrics").ok())
         .map(|(_, body)| parse_page(&body))
-        .unwrap_or_default()
 }
 
 /// User + system CPU seconds of this process so far.

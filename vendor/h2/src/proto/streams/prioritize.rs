@@ -692,6 +692,27 @@ impl Prioritize {
         }
     }
 
+    /// CUBE-PATCH: [`Prioritize::clear_queue`], keeping the stream's HEADERS frames (not yet
+    /// written) in their order.
+    pub fn clear_queue_but_headers<B>(
+        &mut self,
+        buffer: &mut Buffer<Frame<B>>,
+        stream: &mut store::Ptr,
+    ) {
+        let mut headers = Vec::new();
+        while let Some(frame) = stream.pending_send.pop_front(buffer) {
+            if let Frame::Headers(_) = frame {
+                headers.push(frame);
+            } else {
+                tracing::trace!(?frame, "dropping");
+            }
+        }
+        self.clear_queue(buffer, stream);
+        for frame in headers {
+            stream.pending_send.push_back(buffer, frame);
+        }
+    }
+
     pub fn clear_pending_send(&mut self, store: &mut Store, counts: &mut Counts) {
         while let Some(mut stream) = self.pending_send.pop(store) {
             let is_pending_reset = stream.is_pending_reset_expiration();

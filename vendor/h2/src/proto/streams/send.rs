@@ -281,6 +281,11 @@ impl Send {
             // the reset frame before transitioning the stream inside
             // `reclaim_all_capacity`.
             self.prioritize.clear_queue(buffer, stream);
+        } else {
+            // CUBE-PATCH: keep the HEADERS only. DATA queued behind them would wait for send
+            // capacity that `reclaim_all_capacity` below takes back, and the RST_STREAM behind
+            // that DATA would never be written.
+            self.prioritize.clear_queue_but_headers(buffer, stream);
         }
 
         let frame = frame::Reset::new(stream.id, reason);

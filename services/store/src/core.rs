@@ -439,8 +439,12 @@ impl<T> std::fmt::Debug for TenantCore<T> {
     }
 }
 
-/// Records replayed per state-store batch during recovery.
+/// Records replayed per state-store batch during recovery...
 const REPLAY_BATCH: usize = 4096;
+/// ...and at most about this many record bytes: 4096 records of 1 MiB values would be a 4 GiB
+/// batch, held in memory and, past the state store's write-buffer limit (192 MiB), waited on
+/// inside it until a flush makes room (forever, if the flush fails).
+const REPLAY_BATCH_BYTES: usize = 16 << 20;
 /// Longest key id a capability change accepts (INVALID_ARGUMENT beyond): the same cap as the
 /// handshake's names.
 const MAX_KEY_ID_BYTES: usize = 128;
@@ -504,6 +508,7 @@ impl<T> TenantCore<T> {
         let store_opened = started.elapsed();
         let start_after = state.applied_seq();
         let mut buffered: Vec<(u64, WalOp)> = Vec::with_capacity(REPLAY_BATCH);
+        let mut buffered_bytes = 0usize;
         // Why a replay batch could not be applied, if one could not: stops the WAL's reading,
         // and is reported by `replay_error` rather than as the WAL's error.
         let mut apply_failed: Option<ApplyError> = None;
@@ -550,12 +555,14 @@ impl<T> TenantCore<T> {
                     replayed_changes.push(change);
                 }
                 buffered.push((seq, op));
-                if buffered.len() >= REPLAY_BATCH
-                    && let Err(e) = state.apply_all(std::mem::take(&mut buffered))
-                {
-                    let detail = e.to_string();
-                    apply_failed = Some(e);
-                    return Err(detail);
+                buffered_bytes += payload.len();
+                if buffered.len() >= REPLAY_BATCH || buffered_bytes >= REPLAY_BATCH_BYTES {
+                    buffered_bytes = 0;
+                    if let Err(e) = state.apply_all(std::mem::take(&mut buffered)) {
+                        let detail = e.to_string();
+                        apply_failed = Some(e);
+                        return Err(detail);
+                    }
                 }
                 Ok(())
             },
@@ -3251,6 +3258,37 @@ mod tests {
             other.handle(Command::CreateKey, &who(), 2),
             Some((2, Err(StoreError::NotFound(_))))
         ));
+    }
+
+    /// 40 MiB of durable, never applied writes come back whole from a replay that applies them
+    /// in batches bounded by bytes (`REPLAY_BATCH_BYTES`), not in one batch of every record.
+    #[test]
+    fn a_log_of_large_values_is_replayed_whole_in_batches_bounded_by_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = CoreConfig::default();
+        let mut core = open(dir.path(), &config);
+        let value = |i: i32| vec![i as u8; 1 << 20];
+        for i in 0..40 {
+            assert!(core.handle(write(i, &value(i)), &who(), i as u32).is_none());
+        }
+        // The crash: every record durable, none applied.
+        let wal = core.take_wal().unwrap();
+        wal.wait_durable(40).unwrap();
+        std::mem::forget(wal);
+        drop(core);
+        let (core, report) = TenantCore::<u32>::open(
+            "t",
+            &dir.path().join("wal"),
+            &dir.path().join("state"),
+            &config,
+            None,
+        )
+        .unwrap();
+        assert_eq!(report.records_replayed, 40);
+        for i in 0..40 {
+            let cell = core.state().read(&at(i)).unwrap().unwrap();
+            assert!(cell.value == value(i), "cell {i}");
+        }
     }
 
     #[test]

@@ -206,3 +206,62 @@ async fn a_request_reset_with_its_body_queued_frees_its_stream() {
     server.abort();
     conn.abort();
 }
+
+/// The same reset with trailers queued too (trailers are a HEADERS frame): only the request's
+/// own HEADERS go before the RST_STREAM. Sent after them, the trailers would end the stream,
+/// and the server would take a request its client had given up on as complete.
+#[tokio::test(flavor = "current_thread")]
+async fn a_request_reset_with_its_trailers_queued_is_not_completed() {
+    let (client_io, server_io) = tokio::io::duplex(1 << 20);
+    let completed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = Arc::clone(&completed);
+    let server = tokio::spawn(async move {
+        let mut conn = h2::server::handshake(server_io).await.unwrap();
+        while let Some(Ok((req, mut respond))) = conn.accept().await {
+            let seen = Arc::clone(&seen);
+            tokio::spawn(async move {
+                let mut body = req.into_body();
+                while let Some(chunk) = body.data().await {
+                    if chunk.is_err() {
+                        return;
+                    }
+                }
+                if body.trailers().await.is_err() {
+                    return;
+                }
+                seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let _ = respond.send_response(http::Response::new(()), true);
+            });
+        }
+    });
+    let (client, conn) = h2::client::handshake(client_io).await.unwrap();
+    let conn = tokio::spawn(conn);
+    let mut client = client.ready().await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    let req = || {
+        http::Request::post("http://cube.test/cube.v1.Cells/Read")
+            .body(())
+            .unwrap()
+    };
+    let (_given_up, mut stream) = client.send_request(req(), false).unwrap();
+    stream.reserve_capacity(5);
+    stream
+        .send_data(tonic::codegen::Bytes::from_static(b"hello"), false)
+        .unwrap();
+    stream.send_trailers(http::HeaderMap::new()).unwrap();
+    stream.send_reset(h2::Reason::CANCEL);
+    let mut client = client.ready().await.unwrap();
+    let (response, _) = client.send_request(req(), true).unwrap();
+    let response = tokio::time::timeout(std::time::Duration::from_secs(5), response)
+        .await
+        .expect("the second request got no answer")
+        .expect("the connection was closed");
+    assert_eq!(response.status(), http::StatusCode::OK);
+    assert_eq!(
+        completed.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "only the second request reached the server whole"
+    );
+    server.abort();
+    conn.abort();
+}

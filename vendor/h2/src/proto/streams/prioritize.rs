@@ -692,23 +692,23 @@ impl Prioritize {
         }
     }
 
-    /// CUBE-PATCH: [`Prioritize::clear_queue`], keeping the stream's HEADERS frames (not yet
-    /// written) in their order.
+    /// CUBE-PATCH: [`Prioritize::clear_queue`], keeping the stream's first HEADERS frame (its
+    /// request's, not yet written). Trailers are HEADERS frames too, and are dropped with the
+    /// DATA: after them the peer would see a complete request before the RST_STREAM.
     pub fn clear_queue_but_headers<B>(
         &mut self,
         buffer: &mut Buffer<Frame<B>>,
         stream: &mut store::Ptr,
     ) {
-        let mut headers = Vec::new();
+        let mut headers = None;
         while let Some(frame) = stream.pending_send.pop_front(buffer) {
-            if let Frame::Headers(_) = frame {
-                headers.push(frame);
-            } else {
-                tracing::trace!(?frame, "dropping");
+            match frame {
+                Frame::Headers(_) if headers.is_none() => headers = Some(frame),
+                frame => tracing::trace!(?frame, "dropping"),
             }
         }
         self.clear_queue(buffer, stream);
-        for frame in headers {
+        if let Some(frame) = headers {
             stream.pending_send.push_back(buffer, frame);
         }
     }

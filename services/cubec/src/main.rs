@@ -240,6 +240,12 @@ fn main() -> std::process::ExitCode {
 
 async fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if let Cmd::Write {
+        value: Some(value), ..
+    } = &cli.command
+    {
+        check_hyphen_value(value, std::env::args_os())?;
+    }
     // A client certificate authenticates the connection: no key material is needed besides it.
     let creds = match &cli.cert {
         Some(_) => {
@@ -281,7 +287,25 @@ async fn run() -> anyhow::Result<()> {
             .tls_config(tls_config(&cli, &target.ca)?)
             .context("loading the TLS files (--ca, --cert, --key)")?;
     }
-    let channel = match ep.connect().await {
+    // The connect timeout covers TCP only; a TLS handshake with a server that took the
+    // connection and stopped would wait for ever.
+    let connecting = ep.connect();
+    let connected = if cli.timeout_secs > 0 {
+        tokio::time::timeout(std::time::Duration::from_secs(cli.timeout_secs), connecting)
+            .await
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "no answer within --timeout-secs while connecting to {} (from {}): the server \
+                     took the connection but did not complete the TLS handshake (stopped or \
+                     overloaded?); 0 for no limit",
+                    target.endpoint,
+                    target.origin
+                )
+            })?
+    } else {
+        connecting.await
+    };
+    let channel = match connected {
         Ok(channel) => channel,
         Err(e) => return Err(target.connect_error(e).await),
     };
@@ -859,9 +883,38 @@ fn status(s: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!(text)
 }
 
+/// A value that starts with `--` is taken as the value only when it follows a bare `--`: clap
+/// accepts any value starting with `-` (so that `-hot` is written, not read as `-h`), which
+/// would otherwise write a misspelt flag (`--expected-verison=3`) as the value.
+fn check_hyphen_value(
+    value: &str,
+    argv: impl IntoIterator<Item = std::ffi::OsString>,
+) -> anyhow::Result<()> {
+    if value.starts_with("--") && !argv.into_iter().any(|a| a == "--") {
+        anyhow::bail!(
+            "the value {value:?} looks like a flag cubec does not know: to write it as the \
+             value, put it after `--` (cubec write X Y Z -- {value}); otherwise check the \
+             flag's spelling"
+        );
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_value_like_a_flag_needs_the_separator() {
+        let argv = |a: &[&str]| a.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
+        let typo = ["cubec", "write", "1", "2", "3", "--expected-verison=3"];
+        assert!(check_hyphen_value("--expected-verison=3", argv(&typo)).is_err());
+        let meant = ["cubec", "write", "1", "2", "3", "--", "--x"];
+        assert!(check_hyphen_value("--x", argv(&meant)).is_ok());
+        assert!(
+            check_hyphen_value("-hot", argv(&["cubec", "write", "1", "2", "3", "-hot"])).is_ok()
+        );
+    }
 
     fn written_value(args: &[&str]) -> Option<String> {
         let cli = Cli::try_parse_from(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));

@@ -491,7 +491,18 @@ fn signing_vs_handshake(call: &RunReport, conn: &RunReport) -> String {
         );
     }
     out += ". ";
-    out += &match (window_range(call), window_range(conn)) {
+    if conn_rate == 0.0 || call_rate == 0.0 {
+        out += "A model with no successful op cannot be compared.";
+        return out;
+    }
+    // The windows count failed ops too: with failures they say nothing of the successful rate.
+    let clean = call.ok_pct >= 99.9 && conn.ok_pct >= 99.9;
+    let ranges = if clean {
+        (window_range(call), window_range(conn))
+    } else {
+        (None, None)
+    };
+    out += &match ranges {
         (Some((clo, chi)), Some((nlo, nhi))) if clo <= nhi && nlo <= chi => format!(
             "That is within the runs' own variation: their 10-s windows ranged over {clo:.0}–{chi:.0} (`call`) and {nlo:.0}–{nhi:.0} ops/s (`connection`), so one run of each cannot tell the models apart here; `cube-load auth-cost` (alternating rounds, docs/benchmarks.md) measures what signing costs."
         ),
@@ -499,9 +510,9 @@ fn signing_vs_handshake(call: &RunReport, conn: &RunReport) -> String {
         (Some((clo, chi)), Some((nlo, nhi))) => format!(
             "`call` was slower beyond the spread of either run's 10-s windows ({clo:.0}–{chi:.0} against {nlo:.0}–{nhi:.0} ops/s): verifying a signature on every call cost throughput here."
         ),
-        _ if ratio > 1.05 => "`call` did more than `connection` (runs too short to show their own variation): signing every call cost nothing this run could measure.".to_string(),
-        _ if ratio >= 0.95 => "Within 5%, and the runs are too short to show their own variation: one run of each cannot tell the models apart.".to_string(),
-        _ => "Verifying a signature on every call cost throughput here (runs too short to show their own variation).".to_string(),
+        _ if ratio > 1.05 => "`call` did more than `connection` (without the runs' own variation to set it against: runs too short, or with failed ops): signing every call cost nothing this run could measure.".to_string(),
+        _ if ratio >= 0.95 => "Within 5%, without the runs' own variation to set it against (runs too short, or with failed ops): one run of each cannot tell the models apart.".to_string(),
+        _ => "Verifying a signature on every call cost throughput here (without the runs' own variation to set it against: runs too short, or with failed ops).".to_string(),
     };
     out
 }
@@ -925,12 +936,24 @@ mod tests {
             "{line}"
         );
         assert!(line.contains("ok 0.000% and 100.000%"), "{line}");
+        assert!(
+            line.ends_with("no successful op cannot be compared."),
+            "{line}"
+        );
+        // Some failures: the windows (which count them) are not used.
+        failing.ok = 200_000;
+        failing.ok_pct = 200_000.0 / 630_000.0 * 100.0;
+        let line = signing_vs_handshake(&failing, &conn);
+        assert!(
+            line.contains("without the runs' own variation") && !line.contains("10-s windows"),
+            "{line}"
+        );
         // Too short for windows: the 5% band, said to be only that.
         let conn = run_with(Model::Connection, &[100_000], 10.0);
         let call = run_with(Model::Call, &[98_000], 10.0);
         let line = signing_vs_handshake(&call, &conn);
         assert!(
-            line.contains("too short to show their own variation"),
+            line.contains("runs too short, or with failed ops"),
             "{line}"
         );
     }

@@ -744,80 +744,46 @@ fn binary_values_from_a_file_and_conditional_deletes() {
 }
 
 /// A server that took the connection and stopped answering (SIGSTOP) ends the command after
-/// `--timeout-secs`, with exit code 1 and the flag named, instead of hanging it.
+/// `--timeout-secs`, with exit code 1 and the flag named, instead of hanging it; once it
+/// answers again, the same command is served. Over plaintext the call's timeout ends it, over
+/// TLS the handshake's (tonic's connect timeout covers TCP only).
 #[test]
 fn a_server_that_does_not_answer_ends_the_command_after_the_timeout() {
-    let server = TestServer::start_with(&cubed(), &[]).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let env = [
-        ("CUBE_ENDPOINT", server.endpoint()),
-        ("CUBE_TENANT", server.demo.tenant.clone()),
-        ("CUBE_KEY_ID", server.demo.key_id.clone()),
-        ("CUBE_SECRET", server.demo.secret.clone()),
-    ];
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let pid = nix::unistd::Pid::from_raw(server.pid().unwrap() as i32);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
-    let started = std::time::Instant::now();
-    let o = run(
-        dir.path(),
-        &env,
-        &["--timeout-secs", "1", "read", "1", "2", "3"],
-    );
-    let took = started.elapsed();
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
-    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
-    assert!(
-        stderr(&o).starts_with("cubec: error: no answer within --timeout-secs"),
-        "{}",
-        stderr(&o)
-    );
-    assert!(took < std::time::Duration::from_secs(20), "{took:?}");
-    // Answering again, the server serves the same command.
-    let o = run(
-        dir.path(),
-        &env,
-        &["--timeout-secs", "1", "read", "1", "2", "3"],
-    );
-    assert!(o.status.success(), "{}", stderr(&o));
-}
-
-/// The same over TLS: the connect timeout covers TCP only, and a stopped server takes the
-/// connection, so the TLS handshake is bounded by --timeout-secs too.
-#[test]
-fn a_tls_server_that_does_not_answer_ends_the_command_after_the_timeout() {
-    let server = TestServer::start_with(&cubed(), &["--tls-dev"]).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let ca = server.data_dir().join("tls/ca.pem");
-    let env = [
-        ("CUBE_ENDPOINT", format!("https://{}", server.addr)),
-        ("CUBE_CA", ca.to_string_lossy().into_owned()),
-        ("CUBE_TENANT", server.demo.tenant.clone()),
-        ("CUBE_KEY_ID", server.demo.key_id.clone()),
-        ("CUBE_SECRET", server.demo.secret.clone()),
-    ];
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let pid = nix::unistd::Pid::from_raw(server.pid().unwrap() as i32);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
-    let started = std::time::Instant::now();
-    let o = run(
-        dir.path(),
-        &env,
-        &["--timeout-secs", "1", "read", "1", "2", "3"],
-    );
-    let took = started.elapsed();
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
-    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
-    assert!(
-        stderr(&o).starts_with("cubec: error: no answer within --timeout-secs"),
-        "{}",
-        stderr(&o)
-    );
-    assert!(took < std::time::Duration::from_secs(20), "{took:?}");
-    let o = run(
-        dir.path(),
-        &env,
-        &["--timeout-secs", "1", "read", "1", "2", "3"],
-    );
-    assert!(o.status.success(), "{}", stderr(&o));
+    for tls in [false, true] {
+        let server =
+            TestServer::start_with(&cubed(), if tls { &["--tls-dev"] } else { &[] }).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let ca = server.data_dir().join("tls/ca.pem");
+        let mut env = vec![
+            ("CUBE_TENANT", server.demo.tenant.clone()),
+            ("CUBE_KEY_ID", server.demo.key_id.clone()),
+            ("CUBE_SECRET", server.demo.secret.clone()),
+        ];
+        if tls {
+            env.push(("CUBE_ENDPOINT", format!("https://{}", server.addr)));
+            env.push(("CUBE_CA", ca.to_string_lossy().into_owned()));
+        } else {
+            env.push(("CUBE_ENDPOINT", server.endpoint()));
+        }
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let read = ["--timeout-secs", "1", "read", "1", "2", "3"];
+        let pid = nix::unistd::Pid::from_raw(server.pid().unwrap() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+        let started = std::time::Instant::now();
+        let o = run(dir.path(), &env, &read);
+        let took = started.elapsed();
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+        assert_eq!(o.status.code(), Some(1), "tls {tls}: {}", stderr(&o));
+        assert!(
+            stderr(&o).starts_with("cubec: error: no answer within --timeout-secs"),
+            "tls {tls}: {}",
+            stderr(&o)
+        );
+        assert!(
+            took < std::time::Duration::from_secs(20),
+            "tls {tls}: {took:?}"
+        );
+        let o = run(dir.path(), &env, &read);
+        assert!(o.status.success(), "tls {tls}: {}", stderr(&o));
+    }
 }

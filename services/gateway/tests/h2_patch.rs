@@ -149,15 +149,19 @@ async fn a_request_reset_before_its_headers_were_written_leaves_the_connection_u
     conn.abort();
 }
 
-/// A request reset after its body was queued, before the connection task wrote anything: the
-/// reset keeps the HEADERS (change 5) but must not keep the DATA behind them. The reset takes
-/// the stream's send capacity back, so queued DATA could never be written, and the RST_STREAM
-/// behind it would never leave: the server would keep the stream open, waiting for its body,
-/// and the client would never get its concurrency slot back. With the server allowing one
-/// stream at a time, the next request would then wait forever.
+/// A request reset after its body (and then also its trailers) was queued, before the
+/// connection task wrote anything: the reset keeps the request's HEADERS (change 5) but not
+/// what is queued behind them (change 6). The reset takes the stream's send capacity back, so
+/// queued DATA could never be written, and the RST_STREAM behind it would never leave: the
+/// server would keep the stream open waiting for its body, and the client would never get its
+/// concurrency slot back (the server here allows one stream at a time, so the next request
+/// would wait for ever). Trailers are a HEADERS frame too: sent before the RST_STREAM they
+/// would end the stream, and the server would take the abandoned request as complete.
 #[tokio::test(flavor = "current_thread")]
-async fn a_request_reset_with_its_body_queued_frees_its_stream() {
+async fn a_request_reset_with_its_body_queued_frees_its_stream_and_is_not_completed() {
     let (client_io, server_io) = tokio::io::duplex(1 << 20);
+    let completed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = Arc::clone(&completed);
     let server = tokio::spawn(async move {
         let mut conn = h2::server::Builder::new()
             .max_concurrent_streams(1)
@@ -165,61 +169,9 @@ async fn a_request_reset_with_its_body_queued_frees_its_stream() {
             .await
             .unwrap();
         while let Some(Ok((req, mut respond))) = conn.accept().await {
-            tokio::spawn(async move {
-                // The whole body first, as a unary gRPC handler reads it.
-                let mut body = req.into_body();
-                while let Some(chunk) = body.data().await {
-                    if chunk.is_err() {
-                        return;
-                    }
-                }
-                let _ = respond.send_response(http::Response::new(()), true);
-            });
-        }
-    });
-    let (client, conn) = h2::client::handshake(client_io).await.unwrap();
-    let conn = tokio::spawn(conn);
-    let mut client = client.ready().await.unwrap();
-    // The server's SETTINGS (one stream at a time) arrive.
-    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    let req = || {
-        http::Request::post("http://cube.test/cube.v1.Cells/Read")
-            .body(())
-            .unwrap()
-    };
-    let (_given_up, mut stream) = client.send_request(req(), false).unwrap();
-    // No await from here to the reset: nothing of this stream is written yet.
-    stream.reserve_capacity(5);
-    stream
-        .send_data(tonic::codegen::Bytes::from_static(b"hello"), false)
-        .unwrap();
-    stream.send_reset(h2::Reason::CANCEL);
-    let answered = tokio::time::timeout(std::time::Duration::from_secs(5), async {
-        let mut client = client.ready().await.unwrap();
-        let (response, _) = client.send_request(req(), true).unwrap();
-        response.await
-    })
-    .await
-    .expect("the second request got no answer: the reset stream still holds the only slot")
-    .expect("the connection was closed");
-    assert_eq!(answered.status(), http::StatusCode::OK);
-    server.abort();
-    conn.abort();
-}
-
-/// The same reset with trailers queued too (trailers are a HEADERS frame): only the request's
-/// own HEADERS go before the RST_STREAM. Sent after them, the trailers would end the stream,
-/// and the server would take a request its client had given up on as complete.
-#[tokio::test(flavor = "current_thread")]
-async fn a_request_reset_with_its_trailers_queued_is_not_completed() {
-    let (client_io, server_io) = tokio::io::duplex(1 << 20);
-    let completed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let seen = Arc::clone(&completed);
-    let server = tokio::spawn(async move {
-        let mut conn = h2::server::handshake(server_io).await.unwrap();
-        while let Some(Ok((req, mut respond))) = conn.accept().await {
             let seen = Arc::clone(&seen);
             tokio::spawn(async move {
+                // The whole body and its trailers first, as a gRPC handler reads them.
                 let mut body = req.into_body();
                 while let Some(chunk) = body.data().await {
                     if chunk.is_err() {
@@ -234,33 +186,45 @@ async fn a_request_reset_with_its_trailers_queued_is_not_completed() {
             });
         }
     });
-    let (client, conn) = h2::client::handshake(client_io).await.unwrap();
+    let (mut client, conn) = h2::client::handshake(client_io).await.unwrap();
     let conn = tokio::spawn(conn);
-    let mut client = client.ready().await.unwrap();
+    client = client.ready().await.unwrap();
+    // The server's SETTINGS (one stream at a time) arrive.
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     let req = || {
         http::Request::post("http://cube.test/cube.v1.Cells/Read")
             .body(())
             .unwrap()
     };
-    let (_given_up, mut stream) = client.send_request(req(), false).unwrap();
-    stream.reserve_capacity(5);
-    stream
-        .send_data(tonic::codegen::Bytes::from_static(b"hello"), false)
-        .unwrap();
-    stream.send_trailers(http::HeaderMap::new()).unwrap();
-    stream.send_reset(h2::Reason::CANCEL);
-    let mut client = client.ready().await.unwrap();
-    let (response, _) = client.send_request(req(), true).unwrap();
-    let response = tokio::time::timeout(std::time::Duration::from_secs(5), response)
-        .await
-        .expect("the second request got no answer")
-        .expect("the connection was closed");
-    assert_eq!(response.status(), http::StatusCode::OK);
+    for with_trailers in [false, true] {
+        client = tokio::time::timeout(std::time::Duration::from_secs(5), client.ready())
+            .await
+            .expect("no stream slot: the reset stream before still holds the only one")
+            .unwrap();
+        let (_given_up, mut stream) = client.send_request(req(), false).unwrap();
+        // No await from here to the reset: nothing of this stream is written yet.
+        stream.reserve_capacity(5);
+        stream
+            .send_data(tonic::codegen::Bytes::from_static(b"hello"), false)
+            .unwrap();
+        if with_trailers {
+            stream.send_trailers(http::HeaderMap::new()).unwrap();
+        }
+        stream.send_reset(h2::Reason::CANCEL);
+    }
+    let answered = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        let mut client = client.ready().await.unwrap();
+        let (response, _) = client.send_request(req(), true).unwrap();
+        response.await
+    })
+    .await
+    .expect("the last request got no answer: a reset stream still holds the only slot")
+    .expect("the connection was closed");
+    assert_eq!(answered.status(), http::StatusCode::OK);
     assert_eq!(
         completed.load(std::sync::atomic::Ordering::SeqCst),
         1,
-        "only the second request reached the server whole"
+        "only the last request reached the server whole"
     );
     server.abort();
     conn.abort();

@@ -3260,6 +3260,20 @@ mod tests {
         ));
     }
 
+    /// A crash once everything appended is durable: the log is neither closed nor checkpointed,
+    /// and whatever was not applied stays unapplied; then the tenant's open and its report.
+    fn crash_and_reopen(
+        mut core: TenantCore<u32>,
+        dir: &Path,
+        config: &CoreConfig,
+    ) -> (TenantCore<u32>, cube_wal::RecoveryReport) {
+        let wal = core.take_wal().unwrap();
+        wal.wait_durable(wal.next_seq() - 1).unwrap();
+        std::mem::forget(wal);
+        drop(core);
+        TenantCore::open("t", &dir.join("wal"), &dir.join("state"), config, None).unwrap()
+    }
+
     /// 40 MiB of durable, never applied writes come back whole from a replay that applies them
     /// in batches bounded by bytes (`REPLAY_BATCH_BYTES`), not in one batch of every record.
     #[test]
@@ -3272,18 +3286,7 @@ mod tests {
             assert!(core.handle(write(i, &value(i)), &who(), i as u32).is_none());
         }
         // The crash: every record durable, none applied.
-        let wal = core.take_wal().unwrap();
-        wal.wait_durable(40).unwrap();
-        std::mem::forget(wal);
-        drop(core);
-        let (core, report) = TenantCore::<u32>::open(
-            "t",
-            &dir.path().join("wal"),
-            &dir.path().join("state"),
-            &config,
-            None,
-        )
-        .unwrap();
+        let (core, report) = crash_and_reopen(core, dir.path(), &config);
         assert_eq!(report.records_replayed, 40);
         for i in 0..40 {
             let cell = core.state().read(&at(i)).unwrap().unwrap();
@@ -3319,17 +3322,7 @@ mod tests {
             assert!(core.handle(write(i, &value), &who(), i as u32).is_none());
         }
         assert_eq!(settle(&mut core).len(), 10);
-        let wal = core.take_wal().unwrap();
-        std::mem::forget(wal);
-        drop(core);
-        let (core, report) = TenantCore::<u32>::open(
-            "t",
-            &dir.path().join("wal"),
-            &dir.path().join("state"),
-            &config,
-            None,
-        )
-        .unwrap();
+        let (core, report) = crash_and_reopen(core, dir.path(), &config);
         // Only what the checkpoint did not cover is replayed (the store may have persisted some
         // of it on its own; never less than nothing, never more than the ten).
         assert!(report.records_replayed <= 10, "{report:?}");

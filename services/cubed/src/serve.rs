@@ -437,43 +437,8 @@ fn tls_settings(
     }))
 }
 
-/// What a Cube data directory holds at its top level (any one of them marks it as Cube's).
-const DATA_DIR_ENTRIES: [&str; 8] = [
-    "catalog",
-    "catalog.journal",
-    "tenants",
-    "tls",
-    "admin.sock",
-    "dev-credentials.json",
-    "replay-floors",
-    "replay-clock",
-];
-
-/// Refuse an existing directory that holds other things and nothing of Cube's (`--data-dir .`,
-/// `$HOME`, a volume's root with its `lost+found`): serving would set it to mode 0700 and fill
-/// it. A new or empty directory, or one Cube already uses, is fine.
-fn check_not_foreign(root: &Path) -> anyhow::Result<()> {
-    let Ok(entries) = fs::read_dir(root) else {
-        return Ok(());
-    };
-    let names: Vec<String> = entries
-        .filter_map(Result::ok)
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    if names.is_empty() || names.iter().any(|n| DATA_DIR_ENTRIES.contains(&n.as_str())) {
-        return Ok(());
-    }
-    anyhow::bail!(
-        "{} is not empty and holds no Cube data (no catalog): refusing to make it the data \
-         directory (it would be set to mode 0700 and filled); pass a new or empty directory, or \
-         the server's data directory",
-        root.display()
-    )
-}
-
 fn prepare_data_dir(root: &Path) -> anyhow::Result<()> {
     crate::config::check_data_dir(root)?;
-    check_not_foreign(root)?;
     if !root.exists() {
         // A mistyped --data-dir starts an empty server: say so where the operator looks.
         tracing::info!(dir = %root.display(), "no data directory there yet: creating a new, empty one");
@@ -558,26 +523,6 @@ fn write_private_json(path: &Path, value: &impl serde::Serialize) -> anyhow::Res
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_directory_with_other_things_and_nothing_of_cubes_is_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().join("d");
-        // New, then empty: fine.
-        check_not_foreign(&root).unwrap();
-        fs::create_dir(&root).unwrap();
-        check_not_foreign(&root).unwrap();
-        // Someone else's files (a volume's root, a home directory): refused, and left as it was.
-        fs::create_dir(root.join("lost+found")).unwrap();
-        fs::set_permissions(&root, fs::Permissions::from_mode(0o755)).unwrap();
-        let e = prepare_data_dir(&root).unwrap_err().to_string();
-        assert!(e.contains("is not empty and holds no Cube data"), "{e}");
-        let mode = fs::metadata(&root).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode, 0o755);
-        // Once it holds Cube's data (here its catalog), it is the data directory.
-        fs::create_dir(root.join("catalog")).unwrap();
-        prepare_data_dir(&root).unwrap();
-    }
 
     #[test]
     fn the_dev_credentials_name_loopback_for_a_wildcard_listen_address() {

@@ -484,7 +484,9 @@ fn signing_vs_handshake(call: &RunReport, conn: &RunReport) -> String {
         opt(call.server_cpu_us_per_op, 1),
         opt(conn.server_cpu_us_per_op, 1),
     );
-    if call.ok_pct < 99.9 || conn.ok_pct < 99.9 {
+    // The windows count failed ops too: with failures they say nothing of the successful rate.
+    let clean = call.ok_pct >= 99.9 && conn.ok_pct >= 99.9;
+    if !clean {
         out += &format!(
             " (ok {:.3}% and {:.3}%: failed ops are not in these rates)",
             call.ok_pct, conn.ok_pct
@@ -495,8 +497,6 @@ fn signing_vs_handshake(call: &RunReport, conn: &RunReport) -> String {
         out += "A model with no successful op cannot be compared.";
         return out;
     }
-    // The windows count failed ops too: with failures they say nothing of the successful rate.
-    let clean = call.ok_pct >= 99.9 && conn.ok_pct >= 99.9;
     let ranges = if clean {
         (window_range(call), window_range(conn))
     } else {

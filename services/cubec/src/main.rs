@@ -276,34 +276,30 @@ async fn run() -> anyhow::Result<()> {
     );
     let mut ep = Endpoint::from_shared(target.endpoint.clone())
         .with_context(|| format!("bad endpoint {}", target.endpoint))?;
-    if cli.timeout_secs > 0 {
-        // An unreachable address, or a server that takes the connection and never answers
-        // (stopped, say), ends the command instead of hanging it.
-        let limit = std::time::Duration::from_secs(cli.timeout_secs);
-        ep = ep.connect_timeout(limit).timeout(limit);
+    // An unreachable address, or a server that takes the connection and never answers (stopped,
+    // say), ends the command instead of hanging it. The connect is bounded as a whole (tonic's
+    // connect timeout covers TCP only, not the TLS handshake); each call until its answer starts.
+    let limit = (cli.timeout_secs > 0).then(|| std::time::Duration::from_secs(cli.timeout_secs));
+    if let Some(limit) = limit {
+        ep = ep.timeout(limit);
     }
     if target.tls {
         ep = ep
             .tls_config(tls_config(&cli, &target.ca)?)
             .context("loading the TLS files (--ca, --cert, --key)")?;
     }
-    // The connect timeout covers TCP only; a TLS handshake with a server that took the
-    // connection and stopped would wait for ever.
     let connecting = ep.connect();
-    let connected = if cli.timeout_secs > 0 {
-        tokio::time::timeout(std::time::Duration::from_secs(cli.timeout_secs), connecting)
-            .await
-            .map_err(|_| {
-                anyhow::anyhow!(
-                    "no answer within --timeout-secs while connecting to {} (from {}): the server \
-                     took the connection but did not complete the TLS handshake (stopped or \
-                     overloaded?); 0 for no limit",
-                    target.endpoint,
-                    target.origin
-                )
-            })?
-    } else {
-        connecting.await
+    let connected = match limit {
+        Some(limit) => tokio::time::timeout(limit, connecting).await.map_err(|_| {
+            anyhow::anyhow!(
+                "no answer within --timeout-secs while connecting to {} (from {}): nothing \
+                 answered, or the server took the connection and did not complete the handshake \
+                 (stopped or overloaded?); 0 for no limit",
+                target.endpoint,
+                target.origin
+            )
+        })?,
+        None => connecting.await,
     };
     let channel = match connected {
         Ok(channel) => channel,

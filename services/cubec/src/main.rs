@@ -49,7 +49,8 @@ struct Cli {
     /// once.
     #[arg(long, env = "CUBE_AUTH", value_enum, global = true)]
     auth: Option<AuthModel>,
-    /// Seconds to wait for the connection, and for each call's answer (0: no limit).
+    /// Seconds to wait for the connection, for each call's answer and for each entry of a
+    /// streamed answer (0: no limit).
     #[arg(long, env = "CUBE_TIMEOUT_SECS", global = true, default_value_t = DEFAULT_TIMEOUT_SECS)]
     timeout_secs: u64,
     #[command(subcommand)]
@@ -58,6 +59,13 @@ struct Cli {
 
 /// `--timeout-secs` unless given.
 const DEFAULT_TIMEOUT_SECS: u64 = 30;
+
+impl Cli {
+    /// `--timeout-secs` as a limit (None: no limit).
+    fn time_limit(&self) -> Option<std::time::Duration> {
+        (self.timeout_secs > 0).then(|| std::time::Duration::from_secs(self.timeout_secs))
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum AuthModel {
@@ -279,7 +287,7 @@ async fn run() -> anyhow::Result<()> {
     // An unreachable address, or a server that takes the connection and never answers (stopped,
     // say), ends the command instead of hanging it. The connect is bounded as a whole (tonic's
     // connect timeout covers TCP only, not the TLS handshake); each call until its answer starts.
-    let limit = (cli.timeout_secs > 0).then(|| std::time::Duration::from_secs(cli.timeout_secs));
+    let limit = cli.time_limit();
     if let Some(limit) = limit {
         ep = ep.timeout(limit);
     }
@@ -338,6 +346,7 @@ async fn calls(cli: Cli, creds: Option<&Credentials>, channel: Channel) -> anyho
             Signing::passthrough(channel)
         }
     };
+    let wait = cli.time_limit();
     let mut cells = CellsClient::new(transport.clone());
     let coord = |x, y, z| Some(Coord { x, y, z });
     if let Cmd::Audit(audit) = &cli.command {
@@ -349,7 +358,7 @@ async fn calls(cli: Cli, creds: Option<&Credentials>, channel: Channel) -> anyho
                 if *limit == 0 {
                     return Ok(());
                 }
-                for e in fetch_audit(&mut tenant, *from, Some(*limit)).await? {
+                for e in fetch_audit(&mut tenant, *from, Some(*limit), wait).await? {
                     out(entry_json(&e));
                 }
                 Ok(())
@@ -357,7 +366,7 @@ async fn calls(cli: Cli, creds: Option<&Credentials>, channel: Channel) -> anyho
             AuditCmd::Verify => {
                 const ATTEMPTS: usize = 3;
                 for attempt in 1..=ATTEMPTS {
-                    let entries = fetch_audit(&mut tenant, 0, None).await?;
+                    let entries = fetch_audit(&mut tenant, 0, None, wait).await?;
                     let (seq, why) = match cube_auth::client::verify_audit_entries(&entries) {
                         Ok(_) => {
                             out(serde_json::json!({ "ok": true, "entries": entries.len() }));
@@ -372,7 +381,7 @@ async fn calls(cli: Cli, creds: Option<&Credentials>, channel: Channel) -> anyho
                         .windows(2)
                         .find(|w| w[1].seq == seq && w[0].seq + 1 != seq)
                         .map(|w| w[0].seq);
-                    let oldest = fetch_audit(&mut tenant, 0, Some(1)).await?;
+                    let oldest = fetch_audit(&mut tenant, 0, Some(1), wait).await?;
                     let expired =
                         matches!((before_gap, oldest.first()), (Some(p), Some(o)) if o.seq > p);
                     if !expired {
@@ -747,11 +756,13 @@ fn tls_config(cli: &Cli, ca: &CaFile) -> anyhow::Result<tonic::transport::Client
     Ok(tls)
 }
 
-/// Entries from `from` on: `limit` of them, or (None) all, page by page.
+/// Entries from `from` on: `limit` of them, or (None) all, page by page; each entry within
+/// `wait` of the one before.
 async fn fetch_audit<T>(
     tenant: &mut TenantClient<T>,
     from: u64,
     limit: Option<u32>,
+    wait: Option<std::time::Duration>,
 ) -> anyhow::Result<Vec<AuditEntry>>
 where
     T: tonic::client::GrpcService<tonic::body::Body>,
@@ -778,7 +789,24 @@ where
             .map_err(status)?
             .into_inner();
         let before = out.len();
-        while let Some(e) = stream.message().await.map_err(status)? {
+        loop {
+            // The call's own timeout ends when the stream's head arrives; a server that stops
+            // sending after that would otherwise hang the command.
+            let message = match wait {
+                Some(wait) => tokio::time::timeout(wait, stream.message())
+                    .await
+                    .map_err(|_| {
+                        anyhow::anyhow!(
+                            "no answer within --timeout-secs: the server stopped sending the \
+                             audit trail before entry {next} (stopped or overloaded?); raise \
+                             --timeout-secs, 0 for no limit"
+                        )
+                    })?,
+                None => stream.message().await,
+            };
+            let Some(e) = message.map_err(status)? else {
+                break;
+            };
             next = e.seq + 1;
             out.push(e);
         }
@@ -940,5 +968,72 @@ mod tests {
             written_value(&["cubec", "write", "1", "2", "3", "--value-file", "f"]),
             None
         );
+    }
+
+    /// A Tenant service whose audit stream sends one entry and then nothing, never ending.
+    struct StallingAudit;
+
+    #[tonic::async_trait]
+    impl cube_api::v1::tenant_server::Tenant for StallingAudit {
+        async fn stats(
+            &self,
+            _: tonic::Request<cube_api::v1::StatsRequest>,
+        ) -> Result<tonic::Response<cube_api::v1::StatsResponse>, tonic::Status> {
+            Err(tonic::Status::unimplemented("not in this test"))
+        }
+
+        type AuditStream = std::pin::Pin<
+            Box<dyn futures::Stream<Item = Result<AuditEntry, tonic::Status>> + Send>,
+        >;
+
+        async fn audit(
+            &self,
+            _: tonic::Request<AuditRequest>,
+        ) -> Result<tonic::Response<Self::AuditStream>, tonic::Status> {
+            use futures::StreamExt as _;
+            let first = AuditEntry {
+                seq: 0,
+                ..AuditEntry::default()
+            };
+            let stream =
+                futures::stream::once(async move { Ok(first) }).chain(futures::stream::pending());
+            Ok(tonic::Response::new(Box::pin(stream)))
+        }
+    }
+
+    #[tokio::test]
+    async fn an_audit_stream_that_stops_sending_ends_after_the_timeout() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(cube_api::v1::tenant_server::TenantServer::new(
+                    StallingAudit,
+                ))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        let channel = Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut tenant = TenantClient::new(channel);
+        let wait = std::time::Duration::from_millis(300);
+        let started = std::time::Instant::now();
+        let fetched = tokio::time::timeout(
+            std::time::Duration::from_secs(20),
+            fetch_audit(&mut tenant, 0, None, Some(wait)),
+        )
+        .await
+        .expect("fetch_audit hung past its own limit");
+        let err = fetched.expect_err("a stalled stream must fail the command");
+        assert!(
+            err.to_string()
+                .starts_with("no answer within --timeout-secs")
+                && err.to_string().contains("before entry 1"),
+            "{err}"
+        );
+        assert!(started.elapsed() >= wait, "{:?}", started.elapsed());
+        server.abort();
     }
 }

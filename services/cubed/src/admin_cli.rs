@@ -135,7 +135,10 @@ async fn execute(data_dir: &Path, op: Op<'_>) -> anyhow::Result<Outcome> {
             return remote(client, &op).await;
         }
         match Catalog::open(&data.catalog()) {
-            Ok(catalog) => return local(&data, &Arc::new(catalog), &op),
+            Ok(catalog) => {
+                crate::holder::record(&data, crate::holder::Role::Command);
+                return local(&data, &Arc::new(catalog), &op);
+            }
             Err(CatalogOpenError::Locked) => {}
             Err(e) => return Err(e).context("opening the catalog"),
         }
@@ -149,10 +152,16 @@ async fn execute(data_dir: &Path, op: Op<'_>) -> anyhow::Result<Outcome> {
         }
         if !told {
             told = true;
-            eprintln!(
-                "waiting for the catalog in {}: a server is starting or stopping there, or another command holds it",
-                data_dir.display()
-            );
+            match crate::holder::other_server(&data) {
+                Some(pid) => eprintln!(
+                    "waiting for the catalog in {}: cubed (pid {pid}) is starting or stopping there",
+                    data_dir.display()
+                ),
+                None => eprintln!(
+                    "waiting for the catalog in {}: a server is starting or stopping there, or another command holds it",
+                    data_dir.display()
+                ),
+            }
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

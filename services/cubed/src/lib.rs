@@ -5,4 +5,5 @@ pub mod admin_cli;
 pub mod admin_http;
 pub mod certs;
 pub mod config;
+pub mod holder;
 pub mod serve;

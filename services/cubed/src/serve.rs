@@ -106,7 +106,8 @@ async fn drain_over(draining: &CancellationToken, hurry: &CancellationToken, dra
 const CATALOG_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Open the data directory's catalog. While another process holds it: fail at once if a server
-/// answers on the admin socket, else wait up to [`CATALOG_LOCK_WAIT`] (an offline command).
+/// answers on the admin socket or is noted as the holder ([`crate::holder`]), else wait up to
+/// [`CATALOG_LOCK_WAIT`] (an offline command).
 /// `None` if `shutdown` came first.
 async fn open_catalog(
     data: &DataDir,
@@ -116,7 +117,10 @@ async fn open_catalog(
     let mut told = false;
     loop {
         match Catalog::open(&data.catalog()) {
-            Ok(c) => return Ok(Some(c)),
+            Ok(c) => {
+                crate::holder::record(data, crate::holder::Role::Server);
+                return Ok(Some(c));
+            }
             Err(CatalogOpenError::Locked) => {}
             Err(e) => return Err(e).context("opening the catalog"),
         }
@@ -126,6 +130,13 @@ async fn open_catalog(
         {
             bail!(
                 "another cubed is already serving the data directory {}",
+                data.root().display()
+            );
+        }
+        if let Some(pid) = crate::holder::other_server(data) {
+            bail!(
+                "another cubed (pid {pid}) holds the data directory {}: it is starting (recovering \
+                 its tenants, then it serves) or stopping there",
                 data.root().display()
             );
         }

@@ -22,6 +22,12 @@ impl DataDir {
         self.root.join("catalog")
     }
 
+    /// Who holds the catalog's lock (`server <pid>` or `command <pid>`), written by whoever
+    /// takes it: a second server fails at once beside a starting one.
+    pub fn catalog_holder(&self) -> PathBuf {
+        self.root.join("catalog.holder")
+    }
+
     /// One tenant's write-ahead-log shard.
     pub fn tenant_wal(&self, tenant: &str) -> PathBuf {
         self.root.join("tenants").join(tenant).join("wal")

@@ -295,6 +295,42 @@ fn a_stop_during_start_up_never_announces_ready() {
     );
 }
 
+/// A server started while another cubed holds the catalog as a server (still recovering, so
+/// its admin socket does not answer yet) fails at once, naming it, instead of waiting as for an
+/// offline command. The recovering server is staged: this test holds the catalog and notes a
+/// live cubed (another test server) as its holder, as a starting server does.
+#[test]
+fn a_second_server_fails_at_once_beside_a_starting_one() {
+    use std::time::{Duration, Instant};
+    let other = TestServer::start(cubed()).unwrap();
+    let pid = other.pid().unwrap();
+    let note = std::fs::read_to_string(cube_store::DataDir::new(other.data_dir()).catalog_holder())
+        .unwrap();
+    assert_eq!(note, format!("server {pid}\n"));
+
+    let mut server = TestServer::start(cubed()).unwrap();
+    server.sigterm().unwrap();
+    let data = cube_store::DataDir::new(server.data_dir());
+    let _held = cube_store::Catalog::open(&data.catalog()).unwrap();
+    std::fs::write(data.catalog_holder(), &note).unwrap();
+    let started = Instant::now();
+    let refused = TestServer::start_at(cubed(), &server.data_dir(), &[])
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains(&format!(
+            "another cubed (pid {pid}) holds the data directory"
+        )),
+        "{refused}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
 /// A server started while another process holds the catalog (an offline `cubed tenant` or
 /// `cubed key` command, here this test) waits for it instead of failing at once, and a stop
 /// during that wait ends it cleanly without serving; a start beside a running server fails at

@@ -88,6 +88,9 @@ pub async fn run_until_signal(config: ServeConfig) -> anyhow::Result<()> {
     run(config, listener, stop.cancelled_owned(), hurry).await
 }
 
+/// How long a stop waits for the admin socket's connections to close, after the gRPC drain.
+const ADMIN_STOP_WAIT: Duration = Duration::from_secs(5);
+
 /// Resolves when a stop that began at `draining` should stop waiting for the connections still
 /// open: after `drain`, or at once on a second signal (`hurry`).
 async fn drain_over(draining: &CancellationToken, hurry: &CancellationToken, drain: Duration) {
@@ -388,7 +391,18 @@ pub async fn run(
         }
     };
     stop.cancel();
-    let _ = admin.await;
+    // tonic waits for every admin connection to close too, and one that never does (a client
+    // that sent nothing, or a `cubed key` command suspended mid-call) would keep the tenants
+    // from being closed: the wait is bounded.
+    let mut admin = admin;
+    tokio::select! {
+        _ = &mut admin => {},
+        () = tokio::time::sleep(ADMIN_STOP_WAIT) => {
+            tracing::warn!(secs = ADMIN_STOP_WAIT.as_secs(), "admin socket connections still open: closing them");
+            admin.abort();
+        }
+        () = hurry.cancelled() => admin.abort(),
+    }
     directory.shutdown().await;
     let _ = fs::remove_file(&socket_path);
     http_stop.cancel();

@@ -295,6 +295,28 @@ fn a_stop_during_start_up_never_announces_ready() {
     );
 }
 
+/// An admin-socket connection that never closes (a client that sent nothing, one suspended
+/// mid-call) does not keep a stop from closing the tenants: the wait for it is bounded.
+#[test]
+fn an_idle_admin_connection_does_not_hold_up_a_stop() {
+    use std::time::{Duration, Instant};
+    let mut server = TestServer::start(cubed()).unwrap();
+    let _idle = std::os::unix::net::UnixStream::connect(server.admin_socket()).unwrap();
+    let mut preface = std::os::unix::net::UnixStream::connect(server.admin_socket()).unwrap();
+    std::io::Write::write_all(&mut preface, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").unwrap();
+    let started = Instant::now();
+    let status = server.sigterm().unwrap();
+    let log = server.log();
+    assert!(status.success(), "{status:?}\n{log}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(log.contains("admin socket connections still open"), "{log}");
+    assert!(log.contains("stopped cleanly"), "{log}");
+}
+
 /// A server started while another cubed holds the catalog as a server (still recovering, so
 /// its admin socket does not answer yet) fails at once, naming it, instead of waiting as for an
 /// offline command. The recovering server is staged: this test holds the catalog and notes a

@@ -201,6 +201,8 @@ impl Gateway {
             max_connections: self.config.max_connections,
             max_per_address: self.config.max_connections_per_address,
             preface_timeout: self.config.preface_timeout,
+            // As long as keepalive takes to give up on a peer that answers nothing.
+            unacked_timeout: self.config.keepalive.map(|k| k.saturating_mul(2)),
         };
         let (incoming, acceptor_task) = match &self.tls {
             Some(config) => {

@@ -51,6 +51,27 @@ pub struct AcceptLimits {
     pub max_per_address: Option<usize>,
     /// From accept (under TLS: from the handshake's end) until the HTTP/2 preface must be in.
     pub preface_timeout: Duration,
+    /// How long data sent may stay unacknowledged, a receive window the peer keeps closed
+    /// included, before the kernel drops the connection (`TCP_USER_TIMEOUT`): a peer that
+    /// stops reading cannot hold its place for ever (HTTP/2 keepalive cannot end such a
+    /// connection, since its PING and then its GOAWAY wait behind the unsent data). `None`:
+    /// the kernel's default (retransmissions give up after ~15 min; a closed window is probed
+    /// for ever).
+    pub unacked_timeout: Option<Duration>,
+}
+
+/// Small request/response round trips dominate: Nagle would add 40 ms stalls. Then
+/// [`AcceptLimits::unacked_timeout`].
+fn tune(tcp: &TcpStream, limits: &AcceptLimits) {
+    let _ = tcp.set_nodelay(true);
+    if let Some(limit) = limits.unacked_timeout {
+        let ms = u32::try_from(limit.as_millis()).unwrap_or(u32::MAX);
+        if let Err(e) =
+            nix::sys::socket::setsockopt(tcp, nix::sys::socket::sockopt::TcpUserTimeout, &ms)
+        {
+            tracing::debug!(error = %e, "TCP_USER_TIMEOUT not set");
+        }
+    }
 }
 
 /// Open connections per client IP address, for [`AcceptLimits::max_per_address`].
@@ -173,8 +194,7 @@ impl Gate {
                     }
                 },
             };
-            // Small request/response round trips dominate: Nagle would add 40 ms stalls.
-            let _ = tcp.set_nodelay(true);
+            tune(&tcp, &self.limits);
             return (tcp, remote, slot);
         }
     }
@@ -353,5 +373,44 @@ impl AsyncWrite for Transport {
             Transport::Plain(s) => s.is_write_vectored(),
             Transport::Tls(s) => s.is_write_vectored(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt as _;
+    use tokio::io::AsyncWriteExt as _;
+
+    /// A peer that stops reading is dropped once what was sent to it has waited
+    /// `unacked_timeout`: the server's pending write fails instead of waiting for ever.
+    #[tokio::test]
+    async fn a_peer_that_stops_reading_is_dropped_after_the_unacked_timeout() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = AcceptLimits {
+            max_connections: 4,
+            max_per_address: None,
+            preface_timeout: Duration::from_secs(600),
+            unacked_timeout: Some(Duration::from_millis(500)),
+        };
+        let mut incoming = plain(listener, Arc::default(), limits);
+        // Connected, and never read from.
+        let _peer = TcpStream::connect(addr).await.unwrap();
+        let mut conn = incoming.next().await.unwrap().unwrap();
+        let chunk = vec![0u8; 1 << 20];
+        let started = Instant::now();
+        let written = tokio::time::timeout(Duration::from_secs(60), async {
+            loop {
+                conn.write_all(&chunk).await?;
+            }
+            #[allow(unreachable_code)]
+            Ok::<(), io::Error>(())
+        })
+        .await
+        .expect("the write waited for a peer that reads nothing past the timeout");
+        let e = written.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
+        assert!(started.elapsed() >= Duration::from_millis(500));
     }
 }

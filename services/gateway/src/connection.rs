@@ -64,7 +64,8 @@ impl Session {
         let mut principal = self.principal.write().unwrap_or_else(|p| p.into_inner());
         *principal = Some(key);
         self.revoked.store(false, Ordering::SeqCst);
-        drop(principal);
+        // Under the principal's lock, as in `end_if_key`: a revocation racing a new
+        // authentication cannot leave the gauge's label behind the session's state.
         self.move_gauge(None, 2);
     }
 
@@ -133,9 +134,9 @@ impl Session {
             .is_some_and(|k| k.tenant == tenant && k.key_id == key_id)
             && !self.revoked.swap(true, Ordering::SeqCst)
         {
-            drop(p);
             // No longer a handshake-authenticated connection; a later signed call moves it on.
             self.move_gauge(None, 0);
+            drop(p);
             return true;
         }
         false

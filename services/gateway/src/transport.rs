@@ -163,7 +163,10 @@ impl Gate {
                     continue;
                 }
             };
-            let open = self.registry.len() + self.handshaking.load(Ordering::Relaxed);
+            // Handshakes first: one that ends between the two reads (it joins the registry,
+            // then leaves this count) is then counted twice, never missed.
+            let handshaking = self.handshaking.load(Ordering::Acquire);
+            let open = self.registry.len() + handshaking;
             if open >= self.limits.max_connections {
                 cube_metrics::CONNECTIONS_REFUSED.inc();
                 let max = self.limits.max_connections;
@@ -277,7 +280,20 @@ pub fn tls(
                 drop(handshaking);
                 if let Some((tenant, key_id)) = identity.filter(|_| certificates_authenticate) {
                     match auth.catalog().key(&tenant, &key_id).filter(|k| !k.revoked) {
-                        Some(key) => conn.session().authenticate(key),
+                        Some(key) => {
+                            conn.session().authenticate(key);
+                            // A revocation between the lookup and the binding found no session
+                            // of the key to end (as `Auth.Hello` does, end it here): its calls
+                            // would be refused anyway, but the connection would count as
+                            // authenticated.
+                            if auth
+                                .catalog()
+                                .key(&tenant, &key_id)
+                                .is_none_or(|k| k.revoked)
+                            {
+                                conn.session().end_if_key(&tenant, &key_id);
+                            }
+                        }
                         None => {
                             tracing::info!(%remote, %tenant, %key_id, "client certificate for an unknown or revoked key");
                             conn.session().refuse_certificate(&tenant, &key_id);
@@ -314,7 +330,7 @@ struct Handshaking(Arc<AtomicUsize>);
 
 impl Drop for Handshaking {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.0.fetch_sub(1, Ordering::Release);
     }
 }
 

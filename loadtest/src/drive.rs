@@ -84,10 +84,15 @@ impl RunArgs {
     }
 }
 
-/// The median of `v` (the upper one for an even count).
+/// The median of `v` (the mean of the middle two for an even count; NaN for none).
 pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    let mid = v.len() / 2;
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[mid],
+        _ => (v[mid - 1] + v[mid]) / 2.0,
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -343,4 +348,17 @@ pub async fn e2e(args: E2eArgs, default_cubed: PathBuf) -> anyhow::Result<()> {
         std::fs::write(path, serde_json::to_vec_pretty(&rounds)?)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn the_median_of_an_even_count_is_between_the_middle_two() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0]), 2.5);
+        assert_eq!(median(vec![5.0, 1.0, 2.0, 3.0]), 2.5);
+        assert!(median(Vec::new()).is_nan());
+    }
 }

@@ -96,7 +96,8 @@ pub struct SinglePhase {
     pub system: String,
     pub op: Op,
     pub clients: usize,
-    /// Calls that started after the warm-up and finished inside the window, successfully.
+    /// Calls that finished inside the window (after the warm-up), successfully; the latency
+    /// columns are of those among them that also started inside it.
     pub ops: u64,
     pub seconds: f64,
     pub ops_per_sec: f64,
@@ -110,7 +111,10 @@ pub struct SinglePhase {
 
 /// One client's record of a phase.
 struct Recorder {
+    /// Latency of the successful calls that started and ended inside the window.
     hist: Histogram<u64>,
+    /// Successful calls that ended inside the window, whenever they started: the rate.
+    completed: u64,
     errors: u64,
     first_error: Option<String>,
     measure_from: Instant,
@@ -123,6 +127,7 @@ impl Recorder {
         let measure_from = start + window.warmup;
         Recorder {
             hist: Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid bounds"),
+            completed: 0,
             errors: 0,
             first_error: None,
             measure_from,
@@ -147,8 +152,11 @@ impl Recorder {
         if now >= self.end {
             return false;
         }
-        if t >= self.measure_from && result.is_ok() {
-            let _ = self.hist.record((now - t).as_micros().max(1) as u64);
+        if now >= self.measure_from && result.is_ok() {
+            self.completed += 1;
+            if t >= self.measure_from {
+                let _ = self.hist.record((now - t).as_micros().max(1) as u64);
+            }
         }
         true
     }
@@ -162,9 +170,10 @@ fn summarize(
     recs: Vec<Recorder>,
 ) -> SinglePhase {
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
-    let (mut errors, mut first_error) = (0, None);
+    let (mut completed, mut errors, mut first_error) = (0, 0, None);
     for r in recs {
         let _ = hist.add(&r.hist);
+        completed += r.completed;
         errors += r.errors;
         first_error = first_error.or(r.first_error);
     }
@@ -173,9 +182,9 @@ fn summarize(
         system: system.to_string(),
         op,
         clients,
-        ops: hist.len(),
+        ops: completed,
         seconds,
-        ops_per_sec: hist.len() as f64 / seconds,
+        ops_per_sec: completed as f64 / seconds,
         p50_us: hist.value_at_quantile(0.5),
         p99_us: hist.value_at_quantile(0.99),
         max_us: hist.max(),

@@ -263,6 +263,23 @@ impl ScanGrid {
     }
 }
 
+/// The command line, after the `CUBE_*` and `ETCD_*` variables of its environment: the servers
+/// it starts inherit them (cubed reads each `CUBE_*` as a flag), so a run's report says which
+/// settings other than the defaults it ran with.
+fn command_with_env() -> String {
+    let mut parts: Vec<String> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("CUBE_") || k.starts_with("ETCD_"))
+        // cubec's CUBE_SECRET (cubed reads no such variable) is named, not shown.
+        .map(|(k, v)| match k.contains("SECRET") {
+            true => format!("{k}=…"),
+            false => format!("{k}={v}"),
+        })
+        .collect();
+    parts.sort();
+    parts.extend(std::env::args());
+    parts.join(" ")
+}
+
 /// Everything one run measured.
 #[derive(Debug, Serialize)]
 pub struct Results {
@@ -360,7 +377,7 @@ pub async fn run(args: BenchArgs, default_cubed: PathBuf) -> anyhow::Result<()> 
     let grid = s.scan_grid();
     let mut out = Results {
         machine,
-        command: std::env::args().collect::<Vec<_>>().join(" "),
+        command: command_with_env(),
         versions: Vec::new(),
         settings: SettingsSummary {
             peers: s.peers.clone(),

@@ -335,8 +335,10 @@ async fn measure(
     .map_err(|e| anyhow::anyhow!("{e:#}; redis log:\n{}", process.log_tail()))?;
     out.bulk.push(loaded);
 
-    // Scans, over a keyspace holding the grid only (the other systems scan a fresh tenant,
-    // table or prefix): SCAN would otherwise also walk the single-cell and bulk keys.
+    // Scans, over a keyspace holding the grid only (Cube and SQLite scan a fresh tenant or
+    // database; etcd a fresh prefix of the store that also holds its bulk load, which a range
+    // over the prefix does not walk): SCAN would otherwise also walk the single-cell and bulk
+    // keys.
     let mut c = Resp::connect(port).await?;
     match c.call(&[b"FLUSHALL"]).await? {
         Reply::Simple(ok) if ok == b"OK" => {}

@@ -37,8 +37,13 @@ pub struct Target {
     pub met: Option<bool>,
 }
 
-fn phase<'a>(r: &'a Results, system: &str, op: Op, clients: usize) -> Option<&'a SinglePhase> {
-    r.single
+fn phase<'a>(
+    single: &'a [SinglePhase],
+    system: &str,
+    op: Op,
+    clients: usize,
+) -> Option<&'a SinglePhase> {
+    single
         .iter()
         .find(|p| p.system == system && p.op == op && p.clients == clients)
 }
@@ -61,7 +66,7 @@ fn n0(v: f64) -> String {
 
 /// A throughput ratio `a ÷ b` of two single-cell phases at the target client count.
 fn ops_ratio(
-    r: &Results,
+    r: &[SinglePhase],
     name: &str,
     (sys_a, op_a): (&str, Op),
     (sys_b, op_b): (&str, Op),
@@ -70,7 +75,7 @@ fn ops_ratio(
     let a = phase(r, sys_a, op_a, TARGET_CLIENTS);
     let b = phase(r, sys_b, op_b, TARGET_CLIENTS);
     match (a, b) {
-        (Some(a), Some(b)) if b.ops_per_sec > 0.0 => {
+        (Some(a), Some(b)) if a.ops > 0 && b.ops_per_sec > 0.0 => {
             let ratio = a.ops_per_sec / b.ops_per_sec;
             let echo_ratio = (sys_a == cube::SYSTEM && sys_b != ceiling::SYSTEM)
                 .then(|| phase(r, ceiling::SYSTEM, op_a, TARGET_CLIENTS))
@@ -81,19 +86,42 @@ fn ops_ratio(
                 ratio: Some(ratio),
                 echo_ratio,
                 detail: format!(
-                    "{} {} ÷ {} {} ops/s",
+                    "{} {} ÷ {} {} ops/s{}",
                     n0(a.ops_per_sec),
                     sys_a,
                     n0(b.ops_per_sec),
-                    sys_b
+                    sys_b,
+                    failed_note(&[a, b])
                 ),
-                met: at_least.map(|t| ratio >= t),
+                met: at_least
+                    .filter(|_| failures(&[a, b]) == 0)
+                    .map(|t| ratio >= t),
             }
         }
         _ => not_measured(
             name,
             &format!("{sys_a} or {sys_b} at {TARGET_CLIENTS} clients"),
         ),
+    }
+}
+
+/// Failed calls in `phases`: a rate or latency that leaves them out (a phase's rate counts
+/// successful calls only) is not judged against a target.
+fn failures(phases: &[&SinglePhase]) -> u64 {
+    phases.iter().map(|p| p.errors).sum()
+}
+
+/// What a target's detail says of failed calls in `phases` (nothing when none failed).
+fn failed_note(phases: &[&SinglePhase]) -> String {
+    let failed: Vec<String> = phases
+        .iter()
+        .filter(|p| p.errors > 0)
+        .map(|p| format!("{} failed calls of {}", n0(p.errors as f64), p.system))
+        .collect();
+    if failed.is_empty() {
+        String::new()
+    } else {
+        format!("; not judged: {}", failed.join(", "))
     }
 }
 
@@ -108,6 +136,13 @@ fn not_measured(name: &str, what: &str) -> Target {
 }
 
 pub fn targets(r: &Results) -> Vec<Target> {
+    let mut t = single_targets(&r.single);
+    t.push(bulk_target(r));
+    t
+}
+
+/// The targets on single-cell phases.
+fn single_targets(r: &[SinglePhase]) -> Vec<Target> {
     let w = Op::Write;
     let rd = Op::Read;
     let cube = cube::SYSTEM;
@@ -165,22 +200,28 @@ pub fn targets(r: &Results) -> Vec<Target> {
     let name = "Cube Read p50 ≤ 1.2× echo read-shaped p50 (1 client)";
     t.push(
         match (phase(r, cube, rd, 1), phase(r, ceiling::SYSTEM, rd, 1)) {
-            (Some(c), Some(e)) if e.p50_us > 0 => {
+            // An empty histogram's p50 is 0: a phase in which every call failed would pass.
+            (Some(c), Some(e)) if c.ops > 0 && e.ops > 0 && e.p50_us > 0 => {
                 let ratio = c.p50_us as f64 / e.p50_us as f64;
                 Target {
                     name: name.into(),
                     ratio: Some(ratio),
                     echo_ratio: None,
-                    detail: format!("{} µs ÷ {} µs", c.p50_us, e.p50_us),
-                    met: Some(ratio <= 1.2),
+                    detail: format!("{} µs ÷ {} µs{}", c.p50_us, e.p50_us, failed_note(&[c, e])),
+                    met: (failures(&[c, e]) == 0).then_some(ratio <= 1.2),
                 }
             }
             _ => not_measured(name, "Cube or echo at 1 client"),
         },
     );
+    t
+}
+
+fn bulk_target(r: &Results) -> Target {
+    let cube = cube::SYSTEM;
     let name = "Cube bulk load ≥ 60% of the disk's sequential write-and-fsync";
     let bulk = r.bulk.iter().find(|b| b.system == cube);
-    t.push(match (bulk, &r.disk) {
+    match (bulk, &r.disk) {
         (Some(b), Some(d)) if d.seq_mib_per_sec > 0.0 => {
             let ratio = b.mib_per_sec / d.seq_mib_per_sec;
             let echo = r.bulk.iter().find(|b| b.system == ceiling::SYSTEM);
@@ -204,8 +245,7 @@ pub fn targets(r: &Results) -> Vec<Target> {
             }
         }
         _ => not_measured(name, "Cube bulk or the disk"),
-    });
-    t
+    }
 }
 
 /// Three decimals below 10, so a ratio just past its bound does not print as the bound.
@@ -264,7 +304,7 @@ fn single_table(out: &mut String, r: &Results, op: Op) {
         }
         let _ = write!(out, "| {} |", label(system, op));
         for &c in clients {
-            match phase(r, system, op, c) {
+            match phase(&r.single, system, op, c) {
                 Some(p) => {
                     let _ = write!(
                         out,
@@ -421,7 +461,58 @@ pub fn markdown(r: &Results) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::n0;
+    use super::*;
+
+    fn phase_of(
+        system: &str,
+        op: Op,
+        clients: usize,
+        ops: u64,
+        errors: u64,
+        p50_us: u64,
+    ) -> SinglePhase {
+        SinglePhase {
+            system: system.into(),
+            op,
+            clients,
+            ops,
+            seconds: 1.0,
+            ops_per_sec: ops as f64,
+            p50_us,
+            p99_us: p50_us,
+            max_us: p50_us,
+            errors,
+            first_error: None,
+        }
+    }
+
+    fn target<'a>(t: &'a [Target], prefix: &str) -> &'a Target {
+        t.iter().find(|t| t.name.starts_with(prefix)).unwrap()
+    }
+
+    #[test]
+    fn a_phase_with_failed_calls_is_not_judged() {
+        let r = vec![
+            phase_of(cube::SYSTEM, Op::Write, TARGET_CLIENTS, 30_000, 0, 0),
+            phase_of(redis::SYSTEM, Op::Write, TARGET_CLIENTS, 40_000, 0, 0),
+            phase_of(etcd::SYSTEM, Op::Write, TARGET_CLIENTS, 5_000, 7, 0),
+            // Every Cube read at 1 client failed: its p50 would read 0.
+            phase_of(cube::SYSTEM, Op::Read, 1, 0, 3, 0),
+            phase_of(ceiling::SYSTEM, Op::Read, 1, 9_000, 0, 100),
+        ];
+        let t = single_targets(&r);
+        assert_eq!(target(&t, "Cube writes ≥ 0.5× Redis").met, Some(true));
+        let etcd = target(&t, "Cube writes ≥ 2× etcd");
+        assert_eq!(etcd.met, None, "{}", etcd.detail);
+        assert!(
+            etcd.detail.contains("not judged: 7 failed calls of etcd"),
+            "{}",
+            etcd.detail
+        );
+        let p50 = target(&t, "Cube Read p50");
+        assert_eq!(p50.met, None, "{}", p50.detail);
+        assert!(p50.ratio.is_none(), "{}", p50.detail);
+    }
 
     #[test]
     fn numbers_get_thousands_separators() {

@@ -267,16 +267,18 @@ impl ScanGrid {
 /// it starts inherit them (cubed reads each `CUBE_*` as a flag), so a run's report says which
 /// settings other than the defaults it ran with.
 fn command_with_env() -> String {
-    let mut parts: Vec<String> = std::env::vars()
+    const HIDDEN: [&str; 4] = ["SECRET", "PASSWORD", "TOKEN", "KEY"];
+    let mut parts: Vec<String> = std::env::vars_os()
+        .map(|(k, v)| (k.to_string_lossy().into_owned(), v))
         .filter(|(k, _)| k.starts_with("CUBE_") || k.starts_with("ETCD_"))
-        // cubec's CUBE_SECRET (cubed reads no such variable) is named, not shown.
-        .map(|(k, v)| match k.contains("SECRET") {
+        // cubec's CUBE_SECRET (cubed reads no such variable), say, is named, not shown.
+        .map(|(k, v)| match HIDDEN.iter().any(|h| k.contains(h)) {
             true => format!("{k}=…"),
-            false => format!("{k}={v}"),
+            false => format!("{k}={}", v.to_string_lossy()),
         })
         .collect();
     parts.sort();
-    parts.extend(std::env::args());
+    parts.extend(std::env::args_os().map(|a| a.to_string_lossy().into_owned()));
     parts.join(" ")
 }
 

@@ -1018,7 +1018,8 @@ mod tests {
             .await
             .unwrap();
         let mut tenant = TenantClient::new(channel);
-        let wait = std::time::Duration::from_millis(300);
+        // Long enough that a loaded machine delivers the first entry within it.
+        let wait = std::time::Duration::from_secs(2);
         let started = std::time::Instant::now();
         let fetched = tokio::time::timeout(
             std::time::Duration::from_secs(20),

@@ -398,7 +398,7 @@ pub async fn run(
     tokio::select! {
         _ = &mut admin => {},
         () = tokio::time::sleep(ADMIN_STOP_WAIT) => {
-            tracing::warn!(secs = ADMIN_STOP_WAIT.as_secs(), "admin socket connections still open: closing them");
+            tracing::warn!(secs = ADMIN_STOP_WAIT.as_secs(), "admin socket connections still open: no longer waiting for them");
             admin.abort();
         }
         () = hurry.cancelled() => admin.abort(),

@@ -514,12 +514,15 @@ impl ServeArgs {
             _ => TlsChoice::Plaintext,
         };
         // Port 0 twice is two free ports; the same fixed port twice would fail to bind as "in
-        // use", as if another process held it.
+        // use", as if another process held it: on the same address, or when either address is
+        // every interface (0.0.0.0, or :: which takes IPv4 too), which includes the other.
+        let (l, a) = (self.listen, self.admin_listen);
         anyhow::ensure!(
-            self.listen != self.admin_listen || self.listen.port() == 0,
-            "--listen and --admin-listen are both {}: the gRPC and the admin (metrics) listener \
-             need different ports",
-            self.listen
+            l.port() != a.port()
+                || l.port() == 0
+                || (l.ip() != a.ip() && !l.ip().is_unspecified() && !a.ip().is_unspecified()),
+            "--listen {l} and --admin-listen {a} take the same port on the same interfaces: the \
+             gRPC and the admin (metrics) listener need different ports"
         );
         anyhow::ensure!(
             tls != TlsChoice::Plaintext
@@ -1033,6 +1036,34 @@ mod config_file_tests {
         assert!(err.contains("need different ports"), "{err}");
         serve(&["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"]).unwrap();
         serve(&["--listen", "[::1]:7000", "--admin-listen", "127.0.0.1:7001"]).unwrap();
+        // Every interface includes the other's address.
+        for (listen, admin) in [
+            ("0.0.0.0:7000", "127.0.0.1:7000"),
+            ("127.0.0.1:7000", "0.0.0.0:7000"),
+            ("[::]:7000", "127.0.0.1:7000"),
+        ] {
+            let err = serve(&[
+                "--listen",
+                listen,
+                "--admin-listen",
+                admin,
+                "--insecure-plaintext",
+            ])
+            .unwrap_err()
+            .to_string();
+            assert!(
+                err.contains("need different ports"),
+                "{listen} {admin}: {err}"
+            );
+        }
+        // Two distinct addresses of the machine may share a port.
+        serve(&[
+            "--listen",
+            "127.0.0.1:7000",
+            "--admin-listen",
+            "127.0.0.2:7000",
+        ])
+        .unwrap();
     }
 
     #[test]

@@ -60,6 +60,13 @@ struct Cli {
 /// `--timeout-secs` unless given.
 const DEFAULT_TIMEOUT_SECS: u64 = 30;
 
+/// Where the endpoint came from when nothing named one.
+const DEFAULT_ORIGIN: &str = "cubec's default";
+
+/// `--timeout-secs` as given, for the message of a call that ran out of it.
+static TIMEOUT_SECS: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(DEFAULT_TIMEOUT_SECS);
+
 impl Cli {
     /// `--timeout-secs` as a limit (None: no limit).
     fn time_limit(&self) -> Option<std::time::Duration> {
@@ -78,7 +85,8 @@ enum AuthModel {
 #[derive(Debug, Subcommand)]
 enum Cmd {
     /// Write VALUE (UTF-8 text), or the bytes of --value-file, at (X, Y, Z).
-    #[command(allow_negative_numbers = true)]
+    // `-h` is a value here (help is `--help`), as any other value starting with `-`.
+    #[command(allow_negative_numbers = true, disable_help_flag = true)]
     Write {
         /// X coordinate (a signed 32-bit integer).
         x: i32,
@@ -86,7 +94,8 @@ enum Cmd {
         y: i32,
         /// Z coordinate.
         z: i32,
-        /// The value (it may start with `-`: `cubec write 1 2 3 -hot` writes "-hot").
+        /// The value (it may start with `-`: `cubec write 1 2 3 -hot` writes "-hot", and `-h`
+        /// is a value here too: help is `--help`).
         #[arg(
             required_unless_present = "value_file",
             conflicts_with = "value_file",
@@ -99,6 +108,9 @@ enum Cmd {
         /// Write only if the cell is at this version (0 = must not exist).
         #[arg(long)]
         expected_version: Option<u64>,
+        /// Print help.
+        #[arg(long, action = clap::ArgAction::Help)]
+        help: Option<bool>,
     },
     /// Read the cell at (X, Y, Z).
     #[command(allow_negative_numbers = true)]
@@ -223,7 +235,7 @@ fn certificate_endpoint(path: Option<&PathBuf>) -> anyhow::Result<(String, Strin
             return Ok((endpoint, file.display().to_string()));
         }
     }
-    Ok((DEFAULT_TLS_ENDPOINT.into(), "cubec's default".into()))
+    Ok((DEFAULT_TLS_ENDPOINT.into(), DEFAULT_ORIGIN.into()))
 }
 
 fn main() -> std::process::ExitCode {
@@ -270,7 +282,7 @@ async fn run() -> anyhow::Result<()> {
         (Some(e), _) => (e.clone(), "--endpoint or CUBE_ENDPOINT".to_string()),
         (None, Some(creds)) => match &creds.endpoint {
             Some(e) => (e.clone(), "the credentials file".to_string()),
-            None => (DEFAULT_ENDPOINT.into(), "cubec's default".to_string()),
+            None => (DEFAULT_ENDPOINT.into(), DEFAULT_ORIGIN.to_string()),
         },
         (None, None) => certificate_endpoint(cli.credentials.as_ref())?,
     };
@@ -288,6 +300,7 @@ async fn run() -> anyhow::Result<()> {
     // say), ends the command instead of hanging it. The connect is bounded as a whole (tonic's
     // connect timeout covers TCP only, not the TLS handshake); each call until its answer starts.
     let limit = cli.time_limit();
+    TIMEOUT_SECS.store(cli.timeout_secs, std::sync::atomic::Ordering::Relaxed);
     if let Some(limit) = limit {
         ep = ep.timeout(limit);
     }
@@ -407,6 +420,7 @@ async fn calls(cli: Cli, creds: Option<&Credentials>, channel: Channel) -> anyho
             value,
             value_file,
             expected_version,
+            ..
         } => {
             let value = match (value, value_file) {
                 (Some(text), _) => text.into_bytes(),
@@ -505,6 +519,8 @@ struct Target {
     authority: String,
     tls: bool,
     ca: CaFile,
+    /// A client certificate is presented (--cert).
+    client_cert: bool,
 }
 
 impl Target {
@@ -562,6 +578,7 @@ impl Target {
             endpoint,
             origin,
             ca,
+            client_cert: cli.cert.is_some(),
         })
     }
 
@@ -571,7 +588,8 @@ impl Target {
         let (endpoint, origin) = (&self.endpoint, &self.origin);
         // rustls's reasons are told apart only by their names.
         let debug = format!("{e:?}");
-        if debug.contains("UnknownIssuer") {
+        // BadSignature: a CA of the same name but another key (two data directories' CAs).
+        if debug.contains("UnknownIssuer") || debug.contains("BadSignature") {
             return anyhow::anyhow!(
                 "cannot connect to {endpoint} (from {origin}): the server's certificate is not \
                  signed by the CA in {} ({}): pass --ca with the CA that signed it (for `cubed \
@@ -589,6 +607,8 @@ impl Target {
             "it answered, but not in TLS: use http:// for a plaintext server"
         } else if debug.contains("InvalidCertificate") {
             "it answered, but its certificate was refused"
+        } else if origin == DEFAULT_ORIGIN {
+            "is cubed serving there? if it serves elsewhere, pass --endpoint or CUBE_ENDPOINT"
         } else {
             "is cubed serving there?"
         };
@@ -606,6 +626,14 @@ impl Target {
             self.endpoint, self.origin
         );
         if self.tls {
+            // Under TLS 1.3 a server refuses a client certificate after the client's side of
+            // the handshake is done: the refusal arrives as an alert on the first call.
+            if self.client_cert && failure.0.contains("alert") {
+                return anyhow::anyhow!(
+                    "{at}: {failure} (the server refused the client certificate: issue it with \
+                     `cubed key cert` on this server's data directory)"
+                );
+            }
             return anyhow::anyhow!("{at}: {failure}");
         }
         match probe(&self.authority).await {
@@ -718,7 +746,17 @@ fn read_pem(path: &Path, what: &str, flag: &str) -> anyhow::Result<String> {
 /// as the server's certificate being refused.
 fn tls_config(cli: &Cli, ca: &CaFile) -> anyhow::Result<tonic::transport::ClientTlsConfig> {
     use tonic::transport::{Certificate, ClientTlsConfig, Identity};
-    let ca_pem = read_pem(&ca.path, "the CA certificate", ca.flag)?;
+    let ca_pem = read_pem(&ca.path, "the CA certificate", ca.flag).map_err(|e| {
+        if cli.ca.is_none() {
+            e.context(
+                "an https:// endpoint needs the CA that signed the server's certificate: is the \
+                 server started with TLS (its ready line says tls=on)? For a plaintext server \
+                 use http://; for `cubed serve --tls-dev` pass --ca DATA_DIR/tls/ca.pem",
+            )
+        } else {
+            e
+        }
+    })?;
     anyhow::ensure!(
         holds_certificate(&ca_pem),
         "no PEM certificate in {} ({}): pass --ca with the CA certificate that signed the \
@@ -881,10 +919,10 @@ fn status(s: tonic::Status) -> anyhow::Error {
     while let Some(c) = cause {
         if c.downcast_ref::<tonic::TimeoutExpired>().is_some() {
             return anyhow::anyhow!(
-                "no answer within --timeout-secs ({} s unless set): the server took the \
-                 connection but did not answer in time (stopped or overloaded?); raise \
-                 --timeout-secs for a slow call, 0 for no limit",
-                DEFAULT_TIMEOUT_SECS
+                "no answer within --timeout-secs ({} s): the server took the connection but \
+                 did not answer in time (stopped or overloaded?); raise --timeout-secs for a \
+                 slow call, 0 for no limit",
+                TIMEOUT_SECS.load(std::sync::atomic::Ordering::Relaxed)
             );
         }
         cause = c.source();
@@ -903,6 +941,21 @@ fn status(s: tonic::Status) -> anyhow::Error {
                 .starts_with("this server accepts only per-connection"))
     {
         text.push_str(" (with cubec: --auth connection, or a client certificate with --cert)");
+    }
+    if s.code() == tonic::Code::FailedPrecondition
+        && s.message()
+            .starts_with("per-connection authentication is disabled")
+    {
+        text.push_str(" (with cubec: leave out --auth connection)");
+    }
+    if s.code() == tonic::Code::Unauthenticated
+        && (s.message().starts_with("x-cube-sig does not match")
+            || s.message().starts_with("mac does not match"))
+    {
+        text.push_str(
+            " (with cubec: the secret of the credentials is not this key's: use the file \
+             `cubed key create` or `cubed tenant create` printed for it)",
+        );
     }
     anyhow::anyhow!(text)
 }
@@ -960,6 +1013,13 @@ mod tests {
             written_value(&["cubec", "write", "-1", "-2", "-3", "--", "-x"]).as_deref(),
             Some("-x")
         );
+        // Not the short help flag (which printed help and wrote nothing): help is --help.
+        assert_eq!(
+            written_value(&["cubec", "write", "1", "2", "3", "-h"]).as_deref(),
+            Some("-h")
+        );
+        let help = Cli::try_parse_from(["cubec", "write", "--help"]).unwrap_err();
+        assert_eq!(help.kind(), clap::error::ErrorKind::DisplayHelp);
         assert_eq!(
             written_value(&["cubec", "write", "-1", "2", "-3", "v"]).as_deref(),
             Some("v")

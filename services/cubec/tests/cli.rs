@@ -216,10 +216,21 @@ fn a_scheme_that_does_not_match_the_server_is_named() {
 
 /// A self-signed CA of no server here, as a PEM file in `dir`.
 fn unrelated_ca(dir: &Path) -> PathBuf {
+    ca_named(dir, None)
+}
+
+/// A CA of its own key, named `name` (e.g. as every data directory's CA is named, so that a
+/// client finds the issuer by name and then its signature wrong).
+fn ca_named(dir: &Path, name: Option<&str>) -> PathBuf {
     let key = rcgen::KeyPair::generate().unwrap();
     let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
     params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let path = dir.join("other-ca.pem");
+    if let Some(name) = name {
+        let mut dn = rcgen::DistinguishedName::new();
+        dn.push(rcgen::DnType::CommonName, name);
+        params.distinguished_name = dn;
+    }
+    let path = dir.join(format!("ca-{}.pem", name.is_some()));
     std::fs::write(&path, params.self_signed(&key).unwrap().pem()).unwrap();
     path
 }
@@ -266,6 +277,21 @@ fn a_ca_that_cannot_check_the_server_is_named() {
     );
     // The server did answer.
     assert!(!err.contains("is cubed serving there?"), "{err}");
+    // Another data directory's CA: the same name, another key.
+    let namesake = ca_named(dir.path(), Some("Cube data-directory CA"));
+    let o = read(Some(&namesake));
+    let err = stderr(&o);
+    assert!(
+        err.contains("the server's certificate is not signed by the CA in"),
+        "{err}"
+    );
+    // Without --ca and without the default file: the scheme is questioned too.
+    let o = read(None);
+    let err = stderr(&o);
+    assert!(
+        err.contains("(the default of --ca)") && err.contains("is the server started with TLS"),
+        "{err}"
+    );
     // Without --ca, the default file is the one named.
     std::fs::create_dir_all(dir.path().join("cube-data/tls")).unwrap();
     std::fs::copy(&other, dir.path().join("cube-data/tls/ca.pem")).unwrap();
@@ -500,6 +526,20 @@ fn mtls_needs_no_credentials_file() {
     let first = ["--endpoint", &endpoint, "--ca", ca.to_str().unwrap()];
     let o = run(empty.path(), &[], &mtls_read(&first, &crt, &key));
     assert_eq!(json(&o)["found"], false);
+    // A certificate issued by another data directory is refused by the server: said so (it
+    // read "received fatal alert: DecryptError" alone).
+    let other = TestServer::start_with(&cubed(), &["--tls-dev"]).unwrap();
+    let foreign = tempfile::tempdir().unwrap();
+    let (crt, key) = other
+        .demo_key_cert(&other.demo.key_id, foreign.path())
+        .unwrap();
+    let o = run(empty.path(), &[], &mtls_read(&first, &crt, &key));
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("the server refused the client certificate"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 /// The README's mTLS command, run beside `./cube-data` with neither --endpoint nor --ca: the
@@ -661,6 +701,29 @@ fn a_refused_handshake_reads_code_then_message() {
         "{err}"
     );
     assert!(!err.contains("code: '"), "{err}");
+    assert!(
+        err.contains("the secret of the credentials is not this key's"),
+        "{err}"
+    );
+    // A signed call with it says the same.
+    let o = run(
+        dir.path(),
+        &[],
+        &[
+            "--credentials",
+            wrong.to_str().unwrap(),
+            "read",
+            "1",
+            "1",
+            "1",
+        ],
+    );
+    let err = stderr(&o);
+    assert!(
+        err.starts_with("cubec: error: Unauthenticated: x-cube-sig does not match")
+            && err.contains("the secret of the credentials is not this key's"),
+        "{err}"
+    );
 }
 
 /// `cubec audit list | head -1`: the reader goes away, cubec ends quietly with status 0.
@@ -777,6 +840,12 @@ fn a_server_that_does_not_answer_ends_the_command_after_the_timeout() {
         assert!(
             stderr(&o).starts_with("cubec: error: no answer within --timeout-secs"),
             "tls {tls}: {}",
+            stderr(&o)
+        );
+        // Over plaintext the call's timeout ends it, and says the limit given.
+        assert!(
+            tls || stderr(&o).contains("--timeout-secs (1 s)"),
+            "{}",
             stderr(&o)
         );
         assert!(

@@ -337,7 +337,16 @@ impl Catalog {
             .map_err(|e| storage("write its journal", e))?;
         let end = self.written.load(Ordering::Relaxed) + n;
         self.written.store(end, Ordering::Release);
-        if let Err(e) = insert_ops(&self.tenants, &self.keys, ops) {
+        // What sled held before, to put back if the record never becomes durable.
+        let before = match self.previous_values(&ops) {
+            Ok(before) => before,
+            Err(e) => {
+                // In the journal already: as for a failed insert below.
+                self.failed.store(true, Ordering::Release);
+                return Err(storage("read the values a change replaces", e));
+            }
+        };
+        if let Err(e) = insert_ops(&self.tenants, &self.keys, ops.iter().cloned()) {
             // In the journal, so the next open applies it; this process can no longer keep
             // sled in step.
             self.failed.store(true, Ordering::Release);
@@ -355,13 +364,47 @@ impl Catalog {
             Ok(synced) => synced,
             Err(e) => {
                 // Not known to be durable, and never published: the next change of these keys
-                // (one logged through a tenant's log included) must build on what is.
-                self.forget_pending(&mut self.lock_changes(), end, keys);
+                // (one logged through a tenant's log included) must build on what is. sled gets
+                // its old values back too, so this process acts as if the change was not made
+                // (a failed tenant creation or durability policy must not be in force: the
+                // caller was told it failed).
+                let mut st = self.lock_changes();
+                self.forget_pending(&mut st, end, keys);
+                self.undo(ops, before);
                 return Err(e);
             }
         };
         self.publish(&mut self.lock_changes(), synced);
         Ok(())
+    }
+
+    /// What sled holds now at each key `ops` write.
+    fn previous_values(&self, ops: &[Op]) -> sled::Result<Vec<Option<sled::IVec>>> {
+        ops.iter()
+            .map(|op| self.tree(op.tree).get(&op.key))
+            .collect()
+    }
+
+    fn tree(&self, tree: Tree) -> &sled::Tree {
+        match tree {
+            Tree::Tenants => &self.tenants,
+            Tree::Keys => &self.keys,
+        }
+    }
+
+    /// Put back in sled the values `ops` replaced (`before`), newest first, each only where
+    /// sled still holds what the op wrote: a change made since (one logged through a tenant's
+    /// log, which is durable there) stays. Called with the change lock held.
+    fn undo(&self, ops: Vec<Op>, before: Vec<Option<sled::IVec>>) {
+        for (op, old) in ops.into_iter().zip(before).rev() {
+            let tree = self.tree(op.tree);
+            match tree.compare_and_swap(&op.key, Some(op.value.as_slice()), old) {
+                Ok(Ok(())) | Ok(Err(_)) => {}
+                Err(e) => {
+                    tracing::error!(error = %e, "catalog: a failed change could not be undone in sled")
+                }
+            }
+        }
     }
 
     /// Drop the versions of `keys` that the change ending at `end` left pending.
@@ -1107,6 +1150,55 @@ pub(crate) mod tests {
         // The revocation through the tenant's log (durable there) takes effect.
         assert!(c.apply_logged_revocation("acme", &key.key_id).unwrap());
         assert!(c.key("acme", &key.key_id).unwrap().revoked);
+    }
+
+    /// A change whose journal fdatasync failed is not in force in this process: its caller was
+    /// told it failed (a relaxed policy set so would weaken durability while the operator
+    /// believes it refused). A change made since through a tenant's log is kept.
+    #[test]
+    fn a_change_whose_journal_sync_failed_is_undone_in_sled() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Catalog::open(&dir.path().join("catalog")).unwrap();
+        let key = c.create_tenant("acme").unwrap();
+        let null = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/null")
+            .unwrap();
+        c.sync.lock().unwrap().file = Arc::new(null);
+        let relaxed = cube_wal::SyncPolicy::Relaxed {
+            max_delay: std::time::Duration::from_millis(50),
+            max_records: 100,
+        };
+        assert!(matches!(
+            c.set_durability("acme", relaxed),
+            Err(StoreError::Unavailable(_))
+        ));
+        assert_eq!(c.durability("acme").unwrap(), cube_wal::SyncPolicy::Always);
+        assert!(!c.tenant_record("acme").unwrap().durability_pinned);
+        assert!(matches!(
+            c.create_tenant("beta"),
+            Err(StoreError::Unavailable(_))
+        ));
+        assert!(matches!(
+            c.tenant_record("beta"),
+            Err(StoreError::NotFound(_))
+        ));
+        // Undo leaves what a later change wrote: the key's record after a logged revocation.
+        let op = key_op(&KeyInfo {
+            revoked: true,
+            ..(*key).clone()
+        })
+        .unwrap();
+        let before = c.previous_values(std::slice::from_ref(&op)).unwrap();
+        insert_ops(&c.tenants, &c.keys, [op.clone()]).unwrap();
+        assert!(
+            c.apply_logged_capabilities("acme", &key.key_id, &[Capability::Read])
+                .unwrap()
+        );
+        c.undo(vec![op], before);
+        let stored = c.keys.get(key_name("acme", &key.key_id)).unwrap().unwrap();
+        let stored = decode_key(key_name("acme", &key.key_id).as_bytes(), &stored).unwrap();
+        assert_eq!(stored.capabilities, vec![Capability::Read]);
     }
 
     fn reopen(path: &Path) -> Catalog {

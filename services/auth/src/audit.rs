@@ -103,6 +103,35 @@ pub fn verify_audit_chain<'a>(
 mod tests {
     use super::*;
 
+    /// docs/protocol.md's published test vectors, byte for byte.
+    #[test]
+    fn the_documented_test_vectors_hold() {
+        let h1 = audit_hash(
+            &AUDIT_GENESIS,
+            1,
+            1_700_000_000_000,
+            "acme/k1",
+            "write",
+            "coord=(1, -2, 3) version=1 bytes=5",
+        );
+        assert_eq!(
+            hex::encode(h1),
+            "b10982550e8b0430d27a8ec6b4cf5ae0735c3e8a1d4a801d44177511c6f54da6"
+        );
+        let h2 = audit_hash(
+            &h1,
+            2,
+            1_700_000_000_001,
+            "operator",
+            "key.create",
+            "key=k2",
+        );
+        assert_eq!(
+            hex::encode(h2),
+            "21ffbde86c14b71bad3404f36086bc541b410dea9e08f5f0f7b1a6e03c5a3b31"
+        );
+    }
+
     #[test]
     fn the_hash_covers_the_previous_hash_and_the_documented_string() {
         // docs/protocol.md: hash = SHA-256(prev_hash ‖ "CUBE1-AUDIT\n" seq "\n" ts_ms "\n"

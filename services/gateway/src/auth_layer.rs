@@ -58,8 +58,8 @@ impl AuthMode {
 pub struct Authenticator {
     catalog: Arc<Catalog>,
     replay: ReplayCache,
-    /// Per tenant, the `auth.failed` entries recorded in the current second and those dropped
-    /// since the last one recorded.
+    /// Per tenant, the `auth.failed` entry budget (a burst of 10, then one every 6 s) and the
+    /// entries dropped since the last one recorded.
     failed_entries: Mutex<HashMap<String, EntryBudget>>,
     /// `auth.failed` entries recorded this second for tenants that were not open, over all
     /// tenants: each opens its tenant (replaying its log), which a flood from many addresses

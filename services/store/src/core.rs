@@ -449,6 +449,23 @@ const REPLAY_BATCH_BYTES: usize = 16 << 20;
 /// handshake's names.
 const MAX_KEY_ID_BYTES: usize = 128;
 
+/// The shape of a `key_id` a caller names (`Access.Grant`/`Revoke`): present, and not longer
+/// than [`MAX_KEY_ID_BYTES`]. Key ids are `k-` and 12 hex digits; the cap keeps the NOT_FOUND
+/// message that quotes an unknown id far under what gRPC clients accept as trailing metadata.
+/// Checked by the gateway too, before the call reaches a (perhaps busy) tenant.
+pub fn check_key_id(key_id: &str) -> Result<(), StoreError> {
+    if key_id.is_empty() {
+        return Err(StoreError::InvalidArgument("key_id is required".into()));
+    }
+    if key_id.len() > MAX_KEY_ID_BYTES {
+        return Err(StoreError::InvalidArgument(format!(
+            "key_id is at most {MAX_KEY_ID_BYTES} bytes; got {}",
+            key_id.len()
+        )));
+    }
+    Ok(())
+}
+
 /// A state-store failure with less than this free on the tenant's file system is reported as
 /// a full disk (fjall's errors do not say ENOSPC once its keyspace is poisoned).
 const FULL_DISK_HINT_BYTES: u64 = 16 << 20;
@@ -782,7 +799,7 @@ impl<T> TenantCore<T> {
     /// (it then comes out of [`TenantCore::on_durable`]).
     pub fn handle(&mut self, cmd: Command, caller: &Caller, token: T) -> Option<Answer<T>> {
         if cmd.is_mutation()
-            && let Err(e) = self.writable()
+            && let Err(e) = self.writable(cmd.is_creation_entry())
         {
             return Some((token, Err(e)));
         }
@@ -1131,17 +1148,23 @@ impl<T> TenantCore<T> {
         self.wal.take()
     }
 
-    fn writable(&self) -> Result<(), StoreError> {
+    /// Whether a change may be logged now. `creation` (the tenant's creation entry) is not held
+    /// to the free-space minimum: one small record, logged once at the first open, without
+    /// which the trail would start without its entry 1 for good.
+    fn writable(&self, creation: bool) -> Result<(), StoreError> {
         if self.is_poisoned() {
             return Err(self.poisoned_error());
         }
-        if let Some(g) = self.space.as_ref().filter(|g| g.low()) {
+        if let Some(g) = self.space.as_ref().filter(|g| g.low() && !creation) {
             return Err(StoreError::ResourceExhausted(format!(
                 "tenant '{}' cannot take writes now: the server's data directory has less than \
-                 {} MiB free. Nothing acknowledged is lost and reads still work; writes resume \
-                 by themselves once space is freed",
+                 {} free. Nothing acknowledged is lost and reads still work; writes resume by \
+                 themselves once space is freed",
                 self.tenant,
-                g.min_free() >> 20
+                match g.min_free() {
+                    m if m >= 1 << 20 => format!("{} MiB", m >> 20),
+                    m => format!("{m} bytes"),
+                }
             )));
         }
         if self.wal.is_none() {
@@ -1159,17 +1182,7 @@ impl<T> TenantCore<T> {
         revoke: &[Capability],
         caller: &Caller,
     ) -> Result<Prepared, StoreError> {
-        if key_id.is_empty() {
-            return Err(StoreError::InvalidArgument("key_id is required".into()));
-        }
-        // Key ids are `k-` and 12 hex digits; the cap keeps the NOT_FOUND message below (which
-        // quotes the id) far under what gRPC clients accept as trailing metadata.
-        if key_id.len() > MAX_KEY_ID_BYTES {
-            return Err(StoreError::InvalidArgument(format!(
-                "key_id is at most {MAX_KEY_ID_BYTES} bytes; got {}",
-                key_id.len()
-            )));
-        }
+        check_key_id(&key_id)?;
         let Some(catalog) = &self.catalog else {
             return Err(StoreError::FailedPrecondition(
                 "capabilities cannot be changed here: no catalog".into(),

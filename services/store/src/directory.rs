@@ -392,7 +392,7 @@ fn creation_event(
         return None;
     }
     Some(Command::Event {
-        op: "tenant.create".into(),
+        op: crate::state::CREATION_OP.into(),
         detail: format!("key={}", keys.join(",")),
     })
 }

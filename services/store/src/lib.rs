@@ -30,7 +30,9 @@ pub use backend::{
     BackendError, BatchOp, FjallBackend, MemBackend, RangeIter, SledBackend, StateBackend,
 };
 pub use catalog::{Capability, Catalog, CatalogOpenError, KeyInfo, validate_tenant_name};
-pub use core::{CheckpointPolicy, CoreConfig, EarlyAnswers, TenantCore, describe_policy};
+pub use core::{
+    CheckpointPolicy, CoreConfig, EarlyAnswers, TenantCore, check_key_id, describe_policy,
+};
 pub use cube_wal::SyncPolicy;
 pub use directory::{
     DirectoryConfig, LogStats, OPERATOR, TenantDirectory, TenantHandle, open_offline, run_offline,

@@ -9,7 +9,7 @@
 //! the WAL's own handling of a failed write (docs/durability.md, "Disk full").
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -20,7 +20,6 @@ pub struct SpaceGuard {
     low: AtomicBool,
     /// The last check could not ask the file system.
     unreadable: AtomicBool,
-    free: AtomicU64,
 }
 
 impl SpaceGuard {
@@ -31,7 +30,6 @@ impl SpaceGuard {
             min_free,
             low: AtomicBool::new(false),
             unreadable: AtomicBool::new(false),
-            free: AtomicU64::new(u64::MAX),
         });
         g.check();
         g
@@ -70,7 +68,6 @@ impl SpaceGuard {
                 tracing::info!(free, "free space is back; accepting writes");
             }
         }
-        self.free.store(free, Ordering::Relaxed);
         cube_metrics::DISK_FREE_BYTES.set(reported);
         free
     }
@@ -84,10 +81,12 @@ impl SpaceGuard {
         self.min_free
     }
 
-    /// Check every `every` on a thread of its own until the guard is dropped.
+    /// Check every `every` on a thread of its own until the guard is dropped. If that thread
+    /// cannot be started, the guard stays as its last check left it (said in the log): writes
+    /// are then refused, or not, on that check alone.
     pub fn start(self: &Arc<Self>, every: Duration) {
         let weak: Weak<SpaceGuard> = Arc::downgrade(self);
-        let _ = std::thread::Builder::new()
+        let started = std::thread::Builder::new()
             .name("space-guard".into())
             .spawn(move || {
                 loop {
@@ -100,6 +99,9 @@ impl SpaceGuard {
                     }
                 }
             });
+        if let Err(e) = started {
+            tracing::error!(error = %e, low = self.low(), "cannot start the free-space check; its last result stays in force");
+        }
     }
 }
 

@@ -181,7 +181,15 @@ impl Command {
     pub fn is_mutation(&self) -> bool {
         !matches!(self, Command::Read { .. })
     }
+
+    /// The tenant's creation entry ([`CREATION_OP`]), logged once, at its first open.
+    pub fn is_creation_entry(&self) -> bool {
+        matches!(self, Command::Event { op, .. } if op == CREATION_OP)
+    }
 }
+
+/// The audit op of a tenant's creation entry (its trail's entry 1).
+pub const CREATION_OP: &str = "tenant.create";
 
 /// A cell as a read returns it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1048,6 +1056,9 @@ impl TenantState {
                 expected_version,
             } => {
                 let prev = self.logical_cell(coord)?;
+                // Sealed first, as for Write: a sealed cell is named as such whatever version
+                // was expected.
+                check_writable(coord, prev.as_ref())?;
                 let version = check_version(expected_version, prev.as_ref())?;
                 if prev.is_none() {
                     return Ok(Prepared::Immediate(Reply::Deleted {
@@ -1055,7 +1066,6 @@ impl TenantState {
                         seq: 0,
                     }));
                 }
-                check_writable(coord, prev.as_ref())?;
                 let detail = format!("coord={coord} version={version}");
                 let op = Op::Del(walop::Del {
                     coord: Some(coord.into()),
@@ -1942,6 +1952,17 @@ mod tests {
             Command::Delete {
                 coord: C,
                 expected_version: None,
+            },
+            // A wrong expected version too: sealed is what a client can act on (it named the
+            // version mismatch before, and Write the seal).
+            Command::Delete {
+                coord: C,
+                expected_version: Some(99),
+            },
+            Command::Write {
+                coord: C,
+                value: b"x".to_vec(),
+                expected_version: Some(99),
             },
             Command::Prog {
                 coord: C,

@@ -12,7 +12,7 @@ use cube_testkit::TestServer;
 
 use crate::{coord, cubed, read, write};
 
-async fn trail(server: &TestServer, from: u64, limit: u32) -> Vec<AuditEntry> {
+pub(crate) async fn trail(server: &TestServer, from: u64, limit: u32) -> Vec<AuditEntry> {
     trail_of(server, &server.demo, from, limit).await
 }
 

@@ -156,6 +156,16 @@ async fn below_min_free_bytes_writes_are_refused_as_resource_exhausted_and_reads
     let r = c.read(read(1, 2, 3)).await.unwrap().into_inner();
     assert!(!r.found);
     assert!(server.metric("cube_disk_free_bytes").unwrap() > 0.0);
+    // The tenant's creation entry is not held to the minimum: without it, once space came
+    // back, the trail would have started at a later change, for good.
+    let entries = crate::audit::trail(&server, 0, 10).await;
+    assert_eq!(
+        entries
+            .iter()
+            .map(|e| (e.seq, e.op.as_str()))
+            .collect::<Vec<_>>(),
+        [(1, "tenant.create")]
+    );
 
     // With the check off (0), the same server's writes go through.
     let server = TestServer::start_with(cubed(), &["--min-free-bytes", "0"]).unwrap();

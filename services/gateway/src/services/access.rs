@@ -74,7 +74,9 @@ impl AccessService {
         grant: &[Capability],
         revoke: &[Capability],
     ) -> Result<Vec<i32>, Status> {
-        // The tenant's core checks the key id (empty, unknown, another tenant's, revoked).
+        // Its shape here, before the call waits for a (perhaps busy) tenant; the tenant's core
+        // checks the rest (unknown, another tenant's, revoked).
+        cube_store::check_key_id(key_id).map_err(ApiError::from)?;
         let cmd = Command::ChangeCapabilities {
             key_id: key_id.to_string(),
             grant: grant.to_vec(),

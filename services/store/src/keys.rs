@@ -32,6 +32,10 @@ pub(crate) const META_AUDIT_HEAD: &[u8] = b"m:audit-head";
 /// Versions before the cap wrote one chunk per applied group, however large; a store without
 /// this key has only such chunks.
 pub(crate) const META_AUDIT_CAPPED_FROM: &[u8] = b"m:audit-capped-from";
+/// Every audit chunk starting below this seq has been removed (u64 BE), written in the batch
+/// that removed them: where the next expiry's scan starts, also after an open (absent: 0, so a
+/// store from before it scans the removed chunks' tombstones once per open).
+pub(crate) const META_AUDIT_FLOOR: &[u8] = b"m:audit-floor";
 /// Prefix of the catalog changes (key capabilities, keys created or revoked, durability) applied
 /// to this store whose catalog write may not be durable yet, by WAL seq.
 const META_CATALOG_PENDING: &[u8] = b"m:catalog-pending:";

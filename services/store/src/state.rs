@@ -784,13 +784,18 @@ type Chunk = Result<(Vec<u8>, Vec<u8>), StoreError>;
 /// The first audit seq from which chunks are capped (`None` if no version with the cap has
 /// applied anything to this store yet).
 fn audit_capped_from(store: &dyn StateBackend) -> Result<Option<u64>, BackendError> {
+    meta_u64(store, keys::META_AUDIT_CAPPED_FROM, "audit capped-from seq")
+}
+
+/// A u64 (BE) stored at `key`, if any.
+fn meta_u64(store: &dyn StateBackend, key: &[u8], what: &str) -> Result<Option<u64>, BackendError> {
     store
-        .get(keys::META_AUDIT_CAPPED_FROM)?
+        .get(key)?
         .map(|b| {
             b.as_slice()
                 .try_into()
                 .map(u64::from_be_bytes)
-                .map_err(|_| BackendError("audit capped-from seq is not 8 bytes".into()))
+                .map_err(|_| BackendError(format!("{what} is not 8 bytes")))
         })
         .transpose()
 }
@@ -904,6 +909,7 @@ impl TenantState {
             .into_iter()
             .map(|(seq, _)| seq)
             .collect();
+        let audit_floor = meta_u64(&*store, keys::META_AUDIT_FLOOR, "audit floor")?.unwrap_or(0);
         Ok(TenantState {
             catalog_kept,
             record_capped_from,
@@ -916,7 +922,7 @@ impl TenantState {
             totals,
             applied_audit: head.clone(),
             audit_head: head,
-            audit_floor: 0,
+            audit_floor,
         })
     }
 
@@ -1440,6 +1446,12 @@ impl TenantState {
         txn.put(keys::META_APPLIED.to_vec(), last.to_be_bytes().to_vec());
         txn.put(keys::META_TOTALS.to_vec(), totals.encode_to_vec());
         txn.put(keys::META_AUDIT_HEAD.to_vec(), head.encode_to_vec());
+        if floor != self.audit_floor {
+            txn.put(
+                keys::META_AUDIT_FLOOR.to_vec(),
+                floor.to_be_bytes().to_vec(),
+            );
+        }
         if let Some(seq) = self.record_capped_from {
             txn.put(
                 keys::META_AUDIT_CAPPED_FROM.to_vec(),
@@ -2290,6 +2302,11 @@ mod tests {
             "{most} chunks stored for a window of 640"
         );
         assert!(stored(&h) >= 640);
+        // The floor is kept with the batch that moved it: a reopened store starts its next
+        // expiry scan there, not at 0 across every removed chunk's tombstone.
+        assert!(h.s.audit_floor > 0);
+        let reopened = TenantState::open(Arc::clone(&h.s.store), h.s.limits).unwrap();
+        assert_eq!(reopened.audit_floor, h.s.audit_floor);
     }
 
     #[test]

@@ -60,7 +60,7 @@ pub struct Authenticator {
     replay: ReplayCache,
     /// Per tenant, the `auth.failed` entry budget (a burst of 10, then one every 6 s) and the
     /// entries dropped since the last one recorded.
-    failed_entries: Mutex<HashMap<String, EntryBudget>>,
+    failed_entries: Arc<Mutex<HashMap<String, EntryBudget>>>,
     /// `auth.failed` entries recorded this second for tenants that were not open, over all
     /// tenants: each opens its tenant (replaying its log), which a flood from many addresses
     /// must not be able to do to every tenant.
@@ -209,7 +209,7 @@ impl Authenticator {
         Authenticator {
             catalog,
             replay,
-            failed_entries: Mutex::new(HashMap::new()),
+            failed_entries: Arc::default(),
             waking_entries: Mutex::default(),
             skew_ms,
             mode,
@@ -296,18 +296,29 @@ impl Authenticator {
         // The reason may quote what the peer sent (a key id): cap what an unauthenticated peer
         // can make the tenant's log store.
         let reason: String = reason.chars().take(MAX_REASON_CHARS).collect();
-        let dropped = if dropped > 0 {
+        let dropped_text = if dropped > 0 {
             format!(" dropped={dropped}")
         } else {
             String::new()
         };
         let event = Command::Event {
             op: "auth.failed".into(),
-            detail: format!("model={model} peer={peer}{dropped} reason={reason}"),
+            detail: format!("model={model} peer={peer}{dropped_text} reason={reason}"),
         };
         let (directory, tenant) = (Arc::clone(directory), tenant.to_string());
+        let budgets = Arc::clone(&self.failed_entries);
         tokio::spawn(async move {
-            let _ = directory.call(&tenant, event, "unauthenticated").await;
+            if directory
+                .call(&tenant, event, "unauthenticated")
+                .await
+                .is_err()
+            {
+                // Not recorded (the tenant busy, out of space, unavailable): this entry and
+                // those it counted go to the next one's `dropped=`, so the trail still says
+                // how many failures it lacks.
+                let mut budgets = budgets.lock().unwrap_or_else(|p| p.into_inner());
+                budgets.entry(tenant).or_default().dropped += dropped + 1;
+            }
         });
     }
 

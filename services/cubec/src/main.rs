@@ -628,10 +628,15 @@ impl Target {
         if self.tls {
             // Under TLS 1.3 a server refuses a client certificate after the client's side of
             // the handshake is done: the refusal arrives as an alert on the first call.
-            if self.client_cert && failure.0.contains("alert") {
+            if self.client_cert {
+                let hint = if failure.0.contains("alert") {
+                    "the server refused the client certificate"
+                } else {
+                    "if the server refused the client certificate"
+                };
                 return anyhow::anyhow!(
-                    "{at}: {failure} (the server refused the client certificate: issue it with \
-                     `cubed key cert` on this server's data directory)"
+                    "{at}: {failure} ({hint}: issue it with `cubed key cert` on this server's \
+                     data directory)"
                 );
             }
             return anyhow::anyhow!("{at}: {failure}");
@@ -747,14 +752,18 @@ fn read_pem(path: &Path, what: &str, flag: &str) -> anyhow::Result<String> {
 fn tls_config(cli: &Cli, ca: &CaFile) -> anyhow::Result<tonic::transport::ClientTlsConfig> {
     use tonic::transport::{Certificate, ClientTlsConfig, Identity};
     let ca_pem = read_pem(&ca.path, "the CA certificate", ca.flag).map_err(|e| {
-        if cli.ca.is_none() {
-            e.context(
+        match (cli.ca.is_none(), cli.cert.is_none()) {
+            (true, true) => e.context(
                 "an https:// endpoint needs the CA that signed the server's certificate: is the \
                  server started with TLS (its ready line says tls=on)? For a plaintext server \
                  use http://; for `cubed serve --tls-dev` pass --ca DATA_DIR/tls/ca.pem",
-            )
-        } else {
-            e
+            ),
+            // A client certificate needs TLS: only the CA is missing.
+            (true, false) => e.context(
+                "an https:// endpoint needs the CA that signed the server's certificate: for \
+                 `cubed serve --tls-dev` pass --ca DATA_DIR/tls/ca.pem",
+            ),
+            _ => e,
         }
     })?;
     anyhow::ensure!(

@@ -536,7 +536,7 @@ fn mtls_needs_no_credentials_file() {
     let o = run(empty.path(), &[], &mtls_read(&first, &crt, &key));
     assert!(!o.status.success());
     assert!(
-        stderr(&o).contains("the server refused the client certificate"),
+        stderr(&o).contains("refused the client certificate: issue it with `cubed key cert`"),
         "{}",
         stderr(&o)
     );

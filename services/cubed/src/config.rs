@@ -514,13 +514,17 @@ impl ServeArgs {
             _ => TlsChoice::Plaintext,
         };
         // Port 0 twice is two free ports; the same fixed port twice would fail to bind as "in
-        // use", as if another process held it: on the same address, or when either address is
-        // every interface (0.0.0.0, or :: which takes IPv4 too), which includes the other.
+        // use", as if another process held it: on the same address, or when one is every
+        // interface of the other's family (0.0.0.0 covers IPv4; :: covers IPv6 and, dual-stack,
+        // IPv4 too).
         let (l, a) = (self.listen, self.admin_listen);
+        let covers = |every: std::net::IpAddr, other: std::net::IpAddr| {
+            every.is_unspecified() && (every.is_ipv6() || other.is_ipv4())
+        };
         anyhow::ensure!(
             l.port() != a.port()
                 || l.port() == 0
-                || (l.ip() != a.ip() && !l.ip().is_unspecified() && !a.ip().is_unspecified()),
+                || (l.ip() != a.ip() && !covers(l.ip(), a.ip()) && !covers(a.ip(), l.ip())),
             "--listen {l} and --admin-listen {a} take the same port on the same interfaces: the \
              gRPC and the admin (metrics) listener need different ports"
         );
@@ -1056,12 +1060,21 @@ mod config_file_tests {
                 "{listen} {admin}: {err}"
             );
         }
-        // Two distinct addresses of the machine may share a port.
+        // Two distinct addresses of the machine may share a port, as may every IPv4 interface
+        // and an IPv6 address.
         serve(&[
             "--listen",
             "127.0.0.1:7000",
             "--admin-listen",
             "127.0.0.2:7000",
+        ])
+        .unwrap();
+        serve(&[
+            "--listen",
+            "0.0.0.0:7000",
+            "--admin-listen",
+            "[::1]:7000",
+            "--insecure-plaintext",
         ])
         .unwrap();
     }

@@ -181,6 +181,19 @@ struct JournalState {
     /// key after it, oldest first. The newest is the base of the next change of that key; each
     /// becomes visible to authentication once synced (see [`Catalog::publish`]).
     pending: HashMap<KeyName, Vec<(u64, Arc<KeyInfo>)>>,
+    /// Changes written to sled whose journal record is not known to be synced, oldest first,
+    /// with what sled held before each: undone together, newest first, if a sync fails.
+    unsynced: Vec<Unsynced>,
+}
+
+/// A journaled change in sled whose record may not be durable yet.
+#[derive(Debug)]
+struct Unsynced {
+    /// Journal position at the end of its record.
+    end: u64,
+    ops: Vec<Op>,
+    /// sled's values at the keys `ops` write, before them.
+    before: Vec<Option<sled::IVec>>,
 }
 
 #[derive(Debug)]
@@ -286,6 +299,7 @@ impl Catalog {
             changes: Mutex::new(JournalState {
                 journal,
                 pending: HashMap::new(),
+                unsynced: Vec::new(),
             }),
             written: AtomicU64::new(0),
             failed: AtomicBool::new(false),
@@ -358,6 +372,7 @@ impl Catalog {
                 .or_default()
                 .push((end, Arc::clone(k)));
         }
+        st.unsynced.push(Unsynced { end, ops, before });
         // Wait for the fdatasync without the lock, so that changes made meanwhile share it.
         drop(st);
         let synced = match self.sync_to(end) {
@@ -370,12 +385,28 @@ impl Catalog {
                 // caller was told it failed).
                 let mut st = self.lock_changes();
                 self.forget_pending(&mut st, end, keys);
-                self.undo(ops, before);
+                self.undo_unsynced(&mut st);
                 return Err(e);
             }
         };
-        self.publish(&mut self.lock_changes(), synced);
+        self.settle(&mut self.lock_changes(), synced);
         Ok(())
+    }
+
+    /// Everything up to `synced` is durable: publish its key changes, and forget how to undo it.
+    fn settle(&self, st: &mut JournalState, synced: u64) {
+        self.publish(st, synced);
+        st.unsynced.retain(|u| u.end > synced);
+    }
+
+    /// After a failed sync: undo in sled every change not known to be durable, newest first (so
+    /// two changes of one key end at the value before both, whichever caller gets here first;
+    /// the others find nothing left to undo). Changes a sync did make durable stay.
+    fn undo_unsynced(&self, st: &mut JournalState) {
+        let durable = self.sync.lock().unwrap_or_else(|p| p.into_inner()).synced;
+        for u in st.unsynced.drain(..).rev().filter(|u| u.end > durable) {
+            self.undo(u.ops, u.before);
+        }
     }
 
     /// What sled holds now at each key `ops` write.
@@ -478,8 +509,14 @@ impl Catalog {
     /// [`Catalog::make_durable`]); the outer one is a failure that stops catalog changes.
     fn flush_and_restart(&self, st: &mut JournalState) -> Result<Result<(), String>, StoreError> {
         let written = self.written.load(Ordering::Acquire);
-        let synced = self.sync_to(written)?;
-        self.publish(st, synced);
+        let synced = match self.sync_to(written) {
+            Ok(synced) => synced,
+            Err(e) => {
+                self.undo_unsynced(st);
+                return Err(e);
+            }
+        };
+        self.settle(st, synced);
         if let Err(e) = make_durable(&self.db, &self.path) {
             return Ok(Err(format!("sled could not be flushed: {e}")));
         }
@@ -1175,14 +1212,25 @@ pub(crate) mod tests {
         ));
         assert_eq!(c.durability("acme").unwrap(), cube_wal::SyncPolicy::Always);
         assert!(!c.tenant_record("acme").unwrap().durability_pinned);
+        // A creation whose sync fails (on a catalog that had not failed before: after a failure
+        // every change is refused before it writes anything).
+        let other = tempfile::tempdir().unwrap();
+        let fresh = Catalog::open(&other.path().join("catalog")).unwrap();
+        fresh.sync.lock().unwrap().file = Arc::new(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/null")
+                .unwrap(),
+        );
         assert!(matches!(
-            c.create_tenant("beta"),
+            fresh.create_tenant("beta"),
             Err(StoreError::Unavailable(_))
         ));
         assert!(matches!(
-            c.tenant_record("beta"),
+            fresh.tenant_record("beta"),
             Err(StoreError::NotFound(_))
         ));
+        assert!(fresh.list().unwrap().is_empty());
         // Undo leaves what a later change wrote: the key's record after a logged revocation.
         let op = key_op(&KeyInfo {
             revoked: true,
@@ -1199,6 +1247,40 @@ pub(crate) mod tests {
         let stored = c.keys.get(key_name("acme", &key.key_id)).unwrap().unwrap();
         let stored = decode_key(key_name("acme", &key.key_id).as_bytes(), &stored).unwrap();
         assert_eq!(stored.capabilities, vec![Capability::Read]);
+    }
+
+    /// Two unsynced changes of one record (the second built on the first while the first waited
+    /// for its fdatasync) are undone newest first: the record ends as it was before both,
+    /// whichever failed caller undoes them (undone one by one, the first caller's undo missed,
+    /// then the second's put the first change back).
+    #[test]
+    fn unsynced_changes_of_one_record_are_undone_to_before_both() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Catalog::open(&dir.path().join("catalog")).unwrap();
+        c.create_tenant("acme").unwrap();
+        let original = c.tenants.get("acme").unwrap();
+        let relaxed = |ms| cube_wal::SyncPolicy::Relaxed {
+            max_delay: std::time::Duration::from_millis(ms),
+            max_records: 100,
+        };
+        let mut st = c.lock_changes();
+        let synced = c.sync.lock().unwrap().synced;
+        for (i, policy) in [relaxed(10), relaxed(20)].into_iter().enumerate() {
+            let op = c.durability_op("acme", policy, true).unwrap();
+            let before = c.previous_values(std::slice::from_ref(&op)).unwrap();
+            insert_ops(&c.tenants, &c.keys, [op.clone()]).unwrap();
+            st.unsynced.push(Unsynced {
+                end: synced + 1 + i as u64,
+                ops: vec![op],
+                before,
+            });
+        }
+        assert_eq!(c.durability("acme").unwrap(), relaxed(20));
+        c.undo_unsynced(&mut st);
+        assert!(st.unsynced.is_empty());
+        drop(st);
+        assert_eq!(c.tenants.get("acme").unwrap(), original);
+        assert_eq!(c.durability("acme").unwrap(), cube_wal::SyncPolicy::Always);
     }
 
     fn reopen(path: &Path) -> Catalog {

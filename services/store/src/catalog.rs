@@ -1161,18 +1161,22 @@ pub(crate) mod tests {
         assert!(c.key("acme", &key.key_id).unwrap().revoked);
     }
 
-    #[test]
-    fn a_change_whose_journal_sync_failed_is_not_the_base_of_the_next() {
-        let dir = tempfile::tempdir().unwrap();
-        let c = Catalog::open(&dir.path().join("catalog")).unwrap();
-        let key = c.create_tenant("acme").unwrap();
-        // The journal's next fdatasync fails: /dev/null refuses it (EINVAL), as a failing
-        // disk would with EIO.
+    /// Make the journal's next fdatasync fail: /dev/null refuses it (EINVAL), as a failing disk
+    /// would with EIO.
+    fn fail_syncs(c: &Catalog) {
         let null = std::fs::OpenOptions::new()
             .write(true)
             .open("/dev/null")
             .unwrap();
         c.sync.lock().unwrap().file = Arc::new(null);
+    }
+
+    #[test]
+    fn a_change_whose_journal_sync_failed_is_not_the_base_of_the_next() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Catalog::open(&dir.path().join("catalog")).unwrap();
+        let key = c.create_tenant("acme").unwrap();
+        fail_syncs(&c);
         assert!(matches!(
             c.revoke_key("acme", &key.key_id),
             Err(StoreError::Unavailable(_))
@@ -1197,11 +1201,7 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().unwrap();
         let c = Catalog::open(&dir.path().join("catalog")).unwrap();
         let key = c.create_tenant("acme").unwrap();
-        let null = std::fs::OpenOptions::new()
-            .write(true)
-            .open("/dev/null")
-            .unwrap();
-        c.sync.lock().unwrap().file = Arc::new(null);
+        fail_syncs(&c);
         let relaxed = cube_wal::SyncPolicy::Relaxed {
             max_delay: std::time::Duration::from_millis(50),
             max_records: 100,
@@ -1216,12 +1216,7 @@ pub(crate) mod tests {
         // every change is refused before it writes anything).
         let other = tempfile::tempdir().unwrap();
         let fresh = Catalog::open(&other.path().join("catalog")).unwrap();
-        fresh.sync.lock().unwrap().file = Arc::new(
-            std::fs::OpenOptions::new()
-                .write(true)
-                .open("/dev/null")
-                .unwrap(),
-        );
+        fail_syncs(&fresh);
         assert!(matches!(
             fresh.create_tenant("beta"),
             Err(StoreError::Unavailable(_))

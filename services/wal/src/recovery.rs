@@ -107,7 +107,7 @@ pub(crate) fn recover(
             expected = Some(next.first_seq);
             continue;
         }
-        let data = fs::read(path).map_err(WalError::io("reading segment"))?;
+        let data = read_from_disk(path)?;
         let mut pos = 0usize;
         let mut exp = *first_seq;
         let at_end_marker = loop {
@@ -382,6 +382,31 @@ fn find_valid_record_after(
         }
     }
     Ok(None)
+}
+
+/// A segment's bytes as the disk holds them, not as the page cache may still claim. After an
+/// fdatasync failed (the process that saw it exited, poisoned), Linux keeps the pages it could
+/// not write in the cache, marked clean: a restarted process would read, replay and serve
+/// records that are on no disk, and the fdatasync of a new descriptor, which no longer reports
+/// that error, would not tell. So: fdatasync first (what a killed process left dirty is written,
+/// and an error now stops the open), then drop the file's cached pages, then read.
+fn read_from_disk(path: &Path) -> Result<Vec<u8>, WalError> {
+    use std::io::Read as _;
+    use std::os::fd::AsRawFd as _;
+    let mut file = fs::File::open(path).map_err(WalError::io("opening segment"))?;
+    file.sync_data()
+        .map_err(WalError::io("syncing segment before reading it"))?;
+    // Advice only: where the kernel keeps the pages anyway, the read is what it was before.
+    let _ = nix::fcntl::posix_fadvise(
+        file.as_raw_fd(),
+        0,
+        0,
+        nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+    );
+    let mut data = Vec::new();
+    file.read_to_end(&mut data)
+        .map_err(WalError::io("reading segment"))?;
+    Ok(data)
 }
 
 fn zero_range(path: &Path, offset: u64, len: u64) -> Result<(), WalError> {

@@ -454,7 +454,6 @@ fn find<'a>(runs: &'a [RunReport], model: Model, mix: &str) -> Option<&'a RunRep
     runs.iter().find(|r| r.model == model && r.mix == mix)
 }
 
-/// The verdict, in words that follow from the numbers.
 /// The lowest and highest rate of a run's 10-s windows, the last (shorter, and holding the ops
 /// answered after the end) left out; `None` with fewer than two such windows.
 fn window_range(r: &RunReport) -> Option<(f64, f64)> {
@@ -517,6 +516,7 @@ fn signing_vs_handshake(call: &RunReport, conn: &RunReport) -> String {
     out
 }
 
+/// The verdict, in words that follow from the numbers.
 fn verdict(runs: &[RunReport]) -> String {
     let mut v = String::new();
     let worst = runs.iter().min_by(|a, b| a.ok_pct.total_cmp(&b.ok_pct));

@@ -200,8 +200,8 @@ fn single_targets(r: &[SinglePhase]) -> Vec<Target> {
     let name = "Cube Read p50 ≤ 1.2× echo read-shaped p50 (1 client)";
     t.push(
         match (phase(r, cube, rd, 1), phase(r, ceiling::SYSTEM, rd, 1)) {
-            // An empty histogram's p50 is 0: a phase in which every call failed would pass.
-            // A recorded latency is at least 1 µs: a p50 of 0 is an empty histogram.
+            // A recorded latency is at least 1 µs, so a p50 of 0 is an empty histogram (no call
+            // succeeded), which would otherwise pass.
             (Some(c), Some(e)) if c.p50_us > 0 && e.p50_us > 0 => {
                 let ratio = c.p50_us as f64 / e.p50_us as f64;
                 Target {

@@ -752,19 +752,20 @@ fn read_pem(path: &Path, what: &str, flag: &str) -> anyhow::Result<String> {
 fn tls_config(cli: &Cli, ca: &CaFile) -> anyhow::Result<tonic::transport::ClientTlsConfig> {
     use tonic::transport::{Certificate, ClientTlsConfig, Identity};
     let ca_pem = read_pem(&ca.path, "the CA certificate", ca.flag).map_err(|e| {
-        match (cli.ca.is_none(), cli.cert.is_none()) {
-            (true, true) => e.context(
-                "an https:// endpoint needs the CA that signed the server's certificate: is the \
-                 server started with TLS (its ready line says tls=on)? For a plaintext server \
-                 use http://; for `cubed serve --tls-dev` pass --ca DATA_DIR/tls/ca.pem",
-            ),
-            // A client certificate needs TLS: only the CA is missing.
-            (true, false) => e.context(
-                "an https:// endpoint needs the CA that signed the server's certificate: for \
-                 `cubed serve --tls-dev` pass --ca DATA_DIR/tls/ca.pem",
-            ),
-            _ => e,
+        if cli.ca.is_some() {
+            return e;
         }
+        // With a client certificate TLS is meant: only the CA is missing.
+        let scheme = if cli.cert.is_none() {
+            "is the server started with TLS (its ready line says tls=on)? For a plaintext \
+             server use http://; "
+        } else {
+            ""
+        };
+        e.context(format!(
+            "an https:// endpoint needs the CA that signed the server's certificate: {scheme}for \
+             `cubed serve --tls-dev` pass --ca DATA_DIR/tls/ca.pem"
+        ))
     })?;
     anyhow::ensure!(
         holds_certificate(&ca_pem),

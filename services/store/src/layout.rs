@@ -22,8 +22,8 @@ impl DataDir {
         self.root.join("catalog")
     }
 
-    /// Who holds the catalog's lock (`server <pid>` or `command <pid>`), written by whoever
-    /// takes it: a second server fails at once beside a starting one.
+    /// Who holds the catalog's lock (`server|command <pid> <start time>`), written by whoever
+    /// takes it: a second server fails at once beside a starting one (`cubed/src/holder.rs`).
     pub fn catalog_holder(&self) -> PathBuf {
         self.root.join("catalog.holder")
     }

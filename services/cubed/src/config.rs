@@ -840,7 +840,7 @@ fn config_file_error(e: &clap::Error, path: &std::path::Path) -> anyhow::Error {
 pub fn check_data_dir(path: &std::path::Path) -> anyhow::Result<()> {
     let is_dir = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.is_dir());
     match is_dir(path) {
-        Ok(true) => Ok(()),
+        Ok(true) => check_own_directory(path),
         Ok(false) => anyhow::bail!(
             "the data directory {} exists and is not a directory: pass --data-dir naming a \
              directory (or one to create)",
@@ -860,6 +860,37 @@ pub fn check_data_dir(path: &std::path::Path) -> anyhow::Result<()> {
             ),
             _ => Ok(()),
         },
+    }
+}
+
+/// An existing data directory must be empty or hold something a `cubed` made: a mistyped
+/// `--data-dir` naming a home directory or `/tmp` would otherwise get a catalog and tenant files
+/// written among someone else's, and its mode set to 0700 (shutting out everyone else).
+/// `lost+found` (a new filesystem's root) does not count. An unreadable directory passes here
+/// and fails where it is used, with that error.
+fn check_own_directory(path: &std::path::Path) -> anyhow::Result<()> {
+    let Ok(entries) = std::fs::read_dir(path) else {
+        return Ok(());
+    };
+    let mut foreign = None;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if cube_store::DataDir::is_own_entry(&name) {
+            return Ok(());
+        }
+        if name != "lost+found" && foreign.is_none() {
+            foreign = Some(name);
+        }
+    }
+    match foreign {
+        None => Ok(()),
+        Some(name) => anyhow::bail!(
+            "the data directory {} is not empty and holds nothing of Cube's (it has {:?}, no \
+             catalog or tenants): pass --data-dir naming the server's data directory, or an \
+             empty or new one",
+            path.display(),
+            name
+        ),
     }
 }
 

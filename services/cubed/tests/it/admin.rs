@@ -494,6 +494,46 @@ fn a_data_directory_that_is_a_file_is_refused_in_plain_words() {
     }
 }
 
+/// A directory holding someone else's files (a mistyped `--data-dir` naming a home directory)
+/// is refused by the server and by `tenant create`: nothing is written into it and its mode is
+/// left as it was. An empty one, or one holding only `lost+found`, is taken.
+#[test]
+fn a_directory_holding_files_not_cubes_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    std::fs::write(home.join("notes.txt"), b"mine").unwrap();
+    std::fs::create_dir(home.join("lost+found")).unwrap();
+    std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // `tenant create` first: a server that took the directory would not exit.
+    let create = offline(&["tenant", "create", "acme"], &home);
+    assert!(!create.status.success());
+    let serve = serve_on(&home).output().unwrap();
+    for (what, out) in [("tenant create", create), ("serve", serve)] {
+        assert!(!out.status.success(), "{what}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("holds nothing of Cube's") && stderr.contains("notes.txt"),
+            "{what}: {stderr}"
+        );
+    }
+    let mut names: Vec<_> = std::fs::read_dir(&home)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["lost+found", "notes.txt"]);
+    let mode = std::fs::metadata(&home).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o755);
+    // A new filesystem's root: only lost+found there, taken as empty.
+    std::fs::remove_file(home.join("notes.txt")).unwrap();
+    parse(&offline(&["tenant", "create", "acme"], &home));
+    // Once Cube's files are there, other files beside them do not matter.
+    std::fs::write(home.join("notes.txt"), b"mine").unwrap();
+    parse(&offline(&["key", "create", "acme"], &home));
+}
+
 /// A command that finds the catalog locked with no server on the admin socket (a server still
 /// recovering its tenants, or closing them) waits for it, longer than the 5 s it used to.
 #[test]

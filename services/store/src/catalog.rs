@@ -738,17 +738,31 @@ impl Catalog {
         let Some(current) = self.current_key(&st, tenant, key_id) else {
             return Ok(None);
         };
+        let name = (tenant.to_string(), key_id.to_string());
         let mut info = (*current).clone();
-        if !edit(&mut info) {
+        let changed = edit(&mut info);
+        let pending = st.pending.contains_key(&name);
+        if !changed && !pending {
             return Ok(Some(false));
         }
         let info = Arc::new(info);
-        insert_ops(&self.tenants, &self.keys, vec![key_op(&info)?])
-            .map_err(|e| storage("apply a change", e))?;
-        if let Some(versions) = st
-            .pending
-            .get_mut(&(tenant.to_string(), key_id.to_string()))
-        {
+        let op = key_op(&info)?;
+        if changed {
+            insert_ops(&self.tenants, &self.keys, vec![op.clone()])
+                .map_err(|e| storage("apply a change", e))?;
+        }
+        // A journaled change of this key still waiting for its fdatasync is undone in sled if
+        // that sync fails: back to this value, durable in the tenant's log, not to the one
+        // before it. Without this, a logged change equal to the pending one (nothing to write)
+        // was lost with it until the next restart replayed the tenant's log.
+        for u in &mut st.unsynced {
+            for (o, before) in u.ops.iter().zip(&mut u.before) {
+                if o.tree == Tree::Keys && o.key == op.key {
+                    *before = Some(op.value.as_slice().into());
+                }
+            }
+        }
+        if let Some(versions) = st.pending.get_mut(&name) {
             for (_, k) in versions.iter_mut() {
                 let mut newer = (**k).clone();
                 edit(&mut newer);
@@ -761,7 +775,7 @@ impl Catalog {
             .entry(tenant.to_string())
             .or_default()
             .insert(key_id.to_string(), info);
-        Ok(Some(true))
+        Ok(Some(changed))
     }
 
     /// A new key for `tenant` (read and write; admin is granted explicitly), not stored: the
@@ -1242,6 +1256,56 @@ pub(crate) mod tests {
         let stored = c.keys.get(key_name("acme", &key.key_id)).unwrap().unwrap();
         let stored = decode_key(key_name("acme", &key.key_id).as_bytes(), &stored).unwrap();
         assert_eq!(stored.capabilities, vec![Capability::Read]);
+    }
+
+    /// A change logged through the tenant's log that equals a journaled one still waiting for
+    /// its fdatasync writes nothing, but stays in force when that sync fails and the journaled
+    /// change is undone: sled and authentication keep the logged value (durable in the tenant's
+    /// log), not the one from before both.
+    #[test]
+    fn a_logged_change_equal_to_an_unsynced_one_survives_its_undo() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Catalog::open(&dir.path().join("catalog")).unwrap();
+        let key = c.create_tenant("acme").unwrap();
+        let read_only = Arc::new(KeyInfo {
+            capabilities: vec![Capability::Read],
+            ..(*key).clone()
+        });
+        // A journaled change to read-only, written to sled, waiting for its sync.
+        let end = {
+            let mut st = c.lock_changes();
+            let op = key_op(&read_only).unwrap();
+            let before = c.previous_values(std::slice::from_ref(&op)).unwrap();
+            insert_ops(&c.tenants, &c.keys, [op.clone()]).unwrap();
+            let end = c.sync.lock().unwrap().synced + 1;
+            st.pending
+                .entry(("acme".into(), key.key_id.clone()))
+                .or_default()
+                .push((end, Arc::clone(&read_only)));
+            st.unsynced.push(Unsynced {
+                end,
+                ops: vec![op],
+                before,
+            });
+            end
+        };
+        // The tenant's log sets the same capabilities (the key exists: true).
+        assert!(
+            c.apply_logged_capabilities("acme", &key.key_id, &[Capability::Read])
+                .unwrap()
+        );
+        // The journaled change's sync fails: it is undone.
+        let mut st = c.lock_changes();
+        c.forget_pending(&mut st, end, &[&read_only]);
+        c.undo_unsynced(&mut st);
+        drop(st);
+        let stored = c.keys.get(key_name("acme", &key.key_id)).unwrap().unwrap();
+        let stored = decode_key(key_name("acme", &key.key_id).as_bytes(), &stored).unwrap();
+        assert_eq!(stored.capabilities, vec![Capability::Read]);
+        assert_eq!(
+            c.key("acme", &key.key_id).unwrap().capabilities,
+            vec![Capability::Read]
+        );
     }
 
     /// Two unsynced changes of one record (the second built on the first while the first waited

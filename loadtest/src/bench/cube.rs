@@ -17,7 +17,8 @@ use indicatif::ProgressBar;
 use tonic::transport::Channel;
 
 use super::driver::{
-    BatchWriter, CellKey, Rates, ScanResult, SingleCell, bulk, load, write_then_read,
+    BatchWriter, CellKey, Rates, SCAN_TIMEOUT, ScanResult, SingleCell, bulk, load, within,
+    write_then_read,
 };
 use super::{Results, ScanGrid, Settings, progress, remove_data};
 
@@ -172,13 +173,23 @@ async fn measure(s: &Settings, data: &Path, out: &mut Results) -> anyhow::Result
     for _ in 0..s.scan_rounds {
         let bar = progress::rows("Cube Region (all)", grid.cells);
         let t = Instant::now();
-        let n = region_count(&mut c, (0, 0, 0), (last, last, last), &bar).await?;
+        let n = within(
+            SCAN_TIMEOUT,
+            "Cube Region (all)",
+            region_count(&mut c, (0, 0, 0), (last, last, last), &bar),
+        )
+        .await?;
         full.push("Cube Region (all)", n, grid.cells, t.elapsed())?;
         bar.finish_and_clear();
         let bar = progress::rows("Cube Region (1% box)", grid.box_rows);
         let m = grid.box_max_xz();
         let t = Instant::now();
-        let n = region_count(&mut c, (0, 0, 0), (m, last, m), &bar).await?;
+        let n = within(
+            SCAN_TIMEOUT,
+            "Cube Region (1% box)",
+            region_count(&mut c, (0, 0, 0), (m, last, m), &bar),
+        )
+        .await?;
         part.push("Cube Region (1% box)", n, grid.box_rows, t.elapsed())?;
         bar.finish_and_clear();
     }

@@ -18,6 +18,29 @@ use serde::Serialize;
 
 use super::progress;
 
+/// How long one call of a single-cell phase or one batch of a load may take: past it the call
+/// counts as failed and its client stops (its connection's state is unknown after a call given
+/// up half-way), so a system that stops answering ends its phase instead of hanging the bench.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long one scan (every page of it) may take.
+pub const SCAN_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// `fut`, or an error naming `what` and `limit` if it has not finished within `limit`.
+pub async fn within<T>(
+    limit: Duration,
+    what: &str,
+    fut: impl Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<T> {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(result) => result,
+        Err(_) => Err(anyhow::anyhow!(
+            "{what}: no answer within {} s",
+            limit.as_secs()
+        )),
+    }
+}
+
 /// Warm-up, then the measured window, of each single-cell phase.
 #[derive(Debug, Clone, Copy)]
 pub struct Window {
@@ -238,9 +261,20 @@ pub async fn closed_loop<C: SingleCell>(
                 loop {
                     let key = conn.key(op, &mut rng);
                     let t = Instant::now();
-                    let result = match op {
-                        Op::Write => conn.client.write(key, &value).await,
-                        Op::Read => conn.client.read(key).await,
+                    let call = async {
+                        match op {
+                            Op::Write => conn.client.write(key, &value).await,
+                            Op::Read => conn.client.read(key).await,
+                        }
+                    };
+                    let result = tokio::time::timeout(CALL_TIMEOUT, call).await;
+                    let Ok(result) = result else {
+                        let e = anyhow::anyhow!(
+                            "no answer within {} s (this client stopped)",
+                            CALL_TIMEOUT.as_secs()
+                        );
+                        rec.record(t, Err(e));
+                        return (conn, rec);
                     };
                     if op == Op::Write && result.is_ok() {
                         conn.written += 1;
@@ -473,7 +507,7 @@ pub async fn load<W: BatchWriter>(
                         return Ok::<_, anyhow::Error>(());
                     }
                     let to = (from + batch).min(items);
-                    w.write_batch(from..to).await?;
+                    within(CALL_TIMEOUT, "a batch", w.write_batch(from..to)).await?;
                     bar.inc((to - from) * item_bytes);
                 }
             })
@@ -522,5 +556,58 @@ impl Rates {
     /// (rows of the last round, median rows/s).
     pub fn result(self) -> (u64, f64) {
         (self.rows, crate::drive::median(self.rates))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A system that never answers.
+    struct Silent;
+
+    impl SingleCell for Silent {
+        async fn write(&mut self, _: CellKey, _: &[u8]) -> anyhow::Result<()> {
+            std::future::pending().await
+        }
+        async fn read(&mut self, _: CellKey) -> anyhow::Result<()> {
+            std::future::pending().await
+        }
+    }
+
+    impl BatchWriter for Silent {
+        async fn write_batch(&mut self, _: Range<u64>) -> anyhow::Result<()> {
+            std::future::pending().await
+        }
+    }
+
+    /// A phase against a system that stopped answering ends (each client's call counted as
+    /// failed once it has waited `CALL_TIMEOUT`), and so does a load: the bench does not hang.
+    #[tokio::test(start_paused = true)]
+    async fn a_system_that_never_answers_fails_its_phase_instead_of_hanging() {
+        let window = Window {
+            warmup: Duration::ZERO,
+            measure: Duration::from_secs(1),
+        };
+        let conns = Conn::numbered(vec![Silent, Silent]);
+        let started = tokio::time::Instant::now();
+        // Bounded here too, so that without the timeouts this test fails rather than hangs.
+        let bound = Duration::from_secs(120);
+        let phase = closed_loop("silent", Op::Write, conns, window, Arc::from(&b"v"[..]));
+        let (conns, phase) = tokio::time::timeout(bound, phase)
+            .await
+            .expect("the phase hung");
+        assert_eq!(conns.len(), 2);
+        assert_eq!((phase.ops, phase.errors), (0, 2));
+        assert!(phase.first_error.unwrap().contains("no answer within 30 s"));
+        assert!(started.elapsed() >= CALL_TIMEOUT);
+        let e = tokio::time::timeout(bound, load("silent bulk", vec![Silent], 10, 5, 1))
+            .await
+            .expect("the load hung")
+            .unwrap_err();
+        assert!(
+            format!("{e:#}").contains("a batch: no answer within 30 s"),
+            "{e:#}"
+        );
     }
 }

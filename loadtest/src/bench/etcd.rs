@@ -14,7 +14,8 @@ use indicatif::ProgressBar;
 use tonic::transport::{Channel, Endpoint};
 
 use super::driver::{
-    BatchWriter, CellKey, Rates, ScanResult, SingleCell, bulk, load, write_then_read,
+    BatchWriter, CellKey, Rates, SCAN_TIMEOUT, ScanResult, SingleCell, bulk, load, within,
+    write_then_read,
 };
 use super::process::{PeerProcess, free_port, version};
 use super::{Results, Settings, progress, remove_data};
@@ -239,12 +240,22 @@ async fn measure(
     for _ in 0..s.scan_rounds {
         let bar = progress::rows("etcd Range (all)", grid.cells);
         let t = Instant::now();
-        let n = range_count(&mut kv, b"s/".to_vec(), b"s0".to_vec(), &bar).await?;
+        let n = within(
+            SCAN_TIMEOUT,
+            "etcd Range (all)",
+            range_count(&mut kv, b"s/".to_vec(), b"s0".to_vec(), &bar),
+        )
+        .await?;
         full.push("etcd Range (all)", n, grid.cells, t.elapsed())?;
         bar.finish_and_clear();
         let bar = progress::rows("etcd Range (1%)", grid.box_rows);
         let t = Instant::now();
-        let n = range_count(&mut kv, key("s/", 0), key("s/", grid.box_rows), &bar).await?;
+        let n = within(
+            SCAN_TIMEOUT,
+            "etcd Range (1%)",
+            range_count(&mut kv, key("s/", 0), key("s/", grid.box_rows), &bar),
+        )
+        .await?;
         part.push("etcd Range (1%)", n, grid.box_rows, t.elapsed())?;
         bar.finish_and_clear();
     }

@@ -16,7 +16,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::driver::{
-    BatchWriter, CellKey, Rates, ScanResult, SingleCell, bulk, load, write_then_read,
+    BatchWriter, CALL_TIMEOUT, CellKey, Rates, SCAN_TIMEOUT, ScanResult, SingleCell, bulk, load,
+    within, write_then_read,
 };
 use super::process::{PeerProcess, free_port, version};
 use super::{Results, Settings, progress, remove_data};
@@ -368,7 +369,7 @@ async fn measure(
     for _ in 0..s.scan_rounds {
         let bar = progress::rows("Redis SCAN+MGET", grid.cells);
         let t = Instant::now();
-        let n = scan_all(&mut c, &bar).await?;
+        let n = within(SCAN_TIMEOUT, "Redis SCAN+MGET", scan_all(&mut c, &bar)).await?;
         full.push("Redis SCAN+MGET", n, grid.cells, t.elapsed())?;
         bar.finish_and_clear();
         let bar = progress::rows("Redis MGET (1%)", grid.box_rows);
@@ -378,7 +379,7 @@ async fn measure(
         while from < grid.box_rows {
             let to = (from + PAGE as u64).min(grid.box_rows);
             let keys: Vec<_> = (from..to).map(|i| key("s:", i)).collect();
-            let found = c.mget_found(&keys).await?;
+            let found = within(CALL_TIMEOUT, "Redis MGET", c.mget_found(&keys)).await?;
             n += found;
             bar.inc(found);
             from = to;

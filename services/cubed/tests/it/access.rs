@@ -247,3 +247,335 @@ async fn acknowledged_catalog_changes_survive_kill_9() {
 async fn acknowledged_catalog_changes_survive_a_graceful_restart() {
     acknowledged_catalog_changes_survive(Stop::Graceful).await;
 }
+
+/// A new key of `demo` holding `cap` alone.
+async fn key_with_only(server: &TestServer, cap: Capability) -> Credentials {
+    let key = new_key(server, "demo");
+    let mut admin = AccessClient::new(server.signed(&server.demo).await.unwrap());
+    let other = match cap {
+        Capability::Read => Capability::Write,
+        _ => Capability::Read,
+    };
+    let caps = admin
+        .revoke(RevokeRequest {
+            key_id: key.key_id.clone(),
+            capabilities: vec![other as i32],
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .capabilities;
+    assert_eq!(caps, [cap as i32]);
+    key
+}
+
+/// The messages of a server stream, counted.
+async fn drain<T>(mut s: tonic::Streaming<T>) -> Result<usize, tonic::Status> {
+    let mut n = 0;
+    while s.message().await?.is_some() {
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// Every `Cells`, `Tenant` and `Access` rpc, one at a time: a key lacking the one capability the
+/// rpc needs is refused (PERMISSION_DENIED naming it) and changes nothing, a key with only that
+/// capability is served, and another tenant's key at the same coordinates sees and changes
+/// nothing of this tenant's cells, programs, edges, runs, audit trail or keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_rpc_needs_its_capability_and_sees_only_its_tenant() {
+    use cube_api::v1::cells_client::CellsClient;
+    use cube_api::v1::tenant_client::TenantClient;
+    use cube_api::v1::{
+        AuditRequest, DeleteRequest, LinkRequest, ProgRequest, RegionRequest, RunRequest,
+        SealRequest, StatsRequest, UnlinkRequest, WalkRequest,
+    };
+
+    let server = TestServer::start(cubed()).unwrap();
+    let demo = &server.demo;
+    let mut admin = AccessClient::new(server.signed(demo).await.unwrap());
+    let read_only = key_with_only(&server, Capability::Read).await;
+    let write_only = key_with_only(&server, Capability::Write).await;
+    let acme = server.create_tenant("acme").unwrap();
+
+    let c = |x| crate::coord(x, x, x);
+    let link = LinkRequest {
+        from: c(1),
+        to: c(2),
+        label: "l".into(),
+    };
+    let unlink = UnlinkRequest {
+        from: c(1),
+        to: c(2),
+        label: "l".into(),
+    };
+    let walk = WalkRequest {
+        start: c(1),
+        max_depth: 0,
+        limit: 0,
+        labels: vec![],
+    };
+    let region = RegionRequest {
+        min: c(0),
+        max: c(3),
+        limit: 0,
+        page_token: vec![],
+    };
+    let prog = |p: &[u8]| ProgRequest {
+        coord: c(2),
+        program: p.to_vec(),
+    };
+    let run = RunRequest {
+        coord: c(2),
+        input: vec![],
+    };
+
+    // demo's data: a cell, a program run once, an edge, a sealed cell.
+    let mut owner = server.cells(demo).await.unwrap();
+    owner.write(write(1, 1, 1, b"demo")).await.unwrap();
+    owner.prog(prog(b"demo-prog")).await.unwrap();
+    owner.run(run.clone()).await.unwrap();
+    owner.link(link.clone()).await.unwrap();
+    owner.write(write(3, 3, 3, b"sealed")).await.unwrap();
+    owner.seal(SealRequest { coord: c(3) }).await.unwrap();
+
+    // Each client of `creds`, on a signed connection.
+    let clients = async |creds: &Credentials| {
+        let ch = server.signed(creds).await.unwrap();
+        (
+            CellsClient::new(ch.clone()),
+            TenantClient::new(ch.clone()),
+            AccessClient::new(ch),
+        )
+    };
+    let denied = |what: &str, cap: &str, r: Result<(), tonic::Status>| {
+        let e = r.expect_err(what);
+        assert_eq!(e.code(), Code::PermissionDenied, "{what}: {e:?}");
+        assert!(
+            e.message().contains(&format!("lacks the {cap} capability")),
+            "{what}: {}",
+            e.message()
+        );
+    };
+    let audit = AuditRequest {
+        from_seq: 0,
+        limit: 1000,
+    };
+    let demo_audit_len = crate::audit::trail(&server, 0, 1000).await.len();
+
+    // A READ-only key: every rpc that changes something is refused; the reads are served.
+    let (mut cells, mut tenant, mut access) = clients(&read_only).await;
+    denied(
+        "Write",
+        "Write",
+        cells.write(write(1, 1, 1, b"x")).await.map(drop),
+    );
+    let delete = DeleteRequest {
+        coord: c(1),
+        expected_version: None,
+    };
+    denied(
+        "Delete",
+        "Write",
+        cells.delete(delete).await.map(drop),
+    );
+    denied("Prog", "Write", cells.prog(prog(b"x")).await.map(drop));
+    denied("Run", "Write", cells.run(run.clone()).await.map(drop));
+    let other_link = LinkRequest {
+        label: "m".into(),
+        ..link.clone()
+    };
+    denied(
+        "Link",
+        "Write",
+        cells.link(other_link.clone()).await.map(drop),
+    );
+    denied(
+        "Unlink",
+        "Write",
+        cells.unlink(unlink.clone()).await.map(drop),
+    );
+    denied(
+        "Seal",
+        "Write",
+        cells.seal(SealRequest { coord: c(1) }).await.map(drop),
+    );
+    for (what, r) in [
+        (
+            "Grant",
+            access
+                .grant(GrantRequest {
+                    key_id: read_only.key_id.clone(),
+                    capabilities: vec![Capability::Write as i32],
+                })
+                .await
+                .map(drop),
+        ),
+        (
+            "Revoke",
+            access
+                .revoke(RevokeRequest {
+                    key_id: write_only.key_id.clone(),
+                    capabilities: vec![Capability::Write as i32],
+                })
+                .await
+                .map(drop),
+        ),
+    ] {
+        denied(what, "Admin", r);
+    }
+    assert_eq!(
+        cells.read(read(1, 1, 1)).await.unwrap().into_inner().value,
+        b"demo"
+    );
+    let in_box = drain(cells.region(region.clone()).await.unwrap().into_inner());
+    assert_eq!(in_box.await.unwrap(), 3);
+    let visits = cells.walk(walk.clone()).await.unwrap().into_inner().visits;
+    assert_eq!(visits.iter().map(|v| v.coord).collect::<Vec<_>>(), [c(2)]);
+    let runs = tenant.stats(StatsRequest { coord: c(2) }).await.unwrap();
+    assert_eq!(runs.into_inner().cell.unwrap().run_count, 1);
+    let entries = drain(tenant.audit(audit).await.unwrap().into_inner()).await;
+    assert!(entries.unwrap() >= demo_audit_len);
+
+    // A WRITE-only key: every rpc that reads is refused; a write is served.
+    let (mut cells, mut tenant, _) = clients(&write_only).await;
+    denied("Read", "Read", cells.read(read(1, 1, 1)).await.map(drop));
+    denied(
+        "Region",
+        "Read",
+        cells.region(region.clone()).await.map(drop),
+    );
+    denied("Walk", "Read", cells.walk(walk.clone()).await.map(drop));
+    denied(
+        "Stats",
+        "Read",
+        tenant.stats(StatsRequest { coord: None }).await.map(drop),
+    );
+    denied("Audit", "Read", tenant.audit(audit).await.map(drop));
+    cells.write(write(4, 4, 4, b"w")).await.unwrap();
+
+    // Nothing the refused calls asked for happened.
+    let mut check = server.cells(demo).await.unwrap();
+    let cell = check.read(read(1, 1, 1)).await.unwrap().into_inner();
+    assert_eq!((cell.value.as_slice(), cell.sealed), (&b"demo"[..], false));
+    let ran = check.run(run.clone()).await.unwrap().into_inner();
+    assert_eq!(
+        (ran.program.as_slice(), ran.run_count),
+        (&b"demo-prog"[..], 2)
+    );
+    let labels = WalkRequest {
+        labels: vec!["m".into()],
+        ..walk.clone()
+    };
+    assert!(
+        check
+            .walk(labels)
+            .await
+            .unwrap()
+            .into_inner()
+            .visits
+            .is_empty()
+    );
+    cells.write(write(4, 4, 4, b"w2")).await.unwrap();
+    let read_only_caps = admin
+        .grant(GrantRequest {
+            key_id: read_only.key_id.clone(),
+            capabilities: vec![Capability::Read as i32],
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .capabilities;
+    assert_eq!(read_only_caps, [Capability::Read as i32]);
+
+    // Another tenant, every rpc at demo's coordinates: it sees and changes only its own.
+    let (mut cells, mut tenant, mut access) = clients(&acme).await;
+    assert!(!cells.read(read(1, 1, 1)).await.unwrap().into_inner().found);
+    let in_box = drain(cells.region(region.clone()).await.unwrap().into_inner());
+    assert_eq!(in_box.await.unwrap(), 0);
+    assert!(
+        cells
+            .walk(walk.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .visits
+            .is_empty()
+    );
+    let e = cells.run(run.clone()).await.unwrap_err();
+    assert!(
+        matches!(e.code(), Code::NotFound | Code::FailedPrecondition),
+        "{e:?}"
+    );
+    let e = cells.seal(SealRequest { coord: c(1) }).await.unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    let d = cells.delete(delete).await.unwrap().into_inner();
+    assert!(!d.existed);
+    assert!(
+        !cells
+            .unlink(unlink.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .existed
+    );
+    let totals = tenant.stats(StatsRequest { coord: None }).await.unwrap();
+    let totals = totals.into_inner().totals.unwrap();
+    assert_eq!(
+        (totals.cells, totals.edges, totals.programs, totals.runs),
+        (0, 0, 0, 0)
+    );
+    let e = tenant.stats(StatsRequest { coord: c(2) }).await.unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    // Its own writes at the same coordinates are its own.
+    cells.write(write(1, 1, 1, b"acme")).await.unwrap();
+    cells.prog(prog(b"acme-prog")).await.unwrap();
+    cells.link(other_link.clone()).await.unwrap();
+    cells.write(write(3, 3, 3, b"acme-3")).await.unwrap();
+    // demo's keys are not acme's to change.
+    let e = access
+        .grant(GrantRequest {
+            key_id: read_only.key_id.clone(),
+            capabilities: vec![Capability::Admin as i32],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "Grant: {e:?}");
+    let e = access
+        .revoke(RevokeRequest {
+            key_id: demo.key_id.clone(),
+            capabilities: vec![Capability::Read as i32],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "Revoke: {e:?}");
+    let acme_trail = crate::audit::trail_of(&server, &acme, 0, 1000).await;
+    assert!(acme_trail.iter().all(|e| !e.principal.starts_with("demo/")));
+
+    // demo's data is as it was: acme's calls touched none of it.
+    let cell = check.read(read(1, 1, 1)).await.unwrap().into_inner();
+    assert_eq!(cell.value, b"demo");
+    let ran = check.run(run.clone()).await.unwrap().into_inner();
+    assert_eq!(
+        (ran.program.as_slice(), ran.run_count),
+        (&b"demo-prog"[..], 3)
+    );
+    let visits = check.walk(walk.clone()).await.unwrap().into_inner().visits;
+    assert_eq!(visits.iter().map(|v| v.coord).collect::<Vec<_>>(), [c(2)]);
+    let sealed = check.read(read(3, 3, 3)).await.unwrap().into_inner();
+    assert_eq!(
+        (sealed.value.as_slice(), sealed.sealed),
+        (&b"sealed"[..], true)
+    );
+    let demo_trail = crate::audit::trail(&server, 0, 1000).await;
+    assert!(demo_trail.iter().all(|e| !e.principal.starts_with("acme/")));
+    let mut reader = server.cells(&read_only).await.unwrap();
+    assert_eq!(
+        reader.read(read(1, 1, 1)).await.unwrap().into_inner().value,
+        b"demo"
+    );
+    let mut tenant = TenantClient::new(server.signed(demo).await.unwrap());
+    let totals = tenant.stats(StatsRequest { coord: None }).await.unwrap();
+    let totals = totals.into_inner().totals.unwrap();
+    assert_eq!((totals.cells, totals.edges, totals.programs), (4, 1, 1));
+}

@@ -16,7 +16,7 @@ pub(crate) async fn trail(server: &TestServer, from: u64, limit: u32) -> Vec<Aud
     trail_of(server, &server.demo, from, limit).await
 }
 
-async fn trail_of(
+pub(crate) async fn trail_of(
     server: &TestServer,
     creds: &Credentials,
     from: u64,

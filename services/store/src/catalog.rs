@@ -191,6 +191,10 @@ struct JournalState {
 struct Unsynced {
     /// Journal position at the end of its record.
     end: u64,
+    /// What it wrote (its journal record is written already: these are only for the undo). A
+    /// change logged through a tenant's log since then is made in each value here and in
+    /// `before`, so that the undo finds what sled holds and puts back the value before this
+    /// change with the logged one made.
     ops: Vec<Op>,
     /// sled's values at the keys `ops` write, before them.
     before: Vec<Option<sled::IVec>>,
@@ -407,6 +411,12 @@ impl Catalog {
         for u in st.unsynced.drain(..).rev().filter(|u| u.end > durable) {
             self.undo(u.ops, u.before);
         }
+        // Their key versions are gone too (their callers also forget them, but a change logged
+        // through a tenant's log in between must not build on an undone one).
+        st.pending.retain(|_, versions| {
+            versions.retain(|(end, _)| *end <= durable);
+            !versions.is_empty()
+        });
     }
 
     /// What sled holds now at each key `ops` write.
@@ -424,8 +434,8 @@ impl Catalog {
     }
 
     /// Put back in sled the values `ops` replaced (`before`), newest first, each only where
-    /// sled still holds what the op wrote: a change made since (one logged through a tenant's
-    /// log, which is durable there) stays. Called with the change lock held.
+    /// sled still holds what the op wrote (a key change logged through a tenant's log since is
+    /// made in both: see [`Unsynced`]). Called with the change lock held.
     fn undo(&self, ops: Vec<Op>, before: Vec<Option<sled::IVec>>) {
         for (op, old) in ops.into_iter().zip(before).rev() {
             let tree = self.tree(op.tree);
@@ -745,21 +755,45 @@ impl Catalog {
         if !changed && !pending {
             return Ok(Some(false));
         }
-        let info = Arc::new(info);
-        let op = key_op(&info)?;
+        // A journaled change of this key still waiting for its fdatasync is undone in sled if
+        // that sync fails: the undo must find what sled holds then (its value with this change
+        // made) and put back the value before it *with this change made*, since this one is
+        // durable in the tenant's log. (It used to put back the value before both, losing a
+        // logged change equal to the pending one, or to leave the failed change in sled under
+        // a logged change that differed from it.)
+        let op_key = key_name(tenant, key_id).into_bytes();
+        let made = |value: &[u8]| -> Result<Option<Vec<u8>>, StoreError> {
+            let mut k =
+                decode_key(&op_key, value).map_err(|e| storage("read a key's earlier value", e))?;
+            Ok(if edit(&mut k) {
+                Some(encode_key(&k)?)
+            } else {
+                None
+            })
+        };
+        let mut edits = Vec::new();
+        for (i, u) in st.unsynced.iter().enumerate() {
+            for (j, (o, before)) in u.ops.iter().zip(&u.before).enumerate() {
+                if o.tree == Tree::Keys && o.key == op_key {
+                    let before = match before {
+                        Some(old) => made(old)?,
+                        None => None,
+                    };
+                    edits.push((i, j, made(&o.value)?, before));
+                }
+            }
+        }
         if changed {
-            insert_ops(&self.tenants, &self.keys, vec![op.clone()])
+            insert_ops(&self.tenants, &self.keys, vec![key_op(&info)?])
                 .map_err(|e| storage("apply a change", e))?;
         }
-        // A journaled change of this key still waiting for its fdatasync is undone in sled if
-        // that sync fails: back to this value, durable in the tenant's log, not to the one
-        // before it. Without this, a logged change equal to the pending one (nothing to write)
-        // was lost with it until the next restart replayed the tenant's log.
-        for u in &mut st.unsynced {
-            for (o, before) in u.ops.iter().zip(&mut u.before) {
-                if o.tree == Tree::Keys && o.key == op.key {
-                    *before = Some(op.value.as_slice().into());
-                }
+        for (i, j, value, before) in edits {
+            let u = &mut st.unsynced[i];
+            if let Some(value) = value {
+                u.ops[j].value = value;
+            }
+            if let Some(before) = before {
+                u.before[j] = Some(before.into());
             }
         }
         if let Some(versions) = st.pending.get_mut(&name) {
@@ -769,12 +803,17 @@ impl Catalog {
                 *k = Arc::new(newer);
             }
         }
-        self.cache
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(tenant.to_string())
-            .or_default()
-            .insert(key_id.to_string(), info);
+        // Authentication sees the published value with this change made. A journaled change
+        // not durable yet is published when its sync succeeds, with this change made too
+        // (its versions above), and not before.
+        // (A key whose creation is pending is not published yet: it is, edited, when durable.)
+        let mut cache = self.cache.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(published) = cache.get_mut(tenant).and_then(|keys| keys.get_mut(key_id)) {
+            let mut k = (**published).clone();
+            if edit(&mut k) {
+                *published = Arc::new(k);
+            }
+        }
         Ok(Some(changed))
     }
 
@@ -1258,54 +1297,99 @@ pub(crate) mod tests {
         assert_eq!(stored.capabilities, vec![Capability::Read]);
     }
 
-    /// A change logged through the tenant's log that equals a journaled one still waiting for
-    /// its fdatasync writes nothing, but stays in force when that sync fails and the journaled
-    /// change is undone: sled and authentication keep the logged value (durable in the tenant's
-    /// log), not the one from before both.
+    /// Put `change` of `key` in sled as a journaled change waiting for its fdatasync would be
+    /// (written, pending, unsynced); returns its journal end.
+    fn pending_change(c: &Catalog, change: &Arc<KeyInfo>) -> u64 {
+        let mut st = c.lock_changes();
+        let op = key_op(change).unwrap();
+        let before = c.previous_values(std::slice::from_ref(&op)).unwrap();
+        insert_ops(&c.tenants, &c.keys, [op.clone()]).unwrap();
+        let end = c.sync.lock().unwrap().synced + 1 + st.unsynced.len() as u64;
+        st.pending
+            .entry((change.tenant.clone(), change.key_id.clone()))
+            .or_default()
+            .push((end, Arc::clone(change)));
+        st.unsynced.push(Unsynced {
+            end,
+            ops: vec![op],
+            before,
+        });
+        end
+    }
+
+    /// The journaled change ending at `end` failed its sync: undone, as `commit` does.
+    fn fail_pending(c: &Catalog, end: u64, change: &Arc<KeyInfo>) {
+        let mut st = c.lock_changes();
+        c.forget_pending(&mut st, end, &[change]);
+        c.undo_unsynced(&mut st);
+        assert!(st.pending.is_empty() && st.unsynced.is_empty());
+    }
+
+    fn stored_key(c: &Catalog, key: &KeyInfo) -> KeyInfo {
+        let name = key_name(&key.tenant, &key.key_id);
+        decode_key(name.as_bytes(), &c.keys.get(&name).unwrap().unwrap()).unwrap()
+    }
+
+    /// A change logged through the tenant's log (durable there) while a journaled change of the
+    /// same key waits for its fdatasync stays in force when that sync fails, whether it equals
+    /// the journaled change (nothing to write) or not; the failed change is in force nowhere:
+    /// not in sled after the undo, and never in authentication.
     #[test]
-    fn a_logged_change_equal_to_an_unsynced_one_survives_its_undo() {
+    fn a_logged_change_survives_the_undo_of_a_journaled_one_and_only_it() {
         let dir = tempfile::tempdir().unwrap();
         let c = Catalog::open(&dir.path().join("catalog")).unwrap();
         let key = c.create_tenant("acme").unwrap();
-        let read_only = Arc::new(KeyInfo {
-            capabilities: vec![Capability::Read],
-            ..(*key).clone()
-        });
-        // A journaled change to read-only, written to sled, waiting for its sync.
-        let end = {
-            let mut st = c.lock_changes();
-            let op = key_op(&read_only).unwrap();
-            let before = c.previous_values(std::slice::from_ref(&op)).unwrap();
-            insert_ops(&c.tenants, &c.keys, [op.clone()]).unwrap();
-            let end = c.sync.lock().unwrap().synced + 1;
-            st.pending
-                .entry(("acme".into(), key.key_id.clone()))
-                .or_default()
-                .push((end, Arc::clone(&read_only)));
-            st.unsynced.push(Unsynced {
-                end,
-                ops: vec![op],
-                before,
-            });
-            end
+        let all = key.capabilities.clone();
+        let read_only = vec![Capability::Read];
+        let with = |caps: &[Capability], revoked| {
+            Arc::new(KeyInfo {
+                capabilities: caps.to_vec(),
+                revoked,
+                ..(*key).clone()
+            })
         };
-        // The tenant's log sets the same capabilities (the key exists: true).
-        assert!(
-            c.apply_logged_capabilities("acme", &key.key_id, &[Capability::Read])
-                .unwrap()
-        );
-        // The journaled change's sync fails: it is undone.
-        let mut st = c.lock_changes();
-        c.forget_pending(&mut st, end, &[&read_only]);
-        c.undo_unsynced(&mut st);
-        drop(st);
-        let stored = c.keys.get(key_name("acme", &key.key_id)).unwrap().unwrap();
-        let stored = decode_key(key_name("acme", &key.key_id).as_bytes(), &stored).unwrap();
-        assert_eq!(stored.capabilities, vec![Capability::Read]);
-        assert_eq!(
-            c.key("acme", &key.key_id).unwrap().capabilities,
-            vec![Capability::Read]
-        );
+        // (journaled change, logged capabilities, what stays after the undo)
+        let cases = [
+            // The logged change equals the journaled one.
+            (
+                with(&read_only, false),
+                read_only.clone(),
+                with(&read_only, false),
+            ),
+            // The journaled one is a revocation, the logged one changes nothing of the key.
+            (with(&all, true), all.clone(), with(&all, false)),
+            // The journaled one is a revocation, the logged one changes the capabilities.
+            (with(&all, true), read_only.clone(), with(&read_only, false)),
+        ];
+        for (i, (journaled, logged, kept)) in cases.into_iter().enumerate() {
+            // Start from the key as created.
+            assert!(
+                c.apply_logged_capabilities("acme", &key.key_id, &all)
+                    .unwrap()
+            );
+            let end = pending_change(&c, &journaled);
+            assert!(
+                c.apply_logged_capabilities("acme", &key.key_id, &logged)
+                    .unwrap()
+            );
+            // Not durable: authentication does not see the journaled change yet.
+            let seen = c.key("acme", &key.key_id).unwrap();
+            assert_eq!(
+                (&seen.capabilities, seen.revoked),
+                (&logged, false),
+                "case {i}"
+            );
+            fail_pending(&c, end, &journaled);
+            let stored = stored_key(&c, &key);
+            let seen = c.key("acme", &key.key_id).unwrap();
+            for k in [&stored, &*seen] {
+                assert_eq!(
+                    (&k.capabilities, k.revoked),
+                    (&kept.capabilities, kept.revoked),
+                    "case {i}"
+                );
+            }
+        }
     }
 
     /// Two unsynced changes of one record (the second built on the first while the first waited

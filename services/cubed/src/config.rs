@@ -863,19 +863,22 @@ pub fn check_data_dir(path: &std::path::Path) -> anyhow::Result<()> {
     }
 }
 
-/// An existing data directory must be empty or hold something a `cubed` made: a mistyped
-/// `--data-dir` naming a home directory or `/tmp` would otherwise get a catalog and tenant files
-/// written among someone else's, and its mode set to 0700 (shutting out everyone else).
-/// `lost+found` (a new filesystem's root) does not count. An unreadable directory passes here
-/// and fails where it is used, with that error.
+/// An existing data directory must be empty or hold a catalog: a mistyped `--data-dir` naming
+/// a home directory or `/tmp` would otherwise get a catalog and tenant files written among
+/// someone else's, and its mode set to 0700 (shutting out everyone else). `lost+found` (a new
+/// filesystem's root) does not count. A directory that cannot be listed is refused too.
 fn check_own_directory(path: &std::path::Path) -> anyhow::Result<()> {
-    let Ok(entries) = std::fs::read_dir(path) else {
-        return Ok(());
+    let cannot_list = |e: std::io::Error| {
+        anyhow::anyhow!(
+            "cannot list the data directory {}: {e}: pass --data-dir naming a directory this \
+             user can read",
+            path.display()
+        )
     };
     let mut foreign = None;
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        if cube_store::DataDir::is_own_entry(&name) {
+    for entry in std::fs::read_dir(path).map_err(cannot_list)? {
+        let name = entry.map_err(cannot_list)?.file_name();
+        if cube_store::DataDir::marks_data_dir(&name) {
             return Ok(());
         }
         if name != "lost+found" && foreign.is_none() {
@@ -885,9 +888,8 @@ fn check_own_directory(path: &std::path::Path) -> anyhow::Result<()> {
     match foreign {
         None => Ok(()),
         Some(name) => anyhow::bail!(
-            "the data directory {} is not empty and holds nothing of Cube's (it has {:?}, no \
-             catalog or tenants): pass --data-dir naming the server's data directory, or an \
-             empty or new one",
+            "the data directory {} is not empty and holds no Cube catalog (it has {:?}): pass \
+             --data-dir naming the server's data directory, or an empty or new one",
             path.display(),
             name
         ),

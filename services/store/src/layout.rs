@@ -2,20 +2,6 @@
 
 use std::path::{Path, PathBuf};
 
-/// What `cubed` creates directly under the root: every path below (and `catalog`'s journal
-/// beside it, `tls/` of `cubed/src/certs.rs`) starts with one of these.
-const TOP_LEVEL: &[&str] = &[
-    "catalog",
-    "catalog.journal",
-    "catalog.holder",
-    "tenants",
-    "tls",
-    "admin.sock",
-    "replay-floors",
-    "replay-clock",
-    "dev-credentials.json",
-];
-
 /// The root of one server's files.
 #[derive(Debug, Clone)]
 pub struct DataDir {
@@ -31,11 +17,13 @@ impl DataDir {
         &self.root
     }
 
-    /// Whether `name`, an entry directly under the root, is one a `cubed` creates there. A
-    /// directory that has entries and none of these is not a data directory, and `cubed` will
-    /// neither start in it nor change its mode (`cubed/src/config.rs`, `check_data_dir`).
-    pub fn is_own_entry(name: &std::ffi::OsStr) -> bool {
-        TOP_LEVEL.iter().any(|own| name == *own)
+    /// Whether `name`, an entry directly under a directory, shows that the directory is a data
+    /// directory: the catalog (or its journal), the first thing a `cubed` creates in one. A
+    /// directory that has entries but not these is someone else's, and `cubed` will neither
+    /// start in it nor change its mode (`cubed/src/config.rs`, `check_data_dir`). Other names
+    /// of ours (`tls`, `tenants`) are too common to tell.
+    pub fn marks_data_dir(name: &std::ffi::OsStr) -> bool {
+        name == "catalog" || name == "catalog.journal"
     }
 
     /// sled database of tenants and keys.
@@ -87,28 +75,20 @@ impl DataDir {
 mod tests {
     use super::*;
 
-    /// A file a new build adds at the top of the data directory must be listed in `TOP_LEVEL`,
-    /// or a data directory holding only it would be refused as someone else's.
+    /// The names that mark a data directory are the catalog's and its journal's, as built.
     #[test]
-    fn every_path_starts_with_an_own_entry() {
+    fn the_catalog_marks_a_data_directory() {
         let d = DataDir::new("/d");
         let journal = d.catalog().with_extension("journal");
-        for p in [
-            d.catalog(),
-            journal,
-            d.catalog_holder(),
-            d.tenant_wal("t"),
-            d.tenant_state("t"),
-            d.admin_socket(),
-            d.replay_floors(),
-            d.replay_clock(),
-            d.dev_credentials(),
-            d.root().join("tls"),
-        ] {
-            let first = p.strip_prefix("/d").unwrap().components().next().unwrap();
-            assert!(DataDir::is_own_entry(first.as_os_str()), "{}", p.display());
+        for p in [d.catalog(), journal] {
+            assert!(
+                DataDir::marks_data_dir(p.file_name().unwrap()),
+                "{}",
+                p.display()
+            );
         }
-        assert!(!DataDir::is_own_entry("Documents".as_ref()));
-        assert!(!DataDir::is_own_entry("catalogue".as_ref()));
+        for other in ["tls", "tenants", "Documents", "catalogue"] {
+            assert!(!DataDir::marks_data_dir(other.as_ref()), "{other}");
+        }
     }
 }

@@ -374,11 +374,7 @@ async fn each_rpc_needs_its_capability_and_sees_only_its_tenant() {
         coord: c(1),
         expected_version: None,
     };
-    denied(
-        "Delete",
-        "Write",
-        cells.delete(delete).await.map(drop),
-    );
+    denied("Delete", "Write", cells.delete(delete).await.map(drop));
     denied("Prog", "Write", cells.prog(prog(b"x")).await.map(drop));
     denied("Run", "Write", cells.run(run.clone()).await.map(drop));
     let other_link = LinkRequest {
@@ -525,7 +521,10 @@ async fn each_rpc_needs_its_capability_and_sees_only_its_tenant() {
         (totals.cells, totals.edges, totals.programs, totals.runs),
         (0, 0, 0, 0)
     );
-    let e = tenant.stats(StatsRequest { coord: c(2) }).await.unwrap_err();
+    let e = tenant
+        .stats(StatsRequest { coord: c(2) })
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::NotFound, "{e:?}");
     // Its own writes at the same coordinates are its own.
     cells.write(write(1, 1, 1, b"acme")).await.unwrap();

@@ -494,9 +494,10 @@ fn a_data_directory_that_is_a_file_is_refused_in_plain_words() {
     }
 }
 
-/// A directory holding someone else's files (a mistyped `--data-dir` naming a home directory)
-/// is refused by the server and by `tenant create`: nothing is written into it and its mode is
-/// left as it was. An empty one, or one holding only `lost+found`, is taken.
+/// A directory holding someone else's files (a mistyped `--data-dir` naming a home directory,
+/// or a project with a `tls/` of its own) is refused by the server and by the offline commands:
+/// nothing is written into it and its mode is left as it was. An empty one, or one holding only
+/// `lost+found`, is taken.
 #[test]
 fn a_directory_holding_files_not_cubes_is_refused() {
     use std::os::unix::fs::PermissionsExt;
@@ -505,16 +506,35 @@ fn a_directory_holding_files_not_cubes_is_refused() {
     std::fs::create_dir(&home).unwrap();
     std::fs::write(home.join("notes.txt"), b"mine").unwrap();
     std::fs::create_dir(home.join("lost+found")).unwrap();
+    std::fs::create_dir(home.join("tls")).unwrap();
     std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o755)).unwrap();
-    // `tenant create` first: a server that took the directory would not exit.
-    let create = offline(&["tenant", "create", "acme"], &home);
-    assert!(!create.status.success());
-    let serve = serve_on(&home).output().unwrap();
-    for (what, out) in [("tenant create", create), ("serve", serve)] {
+    // A server that took the directory would not exit: it is given 30 s.
+    let mut serve = serve_on(&home)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while serve.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            serve.kill().unwrap();
+            panic!("cubed serve took a directory holding someone else's files");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let serve = serve.wait_with_output().unwrap();
+    for (what, out) in [
+        ("serve", serve),
+        (
+            "tenant create",
+            offline(&["tenant", "create", "acme"], &home),
+        ),
+    ] {
         assert!(!out.status.success(), "{what}");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
-            stderr.contains("holds nothing of Cube's") && stderr.contains("notes.txt"),
+            stderr.contains("holds no Cube catalog")
+                && (stderr.contains("notes.txt") || stderr.contains("tls")),
             "{what}: {stderr}"
         );
     }
@@ -523,13 +543,14 @@ fn a_directory_holding_files_not_cubes_is_refused() {
         .map(|e| e.unwrap().file_name())
         .collect();
     names.sort();
-    assert_eq!(names, ["lost+found", "notes.txt"]);
+    assert_eq!(names, ["lost+found", "notes.txt", "tls"]);
     let mode = std::fs::metadata(&home).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o755);
     // A new filesystem's root: only lost+found there, taken as empty.
     std::fs::remove_file(home.join("notes.txt")).unwrap();
+    std::fs::remove_dir(home.join("tls")).unwrap();
     parse(&offline(&["tenant", "create", "acme"], &home));
-    // Once Cube's files are there, other files beside them do not matter.
+    // Once the catalog is there, other files beside it do not matter.
     std::fs::write(home.join("notes.txt"), b"mine").unwrap();
     parse(&offline(&["key", "create", "acme"], &home));
 }

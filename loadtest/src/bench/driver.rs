@@ -87,6 +87,9 @@ pub struct Conn<C> {
     pub id: u32,
     pub client: C,
     written: u64,
+    /// A call on it was given up (`CALL_TIMEOUT`): what the connection holds is unknown (a
+    /// RESP reply left unread would answer the next call), so it makes no more calls.
+    broken: bool,
 }
 
 impl<C> Conn<C> {
@@ -98,6 +101,7 @@ impl<C> Conn<C> {
                 id: id as u32,
                 client,
                 written: 0,
+                broken: false,
             })
             .collect()
     }
@@ -258,6 +262,12 @@ pub async fn closed_loop<C: SingleCell>(
             let mut rec = Recorder::new(start, window, Arc::clone(&started));
             tokio::spawn(async move {
                 let mut rng = StdRng::from_entropy();
+                if conn.broken {
+                    let e =
+                        anyhow::anyhow!("no calls: this client gave up a call in an earlier phase");
+                    rec.record(Instant::now(), Err(e));
+                    return (conn, rec);
+                }
                 loop {
                     let key = conn.key(op, &mut rng);
                     let t = Instant::now();
@@ -274,6 +284,7 @@ pub async fn closed_loop<C: SingleCell>(
                             CALL_TIMEOUT.as_secs()
                         );
                         rec.record(t, Err(e));
+                        conn.broken = true;
                         return (conn, rec);
                     };
                     if op == Op::Write && result.is_ok() {
@@ -601,6 +612,10 @@ mod tests {
         assert_eq!((phase.ops, phase.errors), (0, 2));
         assert!(phase.first_error.unwrap().contains("no answer within 30 s"));
         assert!(started.elapsed() >= CALL_TIMEOUT);
+        // The next phase makes no call on a connection whose call was given up.
+        let (_, phase) = closed_loop("silent", Op::Read, conns, window, Arc::from(&b"v"[..])).await;
+        assert_eq!((phase.ops, phase.errors), (0, 2));
+        assert!(phase.first_error.unwrap().contains("earlier phase"));
         let e = tokio::time::timeout(bound, load("silent bulk", vec![Silent], 10, 5, 1))
             .await
             .expect("the load hung")

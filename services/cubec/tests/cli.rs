@@ -856,3 +856,50 @@ fn a_server_that_does_not_answer_ends_the_command_after_the_timeout() {
         assert!(o.status.success(), "tls {tls}: {}", stderr(&o));
     }
 }
+
+/// `cubec audit verify` re-computes the chain: on an intact trail it prints the entry count and
+/// exits 0; after an entry was edited on disk (its record's CRC fixed too) it exits 1 naming
+/// that entry's seq.
+#[test]
+fn audit_verify_names_the_first_broken_link() {
+    // No checkpoint deletes the first WAL segment while the test runs.
+    let mut server = TestServer::start_with(&cubed(), &["--checkpoint-secs", "3600"]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let creds = server.data_dir().join("dev-credentials.json");
+    let c = creds.to_str().unwrap();
+    for x in ["0", "1", "2", "3"] {
+        json(&run(
+            dir.path(),
+            &[],
+            &["--credentials", c, "write", x, "0", "0", "v"],
+        ));
+    }
+    let verify = ["--credentials", c, "audit", "verify"];
+    let ok = json(&run(dir.path(), &[], &verify));
+    // demo's creation, then the four writes.
+    assert_eq!(ok, serde_json::json!({ "ok": true, "entries": 5 }));
+    let list = run(dir.path(), &[], &["--credentials", c, "audit", "list"]);
+    let victim = String::from_utf8_lossy(&list.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|e| e["detail"].as_str().unwrap().starts_with("coord=(2, 0, 0)"))
+        .expect("the entry of the write at (2, 0, 0)")["seq"]
+        .as_u64()
+        .unwrap();
+    // kill -9: a clean stop would checkpoint the log into the state store and remove it.
+    server.kill9().unwrap();
+    server
+        .tamper_wal("demo", b"coord=(2, 0, 0)", b"coord=(7, 0, 0)")
+        .unwrap();
+    server.restart().unwrap();
+    let o = run(dir.path(), &[], &verify);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.starts_with(&format!(
+            "cubec: error: audit chain broken at seq {victim}: "
+        )),
+        "{err}"
+    );
+    assert!(o.stdout.is_empty());
+}

@@ -317,6 +317,38 @@ impl TestServer {
         cube_store::DataDir::new(self.data_dir()).tenant_state(tenant)
     }
 
+    /// What an attacker with disk access would do, on a stopped server: in the first record of
+    /// `tenant`'s first WAL segment that holds `find`, write `replace` (as long) over it, fix
+    /// the record's CRC so that the WAL's own checks pass, and remove the tenant's state store
+    /// so that the next start rebuilds it from the edited log. Only the audit chain can tell.
+    pub fn tamper_wal(&self, tenant: &str, find: &[u8], replace: &[u8]) -> anyhow::Result<()> {
+        if self.child.is_some() {
+            bail!("server is still running");
+        }
+        anyhow::ensure!(
+            find.len() == replace.len(),
+            "replace must be as long as find"
+        );
+        let seg = self
+            .wal_segment(tenant, 1)?
+            .with_context(|| format!("{tenant} has no first wal segment"))?;
+        let mut bytes = fs::read(&seg)?;
+        let (payload, at) = wal_record_payloads(&bytes)
+            .into_iter()
+            .find_map(|p| {
+                let at = bytes[p.clone()]
+                    .windows(find.len())
+                    .position(|w| w == find)?;
+                Some((p.clone(), p.start + at))
+            })
+            .with_context(|| format!("no record of {tenant}'s first segment holds the bytes"))?;
+        bytes[at..at + replace.len()].copy_from_slice(replace);
+        fix_wal_crc(&seg, &mut bytes, payload)?;
+        fs::write(&seg, bytes)?;
+        fs::remove_dir_all(self.tenant_state_dir(tenant))?;
+        Ok(())
+    }
+
     /// Start again on the same data directory (after a kill or stop).
     pub fn restart(&mut self) -> anyhow::Result<()> {
         if self.child.is_some() {

@@ -197,30 +197,11 @@ async fn a_tampered_entry_is_named_by_verification() {
     // kill -9: a clean stop would checkpoint the whole log into the state store and remove it.
     tokio::task::block_in_place(|| server.kill9()).unwrap();
 
-    // Someone with disk access edits the entry and even fixes the record's CRC.
-    let seg = server
-        .wal_segment("demo", 1)
-        .unwrap()
-        .expect("demo's first segment");
-    let mut bytes = std::fs::read(&seg).unwrap();
-    let payload = cube_testkit::wal_record_payloads(&bytes)
-        .into_iter()
-        .find(|p| {
-            bytes[p.clone()]
-                .windows(15)
-                .any(|w| w == b"coord=(2, 0, 0)")
-        })
-        .expect("the record of the victim entry");
-    let at = payload.start
-        + bytes[payload.clone()]
-            .windows(15)
-            .position(|w| w == b"coord=(2, 0, 0)")
-            .unwrap();
-    bytes[at + 7] = b'7';
-    cube_testkit::fix_wal_crc(&seg, &mut bytes, payload).unwrap();
-    std::fs::write(&seg, bytes).unwrap();
-    // ...and removes the tenant's state store, so the server rebuilds it from the edited log.
-    std::fs::remove_dir_all(server.tenant_state_dir("demo")).unwrap();
+    // Someone with disk access edits the entry, even fixes the record's CRC, and removes the
+    // tenant's state store, so the server rebuilds it from the edited log.
+    server
+        .tamper_wal("demo", b"coord=(2, 0, 0)", b"coord=(7, 0, 0)")
+        .unwrap();
     tokio::task::block_in_place(|| server.restart()).unwrap();
 
     let after = trail(&server, 0, 0).await;

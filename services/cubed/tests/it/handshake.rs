@@ -178,6 +178,18 @@ async fn auth_mode_selects_the_accepted_models() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition);
+    // Hello too, whatever it carries: the model is off, not the answer wrong.
+    let err = AuthClient::new(call_only.channel().await.unwrap())
+        .hello(HelloRequest {
+            tenant: "demo".into(),
+            key_id: call_only.demo.key_id.clone(),
+            nonce: vec![0; 32],
+            client_nonce: vec![0; 32],
+            mac: vec![0; 32],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
     let mut signed = call_only.cells(&call_only.demo).await.unwrap();
     signed.write(write(0, 0, 0, b"ok")).await.unwrap();
 }

@@ -16,11 +16,14 @@ CUBEC=${CUBEC:-$(dirname "$CUBED")/cubec}
 for b in "$CUBED" "$CUBEC"; do
     [ -x "$b" ] || { echo "no $b: cargo build --release -p cubed -p cubec" >&2; exit 1; }
 done
-DATA=$(mktemp -d /tmp/cube-recovery.XXXXXX)
+# Logs and credentials beside the data directory, not in it: cubed refuses a directory that
+# holds files of someone else's and no catalog.
+WORK=$(mktemp -d /tmp/cube-recovery.XXXXXX)
+DATA=$WORK/data
 PID=
 cleanup() {
     if [ -n "$PID" ]; then kill -9 "$PID" 2>/dev/null || true; wait "$PID" 2>/dev/null || true; fi
-    rm -rf "$DATA"
+    rm -rf "$WORK"
 }
 trap cleanup EXIT
 
@@ -31,18 +34,18 @@ serve() { # $1: log file; sets PID and waits for the ready line
     echo "cubed did not become ready; log:" >&2; cat "$1" >&2; exit 1
 }
 
-serve "$DATA/first.log"
-ENDPOINT=http://$(grep -o 'grpc=127.0.0.1:[0-9]*' "$DATA/first.log" | head -1 | cut -d= -f2)
+serve "$WORK/first.log"
+ENDPOINT=http://$(grep -o 'grpc=127.0.0.1:[0-9]*' "$WORK/first.log" | head -1 | cut -d= -f2)
 for i in $(seq "$N"); do
-    "$CUBED" tenant create "t$i" --data-dir "$DATA" >"$DATA/t$i.json"
-    "$CUBEC" --endpoint "$ENDPOINT" --credentials "$DATA/t$i.json" write 1 2 3 "v$i" >/dev/null
+    "$CUBED" tenant create "t$i" --data-dir "$DATA" >"$WORK/t$i.json"
+    "$CUBEC" --endpoint "$ENDPOINT" --credentials "$WORK/t$i.json" write 1 2 3 "v$i" >/dev/null
 done
 kill -9 "$PID"; wait "$PID" 2>/dev/null || true
 
 start=$(date +%s%N)
-serve "$DATA/second.log"
+serve "$WORK/second.log"
 end=$(date +%s%N)
-line=$(sed 's/\x1b\[[0-9;]*m//g' "$DATA/second.log" | grep -o 'tenants left open.*' || true)
+line=$(sed 's/\x1b\[[0-9;]*m//g' "$WORK/second.log" | grep -o 'tenants left open.*' || true)
 echo "${line:-(no recovery line in the log)}"
 echo "$N tenants open at kill -9: start to ready in $(((end - start) / 1000000)) ms"
 # Fails unless every tenant was recovered before the server said it was ready.

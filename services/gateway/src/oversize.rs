@@ -10,8 +10,15 @@ use tonic::{Code, Status};
 /// How tonic words the refusal of a message over the decoding limit (`tonic::codec::decode`).
 const TONIC_TOO_LARGE: &str = "Error, decoded message length too large";
 
-/// The INVALID_ARGUMENT that replaces tonic's refusal of a message over `limit` bytes.
-fn too_large(limit: usize) -> Status {
+/// The INVALID_ARGUMENT that replaces tonic's refusal of a message over `limit` bytes, for a
+/// server whose `--max-message-bytes` is `max`.
+fn too_large(limit: usize, max: usize) -> Status {
+    if limit != max {
+        // The handshake, health and reflection (`server::OPEN_MESSAGE_BYTES`).
+        return Status::invalid_argument(format!(
+            "the request message is over this method's limit of {limit} bytes per message"
+        ));
+    }
     Status::invalid_argument(format!(
         "the request message is over this server's limit of {limit} bytes per message \
          (--max-message-bytes); a cell's value must also fit --max-value-bytes"
@@ -41,8 +48,9 @@ pub fn layer(
 ) -> tower::util::MapResponseLayer<impl Fn(http::Response<Body>) -> http::Response<Body> + Clone> {
     tower::util::MapResponseLayer::new(move |resp: http::Response<Body>| {
         match oversize_refusal(resp.headers()) {
-            // The services other than Cells, Access, Tenant and Auth keep tonic's own limit.
-            Some(limit) => too_large(limit.unwrap_or(max_message_bytes)).into_http(),
+            Some(limit) => {
+                too_large(limit.unwrap_or(max_message_bytes), max_message_bytes).into_http()
+            }
             None => resp,
         }
     })

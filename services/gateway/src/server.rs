@@ -29,6 +29,12 @@ use crate::services::tenant::{TenantRoutes, TenantService};
 use crate::tls::{TlsError, TlsSettings, server_config};
 use crate::transport;
 
+/// Largest request message of the services that answer before authentication (`Auth`'s
+/// handshake, health, reflection): their requests are a few hundred bytes, and a stranger must
+/// not make the server buffer `--max-message-bytes` (4 MiB by default) on each of a
+/// connection's streams.
+pub const OPEN_MESSAGE_BYTES: usize = 16 * 1024;
+
 /// Limits and auth settings of the network listener.
 #[derive(Debug, Clone)]
 pub struct GatewayConfig {
@@ -176,8 +182,13 @@ impl Gateway {
                 .register_encoded_file_descriptor_set(cube_api::FILE_DESCRIPTOR_SET)
                 .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         };
-        let reflection_v1 = reflection().build_v1()?;
-        let reflection_v1alpha = reflection().build_v1alpha()?;
+        let health = health.max_decoding_message_size(OPEN_MESSAGE_BYTES);
+        let reflection_v1 = reflection()
+            .build_v1()?
+            .max_decoding_message_size(OPEN_MESSAGE_BYTES);
+        let reflection_v1alpha = reflection()
+            .build_v1alpha()?
+            .max_decoding_message_size(OPEN_MESSAGE_BYTES);
         let max = self.config.max_message_bytes;
         let cells = CellsServer::new(CellsService {
             directory: Arc::clone(&self.directory),
@@ -268,7 +279,7 @@ impl Gateway {
                 AuthServer::new(HandshakeService {
                     auth: Arc::clone(&self.auth),
                 })
-                .max_decoding_message_size(max),
+                .max_decoding_message_size(OPEN_MESSAGE_BYTES),
             )
             .add_service(AdminServer::new(AdminService {
                 catalog: None,

@@ -42,6 +42,42 @@ async fn value_and_message_limits_are_enforced_with_precise_codes() {
     );
 }
 
+/// The services that answer before authentication (the handshake, health, reflection) take
+/// messages of at most `OPEN_MESSAGE_BYTES`: a stranger cannot make the server buffer
+/// `--max-message-bytes` on every stream of a connection. A real handshake still works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unauthenticated_methods_take_small_messages_only() {
+    use cube_api::v1::auth_client::AuthClient;
+    use cube_api::v1::{ChallengeRequest, HelloRequest};
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let server = TestServer::start(cubed()).unwrap();
+    let big = "t".repeat(cube_gateway::OPEN_MESSAGE_BYTES + 1);
+    let channel = server.channel().await.unwrap();
+    let refused = |e: tonic::Status| {
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        let limit = format!(
+            "this method's limit of {} bytes",
+            cube_gateway::OPEN_MESSAGE_BYTES
+        );
+        assert!(e.message().contains(&limit), "{}", e.message());
+    };
+    let mut auth = AuthClient::new(channel.clone());
+    let challenge = ChallengeRequest {
+        tenant: big.clone(),
+        key_id: "k".into(),
+    };
+    refused(auth.challenge(challenge).await.unwrap_err());
+    let hello = HelloRequest {
+        tenant: big.clone(),
+        ..Default::default()
+    };
+    refused(auth.hello(hello).await.unwrap_err());
+    let check = HealthCheckRequest { service: big };
+    refused(HealthClient::new(channel).check(check).await.unwrap_err());
+    let mut c = server.cells_on_connection(&server.demo).await.unwrap();
+    c.write(write(0, 0, 0, b"ok")).await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_tenant_queue_answers_resource_exhausted_at_once_and_loses_nothing() {
     let server = TestServer::start_with(cubed(), &["--mailbox-capacity", "2"]).unwrap();

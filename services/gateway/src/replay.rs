@@ -42,7 +42,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Mutex, RwLock};
 
 use crate::abuse::PerSecond;
 use crate::replay_clock::ClockMark;
@@ -119,7 +119,11 @@ struct Floors {
     inherited: FloorMap,
     /// The highest inherited floor: a call stamped above it needs no lookup.
     inherited_max: i64,
+    /// Only the thread writing the file holds this, across its two fsyncs; the floors it
+    /// publishes are in `floors`, so a call whose floor is recorded never waits for a write.
     recorded: Mutex<Recorded>,
+    /// The floors the file holds (a copy of `recorded.floors`, swapped in after each write).
+    floors: RwLock<FloorMap>,
 }
 
 impl Floors {
@@ -166,6 +170,7 @@ impl Floors {
                 floors: inherited.clone(),
                 ..Recorded::default()
             }),
+            floors: RwLock::new(inherited.clone()),
             inherited,
             inherited_max,
         })
@@ -186,8 +191,15 @@ impl Floors {
         now_ms: i64,
         prune_to: i64,
     ) -> Result<(), RecordError> {
+        let covered = |floors: &FloorMap| {
+            floor_of(floors, tenant, key_id).is_some_and(|floor| ts_ms <= floor)
+        };
+        if covered(&self.floors.read().unwrap_or_else(|p| p.into_inner())) {
+            return Ok(());
+        }
         let mut recorded = self.recorded.lock().unwrap_or_else(|p| p.into_inner());
-        if floor_of(&recorded.floors, tenant, key_id).is_some_and(|floor| ts_ms <= floor) {
+        // Written meanwhile by the thread this one waited for?
+        if covered(&recorded.floors) {
             return Ok(());
         }
         if !recorded.writes.take(now_ms, FLOOR_WRITES_PER_SEC) {
@@ -206,6 +218,7 @@ impl Floors {
         // Two fsyncs: on a slow disk they must not hold up the other connections this worker
         // thread serves.
         off_worker(|| write_floors(&self.path, &next)).map_err(RecordError::Io)?;
+        *self.floors.write().unwrap_or_else(|p| p.into_inner()) = next.clone();
         recorded.floors = next;
         Ok(())
     }

@@ -364,14 +364,21 @@ impl CheckpointJob {
         self.backend.flush()?;
         cube_wal::failpoint::hit("checkpoint-after-flush");
         let took = started.elapsed();
-        // Off the actor's thread: unlinks and a directory fsync. A failure only leaves covered
-        // segments behind (recovery skips them), and the next checkpoint retries.
+        // Off the actor's thread: unlinks and a directory fsync. A failed unlink only leaves
+        // covered segments behind (recovery skips them), and the next checkpoint retries; a
+        // failed directory fsync fails the checkpoint, which poisons the tenant until the
+        // restart, as every failed fsync does (a later one could report success falsely).
         if let Some((tenant, deleter)) = &self.deleter {
             match deleter.delete_through(self.seq) {
                 Ok((n, bytes)) if n > 0 => {
                     tracing::debug!(tenant = %tenant, seq = self.seq, segments = n, bytes, "wal segments deleted after checkpoint");
                 }
                 Ok(_) => {}
+                Err(e) if e.is_failed_sync() => {
+                    return Err(BackendError(format!(
+                        "the wal directory's fsync after deleting checkpointed segments: {e}"
+                    )));
+                }
                 Err(e) => {
                     tracing::warn!(tenant = %tenant, error = %e, "deleting checkpointed wal segments failed");
                 }
@@ -3348,6 +3355,40 @@ mod tests {
             );
         }
         assert_eq!(core.state().totals().cells, 50);
+    }
+
+    /// A checkpoint whose directory fsync after deleting the covered segments fails poisons
+    /// the tenant (a failed fsync is never retried), and nothing acknowledged is lost: the
+    /// state store holds what the deleted segments did.
+    #[test]
+    fn a_failed_directory_fsync_after_deleting_segments_poisons_the_tenant() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = config();
+        let mut core = open(dir.path(), &config);
+        let value = vec![7u8; 500];
+        for i in 0..40 {
+            assert!(core.handle(write(i, &value), &who(), i as u32).is_none());
+        }
+        assert_eq!(settle(&mut core).len(), 40);
+        let segments_before = core.wal.as_ref().unwrap().segment_count();
+        cube_wal::failpoint::fail_next_dir_sync_after_delete(&dir.path().join("wal"));
+        let job = core.begin_checkpoint().unwrap();
+        let r = job.run();
+        assert!(r.is_err());
+        core.finish_checkpoint(40, r);
+        assert!(core.is_poisoned());
+        assert!(core.wal.as_ref().unwrap().segment_count() < segments_before);
+        let refused = core.handle(write(41, &value), &who(), 41);
+        assert!(matches!(refused, Some((41, Err(_)))), "{refused:?}");
+        let (core, _) = crash_and_reopen(core, dir.path(), &config);
+        let reader = core.state().reader();
+        for i in 0..40 {
+            assert_eq!(
+                reader.read(&at(i)).unwrap().unwrap().value,
+                value,
+                "cell {i}"
+            );
+        }
     }
 
     #[test]

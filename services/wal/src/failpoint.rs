@@ -8,7 +8,8 @@
 //!
 //! Also here: injected fdatasync failures for tests ([`fail_next_fdatasync`]), of a WAL shard or
 //! of a tenant's state store, and injected write failures of a WAL shard ([`fail_next_write`]);
-//! and, before a tenant's actor applies a durable group ([`before_apply`]), a delay with
+//! the directory fsync after a deletion of checkpointed segments
+//! ([`fail_next_dir_sync_after_delete`]); and, before a tenant's actor applies a durable group ([`before_apply`]), a delay with
 //! `CUBE_FAILPOINT_APPLY_DELAY_MS=<ms>` in the environment (it holds open the window between the
 //! WAL syncer's answer and the apply for integration tests) and injected apply failures
 //! ([`fail_next_apply`]).
@@ -60,6 +61,7 @@ enum FaultOn {
     Sync,
     Write,
     Apply,
+    DirSync,
 }
 /// (directory, what fails, how long the failing call takes).
 type SyncFault = (std::path::PathBuf, FaultOn, std::time::Duration);
@@ -87,6 +89,18 @@ pub fn fail_next_fdatasync_after(dir: &std::path::Path, delay: std::time::Durati
 #[doc(hidden)]
 pub fn fail_next_write(dir: &std::path::Path) {
     arm(dir, FaultOn::Write, std::time::Duration::ZERO);
+}
+
+/// Make the fsync of the WAL directory in `dir` after the next deletion of checkpointed
+/// segments fail, as a disk's EIO would (tests only).
+#[doc(hidden)]
+pub fn fail_next_dir_sync_after_delete(dir: &std::path::Path) {
+    arm(dir, FaultOn::DirSync, std::time::Duration::ZERO);
+}
+
+/// Whether this fsync of the WAL directory `dir` after a deletion is to fail (consumes it).
+pub(crate) fn injected_dir_sync_failure(dir: &std::path::Path) -> bool {
+    injected(dir, FaultOn::DirSync)
 }
 
 /// Make the next apply of a durable group, by the tenant whose WAL is in `dir`, fail as a

@@ -645,9 +645,17 @@ impl Shared {
             crate::failpoint::hit("wal-between-deletes");
         }
         if deleted > 0 {
-            // Make the unlinks durable. If this fails they may come back after a power cut,
-            // which is harmless: they are covered by the checkpoint.
-            sync_dir(&self.dir).map_err(WalError::io("syncing wal directory after deletion"))?;
+            // Make the unlinks durable. Should this fail, the unlinked segments may come back
+            // after a power cut, which is harmless (the checkpoint covers them); but like any
+            // failed fsync it is not retried: a later fsync of this directory, on another
+            // descriptor, may report success without the failed block ever written, and the
+            // caller poisons the tenant (`is_failed_sync`).
+            let synced = if crate::failpoint::injected_dir_sync_failure(&self.dir) {
+                Err(std::io::Error::other("injected directory fsync failure"))
+            } else {
+                sync_dir(&self.dir)
+            };
+            synced.map_err(WalError::io("syncing wal directory after deletion"))?;
         }
         match failure {
             Some(e) => Err(e),

@@ -3314,18 +3314,30 @@ mod tests {
         }
     }
 
+    /// A core in `dir` with 40 cells of [`SEGMENTED_VALUE`] written and durable, over several
+    /// sealed segments; and their number.
+    fn core_over_several_segments(dir: &Path, config: &CoreConfig) -> (TenantCore<u32>, usize) {
+        let mut core = open(dir, config);
+        for i in 0..40 {
+            assert!(
+                core.handle(write(i, &SEGMENTED_VALUE), &who(), i as u32)
+                    .is_none()
+            );
+        }
+        assert_eq!(settle(&mut core).len(), 40);
+        let segments = core.wal.as_ref().unwrap().segment_count();
+        assert!(segments > 3, "{segments} segments");
+        (core, segments)
+    }
+
+    const SEGMENTED_VALUE: [u8; 500] = [7; 500];
+
     #[test]
     fn checkpoint_deletes_covered_segments_and_recovery_replays_only_the_rest() {
         let dir = tempfile::tempdir().unwrap();
         let config = config();
-        let mut core = open(dir.path(), &config);
-        let value = vec![7u8; 500];
-        for i in 0..40 {
-            assert!(core.handle(write(i, &value), &who(), i as u32).is_none());
-        }
-        assert_eq!(settle(&mut core).len(), 40);
-        let segments_before = core.wal.as_ref().unwrap().segment_count();
-        assert!(segments_before > 3, "{segments_before} segments");
+        let (mut core, segments_before) = core_over_several_segments(dir.path(), &config);
+        let value = SEGMENTED_VALUE.to_vec();
         let job = core.begin_checkpoint().unwrap();
         assert_eq!(job.seq, 40);
         let r = job.run();
@@ -3364,13 +3376,8 @@ mod tests {
     fn a_failed_directory_fsync_after_deleting_segments_poisons_the_tenant() {
         let dir = tempfile::tempdir().unwrap();
         let config = config();
-        let mut core = open(dir.path(), &config);
-        let value = vec![7u8; 500];
-        for i in 0..40 {
-            assert!(core.handle(write(i, &value), &who(), i as u32).is_none());
-        }
-        assert_eq!(settle(&mut core).len(), 40);
-        let segments_before = core.wal.as_ref().unwrap().segment_count();
+        let (mut core, segments_before) = core_over_several_segments(dir.path(), &config);
+        let value = SEGMENTED_VALUE.to_vec();
         cube_wal::failpoint::fail_next_dir_sync_after_delete(&dir.path().join("wal"));
         let job = core.begin_checkpoint().unwrap();
         let r = job.run();

@@ -19,6 +19,13 @@ fn too_large(limit: usize, max: usize) -> Status {
             "the request message is over this method's limit of {limit} bytes per message"
         ));
     }
+    if limit == crate::OPEN_MESSAGE_BYTES {
+        // Either limit: the response does not say which method refused.
+        return Status::invalid_argument(format!(
+            "the request message is over the limit of {limit} bytes per message \
+             (--max-message-bytes, and the handshake's, health's and reflection's own)"
+        ));
+    }
     Status::invalid_argument(format!(
         "the request message is over this server's limit of {limit} bytes per message \
          (--max-message-bytes); a cell's value must also fit --max-value-bytes"

@@ -436,14 +436,26 @@ impl Catalog {
     /// Put back in sled the values `ops` replaced (`before`), newest first, each only where
     /// sled still holds what the op wrote (a key change logged through a tenant's log since is
     /// made in both: see [`Unsynced`]). Called with the change lock held.
+    ///
+    /// A key record is compared by what it says (secret, capabilities, revoked), not byte for
+    /// byte: every encoding stamps `created_ms` with the time, so the same change encoded twice
+    /// (here in `Unsynced`, in sled by [`Catalog::apply_logged`]) can differ in that field alone.
     fn undo(&self, ops: Vec<Op>, before: Vec<Option<sled::IVec>>) {
         for (op, old) in ops.into_iter().zip(before).rev() {
             let tree = self.tree(op.tree);
-            match tree.compare_and_swap(&op.key, Some(op.value.as_slice()), old) {
-                Ok(Ok(())) | Ok(Err(_)) => {}
-                Err(e) => {
-                    tracing::error!(error = %e, "catalog: a failed change could not be undone in sled")
+            let undone = tree.get(&op.key).and_then(|current| {
+                let holds_op = current.as_deref().is_some_and(|now| match op.tree {
+                    Tree::Keys => same_key_record(now, &op.value),
+                    Tree::Tenants => now == op.value.as_slice(),
+                });
+                if !holds_op {
+                    return Ok(());
                 }
+                // Atomic against what was just read (every writer holds the change lock anyway).
+                tree.compare_and_swap(&op.key, current, old).map(drop)
+            });
+            if let Err(e) = undone {
+                tracing::error!(error = %e, "catalog: a failed change could not be undone in sled");
             }
         }
     }
@@ -1123,6 +1135,20 @@ fn encode_key(info: &KeyInfo) -> Result<Vec<u8>, StoreError> {
     serde_json::to_vec(&record).map_err(|e| storage("encode a key", e))
 }
 
+/// Whether two encoded key records say the same (secret, capabilities, revoked); `created_ms`
+/// is ignored. Records that do not decode are equal only byte for byte.
+fn same_key_record(a: &[u8], b: &[u8]) -> bool {
+    match (
+        serde_json::from_slice::<KeyRecord>(a),
+        serde_json::from_slice::<KeyRecord>(b),
+    ) {
+        (Ok(a), Ok(b)) => {
+            (a.secret, a.capabilities, a.revoked) == (b.secret, b.capabilities, b.revoked)
+        }
+        _ => a == b,
+    }
+}
+
 fn decode_key(name: &[u8], value: &[u8]) -> Result<KeyInfo, String> {
     let name = std::str::from_utf8(name).map_err(|_| "key name is not UTF-8".to_string())?;
     let (tenant, key_id) = name
@@ -1390,6 +1416,27 @@ pub(crate) mod tests {
                 );
             }
         }
+    }
+
+    /// The undo finds a change in sled by what the key record says, not by its bytes: the same
+    /// change encoded in another millisecond (`created_ms`) is still undone.
+    #[test]
+    fn an_undo_compares_key_records_by_content() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Catalog::open(&dir.path().join("catalog")).unwrap();
+        let key = c.create_tenant("acme").unwrap();
+        let revoked = KeyInfo {
+            revoked: true,
+            ..(*key).clone()
+        };
+        let op = key_op(&revoked).unwrap();
+        let before = c.previous_values(std::slice::from_ref(&op)).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(3));
+        let again = key_op(&revoked).unwrap();
+        assert_ne!(op.value, again.value);
+        insert_ops(&c.tenants, &c.keys, [again]).unwrap();
+        c.undo(vec![op], before);
+        assert!(!stored_key(&c, &key).revoked);
     }
 
     /// Two unsynced changes of one record (the second built on the first while the first waited

@@ -326,8 +326,8 @@ impl TestServer {
             bail!("server is still running");
         }
         anyhow::ensure!(
-            find.len() == replace.len(),
-            "replace must be as long as find"
+            !find.is_empty() && find.len() == replace.len(),
+            "find must not be empty, and replace must be as long"
         );
         let seg = self
             .wal_segment(tenant, 1)?

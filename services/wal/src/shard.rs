@@ -650,10 +650,13 @@ impl Shared {
             // failed fsync it is not retried: a later fsync of this directory, on another
             // descriptor, may report success without the failed block ever written, and the
             // caller poisons the tenant (`is_failed_sync`).
+            // Opening it is not syncing it: a failed open (no descriptor left) is no failed
+            // fsync and must not poison the tenant.
+            let dir = File::open(&self.dir).map_err(WalError::io("opening wal directory"))?;
             let synced = if crate::failpoint::injected_dir_sync_failure(&self.dir) {
                 Err(std::io::Error::other("injected directory fsync failure"))
             } else {
-                sync_dir(&self.dir)
+                dir.sync_all()
             };
             synced.map_err(WalError::io("syncing wal directory after deletion"))?;
         }

@@ -649,7 +649,7 @@ impl Shared {
             // after a power cut, which is harmless (the checkpoint covers them); but like any
             // failed fsync it is not retried: a later fsync of this directory, on another
             // descriptor, may report success without the failed block ever written, and the
-            // caller poisons the tenant (`is_failed_sync`).
+            // shard is poisoned.
             // Opening it is not syncing it: a failed open (no descriptor left) is no failed
             // fsync and must not poison the tenant.
             let dir = File::open(&self.dir).map_err(WalError::io("opening wal directory"))?;
@@ -658,7 +658,13 @@ impl Shared {
             } else {
                 dir.sync_all()
             };
-            synced.map_err(WalError::io("syncing wal directory after deletion"))?;
+            if let Err(e) = synced.map_err(WalError::io("syncing wal directory after deletion")) {
+                // As a failed fdatasync of the syncer's: the shard accepts nothing more and its
+                // owner hears `Poisoned` (the tenant is not reopened before a restart), whoever
+                // called this (a checkpoint, an open).
+                poison(self, &e);
+                return Err(e);
+            }
         }
         match failure {
             Some(e) => Err(e),

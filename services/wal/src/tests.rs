@@ -473,6 +473,25 @@ fn delete_segments_through_removes_exactly_the_covered_sealed_segments() {
     expect_missing_records(open(dir.path(), small()));
 }
 
+/// A failed fsync of the directory after deleting covered segments poisons the shard, as the
+/// syncer's failed fdatasync does (its owner hears `Poisoned`; nothing more is appended): a
+/// later fsync of the directory could report success without the failed block written.
+#[test]
+fn a_failed_directory_fsync_after_deleting_segments_poisons_the_shard() {
+    let dir = tempfile::tempdir().unwrap();
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&events);
+    let wal = open_notifying(dir.path(), small(), move |e| sink.lock().unwrap().push(e));
+    write_n(&wal, 800);
+    let files = wal_files(dir.path());
+    assert!(files.len() >= 4, "{files:?}");
+    crate::failpoint::fail_next_dir_sync_after_delete(dir.path());
+    let e = wal.delete_segments_through(files[1].0 - 1).unwrap_err();
+    assert!(e.is_failed_sync(), "{e}");
+    assert!(events.lock().unwrap().contains(&DurableEvent::Poisoned));
+    assert!(matches!(wal.append(b"y"), Err(WalError::Poisoned)));
+}
+
 #[test]
 fn delete_segments_through_never_deletes_the_active_segment() {
     let dir = tempfile::tempdir().unwrap();

@@ -237,10 +237,13 @@ impl Handler<Shutdown> for TenantActor {
                         (seq, job.run())
                     });
                     let checkpoint = flushed.as_ref().map(|(seq, r)| (*seq, r.is_ok()));
-                    crate::core::remove_checkpointed_log(
+                    match crate::core::remove_checkpointed_log(
                         &tenant, &wal_dir, final_seq, prior, checkpoint, poisoned,
-                    );
-                    flushed
+                    ) {
+                        Ok(()) => flushed,
+                        // As a failed checkpoint: the tenant stays refused until the restart.
+                        Err(e) => Some((flushed.map_or(0, |(seq, _)| seq), Err(e))),
+                    }
                 })
                 .await
             };

@@ -1139,14 +1139,17 @@ impl<T> TenantCore<T> {
             checkpoint = Some((seq, r.is_ok()));
             self.finish_checkpoint(seq, r);
         }
-        remove_checkpointed_log(
+        if let Err(e) = remove_checkpointed_log(
             &self.tenant,
             &wal_dir,
             Some(durable),
             prior,
             checkpoint,
             self.is_poisoned(),
-        );
+        ) {
+            tracing::error!(tenant = %self.tenant, error = %e, "tenant poisoned");
+            self.poison();
+        }
         Ok(answers)
     }
 
@@ -1536,7 +1539,9 @@ fn replay_error(tenant: &str, e: ApplyError) -> StoreError {
 /// among them) has nothing to replay and does not count it as left open by a crash. `prior` is
 /// the seq checkpointed before; `checkpoint` the final one's (seq, succeeded), `None` if there
 /// was nothing new to checkpoint. Nothing is removed after a failed checkpoint, from a poisoned
-/// tenant, or from a log whose close failed (`last` `None`).
+/// tenant, or from a log whose close failed (`last` `None`). Returns a failed fsync of the
+/// removal, as a checkpoint failure: the caller poisons the tenant with it, since a reopen in
+/// this process would trust a later fsync of the directory that may report success falsely.
 pub(crate) fn remove_checkpointed_log(
     tenant: &str,
     wal_dir: &Path,
@@ -1544,7 +1549,7 @@ pub(crate) fn remove_checkpointed_log(
     prior: u64,
     checkpoint: Option<(u64, bool)>,
     poisoned: bool,
-) {
+) -> Result<(), BackendError> {
     let covered = match checkpoint {
         None => Some(prior),
         Some((seq, true)) => Some(prior.max(seq)),
@@ -1556,11 +1561,17 @@ pub(crate) fn remove_checkpointed_log(
     {
         match cube_wal::remove_covered_log(wal_dir, last + 1) {
             Ok(n) => tracing::debug!(tenant, removed = n, "log covered by the checkpoint removed"),
+            Err(e) if e.is_failed_sync() => {
+                return Err(BackendError(format!(
+                    "removing the checkpointed log at close: {e}"
+                )));
+            }
             Err(e) => {
                 tracing::warn!(tenant, error = %e, "could not remove the checkpointed log; the next open reads it")
             }
         }
     }
+    Ok(())
 }
 
 fn shutting_down() -> StoreError {
@@ -3393,6 +3404,33 @@ mod tests {
             assert_eq!(
                 reader.read(&at(i)).unwrap().unwrap().value,
                 value,
+                "cell {i}"
+            );
+        }
+    }
+
+    /// A failed fsync while a closing tenant's checkpointed log is removed poisons it for good,
+    /// as a failed checkpoint does; nothing acknowledged is lost.
+    #[test]
+    fn a_failed_directory_fsync_while_removing_the_log_at_close_poisons_the_tenant() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = config();
+        let mut core = open(dir.path(), &config);
+        for i in 0..5 {
+            assert!(core.handle(write(i, b"v"), &who(), i as u32).is_none());
+        }
+        assert_eq!(settle(&mut core).len(), 5);
+        cube_wal::failpoint::fail_next_dir_sync_after_delete(&dir.path().join("wal"));
+        core.close_here().unwrap();
+        assert!(core.is_poisoned());
+        assert!(!core.stats.reopenable.load(Ordering::Relaxed));
+        drop(core);
+        let core = open(dir.path(), &config);
+        let reader = core.state().reader();
+        for i in 0..5 {
+            assert_eq!(
+                reader.read(&at(i)).unwrap().unwrap().value,
+                b"v",
                 "cell {i}"
             );
         }

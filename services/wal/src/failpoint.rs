@@ -92,7 +92,8 @@ pub fn fail_next_write(dir: &std::path::Path) {
 }
 
 /// Make the fsync of the WAL directory in `dir` after the next deletion of checkpointed
-/// segments fail, as a disk's EIO would (tests only).
+/// segments (or removal of a checkpointed log at close) fail, as a disk's EIO would (tests
+/// only).
 #[doc(hidden)]
 pub fn fail_next_dir_sync_after_delete(dir: &std::path::Path) {
     arm(dir, FaultOn::DirSync, std::time::Duration::ZERO);

@@ -113,21 +113,42 @@ fn first_segment_where(
 /// restored copy) is still refused at open (`records ... are missing`) rather than silently
 /// continuing the log from its own, older seq. A crash part way leaves covered segments, which
 /// recovery skips.
-pub fn remove_covered_log(dir: &Path, next_seq: u64) -> io::Result<usize> {
+/// A failed fsync (of the marker or of the directory) is [`WalError::is_failed_sync`]: the
+/// caller must not reopen the log in this process (see `shard.rs`, `delete_through`).
+pub fn remove_covered_log(dir: &Path, next_seq: u64) -> Result<usize, crate::WalError> {
+    use crate::WalError as E;
+    let sync_dir = || -> Result<(), E> {
+        let opened = File::open(dir).map_err(E::io("opening wal directory"))?;
+        if crate::failpoint::injected_dir_sync_failure(dir) {
+            return Err(E::io("syncing wal directory")(io::Error::other(
+                "injected directory fsync failure",
+            )));
+        }
+        opened.sync_all().map_err(E::io("syncing wal directory"))
+    };
     // A segment named after `next_seq` holds no record (the checkpoint covers the log): it is
     // emptied and kept as the marker, so no two segments ever start at the same seq.
-    let marker = match find_segment(dir, next_seq)? {
+    let listing = E::io("listing wal directory");
+    let marker = match find_segment(dir, next_seq).map_err(listing)? {
         Some(existing) => {
-            let file = OpenOptions::new().write(true).open(&existing)?;
-            file.set_len(0)?;
-            file.sync_all()?;
+            let file = OpenOptions::new()
+                .write(true)
+                .open(&existing)
+                .map_err(E::io("opening the log's marker segment"))?;
+            file.set_len(0)
+                .map_err(E::io("emptying the log's marker segment"))?;
+            file.sync_all()
+                .map_err(E::io("syncing the log's marker segment"))?;
             existing
         }
         None => {
             // Salted, like every segment this build names: an open then keeps it as it is
             // (an unsalted segment with room would be sealed, which takes a new file).
             let fresh = dir.join(SegmentName::fresh(next_seq).file_name());
-            File::create(&fresh)?.sync_all()?;
+            File::create(&fresh)
+                .map_err(E::io("creating the log's marker segment"))?
+                .sync_all()
+                .map_err(E::io("syncing the log's marker segment"))?;
             fresh
         }
     };
@@ -135,11 +156,11 @@ pub fn remove_covered_log(dir: &Path, next_seq: u64) -> io::Result<usize> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    sync_dir(dir)?;
+    sync_dir()?;
     let spare_suffix = format!(".{SPARE_EXT}");
     let mut removed = 0;
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
+    for entry in std::fs::read_dir(dir).map_err(E::io("listing wal directory"))? {
+        let entry = entry.map_err(E::io("listing wal directory"))?;
         let name = entry.file_name();
         let name = name.to_string_lossy();
         // Every segment but the marker (also a second one named after `next_seq`).
@@ -152,12 +173,12 @@ pub fn remove_covered_log(dir: &Path, next_seq: u64) -> io::Result<usize> {
             match std::fs::remove_file(entry.path()) {
                 Ok(()) => removed += 1,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e),
+                Err(e) => return Err(E::io("deleting segment")(e)),
             }
         }
     }
     if removed > 0 {
-        sync_dir(dir)?;
+        sync_dir()?;
     }
     Ok(removed)
 }

@@ -237,17 +237,21 @@ impl Handler<Shutdown> for TenantActor {
                         (seq, job.run())
                     });
                     let checkpoint = flushed.as_ref().map(|(seq, r)| (*seq, r.is_ok()));
-                    match crate::core::remove_checkpointed_log(
+                    let removed = crate::core::remove_checkpointed_log(
                         &tenant, &wal_dir, final_seq, prior, checkpoint, poisoned,
-                    ) {
-                        Ok(()) => flushed,
-                        // As a failed checkpoint: the tenant stays refused until the restart.
-                        Err(e) => Some((flushed.map_or(0, |(seq, _)| seq), Err(e))),
-                    }
+                    );
+                    (flushed, removed)
                 })
                 .await
             };
             ctx.wait(flush.into_actor(act).map(move |flushed, act, ctx| {
+                let flushed = flushed.map(|(flushed, removed)| {
+                    if let Err(e) = removed {
+                        // The tenant stays refused until the restart (`sync_failed`).
+                        act.core.poison_after_failed_sync(&e);
+                    }
+                    flushed
+                });
                 match flushed {
                     Ok(Some((seq, r))) => act.core.finish_checkpoint(seq, r),
                     Ok(None) => {}

@@ -169,6 +169,9 @@ pub struct SharedStats {
     pub reopenable: std::sync::atomic::AtomicBool,
     /// It was poisoned because the file system was full: writes answer RESOURCE_EXHAUSTED.
     pub no_space: std::sync::atomic::AtomicBool,
+    /// A file or directory fsync of its own failed outside the WAL's syncer (removing its
+    /// checkpointed log at a close): not reopened before a restart, whatever the free space.
+    pub sync_failed: std::sync::atomic::AtomicBool,
     /// Its actor was told to stop (a shutdown or passivation). An actor that is gone without
     /// this stopped because a handler panicked (see `TenantHandle::crashed`).
     pub stopping: std::sync::atomic::AtomicBool,
@@ -652,6 +655,11 @@ impl<T> TenantCore<T> {
             }
         };
         if !read_only && let Err(e) = wal.delete_segments_through(checkpoint_seq) {
+            if e.is_failed_sync() {
+                // The shard poisoned itself (and told its owner, who keeps the tenant closed
+                // until the restart): the open fails rather than serve as healthy.
+                return Err(open_error(tenant, &e));
+            }
             tracing::warn!(tenant, error = %e, "could not delete checkpointed wal segments");
         }
         // Every logged change older than a policy pinned in the catalog is now applied and
@@ -1147,8 +1155,7 @@ impl<T> TenantCore<T> {
             checkpoint,
             self.is_poisoned(),
         ) {
-            tracing::error!(tenant = %self.tenant, error = %e, "tenant poisoned");
-            self.poison();
+            self.poison_after_failed_sync(&e);
         }
         Ok(answers)
     }
@@ -1324,6 +1331,14 @@ impl<T> TenantCore<T> {
     /// The one flag, shared with the directory so a poisoned tenant is never passivated.
     pub fn is_poisoned(&self) -> bool {
         self.stats.poisoned.load(Ordering::Relaxed)
+    }
+
+    /// Poisoned for good by a failed fsync outside the WAL's syncer (`e`): see
+    /// [`TenantStats::sync_failed`].
+    pub(crate) fn poison_after_failed_sync(&mut self, e: &BackendError) {
+        tracing::error!(tenant = %self.tenant, error = %e, "an fsync failed; tenant poisoned until the server restarts");
+        self.stats.sync_failed.store(true, Ordering::Relaxed);
+        self.poison();
     }
 
     /// Poisoned for good (a failed fsync, a failed checkpoint).
@@ -2774,6 +2789,26 @@ mod tests {
         let directory = test_directory(data.clone(), &config, &catalog);
         directory.call("t", write(1, b"kept"), "t/k").await.unwrap();
         cube_wal::failpoint::fail_next_fdatasync(&data.tenant_state("t"));
+        assert!(directory.close_tenant("t").await);
+        for _ in 0..2 {
+            let refused = directory.call("t", write(2, b"v"), "t/k").await;
+            assert_refused_until_restart(&refused);
+        }
+        directory.shutdown().await;
+        drop(directory);
+        restart_finds_kept(data, &config, &catalog).await;
+    }
+
+    /// A passivation whose removal of the checkpointed log fails an fsync (the directory's)
+    /// leaves the tenant refused until the restart, as a failed final checkpoint does.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_tenant_whose_log_removal_at_close_fails_an_fsync_is_refused_until_the_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, config) = tenant_with_catalog(dir.path());
+        let data = crate::DataDir::new(dir.path().join("data"));
+        let directory = test_directory(data.clone(), &config, &catalog);
+        directory.call("t", write(1, b"kept"), "t/k").await.unwrap();
+        cube_wal::failpoint::fail_next_dir_sync_after_delete(&data.tenant_wal("t"));
         assert!(directory.close_tenant("t").await);
         for _ in 0..2 {
             let refused = directory.call("t", write(2, b"v"), "t/k").await;

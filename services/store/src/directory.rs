@@ -653,6 +653,7 @@ impl OpenContext {
             })
         };
         let catalog = self.catalog.clone();
+        let reopen_failed = Arc::clone(&self.failed_logs);
         let (mut core, report) = tokio::task::spawn_blocking(move || {
             let (mut core, report) =
                 TenantCore::open(&name, &wal_dir, &state_dir, &config, Some(notify()))?;
@@ -665,6 +666,15 @@ impl OpenContext {
                 return Ok((core, report));
             }
             core.close_here()?;
+            if core.is_poisoned() {
+                // Its close failed (its checkpoint, or an fsync removing its log): not reopened
+                // before a restart, as a tenant whose close failed after it served is not.
+                reopen_failed.record(
+                    &name,
+                    "the close before its reopen under a new policy failed",
+                );
+                return Err(log_failed(&name));
+            }
             drop(core);
             config.wal.sync = wanted;
             let (core, _) = TenantCore::open(&name, &wal_dir, &state_dir, &config, Some(notify()))?;
@@ -1170,8 +1180,9 @@ impl TenantDirectory {
                     // was poisoned by one, or less than 16 MiB are free): then nothing's fsync
                     // is in doubt, and the next call reopens it once there is room.
                     if !h.may_reopen()
-                        && !h.stats.no_space.load(Ordering::Relaxed)
-                        && !crate::core::nearly_full(&wal_dir)
+                        && (h.stats.sync_failed.load(Ordering::Relaxed)
+                            || !h.stats.no_space.load(Ordering::Relaxed)
+                                && !crate::core::nearly_full(&wal_dir))
                     {
                         failed_logs.record(&name, "the tenant's checkpoint at its close failed");
                     }

@@ -809,7 +809,11 @@ fn poison(shared: &Shared, e: &WalError) {
     tracing::error!(dir = %shared.dir.display(), error = %e, reopenable = event != DurableEvent::Poisoned, "wal write failed; shard poisoned");
     let mut st = shared.lock();
     st.poisoned = true;
-    st.failure = Some(event);
+    // A permanent failure stays the answer: a later reopenable one (the syncer's failed write
+    // after a failed directory fsync of `delete_through`) must not make the shard reopenable.
+    if st.failure != Some(DurableEvent::Poisoned) {
+        st.failure = Some(event);
+    }
     st.pending.clear();
     st.pending_records = 0;
     shared.durable_cv.notify_all();

@@ -2783,32 +2783,31 @@ mod tests {
     /// Its log is kept, so the restart replays every acknowledged change.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_tenant_whose_checkpoint_at_close_fails_is_refused_until_the_restart() {
-        let dir = tempfile::tempdir().unwrap();
-        let (catalog, config) = tenant_with_catalog(dir.path());
-        let data = crate::DataDir::new(dir.path().join("data"));
-        let directory = test_directory(data.clone(), &config, &catalog);
-        directory.call("t", write(1, b"kept"), "t/k").await.unwrap();
-        cube_wal::failpoint::fail_next_fdatasync(&data.tenant_state("t"));
-        assert!(directory.close_tenant("t").await);
-        for _ in 0..2 {
-            let refused = directory.call("t", write(2, b"v"), "t/k").await;
-            assert_refused_until_restart(&refused);
-        }
-        directory.shutdown().await;
-        drop(directory);
-        restart_finds_kept(data, &config, &catalog).await;
+        refused_until_restart_after_a_failed_close(|data| {
+            cube_wal::failpoint::fail_next_fdatasync(&data.tenant_state("t"))
+        })
+        .await;
     }
 
     /// A passivation whose removal of the checkpointed log fails an fsync (the directory's)
     /// leaves the tenant refused until the restart, as a failed final checkpoint does.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_tenant_whose_log_removal_at_close_fails_an_fsync_is_refused_until_the_restart() {
+        refused_until_restart_after_a_failed_close(|data| {
+            cube_wal::failpoint::fail_next_dir_sync_after_delete(&data.tenant_wal("t"))
+        })
+        .await;
+    }
+
+    /// Tenant `t` written once, `arm`ed to fail, passivated: refused until the restart, which
+    /// finds the write.
+    async fn refused_until_restart_after_a_failed_close(arm: impl FnOnce(&crate::DataDir)) {
         let dir = tempfile::tempdir().unwrap();
         let (catalog, config) = tenant_with_catalog(dir.path());
         let data = crate::DataDir::new(dir.path().join("data"));
         let directory = test_directory(data.clone(), &config, &catalog);
         directory.call("t", write(1, b"kept"), "t/k").await.unwrap();
-        cube_wal::failpoint::fail_next_dir_sync_after_delete(&data.tenant_wal("t"));
+        arm(&data);
         assert!(directory.close_tenant("t").await);
         for _ in 0..2 {
             let refused = directory.call("t", write(2, b"v"), "t/k").await;

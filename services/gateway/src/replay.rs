@@ -97,10 +97,9 @@ fn floor_of(map: &FloorMap, tenant: &str, key_id: &str) -> Option<i64> {
 /// needs one a second.
 const FLOOR_WRITES_PER_SEC: u32 = 32;
 
-/// What the floors file holds, and the write budget of the current second.
+/// The writer's side of the floors file: the write budget of the current second.
 #[derive(Debug, Default)]
 struct Recorded {
-    floors: FloorMap,
     /// Writes of the file in the current second.
     writes: PerSecond,
 }
@@ -119,10 +118,10 @@ struct Floors {
     inherited: FloorMap,
     /// The highest inherited floor: a call stamped above it needs no lookup.
     inherited_max: i64,
-    /// Only the thread writing the file holds this, across its two fsyncs; the floors it
-    /// publishes are in `floors`, so a call whose floor is recorded never waits for a write.
+    /// Held by the thread writing the file, across its two fsyncs: one writer at a time.
     recorded: Mutex<Recorded>,
-    /// The floors the file holds (a copy of `recorded.floors`, swapped in after each write).
+    /// The floors the file holds, replaced after each write: a call whose floor is recorded
+    /// reads it here and never waits for a write.
     floors: RwLock<FloorMap>,
 }
 
@@ -166,10 +165,7 @@ impl Floors {
             .unwrap_or(i64::MIN);
         Ok(Floors {
             path,
-            recorded: Mutex::new(Recorded {
-                floors: inherited.clone(),
-                ..Recorded::default()
-            }),
+            recorded: Mutex::new(Recorded::default()),
             floors: RwLock::new(inherited.clone()),
             inherited,
             inherited_max,
@@ -191,21 +187,27 @@ impl Floors {
         now_ms: i64,
         prune_to: i64,
     ) -> Result<(), RecordError> {
-        let covered = |floors: &FloorMap| {
-            floor_of(floors, tenant, key_id).is_some_and(|floor| ts_ms <= floor)
+        let covered = || {
+            let floors = self.floors.read().unwrap_or_else(|p| p.into_inner());
+            floor_of(&floors, tenant, key_id).is_some_and(|floor| ts_ms <= floor)
         };
-        if covered(&self.floors.read().unwrap_or_else(|p| p.into_inner())) {
+        if covered() {
             return Ok(());
         }
         let mut recorded = self.recorded.lock().unwrap_or_else(|p| p.into_inner());
         // Written meanwhile by the thread this one waited for?
-        if covered(&recorded.floors) {
+        if covered() {
             return Ok(());
         }
         if !recorded.writes.take(now_ms, FLOOR_WRITES_PER_SEC) {
             return Err(RecordError::Busy);
         }
-        let mut next = recorded.floors.clone();
+        // Only writers change `floors`, and this one holds `recorded`.
+        let mut next = self
+            .floors
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         // Floors at or below `prune_to` (the clock, and the durable clock mark) are covered by
         // the next server's start watermark.
         for keys in next.values_mut() {
@@ -218,8 +220,7 @@ impl Floors {
         // Two fsyncs: on a slow disk they must not hold up the other connections this worker
         // thread serves.
         off_worker(|| write_floors(&self.path, &next)).map_err(RecordError::Io)?;
-        *self.floors.write().unwrap_or_else(|p| p.into_inner()) = next.clone();
-        recorded.floors = next;
+        *self.floors.write().unwrap_or_else(|p| p.into_inner()) = next;
         Ok(())
     }
 }

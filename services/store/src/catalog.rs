@@ -387,9 +387,7 @@ impl Catalog {
                 // its old values back too, so this process acts as if the change was not made
                 // (a failed tenant creation or durability policy must not be in force: the
                 // caller was told it failed).
-                let mut st = self.lock_changes();
-                self.forget_pending(&mut st, end, keys);
-                self.undo_unsynced(&mut st);
+                self.undo_unsynced(&mut self.lock_changes());
                 return Err(e);
             }
         };
@@ -411,8 +409,8 @@ impl Catalog {
         for u in st.unsynced.drain(..).rev().filter(|u| u.end > durable) {
             self.undo(u.ops, u.before);
         }
-        // Their key versions are gone too (their callers also forget them, but a change logged
-        // through a tenant's log in between must not build on an undone one).
+        // Their key versions go too: the next change of those keys (one logged through a
+        // tenant's log included) must build on what is, and none may be published.
         st.pending.retain(|_, versions| {
             versions.retain(|(end, _)| *end <= durable);
             !versions.is_empty()
@@ -456,19 +454,6 @@ impl Catalog {
             });
             if let Err(e) = undone {
                 tracing::error!(error = %e, "catalog: a failed change could not be undone in sled");
-            }
-        }
-    }
-
-    /// Drop the versions of `keys` that the change ending at `end` left pending.
-    fn forget_pending(&self, st: &mut JournalState, end: u64, keys: &[&Arc<KeyInfo>]) {
-        for k in keys {
-            let name = (k.tenant.clone(), k.key_id.clone());
-            if let Some(versions) = st.pending.get_mut(&name) {
-                versions.retain(|(at, _)| *at != end);
-                if versions.is_empty() {
-                    st.pending.remove(&name);
-                }
             }
         }
     }
@@ -1318,14 +1303,12 @@ pub(crate) mod tests {
                 .unwrap()
         );
         c.undo(vec![op], before);
-        let stored = c.keys.get(key_name("acme", &key.key_id)).unwrap().unwrap();
-        let stored = decode_key(key_name("acme", &key.key_id).as_bytes(), &stored).unwrap();
-        assert_eq!(stored.capabilities, vec![Capability::Read]);
+        assert_eq!(stored_key(&c, &key).capabilities, vec![Capability::Read]);
     }
 
     /// Put `change` of `key` in sled as a journaled change waiting for its fdatasync would be
-    /// (written, pending, unsynced); returns its journal end.
-    fn pending_change(c: &Catalog, change: &Arc<KeyInfo>) -> u64 {
+    /// (written, pending, unsynced).
+    fn pending_change(c: &Catalog, change: &Arc<KeyInfo>) {
         let mut st = c.lock_changes();
         let op = key_op(change).unwrap();
         let before = c.previous_values(std::slice::from_ref(&op)).unwrap();
@@ -1340,13 +1323,11 @@ pub(crate) mod tests {
             ops: vec![op],
             before,
         });
-        end
     }
 
-    /// The journaled change ending at `end` failed its sync: undone, as `commit` does.
-    fn fail_pending(c: &Catalog, end: u64, change: &Arc<KeyInfo>) {
+    /// The journaled changes pending failed their sync: undone, as `commit` does.
+    fn fail_pending(c: &Catalog) {
         let mut st = c.lock_changes();
-        c.forget_pending(&mut st, end, &[change]);
         c.undo_unsynced(&mut st);
         assert!(st.pending.is_empty() && st.unsynced.is_empty());
     }
@@ -1393,7 +1374,7 @@ pub(crate) mod tests {
                 c.apply_logged_capabilities("acme", &key.key_id, &all)
                     .unwrap()
             );
-            let end = pending_change(&c, &journaled);
+            pending_change(&c, &journaled);
             assert!(
                 c.apply_logged_capabilities("acme", &key.key_id, &logged)
                     .unwrap()
@@ -1405,7 +1386,7 @@ pub(crate) mod tests {
                 (&logged, false),
                 "case {i}"
             );
-            fail_pending(&c, end, &journaled);
+            fail_pending(&c);
             let stored = stored_key(&c, &key);
             let seen = c.key("acme", &key.key_id).unwrap();
             for k in [&stored, &*seen] {

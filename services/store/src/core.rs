@@ -1334,7 +1334,7 @@ impl<T> TenantCore<T> {
     }
 
     /// Poisoned for good by a failed fsync outside the WAL's syncer (`e`): see
-    /// [`TenantStats::sync_failed`].
+    /// [`SharedStats::sync_failed`].
     pub(crate) fn poison_after_failed_sync(&mut self, e: &BackendError) {
         tracing::error!(tenant = %self.tenant, error = %e, "an fsync failed; tenant poisoned until the server restarts");
         self.stats.sync_failed.store(true, Ordering::Relaxed);

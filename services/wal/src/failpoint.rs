@@ -9,8 +9,8 @@
 //! Also here: injected fdatasync failures for tests ([`fail_next_fdatasync`]), of a WAL shard or
 //! of a tenant's state store, and injected write failures of a WAL shard ([`fail_next_write`]);
 //! the directory fsync after a deletion of checkpointed segments
-//! ([`fail_next_dir_sync_after_delete`]); and, before a tenant's actor applies a durable group ([`before_apply`]), a delay with
-//! `CUBE_FAILPOINT_APPLY_DELAY_MS=<ms>` in the environment (it holds open the window between the
+//! ([`fail_next_dir_sync_after_delete`]); and, before a tenant's actor applies a durable group
+//! ([`before_apply`]), a delay with `CUBE_FAILPOINT_APPLY_DELAY_MS=<ms>` in the environment (it holds open the window between the
 //! WAL syncer's answer and the apply for integration tests) and injected apply failures
 //! ([`fail_next_apply`]).
 

@@ -117,15 +117,7 @@ fn first_segment_where(
 /// caller must not reopen the log in this process (see `shard.rs`, `delete_through`).
 pub fn remove_covered_log(dir: &Path, next_seq: u64) -> Result<usize, crate::WalError> {
     use crate::WalError as E;
-    let sync_dir = || -> Result<(), E> {
-        let opened = File::open(dir).map_err(E::io("opening wal directory"))?;
-        if crate::failpoint::injected_dir_sync_failure(dir) {
-            return Err(E::io("syncing wal directory")(io::Error::other(
-                "injected directory fsync failure",
-            )));
-        }
-        opened.sync_all().map_err(E::io("syncing wal directory"))
-    };
+    let sync_dir = || sync_dir_after_removal(dir, "syncing wal directory");
     // A segment named after `next_seq` holds no record (the checkpoint covers the log): it is
     // emptied and kept as the marker, so no two segments ever start at the same seq.
     let listing = E::io("listing wal directory");
@@ -271,6 +263,25 @@ pub(crate) fn create_zeroed(path: &Path, size: u64) -> io::Result<File> {
         return Err(e);
     }
     Ok(file)
+}
+
+/// fsync the WAL directory `dir` after entries were removed from it. A failed open (no
+/// descriptor left) is told from a failed fsync (`sync_op`, which
+/// [`crate::WalError::is_failed_sync`] recognizes: the caller must then not trust the directory
+/// again in this process). Tests make the fsync fail with
+/// [`crate::failpoint::fail_next_dir_sync_after_delete`].
+pub(crate) fn sync_dir_after_removal(
+    dir: &Path,
+    sync_op: &'static str,
+) -> Result<(), crate::WalError> {
+    use crate::WalError as E;
+    let opened = File::open(dir).map_err(E::io("opening wal directory"))?;
+    if crate::failpoint::injected_dir_sync_failure(dir) {
+        return Err(E::io(sync_op)(io::Error::other(
+            "injected directory fsync failure",
+        )));
+    }
+    opened.sync_all().map_err(E::io(sync_op))
 }
 
 /// fsync a directory so a created, renamed or deleted entry survives power loss.

@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 use crate::record;
 use crate::recovery::{RecoveryReport, recover};
 use crate::segment::{
-    RECYCLED_NAME, SegmentName, SegmentSizing, create_zeroed, spare_path, sync_dir, sync_parent,
+    RECYCLED_NAME, SegmentName, SegmentSizing, create_zeroed, spare_path, sync_dir,
+    sync_dir_after_removal, sync_parent,
 };
 use crate::{ReplayVisitor, WalError};
 
@@ -645,24 +646,19 @@ impl Shared {
             crate::failpoint::hit("wal-between-deletes");
         }
         if deleted > 0 {
-            // Make the unlinks durable. Should this fail, the unlinked segments may come back
-            // after a power cut, which is harmless (the checkpoint covers them); but like any
-            // failed fsync it is not retried: a later fsync of this directory, on another
-            // descriptor, may report success without the failed block ever written, and the
-            // shard is poisoned.
-            // Opening it is not syncing it: a failed open (no descriptor left) is no failed
-            // fsync and must not poison the tenant.
-            let dir = File::open(&self.dir).map_err(WalError::io("opening wal directory"))?;
-            let synced = if crate::failpoint::injected_dir_sync_failure(&self.dir) {
-                Err(std::io::Error::other("injected directory fsync failure"))
-            } else {
-                dir.sync_all()
-            };
-            if let Err(e) = synced.map_err(WalError::io("syncing wal directory after deletion")) {
-                // As a failed fdatasync of the syncer's: the shard accepts nothing more and its
-                // owner hears `Poisoned` (the tenant is not reopened before a restart), whoever
-                // called this (a checkpoint, an open).
-                poison(self, &e);
+            // Make the unlinks durable. Should the fsync fail, the unlinked segments may come
+            // back after a power cut, which is harmless (the checkpoint covers them); but like
+            // any failed fsync it is not retried: a later fsync of this directory, on another
+            // descriptor, may report success without the failed block ever written. So, as for
+            // the syncer's failed fdatasync, the shard accepts nothing more and its owner hears
+            // `Poisoned` (the tenant is not reopened before a restart), whoever called this (a
+            // checkpoint, an open).
+            if let Err(e) =
+                sync_dir_after_removal(&self.dir, "syncing wal directory after deletion")
+            {
+                if e.is_failed_sync() {
+                    poison(self, &e);
+                }
                 return Err(e);
             }
         }

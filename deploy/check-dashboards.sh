@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Proves that deploy/ is real: the Prometheus config and alert rules pass promtool, a live cubed's
 # /metrics passes `promtool check metrics`, and every query of every Grafana dashboard in
-# deploy/grafana/dashboards/ returns data from a real Prometheus scraping a real cubed under load.
+# deploy/grafana/dashboards/ and every alert rule's expression (its threshold taken off) returns
+# data from a real Prometheus scraping a real cubed under load.
 #
 #   bash deploy/check-dashboards.sh          # from anywhere; uses target/debug/{cubed,cubec}
 #   CUBED=... CUBEC=... bash deploy/check-dashboards.sh
@@ -167,11 +168,15 @@ json.dump(creds, open(sys.argv[2], "w"))
 EOF
 
 # --- 5. prometheus -----------------------------------------------------------------------------
+# The shipped alert rules are loaded too, so that section 7 can check them against real data.
+cp deploy/prometheus/alerts.yml "$TMP/alerts.yml"
 cat >"$TMP/prometheus.yml" <<EOF
 global:
   scrape_interval: 1s
   scrape_timeout: 1s
   evaluation_interval: 1s
+rule_files:
+  - alerts.yml
 scrape_configs:
   - job_name: cubed
     scrape_interval: 1s
@@ -419,6 +424,48 @@ while IFS=$'\t' read -r id dash title; do
         ok "$dash: $title ($series series)"
     fi
 done <"$TMP/queries/manifest"
+
+# --- 7b. every alert rule's expression, without its threshold --------------------------------
+# `promtool check rules` checks syntax only: an alert on a misspelt metric or label value would
+# pass it and never fire. So each rule, as this Prometheus loaded it, must evaluate without error
+# and, with its final comparison against a number taken off (`... > 0.05`, `... == 0`), return
+# data from the cubed it scrapes.
+curl -sS --max-time 10 "$PROM/api/v1/rules" | python3 -c '
+import json, re, sys
+r = json.load(sys.stdin)
+if r.get("status") != "success":
+    sys.exit("rules api: %s" % r.get("error"))
+threshold = re.compile(r"\s*(==|!=|>=|<=|>|<)\s*(bool\s+)?[0-9.eE+*\s]+$")
+for g in r["data"]["groups"]:
+    for rule in g["rules"]:
+        expr = " ".join(rule["query"].split())
+        print("%s\t%s\t%s\t%s" % (rule["name"], rule.get("health", "?"),
+                                    (rule.get("lastError") or "-").replace("\t", " "),
+                                    threshold.sub("", expr)))
+' >"$TMP/rules.tsv" || fail "read the loaded alert rules from $PROM/api/v1/rules"
+expected=$(grep -c '^ *- alert: ' deploy/prometheus/alerts.yml || true)
+loaded=$(wc -l <"$TMP/rules.tsv")
+if [ "$loaded" != "$expected" ]; then
+    fail "prometheus loaded $loaded alert rules, deploy/prometheus/alerts.yml has $expected"
+fi
+while IFS=$'\t' read -r name health err expr; do
+    if [ "$health" != ok ]; then
+        fail "alert $name: evaluation health '$health' ($err)"
+        continue
+    fi
+    if ! res=$(query "=$expr" 2>&1); then
+        fail "alert $name: $res"
+        echo "       $expr"
+        continue
+    fi
+    read -r series nans <<<"$res"
+    if [ "$series" = 0 ] || [ "$nans" = "$series" ]; then
+        fail "alert $name: no data without its threshold (a metric or label that cubed does not export?)"
+        echo "       $expr"
+    else
+        ok "alert $name ($series series without its threshold)"
+    fi
+done <"$TMP/rules.tsv"
 
 # --- 8. shut down (the trap does the same on any other exit) -----------------------------------
 stop_prometheus

@@ -247,7 +247,7 @@ pub static RECOVERY_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
 pub static RECOVERY_TRUNCATED_BYTES: LazyLock<IntCounter> = LazyLock::new(|| {
     counter(
         "cube_recovery_truncated_bytes_total",
-        "Bytes of torn WAL tails truncated during recovery.",
+        "Bytes of torn WAL tails zeroed during recovery (the file is not shortened).",
     )
 });
 /// Tenants that failed to open (corrupt WAL) or were poisoned by a failed fsync.

@@ -1,7 +1,7 @@
 //! cube-wal: one write-ahead-log shard per tenant.
 //!
 //! Owns segment files, CRC32C record framing, group commit (one write + fdatasync per batch) and
-//! recovery (torn tails truncated, mid-log corruption refused). It knows nothing about tenants,
+//! recovery (torn tails zeroed, mid-log corruption refused). It knows nothing about tenants,
 //! gRPC or async runtimes: callers get durability through a callback or [`WalShard::wait_durable`].
 //! A [`SyncPolicy`] chooses between an fdatasync per batch and deferred fdatasyncs; segments
 //! covered by a caller's checkpoint are deleted with [`WalShard::delete_segments_through`].

@@ -340,8 +340,15 @@ pub async fn power_loss(s: &Settings) -> anyhow::Result<ScenarioReport> {
             // Under `relaxed` the kernel may have persisted a later part of the unsynced window
             // but not an earlier one, and the tenant then refuses to open until its log is
             // repaired (docs/durability.md, Known limits): the control reports it, the run goes
-            // on. In a `sync` round it is a failure.
-            Err(e) if control => {
+            // on, provided its writes ran clean up to a cut mid-write. Any other error, and
+            // this one in a `sync` round, is a failure.
+            Err(e) if control && refused_as_corrupt_log(&e) => {
+                let mut v = Verification {
+                    ok: true,
+                    ..Verification::default()
+                };
+                let clean =
+                    require_clean_writes(&w, &mut v) & require_stop_mid_write(&w, false, &mut v);
                 rep.notes.push(format!(
                     "control: the tenant did not open after the cut ({e:#}), the relaxed \
                      policy's known limit (the cut did drop unsynced data)"
@@ -349,6 +356,16 @@ pub async fn power_loss(s: &Settings) -> anyhow::Result<ScenarioReport> {
                 drop(server);
                 drop(after_cut);
                 let _ = std::fs::remove_dir_all(&dir);
+                if !clean {
+                    rep.rounds.push(Round {
+                        what: format!(
+                            "control (relaxed policy): cut after {} ms, the tenant did not open",
+                            after.as_millis()
+                        ),
+                        write: w,
+                        verified: v,
+                    });
+                }
                 break;
             }
             Err(e) => return Err(e),
@@ -385,9 +402,15 @@ pub async fn power_loss(s: &Settings) -> anyhow::Result<ScenarioReport> {
                     round.verified.acked
                 )
             });
+            // Anything wrong but the losses the policy allows fails the control, a cut that
+            // lost nothing included: what survived is whole, in place and contiguous, and its
+            // audit trail sound.
+            let v = &round.verified;
+            let damaged = v.corrupt + v.misplaced + v.holes + v.excess_in_flight;
+            let sound = damaged == 0 && v.audit_problem.is_none() && writes_clean;
             // A method that never drops unsynced data cannot tell a server that syncs from one
             // that does not: the sync rounds above would pass either way.
-            if lost == 0 && round.verified.ok && writes_clean {
+            if lost == 0 && sound {
                 if control_cuts < CONTROL_CUTS {
                     continue;
                 }
@@ -399,17 +422,14 @@ pub async fn power_loss(s: &Settings) -> anyhow::Result<ScenarioReport> {
                 rep.rounds.push(round);
                 break;
             }
-            // The policy's bound: what was lost is within its record limit, and what survived
-            // is whole, in place and contiguous.
-            let v = &mut round.verified;
-            let damaged = v.corrupt + v.misplaced + v.holes + v.excess_in_flight;
+            // The policy's bound: what was lost is within its record limit.
             let beyond_bound = lost > CONTROL_MAX_RECORDS || damaged > 0;
             if beyond_bound {
-                v.problems.push(format!(
+                round.verified.problems.push(format!(
                     "relaxed policy: lost {lost} acknowledged records (bound {CONTROL_MAX_RECORDS}), {damaged} damaged"
                 ));
             }
-            if beyond_bound || !writes_clean {
+            if beyond_bound || !sound {
                 round.verified.ok = false;
                 rep.rounds.push(round);
             }
@@ -419,6 +439,17 @@ pub async fn power_loss(s: &Settings) -> anyhow::Result<ScenarioReport> {
         }
     }
     Ok(rep.finish())
+}
+
+/// Whether `e` is the tenant refusing to open because its log needs repair (`UNAVAILABLE`,
+/// "its write-ahead log is corrupt"): the one error a control round may end with.
+fn refused_as_corrupt_log(e: &anyhow::Error) -> bool {
+    e.chain()
+        .filter_map(|c| c.downcast_ref::<tonic::Status>())
+        .any(|s| {
+            s.code() == tonic::Code::Unavailable
+                && s.message().contains("its write-ahead log is corrupt")
+        })
 }
 
 /// E: disk full, twice. The data directory is on a small tmpfs; a ballast file takes all but a
@@ -628,4 +659,34 @@ fn fill(path: &Path, bytes: u64) -> anyhow::Result<()> {
         left -= n as u64;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use anyhow::Context;
+
+    use super::refused_as_corrupt_log;
+
+    #[test]
+    fn only_a_tenant_refused_for_its_corrupt_log_ends_a_control_round() {
+        let corrupt = tonic::Status::unavailable(
+            "tenant 'demo' is unavailable: its write-ahead log is corrupt (the server log names \
+             the segment and offset); an operator must repair it before it can serve",
+        );
+        let wrapped: anyhow::Result<()> =
+            Err(corrupt.clone()).context("reading writer 3's records back");
+        assert!(refused_as_corrupt_log(&wrapped.unwrap_err()));
+        assert!(refused_as_corrupt_log(&anyhow::Error::from(corrupt)));
+        for other in [
+            tonic::Status::unavailable("server shutting down"),
+            tonic::Status::internal("its write-ahead log is corrupt"),
+            tonic::Status::unauthenticated("unknown key"),
+        ] {
+            let e: anyhow::Result<()> = Err(other).context("reading the audit trail");
+            assert!(!refused_as_corrupt_log(&e.unwrap_err()));
+        }
+        assert!(!refused_as_corrupt_log(&anyhow::anyhow!(
+            "tcp connect error: its write-ahead log is corrupt"
+        )));
+    }
 }

@@ -291,7 +291,7 @@ async fn run_on(
     };
 
     let mut per_op: BTreeMap<&'static str, OpStats> = BTreeMap::new();
-    let (mut handshakes, mut handshake_us, mut late) = (setup_handshakes, hist(), 0);
+    let (mut handshakes, mut handshake_us, mut late, mut unsent) = (setup_handshakes, hist(), 0, 0);
     let mut examples = Vec::new();
     let mut done_per_window = vec![0u64; ctx.windows()];
     for u in &users {
@@ -310,6 +310,7 @@ async fn run_on(
         handshakes += u.handshakes;
         handshake_us.add(&u.handshake_us).expect("same bounds");
         late += u.late_starts;
+        unsent += u.unsent;
         examples.extend(u.mismatch_examples.iter().cloned());
     }
     let mut all = hist();
@@ -339,7 +340,7 @@ async fn run_on(
     Ok(RunReport {
         model,
         mix: mix.name.clone(),
-        tls: args.tls,
+        tls: server.target.tls.is_some(),
         users: args.users,
         x_base,
         seconds: elapsed,
@@ -366,6 +367,7 @@ async fn run_on(
             .collect(),
         per_op: ops_report,
         late_starts: late,
+        unsent,
         server: match (&before, &after) {
             (Some(before), Some(after)) => scrape::window(&before.buckets, &after.buckets),
             _ => Vec::new(),

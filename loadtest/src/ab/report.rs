@@ -188,7 +188,10 @@ pub struct RunReport {
     /// (quantile, ms) of all successful ops; the last point is the max.
     pub curve: Vec<(f64, f64)>,
     pub per_op: BTreeMap<String, OpReport>,
+    /// Open loop: ops that started more than 1 ms after they were due.
     pub late_starts: u64,
+    /// Open loop: ops due before the end that were never sent (the users were behind).
+    pub unsent: u64,
     pub server: Vec<ServerOp>,
     /// Where the server's durable changes spent their time inside the tenant (window means).
     pub stages: Option<ChangeStages>,
@@ -226,9 +229,18 @@ pub fn summary_table(runs: &[RunReport]) -> String {
     );
     for r in runs {
         let l = &r.latency;
+        // No success, no latency (an empty histogram reads as zeros).
+        let latency = if r.ok == 0 {
+            "– | – | – | – | –".to_string()
+        } else {
+            format!(
+                "{:.3} | {:.3} | {:.3} | {:.3} | {:.1}",
+                l.mean_ms, l.p50_ms, l.p95_ms, l.p99_ms, l.max_ms
+            )
+        };
         let _ = writeln!(
             o,
-            "| {} | {} | {} | {:.0} | {:.3} | {} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.1} | {} | {} |",
+            "| {} | {} | {} | {:.0} | {:.3} | {} | {} | {latency} | {} | {} |",
             r.model.name(),
             r.mix,
             r.ops,
@@ -236,14 +248,23 @@ pub fn summary_table(runs: &[RunReport]) -> String {
             r.ok_pct,
             failures_cell(&r.failures),
             r.handshakes,
-            l.mean_ms,
-            l.p50_ms,
-            l.p95_ms,
-            l.p99_ms,
-            l.max_ms,
             opt(r.client_cpu_us_per_op, 1),
             opt(r.server_cpu_us_per_op, 1),
         );
+    }
+    // Open loop: whether the offered rate was reached, and what was not sent.
+    for r in runs {
+        if let Some(rate) = r.rate {
+            let _ = writeln!(
+                o,
+                "\nOpen loop, {} / {}: offered {rate:.0} ops/s, did {:.0}; {} ops started more than 1 ms late, {} due before the end were never sent (the users were behind).",
+                r.model.name(),
+                r.mix,
+                r.ops_per_sec,
+                r.late_starts,
+                r.unsent,
+            );
+        }
     }
     o
 }
@@ -719,17 +740,21 @@ pub fn ab_markdown(
     let _ = writeln!(o, "- Command: `{command}`");
     let _ = writeln!(
         o,
-        "- Shape: {} users × {:.0} s per run, {} loop, per-op timeout {} ms, {} B values, TLS {}, a fresh embedded cubed per run{}",
+        "- Shape: {} users × {:.0} s per run, {}, per-op timeout {} ms, {} B values, TLS {}, a fresh embedded cubed per run{}",
         load.users,
         duration.as_secs_f64(),
-        if load.rate.is_some() {
-            "open"
-        } else {
-            "closed"
+        match load.rate {
+            Some(rate) => format!("open loop at {rate} ops/s"),
+            None => "closed loop".to_string(),
         },
         load.timeout_ms,
         load.value_bytes,
-        if load.tls { "on" } else { "off" },
+        // As the runs had it (`--ca` with `--target` turns TLS on without `--tls`).
+        if runs.first().map_or(load.tls, |r| r.tls) {
+            "on"
+        } else {
+            "off"
+        },
         if load.target.is_some() {
             " (or the given --target)"
         } else {
@@ -744,7 +769,7 @@ pub fn ab_markdown(
     let _ = writeln!(o, "## Summary\n\n{}", summary_table(runs));
     let _ = writeln!(
         o,
-        "Latency is of successful ops, from when the op started (open loop: from when it was due) to its answer; failed ops are counted by cause instead. Handshakes include the persistent connections' one per user. CPU is user+system time of each process during the run, divided by its ops.\n"
+        "Latency is of successful ops, from when the op started (open loop: from when it was due) to its answer; failed ops are counted by cause instead, a timeout when no answer came within the per-op timeout of the same start. An open-loop run stops at its end: ops due before it that the users, behind, never sent are counted apart (the line under the summary). Handshakes include the persistent connections' one per user. CPU is user+system time of each process during the run, divided by its ops.\n"
     );
     let name = svg
         .file_name()
@@ -846,6 +871,7 @@ mod tests {
             curve: Vec::new(),
             per_op: BTreeMap::new(),
             late_starts: 0,
+            unsent: 0,
             server: Vec::new(),
             stages: None,
             client_cpu_s: None,
@@ -854,6 +880,33 @@ mod tests {
             server_cpu_us_per_op: None,
             verified: None,
         }
+    }
+
+    /// A run without a success shows no latency (not zeros), and an open-loop run says what it
+    /// was offered, what it did and what it did not send.
+    #[test]
+    fn the_summary_shows_no_latency_without_a_success_and_an_open_loops_shortfall() {
+        let mut r = run_with(Model::Call, &[0], 10.0);
+        r.ops = 40;
+        r.failures = BTreeMap::from([("timeout".to_string(), 40)]);
+        r.rate = Some(100.0);
+        r.ops_per_sec = 4.0;
+        r.late_starts = 39;
+        r.unsent = 960;
+        let t = summary_table(&[r]);
+        assert!(t.contains("| 40 timeout | 8 | – | – | – | – | – |"), "{t}");
+        assert!(
+            t.contains(
+                "Open loop, call / legacy: offered 100 ops/s, did 4; 39 ops started more than \
+                 1 ms late, 960 due before the end were never sent"
+            ),
+            "{t}"
+        );
+        let t = summary_table(&[run_with(Model::Connection, &[1000], 10.0)]);
+        assert!(
+            t.contains("| 8 | 0.000 |") && !t.contains("Open loop"),
+            "{t}"
+        );
     }
 
     /// The audit sentence follows the Audit op's own failures, not only its successes' p99.

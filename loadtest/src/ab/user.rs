@@ -161,6 +161,9 @@ pub struct UserResult {
     pub handshake_us: Histogram<u64>,
     /// Ops started more than 1 ms after they were due (open loop only).
     pub late_starts: u64,
+    /// Open loop: ops due before the run's end that were never sent, because the user was still
+    /// behind when the run ended.
+    pub unsent: u64,
     pub mismatch_examples: Vec<String>,
     pub ledger: Ledger,
     /// Ops (successful or failed) by the [`WINDOW`] of the run in which they ended.
@@ -738,7 +741,8 @@ pub async fn run_user(ctx: Arc<RunCtx>, index: usize, conn: Option<Clients>) -> 
         mismatches: Vec::new(),
     };
     let mut per_op: BTreeMap<&'static str, OpStats> = BTreeMap::new();
-    let (mut handshakes, mut handshake_us, mut late_starts) = (0u64, hist(), 0u64);
+    let (mut handshakes, mut handshake_us, mut late_starts, mut unsent) =
+        (0u64, hist(), 0u64, 0u64);
     let mut due = ctx.start
         + ctx.interval.map_or(Duration::ZERO, |iv| {
             iv.mul_f64(index as f64 / ctx.users.max(1) as f64)
@@ -761,7 +765,16 @@ pub async fn run_user(ctx: Arc<RunCtx>, index: usize, conn: Option<Clients>) -> 
                     }
                     due += iv;
                     tokio::time::sleep_until(d.into()).await;
-                    if Instant::now() > d + Duration::from_millis(1) {
+                    let now = Instant::now();
+                    if now >= ctx.end {
+                        // Behind at the end: the run stops on time, and what was due from `d`
+                        // on is counted as not sent (an overloaded run would otherwise go on
+                        // until its backlog was worked off, its late ops in its last window).
+                        let (left, iv) = ((ctx.end - d).as_nanos(), iv.as_nanos().max(1));
+                        unsent += left.div_ceil(iv) as u64;
+                        break 'run;
+                    }
+                    if now > d + Duration::from_millis(1) {
                         late_starts += 1;
                     }
                     d
@@ -770,7 +783,9 @@ pub async fn run_user(ctx: Arc<RunCtx>, index: usize, conn: Option<Clients>) -> 
             if begin >= ctx.end {
                 break 'run;
             }
-            let outcome = tokio::time::timeout(ctx.op_timeout, async {
+            // The timeout runs from `begin` like the latency (in open loop, the due time), so
+            // no op is counted successful with a latency past it.
+            let outcome = tokio::time::timeout_at((begin + ctx.op_timeout).into(), async {
                 let mut fresh;
                 let clients = match conn.as_mut() {
                     Some(c) => c,
@@ -815,6 +830,7 @@ pub async fn run_user(ctx: Arc<RunCtx>, index: usize, conn: Option<Clients>) -> 
         handshakes,
         handshake_us,
         late_starts,
+        unsent,
         mismatch_examples: user.mismatches,
         ledger: user.ledger,
         done_per_window,
@@ -1110,6 +1126,63 @@ mod tests {
         assert!(!p.run_count_ok(4));
         assert!(p.run_count_ok(5) && p.run_count_ok(7));
         assert!(!p.run_count_ok(8));
+    }
+
+    /// An open-loop user behind (every op times out against a server that never answers) stops
+    /// at the run's end and counts what was due and never sent, instead of working off its
+    /// backlog after the end.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_open_loop_user_behind_at_the_end_stops_and_counts_what_it_did_not_send() {
+        // Bound, never accepted: the kernel completes connections, nothing answers on them.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let start = Instant::now();
+        let (run, interval, op_timeout) = (
+            Duration::from_millis(300),
+            Duration::from_millis(10),
+            Duration::from_millis(100),
+        );
+        let ctx = Arc::new(RunCtx {
+            target: Target {
+                endpoint: format!("http://{}", silent.local_addr().unwrap()),
+                tls: None,
+                creds: Credentials {
+                    tenant: "demo".into(),
+                    key_id: "k-test".into(),
+                    secret: "ab".repeat(32),
+                    endpoint: None,
+                },
+                grant_key: "k-other".into(),
+                connect_timeout: op_timeout,
+            },
+            model: Model::Churn,
+            mix: Mix::parse("write-read=1").unwrap(),
+            op_timeout,
+            interval: Some(interval),
+            users: 1,
+            start,
+            end: start + run,
+            value_bytes: 16,
+            mutations: AtomicU64::new(0),
+            seed: 7,
+            x_base: 0,
+        });
+        let r = run_user(ctx, 0, None).await;
+        let took = start.elapsed();
+        let failed: u64 = r.per_op.values().flat_map(|s| s.failures.values()).sum();
+        let ok: u64 = r.per_op.values().map(|s| s.ok.len()).sum();
+        let causes: Vec<&String> = r.per_op.values().flat_map(|s| s.failures.keys()).collect();
+        assert_eq!(ok, 0);
+        assert!(causes.iter().all(|k| *k == "timeout"), "{causes:?}");
+        // Each op that was sent timed out 100 ms after it was due, not after it started (which
+        // would take 30 × 100 ms), so the user ran ~90 ms behind, and what was due in that last
+        // stretch was not sent.
+        assert!(failed >= 12, "{failed} sent, {} unsent", r.unsent);
+        assert!(r.unsent >= 1, "{failed} sent, {} unsent", r.unsent);
+        assert_eq!(failed + r.unsent, 30, "{failed} sent, {} unsent", r.unsent);
+        assert!(
+            took < run + op_timeout + Duration::from_millis(400),
+            "{took:?}"
+        );
     }
 
     #[test]

@@ -309,7 +309,7 @@ pub fn tls(
                                     "connection",
                                     &format!(
                                         "client certificate of an unknown or revoked key '{}'",
-                                        crate::auth_layer::clipped(&key_id)
+                                        cube_store::clipped(&key_id)
                                     ),
                                     info,
                                 );

@@ -22,8 +22,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::StoreError;
 use crate::catalog_journal::{Journal, Op, RESET_AT, ResetError, Tree};
+use crate::error::{StoreError, clipped};
 
 /// What a key may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
@@ -139,7 +139,8 @@ pub fn validate_tenant_name(name: &str) -> Result<(), StoreError> {
         Ok(())
     } else {
         Err(StoreError::InvalidArgument(format!(
-            "invalid tenant name {name:?}: use 1 to 63 characters of a-z, 0-9 and '-', starting with a letter or digit"
+            "invalid tenant name '{}': use 1 to 63 characters of a-z, 0-9 and '-', starting with a letter or digit",
+            clipped(name)
         )))
     }
 }
@@ -580,7 +581,10 @@ impl Catalog {
         if self.tenant_exists(tenant)? {
             Ok(())
         } else {
-            Err(StoreError::NotFound(format!("no tenant named '{tenant}'")))
+            Err(StoreError::NotFound(format!(
+                "no tenant named '{}'",
+                clipped(tenant)
+            )))
         }
     }
 
@@ -591,7 +595,8 @@ impl Catalog {
         match self.key(tenant, key_id) {
             Some(_) => Ok(()),
             None => Err(StoreError::NotFound(format!(
-                "tenant '{tenant}' has no key '{key_id}'"
+                "tenant '{tenant}' has no key '{}'",
+                clipped(key_id)
             ))),
         }
     }
@@ -1166,6 +1171,30 @@ pub(crate) mod tests {
         for bad in ["", "-a", "A", "a_b", "a/b", "..", &"a".repeat(64), "é"] {
             assert!(validate_tenant_name(bad).is_err(), "{bad}");
         }
+    }
+
+    /// A name from a request is quoted back clipped: a megabyte-long one would make an answer's
+    /// `grpc-message` longer than clients take (the Admin service checks nothing before these).
+    #[test]
+    fn names_quoted_in_refusals_are_clipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Catalog::open(&dir.path().join("catalog")).unwrap();
+        c.create_tenant("acme").unwrap();
+        let long = "x".repeat(1 << 20);
+        for e in [
+            validate_tenant_name(&long).unwrap_err(),
+            c.require_tenant(&long).unwrap_err(),
+            c.require_key("acme", &long).unwrap_err(),
+        ] {
+            let m = e.to_string();
+            assert!(
+                m.len() < 400 && m.contains(&"x".repeat(128)),
+                "{}",
+                &m[..400]
+            );
+        }
+        let e = validate_tenant_name("Bad\nName").unwrap_err().to_string();
+        assert!(e.starts_with("invalid tenant name 'Bad\\nName'"), "{e}");
     }
 
     #[test]

@@ -68,3 +68,47 @@ impl StoreError {
         matches!(self, StoreError::Unavailable(_))
     }
 }
+
+/// Client text quoted back in a refusal, cut to 128 bytes: a header or a request field can be far
+/// longer than some clients take in an answer's metadata.
+pub fn clipped(text: &str) -> std::borrow::Cow<'_, str> {
+    const MAX: usize = 128;
+    let mut end = text.len().min(MAX);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let (head, cut) = (&text[..end], end < text.len());
+    // Control characters escaped: a line break quoted into an audit entry's detail would make
+    // the entry read (and, in the chain's line-based canonical string, hash) like other fields.
+    let control = head.chars().any(char::is_control);
+    if !cut && !control {
+        return head.into();
+    }
+    let mut out: String = if control {
+        head.escape_debug().collect()
+    } else {
+        head.to_string()
+    };
+    if cut {
+        out.push('…');
+    }
+    out.into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::clipped;
+
+    #[test]
+    fn client_text_quoted_in_a_refusal_is_clipped_at_a_character_boundary() {
+        assert_eq!(clipped("k1"), "k1");
+        let long = "k".repeat(127) + "é" + &"x".repeat(10_000);
+        let cut = clipped(&long);
+        assert_eq!(cut, "k".repeat(127) + "…");
+        assert_eq!(clipped(&"k".repeat(128)), "k".repeat(128));
+        // Control characters are escaped: quoted into an audit entry, a line break would read
+        // like the start of another field.
+        assert_eq!(clipped("x\ny"), "x\\ny");
+        assert_eq!(clipped(&("\n".repeat(200))), "\\n".repeat(128) + "…");
+    }
+}

@@ -37,7 +37,7 @@ pub use cube_wal::SyncPolicy;
 pub use directory::{
     DirectoryConfig, LogStats, OPERATOR, TenantDirectory, TenantHandle, open_offline, run_offline,
 };
-pub use error::StoreError;
+pub use error::{StoreError, clipped};
 pub use keys::Totals;
 pub use layout::DataDir;
 pub use space::SpaceGuard;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the k6 scripts (connection.js: one handshake per VU connection; call.js: every call signed)
 # against a real cubed that this script starts on loopback with a fresh data directory, and fails
-# if either run fails its thresholds (checks > 99.9%, op errors < 0.1%, p99 per op).
+# if either run fails its thresholds (checks > 99.9%, op errors < 0.1%, no read contradicting an
+# acknowledged write, p99 per op).
 #
 #   bash loadtest/k6/run.sh            (from anywhere; ~20 s with the defaults)
 #

@@ -346,7 +346,13 @@ async fn open(target: &Target, model: Model) -> Result<(Clients, Option<Duration
                             tls_hint(target.tls.is_some(), s.message())
                         ),
                     ),
-                    _ => failure("handshake proof", e.to_string()),
+                    _ => failure(
+                        "handshake proof",
+                        match std::error::Error::source(&e) {
+                            Some(how) => format!("{e}: {how}"),
+                            None => e.to_string(),
+                        },
+                    ),
                 })?;
             Ok((Clients::new(Signing::passthrough(ch)), Some(t.elapsed())))
         }

@@ -159,7 +159,8 @@ pub enum HandshakeError {
     BadServerProof,
     #[error("the server authenticated the connection as '{got}', not as '{expected}'")]
     WrongPrincipal { expected: String, got: String },
-    #[error("the credentials' secret is malformed: {0}")]
+    /// Its source says how (so the message does not repeat it in an error chain).
+    #[error("the credentials' secret is malformed")]
     Secret(#[from] crate::SecretError),
 }
 

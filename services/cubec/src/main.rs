@@ -21,7 +21,12 @@ const DEFAULT_CREDENTIALS: &str = "./cube-data/dev-credentials.json";
 
 /// Command-line client for cubed.
 #[derive(Debug, Parser)]
-#[command(name = "cubec", version)]
+#[command(
+    name = "cubec",
+    version,
+    after_help = "Exit status: 0 done, 1 failed (connection, refusal, bad credentials), 2 usage \
+                  error, 3 `audit verify` found the audit chain broken."
+)]
 struct Cli {
     /// Server address; default: the credentials file's endpoint, else http://127.0.0.1:50051
     /// (https:// with --cert).
@@ -187,20 +192,27 @@ fn load_credentials(path: Option<&PathBuf>) -> anyhow::Result<Credentials> {
             path.map(|p| p.display().to_string()).unwrap_or_default()
         );
         let [tenant, key_id, secret] = vars.map(Option::unwrap_or_default);
-        return Ok(Credentials {
+        let creds = Credentials {
             tenant,
             key_id,
             secret,
             endpoint: None,
-        });
+        };
+        creds.secret().context("CUBE_SECRET")?;
+        return Ok(creds);
     }
     let path = path
         .cloned()
         .unwrap_or_else(|| PathBuf::from(DEFAULT_CREDENTIALS));
-    load_credentials_file(
+    let creds = load_credentials_file(
         &path,
         "use --credentials or CUBE_TENANT/CUBE_KEY_ID/CUBE_SECRET",
-    )
+    )?;
+    // Checked before connecting, so that a bad secret is not reported only once a server is up.
+    creds
+        .secret()
+        .with_context(|| format!("the secret in {}", path.display()))?;
+    Ok(creds)
 }
 
 /// The credentials in `path`; `advice` (what to do instead) goes into the error, so that each
@@ -238,6 +250,26 @@ fn certificate_endpoint(path: Option<&PathBuf>) -> anyhow::Result<(String, Strin
     Ok((DEFAULT_TLS_ENDPOINT.into(), DEFAULT_ORIGIN.into()))
 }
 
+/// `audit verify` found a broken link: exit code [`EXIT_BROKEN_CHAIN`], so that a script can
+/// tell tampering from a failure to check (exit 1).
+#[derive(Debug)]
+struct BrokenChain {
+    seq: u64,
+    why: String,
+}
+
+impl std::fmt::Display for BrokenChain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "audit chain broken at seq {}: {}", self.seq, self.why)
+    }
+}
+
+impl std::error::Error for BrokenChain {}
+
+/// Exit codes: 0 done, 1 failed (connection, refusal, bad input), 2 usage (clap), 3 the audit
+/// chain is broken.
+const EXIT_BROKEN_CHAIN: u8 = 3;
+
 fn main() -> std::process::ExitCode {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -253,7 +285,11 @@ fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("cubec: error: {}", cube_cli::error_chain(&e));
-            std::process::ExitCode::FAILURE
+            if e.downcast_ref::<BrokenChain>().is_some() {
+                std::process::ExitCode::from(EXIT_BROKEN_CHAIN)
+            } else {
+                std::process::ExitCode::FAILURE
+            }
         }
     }
 }
@@ -360,10 +396,12 @@ async fn calls(cli: Cli, creds: Option<&Credentials>, channel: Channel) -> anyho
         }
     };
     let wait = cli.time_limit();
-    let mut cells = CellsClient::new(transport.clone());
+    // No client-side cap on answers: the server's `--max-message-bytes` bounds what it sends,
+    // and tonic's default of 4 MiB would refuse to read back a value the server took.
+    let mut cells = CellsClient::new(transport.clone()).max_decoding_message_size(usize::MAX);
     let coord = |x, y, z| Some(Coord { x, y, z });
     if let Cmd::Audit(audit) = &cli.command {
-        let mut tenant = TenantClient::new(transport);
+        let mut tenant = TenantClient::new(transport).max_decoding_message_size(usize::MAX);
         return match audit {
             AuditCmd::List { from, limit } => {
                 // `--limit 0` asks for nothing (docs/protocol.md); in the rpc 0 would mean the
@@ -398,7 +436,7 @@ async fn calls(cli: Cli, creds: Option<&Credentials>, channel: Channel) -> anyho
                     let expired =
                         matches!((before_gap, oldest.first()), (Some(p), Some(o)) if o.seq > p);
                     if !expired {
-                        anyhow::bail!("audit chain broken at seq {seq}: {why}");
+                        return Err(BrokenChain { seq, why }.into());
                     }
                     if attempt == ATTEMPTS {
                         anyhow::bail!(
@@ -556,6 +594,14 @@ impl Target {
                  {scheme}://, e.g. {scheme}://127.0.0.1:50051"
             );
         };
+        // (`Authority` reads a port it cannot parse as none: 99999 would dial the default.)
+        let port = authority.rsplit_once(':').map(|(_, p)| p);
+        if let Some(port) = port.filter(|p| !p.contains(']') && p.parse::<u16>().unwrap_or(0) == 0)
+        {
+            anyhow::bail!(
+                "the endpoint {endpoint} (from {origin}) has the port {port}: a port is 1 to 65535"
+            );
+        }
         // Without a port, the scheme's (as tonic connects): a server behind a proxy on 443.
         let authority = match parsed.port_u16() {
             Some(_) => authority.to_string(),

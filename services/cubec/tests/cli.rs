@@ -86,6 +86,102 @@ fn credentials_from_the_environment_are_all_or_nothing_and_not_beside_a_file() {
     );
 }
 
+/// A malformed secret is named before any connection is tried (it was reported only once a
+/// server answered: "cannot connect" first), once (the handshake's message said it twice).
+#[test]
+fn a_malformed_secret_is_refused_before_connecting() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("creds.json");
+    std::fs::write(&file, r#"{"tenant":"demo","key_id":"k-1","secret":"00"}"#).unwrap();
+    for auth in ["call", "connection"] {
+        let o = run(
+            dir.path(),
+            &[],
+            &[
+                "--credentials",
+                file.to_str().unwrap(),
+                "--auth",
+                auth,
+                "--endpoint",
+                "http://127.0.0.1:1",
+                "read",
+                "1",
+                "2",
+                "3",
+            ],
+        );
+        assert_eq!(o.status.code(), Some(1));
+        let err = stderr(&o);
+        assert!(
+            err.starts_with(&format!("cubec: error: the secret in {}: ", file.display()))
+                && err.matches("64 hex characters").count() == 1
+                && !err.contains("connect"),
+            "{err}"
+        );
+    }
+    let o = run(
+        dir.path(),
+        &[
+            ("CUBE_TENANT", "demo"),
+            ("CUBE_KEY_ID", "k-1"),
+            ("CUBE_SECRET", "zz"),
+        ],
+        &["--endpoint", "http://127.0.0.1:1", "read", "1", "2", "3"],
+    );
+    let err = stderr(&o);
+    assert!(
+        err.starts_with("cubec: error: CUBE_SECRET: ") && !err.contains("connect"),
+        "{err}"
+    );
+}
+
+/// A value the server takes reads back whatever its size (tonic's client refused answers over
+/// 4 MiB: "decoded message length too large", shown as if the server had said OutOfRange).
+#[test]
+fn a_value_over_four_mib_reads_back() {
+    let server = TestServer::start_with(
+        &cubed(),
+        &[
+            "--max-value-bytes",
+            "6000000",
+            "--max-message-bytes",
+            "8000000",
+        ],
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let creds = server.data_dir().join("dev-credentials.json");
+    let c = creds.to_str().unwrap();
+    let value: Vec<u8> = (0..5_000_000u32).map(|i| (i % 251) as u8).collect();
+    let file = dir.path().join("big.bin");
+    std::fs::write(&file, &value).unwrap();
+    let w = json(&run(
+        dir.path(),
+        &[],
+        &[
+            "--credentials",
+            c,
+            "write",
+            "1",
+            "1",
+            "1",
+            "--value-file",
+            file.to_str().unwrap(),
+        ],
+    ));
+    assert_eq!(w["version"], 1);
+    let r = json(&run(
+        dir.path(),
+        &[],
+        &["--credentials", c, "read", "1", "1", "1"],
+    ));
+    let hex = r["value_hex"].as_str().expect("a binary value");
+    assert_eq!(hex.len(), 2 * value.len());
+    assert!(
+        hex.starts_with("000102") && hex.ends_with(&format!("{:02x}", (4_999_999 % 251) as u8))
+    );
+}
+
 #[test]
 fn a_client_certificate_needs_https_and_no_auth_model() {
     let dir = tempfile::tempdir().unwrap();
@@ -360,6 +456,16 @@ fn an_endpoint_is_http_or_https_and_host_port() {
                  host:port after http://",
                 server.addr.port()
             ),
+        ),
+        (
+            "http://127.0.0.1:99999".to_string(),
+            "the endpoint http://127.0.0.1:99999 (from --endpoint or CUBE_ENDPOINT) has the port \
+             99999: a port is 1 to 65535"
+                .to_string(),
+        ),
+        (
+            "http://127.0.0.1:0".to_string(),
+            "has the port 0: a port is 1 to 65535".to_string(),
         ),
     ] {
         let o = read(&endpoint);
@@ -893,7 +999,8 @@ fn audit_verify_names_the_first_broken_link() {
         .unwrap();
     server.restart().unwrap();
     let o = run(dir.path(), &[], &verify);
-    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    // 3, not 1: a broken chain, not a failure to check it.
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
     let err = stderr(&o);
     assert!(
         err.starts_with(&format!(

@@ -257,7 +257,7 @@ pub fn summary_table(runs: &[RunReport]) -> String {
         if let Some(rate) = r.rate {
             let _ = writeln!(
                 o,
-                "\nOpen loop, {} / {}: offered {rate:.0} ops/s, did {:.0}; {} ops started more than 1 ms late, {} due before the end were never sent (the users were behind).",
+                "\nOpen loop, {} / {}: offered {rate:.0} ops/s, did {:.0}; {} ops started more than 1 ms late, {} due before the end were never sent (the users were behind: at the end, or by more than the timeout).",
                 r.model.name(),
                 r.mix,
                 r.ops_per_sec,
@@ -769,7 +769,7 @@ pub fn ab_markdown(
     let _ = writeln!(o, "## Summary\n\n{}", summary_table(runs));
     let _ = writeln!(
         o,
-        "Latency is of successful ops, from when the op started (open loop: from when it was due) to its answer; failed ops are counted by cause instead, a timeout when no answer came within the per-op timeout of the same start. An open-loop run stops at its end: ops due before it that the users, behind, never sent are counted apart (the line under the summary). Handshakes include the persistent connections' one per user. CPU is user+system time of each process during the run, divided by its ops.\n"
+        "Latency is of successful ops, from when the op started (open loop: from when it was due) to its answer; failed ops are counted by cause instead, a timeout when no answer came within the per-op timeout of the same start. An open-loop run stops at its end: ops due before it that the users, behind, never sent (at the end, or past their timeout before they could start) are counted apart (the line under the summary). Handshakes include the persistent connections' one per user. CPU is user+system time of each process during the run, divided by its ops.\n"
     );
     let name = svg
         .file_name()

@@ -789,6 +789,12 @@ pub async fn run_user(ctx: Arc<RunCtx>, index: usize, conn: Option<Clients>) -> 
             if begin >= ctx.end {
                 break 'run;
             }
+            if ctx.interval.is_some() && Instant::now() >= begin + ctx.op_timeout {
+                // Past its deadline before it could start (the op before ran long): not sent,
+                // so that no request the client has already given up on reaches the server.
+                unsent += 1;
+                continue;
+            }
             // The timeout runs from `begin` like the latency (in open loop, the due time), so
             // no op is counted successful with a latency past it.
             let outcome = tokio::time::timeout_at((begin + ctx.op_timeout).into(), async {

@@ -594,13 +594,18 @@ impl Target {
                  {scheme}://, e.g. {scheme}://127.0.0.1:50051"
             );
         };
-        // (`Authority` reads a port it cannot parse as none: 99999 would dial the default.)
-        let port = authority.rsplit_once(':').map(|(_, p)| p);
-        if let Some(port) = port.filter(|p| !p.contains(']') && p.parse::<u16>().unwrap_or(0) == 0)
-        {
-            anyhow::bail!(
+        // (`Authority` reads a port it cannot parse as none: 99999 would dial the default.) The
+        // port is what follows the host: after any `user@`, and after an IPv6 address's `]`.
+        let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+        let after_host = &host_port[host_port.rfind(']').map_or(0, |i| i + 1)..];
+        match after_host.split_once(':').map(|(_, p)| p) {
+            Some("") => anyhow::bail!(
+                "the endpoint {endpoint} (from {origin}) has ':' with no port after it"
+            ),
+            Some(port) if port.parse::<u16>().unwrap_or(0) == 0 => anyhow::bail!(
                 "the endpoint {endpoint} (from {origin}) has the port {port}: a port is 1 to 65535"
-            );
+            ),
+            _ => {}
         }
         // Without a port, the scheme's (as tonic connects): a server behind a proxy on 443.
         let authority = match parsed.port_u16() {

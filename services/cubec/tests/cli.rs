@@ -129,6 +129,7 @@ fn a_malformed_secret_is_refused_before_connecting() {
         &["--endpoint", "http://127.0.0.1:1", "read", "1", "2", "3"],
     );
     let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1));
     assert!(
         err.starts_with("cubec: error: CUBE_SECRET: ") && !err.contains("connect"),
         "{err}"
@@ -466,6 +467,14 @@ fn an_endpoint_is_http_or_https_and_host_port() {
         (
             "http://127.0.0.1:0".to_string(),
             "has the port 0: a port is 1 to 65535".to_string(),
+        ),
+        (
+            "http://[::1]:70000".to_string(),
+            "has the port 70000: a port is 1 to 65535".to_string(),
+        ),
+        (
+            "http://127.0.0.1:".to_string(),
+            "has ':' with no port after it".to_string(),
         ),
     ] {
         let o = read(&endpoint);

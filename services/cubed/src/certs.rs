@@ -19,6 +19,16 @@ const CA_CERT: &str = "ca.pem";
 const CA_KEY: &str = "ca.key";
 const SERVER_CERT: &str = "server.pem";
 const SERVER_KEY: &str = "server.key";
+/// Beside `tls/`, not in it: says a client certificate was issued under the data directory's CA,
+/// so that a copy of the directory restored without `tls/` is known to have lost a CA that
+/// certificates rely on.
+const CLIENT_CERTS_ISSUED: &str = "client-certs-issued";
+
+/// Whether `cubed key cert` ever issued a client certificate for this data directory (by this
+/// build or a later one).
+pub fn client_certs_issued(data_dir: &Path) -> bool {
+    data_dir.join(CLIENT_CERTS_ISSUED).exists()
+}
 
 /// `<data-dir>/tls`.
 pub fn tls_dir(data_dir: &Path) -> PathBuf {
@@ -132,6 +142,12 @@ pub fn issue_client_cert(
     key_id: &str,
 ) -> anyhow::Result<(String, String)> {
     let (ca_key, _) = ensure_ca(data_dir)?;
+    if !client_certs_issued(data_dir) {
+        write_private(
+            &data_dir.join(CLIENT_CERTS_ISSUED),
+            "client certificates were issued under tls/ca.pem\n",
+        )?;
+    }
     let mut params = CertificateParams::new(Vec::<String>::new())?;
     params
         .distinguished_name

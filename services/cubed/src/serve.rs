@@ -228,15 +228,16 @@ pub async fn run(
     // stops the start with nothing else changed.
     let had_ca = certs::has_ca(data.root());
     let tls_files = tls_settings(&config.tls, tls_files, data.root())?;
-    if tls_files.is_some() && !had_ca && catalog.list()?.iter().any(|(_, keys)| !keys.is_empty()) {
+    if tls_files.is_some() && !had_ca && certs::client_certs_issued(data.root()) {
         // Certificates `cubed key cert` issued under another CA (a data directory restored
         // without its tls/, say) fail their TLS handshake from now on, with nothing on the
-        // server's side to say why.
+        // server's side to say why. (A directory that never issued one gets its first CA
+        // without a word.)
         tracing::warn!(
             dir = %certs::tls_dir(data.root()).display(),
-            "created a new certificate authority for a data directory whose tenants already have \
-             keys: client certificates issued for it before (`cubed key cert`), if any, are not \
-             accepted any more; if this directory was restored from a copy, restore its tls/ too"
+            "created a new certificate authority for a data directory that issued client \
+             certificates (`cubed key cert`) under an earlier one: they are not accepted any \
+             more; if this directory was restored from a copy, restore its tls/ too"
         );
     }
     let addr = listener.local_addr().context("reading the bound address")?;

@@ -310,6 +310,9 @@ for auth in call connection; do
     echo "   --auth $auth: $good calls succeeded, $bad failed"
     if [ "$bad" -gt 0 ]; then
         sort "$TMP"/load-"$auth"-*.err | uniq -c | sort -rn | head -n 3 >&2
+        fail "--auth $auth: $bad calls of the load failed (a dashboard could still show data)"
+    elif [ "$good" = 0 ]; then
+        fail "--auth $auth: no call of the load succeeded"
     fi
 done
 read -r _ n accepted <"$TMP/load-bad.count"

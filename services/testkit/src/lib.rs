@@ -312,6 +312,27 @@ impl TestServer {
         metric_sample(&text, prefix)
     }
 
+    /// The metric `prefix` once `ready` holds for it, polled every 50 ms for up to `within`;
+    /// `Err` with the last value seen after that. For states the server reaches by itself (a
+    /// tenant passivated, a background open), so that a test waits as long as the machine needs
+    /// and no longer, instead of sleeping a guess.
+    pub async fn metric_when(
+        &self,
+        prefix: &str,
+        within: Duration,
+        ready: impl Fn(f64) -> bool,
+    ) -> Result<f64, Option<f64>> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let seen = self.metric(prefix);
+            match seen {
+                Some(v) if ready(v) => return Ok(v),
+                _ if std::time::Instant::now() >= deadline => return Err(seen),
+                _ => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    }
+
     /// The state-store directory of `tenant` (from the server's layout functions).
     pub fn tenant_state_dir(&self, tenant: &str) -> PathBuf {
         cube_store::DataDir::new(self.data_dir()).tenant_state(tenant)

@@ -432,6 +432,44 @@ const SEED_AUDIT_OPS_PER_SEC: f64 = 8.0 / 0.0594;
 /// Model A (a connection and a handshake per op) did 29,683 fresh handshakes in 120 s.
 const SEED_CHURN_HANDSHAKES_PER_SEC: f64 = 29_683.0 / 120.0;
 
+/// Issue 4's third target, in the experiment's own mix: `Tenant.Audit` (limit 100) p99 at most
+/// 3× Read's p99, per persistent run that has both (client-side latencies, the page's answer
+/// only, not the driver's check of its chain).
+fn audit_against_read(runs: &[RunReport]) -> Option<String> {
+    let ratios: Vec<String> = runs
+        .iter()
+        .filter(|r| r.model != Model::Churn)
+        .filter_map(|r| {
+            let (audit, read) = (r.per_op.get("Audit")?, r.per_op.get("Read")?);
+            (audit.ok > 0 && read.ok > 0 && read.latency.p99_ms > 0.0).then(|| {
+                (
+                    r,
+                    audit.latency.p99_ms,
+                    read.latency.p99_ms,
+                    audit.latency.p99_ms / read.latency.p99_ms,
+                )
+            })
+        })
+        .map(|(r, audit, read, ratio)| {
+            format!(
+                "{} {}: {audit:.3} / {read:.3} ms = {ratio:.2}×{}",
+                r.model.name(),
+                r.mix,
+                if ratio <= 3.0 { "" } else { " ✗" }
+            )
+        })
+        .collect();
+    if ratios.is_empty() {
+        return None;
+    }
+    let met = !ratios.iter().any(|r| r.ends_with('✗'));
+    Some(format!(
+        "- **Audit against Read** (issue 4: `Tenant.Audit` limit 100 p99 ≤ 3× Read's p99 in this mix): {}; {}.",
+        ratios.join("; "),
+        if met { "met" } else { "**not met**" }
+    ))
+}
+
 /// The seed's persistent-model rate for the same op mix, where it measured one.
 fn seed_rate_of_mix(mix: &str) -> Option<f64> {
     match mix {
@@ -603,6 +641,9 @@ fn verdict(runs: &[RunReport]) -> String {
                 "- **The audit op.** {timed_out} Audit calls timed out (the {timeout:.0} ms per-op timeout); the p99 of those that succeeded was at most {worst:.2} ms. Timeouts are counted apart from every other failure in the tables."
             )
         };
+    }
+    if let Some(line) = audit_against_read(runs) {
+        let _ = writeln!(v, "{line}");
     }
     for mix in ["audit", "legacy"] {
         let (Some(conn), Some(call)) = (
@@ -880,6 +921,55 @@ mod tests {
             server_cpu_us_per_op: None,
             verified: None,
         }
+    }
+
+    /// Issue 4's Audit target is judged per persistent run of the mix that has Audit; churn and
+    /// runs without Audit say nothing.
+    #[test]
+    fn audit_against_read_is_judged_per_persistent_run() {
+        let op = |p99_us: u64| {
+            let mut h = crate::ab::user::hist();
+            for _ in 0..100 {
+                h.record(p99_us).unwrap();
+            }
+            OpReport {
+                ok: 100,
+                failures: BTreeMap::new(),
+                latency: Lat::of(&h),
+            }
+        };
+        let with = |model: Model, audit_us: u64, read_us: u64| {
+            let mut r = run_with(model, &[1000], 10.0);
+            r.mix = "audit".into();
+            r.per_op.insert("Audit".into(), op(audit_us));
+            r.per_op.insert("Read".into(), op(read_us));
+            r
+        };
+        let line = audit_against_read(&[
+            with(Model::Connection, 2000, 800),
+            with(Model::Call, 2500, 800),
+            with(Model::Churn, 9000, 800),
+        ])
+        .unwrap();
+        assert!(
+            line.contains("connection audit: 2.000 / 0.800 ms = 2.50×;"),
+            "{line}"
+        );
+        // (HDR's 3 significant digits: 2,500 µs reads back as 2,501.)
+        assert!(
+            line.contains("call audit: 2.501 / 0.800 ms = 3.13× ✗"),
+            "{line}"
+        );
+        assert!(
+            !line.contains("churn") && line.ends_with("**not met**."),
+            "{line}"
+        );
+        let line = audit_against_read(&[with(Model::Call, 2000, 800)]).unwrap();
+        assert!(line.ends_with("; met."), "{line}");
+        assert_eq!(
+            audit_against_read(&[run_with(Model::Call, &[1], 1.0)]),
+            None
+        );
     }
 
     /// A run without a success shows no latency (not zeros), and an open-loop run says what it

@@ -411,6 +411,9 @@ struct User {
     rng: StdRng,
     ledger: Ledger,
     mismatches: Vec<String>,
+    /// When the last op's answer was in, if the op checked it at length afterwards (an Audit
+    /// page's hash chain): its latency ends here, not after the client's own check.
+    answered: Option<Instant>,
 }
 
 impl User {
@@ -714,6 +717,7 @@ impl User {
                     Ok(entries) => entries,
                     Err(s) => return failed(s),
                 };
+                self.answered = Some(Instant::now());
                 if entries.len() > 100 {
                     return self.mismatch(format!(
                         "Audit limit 100 returned {} entries",
@@ -745,6 +749,7 @@ pub async fn run_user(ctx: Arc<RunCtx>, index: usize, conn: Option<Clients>) -> 
         },
         ctx: ctx.clone(),
         mismatches: Vec::new(),
+        answered: None,
     };
     let mut per_op: BTreeMap<&'static str, OpStats> = BTreeMap::new();
     let (mut handshakes, mut handshake_us, mut late_starts, mut unsent) =
@@ -817,6 +822,7 @@ pub async fn run_user(ctx: Arc<RunCtx>, index: usize, conn: Option<Clients>) -> 
             })
             .await
             .unwrap_or_else(|_| Outcome::Failed("timeout".into()));
+            let answered = user.answered.take().unwrap_or_else(Instant::now);
             if matches!(outcome, Outcome::Skipped) {
                 // Nothing was sent: the slot goes to the next op, so the offered rate holds.
                 if let Some(iv) = ctx.interval {
@@ -828,7 +834,8 @@ pub async fn run_user(ctx: Arc<RunCtx>, index: usize, conn: Option<Clients>) -> 
             let stats = per_op.entry(step.name()).or_insert_with(OpStats::new);
             match outcome {
                 Outcome::Ok => {
-                    let _ = stats.ok.record(begin.elapsed().as_micros().max(1) as u64);
+                    let took = answered.saturating_duration_since(begin);
+                    let _ = stats.ok.record(took.as_micros().max(1) as u64);
                 }
                 Outcome::Failed(class) => *stats.failures.entry(class).or_default() += 1,
                 Outcome::Skipped => unreachable!("skipped above"),

@@ -1,7 +1,9 @@
 //! etcd, single node, started here on free loopback ports with its data in the bench's
 //! directory, over its gRPC KV API (`proto/etcd/rpc.proto`, a subset of etcd's): Put and
-//! linearizable Range (the default, `serializable=false`) for single cells, Txn of many Puts for
-//! the loads, Range paged with a limit for the scans.
+//! linearizable Range (the default, `serializable=false`) for single cells, then the same cells
+//! read with serializable Ranges (on one node they see every acknowledged Put too, the
+//! guarantee Cube's Read gives), Txn of many Puts for the loads, Range paged with a limit for
+//! the scans.
 
 use std::ops::Range;
 use std::path::Path;
@@ -15,7 +17,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use super::driver::{
     BatchWriter, CellKey, Rates, SCAN_TIMEOUT, ScanResult, SingleCell, bulk, load, within,
-    write_then_read,
+    write_then_read_again,
 };
 use super::process::{PeerProcess, free_port, version};
 use super::{Results, Settings, progress, remove_data};
@@ -29,6 +31,8 @@ use pb::request_op::Request;
 use pb::{PutRequest, RangeRequest, RequestOp, TxnRequest};
 
 pub const SYSTEM: &str = "etcd";
+/// The second read phase: serializable Ranges.
+pub const SYSTEM_SERIALIZABLE: &str = "etcd serializable";
 /// etcd's default backend quota is 2 GiB; a 1 GiB bulk load plus MVCC overhead needs more.
 /// 8 GiB is the largest etcd recommends.
 const QUOTA_BACKEND_BYTES: u64 = 8 << 30;
@@ -51,11 +55,14 @@ fn cell_key(k: CellKey) -> Vec<u8> {
     key(&format!("c{:04}/", k.client), k.i)
 }
 
-struct EtcdCell(Kv);
+struct EtcdCell {
+    kv: Kv,
+    serializable: bool,
+}
 
 impl SingleCell for EtcdCell {
     async fn write(&mut self, k: CellKey, value: &[u8]) -> anyhow::Result<()> {
-        self.0
+        self.kv
             .put(PutRequest {
                 key: cell_key(k),
                 value: value.to_vec(),
@@ -67,10 +74,10 @@ impl SingleCell for EtcdCell {
 
     async fn read(&mut self, k: CellKey) -> anyhow::Result<()> {
         let r = self
-            .0
+            .kv
             .range(RangeRequest {
                 key: cell_key(k),
-                serializable: false,
+                serializable: self.serializable,
                 ..Default::default()
             })
             .await?
@@ -144,6 +151,13 @@ async fn start(bin: &Path, root: &Path, data: &Path) -> anyhow::Result<(PeerProc
     let client = format!("http://127.0.0.1:{client_port}");
     let peer = format!("http://127.0.0.1:{peer_port}");
     let mut cmd = Command::new(bin);
+    // Only the flags below: an ETCD_* variable in the caller's environment (ETCD_UNSAFE_NO_FSYNC,
+    // say) would change the peer being compared.
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("ETCD_") {
+            cmd.env_remove(name);
+        }
+    }
     cmd.args(["--name", "default", "--data-dir"])
         .arg(data)
         .args(["--listen-client-urls", &client])
@@ -185,9 +199,21 @@ async fn measure(
         let clients = connect(&endpoint, n)
             .await?
             .into_iter()
-            .map(EtcdCell)
+            .map(|kv| EtcdCell {
+                kv,
+                serializable: false,
+            })
             .collect();
-        write_then_read(SYSTEM, clients, s.window, &value, &mut out.single).await;
+        write_then_read_again(
+            SYSTEM,
+            clients,
+            s.window,
+            &value,
+            &mut out.single,
+            SYSTEM_SERIALIZABLE,
+            |c| c.serializable = true,
+        )
+        .await;
         process.check_alive()?;
     }
 

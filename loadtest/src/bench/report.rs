@@ -20,6 +20,7 @@ const SYSTEMS: &[&str] = &[
     SQLITE_WAL,
     SQLITE_DELETE,
     etcd::SYSTEM,
+    etcd::SYSTEM_SERIALIZABLE,
     redis::SYSTEM,
 ];
 
@@ -191,6 +192,13 @@ fn single_targets(r: &[SinglePhase]) -> Vec<Target> {
         ),
         ops_ratio(
             r,
+            "Cube reads ÷ etcd serializable Range (64 clients; the same guarantee on one node)",
+            (cube, rd),
+            (etcd::SYSTEM_SERIALIZABLE, rd),
+            None,
+        ),
+        ops_ratio(
+            r,
             "Cube reads ÷ echo read-shaped (64 clients)",
             (cube, rd),
             (ceiling::SYSTEM, rd),
@@ -272,6 +280,7 @@ fn label(system: &str, op: Op) -> String {
         (s, Op::Read) if s == ceiling::SYSTEM => "echo (read-shaped)".into(),
         (s, Op::Write) if s == etcd::SYSTEM => "etcd Put".into(),
         (s, Op::Read) if s == etcd::SYSTEM => "etcd Range (linearizable)".into(),
+        (s, Op::Read) if s == etcd::SYSTEM_SERIALIZABLE => "etcd Range (serializable)".into(),
         (s, Op::Write) if s == redis::SYSTEM => "Redis SET".into(),
         (s, Op::Read) if s == redis::SYSTEM => "Redis GET".into(),
         (s, Op::Write) if s == cube::SYSTEM => "Cube Cells.Write".into(),

@@ -48,6 +48,9 @@ fn open(path: &Path) -> anyhow::Result<Connection> {
     let c = Connection::open(path).with_context(|| format!("opening {}", path.display()))?;
     c.busy_timeout(BUSY_TIMEOUT)?;
     c.pragma_update(None, "synchronous", "FULL")?;
+    // Read back: the comparison is only fair if every commit is fsynced (FULL = 2).
+    let sync: i64 = c.query_row("PRAGMA synchronous", [], |r| r.get(0))?;
+    anyhow::ensure!(sync == 2, "SQLite kept synchronous={sync}, not FULL (2)");
     Ok(c)
 }
 

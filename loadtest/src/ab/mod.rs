@@ -441,6 +441,9 @@ pub async fn run(args: RunArgs, default_cubed: PathBuf) -> anyhow::Result<()> {
     println!("{}", report::window_table(&reports));
     println!("{}", report::op_tables(&reports));
     println!("{}", report::server_tables(&reports));
+    if let Some(line) = report::audit_against_read(&reports) {
+        println!("{line}\n");
+    }
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_vec_pretty(&reports[0])?)?;
     }

@@ -435,7 +435,7 @@ const SEED_CHURN_HANDSHAKES_PER_SEC: f64 = 29_683.0 / 120.0;
 /// Issue 4's third target, in the experiment's own mix: `Tenant.Audit` (limit 100) p99 at most
 /// 3× Read's p99, per persistent run that has both (client-side latencies, the page's answer
 /// only, not the driver's check of its chain).
-fn audit_against_read(runs: &[RunReport]) -> Option<String> {
+pub fn audit_against_read(runs: &[RunReport]) -> Option<String> {
     let ratios: Vec<String> = runs
         .iter()
         .filter(|r| r.model != Model::Churn)

@@ -436,36 +436,40 @@ const SEED_CHURN_HANDSHAKES_PER_SEC: f64 = 29_683.0 / 120.0;
 /// 3× Read's p99, per persistent run that has both (client-side latencies, the page's answer
 /// only, not the driver's check of its chain).
 pub fn audit_against_read(runs: &[RunReport]) -> Option<String> {
-    let ratios: Vec<String> = runs
+    // (text, met): a run whose Audit or Read calls failed is not judged on its successes alone.
+    let judged: Vec<(String, bool)> = runs
         .iter()
         .filter(|r| r.model != Model::Churn)
         .filter_map(|r| {
             let (audit, read) = (r.per_op.get("Audit")?, r.per_op.get("Read")?);
-            (audit.ok > 0 && read.ok > 0 && read.latency.p99_ms > 0.0).then(|| {
-                (
-                    r,
-                    audit.latency.p99_ms,
-                    read.latency.p99_ms,
-                    audit.latency.p99_ms / read.latency.p99_ms,
-                )
-            })
+            (audit.ok > 0 && read.ok > 0 && read.latency.p99_ms > 0.0).then_some((r, audit, read))
         })
-        .map(|(r, audit, read, ratio)| {
-            format!(
-                "{} {}: {audit:.3} / {read:.3} ms = {ratio:.2}×{}",
+        .map(|(r, audit, read)| {
+            let (a, b) = (audit.latency.p99_ms, read.latency.p99_ms);
+            let ratio = a / b;
+            let failed: u64 = audit.failures.values().chain(read.failures.values()).sum();
+            let met = ratio <= 3.0 && failed == 0;
+            let mark = match (ratio <= 3.0, failed) {
+                (true, 0) => String::new(),
+                (_, 0) => " ✗".into(),
+                (_, n) => format!(" ✗ ({n} Audit or Read calls failed)"),
+            };
+            let text = format!(
+                "{} {}: {a:.3} / {b:.3} ms = {ratio:.2}×{mark}",
                 r.model.name(),
-                r.mix,
-                if ratio <= 3.0 { "" } else { " ✗" }
-            )
+                r.mix
+            );
+            (text, met)
         })
         .collect();
-    if ratios.is_empty() {
+    if judged.is_empty() {
         return None;
     }
-    let met = !ratios.iter().any(|r| r.ends_with('✗'));
+    let met = judged.iter().all(|(_, met)| *met);
+    let texts: Vec<&str> = judged.iter().map(|(t, _)| t.as_str()).collect();
     Some(format!(
         "- **Audit against Read** (issue 4: `Tenant.Audit` limit 100 p99 ≤ 3× Read's p99 in this mix): {}; {}.",
-        ratios.join("; "),
+        texts.join("; "),
         if met { "met" } else { "**not met**" }
     ))
 }
@@ -966,6 +970,20 @@ mod tests {
         );
         let line = audit_against_read(&[with(Model::Call, 2000, 800)]).unwrap();
         assert!(line.ends_with("; met."), "{line}");
+        // Timed-out Audits are not in the successes' p99: such a run is not judged met.
+        let mut timed_out = with(Model::Call, 2000, 800);
+        timed_out
+            .per_op
+            .get_mut("Audit")
+            .unwrap()
+            .failures
+            .insert("timeout".into(), 3);
+        let line = audit_against_read(&[timed_out]).unwrap();
+        assert!(
+            line.contains("= 2.50× ✗ (3 Audit or Read calls failed)")
+                && line.ends_with("**not met**."),
+            "{line}"
+        );
         assert_eq!(
             audit_against_read(&[run_with(Model::Call, &[1], 1.0)]),
             None

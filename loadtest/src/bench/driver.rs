@@ -223,7 +223,7 @@ fn summarize(
         Op::Read => "read",
     };
     eprintln!(
-        "{:<16} {what:<5} {:>3} clients {:>9.0} ops/s  p50 {:>6} µs  p99 {:>6} µs  errors {}{}",
+        "{:<17} {what:<5} {:>3} clients {:>9.0} ops/s  p50 {:>6} µs  p99 {:>6} µs  errors {}{}",
         p.system,
         p.clients,
         p.ops_per_sec,

@@ -706,9 +706,20 @@ pub fn parse_with_config(argv: Vec<std::ffi::OsString>) -> anyhow::Result<Cli> {
                 Cli::try_parse_from(&argv).unwrap_or_else(|e| exit_naming_the_variable(&e, &argv));
             if let Some(path) = leaf.get_one::<PathBuf>("config")
                 && leaf.value_source("data_dir") == Some(ValueSource::DefaultValue)
-                && let Some(value) = read_config_table(path)?.get("data-dir")
                 && let Some(dir) = cli.command.as_mut().and_then(Command::data_dir_arg)
             {
+                // Without one the server uses its default, relative to its own working
+                // directory: as unknowable here as a relative one (below), and this command
+                // would create a catalog in the caller's directory.
+                let table = read_config_table(path)?;
+                let Some(value) = table.get("data-dir") else {
+                    anyhow::bail!(
+                        "--config {}: it names no data-dir, so the server uses its default \
+                         ({DEFAULT_DATA_DIR}) relative to its own working directory; give \
+                         --data-dir (or CUBE_DATA_DIR) as well",
+                        path.display()
+                    );
+                };
                 let text = value.as_str().ok_or_else(|| {
                     anyhow::anyhow!("--config {}: 'data-dir' must be a string", path.display())
                 })?;
@@ -981,6 +992,11 @@ mod config_file_tests {
             err.to_string().contains("'data-dir' must be a string"),
             "{err}"
         );
+        // No data-dir in the file: the server's default is relative to its working directory.
+        std::fs::write(&file, "listen = \"0.0.0.0:50051\"\n").unwrap();
+        let err = cubed(&["tenant", "create", "acme", "--config", f]).unwrap_err();
+        assert!(err.to_string().contains("names no data-dir"), "{err}");
+        assert_eq!(given("/x"), PathBuf::from("/x"));
     }
 
     #[test]

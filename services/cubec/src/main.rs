@@ -191,6 +191,13 @@ fn load_credentials(path: Option<&PathBuf>) -> anyhow::Result<Credentials> {
              --credentials/CUBE_CREDENTIALS ({}); unset one",
             path.map(|p| p.display().to_string()).unwrap_or_default()
         );
+        if let Some((name, _)) = CREDENTIAL_VARS
+            .iter()
+            .zip(&vars)
+            .find(|(_, v)| v.as_deref().is_some_and(|v| v.trim().is_empty()))
+        {
+            anyhow::bail!("{name} is set but empty: give it a value, or unset all three");
+        }
         let [tenant, key_id, secret] = vars.map(Option::unwrap_or_default);
         let creds = Credentials {
             tenant,
@@ -567,6 +574,10 @@ impl Target {
     fn new(endpoint: String, origin: String, cli: &Cli) -> anyhow::Result<Target> {
         const SCHEMES: &str =
             "http:// (plaintext) or https:// (TLS) before host:port, e.g. http://127.0.0.1:50051";
+        anyhow::ensure!(
+            !endpoint.trim().is_empty(),
+            "the endpoint (from {origin}) is empty: give http://HOST:PORT or https://HOST:PORT"
+        );
         let (scheme, rest) = match endpoint.split_once("://") {
             Some((scheme @ ("http" | "https"), rest)) => (scheme, rest),
             Some((other, _)) => anyhow::bail!(

@@ -134,6 +134,41 @@ fn a_malformed_secret_is_refused_before_connecting() {
         err.starts_with("cubec: error: CUBE_SECRET: ") && !err.contains("connect"),
         "{err}"
     );
+    // Empty variables are named as such (an empty tenant and key id were taken as given).
+    let o = run(
+        dir.path(),
+        &[
+            ("CUBE_TENANT", ""),
+            ("CUBE_KEY_ID", "k-1"),
+            ("CUBE_SECRET", &"ab".repeat(32)),
+        ],
+        &["--endpoint", "http://127.0.0.1:1", "read", "1", "2", "3"],
+    );
+    assert!(
+        stderr(&o).starts_with("cubec: error: CUBE_TENANT is set but empty"),
+        "{}",
+        stderr(&o)
+    );
+    let good = dir.path().join("good.json");
+    let secret = "ab".repeat(32);
+    std::fs::write(
+        &good,
+        format!(r#"{{"tenant":"demo","key_id":"k-1","secret":"{secret}"}}"#),
+    )
+    .unwrap();
+    let o = run(
+        dir.path(),
+        &[("CUBE_ENDPOINT", "")],
+        &[
+            "--credentials",
+            good.to_str().unwrap(),
+            "read",
+            "1",
+            "2",
+            "3",
+        ],
+    );
+    assert!(stderr(&o).contains("is empty"), "{}", stderr(&o));
 }
 
 /// A value the server takes reads back whatever its size (tonic's client refused answers over

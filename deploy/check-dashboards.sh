@@ -402,6 +402,28 @@ manifest.close()
 if n == 0:
     sys.exit("no panel target with an expr in " + " ".join(sys.argv[3:]))
 EOF
+# One query that must return data: ok, or fail naming why, with the expression.
+expect_data() { # LABEL EXPR
+    local label=$1 expr=$2 res series nans
+    if ! res=$(query "=$expr" 2>&1); then
+        fail "$label: $res"
+        echo "       $expr"
+        return
+    fi
+    read -r series nans <<<"$res"
+    if [ "$series" = 0 ]; then
+        fail "$label: empty result"
+        echo "       $expr"
+    elif [ "$nans" = "$series" ]; then
+        fail "$label: every series is NaN ($series series)"
+        echo "       $expr"
+    elif [ "$nans" != 0 ]; then
+        ok "$label ($series series, $nans of them NaN)"
+    else
+        ok "$label ($series series)"
+    fi
+}
+
 echo "== $(wc -l <"$TMP/queries/manifest") dashboard queries, Grafana variables as $RANGE"
 while IFS=$'\t' read -r id dash title; do
     qfile=$TMP/queries/$id.promql
@@ -409,23 +431,7 @@ while IFS=$'\t' read -r id dash title; do
         fail "$dash: $title: empty expr"
         continue
     fi
-    if ! res=$(query "@$qfile" 2>&1); then
-        fail "$dash: $title: $res"
-        echo "       $(cat "$qfile")"
-        continue
-    fi
-    read -r series nans <<<"$res"
-    if [ "$series" = 0 ]; then
-        fail "$dash: $title: empty result"
-        echo "       $(cat "$qfile")"
-    elif [ "$nans" = "$series" ]; then
-        fail "$dash: $title: every series is NaN ($series series)"
-        echo "       $(cat "$qfile")"
-    elif [ "$nans" != 0 ]; then
-        ok "$dash: $title ($series series, $nans of them NaN)"
-    else
-        ok "$dash: $title ($series series)"
-    fi
+    expect_data "$dash: $title" "$(cat "$qfile")"
 done <"$TMP/queries/manifest"
 
 # --- 7b. every alert rule's expression, without its threshold --------------------------------
@@ -461,18 +467,7 @@ while IFS=$'\t' read -r name health err expr; do
         fail "alert $name: evaluation health '$health' ($err)"
         continue
     fi
-    if ! res=$(query "=$expr" 2>&1); then
-        fail "alert $name: $res"
-        echo "       $expr"
-        continue
-    fi
-    read -r series nans <<<"$res"
-    if [ "$series" = 0 ] || [ "$nans" = "$series" ]; then
-        fail "alert $name: no data without its threshold (a metric or label that cubed does not export?)"
-        echo "       $expr"
-    else
-        ok "alert $name ($series series without its threshold)"
-    fi
+    expect_data "alert $name, its threshold taken off" "$expr"
 done <"$TMP/rules.tsv"
 
 # --- 8. shut down (the trap does the same on any other exit) -----------------------------------

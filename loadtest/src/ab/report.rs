@@ -448,7 +448,6 @@ pub fn audit_against_read(runs: &[RunReport]) -> Option<String> {
             let (a, b) = (audit.latency.p99_ms, read.latency.p99_ms);
             let ratio = a / b;
             let failed: u64 = audit.failures.values().chain(read.failures.values()).sum();
-            let met = ratio <= 3.0 && failed == 0;
             let mark = match (ratio <= 3.0, failed) {
                 (true, 0) => String::new(),
                 (_, 0) => " ✗".into(),
@@ -459,7 +458,7 @@ pub fn audit_against_read(runs: &[RunReport]) -> Option<String> {
                 r.model.name(),
                 r.mix
             );
-            (text, met)
+            (text, mark.is_empty())
         })
         .collect();
     if judged.is_empty() {

@@ -357,37 +357,9 @@ pub fn closed_loop_blocking<C: SingleCellBlocking>(
 }
 
 /// Durable writes, then reads of what was written, over the same clients (one connection
-/// each): one closed-loop phase each, appended to `out`.
+/// each): one closed-loop phase each, appended to `out`. Returns the clients with what each
+/// wrote, for more phases.
 pub async fn write_then_read<C: SingleCell>(
-    system: &str,
-    clients: Vec<C>,
-    window: Window,
-    value: &Arc<[u8]>,
-    out: &mut Vec<SinglePhase>,
-) {
-    write_then_read_conns(system, clients, window, value, out).await;
-}
-
-/// [`write_then_read`], then the read phase once more as system `again`, each client changed
-/// by `change` first (etcd: the same cells read serializably).
-pub async fn write_then_read_again<C: SingleCell>(
-    system: &str,
-    clients: Vec<C>,
-    window: Window,
-    value: &Arc<[u8]>,
-    out: &mut Vec<SinglePhase>,
-    again: &str,
-    change: impl Fn(&mut C),
-) {
-    let mut conns = write_then_read_conns(system, clients, window, value, out).await;
-    for c in &mut conns {
-        change(&mut c.client);
-    }
-    let (_, r) = closed_loop(again, Op::Read, conns, window, Arc::clone(value)).await;
-    out.push(r);
-}
-
-async fn write_then_read_conns<C: SingleCell>(
     system: &str,
     clients: Vec<C>,
     window: Window,

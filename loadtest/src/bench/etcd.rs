@@ -16,8 +16,8 @@ use indicatif::ProgressBar;
 use tonic::transport::{Channel, Endpoint};
 
 use super::driver::{
-    BatchWriter, CellKey, Rates, SCAN_TIMEOUT, ScanResult, SingleCell, bulk, load, within,
-    write_then_read_again,
+    BatchWriter, CellKey, Op, Rates, SCAN_TIMEOUT, ScanResult, SingleCell, bulk, closed_loop, load,
+    within, write_then_read,
 };
 use super::process::{PeerProcess, free_port, version};
 use super::{Results, Settings, progress, remove_data};
@@ -204,16 +204,20 @@ async fn measure(
                 serializable: false,
             })
             .collect();
-        write_then_read_again(
-            SYSTEM,
-            clients,
-            s.window,
-            &value,
-            &mut out.single,
+        let mut conns = write_then_read(SYSTEM, clients, s.window, &value, &mut out.single).await;
+        // The same cells again, read serializably.
+        for c in &mut conns {
+            c.client.serializable = true;
+        }
+        let (_, r) = closed_loop(
             SYSTEM_SERIALIZABLE,
-            |c| c.serializable = true,
+            Op::Read,
+            conns,
+            s.window,
+            Arc::clone(&value),
         )
         .await;
+        out.single.push(r);
         process.check_alive()?;
     }
 

@@ -273,8 +273,7 @@ impl std::fmt::Display for BrokenChain {
 
 impl std::error::Error for BrokenChain {}
 
-/// Exit codes: 0 done, 1 failed (connection, refusal, bad input), 2 usage (clap), 3 the audit
-/// chain is broken.
+/// The exit code of a broken audit chain (the others: `Cli`'s `after_help`).
 const EXIT_BROKEN_CHAIN: u8 = 3;
 
 fn main() -> std::process::ExitCode {

@@ -175,11 +175,34 @@ fn kill_pid(pid: u32) {
     let _ = kill(pid_of(pid), Signal::SIGKILL);
 }
 
+/// Remove `path` and everything in it. The driver keeps running until the process exits, and
+/// may be creating its next round's directories inside `path` while this removes it (which
+/// then fails "Directory not empty"): so `path` is first renamed out of the way, after which a
+/// directory made under the old name finds no parent (the drivers make directories inside
+/// existing parents only, never with `create_dir_all`), and the removal is retried a few times
+/// for a creation that was already under way at the rename.
 fn remove(path: &Path) {
-    if let Err(e) = std::fs::remove_dir_all(path)
-        && e.kind() != std::io::ErrorKind::NotFound
-    {
-        eprintln!("could not remove {}: {e}", path.display());
+    let aside = path.file_name().map(|name| {
+        let mut aside = name.to_os_string();
+        aside.push(format!(".removing-{}", std::process::id()));
+        path.with_file_name(aside)
+    });
+    let target = match aside {
+        Some(aside) if std::fs::rename(path, &aside).is_ok() => aside,
+        _ => path.to_path_buf(),
+    };
+    for attempt in 1.. {
+        match std::fs::remove_dir_all(&target) {
+            Ok(()) => return,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+            Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty && attempt < 50 => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(e) => {
+                eprintln!("could not remove {}: {e}", path.display());
+                return;
+            }
+        }
     }
 }
 
@@ -329,6 +352,42 @@ mod tests {
         // depends on how the tests were started: `nohup` ignores it.)
         assert!(ignored(Signal::SIGPIPE));
         assert!(!ignored(Signal::SIGKILL));
+    }
+
+    #[test]
+    fn a_directory_is_removed_while_something_keeps_making_directories_in_it() {
+        let base = tempfile::tempdir().unwrap();
+        let path = base.path().join("work");
+        std::fs::create_dir(&path).unwrap();
+        // The driver going on after a signal: round after round, a directory inside `path`
+        // (never recreating `path` itself), until `path` is gone or for 2 s.
+        let maker = {
+            let path = path.clone();
+            std::thread::spawn(move || {
+                let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+                let mut made = 0;
+                while std::time::Instant::now() < until {
+                    match std::fs::create_dir(path.join(format!("round{made}"))) {
+                        Ok(()) => made += 1,
+                        Err(_) => break,
+                    }
+                }
+                made
+            })
+        };
+        while std::fs::read_dir(&path).unwrap().count() < 100 {
+            std::thread::yield_now();
+        }
+        remove(&path);
+        let made = maker.join().unwrap();
+        let left: Vec<_> = std::fs::read_dir(base.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(
+            left.is_empty(),
+            "left behind {left:?} (the maker made {made} directories)"
+        );
     }
 
     // The registry is global: this is the only test of this crate that touches it.

@@ -1155,10 +1155,11 @@ mod tests {
         // Bound, never accepted: the kernel completes connections, nothing answers on them.
         let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let start = Instant::now();
+        // 30 ops due, 50 ms apart: time enough to send each on a loaded machine.
         let (run, interval, op_timeout) = (
-            Duration::from_millis(300),
-            Duration::from_millis(10),
-            Duration::from_millis(100),
+            Duration::from_millis(1500),
+            Duration::from_millis(50),
+            Duration::from_millis(500),
         );
         let ctx = Arc::new(RunCtx {
             target: Target {
@@ -1192,8 +1193,8 @@ mod tests {
         let causes: Vec<&String> = r.per_op.values().flat_map(|s| s.failures.keys()).collect();
         assert_eq!(ok, 0);
         assert!(causes.iter().all(|k| *k == "timeout"), "{causes:?}");
-        // Each op that was sent timed out 100 ms after it was due, not after it started (which
-        // would take 30 × 100 ms), so the user ran ~90 ms behind, and what was due in that last
+        // Each op that was sent timed out 500 ms after it was due, not after it started (which
+        // would take 30 × 500 ms), so the user ran ~450 ms behind, and what was due in that last
         // stretch was not sent.
         assert!(failed >= 12, "{failed} sent, {} unsent", r.unsent);
         assert!(r.unsent >= 1, "{failed} sent, {} unsent", r.unsent);

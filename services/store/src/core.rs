@@ -2685,19 +2685,33 @@ mod tests {
             .unwrap();
         wal.close().unwrap();
         let fails = || async { directory.get("t").await.is_err() };
+        // How long after `since` (taken before the failed open, so at most the failure's own
+        // time) the failed tenant is closed for a retry: polled, so a slow machine can only
+        // make the figure larger, never pass a delay that is too short.
+        let forgotten_after = |since: Instant| {
+            let directory = &directory;
+            async move {
+                while directory.close_failed().await == 0 {
+                    assert!(since.elapsed() < Duration::from_secs(30), "never forgotten");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                since.elapsed()
+            }
+        };
+        let before = Instant::now();
         assert!(fails().await);
-        assert_eq!(directory.close_failed().await, 0, "forgotten at once");
-        tokio::time::sleep(Duration::from_millis(1100)).await;
-        assert_eq!(directory.close_failed().await, 1, "not forgotten after 1 s");
-        assert!(fails().await);
-        tokio::time::sleep(Duration::from_millis(1100)).await;
-        assert_eq!(
-            directory.close_failed().await,
-            0,
-            "a second failure forgotten after 1 s"
+        let waited = forgotten_after(before).await;
+        assert!(
+            waited >= Duration::from_secs(1),
+            "a first failure forgotten after {waited:?}"
         );
-        tokio::time::sleep(Duration::from_millis(1000)).await;
-        assert_eq!(directory.close_failed().await, 1, "not forgotten after 2 s");
+        let before = Instant::now();
+        assert!(fails().await);
+        let waited = forgotten_after(before).await;
+        assert!(
+            waited >= Duration::from_secs(2),
+            "a second failure forgotten after {waited:?}"
+        );
         directory.shutdown().await;
     }
 
@@ -3028,10 +3042,10 @@ mod tests {
             }
         };
         assert!(read(&doomed.key_id).await.is_ok());
-        // The next fdatasync takes 1 s (then fails): both changes wait for it.
+        // The next fdatasync takes 2 s (then fails): both changes wait for it.
         cube_wal::failpoint::fail_next_fdatasync_after(
             &data.tenant_wal("t"),
-            Duration::from_secs(1),
+            Duration::from_secs(2),
         );
         let changes = {
             let directory = Arc::clone(&directory);
@@ -3049,19 +3063,31 @@ mod tests {
                 )
             })
         };
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let refused = read(&doomed.key_id).await;
+        // Until both changes are logged (and wait for the stalled fdatasync) the two keys read
+        // on: polled, not slept, so a slow machine cannot run the checks before or after the
+        // window.
+        let deadline = Instant::now() + Duration::from_millis(1500);
+        let (revoked, demoted) = loop {
+            let both = (read(&doomed.key_id).await, read(&demoted.key_id).await);
+            if (both.0.is_err() && both.1.is_err()) || Instant::now() > deadline {
+                break both;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
         assert!(
-            matches!(&refused, Err(StoreError::Unauthenticated(m)) if m.contains("revoked")),
-            "{refused:?}"
+            matches!(&revoked, Err(StoreError::Unauthenticated(m)) if m.contains("revoked")),
+            "{revoked:?}"
         );
-        let refused = read(&demoted.key_id).await;
         assert!(
-            matches!(&refused, Err(StoreError::PermissionDenied(m)) if m.contains("Read")),
-            "{refused:?}"
+            matches!(&demoted, Err(StoreError::PermissionDenied(m)) if m.contains("Read")),
+            "{demoted:?}"
         );
         // Other keys read on.
         assert!(read("k").await.is_ok());
+        assert!(
+            !changes.is_finished(),
+            "the changes ended before the checks: they did not see them pending"
+        );
         let _ = changes.await;
         directory.shutdown().await;
     }
@@ -3082,10 +3108,10 @@ mod tests {
         let directory =
             Arc::new(crate::TenantDirectory::new(settings, Some(Arc::clone(&catalog))).unwrap());
         directory.call("t", write(0, b"v"), "t/k").await.unwrap();
-        // Writes wait 1 s behind the next fdatasync: the tenant is at capacity meanwhile.
+        // Writes wait 2 s behind the next fdatasync: the tenant is at capacity meanwhile.
         cube_wal::failpoint::fail_next_fdatasync_after(
             &data.tenant_wal("t"),
-            Duration::from_secs(1),
+            Duration::from_secs(2),
         );
         let principal = format!("t/{}", doomed.key_id);
         let writes: Vec<_> = (1..=4)
@@ -3094,11 +3120,22 @@ mod tests {
                 tokio::spawn(async move { directory.call("t", write(x, b"v"), &principal).await })
             })
             .collect();
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Polled (not slept) until the four are in flight.
+        let tenant = directory.get("t").await.unwrap();
+        let deadline = Instant::now() + Duration::from_millis(1500);
+        while tenant.in_flight() < 4 {
+            assert!(Instant::now() < deadline, "the four writes never got in");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        drop(tenant);
         let busy = directory.call("t", write(5, b"v"), &principal).await;
         assert!(
             matches!(busy, Err(StoreError::ResourceExhausted(_))),
             "{busy:?}"
+        );
+        assert!(
+            !writes.iter().any(tokio::task::JoinHandle::is_finished),
+            "the writes ended before the revocation: it did not come while the tenant was busy"
         );
         let revoke = Command::RevokeKey {
             key_id: doomed.key_id.clone(),

@@ -70,7 +70,8 @@ async fn changes_and_security_events_form_a_verifiable_chain() {
     assert!(bad_client.read(read(0, 0, 0)).await.is_err());
 
     let mut entries = Vec::new();
-    for _ in 0..100 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while std::time::Instant::now() < deadline {
         entries = trail(&server, 0, 0).await;
         if entries.iter().any(|e| e.op == "auth.failed") {
             break;
@@ -118,9 +119,14 @@ async fn failed_authentication_entries_are_limited_per_tenant() {
         ..server.demo.clone()
     };
     let mut bad_client = server.cells(&bad).await.unwrap();
-    for _ in 0..30 {
-        assert!(bad_client.read(read(0, 0, 0)).await.is_err());
-    }
+    // All at once, so that the burst takes well under the 6 s the checks below count on,
+    // however slow the machine.
+    let burst = futures::future::join_all((0..30).map(|_| {
+        let mut c = bad_client.clone();
+        async move { c.read(read(0, 0, 0)).await }
+    }))
+    .await;
+    assert!(burst.iter().all(Result::is_err));
     // A second later the bucket is still empty: this one is dropped too...
     tokio::time::sleep(Duration::from_millis(1100)).await;
     assert!(bad_client.read(read(0, 0, 0)).await.is_err());
@@ -165,14 +171,26 @@ async fn failed_authentications_naming_idle_tenants_open_few_of_them() {
     );
     tokio::task::block_in_place(|| server.restart()).unwrap();
     let before = server.metric("cube_tenants_active").unwrap_or(0.0);
+    let mut clients = Vec::new();
     for creds in &tenants {
         let bad = Credentials {
             secret: Secret::generate().to_hex(),
             ..creds.clone()
         };
-        let mut c = server.cells(&bad).await.unwrap();
-        assert!(c.read(read(0, 0, 0)).await.is_err());
+        clients.push(server.cells(&bad).await.unwrap());
     }
+    // The failures all at once: the seconds they span bound how many tenants may open.
+    let start = std::time::Instant::now();
+    let failed = futures::future::join_all(
+        clients
+            .iter_mut()
+            .map(|c| async move { c.read(read(0, 0, 0)).await }),
+    )
+    .await;
+    let spanned = start.elapsed();
+    assert!(failed.iter().all(Result::is_err));
+    // 2 a second, in each second the failures touched (two if they took under one).
+    let most = 2.0 * (spanned.as_secs() as f64 + 2.0);
     // The upper bound is checked once the burst's opens had time to happen; the lower one waits
     // as long as a loaded machine needs.
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -183,8 +201,9 @@ async fn failed_authentications_naming_idle_tenants_open_few_of_them() {
         .await
         .map(|v| v - before);
     assert!(
-        opened.is_ok_and(|n| n <= 4.0),
-        "{opened:?} tenants opened (Err: the last value seen, without {before})"
+        opened.is_ok_and(|n| n <= most),
+        "{opened:?} tenants opened, at most {most} allowed for failures over {spanned:?} (Err: \
+         the last value seen, without {before})"
     );
 }
 

@@ -104,11 +104,25 @@ pub(crate) fn snapshot(acked: &[Arc<AtomicU64>]) -> Vec<u64> {
     acked.iter().map(|a| a.load(Ordering::SeqCst)).collect()
 }
 
+/// Wait (up to 30 s, however loaded the machine) until some write has been acknowledged, so
+/// that a stop after that always has acknowledged writes to check.
+async fn first_ack(acked: &[Arc<AtomicU64>]) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while snapshot(acked).iter().sum::<u64>() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no write acknowledged in 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acked_writes_survive_kill_9_at_a_random_moment() {
     let mut server = TestServer::start(cubed()).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let acked = write_until_stopped(&server, Arc::clone(&stop)).await;
+    first_ack(&acked).await;
     let delay = rand::thread_rng().gen_range(300..1500);
     tokio::time::sleep(Duration::from_millis(delay)).await;
     tokio::task::block_in_place(|| server.kill9()).unwrap();
@@ -127,6 +141,7 @@ async fn sigterm_during_writes_exits_0_and_loses_nothing() {
     let mut server = TestServer::start(cubed()).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let acked = write_until_stopped(&server, Arc::clone(&stop)).await;
+    first_ack(&acked).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     // SIGTERM while the writers keep going; block_in_place lets them run meanwhile.
     let exit = tokio::task::block_in_place(|| server.sigterm()).unwrap();
@@ -215,8 +230,16 @@ async fn an_open_health_watch_does_not_hold_up_a_graceful_stop() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_signal_ends_the_drain_at_once() {
     let mut server = TestServer::start_with(cubed(), &["--drain-secs", "600"]).unwrap();
-    let watch = watch_health(server.channel().await.unwrap()).await;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    let mut watch = watch_health(server.channel().await.unwrap()).await;
     signal_term(&server);
+    // The first signal has been taken (a second one sent before would merge with it).
+    let next = tokio::time::timeout(Duration::from_secs(10), watch.message())
+        .await
+        .expect("no health change after SIGTERM")
+        .unwrap()
+        .unwrap();
+    assert_eq!(next.status(), ServingStatus::NotServing);
     // Still draining: the watch is open and the drain has ten minutes.
     let early = tokio::task::block_in_place(|| server.wait_exit(Duration::from_millis(500)));
     assert!(early.unwrap().is_none(), "exited before its drain was over");

@@ -431,7 +431,8 @@ async fn unread_region_pages_hold_their_tenants_scan_places_only() {
     );
     let other = server.create_tenant("other").unwrap();
     let mut other = server.cells(&other).await.unwrap();
-    tokio::time::timeout(wait, other.region(region()))
+    // Generous: the other tenant opens on this call, on a machine busy with 96 MiB of pages.
+    tokio::time::timeout(std::time::Duration::from_secs(10), other.region(region()))
         .await
         .expect("another tenant's scan waited")
         .unwrap();
@@ -527,13 +528,16 @@ async fn unread_pages_give_their_places_back_after_the_read_limit() {
 /// the tenant's data when a place comes back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scan_whose_key_was_revoked_while_it_waited_for_a_place_is_refused() {
-    let server = TestServer::start_with(cubed(), &["--page-read-secs", "2"]).unwrap();
+    // The unread pages hold their places for 10 s: the scan below must still be waiting when
+    // its key is revoked, however slow the machine (the key and its connection are made
+    // before the pages, whose read limit runs from their making).
+    let server = TestServer::start_with(cubed(), &["--page-read-secs", "10"]).unwrap();
     let region = three_mib_of_cells(&server).await;
-    let (_hog, _unread) = thirty_two_unread_pages(&server, &region).await;
     let out = server.cli(&["key", "create", "demo"]).unwrap();
     assert!(out.status.success());
     let doomed: cube_auth::Credentials = serde_json::from_slice(&out.stdout).unwrap();
     let mut queued = server.cells(&doomed).await.unwrap();
+    let (_hog, _unread) = thirty_two_unread_pages(&server, &region).await;
     let req = region();
     let waiting = tokio::spawn(async move { queued.region(req).await.map(|_| ()) });
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
@@ -542,7 +546,7 @@ async fn a_scan_whose_key_was_revoked_while_it_waited_for_a_place_is_refused() {
         .cli(&["key", "revoke", "demo", &doomed.key_id])
         .unwrap();
     assert!(out.status.success());
-    let err = tokio::time::timeout(std::time::Duration::from_secs(15), waiting)
+    let err = tokio::time::timeout(std::time::Duration::from_secs(40), waiting)
         .await
         .expect("the queued scan was not answered once the places came back")
         .unwrap()
@@ -555,10 +559,12 @@ async fn a_scan_whose_key_was_revoked_while_it_waited_for_a_place_is_refused() {
 }
 
 /// The read limit is on stalls, not on a page's whole time: a client that reads a 4 MiB page
-/// slowly, one cell every 100 ms for 4 s with `--page-read-secs 2`, gets all of it.
+/// slowly, one cell every 150 ms for 6 s with `--page-read-secs 4`, gets all of it. (The server
+/// sees the reader's progress when its flow-control window opens, about every 1 MiB, 10 cells:
+/// ~1.5 s apart, well inside the limit on a slow machine too.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_reader_that_keeps_reading_gets_its_whole_page() {
-    let server = TestServer::start_with(cubed(), &["--page-read-secs", "2"]).unwrap();
+    let server = TestServer::start_with(cubed(), &["--page-read-secs", "4"]).unwrap();
     let mut c = server.cells(&server.demo).await.unwrap();
     for x in 0..40 {
         c.write(write(x, 1, 0, &vec![x as u8; 100 << 10]))
@@ -580,10 +586,10 @@ async fn a_slow_reader_that_keeps_reading_gets_its_whole_page() {
     while let Some(cell) = s.message().await.unwrap() {
         assert_eq!(cell.value.len(), 100 << 10);
         cells += 1;
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
     }
     assert_eq!(cells, 40);
-    assert!(started.elapsed() >= std::time::Duration::from_secs(3));
+    assert!(started.elapsed() >= std::time::Duration::from_secs(5));
     assert_eq!(server.metric("cube_scan_pages_expired_total"), Some(0.0));
 }
 

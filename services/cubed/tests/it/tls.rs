@@ -110,7 +110,8 @@ async fn a_client_certificate_authenticates_its_connection_until_the_key_is_revo
         signer,
     ));
     let mut failed = Vec::new();
-    for _ in 0..200 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while std::time::Instant::now() < deadline {
         let mut page = tenant
             .audit(AuditRequest {
                 from_seq: 0,
@@ -291,14 +292,14 @@ async fn a_stop_closes_the_tls_listener_while_the_drain_waits() {
         ServingStatus::NotServing
     );
     let mut closed = false;
-    for _ in 0..50 {
+    for _ in 0..150 {
         if std::net::TcpStream::connect(server.addr).is_err() {
             closed = true;
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
-    assert!(closed, "the TLS listener still accepts 5 s into the stop");
+    assert!(closed, "the TLS listener still accepts 15 s into the stop");
     drop(watch);
 }
 

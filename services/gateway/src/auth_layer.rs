@@ -497,12 +497,20 @@ impl Authenticator {
             Err(ReplayError::Unrecorded) => Err(Status::unavailable(
                 "x-cube-ts is more than a second ahead of the server clock, and the server could not record it (see the server log): sync the client's clock (NTP), or retry",
             )),
-            Err(ReplayError::Unmarked) => Err(Status::unavailable(
-                "the server cannot record its replay clock mark right now (see the server log); retry shortly",
-            )),
+            Err(ReplayError::Unmarked) => Err(Status::unavailable(MARK_NOT_RENEWED)),
         }
     }
 }
+
+/// The refusal of a correctly signed call stamped past the replay clock mark, once it has
+/// waited [`MARK_WAIT`] for a renewal in vain.
+const MARK_NOT_RENEWED: &str =
+    "the server cannot record its replay clock mark right now (see the server log); retry shortly";
+
+/// How long a correctly signed call stamped past the replay clock mark waits for the mark's
+/// renewal (a slow fdatasync of its file) before it is refused with UNAVAILABLE: a disk that
+/// stalls for a second or two delays signed calls instead of failing them.
+const MARK_WAIT: Duration = Duration::from_secs(3);
 
 /// The refusal of a correctly signed call stamped before the replay window (check 8).
 const TOO_OLD: &str = "x-cube-ts is older than the server's replay window (the server restarted or is under heavy load); sign again with the current time";
@@ -616,23 +624,23 @@ fn deadline_exceeded(limit: Duration) -> http::Response<Body> {
 
 impl<S, B> tower::Service<http::Request<B>> for Authenticated<S>
 where
-    S: tower::Service<http::Request<B>, Response = http::Response<Body>>,
+    S: tower::Service<http::Request<B>, Response = http::Response<Body>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
+    B: Send + 'static,
 {
     type Response = http::Response<Body>;
     type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<http::Response<Body>, S::Error>> + Send>>;
+    type Future = Answer<S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
         let started = Instant::now();
-        let metrics = self.auth.metrics;
         let labels = RpcLabels::of(req.uri().path());
-        if metrics {
+        if self.auth.metrics {
             labels.started();
         }
         let decision = self.auth.authenticate(
@@ -640,6 +648,52 @@ where
             req.headers(),
             req.extensions().get::<ConnInfo>(),
         );
+        if matches!(&decision, Err(s) if s.message() == MARK_NOT_RENEWED) {
+            // The replay clock mark's renewal is late (a slow disk): wait for it, then check
+            // the call again (its nonce was not recorded). On the service that was made ready
+            // for this call; a clone stays for the next.
+            let seen = self.auth.replay().clock_covered();
+            let inner = {
+                let ready_for_next = self.inner.clone();
+                std::mem::replace(&mut self.inner, ready_for_next)
+            };
+            let mut retry = Authenticated {
+                inner,
+                auth: Arc::clone(&self.auth),
+                call_timeout: self.call_timeout,
+            };
+            return Box::pin(async move {
+                retry.auth.replay().renewal_after(seen, MARK_WAIT).await;
+                let decision = retry.auth.authenticate(
+                    req.uri().path(),
+                    req.headers(),
+                    req.extensions().get::<ConnInfo>(),
+                );
+                retry.decided(req, decision, labels, started).await
+            });
+        }
+        self.decided(req, decision, labels, started)
+    }
+}
+
+/// The answer to a call, as [`Authenticated`] serves it.
+type Answer<E> = Pin<Box<dyn Future<Output = Result<http::Response<Body>, E>> + Send>>;
+
+impl<S> Authenticated<S> {
+    /// Serve or refuse a call once its authentication is decided.
+    fn decided<B>(
+        &mut self,
+        mut req: http::Request<B>,
+        decision: Result<Option<Principal>, Status>,
+        labels: RpcLabels,
+        started: Instant,
+    ) -> Answer<S::Error>
+    where
+        S: tower::Service<http::Request<B>, Response = http::Response<Body>>,
+        S::Future: Send + 'static,
+        S::Error: Send + 'static,
+    {
+        let metrics = self.auth.metrics;
         let auth = match &decision {
             Ok(Some(p)) => p.model.label(),
             _ => "none",
@@ -787,6 +841,82 @@ mod tests {
         assert!(futures::poll!(&mut call).is_pending());
         drop(call);
         assert_eq!(cancelled(), before + 1);
+    }
+
+    /// A service that answers every call at once (OK).
+    #[derive(Clone)]
+    struct Answers;
+
+    impl Service<http::Request<()>> for Answers {
+        type Response = http::Response<Body>;
+        type Error = Infallible;
+        type Future = std::future::Ready<Result<http::Response<Body>, Infallible>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: http::Request<()>) -> Self::Future {
+            std::future::ready(Ok(Status::ok("").into_http()))
+        }
+    }
+
+    /// A correctly signed call stamped past the replay clock mark (its renewal is late: a slow
+    /// fdatasync) waits for the renewal and is then served; refused with UNAVAILABLE only when
+    /// none comes within [`MARK_WAIT`].
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_signed_call_past_a_late_clock_mark_waits_for_its_renewal() {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = Arc::new(Catalog::open(&dir.path().join("catalog")).unwrap());
+        let key = catalog.create_tenant("t").unwrap();
+        // The mark as last renewed 10 s ago: it covers calls stamped up to 8 s ago.
+        let start = now_ms() - 10_000;
+        let floors = dir.path().join("replay-floors");
+        let replay = ReplayCache::with_floors(1000, 300_000, start, floors).unwrap();
+        let auth = Arc::new(Authenticator::new(
+            catalog,
+            AuthMode::Both,
+            300_000,
+            replay,
+            FailureLimits::default(),
+            None,
+        ));
+        let mut svc = AuthLayer::new(Arc::clone(&auth), None).layer(Answers);
+        let signer = cube_auth::client::CallSigner::new(
+            "t",
+            &key.key_id,
+            cube_auth::Secret::from_bytes(key.secret),
+        );
+        let path = "/cube.v1.Cells/Read";
+        let signed = || {
+            let mut req = http::Request::builder().uri(path).body(()).unwrap();
+            signer.sign_headers(path, req.headers_mut(), true);
+            req
+        };
+        let code = |resp: &http::Response<Body>| {
+            Status::from_header_map(resp.headers()).map_or(tonic::Code::Ok, |s| s.code())
+        };
+        // No renewal comes: refused once the wait is over.
+        let began = Instant::now();
+        let resp = svc.call(signed()).await.unwrap();
+        let status = Status::from_header_map(resp.headers()).unwrap();
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+        assert_eq!(status.message(), MARK_NOT_RENEWED);
+        assert!(began.elapsed() >= MARK_WAIT, "{:?}", began.elapsed());
+        // A renewal comes while the call waits: served.
+        let call = tokio::spawn(svc.call(signed()));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!call.is_finished(), "the call did not wait for the mark");
+        auth.replay().renew_clock(now_ms()).unwrap();
+        let resp = tokio::time::timeout(Duration::from_secs(2), call)
+            .await
+            .expect("the renewal did not wake the call")
+            .unwrap()
+            .unwrap();
+        assert_eq!(code(&resp), tonic::Code::Ok);
+        // With the mark current, no wait at all.
+        let resp = svc.call(signed()).await.unwrap();
+        assert_eq!(code(&resp), tonic::Code::Ok);
     }
 
     fn authenticator() -> (tempfile::TempDir, Arc<Authenticator>) {

@@ -402,6 +402,21 @@ impl ReplayCache {
         self.clock.is_some()
     }
 
+    /// The clock mark as it is now (`i64::MIN` without one), for
+    /// [`ReplayCache::renewal_after`].
+    pub fn clock_covered(&self) -> i64 {
+        self.clock.as_ref().map_or(i64::MIN, ClockMark::covered)
+    }
+
+    /// Wait (at most `within`) for a renewal of the clock mark to raise it above `seen`, read
+    /// by [`ReplayCache::clock_covered`] after a call was refused as [`ReplayError::Unmarked`]:
+    /// then the call may be checked again. At once without a clock mark.
+    pub async fn renewal_after(&self, seen: i64, within: std::time::Duration) {
+        if let Some(clock) = &self.clock {
+            clock.renewal_after(seen, within).await;
+        }
+    }
+
     /// The first timestamp accepted: calls stamped earlier are refused as too old (the server
     /// should announce itself ready only from then on).
     pub fn ready_ms(&self) -> i64 {

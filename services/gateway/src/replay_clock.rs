@@ -13,8 +13,9 @@
 //!
 //! The mark is renewed ahead of need: every [`RENEW_EVERY`] it becomes the clock plus
 //! [`LEASE_MS`] (beyond the second the cache admits ahead of the clock), so a call waits for no
-//! write, and only a renewal stalled for most of a lease (a disk that takes that long to
-//! fdatasync a few bytes) refuses calls, with `UNAVAILABLE`. A graceful stop lowers the mark to
+//! write; only a renewal stalled for most of a lease (a disk that takes that long to fdatasync
+//! a few bytes) makes calls wait for it (the auth layer's `MARK_WAIT`), and one stalled longer
+//! still refuses them, with `UNAVAILABLE`. A graceful stop lowers the mark to
 //! the clock plus a second, or the highest timestamp accepted (those further ahead included) if
 //! that is higher, so only a crash costs the next start up to [`LEASE_MS`] more before it is
 //! ready. A mark never goes down below one read at start: a server that crashes soon after
@@ -62,6 +63,8 @@ pub(crate) struct ClockMark {
     inherited: i64,
     /// Set by [`ClockMark::settle`]: renewals stop.
     settled: AtomicBool,
+    /// Woken by every renewal that raised the mark: calls refused for want of one wait here.
+    renewed: tokio::sync::Notify,
 }
 
 #[derive(Debug)]
@@ -150,6 +153,7 @@ impl ClockMark {
             accepted: AtomicI64::new(i64::MIN),
             inherited: floor,
             settled: AtomicBool::new(false),
+            renewed: tokio::sync::Notify::new(),
         };
         Ok((mark, inherited))
     }
@@ -203,7 +207,26 @@ impl ClockMark {
         }
         self.write_locked(&mut writer, mark)?;
         self.covered.fetch_max(mark, Ordering::SeqCst);
+        self.renewed.notify_waiters();
         Ok(())
+    }
+
+    /// Wait until the mark is above `seen` (a renewal came through after a call found `seen`
+    /// too low), at most `within`; at once if the mark was settled (no renewal will come).
+    pub(crate) async fn renewal_after(&self, seen: i64, within: Duration) {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let renewed = self.renewed.notified();
+            tokio::pin!(renewed);
+            // Registered before the look at the mark: a renewal in between still wakes it.
+            renewed.as_mut().enable();
+            if self.covered() > seen || self.settled.load(Ordering::SeqCst) {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, renewed).await.is_err() {
+                return;
+            }
+        }
     }
 
     fn write_locked(&self, writer: &mut Writer, mark: i64) -> io::Result<()> {

@@ -333,7 +333,8 @@ impl Gateway {
 }
 
 /// Renew the replay cache's clock mark every [`RENEW_EVERY`] until aborted: a renewal that
-/// falls a lease behind makes signed calls refused (`UNAVAILABLE`) until one succeeds again.
+/// falls a lease behind makes signed calls wait for it, and refused (`UNAVAILABLE`) after 3 s
+/// of waiting, until one succeeds again.
 async fn renew_clock(auth: Arc<Authenticator>) {
     let mut every = tokio::time::interval(RENEW_EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -348,7 +349,7 @@ async fn renew_clock(auth: Arc<Authenticator>) {
             Ok(()) => {}
             Err(e) => {
                 if !failing {
-                    tracing::error!(error = %e, "the replay clock mark could not be renewed: signed calls are refused with UNAVAILABLE once it falls a second behind, until it is written again");
+                    tracing::error!(error = %e, "the replay clock mark could not be renewed: once it falls a second behind, signed calls wait for it and are refused with UNAVAILABLE after 3 s, until it is written again");
                 }
                 failing = true;
             }

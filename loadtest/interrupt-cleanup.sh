@@ -69,7 +69,15 @@ for i in $(seq 1 "$N"); do
     kill -s "$sig" "$pid" 2>/dev/null || true
     rc=0
     wait "$pid" || rc=$?
+    # A loop device detached by the harness may still be listed for a moment (udev probing
+    # it): looked at again for up to 5 s before anything counts as left behind.
     left=$(leftovers)
+    for _ in $(seq 1 25); do
+        [ -n "$left" ] || break
+        command -v udevadm > /dev/null && udevadm settle --timeout=1 2>/dev/null || true
+        sleep 0.2
+        left=$(leftovers)
+    done
     said=$(grep -m1 '^stopped by' "$BASE.log" || true)
     if [ "$rc" = 0 ]; then
         echo "run $i: finished before SIG$sig (after ${delay} s): not a stop, not counted"

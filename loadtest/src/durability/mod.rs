@@ -106,18 +106,35 @@ pub struct WriteStats {
 /// Longest a harness write may take before it counts as refused (`DeadlineExceeded`).
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Run one writer task per ledger slot until `until`.
-pub async fn write(
+/// One connection per ledger slot, for [`write`]: made before the writing starts, so that a
+/// stop timed from it falls while the writers write, never while they connect.
+pub async fn writers(
     addr: std::net::SocketAddr,
     creds: &Credentials,
+    ledger: &Ledger,
+) -> anyhow::Result<Vec<Cells>> {
+    let mut clients = Vec::with_capacity(ledger.acked.len());
+    for _ in 0..ledger.acked.len() {
+        clients.push(cells(addr, creds).await?);
+    }
+    Ok(clients)
+}
+
+/// Run one writer task per ledger slot, each on its connection from [`writers`], until
+/// `until`.
+pub async fn write(
+    clients: Vec<Cells>,
     ledger: &Arc<Ledger>,
     until: Until,
 ) -> anyhow::Result<WriteStats> {
+    anyhow::ensure!(
+        clients.len() == ledger.acked.len(),
+        "one connection per writer"
+    );
     let started = Instant::now();
     let before = ledger.total();
     let mut tasks = Vec::new();
-    for w in 0..ledger.acked.len() {
-        let mut c = cells(addr, creds).await?;
+    for (w, mut c) in clients.into_iter().enumerate() {
         let (ledger, until) = (ledger.clone(), until.clone());
         tasks.push(tokio::spawn(async move {
             let mut refused: BTreeMap<String, u64> = BTreeMap::new();

@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use super::{
     AUDIT_RETENTION, Ledger, SERVER_FLAGS, SpotReads, Until, Verification, WriteStats, fs,
-    require_clean_writes, require_stop_mid_write, spot_read, sync_all, verify, write,
+    require_clean_writes, require_stop_mid_write, spot_read, sync_all, verify, write, writers,
 };
 
 /// Shared settings of a run.
@@ -122,7 +122,8 @@ pub async fn graceful(s: &Settings) -> anyhow::Result<ScenarioReport> {
     let ledger = Arc::new(Ledger::new(s.writers, s.value_bytes));
     for i in 0..s.repeat {
         let (u, _, _) = until(target(&ledger, s), 600.0);
-        let w = write(server.addr, &server.demo, &ledger, u).await?;
+        let clients = writers(server.addr, &server.demo, &ledger).await?;
+        let w = write(clients, &ledger, u).await?;
         let status = tokio::task::block_in_place(|| server.sigterm())?;
         if !status.success() {
             bail!("cubed exited with {status} after SIGTERM");
@@ -169,7 +170,8 @@ pub async fn kill_idle(s: &Settings) -> anyhow::Result<ScenarioReport> {
     let ledger = Arc::new(Ledger::new(s.writers, s.value_bytes));
     for i in 0..s.repeat {
         let (u, _, _) = until(target(&ledger, s), 600.0);
-        let w = write(server.addr, &server.demo, &ledger, u).await?;
+        let clients = writers(server.addr, &server.demo, &ledger).await?;
+        let w = write(clients, &ledger, u).await?;
         tokio::time::sleep(Duration::from_millis(300)).await;
         tokio::task::block_in_place(|| server.kill9())?;
         ledger.save(&s.work.join("acked-B.json"))?;
@@ -205,10 +207,10 @@ async fn write_and_stop(
     at_cut: impl FnOnce(),
 ) -> anyhow::Result<WriteStats> {
     let (u, stop, gone) = until(u64::MAX, 600.0);
-    let (addr, creds) = (server.addr, server.demo.clone());
-    let writers = {
+    let clients = writers(server.addr, &server.demo, ledger).await?;
+    let writing = {
         let ledger = ledger.clone();
-        tokio::spawn(async move { write(addr, &creds, &ledger, u).await })
+        tokio::spawn(async move { write(clients, &ledger, u).await })
     };
     tokio::time::sleep(after).await;
     // The stop flag first, so the writers take the connection errors that follow as the end,
@@ -226,7 +228,7 @@ async fn write_and_stop(
     }
     gone.store(true, Ordering::SeqCst);
     at_cut();
-    let w = writers.await??;
+    let w = writing.await??;
     ledger.save(&s.work.join("acked.json"))?;
     Ok(w)
 }
@@ -512,7 +514,12 @@ async fn disk_full_round(
     let ledger = Arc::new(Ledger::new(s.writers, s.value_bytes));
     // Some data first, then ballast leaving a few MiB (above the guard, if any).
     let (u, _, _) = until((4 << 20).min(s.size), 60.0);
-    let w1 = write(server.addr, &server.demo, &ledger, u).await?;
+    let w1 = write(
+        writers(server.addr, &server.demo, &ledger).await?,
+        &ledger,
+        u,
+    )
+    .await?;
     let ballast = mnt.dir.join("ballast");
     let free = fs::free_bytes(&mnt.dir)?;
     fill(&ballast, free.saturating_sub(min_free + (4 << 20)))?;
@@ -524,7 +531,12 @@ async fn disk_full_round(
         gone: Arc::default(),
         retry_refused: false,
     };
-    let w2 = write(server.addr, &server.demo, &ledger, u).await?;
+    let w2 = write(
+        writers(server.addr, &server.demo, &ledger).await?,
+        &ledger,
+        u,
+    )
+    .await?;
     let refused: u64 = w2.refused.values().sum();
     // Codes a full disk may answer with; anything else is a failure in any phase.
     let odd_codes = |w: &WriteStats| -> Vec<String> {
@@ -582,7 +594,12 @@ async fn disk_full_round(
         retry_refused: true,
     };
     let resumed_at = Instant::now();
-    let w3 = write(server.addr, &server.demo, &ledger, u).await?;
+    let w3 = write(
+        writers(server.addr, &server.demo, &ledger).await?,
+        &ledger,
+        u,
+    )
+    .await?;
     let resumed = ledger.total() - before;
     notes.push(format!(
         "{label}: space freed: {resumed} records acknowledged in {:.1} s ({} refusals while resuming)",

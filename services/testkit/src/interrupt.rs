@@ -130,6 +130,40 @@ impl ChildProcess {
         Ok(ChildProcess { child, registered })
     }
 
+    /// Run `command` to its end as [`Command::output`](std::process::Command::output) does
+    /// (stdin closed, stdout and stderr collected), registered meanwhile: a command the driver
+    /// runs against a server's data directory (`cubed tenant …`) is stopped with the server
+    /// instead of outliving the cleanup, or opening the data directory offline once the server
+    /// is gone.
+    pub fn output(command: &mut std::process::Command) -> std::io::Result<std::process::Output> {
+        use std::io::Read;
+        use std::process::Stdio;
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = ChildProcess::spawn(command)?;
+        let stderr = child.child.stderr.take();
+        let stderr = std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut pipe) = stderr {
+                let _ = pipe.read_to_end(&mut bytes);
+            }
+            bytes
+        });
+        let mut stdout = Vec::new();
+        if let Some(mut pipe) = child.child.stdout.take() {
+            pipe.read_to_end(&mut stdout)?;
+        }
+        let stderr = stderr.join().unwrap_or_default();
+        let status = child.wait()?;
+        Ok(std::process::Output {
+            status,
+            stdout,
+            stderr,
+        })
+    }
+
     pub fn id(&self) -> u32 {
         self.child.id()
     }

@@ -472,13 +472,15 @@ impl TestServer {
         Ok((path("cert")?, path("key")?))
     }
 
-    /// Run `cubed ARGS --data-dir <this server's data dir>`.
+    /// Run `cubed ARGS --data-dir <this server's data dir>` (a child process registered with
+    /// [`interrupt`] while it runs).
     pub fn cli(&self, args: &[&str]) -> anyhow::Result<Output> {
-        Ok(Command::new(&self.bin)
-            .args(args)
-            .arg("--data-dir")
-            .arg(self.data_dir())
-            .output()?)
+        Ok(interrupt::ChildProcess::output(
+            Command::new(&self.bin)
+                .args(args)
+                .arg("--data-dir")
+                .arg(self.data_dir()),
+        )?)
     }
 
     /// `cubed tenant create NAME`, parsed.

@@ -4,7 +4,8 @@
 # tenant already holds the earlier runs' cells. Each run claims a run slot of its own (x
 # coordinates no earlier run used; loadtest/src/ab/user.rs, `claim_slot`); without that, the
 # second run wrote to cells the first had sealed and read run counts the first had left.
-# `.ci/run` runs it with a debug build. Loopback only; removes its data directory.
+# `.ci/run` runs it with a debug build (an op fails after 10 s, as in its stress gate). Loopback
+# only; removes its data directory.
 #
 #   bash loadtest/repeat-runs.sh [RUNS] [SECONDS] [BIN_DIR]     # 3 runs of 5 s, target/release
 set -euo pipefail
@@ -35,7 +36,7 @@ GRANT_KEY=$("$BIN/cubed" key create demo --data-dir "$DATA/data" | sed -n 's/.*"
 
 for i in $(seq "$RUNS"); do
     model=$([ $((i % 2)) -eq 1 ] && echo connection || echo call)
-    "$BIN/cube-load" run --model "$model" --mix audit --duration "$SECS" --users 4 \
+    "$BIN/cube-load" run --model "$model" --mix audit --duration "$SECS" --users 4 --timeout-ms 10000 \
         --target "$GRPC" --creds "$DATA/data/dev-credentials.json" --grant-key "$GRANT_KEY" \
         --admin "$ADMIN" --json "$DATA/run$i.json" >"$DATA/run$i.out" 2>&1 ||
         { cat "$DATA/run$i.out" >&2; exit 1; }

@@ -209,12 +209,13 @@ export class CubeVU {
   connect() {
     // k6 registers the reflected types in one process-wide registry, and two VUs doing that at
     // once can panic ("message ... is already registered", grafana/k6#3961; seen once in
-    // .ci/run with k6 1.1.0): the VUs' first connections are staggered by 250 ms each, closer
-    // together when there are more than 8 VUs so that the last one starts within 2 s (a longer
-    // wait could outlast the run, and run.sh wants one handshake per VU).
+    // .ci/run with k6 1.1.0): the VUs' first connections are staggered by 500 ms each (a
+    // connect with reflection can take a few hundred ms on a loaded machine), closer together
+    // when there are more than 4 VUs so that the last one starts within 2 s (a longer wait
+    // could outlast the run, and run.sh wants one handshake per VU).
     if (!this.staggered) {
       this.staggered = true;
-      sleep(Math.min(0.25, 2 / exec.instance.vusInitialized) * (__VU - 1));
+      sleep(Math.min(0.5, 2 / exec.instance.vusInitialized) * (__VU - 1));
     }
     // reflect: the schemas come from the server's reflection service; no .proto files loaded.
     try {

@@ -268,7 +268,9 @@ async fn run_on(
     }
     let elapsed = start.elapsed().as_secs_f64();
     let (client_cpu1, server_cpu1) = (scrape::own_cpu_seconds(), scrape::cpu_seconds(server.pid));
-    let after = tokio::task::block_in_place(|| scrape::scrape(server.admin));
+    let after = tokio::task::block_in_place(|| {
+        scrape::scrape_settled(server.admin, Duration::from_secs(2))
+    });
 
     let verified = if args.no_verify {
         None

@@ -222,6 +222,32 @@ pub fn scrape(admin: Option<SocketAddr>) -> Option<Page> {
         .map(|(_, body)| parse_page(&body))
 }
 
+/// [`scrape`] once the server has counted every call it started (`grpc_server_started_total`
+/// equal to `grpc_server_handled_total`), or when `within` has passed: a call the load driver
+/// gave up on (a timeout) is counted, as CANCELLED, only when the server drops it, which can be
+/// just after the driver's last user has ended.
+pub fn scrape_settled(admin: Option<SocketAddr>, within: std::time::Duration) -> Option<Page> {
+    let until = std::time::Instant::now() + within;
+    loop {
+        let (_, body) = cube_testkit::admin_get(admin?, "/metrics").ok()?;
+        if settled(&body) || std::time::Instant::now() >= until {
+            return Some(parse_page(&body));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Whether the page counts as many calls handled as started.
+fn settled(text: &str) -> bool {
+    let total = |metric: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with(metric) && l[metric.len()..].starts_with(['{', ' ']))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum()
+    };
+    total("grpc_server_started_total") == total("grpc_server_handled_total")
+}
+
 /// User + system CPU seconds of this process so far.
 pub fn own_cpu_seconds() -> Option<f64> {
     stat_cpu_seconds("/proc/self/stat")
@@ -258,6 +284,20 @@ grpc_server_handling_seconds_bucket{grpc_type="unary",grpc_service="cube.v1.Cell
 grpc_server_handling_seconds_bucket{grpc_type="unary",grpc_service="cube.v1.Cells",grpc_method="Read",grpc_code="Unauthenticated",auth="none",le="+Inf"} 3
 grpc_server_handling_seconds_count{grpc_type="unary",grpc_service="cube.v1.Cells",grpc_method="Read",grpc_code="OK",auth="call"} 100
 "#;
+
+    #[test]
+    fn a_page_is_settled_when_every_started_call_is_handled() {
+        let page = |handled: u32| {
+            format!(
+                "grpc_server_started_total{{grpc_method=\"Read\"}} 5\n\
+                 grpc_server_started_total{{grpc_method=\"Write\"}} 2\n\
+                 grpc_server_handled_total{{grpc_method=\"Read\",grpc_code=\"OK\"}} 4\n\
+                 grpc_server_handled_total{{grpc_method=\"Write\",grpc_code=\"OK\"}} {handled}\n"
+            )
+        };
+        assert!(!settled(&page(2)));
+        assert!(settled(&page(3)));
+    }
 
     #[test]
     fn the_window_is_the_difference_of_two_scrapes() {

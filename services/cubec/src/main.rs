@@ -37,7 +37,8 @@ struct Cli {
     /// with this). With --cert, only its endpoint is used (when the file exists).
     #[arg(long, env = "CUBE_CREDENTIALS", global = true)]
     credentials: Option<PathBuf>,
-    /// CA certificate (PEM) to trust for an https:// endpoint; default ./cube-data/tls/ca.pem.
+    /// CA certificate (PEM) to trust for an https:// endpoint (not used, with a note, for an
+    /// http:// one); default ./cube-data/tls/ca.pem.
     #[arg(long, env = "CUBE_CA", global = true)]
     ca: Option<PathBuf>,
     /// Name the server's certificate must carry; default: the endpoint's host.
@@ -336,6 +337,16 @@ async fn run() -> anyhow::Result<()> {
         target.endpoint,
         target.origin
     );
+    // A CA given for a plaintext endpoint is not used: said, so that nobody takes these calls
+    // for encrypted. (Not refused: a wrong scheme is diagnosed below, by what the server
+    // answers, and CUBE_CA may be set for other endpoints.)
+    if !target.tls && cli.ca.is_some() {
+        eprintln!(
+            "cubec: note: --ca (or CUBE_CA) is not used: {} (from {}) is plaintext; use https:// \
+             for TLS",
+            target.endpoint, target.origin
+        );
+    }
     let mut ep = Endpoint::from_shared(target.endpoint.clone())
         .with_context(|| format!("bad endpoint {}", target.endpoint))?;
     // An unreachable address, or a server that takes the connection and never answers (stopped,

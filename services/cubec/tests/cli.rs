@@ -218,6 +218,40 @@ fn a_value_over_four_mib_reads_back() {
     );
 }
 
+/// A CA given for an http:// endpoint is not used, and cubec says so: nobody should take the
+/// calls that follow for encrypted.
+#[test]
+fn a_ca_for_a_plaintext_endpoint_is_named_as_unused() {
+    let server = TestServer::start(&cubed()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let creds = server.data_dir().join("dev-credentials.json");
+    let note = format!(
+        "cubec: note: --ca (or CUBE_CA) is not used: {} (from --endpoint or CUBE_ENDPOINT) is \
+         plaintext; use https:// for TLS\n",
+        server.endpoint()
+    );
+    let args = [
+        "--credentials",
+        creds.to_str().unwrap(),
+        "--endpoint",
+        &server.endpoint(),
+        "read",
+        "1",
+        "2",
+        "3",
+    ];
+    let o = run(dir.path(), &[], &[&["--ca", "ca.pem"][..], &args].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stderr(&o), note);
+    let o = run(dir.path(), &[("CUBE_CA", "ca.pem")], &args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stderr(&o), note);
+    // Without a CA, nothing is said.
+    let o = run(dir.path(), &[], &args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stderr(&o), "");
+}
+
 #[test]
 fn a_client_certificate_needs_https_and_no_auth_model() {
     let dir = tempfile::tempdir().unwrap();
@@ -570,6 +604,8 @@ fn the_admin_port_is_named_as_such() {
     let o = read(&endpoint);
     assert!(!o.status.success());
     let err = stderr(&o);
+    // (After the note that the --ca given is not used for http://.)
+    let err = &err[err.find("cubec: error: ").unwrap_or(0)..];
     assert!(
         err.starts_with(&format!(
             "cubec: error: cannot talk to the server at {endpoint} (from --endpoint or \
@@ -1002,8 +1038,8 @@ fn a_server_that_does_not_answer_ends_the_command_after_the_timeout() {
             took < std::time::Duration::from_secs(20),
             "tls {tls}: {took:?}"
         );
-        // Served again once it runs: retried for a while, since a server just resumed may first
-        // refuse signed calls (UNAVAILABLE) until it has renewed its replay clock mark.
+        // Served again once it runs: retried for a while, since a server just resumed may hold
+        // signed calls until it has renewed its replay clock mark (and refuse them after 3 s).
         let served = ["--timeout-secs", "10", "read", "1", "2", "3"];
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         let mut o = run(dir.path(), &env, &served);

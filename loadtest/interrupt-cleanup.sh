@@ -70,11 +70,10 @@ for i in $(seq 1 "$N"); do
     rc=0
     wait "$pid" || rc=$?
     # A loop device detached by the harness may still be listed for a moment (udev probing
-    # it): looked at again for up to 5 s before anything counts as left behind.
+    # it): when that is all that is left, looked at again for up to 5 s.
     left=$(leftovers)
-    for _ in $(seq 1 25); do
-        [ -n "$left" ] || break
-        command -v udevadm > /dev/null && udevadm settle --timeout=1 2>/dev/null || true
+    settle_until=$((SECONDS + 5))
+    while [ -n "$left" ] && ! grep -qv '^loop device ' <<< "$left" && [ "$SECONDS" -lt "$settle_until" ]; do
         sleep 0.2
         left=$(leftovers)
     done

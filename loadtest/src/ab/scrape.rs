@@ -228,10 +228,16 @@ pub fn scrape(admin: Option<SocketAddr>) -> Option<Page> {
 /// just after the driver's last user has ended.
 pub fn scrape_settled(admin: Option<SocketAddr>, within: std::time::Duration) -> Option<Page> {
     let until = std::time::Instant::now() + within;
+    let mut last = None;
     loop {
-        let (_, body) = cube_testkit::admin_get(admin?, "/metrics").ok()?;
-        if settled(&body) || std::time::Instant::now() >= until {
-            return Some(parse_page(&body));
+        match cube_testkit::admin_get(admin?, "/metrics") {
+            Ok((_, body)) if settled(&body) => return Some(parse_page(&body)),
+            Ok((_, body)) => last = Some(body),
+            // A failed look while waiting: the last page read stands.
+            Err(_) => {}
+        }
+        if std::time::Instant::now() >= until {
+            return last.map(|body| parse_page(&body));
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }

@@ -42,7 +42,9 @@ pub struct DiskResult {
 
 pub fn run(s: &Settings, root: &Path) -> anyhow::Result<DiskResult> {
     let dir = root.join("disk");
-    std::fs::create_dir_all(&dir)?;
+    // Inside the run's directory, never recreating it (`create_dir_all`) after a signal's
+    // cleanup removed it.
+    std::fs::create_dir(&dir)?;
     let result = measure(s, &dir);
     remove_data(&dir);
     result

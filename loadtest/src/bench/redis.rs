@@ -249,7 +249,7 @@ pub async fn run(s: &Settings, root: &Path, out: &mut Results) -> anyhow::Result
     out.versions
         .push(("Redis".into(), version(bin, "--version")));
     let data = root.join("redis");
-    std::fs::create_dir_all(&data)?;
+    std::fs::create_dir(&data)?;
     let result = measure(s, bin, root, &data, out).await;
     remove_data(&data);
     result

@@ -109,7 +109,7 @@ pub fn run(s: &Settings, root: &Path, out: &mut Results) -> anyhow::Result<()> {
     ));
     for journal in [Journal::Wal, Journal::Delete] {
         let dir = root.join(format!("sqlite-{}", journal.pragma()));
-        std::fs::create_dir_all(&dir)?;
+        std::fs::create_dir(&dir)?;
         let result = measure(s, journal, &dir, out);
         remove_data(&dir);
         result.with_context(|| journal.system())?;

@@ -5,7 +5,7 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use cube_api::v1::cells_client::CellsClient;
 use cube_api::v1::tenant_client::TenantClient;
 use cube_api::v1::{AuditEntry, AuditRequest};
@@ -41,6 +41,9 @@ struct Cli {
     /// http:// one); default ./cube-data/tls/ca.pem.
     #[arg(long, env = "CUBE_CA", global = true)]
     ca: Option<PathBuf>,
+    /// Whether `ca` came from CUBE_CA (to name it in messages).
+    #[arg(skip)]
+    ca_from_env: bool,
     /// Name the server's certificate must carry; default: the endpoint's host.
     #[arg(long, env = "CUBE_TLS_SERVER_NAME", global = true)]
     tls_server_name: Option<String>,
@@ -302,7 +305,9 @@ fn main() -> std::process::ExitCode {
 }
 
 async fn run() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    cli.ca_from_env = matches.value_source("ca") == Some(clap::parser::ValueSource::EnvVariable);
     if let Cmd::Write {
         value: Some(value), ..
     } = &cli.command
@@ -342,9 +347,10 @@ async fn run() -> anyhow::Result<()> {
     // answers, and CUBE_CA may be set for other endpoints.)
     if !target.tls && cli.ca.is_some() {
         eprintln!(
-            "cubec: note: --ca (or CUBE_CA) is not used: {} (from {}) is plaintext; use https:// \
-             for TLS",
-            target.endpoint, target.origin
+            "cubec: note: {} is not used: {} (from {}) is plaintext; use https:// for TLS",
+            if cli.ca_from_env { "CUBE_CA" } else { "--ca" },
+            target.endpoint,
+            target.origin
         );
     }
     let mut ep = Endpoint::from_shared(target.endpoint.clone())

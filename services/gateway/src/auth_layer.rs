@@ -510,7 +510,10 @@ const MARK_NOT_RENEWED: &str =
 /// How long a correctly signed call stamped past the replay clock mark waits for the mark's
 /// renewal (a slow fdatasync of its file) before it is refused with UNAVAILABLE: a disk that
 /// stalls for a second or two delays signed calls instead of failing them.
-const MARK_WAIT: Duration = Duration::from_secs(3);
+pub(crate) const MARK_WAIT: Duration = Duration::from_secs(3);
+
+/// What a call waiting for the clock mark leaves of its deadline for its refusal to arrive.
+const MARK_MARGIN: Duration = Duration::from_millis(50);
 
 /// The refusal of a correctly signed call stamped before the replay window (check 8).
 const TOO_OLD: &str = "x-cube-ts is older than the server's replay window (the server restarted or is under heavy load); sign again with the current time";
@@ -547,6 +550,11 @@ impl Unanswered {
     fn answered(self, status: i32) {
         let this = std::mem::ManuallyDrop::new(self);
         this.labels.handled(status, this.auth, this.started);
+    }
+
+    /// The call goes on, under a guard of its own: not counted here.
+    fn passed_on(self) {
+        let _ = std::mem::ManuallyDrop::new(self);
     }
 }
 
@@ -648,31 +656,87 @@ where
             req.headers(),
             req.extensions().get::<ConnInfo>(),
         );
-        if matches!(&decision, Err(s) if s.message() == MARK_NOT_RENEWED) {
-            // The replay clock mark's renewal is late (a slow disk): wait for it, then check
-            // the call again (its nonce was not recorded). On the service that was made ready
-            // for this call; a clone stays for the next.
-            let seen = self.auth.replay().clock_covered();
-            let inner = {
-                let ready_for_next = self.inner.clone();
-                std::mem::replace(&mut self.inner, ready_for_next)
-            };
-            let mut retry = Authenticated {
-                inner,
-                auth: Arc::clone(&self.auth),
-                call_timeout: self.call_timeout,
-            };
-            return Box::pin(async move {
-                retry.auth.replay().renewal_after(seen, MARK_WAIT).await;
+        if is_late_mark(&decision) {
+            return self.after_the_mark(req, labels, started);
+        }
+        self.decided(req, decision, labels, started, started)
+    }
+}
+
+/// Whether a call was refused only because the replay clock mark's renewal is late.
+fn is_late_mark(decision: &Result<Option<Principal>, Status>) -> bool {
+    matches!(decision, Err(s) if s.message() == MARK_NOT_RENEWED)
+}
+
+impl<S> Authenticated<S> {
+    /// A correctly signed call stamped past the replay clock mark, whose renewal is late (a slow
+    /// fdatasync): checked again after each renewal until one covers it, for [`MARK_WAIT`] at
+    /// most, and never past the server's `--call-timeout-ms` or the client's deadline (less
+    /// [`MARK_MARGIN`]), so that its refusal, if it comes to that, still arrives as the
+    /// UNAVAILABLE that means "not applied". Its nonce was not recorded by the refused check.
+    /// Runs on the service that was made ready for this call; a clone stays for the next.
+    fn after_the_mark<B>(
+        &mut self,
+        req: http::Request<B>,
+        labels: RpcLabels,
+        started: Instant,
+    ) -> Answer<S::Error>
+    where
+        S: tower::Service<http::Request<B>, Response = http::Response<Body>>
+            + Clone
+            + Send
+            + 'static,
+        S::Future: Send + 'static,
+        S::Error: Send + 'static,
+        B: Send + 'static,
+    {
+        let patience = [self.call_timeout, client_timeout(req.headers())]
+            .into_iter()
+            .flatten()
+            .map(|limit| limit.saturating_sub(MARK_MARGIN))
+            .fold(MARK_WAIT, Duration::min);
+        // (A renewal between the refused check and this look is waited for once more: at most
+        // one renewal period, off the hot path.)
+        let mut seen = self.auth.replay().clock_covered();
+        let inner = {
+            let ready_for_next = self.inner.clone();
+            std::mem::replace(&mut self.inner, ready_for_next)
+        };
+        let mut retry = Authenticated {
+            inner,
+            auth: Arc::clone(&self.auth),
+            call_timeout: self.call_timeout,
+        };
+        // Counted as CANCELLED if dropped while it waits (a client's deadline, a reset).
+        let waiting = self.auth.metrics.then(|| Unanswered {
+            labels,
+            auth: "none",
+            started,
+        });
+        Box::pin(async move {
+            let until = tokio::time::Instant::now() + patience;
+            let (decision, decided_at) = loop {
+                let left = until.saturating_duration_since(tokio::time::Instant::now());
+                retry.auth.replay().renewal_after(seen, left).await;
+                // Read before the check: a renewal after it wakes the next wait at once.
+                seen = retry.auth.replay().clock_covered();
+                let at = Instant::now();
                 let decision = retry.auth.authenticate(
                     req.uri().path(),
                     req.headers(),
                     req.extensions().get::<ConnInfo>(),
                 );
-                retry.decided(req, decision, labels, started).await
-            });
-        }
-        self.decided(req, decision, labels, started)
+                if !is_late_mark(&decision) || tokio::time::Instant::now() >= until {
+                    break (decision, at);
+                }
+            };
+            if let Some(w) = waiting {
+                w.passed_on();
+            }
+            retry
+                .decided(req, decision, labels, started, decided_at)
+                .await
+        })
     }
 }
 
@@ -680,13 +744,15 @@ where
 type Answer<E> = Pin<Box<dyn Future<Output = Result<http::Response<Body>, E>> + Send>>;
 
 impl<S> Authenticated<S> {
-    /// Serve or refuse a call once its authentication is decided.
+    /// Serve or refuse a call once its authentication is decided (by a check that began at
+    /// `decided_at`: the call may have waited before it, see [`Authenticated::after_the_mark`]).
     fn decided<B>(
         &mut self,
         mut req: http::Request<B>,
         decision: Result<Option<Principal>, Status>,
         labels: RpcLabels,
         started: Instant,
+        decided_at: Instant,
     ) -> Answer<S::Error>
     where
         S: tower::Service<http::Request<B>, Response = http::Response<Body>>,
@@ -700,7 +766,7 @@ impl<S> Authenticated<S> {
         };
         if metrics && needs_signature(req.uri().path()) {
             crate::rpc_metrics::auth_seconds(auth, decision.is_ok())
-                .observe(started.elapsed().as_secs_f64());
+                .observe(decided_at.elapsed().as_secs_f64());
         }
         match decision {
             Ok(principal) => {
@@ -903,10 +969,17 @@ mod tests {
         assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
         assert_eq!(status.message(), MARK_NOT_RENEWED);
         assert!(began.elapsed() >= MARK_WAIT, "{:?}", began.elapsed());
-        // A renewal comes while the call waits: served.
+        // Renewals come while the call waits: a stalled one that still does not cover it (its
+        // time taken before the stall), then one that does: served.
         let call = tokio::spawn(svc.call(signed()));
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(!call.is_finished(), "the call did not wait for the mark");
+        auth.replay().renew_clock(now_ms() - 5_000).unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            !call.is_finished(),
+            "a renewal that does not cover the call ended its wait"
+        );
         auth.replay().renew_clock(now_ms()).unwrap();
         let resp = tokio::time::timeout(Duration::from_secs(2), call)
             .await
@@ -917,6 +990,66 @@ mod tests {
         // With the mark current, no wait at all.
         let resp = svc.call(signed()).await.unwrap();
         assert_eq!(code(&resp), tonic::Code::Ok);
+    }
+
+    /// A call waiting for the clock mark keeps to the client's deadline (refused UNAVAILABLE,
+    /// "not applied", before it runs out) and, dropped while it waits, is counted as handled
+    /// (CANCELLED), so started and handled calls stay paired.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_call_waiting_for_the_clock_mark_keeps_to_its_deadline_and_is_counted_if_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = Arc::new(Catalog::open(&dir.path().join("catalog")).unwrap());
+        let key = catalog.create_tenant("t").unwrap();
+        let start = now_ms() - 10_000;
+        let floors = dir.path().join("replay-floors");
+        let replay = ReplayCache::with_floors(1000, 300_000, start, floors).unwrap();
+        let auth = Arc::new(Authenticator::new(
+            catalog,
+            AuthMode::Both,
+            300_000,
+            replay,
+            FailureLimits::default(),
+            None,
+        ));
+        let mut svc = AuthLayer::new(auth, None).layer(Answers);
+        let signer = cube_auth::client::CallSigner::new(
+            "t",
+            &key.key_id,
+            cube_auth::Secret::from_bytes(key.secret),
+        );
+        let path = "/cube.v1.Cells/Delete";
+        let signed = |timeout: Option<&str>| {
+            let mut req = http::Request::builder().uri(path);
+            if let Some(t) = timeout {
+                req = req.header("grpc-timeout", t);
+            }
+            let mut req = req.body(()).unwrap();
+            signer.sign_headers(path, req.headers_mut(), true);
+            req
+        };
+        // A 2-s deadline, under MARK_WAIT's 3 s: the wait ends 50 ms before it.
+        let began = Instant::now();
+        let resp = svc.call(signed(Some("2S"))).await.unwrap();
+        let took = began.elapsed();
+        let status = Status::from_header_map(resp.headers()).unwrap();
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+        assert!(
+            took >= Duration::from_millis(1900) && took < Duration::from_millis(2900),
+            "{took:?} for a 2-s deadline"
+        );
+        let count = |metric: &prometheus::IntCounterVec, code: &[&str]| {
+            metric
+                .with_label_values(&[&["unary", "cube.v1.Cells", "Delete"][..], code].concat())
+                .get()
+        };
+        let started = || count(&cube_metrics::GRPC_STARTED, &[]);
+        let cancelled = || count(&cube_metrics::GRPC_HANDLED, &["Canceled", "none"]);
+        let (started_before, cancelled_before) = (started(), cancelled());
+        let mut call = svc.call(signed(None));
+        assert!(futures::poll!(&mut call).is_pending());
+        drop(call);
+        assert_eq!(started(), started_before + 1);
+        assert_eq!(cancelled(), cancelled_before + 1);
     }
 
     fn authenticator() -> (tempfile::TempDir, Arc<Authenticator>) {

@@ -41,8 +41,8 @@ use crate::replay::AHEAD_MS;
 /// How far past the clock (beyond [`AHEAD_MS`]) a renewal sets the mark.
 pub const LEASE_MS: i64 = 1_000;
 
-/// How often the mark is renewed: a renewal may stall for a lease less this before calls are
-/// refused.
+/// How often the mark is renewed: a renewal may stall for a lease less this before calls wait
+/// for it (and are refused if it stalls on).
 pub const RENEW_EVERY: Duration = Duration::from_millis(200);
 
 /// Slots are a page apart (a 4 KiB sector or page holds one of them).
@@ -197,7 +197,10 @@ impl ClockMark {
             .saturating_add(AHEAD_MS)
             .max(self.accepted.load(Ordering::SeqCst))
             .max(self.inherited);
-        self.write_locked(&mut writer, mark)
+        let written = self.write_locked(&mut writer, mark);
+        // Calls still waiting for a renewal stop waiting: none will come.
+        self.renewed.notify_waiters();
+        written
     }
 
     fn write(&self, mark: i64) -> io::Result<()> {

@@ -199,7 +199,7 @@ impl Gateway {
             // Renewed once before any connection is taken: since `new` the mark may have
             // fallen behind the clock (the wait for the replay window, a crash's lease).
             if let Err(e) = renew_clock_once(&self.auth).await {
-                tracing::error!(error = %e, "the replay clock mark could not be renewed: signed calls are refused with UNAVAILABLE until it is");
+                tracing::error!(error = %e, "the replay clock mark could not be renewed: signed calls wait for it, and are refused with UNAVAILABLE after {} s, until it is", crate::auth_layer::MARK_WAIT.as_secs());
             }
             Some(AbortOnDrop(tokio::spawn(renew_clock(Arc::clone(
                 &self.auth,
@@ -333,15 +333,26 @@ impl Gateway {
 }
 
 /// Renew the replay cache's clock mark every [`RENEW_EVERY`] until aborted: a renewal that
-/// falls a lease behind makes signed calls wait for it, and refused (`UNAVAILABLE`) after 3 s
-/// of waiting, until one succeeds again.
+/// falls a lease behind makes signed calls wait for it, and refused (`UNAVAILABLE`) after
+/// `MARK_WAIT` of waiting, until one succeeds again. A renewal slow enough to hold calls up
+/// (its fdatasync taking over a second) is logged.
 async fn renew_clock(auth: Arc<Authenticator>) {
     let mut every = tokio::time::interval(RENEW_EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut failing = false;
     loop {
         every.tick().await;
-        match renew_clock_once(&auth).await {
+        let began = std::time::Instant::now();
+        let renewed = renew_clock_once(&auth).await;
+        let took = began.elapsed();
+        if took > std::time::Duration::from_secs(1) {
+            tracing::warn!(
+                ms = took.as_millis() as u64,
+                "renewing the replay clock mark (a write and fdatasync of a few bytes) was slow: \
+                 signed calls may have waited for it"
+            );
+        }
+        match renewed {
             Ok(()) if failing => {
                 tracing::info!("the replay clock mark is written again");
                 failing = false;
@@ -349,7 +360,7 @@ async fn renew_clock(auth: Arc<Authenticator>) {
             Ok(()) => {}
             Err(e) => {
                 if !failing {
-                    tracing::error!(error = %e, "the replay clock mark could not be renewed: once it falls a second behind, signed calls wait for it and are refused with UNAVAILABLE after 3 s, until it is written again");
+                    tracing::error!(error = %e, "the replay clock mark could not be renewed: once it falls a second behind, signed calls wait for it and are refused with UNAVAILABLE after {} s, until it is written again", crate::auth_layer::MARK_WAIT.as_secs());
                 }
                 failing = true;
             }

@@ -233,7 +233,7 @@ fn remove(path: &Path) {
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }
             Err(e) => {
-                eprintln!("could not remove {}: {e}", path.display());
+                eprintln!("could not remove {}: {e}", target.display());
                 return;
             }
         }
@@ -409,7 +409,12 @@ mod tests {
                 made
             })
         };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while std::fs::read_dir(&path).unwrap().count() < 100 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the maker made little"
+            );
             std::thread::yield_now();
         }
         remove(&path);

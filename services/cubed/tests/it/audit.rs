@@ -191,6 +191,10 @@ async fn failed_authentications_naming_idle_tenants_open_few_of_them() {
     assert!(failed.iter().all(Result::is_err));
     // 2 a second, in each second the failures touched (two if they took under one).
     let most = 2.0 * (spanned.as_secs() as f64 + 2.0);
+    assert!(
+        most < tenants.len() as f64,
+        "the failures took {spanned:?}: too long to judge the limit"
+    );
     // The upper bound is checked once the burst's opens had time to happen; the lower one waits
     // as long as a loaded machine needs.
     tokio::time::sleep(Duration::from_millis(1500)).await;

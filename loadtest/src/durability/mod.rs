@@ -465,7 +465,7 @@ pub fn require_stop_mid_write(write: &WriteStats, graceful: bool, v: &mut Verifi
 /// [`spot_read`] fails: a tenant whose apply failed on the full disk answers reads so until the
 /// server's janitor has reopened it, "within about a second" (docs/durability.md, "Tenant state
 /// store").
-pub const REOPEN_PATIENCE: Duration = Duration::from_secs(5);
+pub const REOPEN_PATIENCE: Duration = Duration::from_secs(15);
 
 /// What [`spot_read`] read, summed over its calls.
 #[derive(Debug, Default)]

@@ -526,7 +526,7 @@ async fn disk_full_round(
     // Write until refused.
     let u = Until {
         bytes: u64::MAX,
-        deadline: Instant::now() + Duration::from_secs(20),
+        deadline: Instant::now() + Duration::from_secs(60),
         stop: Arc::default(),
         gone: Arc::default(),
         retry_refused: false,
@@ -588,7 +588,7 @@ async fn disk_full_round(
     let before = ledger.total();
     let u = Until {
         bytes: target(&ledger, s).min(ledger.total() * ledger.value_bytes as u64 + (8 << 20)),
-        deadline: Instant::now() + Duration::from_secs(30),
+        deadline: Instant::now() + Duration::from_secs(60),
         stop: Arc::default(),
         gone: Arc::default(),
         retry_refused: true,

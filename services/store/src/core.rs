@@ -1402,27 +1402,47 @@ impl<T> TenantCore<T> {
             && self.stats.reopenable.load(Ordering::Relaxed)
         {
             StoreError::ResourceExhausted(format!(
-                "tenant '{}' cannot take writes: the server's disk is full. Nothing acknowledged is \
-                 lost and reads still work; retry after space is freed (the tenant reopens by \
-                 itself within seconds)",
-                self.tenant
+                "tenant '{}' cannot take writes: the server's disk is full. {} and reads still \
+                 work; retry after space is freed (the tenant reopens by itself within seconds)",
+                self.tenant,
+                self.what_is_kept()
             ))
         } else if self.stats.reopenable.load(Ordering::Relaxed) {
             StoreError::Unavailable(format!(
-                "tenant '{}' is unavailable: a write to its storage failed. Nothing acknowledged \
-                 is lost; it reopens by itself within seconds, retry then",
-                self.tenant
+                "tenant '{}' is unavailable: a write to its storage failed. {}; it reopens by \
+                 itself within seconds, retry then",
+                self.tenant,
+                self.what_is_kept()
             ))
         } else {
             StoreError::Unavailable(self.poisoned_message())
         }
     }
 
+    /// What a failed write leaves of the acknowledged changes: all of them under `sync`; under
+    /// `relaxed` those inside the window may never have reached the log.
+    fn what_is_kept(&self) -> &'static str {
+        match self.policy {
+            SyncPolicy::Always => "Nothing acknowledged is lost",
+            SyncPolicy::Relaxed { .. } => {
+                "Changes acknowledged inside the tenant's relaxed durability window may be lost, \
+                 older ones are kept"
+            }
+        }
+    }
+
     fn poisoned_message(&self) -> String {
         format!(
             "tenant '{}' is unavailable: a write to its storage failed, so it accepts no writes \
-             until the server restarts; acknowledged data is safe",
-            self.tenant
+             until the server restarts; {}",
+            self.tenant,
+            match self.policy {
+                SyncPolicy::Always => "acknowledged data is safe",
+                SyncPolicy::Relaxed { .. } => {
+                    "acknowledged data is safe but for changes still inside its relaxed \
+                     durability window"
+                }
+            }
         )
     }
 
@@ -2863,6 +2883,49 @@ mod tests {
                 _ => panic!("cell {x}: {read:?}"),
             }
         }
+        directory.shutdown().await;
+    }
+
+    /// Under `relaxed`, a failed write of the log can lose changes acknowledged inside the
+    /// window (not written yet): the refusals that follow say so, not "nothing acknowledged is
+    /// lost" as under `sync` (the test above).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_relaxed_tenants_refusals_after_a_failed_log_write_name_its_window() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, config) = tenant_with_catalog(dir.path());
+        let relaxed = SyncPolicy::Relaxed {
+            max_delay: Duration::from_secs(10),
+            max_records: 1000,
+        };
+        catalog.set_durability("t", relaxed).unwrap();
+        let data = crate::DataDir::new(dir.path().join("data"));
+        let directory = test_directory(data.clone(), &config, &catalog);
+        directory.call("t", write(1, b"v"), "t/k").await.unwrap();
+        cube_wal::failpoint::fail_next_write(&data.tenant_wal("t"));
+        // The write that meets the failure may be acknowledged first (inside the window); the
+        // ones after it are refused.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let refused = loop {
+            match directory.call("t", write(2, b"v"), "t/k").await {
+                Err(e) => break e,
+                Ok(_) => {
+                    assert!(Instant::now() < deadline, "never refused");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        };
+        let refused = match refused {
+            StoreError::Unavailable(m) if m.contains("This change was already in") => directory
+                .call("t", write(3, b"v"), "t/k")
+                .await
+                .expect_err("a write to the stopped tenant"),
+            other => other,
+        };
+        assert!(
+            matches!(&refused, StoreError::Unavailable(m)
+                if m.contains("acknowledged inside the tenant's relaxed durability window may be lost")),
+            "{refused:?}"
+        );
         directory.shutdown().await;
     }
 

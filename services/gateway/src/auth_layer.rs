@@ -927,32 +927,42 @@ mod tests {
         }
     }
 
-    /// A correctly signed call stamped past the replay clock mark (its renewal is late: a slow
-    /// fdatasync) waits for the renewal and is then served; refused with UNAVAILABLE only when
-    /// none comes within [`MARK_WAIT`].
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_signed_call_past_a_late_clock_mark_waits_for_its_renewal() {
+    /// An authenticator whose replay clock mark was last renewed 10 s ago (it covers calls
+    /// stamped up to 8 s ago, so a call signed now is past it), with a signer for tenant `t`.
+    fn behind_the_clock_mark() -> (
+        tempfile::TempDir,
+        Arc<Authenticator>,
+        cube_auth::client::CallSigner,
+    ) {
         let dir = tempfile::tempdir().unwrap();
         let catalog = Arc::new(Catalog::open(&dir.path().join("catalog")).unwrap());
         let key = catalog.create_tenant("t").unwrap();
-        // The mark as last renewed 10 s ago: it covers calls stamped up to 8 s ago.
         let start = now_ms() - 10_000;
         let floors = dir.path().join("replay-floors");
         let replay = ReplayCache::with_floors(1000, 300_000, start, floors).unwrap();
-        let auth = Arc::new(Authenticator::new(
+        let auth = Authenticator::new(
             catalog,
             AuthMode::Both,
             300_000,
             replay,
             FailureLimits::default(),
             None,
-        ));
-        let mut svc = AuthLayer::new(Arc::clone(&auth), None).layer(Answers);
+        );
         let signer = cube_auth::client::CallSigner::new(
             "t",
             &key.key_id,
             cube_auth::Secret::from_bytes(key.secret),
         );
+        (dir, Arc::new(auth), signer)
+    }
+
+    /// A correctly signed call stamped past the replay clock mark (its renewal is late: a slow
+    /// fdatasync) waits for the renewal and is then served; refused with UNAVAILABLE only when
+    /// none comes within [`MARK_WAIT`].
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_signed_call_past_a_late_clock_mark_waits_for_its_renewal() {
+        let (_dir, auth, signer) = behind_the_clock_mark();
+        let mut svc = AuthLayer::new(Arc::clone(&auth), None).layer(Answers);
         let path = "/cube.v1.Cells/Read";
         let signed = || {
             let mut req = http::Request::builder().uri(path).body(()).unwrap();
@@ -997,26 +1007,8 @@ mod tests {
     /// (CANCELLED), so started and handled calls stay paired.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_call_waiting_for_the_clock_mark_keeps_to_its_deadline_and_is_counted_if_dropped() {
-        let dir = tempfile::tempdir().unwrap();
-        let catalog = Arc::new(Catalog::open(&dir.path().join("catalog")).unwrap());
-        let key = catalog.create_tenant("t").unwrap();
-        let start = now_ms() - 10_000;
-        let floors = dir.path().join("replay-floors");
-        let replay = ReplayCache::with_floors(1000, 300_000, start, floors).unwrap();
-        let auth = Arc::new(Authenticator::new(
-            catalog,
-            AuthMode::Both,
-            300_000,
-            replay,
-            FailureLimits::default(),
-            None,
-        ));
+        let (_dir, auth, signer) = behind_the_clock_mark();
         let mut svc = AuthLayer::new(auth, None).layer(Answers);
-        let signer = cube_auth::client::CallSigner::new(
-            "t",
-            &key.key_id,
-            cube_auth::Secret::from_bytes(key.secret),
-        );
         let path = "/cube.v1.Cells/Delete";
         let signed = |timeout: Option<&str>| {
             let mut req = http::Request::builder().uri(path);

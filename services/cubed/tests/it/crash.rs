@@ -198,7 +198,6 @@ async fn write_then_graceful_restart_then_read() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_health_watch_does_not_hold_up_a_graceful_stop() {
-    use tonic_health::pb::health_check_response::ServingStatus;
     let mut server = TestServer::start_with(cubed(), &["--drain-secs", "1"]).unwrap();
     let mut c = server.cells(&server.demo).await.unwrap();
     c.write(write(1, 2, 3, b"kept")).await.unwrap();
@@ -207,12 +206,7 @@ async fn an_open_health_watch_does_not_hold_up_a_graceful_stop() {
     let mut watch = watch_health(server.channel().await.unwrap()).await;
     signal_term(&server);
     // Told that the whole server stops serving, not only cube.v1.Cells.
-    let next = tokio::time::timeout(Duration::from_secs(10), watch.message())
-        .await
-        .expect("no health change after SIGTERM")
-        .unwrap()
-        .unwrap();
-    assert_eq!(next.status(), ServingStatus::NotServing);
+    not_serving_next(&mut watch).await;
     let status = tokio::task::block_in_place(|| server.wait_exit(Duration::from_secs(20)))
         .unwrap()
         .expect("cubed still running 20 s after SIGTERM with --drain-secs 1");
@@ -227,19 +221,24 @@ async fn an_open_health_watch_does_not_hold_up_a_graceful_stop() {
     assert_eq!(r.value, b"kept");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_second_signal_ends_the_drain_at_once() {
-    let mut server = TestServer::start_with(cubed(), &["--drain-secs", "600"]).unwrap();
+/// The health watch's next message, within 10 s of a SIGTERM: NOT_SERVING.
+async fn not_serving_next(watch: &mut tonic::Streaming<tonic_health::pb::HealthCheckResponse>) {
     use tonic_health::pb::health_check_response::ServingStatus;
-    let mut watch = watch_health(server.channel().await.unwrap()).await;
-    signal_term(&server);
-    // The first signal has been taken (a second one sent before would merge with it).
     let next = tokio::time::timeout(Duration::from_secs(10), watch.message())
         .await
         .expect("no health change after SIGTERM")
         .unwrap()
         .unwrap();
     assert_eq!(next.status(), ServingStatus::NotServing);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_ends_the_drain_at_once() {
+    let mut server = TestServer::start_with(cubed(), &["--drain-secs", "600"]).unwrap();
+    let mut watch = watch_health(server.channel().await.unwrap()).await;
+    signal_term(&server);
+    // The first signal has been taken (a second one sent before would merge with it).
+    not_serving_next(&mut watch).await;
     // Still draining: the watch is open and the drain has ten minutes.
     let early = tokio::task::block_in_place(|| server.wait_exit(Duration::from_millis(500)));
     assert!(early.unwrap().is_none(), "exited before its drain was over");

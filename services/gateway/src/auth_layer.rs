@@ -795,13 +795,18 @@ impl<S> Authenticated<S> {
                     auth,
                     started,
                 });
+                // The server's limit counts from the call's arrival: less what it waited for
+                // the replay clock mark (nothing, for every other call).
+                let waited = decided_at.duration_since(started);
                 Box::pin(async move {
                     let resp = match limit {
                         None => fut.await?,
-                        Some(limit) => match tokio::time::timeout(limit, fut).await {
-                            Ok(resp) => resp?,
-                            Err(_) => deadline_exceeded(limit),
-                        },
+                        Some(limit) => {
+                            match tokio::time::timeout(limit.saturating_sub(waited), fut).await {
+                                Ok(resp) => resp?,
+                                Err(_) => deadline_exceeded(limit),
+                            }
+                        }
                     };
                     if let Some(u) = unanswered.take() {
                         u.answered(status_of(resp.headers()));
@@ -1004,11 +1009,12 @@ mod tests {
 
     /// A call waiting for the clock mark keeps to the client's deadline (refused UNAVAILABLE,
     /// "not applied", before it runs out) and, dropped while it waits, is counted as handled
-    /// (CANCELLED), so started and handled calls stay paired.
+    /// (CANCELLED), so started and handled calls stay paired; the server's own limit counts
+    /// the wait too.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_call_waiting_for_the_clock_mark_keeps_to_its_deadline_and_is_counted_if_dropped() {
         let (_dir, auth, signer) = behind_the_clock_mark();
-        let mut svc = AuthLayer::new(auth, None).layer(Answers);
+        let mut svc = AuthLayer::new(Arc::clone(&auth), None).layer(Answers);
         let path = "/cube.v1.Cells/Delete";
         let signed = |timeout: Option<&str>| {
             let mut req = http::Request::builder().uri(path);
@@ -1042,6 +1048,22 @@ mod tests {
         drop(call);
         assert_eq!(started(), started_before + 1);
         assert_eq!(cancelled(), cancelled_before + 1);
+        // The server's --call-timeout-ms counts from the call's arrival, the wait included: a
+        // call that waited 1.5 s of a 2-s limit has 0.5 s left, not 2 s more.
+        let mut limited =
+            AuthLayer::new(Arc::clone(&auth), Some(Duration::from_secs(2))).layer(Never);
+        let began = Instant::now();
+        let call = tokio::spawn(limited.call(signed(None)));
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        auth.replay().renew_clock(now_ms()).unwrap();
+        let resp = call.await.unwrap().unwrap();
+        let took = began.elapsed();
+        let status = Status::from_header_map(resp.headers()).unwrap();
+        assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
+        assert!(
+            took < Duration::from_millis(3000),
+            "{took:?} for a 2-s server limit"
+        );
     }
 
     fn authenticator() -> (tempfile::TempDir, Arc<Authenticator>) {

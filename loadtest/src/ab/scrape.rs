@@ -217,9 +217,7 @@ pub fn window(before: &Buckets, after: &Buckets) -> Vec<ServerOp> {
 /// failed (a window needs both of its scrapes: one missing would make it the server's whole
 /// life).
 pub fn scrape(admin: Option<SocketAddr>) -> Option<Page> {
-    admin
-        .and_then(|a| cube_testkit::admin_get(a, "/metrics").ok())
-        .map(|(_, body)| parse_page(&body))
+    scrape_settled(admin, std::time::Duration::ZERO)
 }
 
 /// [`scrape`] once the server has counted every call it started (`grpc_server_started_total`

@@ -795,14 +795,14 @@ impl<S> Authenticated<S> {
                     auth,
                     started,
                 });
-                // The server's limit counts from the call's arrival: less what it waited for
-                // the replay clock mark (nothing, for every other call).
-                let waited = decided_at.duration_since(started);
                 Box::pin(async move {
                     let resp = match limit {
                         None => fut.await?,
                         Some(limit) => {
-                            match tokio::time::timeout(limit.saturating_sub(waited), fut).await {
+                            // Counted from the call's arrival: less what it waited for the
+                            // replay clock mark (nothing, for every other call).
+                            let left = limit.saturating_sub(decided_at.duration_since(started));
+                            match tokio::time::timeout(left, fut).await {
                                 Ok(resp) => resp?,
                                 Err(_) => deadline_exceeded(limit),
                             }

@@ -119,15 +119,11 @@ impl ChildProcess {
     /// recreates its own (a server creates its data directory as it starts), or the driver
     /// exits with the child still running.
     pub fn spawn(command: &mut std::process::Command) -> std::io::Result<ChildProcess> {
-        let mut r = registry();
-        if r.stopping {
-            return Err(std::io::Error::other(
-                "not starting a child process: stopped by a signal, cleaning up",
-            ));
-        }
-        let child = command.spawn()?;
-        let registered = Some(r.hold(Leftover::Process(child.id())));
-        Ok(ChildProcess { child, registered })
+        let (child, registered) = spawn_registered(command)?;
+        Ok(ChildProcess {
+            child,
+            registered: Some(registered),
+        })
     }
 
     /// Run `command` to its end as [`Command::output`](std::process::Command::output) does
@@ -136,32 +132,16 @@ impl ChildProcess {
     /// instead of outliving the cleanup, or opening the data directory offline once the server
     /// is gone.
     pub fn output(command: &mut std::process::Command) -> std::io::Result<std::process::Output> {
-        use std::io::Read;
         use std::process::Stdio;
         command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let mut child = ChildProcess::spawn(command)?;
-        let stderr = child.child.stderr.take();
-        let stderr = std::thread::spawn(move || {
-            let mut bytes = Vec::new();
-            if let Some(mut pipe) = stderr {
-                let _ = pipe.read_to_end(&mut bytes);
-            }
-            bytes
-        });
-        let mut stdout = Vec::new();
-        if let Some(mut pipe) = child.child.stdout.take() {
-            pipe.read_to_end(&mut stdout)?;
-        }
-        let stderr = stderr.join().unwrap_or_default();
-        let status = child.wait()?;
-        Ok(std::process::Output {
-            status,
-            stdout,
-            stderr,
-        })
+        let (child, registered) = spawn_registered(command)?;
+        let output = child.wait_with_output();
+        // Unregistered once reaped, as `wait` does.
+        drop(registered);
+        output
     }
 
     pub fn id(&self) -> u32 {
@@ -199,6 +179,21 @@ impl Drop for ChildProcess {
         let _ = self.child.kill();
         let _ = self.wait();
     }
+}
+
+/// [`ChildProcess::spawn`]'s start and registration, under the registry's lock.
+fn spawn_registered(
+    command: &mut std::process::Command,
+) -> std::io::Result<(std::process::Child, Registered)> {
+    let mut r = registry();
+    if r.stopping {
+        return Err(std::io::Error::other(
+            "not starting a child process: stopped by a signal, cleaning up",
+        ));
+    }
+    let child = command.spawn()?;
+    let registered = r.hold(Leftover::Process(child.id()));
+    Ok((child, registered))
 }
 
 fn pid_of(pid: u32) -> Pid {

@@ -15,7 +15,8 @@ use cube_api::v1::cells_client::CellsClient;
 use cube_auth::client::{CallSigner, Signing, handshake};
 use cube_testkit::TestServer;
 use hdrhistogram::Histogram;
-use tonic::transport::{Channel, Endpoint};
+
+use crate::ab::conn::Conn;
 
 use crate::drive::{RunArgs, coord, median, phase};
 
@@ -31,11 +32,8 @@ pub struct AuthCostArgs {
     samples: usize,
 }
 
-async fn one_connection(server: &TestServer) -> anyhow::Result<Channel> {
-    Ok(Endpoint::from_shared(server.endpoint())?
-        .tcp_nodelay(true)
-        .connect()
-        .await?)
+async fn one_connection(server: &TestServer) -> anyhow::Result<Conn> {
+    Conn::connect(&server.endpoint(), None, std::time::Duration::from_secs(10)).await
 }
 
 /// A throughput phase with the CPU both processes spent on it, per call.
@@ -53,13 +51,13 @@ impl Measured {
 
 async fn measured<F, Fut>(
     name: &str,
-    clients: &[CellsClient<Signing<Channel>>],
+    clients: &[CellsClient<Signing<Conn>>],
     shape: &crate::drive::LoadShape,
     call: F,
     server_pid: Option<u32>,
 ) -> Measured
 where
-    F: Fn(CellsClient<Signing<Channel>>, usize, u64) -> Fut + Clone + Send + Sync + 'static,
+    F: Fn(CellsClient<Signing<Conn>>, usize, u64) -> Fut + Clone + Send + Sync + 'static,
     Fut: std::future::Future<Output = bool> + Send,
 {
     use crate::ab::scrape::{cpu_seconds, own_cpu_seconds};
@@ -111,7 +109,7 @@ pub async fn run(args: AuthCostArgs, default_cubed: PathBuf) -> anyhow::Result<(
         one_connection(&server).await?,
         signer,
     ))];
-    let read = |mut c: CellsClient<Signing<Channel>>, _task: usize, i: u64| async move {
+    let read = |mut c: CellsClient<Signing<Conn>>, _task: usize, i: u64| async move {
         c.read(ReadRequest {
             coord: coord((i % 64) as i32, 0),
         })

@@ -12,6 +12,7 @@
 //! "model A"). Each rpc is one op; a group of the mix (mix.rs) is one or two ops.
 
 pub mod chart;
+pub mod conn;
 pub mod mix;
 pub mod report;
 pub mod scrape;
@@ -29,8 +30,8 @@ use clap::{Args, ValueEnum};
 use cube_auth::Credentials;
 use cube_testkit::TestServer;
 use serde::Serialize;
-use tonic::transport::{Certificate, ClientTlsConfig};
 
+use conn::Tls;
 use mix::Mix;
 use report::{Lat, OpReport, RunReport};
 use user::{OpStats, RunCtx, Target, UserResult, Verified, hist};
@@ -124,10 +125,8 @@ struct Server {
     _embedded: Option<TestServer>,
 }
 
-fn tls_config(ca_pem: String, domain: &str) -> ClientTlsConfig {
-    ClientTlsConfig::new()
-        .ca_certificate(Certificate::from_pem(ca_pem))
-        .domain_name(domain.to_string())
+fn tls_config(ca_pem: String, domain: &str) -> anyhow::Result<Tls> {
+    Tls::new(ca_pem.as_bytes(), domain)
 }
 
 impl LoadArgs {
@@ -145,7 +144,10 @@ impl LoadArgs {
             )
             .with_context(|| format!("{} is not a credentials JSON", path.display()))?;
             let tls = match (&self.ca, self.tls) {
-                (Some(ca), _) => Some(tls_config(std::fs::read_to_string(ca)?, &self.tls_domain)),
+                (Some(ca), _) => Some(
+                    tls_config(std::fs::read_to_string(ca)?, &self.tls_domain)
+                        .with_context(|| format!("--ca {}", ca.display()))?,
+                ),
                 (None, true) => bail!("--tls against a --target needs --ca"),
                 (None, false) => None,
             };
@@ -186,7 +188,7 @@ impl LoadArgs {
         let spare: Credentials = serde_json::from_slice(&out.stdout)?;
         let tls = if self.tls {
             let ca = std::fs::read_to_string(server.data_dir().join("tls/ca.pem"))?;
-            Some(tls_config(ca, "localhost"))
+            Some(tls_config(ca, "localhost")?)
         } else {
             None
         };

@@ -28,7 +28,8 @@ use hdrhistogram::Histogram;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sha2::{Digest, Sha256};
-use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+
+use super::conn::{Conn, Tls};
 
 use super::Model;
 use super::mix::{Group, Mix};
@@ -49,7 +50,7 @@ const RUN_SLOTS: i32 = i32::MAX / RUN_STRIDE;
 pub struct Target {
     /// `http://host:port` or `https://host:port`.
     pub endpoint: String,
-    pub tls: Option<ClientTlsConfig>,
+    pub tls: Option<Tls>,
     pub creds: Credentials,
     /// A second key of the same tenant that grant/revoke toggle READ on.
     pub grant_key: String,
@@ -57,14 +58,8 @@ pub struct Target {
 }
 
 impl Target {
-    pub async fn connect(&self) -> anyhow::Result<Channel> {
-        let mut ep = Endpoint::from_shared(self.endpoint.clone())?
-            .tcp_nodelay(true)
-            .connect_timeout(self.connect_timeout);
-        if let Some(tls) = &self.tls {
-            ep = ep.tls_config(tls.clone())?;
-        }
-        Ok(ep.connect().await?)
+    pub async fn connect(&self) -> anyhow::Result<Conn> {
+        Conn::connect(&self.endpoint, self.tls.as_ref(), self.connect_timeout).await
     }
 }
 
@@ -233,9 +228,9 @@ fn program_of(x: i32, y: i32) -> Vec<u8> {
     format!("program {x}/{y}: emit(input)").into_bytes()
 }
 
-type Cells = CellsClient<Signing<Channel>>;
-type Access = AccessClient<Signing<Channel>>;
-type TenantC = TenantClient<Signing<Channel>>;
+type Cells = CellsClient<Signing<Conn>>;
+type Access = AccessClient<Signing<Conn>>;
+type TenantC = TenantClient<Signing<Conn>>;
 
 /// The three clients over one connection.
 #[derive(Clone)]
@@ -244,11 +239,11 @@ pub struct Clients {
     access: Access,
     tenant: TenantC,
     /// For `Tenant.Audit`, whose pages are checked from their bytes ([`audit_page`]).
-    raw: tonic::client::Grpc<Signing<Channel>>,
+    raw: tonic::client::Grpc<Signing<Conn>>,
 }
 
 impl Clients {
-    fn new(ch: Signing<Channel>) -> Clients {
+    fn new(ch: Signing<Conn>) -> Clients {
         Clients {
             cells: CellsClient::new(ch.clone()),
             access: AccessClient::new(ch.clone()),
@@ -264,7 +259,7 @@ impl Clients {
 /// pages are checked in full either way; docs/benchmarks.md, "A lighter load driver for
 /// Audit").
 async fn audit_page(
-    raw: &mut tonic::client::Grpc<Signing<Channel>>,
+    raw: &mut tonic::client::Grpc<Signing<Conn>>,
     req: AuditRequest,
 ) -> Result<Vec<prost::bytes::Bytes>, tonic::Status> {
     raw.ready()
@@ -951,7 +946,9 @@ impl Verified {
 /// Every cell of user `x`'s plane `z` with y in `0..=max_y`.
 async fn region_all(c: &mut Cells, x: i32, z: i32, max_y: i32) -> Result<Vec<Cell>, tonic::Status> {
     let corner = |y| Coord { x, y, z };
-    cube_testkit::region_all(c, corner(0), corner(max_y), 1000).await
+    let mut out = Vec::new();
+    cube_testkit::region_for_each(c, corner(0), corner(max_y), 1000, |cell| out.push(cell)).await?;
+    Ok(out)
 }
 
 /// Compare a plane's cells as the server returned them with what it acknowledged: every

@@ -167,10 +167,13 @@ pub enum HandshakeError {
 /// Authenticate the connection behind `channel` as `creds`; returns the principal
 /// (`tenant/key_id`). The channel must be a single connection (a plain `Endpoint::connect`), and
 /// a reconnect loses the session.
-pub async fn handshake(
-    channel: tonic::transport::Channel,
-    creds: &crate::Credentials,
-) -> Result<String, HandshakeError> {
+pub async fn handshake<T>(channel: T, creds: &crate::Credentials) -> Result<String, HandshakeError>
+where
+    T: tonic::client::GrpcService<tonic::body::Body>,
+    T::Error: Into<tonic::codegen::StdError>,
+    T::ResponseBody: tonic::codegen::Body<Data = tonic::codegen::Bytes> + Send + 'static,
+    <T::ResponseBody as tonic::codegen::Body>::Error: Into<tonic::codegen::StdError> + Send,
+{
     use cube_api::v1::auth_client::AuthClient;
     use cube_api::v1::{ChallengeRequest, HelloRequest};
     let secret = creds.secret()?;

@@ -1,0 +1,130 @@
+//! One user's connection: hyper's HTTP/2 client connection used directly (plaintext or TLS),
+//! not tonic's `Channel`, whose buffer task sits between every call and the connection
+//! (docs/benchmarks.md, "The load driver without tonic's Channel").
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, ServerName};
+use tokio_rustls::rustls;
+use tonic::body::Body;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// How to speak TLS to the server: the CA its certificate chains to and the name it is for.
+#[derive(Clone)]
+pub struct Tls {
+    config: Arc<rustls::ClientConfig>,
+    domain: ServerName<'static>,
+}
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tls").field("domain", &self.domain).finish()
+    }
+}
+
+impl Tls {
+    /// Trust the certificates in `ca_pem` only, for a server named `domain`; HTTP/2 by ALPN.
+    pub fn new(ca_pem: &[u8], domain: &str) -> anyhow::Result<Tls> {
+        let mut roots = rustls::RootCertStore::empty();
+        for ca in CertificateDer::pem_slice_iter(ca_pem) {
+            roots.add(ca.map_err(|e| anyhow::anyhow!("the CA file: {e}"))?)?;
+        }
+        anyhow::ensure!(!roots.is_empty(), "the CA file holds no certificate");
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(Tls {
+            config: Arc::new(config),
+            domain: ServerName::try_from(domain.to_string())
+                .map_err(|e| anyhow::anyhow!("--tls-domain {domain}: {e}"))?,
+        })
+    }
+}
+
+/// An HTTP/2 connection to the server, cloned for each client on it: a call goes from the
+/// caller's task straight to the connection's task.
+#[derive(Clone)]
+pub struct Conn {
+    send: hyper::client::conn::http2::SendRequest<Body>,
+    scheme: http::uri::Scheme,
+    authority: http::uri::Authority,
+}
+
+impl Conn {
+    /// Connect to `endpoint` (`http://host:port`, or `https://…` with `tls`) within `timeout`
+    /// (TCP, TLS and the HTTP/2 preface together).
+    pub async fn connect(
+        endpoint: &str,
+        tls: Option<&Tls>,
+        timeout: Duration,
+    ) -> anyhow::Result<Conn> {
+        let uri: http::Uri = endpoint.parse()?;
+        let authority = uri
+            .authority()
+            .cloned()
+            .ok_or_else(|| anyhow::anyhow!("{endpoint} has no host:port"))?;
+        let scheme = uri.scheme().cloned().unwrap_or(http::uri::Scheme::HTTP);
+        let send = tokio::time::timeout(timeout, async {
+            let tcp = tokio::net::TcpStream::connect(authority.as_str()).await?;
+            tcp.set_nodelay(true)?;
+            let builder = hyper::client::conn::http2::Builder::new(TokioExecutor::new());
+            anyhow::Ok(match tls {
+                None => {
+                    let (send, conn) = builder.handshake(TokioIo::new(tcp)).await?;
+                    tokio::spawn(conn);
+                    send
+                }
+                Some(tls) => {
+                    let stream = tokio_rustls::TlsConnector::from(Arc::clone(&tls.config))
+                        .connect(tls.domain.clone(), tcp)
+                        .await?;
+                    let (send, conn) = builder.handshake(TokioIo::new(stream)).await?;
+                    tokio::spawn(conn);
+                    send
+                }
+            })
+        })
+        .await
+        .map_err(|_| anyhow::anyhow!("timed out after {timeout:?}"))??;
+        Ok(Conn {
+            send,
+            scheme,
+            authority,
+        })
+    }
+}
+
+type Answer = Pin<Box<dyn Future<Output = Result<http::Response<Body>, BoxError>> + Send>>;
+
+impl tower::Service<http::Request<Body>> for Conn {
+    type Response = http::Response<Body>;
+    type Error = BoxError;
+    type Future = Answer;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.send.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, mut req: http::Request<Body>) -> Answer {
+        // tonic's clients send the path only (a `Channel` adds the origin).
+        let mut parts = std::mem::take(req.uri_mut()).into_parts();
+        parts.scheme = Some(self.scheme.clone());
+        parts.authority = Some(self.authority.clone());
+        match http::Uri::from_parts(parts) {
+            Ok(uri) => *req.uri_mut() = uri,
+            Err(e) => return Box::pin(std::future::ready(Err(e.into()))),
+        }
+        let answer = self.send.send_request(req);
+        Box::pin(async move { Ok(answer.await?.map(Body::new)) })
+    }
+}

@@ -497,10 +497,27 @@ impl Authenticator {
             Err(ReplayError::Unrecorded) => Err(Status::unavailable(
                 "x-cube-ts is more than a second ahead of the server clock, and the server could not record it (see the server log): sync the client's clock (NTP), or retry",
             )),
-            Err(ReplayError::Unmarked) => Err(Status::unavailable(MARK_NOT_RENEWED)),
+            Err(ReplayError::Unmarked) => {
+                let mut status = Status::unavailable(MARK_NOT_RENEWED);
+                status.set_source(Arc::new(LateMark));
+                Err(status)
+            }
         }
     }
 }
+
+/// What marks the refusal of a call stamped past the replay clock mark (the `source` of its
+/// status), so that the auth layer tells it apart from every other refusal by type, not text.
+#[derive(Debug)]
+struct LateMark;
+
+impl std::fmt::Display for LateMark {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("stamped past the replay clock mark")
+    }
+}
+
+impl std::error::Error for LateMark {}
 
 /// The refusal of a correctly signed call stamped past the replay clock mark, once it has
 /// waited [`MARK_WAIT`] for a renewal in vain.
@@ -665,7 +682,31 @@ where
 
 /// Whether a call was refused only because the replay clock mark's renewal is late.
 fn is_late_mark(decision: &Result<Option<Principal>, Status>) -> bool {
-    matches!(decision, Err(s) if s.message() == MARK_NOT_RENEWED)
+    matches!(decision, Err(s) if std::error::Error::source(s).is_some_and(|e| e.is::<LateMark>()))
+}
+
+/// Counts a wait for the replay clock mark in `cube_auth_clock_mark_waits_total` by how it
+/// ended: `served` (a renewal covered the call), `refused` (none did in time), or `cancelled`
+/// if dropped while waiting.
+struct MarkWait(bool);
+
+impl MarkWait {
+    fn ended(mut self, served: bool) {
+        self.0 = true;
+        mark_waits(if served { "served" } else { "refused" }).inc();
+    }
+}
+
+impl Drop for MarkWait {
+    fn drop(&mut self) {
+        if !self.0 {
+            mark_waits("cancelled").inc();
+        }
+    }
+}
+
+fn mark_waits(outcome: &str) -> prometheus::IntCounter {
+    cube_metrics::AUTH_CLOCK_MARK_WAITS.with_label_values(&[outcome])
 }
 
 impl<S> Authenticated<S> {
@@ -713,6 +754,7 @@ impl<S> Authenticated<S> {
             auth: "none",
             started,
         });
+        let counted = MarkWait(false);
         Box::pin(async move {
             let until = tokio::time::Instant::now() + patience;
             let (decision, decided_at) = loop {
@@ -730,6 +772,7 @@ impl<S> Authenticated<S> {
                     break (decision, at);
                 }
             };
+            counted.ended(!is_late_mark(&decision));
             if let Some(w) = waiting {
                 w.passed_on();
             }
@@ -977,6 +1020,9 @@ mod tests {
         let code = |resp: &http::Response<Body>| {
             Status::from_header_map(resp.headers()).map_or(tonic::Code::Ok, |s| s.code())
         };
+        // (Other tests wait for the mark too, at the same time: counts only grow here.)
+        let waits = |outcome| mark_waits(outcome).get();
+        let (refused, served) = (waits("refused"), waits("served"));
         // No renewal comes: refused once the wait is over.
         let began = Instant::now();
         let resp = svc.call(signed()).await.unwrap();
@@ -984,6 +1030,10 @@ mod tests {
         assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
         assert_eq!(status.message(), MARK_NOT_RENEWED);
         assert!(began.elapsed() >= MARK_WAIT, "{:?}", began.elapsed());
+        assert!(
+            waits("refused") > refused,
+            "the refused wait was not counted"
+        );
         // Renewals come while the call waits: a stalled one that still does not cover it (its
         // time taken before the stall), then one that does: served.
         let call = tokio::spawn(svc.call(signed()));
@@ -1002,6 +1052,7 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(code(&resp), tonic::Code::Ok);
+        assert!(waits("served") > served, "the served wait was not counted");
         // With the mark current, no wait at all.
         let resp = svc.call(signed()).await.unwrap();
         assert_eq!(code(&resp), tonic::Code::Ok);
@@ -1043,11 +1094,13 @@ mod tests {
         let started = || count(&cube_metrics::GRPC_STARTED, &[]);
         let cancelled = || count(&cube_metrics::GRPC_HANDLED, &["Canceled", "none"]);
         let (started_before, cancelled_before) = (started(), cancelled());
+        let waits_cancelled = mark_waits("cancelled").get();
         let mut call = svc.call(signed(None));
         assert!(futures::poll!(&mut call).is_pending());
         drop(call);
         assert_eq!(started(), started_before + 1);
         assert_eq!(cancelled(), cancelled_before + 1);
+        assert!(mark_waits("cancelled").get() > waits_cancelled);
         // The server's --call-timeout-ms counts from the call's arrival, the wait included: a
         // call that waited 1.5 s of a 2-s limit has 0.5 s left, not 2 s more.
         let mut limited =

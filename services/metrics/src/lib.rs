@@ -135,6 +135,15 @@ pub static AUTH_FAILURES: LazyLock<IntCounterVec> = LazyLock::new(|| {
         &["reason"],
     )
 });
+/// Signed calls that waited for the replay clock mark's renewal, by how the wait ended.
+pub static AUTH_CLOCK_MARK_WAITS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "cube_auth_clock_mark_waits_total",
+        "Signed calls stamped past the replay clock mark that waited for its renewal, by \
+         outcome (served, refused, cancelled).",
+        &["outcome"],
+    )
+});
 /// Open connections by what authenticated them so far (none, call, connection).
 pub static CONNECTIONS_OPEN: LazyLock<IntGaugeVec> = LazyLock::new(|| {
     gauge_vec(

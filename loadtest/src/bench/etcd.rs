@@ -19,7 +19,7 @@ use super::driver::{
     BatchWriter, CellKey, Op, Rates, SCAN_TIMEOUT, ScanResult, SingleCell, bulk, closed_loop, load,
     within, write_then_read,
 };
-use super::process::{PeerProcess, free_port, version};
+use super::process::{PeerProcess, free_port, on_free_ports, version};
 use super::{Results, Settings, progress, remove_data};
 
 pub mod pb {
@@ -191,7 +191,8 @@ async fn measure(
     data: &Path,
     out: &mut Results,
 ) -> anyhow::Result<()> {
-    let (mut process, endpoint) = start(bin, root, data).await?;
+    let (mut process, endpoint) =
+        on_free_ports("etcd", || remove_data(data), || start(bin, root, data)).await?;
 
     // Single cells.
     let value: Arc<[u8]> = vec![0xA5; s.value_bytes].into();

@@ -41,9 +41,46 @@ pub fn version(bin: &Path, arg: &str) -> String {
 }
 
 /// A free loopback port: bound on port 0 and released (another process could take it in
-/// between; the peers fail loudly if so).
+/// between: [`on_free_ports`] starts the peer again on new ones then).
 pub fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Times a peer is started on newly picked ports when a port was taken before it could bind.
+const PORT_ATTEMPTS: u32 = 3;
+
+/// Run `start` (which picks its ports with [`free_port`]) again, up to [`PORT_ATTEMPTS`] times
+/// in all, while it fails because the peer could not bind a port (`address already in use`
+/// in its error or log: another process took the port between its pick and the peer's bind).
+/// `before_retry` clears what a failed attempt left (a data directory). Any other failure is
+/// returned at once.
+pub async fn on_free_ports<T, F, Fut>(
+    what: &str,
+    mut before_retry: impl FnMut(),
+    mut start: F,
+) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<T>>,
+{
+    let mut attempt = 1;
+    loop {
+        match start().await {
+            Err(e)
+                if attempt < PORT_ATTEMPTS
+                    && format!("{e:#}")
+                        .to_ascii_lowercase()
+                        .contains("address already in use") =>
+            {
+                eprintln!(
+                    "{what}: a port was taken before it could bind; starting it again on other ports"
+                );
+                before_retry();
+                attempt += 1;
+            }
+            result => return result,
+        }
+    }
 }
 
 /// A running peer server, killed (SIGKILL) and reaped on drop.
@@ -118,5 +155,59 @@ impl PeerProcess {
                 Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_peer_that_lost_its_port_is_started_again_and_other_failures_are_not_retried() {
+        let tries = std::cell::Cell::new(0);
+        let cleared = std::cell::Cell::new(0);
+        let started = on_free_ports(
+            "peer",
+            || cleared.set(cleared.get() + 1),
+            || {
+                tries.set(tries.get() + 1);
+                let n = tries.get();
+                async move {
+                    if n < 3 {
+                        bail!("peer exited; the end of its log:\nbind: Address already in use")
+                    }
+                    Ok(n)
+                }
+            },
+        )
+        .await;
+        assert_eq!(started.unwrap(), 3);
+        assert_eq!(cleared.get(), 2);
+        // Always taken: the last attempt's failure is returned.
+        tries.set(0);
+        let err = on_free_ports(
+            "peer",
+            || {},
+            || async {
+                bail!("listen tcp 127.0.0.1:1: bind: address already in use");
+                #[allow(unreachable_code)]
+                Ok(())
+            },
+        )
+        .await;
+        assert!(err.is_err());
+        // Any other failure: no second attempt.
+        let tries = std::cell::Cell::new(0);
+        let err = on_free_ports(
+            "peer",
+            || {},
+            || {
+                tries.set(tries.get() + 1);
+                async { anyhow::Result::<()>::Err(anyhow::anyhow!("not ready after 30s")) }
+            },
+        )
+        .await;
+        assert!(err.unwrap_err().to_string().contains("not ready"));
+        assert_eq!(tries.get(), 1);
     }
 }

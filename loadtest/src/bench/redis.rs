@@ -19,7 +19,7 @@ use super::driver::{
     BatchWriter, CALL_TIMEOUT, CellKey, Rates, SCAN_TIMEOUT, ScanResult, SingleCell, bulk, load,
     within, write_then_read,
 };
-use super::process::{PeerProcess, free_port, version};
+use super::process::{PeerProcess, free_port, on_free_ports, version};
 use super::{Results, Settings, progress, remove_data};
 
 pub const SYSTEM: &str = "Redis";
@@ -297,7 +297,8 @@ async fn measure(
     data: &Path,
     out: &mut Results,
 ) -> anyhow::Result<()> {
-    let (mut process, port) = start(bin, root, data).await?;
+    let (mut process, port) =
+        on_free_ports("redis-server", || {}, || start(bin, root, data)).await?;
 
     // Single cells.
     let value: Arc<[u8]> = vec![0xA5; s.value_bytes].into();

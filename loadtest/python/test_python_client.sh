@@ -32,11 +32,11 @@ if has_grpc "$VENV/bin/python"; then
   PY="$VENV/bin/python"
 elif "${PYTHON:-python3}" -m venv "$VENV" >/dev/null 2>&1; then
   PY="$VENV/bin/python"
-  "$PY" -m pip install -q --disable-pip-version-check grpcio grpcio-tools
+  "$PY" -m pip install -q --disable-pip-version-check -c "$ROOT/loadtest/python/constraints.txt" grpcio grpcio-tools
 else
   # No venv module (e.g. Debian without python3-venv): user site-packages instead.
   PY="$(command -v "${PYTHON:-python3}")"
-  has_grpc "$PY" || "$PY" -m pip install -q --user --disable-pip-version-check grpcio grpcio-tools
+  has_grpc "$PY" || "$PY" -m pip install -q --user --disable-pip-version-check -c "$ROOT/loadtest/python/constraints.txt" grpcio grpcio-tools
 fi
 
 # --- server ----------------------------------------------------------------------------------

@@ -1,10 +1,11 @@
 //! One user's connection: hyper's HTTP/2 client connection used directly (plaintext or TLS),
-//! not tonic's `Channel`, whose buffer task sits between every call and the connection
-//! (docs/benchmarks.md, "The load driver without tonic's Channel").
+//! not tonic's `Channel`, whose one buffer task every call passes through on its way to the
+//! connection (docs/benchmarks.md, "The load driver without tonic's Channel"). Unlike a
+//! `Channel` it does not reconnect: a user finds it [`Conn::closed`] and opens another.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -52,12 +53,14 @@ impl Tls {
 }
 
 /// An HTTP/2 connection to the server, cloned for each client on it: a call goes from the
-/// caller's task straight to the connection's task.
+/// caller's task to hyper's, with no buffer task between.
 #[derive(Clone)]
 pub struct Conn {
     send: hyper::client::conn::http2::SendRequest<Body>,
     scheme: http::uri::Scheme,
     authority: http::uri::Authority,
+    /// Why the connection ended, once it has (hyper's error; empty for a clean close).
+    ended: Arc<OnceLock<String>>,
 }
 
 impl Conn {
@@ -74,6 +77,7 @@ impl Conn {
             .cloned()
             .ok_or_else(|| anyhow::anyhow!("{endpoint} has no host:port"))?;
         let scheme = uri.scheme().cloned().unwrap_or(http::uri::Scheme::HTTP);
+        let ended = Arc::new(OnceLock::new());
         let send = tokio::time::timeout(timeout, async {
             let tcp = tokio::net::TcpStream::connect(authority.as_str()).await?;
             tcp.set_nodelay(true)?;
@@ -81,15 +85,18 @@ impl Conn {
             anyhow::Ok(match tls {
                 None => {
                     let (send, conn) = builder.handshake(TokioIo::new(tcp)).await?;
-                    tokio::spawn(conn);
+                    tokio::spawn(drive(conn, Arc::clone(&ended)));
                     send
                 }
                 Some(tls) => {
                     let stream = tokio_rustls::TlsConnector::from(Arc::clone(&tls.config))
                         .connect(tls.domain.clone(), tcp)
                         .await?;
+                    if stream.get_ref().1.alpn_protocol() != Some(b"h2") {
+                        anyhow::bail!("the server did not agree to HTTP/2 (ALPN h2) over TLS");
+                    }
                     let (send, conn) = builder.handshake(TokioIo::new(stream)).await?;
-                    tokio::spawn(conn);
+                    tokio::spawn(drive(conn, Arc::clone(&ended)));
                     send
                 }
             })
@@ -100,8 +107,38 @@ impl Conn {
             send,
             scheme,
             authority,
+            ended,
         })
     }
+
+    /// Whether the connection has ended (the server closed or reset it, or its task failed): no
+    /// call can be sent on it any more.
+    pub fn closed(&self) -> bool {
+        self.send.is_closed()
+    }
+
+    /// Why the connection ended, if it has and hyper said why.
+    pub fn why_closed(&self) -> Option<&str> {
+        self.ended
+            .get()
+            .map(String::as_str)
+            .filter(|s| !s.is_empty())
+    }
+}
+
+/// Run a connection's task until it ends, keeping why.
+async fn drive<F>(conn: F, ended: Arc<OnceLock<String>>)
+where
+    F: Future<Output = Result<(), hyper::Error>>,
+{
+    let why = match conn.await {
+        Ok(()) => String::new(),
+        Err(e) => match std::error::Error::source(&e) {
+            Some(how) => format!("{e}: {how}"),
+            None => e.to_string(),
+        },
+    };
+    let _ = ended.set(why);
 }
 
 type Answer = Pin<Box<dyn Future<Output = Result<http::Response<Body>, BoxError>> + Send>>;

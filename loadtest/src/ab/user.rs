@@ -240,11 +240,14 @@ pub struct Clients {
     tenant: TenantC,
     /// For `Tenant.Audit`, whose pages are checked from their bytes ([`audit_page`]).
     raw: tonic::client::Grpc<Signing<Conn>>,
+    /// The connection they share.
+    conn: Conn,
 }
 
 impl Clients {
-    fn new(ch: Signing<Conn>) -> Clients {
+    fn new(conn: Conn, ch: Signing<Conn>) -> Clients {
         Clients {
+            conn,
             cells: CellsClient::new(ch.clone()),
             access: AccessClient::new(ch.clone()),
             tenant: TenantClient::new(ch.clone()),
@@ -325,7 +328,7 @@ async fn open(target: &Target, model: Model) -> Result<(Clients, Option<Duration
                 .secret()
                 .map_err(|e| failure("bad secret", format!("the credentials' secret: {e}")))?;
             let signer = CallSigner::new(&target.creds.tenant, &target.creds.key_id, secret);
-            Ok((Clients::new(Signing::new(ch, signer)), None))
+            Ok((Clients::new(ch.clone(), Signing::new(ch, signer)), None))
         }
         Model::Connection | Model::Churn => {
             handshake(ch.clone(), &target.creds)
@@ -349,7 +352,10 @@ async fn open(target: &Target, model: Model) -> Result<(Clients, Option<Duration
                         },
                     ),
                 })?;
-            Ok((Clients::new(Signing::passthrough(ch)), Some(t.elapsed())))
+            Ok((
+                Clients::new(ch.clone(), Signing::passthrough(ch)),
+                Some(t.elapsed()),
+            ))
         }
     }
 }
@@ -733,6 +739,9 @@ impl User {
     }
 }
 
+/// How long a user whose persistent connection was closed waits after failing to open another.
+const REOPEN_PAUSE: Duration = Duration::from_millis(100);
+
 /// Drive one user until `ctx.end`. `conn` is the persistent connection of the `connection` and
 /// `call` models (opened before the clock starts); `churn` opens one per op.
 pub async fn run_user(ctx: Arc<RunCtx>, index: usize, conn: Option<Clients>) -> UserResult {
@@ -754,6 +763,7 @@ pub async fn run_user(ctx: Arc<RunCtx>, index: usize, conn: Option<Clients>) -> 
             iv.mul_f64(index as f64 / ctx.users.max(1) as f64)
         });
     let mut conn = conn;
+    let mut told_closed = false;
     let mut done_per_window = vec![0u64; ctx.windows()];
     'run: loop {
         let group = ctx.mix.pick(&mut user.rng);
@@ -793,6 +803,43 @@ pub async fn run_user(ctx: Arc<RunCtx>, index: usize, conn: Option<Clients>) -> 
                 // Past its deadline before it could start (the op before ran long): not sent,
                 // so that no request the client has already given up on reaches the server.
                 unsent += 1;
+                continue;
+            }
+            if let Some(c) = conn.as_ref()
+                && c.conn.closed()
+            {
+                // The server ended this user's persistent connection (a restart, a GOAWAY, a
+                // reset): the op in hand fails as `connection closed`, and the user opens
+                // another (with a new handshake in the `connection` model) for the next one.
+                if !told_closed {
+                    told_closed = true;
+                    let why = c
+                        .conn
+                        .why_closed()
+                        .map(|w| format!(": {w}"))
+                        .unwrap_or_default();
+                    eprintln!(
+                        "user {index}: the server closed its connection{why}; opening another"
+                    );
+                }
+                done_per_window[ctx.window_of(Instant::now())] += 1;
+                let stats = per_op.entry(step.name()).or_insert_with(OpStats::new);
+                *stats
+                    .failures
+                    .entry("connection closed".into())
+                    .or_default() += 1;
+                match open(&ctx.target, ctx.model).await {
+                    Ok((c, hs)) => {
+                        if let Some(hs) = hs {
+                            handshakes += 1;
+                            let _ = handshake_us.record(hs.as_micros() as u64);
+                        }
+                        conn = Some(c);
+                    }
+                    // The server is not back yet: tried again for the next op, after a pause
+                    // (not thousands of refused connects a second, each counted as a failure).
+                    Err(_) => tokio::time::sleep(REOPEN_PAUSE).await,
+                }
                 continue;
             }
             // The timeout runs from `begin` like the latency (in open loop, the due time), so

@@ -165,8 +165,9 @@ pub enum HandshakeError {
 }
 
 /// Authenticate the connection behind `channel` as `creds`; returns the principal
-/// (`tenant/key_id`). The channel must be a single connection (a plain `Endpoint::connect`), and
-/// a reconnect loses the session.
+/// (`tenant/key_id`). `channel` must be any gRPC service over exactly one HTTP/2 connection (a
+/// `Channel` from a plain `Endpoint::connect`, or cube-load's own `Conn`), and a reconnect loses
+/// the session.
 pub async fn handshake<T>(channel: T, creds: &crate::Credentials) -> Result<String, HandshakeError>
 where
     T: tonic::client::GrpcService<tonic::body::Body>,

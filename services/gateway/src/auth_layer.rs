@@ -686,14 +686,14 @@ fn is_late_mark(decision: &Result<Option<Principal>, Status>) -> bool {
 }
 
 /// Counts a wait for the replay clock mark in `cube_auth_clock_mark_waits_total` by how it
-/// ended: `served` (a renewal covered the call), `refused` (none did in time), or `cancelled`
-/// if dropped while waiting.
+/// ended: `covered` (a renewal covered the call, whose authentication then went on as usual),
+/// `refused` (none did in time), or `cancelled` if dropped while waiting.
 struct MarkWait(bool);
 
 impl MarkWait {
-    fn ended(mut self, served: bool) {
+    fn ended(mut self, covered: bool) {
         self.0 = true;
-        mark_waits(if served { "served" } else { "refused" }).inc();
+        mark_waits(if covered { "covered" } else { "refused" }).inc();
     }
 }
 
@@ -1004,6 +1004,9 @@ mod tests {
         (dir, Arc::new(auth), signer)
     }
 
+    /// Held by the tests that wait for the clock mark, whose counts are process-wide.
+    static MARK_WAIT_TESTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
     /// A correctly signed call stamped past the replay clock mark (its renewal is late: a slow
     /// fdatasync) waits for the renewal and is then served; refused with UNAVAILABLE only when
     /// none comes within [`MARK_WAIT`].
@@ -1020,9 +1023,9 @@ mod tests {
         let code = |resp: &http::Response<Body>| {
             Status::from_header_map(resp.headers()).map_or(tonic::Code::Ok, |s| s.code())
         };
-        // (Other tests wait for the mark too, at the same time: counts only grow here.)
+        let _counts = MARK_WAIT_TESTS.lock().await;
         let waits = |outcome| mark_waits(outcome).get();
-        let (refused, served) = (waits("refused"), waits("served"));
+        let (refused, covered) = (waits("refused"), waits("covered"));
         // No renewal comes: refused once the wait is over.
         let began = Instant::now();
         let resp = svc.call(signed()).await.unwrap();
@@ -1052,7 +1055,12 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(code(&resp), tonic::Code::Ok);
-        assert!(waits("served") > served, "the served wait was not counted");
+        assert_eq!(
+            waits("covered"),
+            covered + 1,
+            "the covered wait was not counted"
+        );
+        assert_eq!(waits("refused"), refused + 1);
         // With the mark current, no wait at all.
         let resp = svc.call(signed()).await.unwrap();
         assert_eq!(code(&resp), tonic::Code::Ok);
@@ -1064,6 +1072,7 @@ mod tests {
     /// the wait too.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_call_waiting_for_the_clock_mark_keeps_to_its_deadline_and_is_counted_if_dropped() {
+        let _counts = MARK_WAIT_TESTS.lock().await;
         let (_dir, auth, signer) = behind_the_clock_mark();
         let mut svc = AuthLayer::new(Arc::clone(&auth), None).layer(Answers);
         let path = "/cube.v1.Cells/Delete";
@@ -1100,7 +1109,10 @@ mod tests {
         drop(call);
         assert_eq!(started(), started_before + 1);
         assert_eq!(cancelled(), cancelled_before + 1);
-        assert!(mark_waits("cancelled").get() > waits_cancelled);
+        assert_eq!(mark_waits("cancelled").get(), waits_cancelled + 1);
+        // Dropped before it was first polled: counted too.
+        drop(svc.call(signed(None)));
+        assert_eq!(mark_waits("cancelled").get(), waits_cancelled + 2);
         // The server's --call-timeout-ms counts from the call's arrival, the wait included: a
         // call that waited 1.5 s of a 2-s limit has 0.5 s left, not 2 s more.
         let mut limited =

@@ -140,7 +140,7 @@ pub static AUTH_CLOCK_MARK_WAITS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     counter_vec(
         "cube_auth_clock_mark_waits_total",
         "Signed calls stamped past the replay clock mark that waited for its renewal, by \
-         outcome (served, refused, cancelled).",
+         outcome (covered: a renewal covered the call; refused; cancelled).",
         &["outcome"],
     )
 });
@@ -334,7 +334,15 @@ pub fn init() {
         &*CHANGE_APPLY,
         &*SCAN_PAGES_EXPIRED,
     );
+    // Rare events an alert takes the `increase` of: their series must exist (at 0) before the
+    // first one, or the first scrape already shows it counted and `increase` sees nothing.
+    for outcome in CLOCK_MARK_WAIT_OUTCOMES {
+        let _ = AUTH_CLOCK_MARK_WAITS.with_label_values(&[outcome]);
+    }
 }
+
+/// The outcomes `cube_auth_clock_mark_waits_total` counts.
+pub const CLOCK_MARK_WAIT_OUTCOMES: [&str; 3] = ["covered", "refused", "cancelled"];
 
 /// The Prometheus text exposition of every metric.
 pub fn render() -> String {
@@ -363,6 +371,10 @@ mod tests {
         ] {
             assert!(text.contains(name), "{name} missing");
         }
+        assert!(
+            text.contains("cube_auth_clock_mark_waits_total{outcome=\"refused\"} 0"),
+            "the clock-mark refusals' series exists before the first one"
+        );
         assert!(
             text.contains("le=\"0.00001\""),
             "the finest bucket is 10 µs"

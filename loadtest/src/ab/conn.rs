@@ -165,3 +165,85 @@ impl tower::Service<http::Request<Body>> for Conn {
         Box::pin(async move { Ok(answer.await?.map(Body::new)) })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An HTTP/2 server on loopback that answers one request per connection with 200 and then
+    /// closes the connection; returns its address.
+    async fn one_request_per_connection() -> std::net::SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut conn = h2::server::handshake(tcp).await.unwrap();
+                    if let Some(Ok((_req, mut respond))) = conn.accept().await {
+                        let _ = respond.send_response(http::Response::new(()), true);
+                    }
+                    // Let the answer go out, then close: the client sees the connection end.
+                    let _ = tokio::time::timeout(Duration::from_millis(100), conn.accept()).await;
+                });
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_server_closed_says_so_and_a_new_one_works() {
+        let addr = one_request_per_connection().await;
+        let endpoint = format!("http://{addr}");
+        let mut conn = Conn::connect(&endpoint, None, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(!conn.closed());
+        let req = |path: &str| {
+            http::Request::builder()
+                .uri(path)
+                .body(Body::empty())
+                .unwrap()
+        };
+        // The origin is added: a bare path is a valid HTTP/2 request.
+        std::future::poll_fn(|cx| tower::Service::poll_ready(&mut conn, cx))
+            .await
+            .unwrap();
+        let resp = tower::Service::call(&mut conn, req("/x")).await.unwrap();
+        assert_eq!(resp.status(), http::StatusCode::OK);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !conn.closed() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the closed connection was not noticed"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let call = std::future::poll_fn(|cx| tower::Service::poll_ready(&mut conn, cx)).await;
+        assert!(call.is_err(), "a closed connection still takes calls");
+        // What a user does next: another connection, which works.
+        let mut again = Conn::connect(&endpoint, None, Duration::from_secs(5))
+            .await
+            .unwrap();
+        let resp = tower::Service::call(&mut again, req("/y")).await.unwrap();
+        assert_eq!(resp.status(), http::StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn a_connect_to_nothing_fails_within_its_timeout() {
+        // A port just bound and released: nothing listens there.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let err = Conn::connect(
+            &format!("http://127.0.0.1:{port}"),
+            None,
+            Duration::from_secs(5),
+        )
+        .await
+        .err()
+        .expect("connected to nothing");
+        assert!(format!("{err:#}").contains("refused"), "{err:#}");
+    }
+}

@@ -133,10 +133,7 @@ where
 {
     let why = match conn.await {
         Ok(()) => String::new(),
-        Err(e) => match std::error::Error::source(&e) {
-            Some(how) => format!("{e}: {how}"),
-            None => e.to_string(),
-        },
+        Err(e) => format!("{:#}", anyhow::Error::from(e)),
     };
     let _ = ended.set(why);
 }

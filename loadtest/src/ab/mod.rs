@@ -125,10 +125,6 @@ struct Server {
     _embedded: Option<TestServer>,
 }
 
-fn tls_config(ca_pem: String, domain: &str) -> anyhow::Result<Tls> {
-    Tls::new(ca_pem.as_bytes(), domain)
-}
-
 impl LoadArgs {
     fn duration_or(&self, default: f64) -> Duration {
         Duration::from_secs_f64(self.duration.unwrap_or(default))
@@ -145,7 +141,7 @@ impl LoadArgs {
             .with_context(|| format!("{} is not a credentials JSON", path.display()))?;
             let tls = match (&self.ca, self.tls) {
                 (Some(ca), _) => Some(
-                    tls_config(std::fs::read_to_string(ca)?, &self.tls_domain)
+                    Tls::new(&std::fs::read(ca)?, &self.tls_domain)
                         .with_context(|| format!("--ca {}", ca.display()))?,
                 ),
                 (None, true) => bail!("--tls against a --target needs --ca"),
@@ -187,8 +183,8 @@ impl LoadArgs {
         }
         let spare: Credentials = serde_json::from_slice(&out.stdout)?;
         let tls = if self.tls {
-            let ca = std::fs::read_to_string(server.data_dir().join("tls/ca.pem"))?;
-            Some(tls_config(ca, "localhost")?)
+            let ca = std::fs::read(server.data_dir().join("tls/ca.pem"))?;
+            Some(Tls::new(&ca, "localhost")?)
         } else {
             None
         };

@@ -993,9 +993,7 @@ impl Verified {
 /// Every cell of user `x`'s plane `z` with y in `0..=max_y`.
 async fn region_all(c: &mut Cells, x: i32, z: i32, max_y: i32) -> Result<Vec<Cell>, tonic::Status> {
     let corner = |y| Coord { x, y, z };
-    let mut out = Vec::new();
-    cube_testkit::region_for_each(c, corner(0), corner(max_y), 1000, |cell| out.push(cell)).await?;
-    Ok(out)
+    cube_testkit::region_all(c, corner(0), corner(max_y), 1000).await
 }
 
 /// Compare a plane's cells as the server returned them with what it acknowledged: every

@@ -183,31 +183,27 @@ mod tests {
         .await;
         assert_eq!(started.unwrap(), 3);
         assert_eq!(cleared.get(), 2);
-        // Always taken: the last attempt's failure is returned.
-        tries.set(0);
-        let err = on_free_ports(
-            "peer",
-            || {},
-            || async {
-                bail!("listen tcp 127.0.0.1:1: bind: address already in use");
-                #[allow(unreachable_code)]
-                Ok(())
-            },
-        )
-        .await;
-        assert!(err.is_err());
-        // Any other failure: no second attempt.
-        let tries = std::cell::Cell::new(0);
-        let err = on_free_ports(
-            "peer",
-            || {},
-            || {
-                tries.set(tries.get() + 1);
-                async { anyhow::Result::<()>::Err(anyhow::anyhow!("not ready after 30s")) }
-            },
-        )
-        .await;
-        assert!(err.unwrap_err().to_string().contains("not ready"));
-        assert_eq!(tries.get(), 1);
+        // Always taken, or any other failure: the failure is returned, after PORT_ATTEMPTS
+        // attempts or at once.
+        for (why, attempts) in [
+            (
+                "listen tcp 127.0.0.1:1: bind: address already in use",
+                PORT_ATTEMPTS,
+            ),
+            ("not ready after 30s", 1),
+        ] {
+            let tries = std::cell::Cell::new(0);
+            let err = on_free_ports(
+                "peer",
+                || {},
+                || {
+                    tries.set(tries.get() + 1);
+                    async move { anyhow::Result::<()>::Err(anyhow::anyhow!(why)) }
+                },
+            )
+            .await;
+            assert_eq!(err.unwrap_err().to_string(), why);
+            assert_eq!(tries.get(), attempts, "{why}");
+        }
     }
 }

@@ -28,13 +28,19 @@ pub type SignedCells = CellsClient<Signing<Channel>>;
 pub const NEXT_PAGE_TOKEN: &str = "x-cube-next-page-token-bin";
 
 /// Every cell of the inclusive box `[min, max]`, following Region's page tokens, `page` cells
-/// per call.
-pub async fn region_all(
-    c: &mut SignedCells,
+/// per call; over any connection, as [`region_for_each`].
+pub async fn region_all<T>(
+    c: &mut CellsClient<T>,
     min: cube_api::v1::Coord,
     max: cube_api::v1::Coord,
     page: u32,
-) -> Result<Vec<cube_api::v1::Cell>, tonic::Status> {
+) -> Result<Vec<cube_api::v1::Cell>, tonic::Status>
+where
+    T: tonic::client::GrpcService<tonic::body::Body>,
+    T::Error: Into<tonic::codegen::StdError>,
+    T::ResponseBody: tonic::codegen::Body<Data = tonic::codegen::Bytes> + Send + 'static,
+    <T::ResponseBody as tonic::codegen::Body>::Error: Into<tonic::codegen::StdError> + Send,
+{
     let mut out = Vec::new();
     region_for_each(c, min, max, page, |cell| out.push(cell)).await?;
     Ok(out)

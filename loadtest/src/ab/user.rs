@@ -245,9 +245,9 @@ pub struct Clients {
 }
 
 impl Clients {
-    fn new(conn: Conn, ch: Signing<Conn>) -> Clients {
+    fn new(ch: Signing<Conn>) -> Clients {
         Clients {
-            conn,
+            conn: ch.get_ref().clone(),
             cells: CellsClient::new(ch.clone()),
             access: AccessClient::new(ch.clone()),
             tenant: TenantClient::new(ch.clone()),
@@ -328,7 +328,7 @@ async fn open(target: &Target, model: Model) -> Result<(Clients, Option<Duration
                 .secret()
                 .map_err(|e| failure("bad secret", format!("the credentials' secret: {e}")))?;
             let signer = CallSigner::new(&target.creds.tenant, &target.creds.key_id, secret);
-            Ok((Clients::new(ch.clone(), Signing::new(ch, signer)), None))
+            Ok((Clients::new(Signing::new(ch, signer)), None))
         }
         Model::Connection | Model::Churn => {
             handshake(ch.clone(), &target.creds)
@@ -352,10 +352,7 @@ async fn open(target: &Target, model: Model) -> Result<(Clients, Option<Duration
                         },
                     ),
                 })?;
-            Ok((
-                Clients::new(ch.clone(), Signing::passthrough(ch)),
-                Some(t.elapsed()),
-            ))
+            Ok((Clients::new(Signing::passthrough(ch)), Some(t.elapsed())))
         }
     }
 }

@@ -123,6 +123,11 @@ impl<S> Signing<S> {
             names_sent: Arc::default(),
         }
     }
+
+    /// The service the calls are passed on to (the connection, for a caller that watches it).
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
 }
 
 impl<S, B> tower::Service<http::Request<B>> for Signing<S>

@@ -16,6 +16,7 @@ use std::task::{Context, Poll};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use cube_auth::{CallSignature, headers, parse_nonce};
+use cube_metrics::ClockMarkWait;
 use cube_store::{Catalog, Command, KeyInfo, TenantDirectory, clipped};
 use std::future::Future;
 use std::pin::Pin;
@@ -686,27 +687,28 @@ fn is_late_mark(decision: &Result<Option<Principal>, Status>) -> bool {
 }
 
 /// Counts a wait for the replay clock mark in `cube_auth_clock_mark_waits_total` by how it
-/// ended: `covered` (a renewal covered the call, whose authentication then went on as usual),
-/// `refused` (none did in time), or `cancelled` if dropped while waiting.
+/// ended ([`ClockMarkWait`]): covered or refused when it ends, cancelled if dropped while
+/// waiting.
 struct MarkWait(bool);
 
 impl MarkWait {
     fn ended(mut self, covered: bool) {
         self.0 = true;
-        mark_waits(if covered { "covered" } else { "refused" }).inc();
+        let outcome = if covered {
+            ClockMarkWait::Covered
+        } else {
+            ClockMarkWait::Refused
+        };
+        outcome.counter().inc();
     }
 }
 
 impl Drop for MarkWait {
     fn drop(&mut self) {
         if !self.0 {
-            mark_waits("cancelled").inc();
+            ClockMarkWait::Cancelled.counter().inc();
         }
     }
-}
-
-fn mark_waits(outcome: &str) -> prometheus::IntCounter {
-    cube_metrics::AUTH_CLOCK_MARK_WAITS.with_label_values(&[outcome])
 }
 
 impl<S> Authenticated<S> {
@@ -878,6 +880,7 @@ impl<S> Authenticated<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cube_metrics::ClockMarkWait::{Cancelled, Covered, Refused};
     use std::convert::Infallible;
     use tower::{Layer, Service};
 
@@ -1024,8 +1027,8 @@ mod tests {
             Status::from_header_map(resp.headers()).map_or(tonic::Code::Ok, |s| s.code())
         };
         let _counts = MARK_WAIT_TESTS.lock().await;
-        let waits = |outcome| mark_waits(outcome).get();
-        let (refused, covered) = (waits("refused"), waits("covered"));
+        let waits = |outcome: ClockMarkWait| outcome.counter().get();
+        let (refused, covered) = (waits(Refused), waits(Covered));
         // No renewal comes: refused once the wait is over.
         let began = Instant::now();
         let resp = svc.call(signed()).await.unwrap();
@@ -1033,10 +1036,7 @@ mod tests {
         assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
         assert_eq!(status.message(), MARK_NOT_RENEWED);
         assert!(began.elapsed() >= MARK_WAIT, "{:?}", began.elapsed());
-        assert!(
-            waits("refused") > refused,
-            "the refused wait was not counted"
-        );
+        assert!(waits(Refused) > refused, "the refused wait was not counted");
         // Renewals come while the call waits: a stalled one that still does not cover it (its
         // time taken before the stall), then one that does: served.
         let call = tokio::spawn(svc.call(signed()));
@@ -1056,11 +1056,11 @@ mod tests {
             .unwrap();
         assert_eq!(code(&resp), tonic::Code::Ok);
         assert_eq!(
-            waits("covered"),
+            waits(Covered),
             covered + 1,
             "the covered wait was not counted"
         );
-        assert_eq!(waits("refused"), refused + 1);
+        assert_eq!(waits(Refused), refused + 1);
         // With the mark current, no wait at all.
         let resp = svc.call(signed()).await.unwrap();
         assert_eq!(code(&resp), tonic::Code::Ok);
@@ -1103,16 +1103,16 @@ mod tests {
         let started = || count(&cube_metrics::GRPC_STARTED, &[]);
         let cancelled = || count(&cube_metrics::GRPC_HANDLED, &["Canceled", "none"]);
         let (started_before, cancelled_before) = (started(), cancelled());
-        let waits_cancelled = mark_waits("cancelled").get();
+        let waits_cancelled = Cancelled.counter().get();
         let mut call = svc.call(signed(None));
         assert!(futures::poll!(&mut call).is_pending());
         drop(call);
         assert_eq!(started(), started_before + 1);
         assert_eq!(cancelled(), cancelled_before + 1);
-        assert_eq!(mark_waits("cancelled").get(), waits_cancelled + 1);
+        assert_eq!(Cancelled.counter().get(), waits_cancelled + 1);
         // Dropped before it was first polled: counted too.
         drop(svc.call(signed(None)));
-        assert_eq!(mark_waits("cancelled").get(), waits_cancelled + 2);
+        assert_eq!(Cancelled.counter().get(), waits_cancelled + 2);
         // The server's --call-timeout-ms counts from the call's arrival, the wait included: a
         // call that waited 1.5 s of a 2-s limit has 0.5 s left, not 2 s more.
         let mut limited =

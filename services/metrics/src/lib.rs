@@ -336,13 +336,39 @@ pub fn init() {
     );
     // Rare events an alert takes the `increase` of: their series must exist (at 0) before the
     // first one, or the first scrape already shows it counted and `increase` sees nothing.
-    for outcome in CLOCK_MARK_WAIT_OUTCOMES {
-        let _ = AUTH_CLOCK_MARK_WAITS.with_label_values(&[outcome]);
+    for outcome in ClockMarkWait::ALL {
+        let _ = outcome.counter();
     }
 }
 
-/// The outcomes `cube_auth_clock_mark_waits_total` counts.
-pub const CLOCK_MARK_WAIT_OUTCOMES: [&str; 3] = ["covered", "refused", "cancelled"];
+/// How a signed call's wait for the replay clock mark ended: the `outcome` label of
+/// `cube_auth_clock_mark_waits_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClockMarkWait {
+    /// A renewal covered the call, whose authentication then went on as usual.
+    Covered,
+    /// None did in time: the call was refused.
+    Refused,
+    /// The call was dropped while it waited (a client's deadline, a reset).
+    Cancelled,
+}
+
+impl ClockMarkWait {
+    pub const ALL: [ClockMarkWait; 3] = [Self::Covered, Self::Refused, Self::Cancelled];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Covered => "covered",
+            Self::Refused => "refused",
+            Self::Cancelled => "cancelled",
+        }
+    }
+
+    /// This outcome's series.
+    pub fn counter(self) -> IntCounter {
+        AUTH_CLOCK_MARK_WAITS.with_label_values(&[self.label()])
+    }
+}
 
 /// The Prometheus text exposition of every metric.
 pub fn render() -> String {

@@ -915,28 +915,17 @@ mod tests {
         }
     }
 
+    type Reply = Result<http::Response<Body>, Infallible>;
+
     /// A service whose answer never comes (a call still running when its deadline expires).
-    #[derive(Clone)]
-    struct Never;
-
-    impl Service<http::Request<()>> for Never {
-        type Response = http::Response<Body>;
-        type Error = Infallible;
-        type Future = std::future::Pending<Result<http::Response<Body>, Infallible>>;
-
-        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-            Poll::Ready(Ok(()))
-        }
-
-        fn call(&mut self, _: http::Request<()>) -> Self::Future {
-            std::future::pending()
-        }
+    fn never() -> tower::util::ServiceFn<fn(http::Request<()>) -> std::future::Pending<Reply>> {
+        tower::service_fn(|_| std::future::pending())
     }
 
     #[tokio::test]
     async fn a_call_dropped_before_its_answer_is_counted_as_cancelled() {
         let (_dir, auth) = authenticator();
-        let mut svc = AuthLayer::new(auth, None).layer(Never);
+        let mut svc = AuthLayer::new(auth, None).layer(never());
         let cancelled = || {
             cube_metrics::GRPC_HANDLED
                 .with_label_values(&[
@@ -961,21 +950,8 @@ mod tests {
     }
 
     /// A service that answers every call at once (OK).
-    #[derive(Clone)]
-    struct Answers;
-
-    impl Service<http::Request<()>> for Answers {
-        type Response = http::Response<Body>;
-        type Error = Infallible;
-        type Future = std::future::Ready<Result<http::Response<Body>, Infallible>>;
-
-        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-            Poll::Ready(Ok(()))
-        }
-
-        fn call(&mut self, _: http::Request<()>) -> Self::Future {
-            std::future::ready(Ok(Status::ok("").into_http()))
-        }
+    fn answers() -> tower::util::ServiceFn<fn(http::Request<()>) -> std::future::Ready<Reply>> {
+        tower::service_fn(|_| std::future::ready(Ok(Status::ok("").into_http())))
     }
 
     /// An authenticator whose replay clock mark was last renewed 10 s ago (it covers calls
@@ -1016,7 +992,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_signed_call_past_a_late_clock_mark_waits_for_its_renewal() {
         let (_dir, auth, signer) = behind_the_clock_mark();
-        let mut svc = AuthLayer::new(Arc::clone(&auth), None).layer(Answers);
+        let mut svc = AuthLayer::new(Arc::clone(&auth), None).layer(answers());
         let path = "/cube.v1.Cells/Read";
         let signed = || {
             let mut req = http::Request::builder().uri(path).body(()).unwrap();
@@ -1074,7 +1050,7 @@ mod tests {
     async fn a_call_waiting_for_the_clock_mark_keeps_to_its_deadline_and_is_counted_if_dropped() {
         let _counts = MARK_WAIT_TESTS.lock().await;
         let (_dir, auth, signer) = behind_the_clock_mark();
-        let mut svc = AuthLayer::new(Arc::clone(&auth), None).layer(Answers);
+        let mut svc = AuthLayer::new(Arc::clone(&auth), None).layer(answers());
         let path = "/cube.v1.Cells/Delete";
         let signed = |timeout: Option<&str>| {
             let mut req = http::Request::builder().uri(path);
@@ -1116,7 +1092,7 @@ mod tests {
         // The server's --call-timeout-ms counts from the call's arrival, the wait included: a
         // call that waited 1.5 s of a 2-s limit has 0.5 s left, not 2 s more.
         let mut limited =
-            AuthLayer::new(Arc::clone(&auth), Some(Duration::from_secs(2))).layer(Never);
+            AuthLayer::new(Arc::clone(&auth), Some(Duration::from_secs(2))).layer(never());
         let began = Instant::now();
         let call = tokio::spawn(limited.call(signed(None)));
         tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -1152,7 +1128,7 @@ mod tests {
     async fn a_call_over_the_server_deadline_is_answered_deadline_exceeded() {
         let (_dir, auth) = authenticator();
         let limit = Duration::from_millis(50);
-        let mut svc = AuthLayer::new(auth, Some(limit)).layer(Never);
+        let mut svc = AuthLayer::new(auth, Some(limit)).layer(never());
         let handled = || {
             cube_metrics::GRPC_HANDLED
                 .with_label_values(&[

@@ -25,6 +25,9 @@ pub use connection::{ConnInfo, ConnectionRegistry, CubeConn, Session};
 pub use error::ApiError;
 pub use principal::{AuthModel, Principal};
 pub use replay::{ReplayCache, ReplayError};
-pub use server::{Gateway, GatewayConfig, OPEN_MESSAGE_BYTES, ServeError};
+pub use server::{
+    ACCESS_MESSAGE_BYTES, Gateway, GatewayConfig, OPEN_MESSAGE_BYTES, ServeError,
+    WALK_MESSAGE_BYTES,
+};
 pub use services::cells::{NEXT_PAGE_TOKEN_HEADER, ScanLimits};
 pub use tls::{TlsError, TlsSettings, client_identity, server_config};

@@ -1,8 +1,12 @@
 //! A request message over `--max-message-bytes` is refused by tonic before it is decoded, with
 //! OUT_OF_RANGE and tonic's own text. The contract (`CONTRACT.md`: "value over the limit →
 //! INVALID_ARGUMENT") and the value limit itself answer INVALID_ARGUMENT, so this layer turns
-//! that one refusal into INVALID_ARGUMENT with a message naming the server's limit. Every other
-//! response passes through untouched.
+//! that refusal into INVALID_ARGUMENT with a message naming the server's limit.
+//!
+//! It also turns tonic's INTERNAL for a request that is not valid protobuf into INVALID_ARGUMENT:
+//! Cube's own services decode through `cube_api::CubeCodec`, which says so itself, but health and
+//! reflection use tonic's codec, which calls the caller's malformed message a server error.
+//! Every other response passes through untouched.
 
 use tonic::body::Body;
 use tonic::{Code, Status};
@@ -32,6 +36,26 @@ fn too_large(limit: usize, max: usize) -> Status {
     ))
 }
 
+/// How prost words a message it could not decode; tonic's codec answers it as INTERNAL.
+const PROST_DECODE_FAILED: &str = "failed to decode Protobuf message";
+
+/// The INVALID_ARGUMENT that replaces tonic's INTERNAL for an undecodable request, worded as
+/// `cube_api`'s codec words it for Cube's own services (`reason`: prost's).
+fn undecodable(reason: &str) -> Status {
+    Status::invalid_argument(format!(
+        "the message is not valid protobuf for this method ({reason}); check that the client \
+         uses the service's .proto and that string fields hold UTF-8"
+    ))
+}
+
+/// If `headers` carry tonic's INTERNAL for a request it could not decode (trailers-only, as
+/// for every refusal before the service runs), prost's reason.
+fn decode_refusal(headers: &http::HeaderMap) -> Option<String> {
+    let status = Status::from_header_map(headers)?;
+    (status.code() == Code::Internal && status.message().starts_with(PROST_DECODE_FAILED))
+        .then(|| status.message().to_string())
+}
+
 /// If `headers` carry tonic's refusal of an oversized request ("trailers-only": the status
 /// travels in the response headers), the limit it names (`None` if it names none readably).
 fn oversize_refusal(headers: &http::HeaderMap) -> Option<Option<usize>> {
@@ -54,11 +78,12 @@ pub fn layer(
     max_message_bytes: usize,
 ) -> tower::util::MapResponseLayer<impl Fn(http::Response<Body>) -> http::Response<Body> + Clone> {
     tower::util::MapResponseLayer::new(move |resp: http::Response<Body>| {
-        match oversize_refusal(resp.headers()) {
-            Some(limit) => {
-                too_large(limit.unwrap_or(max_message_bytes), max_message_bytes).into_http()
-            }
-            None => resp,
+        if let Some(limit) = oversize_refusal(resp.headers()) {
+            too_large(limit.unwrap_or(max_message_bytes), max_message_bytes).into_http()
+        } else if let Some(reason) = decode_refusal(resp.headers()) {
+            undecodable(&reason).into_http()
+        } else {
+            resp
         }
     })
 }
@@ -85,5 +110,22 @@ mod tests {
         }
         // A success carries no status in its headers.
         assert_eq!(oversize_refusal(&http::HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn only_tonics_decode_failure_is_recognised() {
+        let tonic_failure = Status::internal(format!(
+            "{PROST_DECODE_FAILED}: HealthCheckRequest.service: invalid string value: data is not UTF-8 encoded"
+        ));
+        let reason = decode_refusal(tonic_failure.into_http::<Body>().headers()).unwrap();
+        assert!(reason.ends_with("not UTF-8 encoded"), "{reason}");
+        for other in [
+            Status::internal("a server fault"),
+            Status::invalid_argument(PROST_DECODE_FAILED),
+            Status::ok(""),
+        ] {
+            assert_eq!(decode_refusal(other.into_http::<Body>().headers()), None);
+        }
+        assert_eq!(decode_refusal(&http::HeaderMap::new()), None);
     }
 }

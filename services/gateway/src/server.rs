@@ -35,6 +35,19 @@ use crate::transport;
 /// connection's streams.
 pub const OPEN_MESSAGE_BYTES: usize = 16 * 1024;
 
+/// Largest `Cells.Walk` request: its most labels at their longest (each a 2-byte field header
+/// and the label), plus room for the other fields. prost decodes every listed label before the
+/// service can refuse more than [`cube_store::MAX_WALK_LABEL_ENTRIES`], and an empty label costs
+/// 2 bytes on the wire but 24 in memory: under `--max-message-bytes` one 4 MiB request would
+/// hold some 50 MiB while it was decoded.
+pub const WALK_MESSAGE_BYTES: usize =
+    cube_store::MAX_WALK_LABEL_ENTRIES * (cube_store::MAX_LABEL_BYTES + 2) + 1024;
+
+/// Largest `Access.Grant` / `Access.Revoke` request (a key id and at most three capabilities, a
+/// few hundred bytes): a packed list of capabilities takes 4 bytes in memory for each byte on
+/// the wire until the service refuses more than three.
+pub const ACCESS_MESSAGE_BYTES: usize = OPEN_MESSAGE_BYTES;
+
 /// Limits and auth settings of the network listener.
 #[derive(Debug, Clone)]
 pub struct GatewayConfig {
@@ -190,11 +203,13 @@ impl Gateway {
             .build_v1alpha()?
             .max_decoding_message_size(OPEN_MESSAGE_BYTES);
         let max = self.config.max_message_bytes;
-        let cells = CellsServer::new(CellsService {
-            directory: Arc::clone(&self.directory),
-            limits: self.config.scan_limits,
-        })
-        .max_decoding_message_size(max);
+        let cells = CellsRoutes::new(
+            CellsService {
+                directory: Arc::clone(&self.directory),
+                limits: self.config.scan_limits,
+            },
+            max,
+        );
         let renewer = if self.auth.replay().has_clock() {
             // Renewed once before any connection is taken: since `new` the mark may have
             // fallen behind the clock (the wait for the replay window, a crash's lease).
@@ -266,7 +281,7 @@ impl Gateway {
                 AccessServer::new(AccessService {
                     directory: Arc::clone(&self.directory),
                 })
-                .max_decoding_message_size(max),
+                .max_decoding_message_size(ACCESS_MESSAGE_BYTES.min(max)),
             )
             .add_service(TenantRoutes::new(
                 TenantService {
@@ -281,11 +296,14 @@ impl Gateway {
                 })
                 .max_decoding_message_size(OPEN_MESSAGE_BYTES),
             )
-            .add_service(AdminServer::new(AdminService {
-                catalog: None,
-                connections: None,
-                directory: None,
-            }))
+            .add_service(
+                AdminServer::new(AdminService {
+                    catalog: None,
+                    connections: None,
+                    directory: None,
+                })
+                .max_decoding_message_size(OPEN_MESSAGE_BYTES),
+            )
             .serve_with_incoming_shutdown(incoming, stopping)
             .await;
         drop(acceptor_task);
@@ -303,6 +321,54 @@ impl Gateway {
         }
         served?;
         Ok(())
+    }
+}
+
+/// `cube.v1.Cells`, with `Walk`'s requests held to [`WALK_MESSAGE_BYTES`] and every other
+/// method's to `--max-message-bytes` (a Write's value can be large, a Walk's request cannot).
+#[derive(Clone)]
+struct CellsRoutes {
+    all: CellsServer<CellsService>,
+    walk: CellsServer<CellsService>,
+}
+
+impl CellsRoutes {
+    const WALK_PATH: &'static str = "/cube.v1.Cells/Walk";
+
+    fn new(service: CellsService, max_message_bytes: usize) -> CellsRoutes {
+        let service = Arc::new(service);
+        CellsRoutes {
+            all: CellsServer::from_arc(Arc::clone(&service))
+                .max_decoding_message_size(max_message_bytes),
+            walk: CellsServer::from_arc(service)
+                .max_decoding_message_size(WALK_MESSAGE_BYTES.min(max_message_bytes)),
+        }
+    }
+}
+
+impl tonic::server::NamedService for CellsRoutes {
+    const NAME: &'static str = cube_api::v1::cells_server::SERVICE_NAME;
+}
+
+impl tower::Service<http::Request<tonic::body::Body>> for CellsRoutes {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future =
+        <CellsServer<CellsService> as tower::Service<http::Request<tonic::body::Body>>>::Future;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        if req.uri().path() == Self::WALK_PATH {
+            self.walk.call(req)
+        } else {
+            self.all.call(req)
+        }
     }
 }
 

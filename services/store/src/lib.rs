@@ -42,6 +42,7 @@ pub use keys::Totals;
 pub use layout::DataDir;
 pub use space::SpaceGuard;
 pub use state::{
-    Caller, CellView, Command, Coord, Effect, Hint, MAX_LABEL_BYTES, MAX_WALK_DEPTH, Prepared,
-    RegionPage, Reply, RunRecord, StateLimits, StateReader, TenantState, check_region, walk_labels,
+    Caller, CellView, Command, Coord, Effect, Hint, MAX_LABEL_BYTES, MAX_WALK_DEPTH,
+    MAX_WALK_LABEL_ENTRIES, Prepared, RegionPage, Reply, RunRecord, StateLimits, StateReader,
+    TenantState, check_region, walk_labels,
 };

@@ -266,6 +266,101 @@ async fn a_malformed_request_is_invalid_argument() {
     );
 }
 
+/// `HealthCheckRequest` as the wire sees it, with `service` (tag 1, a string) sent as bytes.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawHealthCheckRequest {
+    #[prost(bytes = "vec", tag = "1")]
+    service: Vec<u8>,
+}
+
+/// Health (tonic's own codec, which calls an undecodable request INTERNAL) answers a malformed
+/// request as Cube's services do: INVALID_ARGUMENT, before any authentication.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_health_check_is_invalid_argument() {
+    let server = TestServer::start(cubed()).unwrap();
+    let mut grpc = tonic::client::Grpc::new(server.channel().await.unwrap());
+    grpc.ready().await.unwrap();
+    let err = grpc
+        .unary::<_, tonic_health::pb::HealthCheckResponse, _>(
+            tonic::Request::new(RawHealthCheckRequest {
+                service: vec![0xff, 0xfe],
+            }),
+            tonic::codegen::http::uri::PathAndQuery::from_static("/grpc.health.v1.Health/Check"),
+            tonic_prost::ProstCodec::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message().contains("not valid protobuf") && err.message().contains("UTF-8"),
+        "{}",
+        err.message()
+    );
+}
+
+/// A Walk's and a Grant's repeated fields cost more in memory than on the wire, and are counted
+/// only once decoded: their requests are refused before decoding above their own small limits,
+/// with the contract's INVALID_ARGUMENT; a Write still takes `--max-message-bytes`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn walk_and_access_requests_are_held_to_their_own_size() {
+    use cube_api::v1::GrantRequest;
+    use cube_api::v1::access_client::AccessClient;
+    let server = TestServer::start(cubed()).unwrap();
+    let over = |e: tonic::Status, limit: usize| {
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        let says = format!("this method's limit of {limit} bytes");
+        assert!(e.message().contains(&says), "{}", e.message());
+    };
+    // 20,000 empty labels: 40,000 bytes on the wire, some 480 KB decoded.
+    let mut grpc = tonic::client::Grpc::new(server.signed(&server.demo).await.unwrap());
+    grpc.ready().await.unwrap();
+    let err = grpc
+        .unary::<_, cube_api::v1::WalkResponse, _>(
+            tonic::Request::new(RawWalkRequest {
+                labels: vec![Vec::new(); 20_000],
+            }),
+            tonic::codegen::http::uri::PathAndQuery::from_static("/cube.v1.Cells/Walk"),
+            tonic_prost::ProstCodec::default(),
+        )
+        .await
+        .unwrap_err();
+    over(err, cube_gateway::WALK_MESSAGE_BYTES);
+
+    let mut access = AccessClient::new(server.signed(&server.demo).await.unwrap());
+    let err = access
+        .grant(GrantRequest {
+            key_id: server.demo.key_id.clone(),
+            capabilities: vec![1; 20_000],
+        })
+        .await
+        .unwrap_err();
+    over(err, cube_gateway::ACCESS_MESSAGE_BYTES);
+
+    // Under their limits both are served as before.
+    let mut cells = server.cells(&server.demo).await.unwrap();
+    cells
+        .write(write(0, 0, 0, &vec![1; 100 << 10]))
+        .await
+        .unwrap();
+    let walked = cells
+        .walk(cube_api::v1::WalkRequest {
+            start: coord(0, 0, 0),
+            labels: vec!["x".repeat(64); 256],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(walked.visits.is_empty() && !walked.truncated);
+    access
+        .grant(GrantRequest {
+            key_id: server.demo.key_id.clone(),
+            capabilities: vec![1],
+        })
+        .await
+        .unwrap();
+}
+
 /// Connections beyond `--max-connections` are closed at accept (counted in
 /// `cube_connections_refused_total`); those within it keep working, and a slot that frees up is
 /// used again.

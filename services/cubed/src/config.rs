@@ -75,6 +75,9 @@ const MESSAGE_OVERHEAD: usize = 64 << 10;
 /// Default message cap floor (tonic's own default): values up to here that exceed the value
 /// limit get INVALID_ARGUMENT naming the limit; only larger messages meet the transport's cap.
 const MIN_DEFAULT_MESSAGE_BYTES: usize = 4 << 20;
+/// Default floor of `--max-connection-receive-bytes`: sixteen default-sized messages arriving
+/// at once on one connection.
+const MIN_DEFAULT_CONNECTION_RECEIVE_BYTES: usize = 64 << 20;
 
 /// The Cube daemon: a multi-tenant, durable, coordinate-addressed store served over gRPC.
 #[derive(Debug, Parser)]
@@ -285,6 +288,11 @@ pub struct ServeArgs {
     /// INVALID_ARGUMENT (default: the larger of 4 MiB and max value + 64 KiB).
     #[arg(long, env = "CUBE_MAX_MESSAGE_BYTES")]
     pub max_message_bytes: Option<usize>,
+    /// Request bytes one connection's calls may be receiving at once (messages arrive whole
+    /// before they are decoded); a call whose bytes would go over gets RESOURCE_EXHAUSTED. At
+    /// least --max-message-bytes (default: the larger of 64 MiB and --max-message-bytes).
+    #[arg(long, env = "CUBE_MAX_CONNECTION_RECEIVE_BYTES")]
+    pub max_connection_receive_bytes: Option<usize>,
     /// Allowed clock skew of signed calls, seconds.
     #[arg(long, env = "CUBE_SKEW_SECS", default_value_t = DEFAULT_SKEW_SECS)]
     pub skew_secs: u64,
@@ -446,6 +454,7 @@ pub struct ServeConfig {
     pub demo: bool,
     pub max_value_bytes: usize,
     pub max_message_bytes: usize,
+    pub max_connection_receive_bytes: usize,
     pub skew_ms: i64,
     pub replay_capacity: usize,
     pub mailbox_capacity: usize,
@@ -486,6 +495,14 @@ impl ServeArgs {
             max_message_bytes > self.max_value_bytes,
             "--max-message-bytes ({max_message_bytes}) must exceed --max-value-bytes ({})",
             self.max_value_bytes
+        );
+        let max_connection_receive_bytes = self
+            .max_connection_receive_bytes
+            .unwrap_or(max_message_bytes.max(MIN_DEFAULT_CONNECTION_RECEIVE_BYTES));
+        anyhow::ensure!(
+            max_connection_receive_bytes >= max_message_bytes,
+            "--max-connection-receive-bytes ({max_connection_receive_bytes}) must be at least \
+             --max-message-bytes ({max_message_bytes}): a whole message must be able to arrive"
         );
         anyhow::ensure!(
             self.max_in_flight_bytes >= self.max_value_bytes,
@@ -617,6 +634,7 @@ impl ServeArgs {
             demo: !self.no_demo,
             max_value_bytes: self.max_value_bytes,
             max_message_bytes,
+            max_connection_receive_bytes,
             skew_ms: i64::try_from(self.skew_secs.saturating_mul(1000)).unwrap_or(i64::MAX),
             replay_capacity: self.replay_capacity,
             mailbox_capacity: self.mailbox_capacity,
@@ -1035,6 +1053,15 @@ mod config_file_tests {
         .unwrap();
         let err = serve(&["--max-value-bytes", "268435456"]).unwrap_err();
         assert!(err.to_string().contains("--max-in-flight-bytes"), "{err}");
+        // A whole message must fit what one connection may be receiving.
+        let err = serve(&["--max-connection-receive-bytes", "1048576"]).unwrap_err();
+        assert!(
+            err.to_string().contains("--max-connection-receive-bytes"),
+            "{err}"
+        );
+        assert_eq!(serve(&[]).unwrap().max_connection_receive_bytes, 64 << 20);
+        let big = serve(&["--max-message-bytes", "134217728"]).unwrap();
+        assert_eq!(big.max_connection_receive_bytes, 128 << 20);
         let config = serve(&["--drain-secs", "0"]).unwrap();
         assert_eq!(config.drain, std::time::Duration::ZERO);
         let config = serve(&[]).unwrap();

@@ -300,6 +300,7 @@ pub async fn run(
         Arc::clone(&directory),
         GatewayConfig {
             max_message_bytes: config.max_message_bytes,
+            max_connection_receive_bytes: config.max_connection_receive_bytes,
             skew_ms: config.skew_ms,
             replay_capacity: config.replay_capacity,
             replay_floors: Some(data.replay_floors()),

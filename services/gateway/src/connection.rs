@@ -161,6 +161,9 @@ pub struct ConnInfo {
     pub id: u64,
     pub remote: Option<SocketAddr>,
     pub session: Arc<Session>,
+    /// Request bytes this connection's calls have received and not yet finished receiving
+    /// (`crate::receive`).
+    pub receiving: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// Every open connection, so revoking a key can end its sessions.
@@ -183,6 +186,7 @@ impl ConnectionRegistry {
             id,
             remote,
             session,
+            receiving: Arc::default(),
         }
     }
 

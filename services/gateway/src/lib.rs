@@ -11,6 +11,7 @@ mod convert;
 mod error;
 mod oversize;
 mod principal;
+mod receive;
 mod replay;
 mod replay_clock;
 mod rpc_metrics;

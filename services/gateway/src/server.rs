@@ -21,6 +21,7 @@ use crate::abuse::FailureLimits;
 use crate::auth_layer::{AuthLayer, AuthMode, Authenticator};
 use crate::connection::ConnectionRegistry;
 use crate::oversize;
+use crate::receive::ReceiveLayer;
 use crate::services::access::AccessService;
 use crate::services::admin::AdminService;
 use crate::services::cells::{CellsService, ScanLimits};
@@ -54,6 +55,9 @@ pub struct GatewayConfig {
     /// Largest request message accepted (bigger ones are refused before decoding, with
     /// INVALID_ARGUMENT: [`crate::oversize`]).
     pub max_message_bytes: usize,
+    /// Request bytes one connection's calls may be receiving at once (`crate::receive`); at
+    /// least `max_message_bytes`.
+    pub max_connection_receive_bytes: usize,
     /// Allowed distance between a signed call's timestamp and the server clock.
     pub skew_ms: i64,
     /// Nonces remembered by the replay cache at most.
@@ -271,7 +275,8 @@ impl Gateway {
                         Arc::clone(&self.auth),
                         self.config.call_timeout,
                     ))
-                    .layer(oversize::layer(max)),
+                    .layer(oversize::layer(max))
+                    .layer(ReceiveLayer::new(self.config.max_connection_receive_bytes)),
             )
             .add_service(health)
             .add_service(reflection_v1)

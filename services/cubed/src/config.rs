@@ -78,6 +78,8 @@ const MIN_DEFAULT_MESSAGE_BYTES: usize = 4 << 20;
 /// Default floor of `--max-connection-receive-bytes`: sixteen default-sized messages arriving
 /// at once on one connection.
 const MIN_DEFAULT_CONNECTION_RECEIVE_BYTES: usize = 64 << 20;
+/// A gRPC message's prefix, which counts with it against `--max-connection-receive-bytes`.
+const GRPC_PREFIX_BYTES: usize = 5;
 
 /// The Cube daemon: a multi-tenant, durable, coordinate-addressed store served over gRPC.
 #[derive(Debug, Parser)]
@@ -288,9 +290,10 @@ pub struct ServeArgs {
     /// INVALID_ARGUMENT (default: the larger of 4 MiB and max value + 64 KiB).
     #[arg(long, env = "CUBE_MAX_MESSAGE_BYTES")]
     pub max_message_bytes: Option<usize>,
-    /// Request bytes one connection's calls may be receiving at once (messages arrive whole
-    /// before they are decoded); a call whose bytes would go over gets RESOURCE_EXHAUSTED. At
-    /// least --max-message-bytes (default: the larger of 64 MiB and --max-message-bytes).
+    /// Bytes of request messages one connection's calls may be receiving at once (a message is
+    /// read whole before it is decoded; each counts at its declared size until it has arrived);
+    /// a call whose message would go over gets RESOURCE_EXHAUSTED. More than --max-message-bytes
+    /// (default: the larger of 64 MiB and twice --max-message-bytes).
     #[arg(long, env = "CUBE_MAX_CONNECTION_RECEIVE_BYTES")]
     pub max_connection_receive_bytes: Option<usize>,
     /// Allowed clock skew of signed calls, seconds.
@@ -496,13 +499,17 @@ impl ServeArgs {
             "--max-message-bytes ({max_message_bytes}) must exceed --max-value-bytes ({})",
             self.max_value_bytes
         );
-        let max_connection_receive_bytes = self
-            .max_connection_receive_bytes
-            .unwrap_or(max_message_bytes.max(MIN_DEFAULT_CONNECTION_RECEIVE_BYTES));
+        let max_connection_receive_bytes = self.max_connection_receive_bytes.unwrap_or(
+            max_message_bytes
+                .saturating_mul(2)
+                .max(MIN_DEFAULT_CONNECTION_RECEIVE_BYTES),
+        );
         anyhow::ensure!(
-            max_connection_receive_bytes >= max_message_bytes,
+            max_connection_receive_bytes >= max_message_bytes + GRPC_PREFIX_BYTES,
             "--max-connection-receive-bytes ({max_connection_receive_bytes}) must be at least \
-             --max-message-bytes ({max_message_bytes}): a whole message must be able to arrive"
+             --max-message-bytes + {GRPC_PREFIX_BYTES} ({}): the largest message, with its gRPC \
+             prefix, must be able to arrive",
+            max_message_bytes + GRPC_PREFIX_BYTES
         );
         anyhow::ensure!(
             self.max_in_flight_bytes >= self.max_value_bytes,
@@ -1054,14 +1061,17 @@ mod config_file_tests {
         let err = serve(&["--max-value-bytes", "268435456"]).unwrap_err();
         assert!(err.to_string().contains("--max-in-flight-bytes"), "{err}");
         // A whole message must fit what one connection may be receiving.
-        let err = serve(&["--max-connection-receive-bytes", "1048576"]).unwrap_err();
-        assert!(
-            err.to_string().contains("--max-connection-receive-bytes"),
-            "{err}"
-        );
+        for too_small in ["1048576", "4194304"] {
+            let err = serve(&["--max-connection-receive-bytes", too_small]).unwrap_err();
+            assert!(
+                err.to_string().contains("--max-connection-receive-bytes"),
+                "{err}"
+            );
+        }
+        serve(&["--max-connection-receive-bytes", "4194309"]).unwrap();
         assert_eq!(serve(&[]).unwrap().max_connection_receive_bytes, 64 << 20);
         let big = serve(&["--max-message-bytes", "134217728"]).unwrap();
-        assert_eq!(big.max_connection_receive_bytes, 128 << 20);
+        assert_eq!(big.max_connection_receive_bytes, 256 << 20);
         let config = serve(&["--drain-secs", "0"]).unwrap();
         assert_eq!(config.drain, std::time::Duration::ZERO);
         let config = serve(&[]).unwrap();

@@ -3,10 +3,14 @@
 //! INVALID_ARGUMENT") and the value limit itself answer INVALID_ARGUMENT, so this layer turns
 //! that refusal into INVALID_ARGUMENT with a message naming the server's limit.
 //!
-//! It also turns tonic's INTERNAL for a request that is not valid protobuf into INVALID_ARGUMENT:
-//! Cube's own services decode through `cube_api::CubeCodec`, which says so itself, but health and
-//! reflection use tonic's codec, which calls the caller's malformed message a server error.
 //! Every other response passes through untouched.
+//!
+//! [`DecodeRefusals`] wraps the health service alone: it turns tonic's INTERNAL for a request
+//! that is not valid protobuf into INVALID_ARGUMENT. Cube's own services decode through
+//! `cube_api::CubeCodec`, which says so itself, but health uses tonic's codec, which calls the
+//! caller's malformed message a server error. (Reflection's stream, also on tonic's codec, ends
+//! without an error when a request does not decode: tonic-reflection drops it.) Kept to health so
+//! that a real INTERNAL of any other service is never relabelled as the caller's fault.
 
 use tonic::body::Body;
 use tonic::{Code, Status};
@@ -18,7 +22,8 @@ const TONIC_TOO_LARGE: &str = "Error, decoded message length too large";
 /// server whose `--max-message-bytes` is `max`.
 fn too_large(limit: usize, max: usize) -> Status {
     if limit != max {
-        // The handshake, health and reflection (`server::OPEN_MESSAGE_BYTES`).
+        // A method with a smaller limit of its own: the handshake, health, reflection and Access
+        // (`server::OPEN_MESSAGE_BYTES`), Cells.Walk (`server::WALK_MESSAGE_BYTES`).
         return Status::invalid_argument(format!(
             "the request message is over this method's limit of {limit} bytes per message"
         ));
@@ -27,7 +32,8 @@ fn too_large(limit: usize, max: usize) -> Status {
         // Either limit: the response does not say which method refused.
         return Status::invalid_argument(format!(
             "the request message is over the limit of {limit} bytes per message \
-             (--max-message-bytes, and the handshake's, health's and reflection's own)"
+             (--max-message-bytes, and the handshake's, health's, reflection's and Access's \
+             own)"
         ));
     }
     Status::invalid_argument(format!(
@@ -78,14 +84,53 @@ pub fn layer(
     max_message_bytes: usize,
 ) -> tower::util::MapResponseLayer<impl Fn(http::Response<Body>) -> http::Response<Body> + Clone> {
     tower::util::MapResponseLayer::new(move |resp: http::Response<Body>| {
-        if let Some(limit) = oversize_refusal(resp.headers()) {
-            too_large(limit.unwrap_or(max_message_bytes), max_message_bytes).into_http()
-        } else if let Some(reason) = decode_refusal(resp.headers()) {
-            undecodable(&reason).into_http()
-        } else {
-            resp
+        match oversize_refusal(resp.headers()) {
+            Some(limit) => {
+                too_large(limit.unwrap_or(max_message_bytes), max_message_bytes).into_http()
+            }
+            None => resp,
         }
     })
+}
+
+/// A service (health) whose INTERNAL for an undecodable request is answered INVALID_ARGUMENT
+/// (see the module doc).
+#[derive(Debug, Clone)]
+pub struct DecodeRefusals<S>(pub S);
+
+impl<S: tonic::server::NamedService> tonic::server::NamedService for DecodeRefusals<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S> tower::Service<http::Request<Body>> for DecodeRefusals<S>
+where
+    S: tower::Service<http::Request<Body>, Response = http::Response<Body>>,
+{
+    type Response = http::Response<Body>;
+    type Error = S::Error;
+    type Future =
+        futures::future::MapOk<S::Future, fn(http::Response<Body>) -> http::Response<Body>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        use futures::TryFutureExt;
+        self.0
+            .call(req)
+            .map_ok(answer_decode_refusal as fn(http::Response<Body>) -> http::Response<Body>)
+    }
+}
+
+fn answer_decode_refusal(resp: http::Response<Body>) -> http::Response<Body> {
+    match decode_refusal(resp.headers()) {
+        Some(reason) => undecodable(&reason).into_http(),
+        None => resp,
+    }
 }
 
 #[cfg(test)]

@@ -1,37 +1,62 @@
-//! The bytes a connection's calls are receiving, held to `--max-connection-receive-bytes`.
+//! The request messages a connection's calls are receiving, held to
+//! `--max-connection-receive-bytes`.
 //!
-//! tonic reads a request message whole before it is decoded, and HTTP/2 flow control hands
-//! the client more window as those bytes are read, so without a bound of its own one connection
-//! could keep `--max-concurrent-streams` calls (1024 by default) each part-way through a message
-//! of up to `--max-message-bytes` (4 MiB): gigabytes held for requests that may never finish.
-//! This layer counts, per connection, the request bytes its calls have received and not yet
-//! finished receiving (a call's count goes when its request has ended or its call is dropped),
-//! and fails the body of a call whose next bytes would take the count over the limit with
-//! RESOURCE_EXHAUSTED: the call is answered with it, and the other calls go on.
+//! tonic reads a request message whole before it decodes it: once a message's 5-byte gRPC
+//! prefix is in, it sets aside a buffer of the length the prefix declares, and HTTP/2 flow
+//! control hands the client more window as bytes are read. Without a bound of its own, one
+//! connection could keep `--max-concurrent-streams` calls (1024 by default) each part-way
+//! through a message of up to `--max-message-bytes` (4 MiB): gigabytes set aside for requests
+//! that may never finish.
 //!
-//! Unauthenticated calls never get here: the auth layer answers them without reading their
-//! bodies.
+//! This layer reads each request body's message prefixes as the body passes to tonic. A
+//! message counts against its connection's [`ConnInfo::receiving`] at its declared size (prefix
+//! included) from its prefix until its last byte has arrived, or its call is dropped; a message
+//! that would take the count over the limit fails the body with RESOURCE_EXHAUSTED, which tonic
+//! answers the call with, and the connection's other calls go on. A message declared larger
+//! than `--max-message-bytes` is not counted: tonic refuses it on its prefix (INVALID_ARGUMENT,
+//! `crate::oversize`) without setting anything aside.
+//!
+//! Calls the auth layer refuses never get here (it answers them without reading their bodies);
+//! the services open to everyone (the handshake, health, reflection) do, with messages of at
+//! most 16 KiB.
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
+use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame};
 use tonic::Status;
 use tonic::body::Body;
 
 use crate::connection::ConnInfo;
 
-/// The layer (see the module doc); `limit` is `--max-connection-receive-bytes`.
+/// A gRPC message's prefix: a compression flag and a big-endian 32-bit length.
+const PREFIX_LEN: usize = 5;
+
+/// The layer (see the module doc).
 #[derive(Debug, Clone, Copy)]
 pub struct ReceiveLayer {
-    limit: usize,
+    limits: Limits,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    /// `--max-connection-receive-bytes`.
+    per_connection: usize,
+    /// `--max-message-bytes`: larger messages are tonic's to refuse.
+    message: usize,
 }
 
 impl ReceiveLayer {
-    pub fn new(limit: usize) -> ReceiveLayer {
-        ReceiveLayer { limit }
+    pub fn new(per_connection: usize, max_message_bytes: usize) -> ReceiveLayer {
+        ReceiveLayer {
+            limits: Limits {
+                per_connection,
+                message: max_message_bytes,
+            },
+        }
     }
 }
 
@@ -41,7 +66,7 @@ impl<S> tower::Layer<S> for ReceiveLayer {
     fn layer(&self, inner: S) -> Receive<S> {
         Receive {
             inner,
-            limit: self.limit,
+            limits: self.limits,
         }
     }
 }
@@ -49,7 +74,7 @@ impl<S> tower::Layer<S> for ReceiveLayer {
 #[derive(Debug, Clone)]
 pub struct Receive<S> {
     inner: S,
-    limit: usize,
+    limits: Limits,
 }
 
 impl<S> tower::Service<http::Request<Body>> for Receive<S>
@@ -65,6 +90,7 @@ where
     }
 
     fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        // Every connection of the network listener carries its `ConnInfo`.
         let Some(receiving) = req
             .extensions()
             .get::<ConnInfo>()
@@ -72,34 +98,99 @@ where
         else {
             return self.inner.call(req);
         };
-        let limit = self.limit;
-        self.inner.call(req.map(|body| {
-            Body::new(Counted {
-                body,
-                receiving,
-                held: 0,
-                limit,
-            })
-        }))
+        let limits = self.limits;
+        self.inner
+            .call(req.map(|body| Body::new(Counted::new(body, receiving, limits))))
     }
 }
 
-/// A request body whose bytes count against its connection's [`ConnInfo::receiving`] until it
-/// ends or is dropped.
+/// A request body whose messages count against its connection's [`ConnInfo::receiving`] (see
+/// the module doc).
 struct Counted {
     body: Body,
     receiving: Arc<AtomicUsize>,
-    /// What this body has added to `receiving`.
+    limits: Limits,
+    /// What the message being received counts for (0 between messages, or for one not counted).
     held: usize,
-    limit: usize,
+    /// Bytes of that message still to come after its prefix.
+    remaining: usize,
+    /// The next prefix, as far as it has arrived.
+    prefix: [u8; PREFIX_LEN],
+    prefix_seen: usize,
 }
 
 impl Counted {
+    fn new(body: Body, receiving: Arc<AtomicUsize>, limits: Limits) -> Counted {
+        Counted {
+            body,
+            receiving,
+            limits,
+            held: 0,
+            remaining: 0,
+            prefix: [0; PREFIX_LEN],
+            prefix_seen: 0,
+        }
+    }
+
+    /// Count `n` more bytes against the connection if they fit.
+    fn take(&self, n: usize) -> bool {
+        let fits = self
+            .receiving
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
+                now.checked_add(n)
+                    .filter(|&t| t <= self.limits.per_connection)
+            })
+            .is_ok();
+        if fits {
+            cube_metrics::REQUEST_BYTES_RECEIVING.add(n as i64);
+        }
+        fits
+    }
+
     fn release(&mut self) {
         if self.held > 0 {
             self.receiving.fetch_sub(self.held, Ordering::AcqRel);
+            cube_metrics::REQUEST_BYTES_RECEIVING.sub(self.held as i64);
             self.held = 0;
         }
+    }
+
+    /// Follow the messages through `data`: count each at its prefix, release it at its end.
+    fn follow(&mut self, mut data: &[u8]) -> Result<(), Status> {
+        while !data.is_empty() {
+            if self.remaining > 0 {
+                let n = self.remaining.min(data.len());
+                self.remaining -= n;
+                data = &data[n..];
+                if self.remaining == 0 {
+                    self.release();
+                }
+                continue;
+            }
+            let n = (PREFIX_LEN - self.prefix_seen).min(data.len());
+            self.prefix[self.prefix_seen..self.prefix_seen + n].copy_from_slice(&data[..n]);
+            self.prefix_seen += n;
+            data = &data[n..];
+            if self.prefix_seen < PREFIX_LEN {
+                break;
+            }
+            self.prefix_seen = 0;
+            let [_, a, b, c, d] = self.prefix;
+            let len = u32::from_be_bytes([a, b, c, d]) as usize;
+            self.remaining = len;
+            if len <= self.limits.message {
+                let size = PREFIX_LEN + len;
+                if !self.take(size) {
+                    cube_metrics::REQUEST_RECEIVE_REFUSED.inc();
+                    return Err(over_limit(self.limits.per_connection));
+                }
+                self.held = size;
+                if len == 0 {
+                    self.release();
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -110,34 +201,26 @@ impl Drop for Counted {
 }
 
 impl HttpBody for Counted {
-    type Data = bytes::Bytes;
+    type Data = Bytes;
     type Error = Status;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<bytes::Bytes>, Status>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
         let this = &mut *self;
-        match Pin::new(&mut this.body).poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => {
-                let n = frame.data_ref().map_or(0, bytes::Bytes::len);
-                if n > 0 {
-                    let before = this.receiving.fetch_add(n, Ordering::AcqRel);
-                    if before + n > this.limit {
-                        this.receiving.fetch_sub(n, Ordering::AcqRel);
-                        this.release();
-                        return Poll::Ready(Some(Err(over_limit(this.limit))));
-                    }
-                    this.held += n;
-                }
-                Poll::Ready(Some(Ok(frame)))
-            }
-            Poll::Ready(None) => {
-                this.release();
-                Poll::Ready(None)
-            }
-            other => other,
+        let polled = Pin::new(&mut this.body).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled
+            && let Some(data) = frame.data_ref()
+            && let Err(refused) = this.follow(data)
+        {
+            this.release();
+            return Poll::Ready(Some(Err(refused)));
         }
+        if let Poll::Ready(None) = &polled {
+            this.release();
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
@@ -149,7 +232,7 @@ impl HttpBody for Counted {
     }
 }
 
-/// What a call whose request would take its connection over the limit is answered.
+/// What a call whose request message does not fit its connection's limit is answered.
 fn over_limit(limit: usize) -> Status {
     Status::resource_exhausted(format!(
         "this connection's calls are already receiving close to {limit} bytes of request \
@@ -163,43 +246,95 @@ mod tests {
     use super::*;
     use http_body_util::BodyExt;
 
-    fn counted(receiving: &Arc<AtomicUsize>, chunks: &[usize], limit: usize) -> Counted {
-        let frames: Vec<Result<Frame<bytes::Bytes>, Status>> = chunks
-            .iter()
-            .map(|&n| Ok(Frame::data(bytes::Bytes::from(vec![0u8; n]))))
-            .collect();
-        Counted {
-            body: Body::new(http_body_util::StreamBody::new(tokio_stream::iter(frames))),
-            receiving: Arc::clone(receiving),
-            held: 0,
-            limit,
+    /// A gRPC message of `len` bytes, its prefix included.
+    fn message(len: usize) -> Vec<u8> {
+        let mut m = vec![0u8];
+        m.extend_from_slice(&(len as u32).to_be_bytes());
+        m.extend(std::iter::repeat_n(7u8, len));
+        m
+    }
+
+    /// A body sending `bytes` in pieces of the given lengths.
+    fn counted(receiving: &Arc<AtomicUsize>, bytes: &[u8], pieces: &[usize]) -> Counted {
+        let mut frames = Vec::new();
+        let mut at = 0;
+        for &n in pieces {
+            frames.push(Ok::<_, Status>(Frame::data(Bytes::copy_from_slice(
+                &bytes[at..at + n],
+            ))));
+            at += n;
         }
+        assert_eq!(at, bytes.len());
+        let limits = Limits {
+            per_connection: 1000,
+            message: 800,
+        };
+        Counted::new(
+            Body::new(http_body_util::StreamBody::new(tokio_stream::iter(frames))),
+            Arc::clone(receiving),
+            limits,
+        )
+    }
+
+    fn now(receiving: &AtomicUsize) -> usize {
+        receiving.load(Ordering::Acquire)
     }
 
     #[tokio::test]
-    async fn bytes_count_while_received_and_go_when_the_body_ends_or_is_dropped() {
+    async fn a_message_counts_at_its_declared_size_from_its_prefix_until_its_end() {
         let receiving = Arc::new(AtomicUsize::new(0));
-        let mut first = counted(&receiving, &[300, 300], 1000);
+        // The prefix split over two frames, then the message in two parts.
+        let one = message(300);
+        let mut first = counted(&receiving, &one, &[3, 2, 100, 200]);
         first.frame().await.unwrap().unwrap();
-        assert_eq!(receiving.load(Ordering::Acquire), 300);
-        // A second body may take what is left, not more: its 500 would make 1100.
-        let mut second = counted(&receiving, &[400, 500], 1000);
-        second.frame().await.unwrap().unwrap();
-        assert_eq!(receiving.load(Ordering::Acquire), 700);
-        let refused = second.frame().await.unwrap().unwrap_err();
-        assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
-        // The refused body gives back what it held.
-        assert_eq!(receiving.load(Ordering::Acquire), 300);
-        // A body read to its end gives back all it held.
+        assert_eq!(now(&receiving), 0, "half a prefix declares nothing");
         first.frame().await.unwrap().unwrap();
-        assert_eq!(receiving.load(Ordering::Acquire), 600);
+        assert_eq!(now(&receiving), 305, "counted whole at its prefix");
+        first.frame().await.unwrap().unwrap();
+        assert_eq!(now(&receiving), 305);
+        // Another call's message fits only in what is left: 305 + 605 fits 1000, 305 + 705 not.
+        let mut fits = counted(&receiving, &message(600), &[605]);
+        fits.frame().await.unwrap().unwrap();
+        assert_eq!(
+            now(&receiving),
+            305,
+            "arrived whole in one frame: counted, then released"
+        );
+        let mut held = counted(&receiving, &message(600), &[5, 600]);
+        held.frame().await.unwrap().unwrap();
+        assert_eq!(now(&receiving), 910);
+        let mut refused = counted(&receiving, &message(100), &[105]);
+        let status = refused.frame().await.unwrap().unwrap_err();
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+        assert_eq!(now(&receiving), 910, "a refused message counts for nothing");
+        // A message's end releases it; a dropped body releases what it held.
+        first.frame().await.unwrap().unwrap();
+        assert_eq!(now(&receiving), 605);
         assert!(first.frame().await.is_none());
-        assert_eq!(receiving.load(Ordering::Acquire), 0);
-        // One dropped part-way through too.
-        let mut third = counted(&receiving, &[900, 50], 1000);
-        third.frame().await.unwrap().unwrap();
-        assert_eq!(receiving.load(Ordering::Acquire), 900);
-        drop(third);
-        assert_eq!(receiving.load(Ordering::Acquire), 0);
+        drop(held);
+        assert_eq!(now(&receiving), 0);
+    }
+
+    #[tokio::test]
+    async fn several_messages_of_one_body_count_one_at_a_time_and_oversized_ones_not_at_all() {
+        let receiving = Arc::new(AtomicUsize::new(0));
+        // Three messages of 400 in one stream: each fits alone, all three would not.
+        let mut three = message(400);
+        three.extend(message(400));
+        three.extend(message(400));
+        let mut body = counted(&receiving, &three, &[200, 405, 300, 310]);
+        let mut seen = Vec::new();
+        while let Some(frame) = body.frame().await {
+            frame.unwrap();
+            seen.push(now(&receiving));
+        }
+        assert_eq!(seen, [405, 405, 405, 0]);
+        // Declared over the message limit: tonic refuses it on its prefix; nothing is counted.
+        let mut big = vec![0u8];
+        big.extend_from_slice(&5000u32.to_be_bytes());
+        big.extend([1u8; 10]);
+        let mut oversized = counted(&receiving, &big, &[15]);
+        oversized.frame().await.unwrap().unwrap();
+        assert_eq!(now(&receiving), 0);
     }
 }

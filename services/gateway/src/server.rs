@@ -55,8 +55,8 @@ pub struct GatewayConfig {
     /// Largest request message accepted (bigger ones are refused before decoding, with
     /// INVALID_ARGUMENT: [`crate::oversize`]).
     pub max_message_bytes: usize,
-    /// Request bytes one connection's calls may be receiving at once (`crate::receive`); at
-    /// least `max_message_bytes`.
+    /// Bytes of request messages one connection's calls may be receiving at once
+    /// (`crate::receive`); at least `max_message_bytes` + 5, so that the largest message fits.
     pub max_connection_receive_bytes: usize,
     /// Allowed distance between a signed call's timestamp and the server clock.
     pub skew_ms: i64,
@@ -276,9 +276,12 @@ impl Gateway {
                         self.config.call_timeout,
                     ))
                     .layer(oversize::layer(max))
-                    .layer(ReceiveLayer::new(self.config.max_connection_receive_bytes)),
+                    .layer(ReceiveLayer::new(
+                        self.config.max_connection_receive_bytes,
+                        max,
+                    )),
             )
-            .add_service(health)
+            .add_service(oversize::DecodeRefusals(health))
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
             .add_service(cells)

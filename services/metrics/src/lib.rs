@@ -167,6 +167,23 @@ pub static CONNECTIONS_ADDRESS_REFUSED: LazyLock<IntCounter> = LazyLock::new(|| 
          from their client address.",
     )
 });
+/// Bytes of request messages being received over all connections: each message counted at its
+/// declared size from its 5-byte prefix until its last byte has arrived (`--max-connection-receive-bytes`).
+pub static REQUEST_BYTES_RECEIVING: LazyLock<IntGauge> = LazyLock::new(|| {
+    gauge(
+        "cube_request_bytes_receiving",
+        "Bytes of request messages being received (declared by their prefix, not yet all \
+         arrived), over all connections.",
+    )
+});
+/// Calls refused because their connection was already receiving --max-connection-receive-bytes.
+pub static REQUEST_RECEIVE_REFUSED: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "cube_request_receive_refused_total",
+        "Calls answered RESOURCE_EXHAUSTED because their request message did not fit what their \
+         connection may be receiving at once (--max-connection-receive-bytes).",
+    )
+});
 /// Streamed pages (Region, Tenant.Audit) dropped because the client did not read them in time.
 pub static SCAN_PAGES_EXPIRED: LazyLock<IntCounter> = LazyLock::new(|| {
     counter(
@@ -333,6 +350,8 @@ pub fn init() {
         &*CHANGE_DURABLE,
         &*CHANGE_APPLY,
         &*SCAN_PAGES_EXPIRED,
+        &*REQUEST_BYTES_RECEIVING,
+        &*REQUEST_RECEIVE_REFUSED,
     );
     // Rare events an alert takes the `increase` of: their series must exist (at 0) before the
     // first one, or the first scrape already shows it counted and `increase` sees nothing.

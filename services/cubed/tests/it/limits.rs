@@ -362,28 +362,30 @@ async fn walk_and_access_requests_are_held_to_their_own_size() {
 }
 
 /// What one connection's calls are receiving at once is held to
-/// `--max-connection-receive-bytes`: with a 2.5 MiB request stalled part-way on a connection
-/// whose limit is 3 MiB, a 900 KiB write on the same connection is RESOURCE_EXHAUSTED (nothing
-/// written), while the same write on another connection is served; once the stalled call is
-/// given up, its bytes no longer count and the first connection's write goes through.
+/// `--max-connection-receive-bytes`, each message counted at the size its prefix declares: with a
+/// 2,000,000-byte message stalled after its first 64 KiB on a connection whose limit is
+/// 3,000,000, a write of a 1,000,000-byte value on the same connection is RESOURCE_EXHAUSTED
+/// (nothing written), while the same write on another connection is served; once the stalled
+/// call is given up, its message no longer counts and the first connection's write goes through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_receiving_too_much_at_once_is_told_to_send_less() {
     use hyper::body::Frame;
     use prost::bytes::Bytes;
+    use std::time::Duration;
     use tower::{Service, ServiceExt};
     let server = TestServer::start_with(
         cubed(),
         &[
             "--max-message-bytes",
-            "3145728",
+            "2097152",
             "--max-connection-receive-bytes",
-            "3145728",
+            "3000000",
         ],
     )
     .unwrap();
+    let receiving = "cube_request_bytes_receiving ";
     let mut signed = server.signed(&server.demo).await.unwrap();
-    // A Write whose message says 3,000,000 bytes follow, of which 2.5 MiB are sent, then nothing.
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, tonic::Status>>(64);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, tonic::Status>>(4);
     let body = tonic::body::Body::new(http_body_util::StreamBody::new(
         tokio_stream::wrappers::ReceiverStream::new(rx),
     ));
@@ -395,51 +397,40 @@ async fn a_connection_receiving_too_much_at_once_is_told_to_send_less() {
         .body(body)
         .unwrap();
     let stalled = tokio::spawn(signed.ready().await.unwrap().call(req));
-    let mut prefix = vec![0u8];
-    prefix.extend_from_slice(&3_000_000u32.to_be_bytes());
-    tx.send(Ok(Frame::data(Bytes::from(prefix)))).await.unwrap();
-    for _ in 0..40 {
-        tx.send(Ok(Frame::data(Bytes::from(vec![0u8; 64 << 10]))))
-            .await
-            .unwrap();
-    }
+    let mut start = vec![0u8];
+    start.extend_from_slice(&2_000_000u32.to_be_bytes());
+    start.extend_from_slice(&[0u8; 64 << 10]);
+    tx.send(Ok(Frame::data(Bytes::from(start)))).await.unwrap();
+    server
+        .metric_when(receiving, Duration::from_secs(10), |v| v == 2_000_005.0)
+        .await
+        .expect("the stalled message is counted at its declared size");
 
     let mut same = cube_api::v1::cells_client::CellsClient::new(signed.clone());
-    let big = vec![9u8; 900 << 10];
-    // Refused once the server holds the stalled call's bytes (which arrive in their own time).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let refused = loop {
-        match same.write(write(1, 0, 0, &big)).await {
-            Err(e) => break e,
-            Ok(_) => {
-                assert!(std::time::Instant::now() < deadline, "never refused");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            }
-        }
-    };
+    let big = vec![9u8; 1_000_000];
+    let refused = same.write(write(1, 0, 0, &big)).await.unwrap_err();
     assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
     assert!(
         refused.message().contains("--max-connection-receive-bytes"),
         "{}",
         refused.message()
     );
+    assert_eq!(
+        server.metric("cube_request_receive_refused_total"),
+        Some(1.0)
+    );
+    assert!(!same.read(read(1, 0, 0)).await.unwrap().into_inner().found);
     let mut other = server.cells(&server.demo).await.unwrap();
     other.write(write(2, 0, 0, &big)).await.unwrap();
 
-    // Give the stalled call up: its stream is reset and its bytes go.
+    // Give the stalled call up: its stream is reset and its message no longer counts.
     stalled.abort();
     drop(tx);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        match same.write(write(3, 0, 0, &big)).await {
-            Ok(_) => break,
-            Err(e) => {
-                assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
-                assert!(std::time::Instant::now() < deadline, "still refused: {e:?}");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            }
-        }
-    }
+    server
+        .metric_when(receiving, Duration::from_secs(10), |v| v == 0.0)
+        .await
+        .expect("a given-up message stops counting");
+    same.write(write(3, 0, 0, &big)).await.unwrap();
     assert_eq!(
         same.read(read(3, 0, 0)).await.unwrap().into_inner().value,
         big

@@ -291,9 +291,9 @@ pub struct ServeArgs {
     #[arg(long, env = "CUBE_MAX_MESSAGE_BYTES")]
     pub max_message_bytes: Option<usize>,
     /// Bytes of request messages one connection's calls may be receiving at once (a message is
-    /// read whole before it is decoded; each counts at its declared size until it has arrived);
-    /// a call whose message would go over gets RESOURCE_EXHAUSTED. More than --max-message-bytes
-    /// (default: the larger of 64 MiB and twice --max-message-bytes).
+    /// read whole before it is decoded, and counts at its declared size until its call has it
+    /// all); a call whose message would go over gets RESOURCE_EXHAUSTED. At least
+    /// --max-message-bytes + 5 (default: the larger of 64 MiB and twice --max-message-bytes).
     #[arg(long, env = "CUBE_MAX_CONNECTION_RECEIVE_BYTES")]
     pub max_connection_receive_bytes: Option<usize>,
     /// Allowed clock skew of signed calls, seconds.
@@ -504,12 +504,14 @@ impl ServeArgs {
                 .saturating_mul(2)
                 .max(MIN_DEFAULT_CONNECTION_RECEIVE_BYTES),
         );
+        // The handshake, health and reflection take 16 KiB whatever --max-message-bytes says.
+        let largest_message = max_message_bytes.max(cube_gateway::OPEN_MESSAGE_BYTES);
         anyhow::ensure!(
-            max_connection_receive_bytes >= max_message_bytes + GRPC_PREFIX_BYTES,
-            "--max-connection-receive-bytes ({max_connection_receive_bytes}) must be at least \
-             --max-message-bytes + {GRPC_PREFIX_BYTES} ({}): the largest message, with its gRPC \
-             prefix, must be able to arrive",
-            max_message_bytes + GRPC_PREFIX_BYTES
+            max_connection_receive_bytes >= largest_message + GRPC_PREFIX_BYTES,
+            "--max-connection-receive-bytes ({max_connection_receive_bytes}) must be at least {} \
+             (--max-message-bytes, or 16 KiB if that is more, and a message's {GRPC_PREFIX_BYTES}-byte \
+             gRPC prefix): the largest message must be able to arrive",
+            largest_message + GRPC_PREFIX_BYTES
         );
         anyhow::ensure!(
             self.max_in_flight_bytes >= self.max_value_bytes,

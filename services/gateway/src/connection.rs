@@ -161,8 +161,8 @@ pub struct ConnInfo {
     pub id: u64,
     pub remote: Option<SocketAddr>,
     pub session: Arc<Session>,
-    /// Request bytes this connection's calls have received and not yet finished receiving
-    /// (`crate::receive`).
+    /// Bytes of the request messages this connection's calls are receiving, each counted at its
+    /// declared size (`crate::receive`).
     pub receiving: Arc<std::sync::atomic::AtomicUsize>,
 }
 

@@ -10,11 +10,15 @@
 //!
 //! This layer reads each request body's message prefixes as the body passes to tonic. A
 //! message counts against its connection's [`ConnInfo::receiving`] at its declared size (prefix
-//! included) from its prefix until its last byte has arrived, or its call is dropped; a message
-//! that would take the count over the limit fails the body with RESOURCE_EXHAUSTED, which tonic
-//! answers the call with, and the connection's other calls go on. A message declared larger
-//! than `--max-message-bytes` is not counted: tonic refuses it on its prefix (INVALID_ARGUMENT,
-//! `crate::oversize`) without setting anything aside.
+//! included) from its prefix on; a message that would take the count over the limit fails the
+//! body with RESOURCE_EXHAUSTED, which tonic answers the call with, and the connection's other
+//! calls go on. A body's first message counts until the body ends (or its call is dropped):
+//! tonic decodes a unary request's message and then reads on to the end of the body before the
+//! handler runs, so a client that sends a whole message and never ends its stream keeps it in
+//! memory. Any later message of the body (a stream's; a unary call's extra ones, which tonic
+//! throws away) counts until its last byte has passed. A message declared larger than the
+//! largest any method takes (`--max-message-bytes`, or 16 KiB) is not counted: tonic refuses
+//! it on its prefix (INVALID_ARGUMENT, `crate::oversize`) without setting anything aside.
 //!
 //! Calls the auth layer refuses never get here (it answers them without reading their bodies);
 //! the services open to everyone (the handshake, health, reflection) do, with messages of at
@@ -45,16 +49,17 @@ pub struct ReceiveLayer {
 struct Limits {
     /// `--max-connection-receive-bytes`.
     per_connection: usize,
-    /// `--max-message-bytes`: larger messages are tonic's to refuse.
+    /// The largest message any method takes: larger ones are tonic's to refuse.
     message: usize,
 }
 
 impl ReceiveLayer {
-    pub fn new(per_connection: usize, max_message_bytes: usize) -> ReceiveLayer {
+    /// `largest_message`: the largest request message any method takes.
+    pub fn new(per_connection: usize, largest_message: usize) -> ReceiveLayer {
         ReceiveLayer {
             limits: Limits {
                 per_connection,
-                message: max_message_bytes,
+                message: largest_message,
             },
         }
     }
@@ -112,11 +117,17 @@ struct Counted {
     limits: Limits,
     /// What the message being received counts for (0 between messages, or for one not counted).
     held: usize,
-    /// Bytes of that message still to come after its prefix.
+    /// What the body's first message counts for once it has arrived, until the body ends.
+    kept: usize,
+    /// The body's first message has arrived (whether it was counted or not).
+    first_arrived: bool,
+    /// Bytes of the message being received still to come after its prefix.
     remaining: usize,
     /// The next prefix, as far as it has arrived.
     prefix: [u8; PREFIX_LEN],
     prefix_seen: usize,
+    /// A message was refused: the body yields nothing more.
+    refused: bool,
 }
 
 impl Counted {
@@ -126,9 +137,12 @@ impl Counted {
             receiving,
             limits,
             held: 0,
+            kept: 0,
+            first_arrived: false,
             remaining: 0,
             prefix: [0; PREFIX_LEN],
             prefix_seen: 0,
+            refused: false,
         }
     }
 
@@ -147,12 +161,29 @@ impl Counted {
         fits
     }
 
-    fn release(&mut self) {
-        if self.held > 0 {
-            self.receiving.fetch_sub(self.held, Ordering::AcqRel);
-            cube_metrics::REQUEST_BYTES_RECEIVING.sub(self.held as i64);
-            self.held = 0;
+    fn give_back(&self, n: usize) {
+        if n > 0 {
+            self.receiving.fetch_sub(n, Ordering::AcqRel);
+            cube_metrics::REQUEST_BYTES_RECEIVING.sub(n as i64);
         }
+    }
+
+    /// The message being received has arrived: the body's first one stays counted until the
+    /// body ends, a later one no longer counts.
+    fn arrived(&mut self) {
+        let held = std::mem::take(&mut self.held);
+        if self.first_arrived {
+            self.give_back(held);
+        } else {
+            self.first_arrived = true;
+            self.kept = held;
+        }
+    }
+
+    /// The body has ended, failed or been dropped: nothing of it counts any more.
+    fn release_all(&mut self) {
+        let n = std::mem::take(&mut self.held) + std::mem::take(&mut self.kept);
+        self.give_back(n);
     }
 
     /// Follow the messages through `data`: count each at its prefix, release it at its end.
@@ -163,7 +194,7 @@ impl Counted {
                 self.remaining -= n;
                 data = &data[n..];
                 if self.remaining == 0 {
-                    self.release();
+                    self.arrived();
                 }
                 continue;
             }
@@ -185,9 +216,9 @@ impl Counted {
                     return Err(over_limit(self.limits.per_connection));
                 }
                 self.held = size;
-                if len == 0 {
-                    self.release();
-                }
+            }
+            if len == 0 {
+                self.arrived();
             }
         }
         Ok(())
@@ -196,7 +227,7 @@ impl Counted {
 
 impl Drop for Counted {
     fn drop(&mut self) {
-        self.release();
+        self.release_all();
     }
 }
 
@@ -209,16 +240,26 @@ impl HttpBody for Counted {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
         let this = &mut *self;
-        let polled = Pin::new(&mut this.body).poll_frame(cx);
-        if let Poll::Ready(Some(Ok(frame))) = &polled
-            && let Some(data) = frame.data_ref()
-            && let Err(refused) = this.follow(data)
-        {
-            this.release();
-            return Poll::Ready(Some(Err(refused)));
+        if this.refused {
+            return Poll::Ready(None);
         }
-        if let Poll::Ready(None) = &polled {
-            this.release();
+        let polled = Pin::new(&mut this.body).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref()
+                    && let Err(refused) = this.follow(data)
+                {
+                    this.refused = true;
+                    this.release_all();
+                    return Poll::Ready(Some(Err(refused)));
+                }
+                if frame.is_trailers() {
+                    // Trailers end a request body.
+                    this.release_all();
+                }
+            }
+            Poll::Ready(Some(Err(_)) | None) => this.release_all(),
+            Poll::Pending => {}
         }
         polled
     }
@@ -281,7 +322,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_message_counts_at_its_declared_size_from_its_prefix_until_its_end() {
+    async fn a_first_message_counts_from_its_prefix_until_its_body_ends() {
         let receiving = Arc::new(AtomicUsize::new(0));
         // The prefix split over two frames, then the message in two parts.
         let one = message(300);
@@ -292,14 +333,7 @@ mod tests {
         assert_eq!(now(&receiving), 305, "counted whole at its prefix");
         first.frame().await.unwrap().unwrap();
         assert_eq!(now(&receiving), 305);
-        // Another call's message fits only in what is left: 305 + 605 fits 1000, 305 + 705 not.
-        let mut fits = counted(&receiving, &message(600), &[605]);
-        fits.frame().await.unwrap().unwrap();
-        assert_eq!(
-            now(&receiving),
-            305,
-            "arrived whole in one frame: counted, then released"
-        );
+        // Another call's message fits only in what is left: 305 + 605 fits 1000, + 105 not.
         let mut held = counted(&receiving, &message(600), &[5, 600]);
         held.frame().await.unwrap().unwrap();
         assert_eq!(now(&receiving), 910);
@@ -307,16 +341,23 @@ mod tests {
         let status = refused.frame().await.unwrap().unwrap_err();
         assert_eq!(status.code(), tonic::Code::ResourceExhausted);
         assert_eq!(now(&receiving), 910, "a refused message counts for nothing");
-        // A message's end releases it; a dropped body releases what it held.
+        assert!(
+            refused.frame().await.is_none(),
+            "a refused body yields nothing more"
+        );
+        // Arrived whole, a body's first message still counts until the body ends: tonic keeps
+        // it until then.
         first.frame().await.unwrap().unwrap();
-        assert_eq!(now(&receiving), 605);
+        assert_eq!(now(&receiving), 910);
         assert!(first.frame().await.is_none());
+        assert_eq!(now(&receiving), 605);
+        // A body dropped part-way gives back what it held.
         drop(held);
         assert_eq!(now(&receiving), 0);
     }
 
     #[tokio::test]
-    async fn several_messages_of_one_body_count_one_at_a_time_and_oversized_ones_not_at_all() {
+    async fn later_messages_of_a_body_count_until_they_arrive_and_oversized_ones_not_at_all() {
         let receiving = Arc::new(AtomicUsize::new(0));
         // Three messages of 400 in one stream: each fits alone, all three would not.
         let mut three = message(400);
@@ -328,7 +369,9 @@ mod tests {
             frame.unwrap();
             seen.push(now(&receiving));
         }
-        assert_eq!(seen, [405, 405, 405, 0]);
+        // The first stays counted until the end; each later one from its prefix to its end.
+        assert_eq!(seen, [405, 810, 810, 405]);
+        assert_eq!(now(&receiving), 0, "the body's end gives back the first");
         // Declared over the message limit: tonic refuses it on its prefix; nothing is counted.
         let mut big = vec![0u8];
         big.extend_from_slice(&5000u32.to_be_bytes());

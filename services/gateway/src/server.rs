@@ -278,7 +278,7 @@ impl Gateway {
                     .layer(oversize::layer(max))
                     .layer(ReceiveLayer::new(
                         self.config.max_connection_receive_bytes,
-                        max,
+                        max.max(OPEN_MESSAGE_BYTES),
                     )),
             )
             .add_service(oversize::DecodeRefusals(health))

@@ -361,18 +361,52 @@ async fn walk_and_access_requests_are_held_to_their_own_size() {
         .unwrap();
 }
 
+type Signed = cube_auth::client::Signing<tonic::transport::Channel>;
+type BodySender =
+    tokio::sync::mpsc::Sender<Result<hyper::body::Frame<prost::bytes::Bytes>, tonic::Status>>;
+type SignedCall =
+    <Signed as tower::Service<tonic::codegen::http::Request<tonic::body::Body>>>::Future;
+
+/// A call on `signed` (a Write) whose request body is what is sent on the returned sender, and
+/// which never ends until the sender is dropped and the call aborted.
+fn stalled_write(signed: &mut Signed) -> (BodySender, SignedCall) {
+    use tower::Service;
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let body = tonic::body::Body::new(http_body_util::StreamBody::new(
+        tokio_stream::wrappers::ReceiverStream::new(rx),
+    ));
+    let req = tonic::codegen::http::Request::builder()
+        .method("POST")
+        .uri("/cube.v1.Cells/Write")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(body)
+        .unwrap();
+    (tx, signed.call(req))
+}
+
+/// A gRPC message: its 5-byte prefix declaring `declared` bytes, then `bytes`.
+fn grpc_message(declared: usize, bytes: &[u8]) -> prost::bytes::Bytes {
+    let mut m = vec![0u8];
+    m.extend_from_slice(&(declared as u32).to_be_bytes());
+    m.extend_from_slice(bytes);
+    m.into()
+}
+
 /// What one connection's calls are receiving at once is held to
-/// `--max-connection-receive-bytes`, each message counted at the size its prefix declares: with a
-/// 2,000,000-byte message stalled after its first 64 KiB on a connection whose limit is
-/// 3,000,000, a write of a 1,000,000-byte value on the same connection is RESOURCE_EXHAUSTED
-/// (nothing written), while the same write on another connection is served; once the stalled
-/// call is given up, its message no longer counts and the first connection's write goes through.
+/// `--max-connection-receive-bytes` (3,000,000 here), each message counted at the size its
+/// prefix declares: with a 2,000,000-byte message stalled after its first 64 KiB, a write of a
+/// 1,000,000-byte value on the same connection is RESOURCE_EXHAUSTED (nothing written), while
+/// the same write on another connection is served; once the stalled call is given up, its
+/// message no longer counts. Whole messages whose streams never end count too (tonic keeps them
+/// until the end): with two such writes held, a third is refused, and neither held write is
+/// applied.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_receiving_too_much_at_once_is_told_to_send_less() {
     use hyper::body::Frame;
-    use prost::bytes::Bytes;
+    use prost::Message;
     use std::time::Duration;
-    use tower::{Service, ServiceExt};
+    use tower::ServiceExt;
     let server = TestServer::start_with(
         cubed(),
         &[
@@ -384,30 +418,21 @@ async fn a_connection_receiving_too_much_at_once_is_told_to_send_less() {
     )
     .unwrap();
     let receiving = "cube_request_bytes_receiving ";
+    let refusals = "cube_request_receive_refused_total";
     let mut signed = server.signed(&server.demo).await.unwrap();
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, tonic::Status>>(4);
-    let body = tonic::body::Body::new(http_body_util::StreamBody::new(
-        tokio_stream::wrappers::ReceiverStream::new(rx),
-    ));
-    let req = tonic::codegen::http::Request::builder()
-        .method("POST")
-        .uri("/cube.v1.Cells/Write")
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(body)
+    let mut same = cube_api::v1::cells_client::CellsClient::new(signed.clone());
+    let big = vec![9u8; 1_000_000];
+
+    signed.ready().await.unwrap();
+    let (tx, call) = stalled_write(&mut signed);
+    let stalled = tokio::spawn(call);
+    tx.send(Ok(Frame::data(grpc_message(2_000_000, &[0u8; 64 << 10]))))
+        .await
         .unwrap();
-    let stalled = tokio::spawn(signed.ready().await.unwrap().call(req));
-    let mut start = vec![0u8];
-    start.extend_from_slice(&2_000_000u32.to_be_bytes());
-    start.extend_from_slice(&[0u8; 64 << 10]);
-    tx.send(Ok(Frame::data(Bytes::from(start)))).await.unwrap();
     server
         .metric_when(receiving, Duration::from_secs(10), |v| v == 2_000_005.0)
         .await
         .expect("the stalled message is counted at its declared size");
-
-    let mut same = cube_api::v1::cells_client::CellsClient::new(signed.clone());
-    let big = vec![9u8; 1_000_000];
     let refused = same.write(write(1, 0, 0, &big)).await.unwrap_err();
     assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
     assert!(
@@ -415,15 +440,11 @@ async fn a_connection_receiving_too_much_at_once_is_told_to_send_less() {
         "{}",
         refused.message()
     );
-    assert_eq!(
-        server.metric("cube_request_receive_refused_total"),
-        Some(1.0)
-    );
+    assert_eq!(server.metric(refusals), Some(1.0));
     assert!(!same.read(read(1, 0, 0)).await.unwrap().into_inner().found);
     let mut other = server.cells(&server.demo).await.unwrap();
     other.write(write(2, 0, 0, &big)).await.unwrap();
-
-    // Give the stalled call up: its stream is reset and its message no longer counts.
+    // Given up, the stalled call's stream is reset and its message no longer counts.
     stalled.abort();
     drop(tx);
     server
@@ -431,8 +452,44 @@ async fn a_connection_receiving_too_much_at_once_is_told_to_send_less() {
         .await
         .expect("a given-up message stops counting");
     same.write(write(3, 0, 0, &big)).await.unwrap();
+
+    // Two whole Write messages on streams that do not end.
+    let mut held = Vec::new();
+    let mut size = 0;
+    for x in [4, 5] {
+        let encoded = write(x, 0, 0, &big).encode_to_vec();
+        size = encoded.len() + 5;
+        signed.ready().await.unwrap();
+        let (tx, call) = stalled_write(&mut signed);
+        tx.send(Ok(Frame::data(grpc_message(encoded.len(), &encoded))))
+            .await
+            .unwrap();
+        held.push((tx, tokio::spawn(call)));
+    }
+    server
+        .metric_when(receiving, Duration::from_secs(10), |v| {
+            v == (2 * size) as f64
+        })
+        .await
+        .expect("whole messages on unended streams still count");
+    let refused = same.write(write(6, 0, 0, &big)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert_eq!(server.metric(refusals), Some(2.0));
+    for (tx, call) in held {
+        call.abort();
+        drop(tx);
+    }
+    server
+        .metric_when(receiving, Duration::from_secs(10), |v| v == 0.0)
+        .await
+        .expect("given-up streams stop counting");
+    for x in [4, 5] {
+        let cell = same.read(read(x, 0, 0)).await.unwrap().into_inner();
+        assert!(!cell.found, "the held write of ({x}, 0, 0) was not applied");
+    }
+    same.write(write(6, 0, 0, &big)).await.unwrap();
     assert_eq!(
-        same.read(read(3, 0, 0)).await.unwrap().into_inner().value,
+        same.read(read(6, 0, 0)).await.unwrap().into_inner().value,
         big
     );
 }

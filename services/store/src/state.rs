@@ -38,9 +38,11 @@ pub const REGION_PAGE_BYTES: usize = 4 << 20;
 /// Store re-opens one Region page may make (each jumps a run of keys outside the box): a thin
 /// box through many stored cells ends its page here, with a token, rather than scanning them all.
 pub const REGION_PAGE_SEEKS: usize = 4096;
-/// Edges one Walk may read (each visited coordinate's edges, including those back to
-/// coordinates already seen); past it the walk ends `truncated`.
-pub const WALK_MAX_EDGES: usize = 100_000;
+/// Steps one Walk may take: each edge read (including those back to coordinates already seen)
+/// and each lookup of a visited coordinate's edges (one per named label, or one for all). Past
+/// it the walk ends `truncated`: a walk naming 16 labels over sparse edges seeks 16 times per
+/// coordinate while reading few edges.
+pub const WALK_MAX_STEPS: usize = 100_000;
 /// Most audit entries stored under one key. An applied group with more is split, so the chunk
 /// holding any seq starts at most this many entries before it.
 const AUDIT_CHUNK_ENTRIES: usize = 16;
@@ -580,7 +582,7 @@ impl StateReader {
 
     /// Breadth-first walk from `start` (excluded) over edges with one of `labels` (any label
     /// when empty), up to `max_depth` edges away and `limit` visits; each coordinate once.
-    /// Returns the visits and whether `limit` (or [`WALK_MAX_EDGES`]) cut the walk short.
+    /// Returns the visits and whether `limit` (or [`WALK_MAX_STEPS`]) cut the walk short.
     pub fn walk(
         &self,
         start: Coord,
@@ -592,7 +594,7 @@ impl StateReader {
         let mut seen = HashSet::from([start]);
         let mut out = Vec::new();
         let mut frontier = vec![start];
-        let mut edges_read = 0usize;
+        let mut steps = 0usize;
         for depth in 1..=max_depth {
             let mut next = Vec::new();
             for node in &frontier {
@@ -605,10 +607,14 @@ impl StateReader {
                         .collect()
                 };
                 for (s, e) in ranges {
+                    steps += 1;
+                    if steps > WALK_MAX_STEPS {
+                        return Ok((out, true));
+                    }
                     for item in self.store.range(&s, &e) {
                         let (key, _) = item.map_err(|e| storage_error(&e))?;
-                        edges_read += 1;
-                        if edges_read > WALK_MAX_EDGES {
+                        steps += 1;
+                        if steps > WALK_MAX_STEPS {
                             return Ok((out, true));
                         }
                         let Some(to) = keys::edge_target(&key) else {
@@ -2469,13 +2475,13 @@ mod tests {
         assert!(pages >= 2, "{pages}");
     }
 
-    /// A Walk reads at most WALK_MAX_EDGES edges, counting those back to coordinates already
+    /// A Walk takes at most WALK_MAX_STEPS steps, counting edges back to coordinates already
     /// seen: past that it ends truncated.
     #[test]
     fn a_walk_reads_a_bounded_number_of_edges() {
         let mut h = Harness::new(fresh(16));
         // A complete graph: few coordinates, more edges than the budget.
-        let nodes = 1 + (WALK_MAX_EDGES as f64).sqrt() as i32;
+        let nodes = 1 + (WALK_MAX_STEPS as f64).sqrt() as i32;
         for from in 0..nodes {
             for to in 0..nodes {
                 let (from, to) = (
@@ -2506,6 +2512,41 @@ mod tests {
         // Within the budget, the same walk over fewer nodes is whole.
         let (_, truncated) = h.s.reader().walk(start, 1, 10_000, &[]).unwrap();
         assert!(!truncated);
+    }
+
+    /// Each label of a Walk is one lookup per visited coordinate, and lookups count toward the
+    /// walk's steps: over sparse edges, 16 labels reach the budget where one label does not.
+    #[test]
+    fn a_walk_counts_its_label_lookups_toward_its_steps() {
+        let mut h = Harness::new(fresh(16));
+        // A star: 7,000 leaves one edge from the start, each with no edge of its own. At depth 2
+        // a walk looks each leaf up once per label: 16 × 7,000 lookups are over the budget.
+        let start = Coord { x: 0, y: 0, z: 0 };
+        for leaf in 1..=7_000 {
+            h.submit(Command::Link {
+                from: start,
+                to: Coord {
+                    x: leaf,
+                    y: 0,
+                    z: 0,
+                },
+                label: "e".into(),
+            })
+            .unwrap();
+        }
+        h.flush();
+        let mut labels: Vec<String> = (0..15).map(|i| format!("absent{i}")).collect();
+        labels.push("e".into());
+        let (visits, truncated) = h.s.reader().walk(start, 2, 10_000, &labels).unwrap();
+        assert!(truncated, "112,000 lookups and 7,000 edges");
+        assert_eq!(
+            visits.len(),
+            7_000,
+            "the leaves were all reached at depth 1"
+        );
+        let (visits, truncated) = h.s.reader().walk(start, 2, 10_000, &labels[15..]).unwrap();
+        assert!(!truncated, "one label: 7,001 lookups and 7,000 edges");
+        assert_eq!(visits.len(), 7_000);
     }
 
     /// Each label of a Walk is one seek per visited coordinate: their number is capped.

@@ -78,8 +78,6 @@ const MIN_DEFAULT_MESSAGE_BYTES: usize = 4 << 20;
 /// Default floor of `--max-connection-receive-bytes`: sixteen default-sized messages arriving
 /// at once on one connection.
 const MIN_DEFAULT_CONNECTION_RECEIVE_BYTES: usize = 64 << 20;
-/// A gRPC message's prefix, which counts with it against `--max-connection-receive-bytes`.
-const GRPC_PREFIX_BYTES: usize = 5;
 
 /// The Cube daemon: a multi-tenant, durable, coordinate-addressed store served over gRPC.
 #[derive(Debug, Parser)]
@@ -504,14 +502,12 @@ impl ServeArgs {
                 .saturating_mul(2)
                 .max(MIN_DEFAULT_CONNECTION_RECEIVE_BYTES),
         );
-        // The handshake, health and reflection take 16 KiB whatever --max-message-bytes says.
-        let largest_message = max_message_bytes.max(cube_gateway::OPEN_MESSAGE_BYTES);
+        let least = cube_gateway::min_connection_receive_bytes(max_message_bytes);
         anyhow::ensure!(
-            max_connection_receive_bytes >= largest_message + GRPC_PREFIX_BYTES,
-            "--max-connection-receive-bytes ({max_connection_receive_bytes}) must be at least {} \
-             (--max-message-bytes, or 16 KiB if that is more, and a message's {GRPC_PREFIX_BYTES}-byte \
-             gRPC prefix): the largest message must be able to arrive",
-            largest_message + GRPC_PREFIX_BYTES
+            max_connection_receive_bytes >= least,
+            "--max-connection-receive-bytes ({max_connection_receive_bytes}) must be at least \
+             {least} (--max-message-bytes, or 16 KiB if that is more, and a message's 5-byte \
+             gRPC prefix): the largest message must be able to arrive"
         );
         anyhow::ensure!(
             self.max_in_flight_bytes >= self.max_value_bytes,

@@ -28,7 +28,7 @@ pub use principal::{AuthModel, Principal};
 pub use replay::{ReplayCache, ReplayError};
 pub use server::{
     ACCESS_MESSAGE_BYTES, Gateway, GatewayConfig, OPEN_MESSAGE_BYTES, ServeError,
-    WALK_MESSAGE_BYTES,
+    WALK_MESSAGE_BYTES, min_connection_receive_bytes,
 };
 pub use services::cells::{NEXT_PAGE_TOKEN_HEADER, ScanLimits};
 pub use tls::{TlsError, TlsSettings, client_identity, server_config};

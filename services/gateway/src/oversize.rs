@@ -1,9 +1,8 @@
 //! A request message over `--max-message-bytes` is refused by tonic before it is decoded, with
 //! OUT_OF_RANGE and tonic's own text. The contract (`CONTRACT.md`: "value over the limit →
 //! INVALID_ARGUMENT") and the value limit itself answer INVALID_ARGUMENT, so this layer turns
-//! that refusal into INVALID_ARGUMENT with a message naming the server's limit.
-//!
-//! Every other response passes through untouched.
+//! that refusal into INVALID_ARGUMENT with a message naming the server's limit. Every other
+//! response passes through untouched.
 //!
 //! [`DecodeRefusals`] wraps the health service alone: it turns tonic's INTERNAL for a request
 //! that is not valid protobuf into INVALID_ARGUMENT. Cube's own services decode through

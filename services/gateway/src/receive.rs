@@ -37,7 +37,7 @@ use tonic::body::Body;
 use crate::connection::ConnInfo;
 
 /// A gRPC message's prefix: a compression flag and a big-endian 32-bit length.
-const PREFIX_LEN: usize = 5;
+pub const PREFIX_LEN: usize = 5;
 
 /// The layer (see the module doc).
 #[derive(Debug, Clone, Copy)]

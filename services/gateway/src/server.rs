@@ -36,6 +36,18 @@ use crate::transport;
 /// connection's streams.
 pub const OPEN_MESSAGE_BYTES: usize = 16 * 1024;
 
+/// The largest request message any method of the network listener takes: the services open to
+/// everyone take [`OPEN_MESSAGE_BYTES`] whatever `--max-message-bytes` says.
+pub fn largest_request_message(max_message_bytes: usize) -> usize {
+    max_message_bytes.max(OPEN_MESSAGE_BYTES)
+}
+
+/// The least `--max-connection-receive-bytes` can be: the largest request message with its
+/// gRPC prefix must be able to arrive (`crate::receive`).
+pub fn min_connection_receive_bytes(max_message_bytes: usize) -> usize {
+    largest_request_message(max_message_bytes) + crate::receive::PREFIX_LEN
+}
+
 /// Largest `Cells.Walk` request: its most labels at their longest (each a 2-byte field header
 /// and the label), plus room for the other fields. prost decodes every listed label before the
 /// service can refuse more than [`cube_store::MAX_WALK_LABEL_ENTRIES`], and an empty label costs
@@ -56,7 +68,7 @@ pub struct GatewayConfig {
     /// INVALID_ARGUMENT: [`crate::oversize`]).
     pub max_message_bytes: usize,
     /// Bytes of request messages one connection's calls may be receiving at once
-    /// (`crate::receive`); at least `max_message_bytes` + 5, so that the largest message fits.
+    /// (`crate::receive`); at least [`min_connection_receive_bytes`].
     pub max_connection_receive_bytes: usize,
     /// Allowed distance between a signed call's timestamp and the server clock.
     pub skew_ms: i64,
@@ -278,7 +290,7 @@ impl Gateway {
                     .layer(oversize::layer(max))
                     .layer(ReceiveLayer::new(
                         self.config.max_connection_receive_bytes,
-                        max.max(OPEN_MESSAGE_BYTES),
+                        largest_request_message(max),
                     )),
             )
             .add_service(oversize::DecodeRefusals(health))

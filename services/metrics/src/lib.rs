@@ -168,13 +168,14 @@ pub static CONNECTIONS_ADDRESS_REFUSED: LazyLock<IntCounter> = LazyLock::new(|| 
     )
 });
 /// Bytes of request messages being received over all connections: each message counted at its
-/// declared size from its 5-byte prefix until its call's request has ended
-/// (`--max-connection-receive-bytes`).
+/// declared size from its 5-byte prefix, a call's first message until its request stream ends, a
+/// later one until its last byte has arrived (`--max-connection-receive-bytes`).
 pub static REQUEST_BYTES_RECEIVING: LazyLock<IntGauge> = LazyLock::new(|| {
     gauge(
         "cube_request_bytes_receiving",
-        "Bytes of request messages being received (at the size their prefix declares, until \
-         their call's request has ended), over all connections.",
+        "Bytes of request messages being received over all connections, each at the size its \
+         prefix declares: a call's first message until its request stream ends, a later one \
+         until its last byte has arrived.",
     )
 });
 /// Calls refused because their connection was already receiving --max-connection-receive-bytes.

@@ -224,6 +224,32 @@ struct RawAuditRequest {
     from_seq: Vec<u8>,
 }
 
+/// `request` sent as a unary call of `path`, its answer read as `Resp`: the call's refusal (the
+/// call succeeding fails the test). For requests the generated clients cannot send, such as a
+/// string field carrying bytes that are not UTF-8.
+async fn refused<T, Req, Resp>(
+    grpc: &mut tonic::client::Grpc<T>,
+    request: Req,
+    path: &'static str,
+) -> tonic::Status
+where
+    T: tonic::client::GrpcService<tonic::body::Body>,
+    T::Error: std::fmt::Debug,
+    T::ResponseBody: tonic::codegen::Body<Data = prost::bytes::Bytes> + Send + 'static,
+    <T::ResponseBody as tonic::codegen::Body>::Error: Into<tonic::codegen::StdError> + Send,
+    Req: prost::Message + Send + Sync + 'static,
+    Resp: prost::Message + Default + Send + Sync + std::fmt::Debug + 'static,
+{
+    grpc.ready().await.unwrap();
+    grpc.unary::<_, Resp, _>(
+        tonic::Request::new(request),
+        tonic::codegen::http::uri::PathAndQuery::from_static(path),
+        tonic_prost::ProstCodec::default(),
+    )
+    .await
+    .unwrap_err()
+}
+
 /// A request that is not valid protobuf for its method (here a string that is not UTF-8) is the
 /// caller's error: INVALID_ARGUMENT with a message naming the fault, not tonic's INTERNAL. The
 /// same for `Tenant.Audit`, which the gateway routes through its own codec.
@@ -231,18 +257,11 @@ struct RawAuditRequest {
 async fn a_malformed_request_is_invalid_argument() {
     let server = TestServer::start(cubed()).unwrap();
     let mut grpc = tonic::client::Grpc::new(server.signed(&server.demo).await.unwrap());
-    grpc.ready().await.unwrap();
     let bad = RawWalkRequest {
         labels: vec![vec![0xff, 0xfe]],
     };
-    let err = grpc
-        .unary::<_, cube_api::v1::WalkResponse, _>(
-            tonic::Request::new(bad),
-            tonic::codegen::http::uri::PathAndQuery::from_static("/cube.v1.Cells/Walk"),
-            tonic_prost::ProstCodec::default(),
-        )
-        .await
-        .unwrap_err();
+    let err =
+        refused::<_, _, cube_api::v1::WalkResponse>(&mut grpc, bad, "/cube.v1.Cells/Walk").await;
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
     assert!(err.message().contains("UTF-8"), "{}", err.message());
 
@@ -279,17 +298,15 @@ struct RawHealthCheckRequest {
 async fn a_malformed_health_check_is_invalid_argument() {
     let server = TestServer::start(cubed()).unwrap();
     let mut grpc = tonic::client::Grpc::new(server.channel().await.unwrap());
-    grpc.ready().await.unwrap();
-    let err = grpc
-        .unary::<_, tonic_health::pb::HealthCheckResponse, _>(
-            tonic::Request::new(RawHealthCheckRequest {
-                service: vec![0xff, 0xfe],
-            }),
-            tonic::codegen::http::uri::PathAndQuery::from_static("/grpc.health.v1.Health/Check"),
-            tonic_prost::ProstCodec::default(),
-        )
-        .await
-        .unwrap_err();
+    let bad = RawHealthCheckRequest {
+        service: vec![0xff, 0xfe],
+    };
+    let err = refused::<_, _, tonic_health::pb::HealthCheckResponse>(
+        &mut grpc,
+        bad,
+        "/grpc.health.v1.Health/Check",
+    )
+    .await;
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
     assert!(
         err.message().contains("not valid protobuf") && err.message().contains("UTF-8"),
@@ -313,17 +330,11 @@ async fn walk_and_access_requests_are_held_to_their_own_size() {
     };
     // 20,000 empty labels: 40,000 bytes on the wire, some 480 KB decoded.
     let mut grpc = tonic::client::Grpc::new(server.signed(&server.demo).await.unwrap());
-    grpc.ready().await.unwrap();
-    let err = grpc
-        .unary::<_, cube_api::v1::WalkResponse, _>(
-            tonic::Request::new(RawWalkRequest {
-                labels: vec![Vec::new(); 20_000],
-            }),
-            tonic::codegen::http::uri::PathAndQuery::from_static("/cube.v1.Cells/Walk"),
-            tonic_prost::ProstCodec::default(),
-        )
-        .await
-        .unwrap_err();
+    let bad = RawWalkRequest {
+        labels: vec![Vec::new(); 20_000],
+    };
+    let err =
+        refused::<_, _, cube_api::v1::WalkResponse>(&mut grpc, bad, "/cube.v1.Cells/Walk").await;
     over(err, cube_gateway::WALK_MESSAGE_BYTES);
 
     let mut access = AccessClient::new(server.signed(&server.demo).await.unwrap());

@@ -284,6 +284,29 @@ impl PendingRights {
     }
 }
 
+/// Why a call of key `key_id` of `tenant` that needs `needed` must be refused now, if it must:
+/// under the revocations and capability changes logged but not yet applied (`pending`), then
+/// under the catalog as it is (`None` in tests of the store alone). In that order: applying such
+/// a record changes the catalog before it leaves `pending`, so a check never falls between them.
+/// The gateway checked the key when the call came in; this is for a call that may have waited
+/// since (for its request's body, a tenant's open, a scan place, the tenant's mailbox).
+pub(crate) fn rights_now(
+    pending: &PendingRights,
+    catalog: Option<&Catalog>,
+    tenant: &str,
+    key_id: &str,
+    needed: Option<Capability>,
+) -> Option<StoreError> {
+    if let Some(e) = pending.refusal(key_id, needed) {
+        return Some(e);
+    }
+    // A revoked key stays in the catalog, marked; a principal the catalog has never known was
+    // not authenticated by the gateway (tests and tools name their own).
+    catalog?
+        .key(tenant, key_id)
+        .and_then(|key| rights_refusal(key_id, key.revoked, Some(&key.capabilities), needed))
+}
+
 /// Why a call of key `key_id` that needs `needed` must be refused, if the key is `revoked` or
 /// its capabilities are `caps` (`None`: not known to differ from what the gateway checked).
 fn rights_refusal(
@@ -786,18 +809,13 @@ impl<T> TenantCore<T> {
             | Command::CreateKey
             | Command::SetDurability { .. } => None,
         };
-        if let Some(e) = self.stats.pending_rights.refusal(key_id, needed) {
-            return Err(e);
-        }
-        let Some(catalog) = &self.catalog else {
-            return Ok(());
-        };
-        // A revoked key stays in the catalog, marked; a principal the catalog has never known
-        // was not authenticated by the gateway (tests and tools name their own).
-        match catalog
-            .key(&self.tenant, key_id)
-            .and_then(|key| rights_refusal(key_id, key.revoked, Some(&key.capabilities), needed))
-        {
+        match rights_now(
+            &self.stats.pending_rights,
+            self.catalog.as_deref(),
+            &self.tenant,
+            key_id,
+            needed,
+        ) {
             Some(e) => Err(e),
             None => Ok(()),
         }
@@ -3153,6 +3171,54 @@ mod tests {
             "the changes ended before the checks: they did not see them pending"
         );
         let _ = changes.await;
+        directory.shutdown().await;
+    }
+
+    /// A read authenticated before its key was revoked (or lost READ), and reaching the tenant
+    /// only once that change is applied (it waited for the rest of its request, or for the
+    /// tenant's open), is refused: nothing is pending then, so the read is checked against the
+    /// catalog as it is, as a change is.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_read_by_a_key_revoked_since_it_was_authenticated_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, config) = tenant_with_catalog(dir.path());
+        let doomed = catalog.create_key("t").unwrap();
+        let demoted = catalog.create_key("t").unwrap();
+        let data = crate::DataDir::new(dir.path().join("data"));
+        let directory = Arc::new(test_directory(data, &config, &catalog));
+        directory.call("t", write(1, b"v"), "t/k").await.unwrap();
+        let read = |key: &str| {
+            let (directory, principal) = (Arc::clone(&directory), format!("t/{key}"));
+            async move {
+                directory
+                    .call("t", Command::Read { coord: at(1) }, &principal)
+                    .await
+            }
+        };
+        assert!(read(&doomed.key_id).await.is_ok());
+        assert!(read(&demoted.key_id).await.is_ok());
+        let revoke = Command::RevokeKey {
+            key_id: doomed.key_id.clone(),
+        };
+        let demote = Command::ChangeCapabilities {
+            key_id: demoted.key_id.clone(),
+            grant: vec![],
+            revoke: vec![Capability::Read],
+        };
+        directory.call("t", revoke, "operator").await.unwrap();
+        directory.call("t", demote, "operator").await.unwrap();
+        assert!(catalog.key("t", &doomed.key_id).unwrap().revoked);
+        let revoked = read(&doomed.key_id).await;
+        assert!(
+            matches!(&revoked, Err(StoreError::Unauthenticated(m)) if m.contains("revoked")),
+            "{revoked:?}"
+        );
+        let demoted = read(&demoted.key_id).await;
+        assert!(
+            matches!(&demoted, Err(StoreError::PermissionDenied(m)) if m.contains("Read")),
+            "{demoted:?}"
+        );
+        assert!(read("k").await.is_ok());
         directory.shutdown().await;
     }
 

@@ -83,6 +83,8 @@ pub struct TenantHandle {
     wal_failed: Arc<AtomicBool>,
     /// The answers the syncer sends itself (see [`EarlyAnswers`]).
     early: Arc<EarlyAnswers<Responder>>,
+    /// The keys' rights as they are now, checked again by reads ([`TenantHandle::check_rights`]).
+    catalog: Option<Arc<Catalog>>,
 }
 
 /// Scans of one tenant running (or holding a built page for its client) at once; more wait.
@@ -225,11 +227,19 @@ impl TenantHandle {
         &self.reader
     }
 
-    /// Whether key `key_id`, which authenticated a call needing `needed`, may still make it
+    /// Whether key `key_id`, which authenticated a call needing `needed`, may still make it:
     /// under the revocations and capability changes the tenant has logged but not yet applied
-    /// to the catalog (which authenticated the call and still shows the old rights).
+    /// to the catalog (which authenticated the call and still shows the old rights), and under
+    /// the catalog as it is now (a revocation applied while the call waited: for the rest of
+    /// its request, the tenant's open, a scan place).
     pub fn check_rights(&self, key_id: &str, needed: Capability) -> Result<(), StoreError> {
-        match self.stats.pending_rights.refusal(key_id, Some(needed)) {
+        match crate::core::rights_now(
+            &self.stats.pending_rights,
+            self.catalog.as_deref(),
+            &self.tenant,
+            key_id,
+            Some(needed),
+        ) {
             Some(e) => Err(e),
             None => Ok(()),
         }
@@ -702,6 +712,7 @@ impl OpenContext {
             durability,
             wal_failed,
             early,
+            catalog: self.catalog.clone(),
         };
         // Logged before the handle is handed to anyone, so it is the log's first record. If it
         // cannot be (a full disk: the tenant opened for reads only), the tenant still serves

@@ -12,6 +12,7 @@ use cube_wal::DurableEvent;
 use tokio::sync::oneshot;
 
 use crate::StoreError;
+use crate::backend::BackendError;
 use crate::core::TenantCore;
 use crate::state::{Caller, Command, Reply};
 
@@ -52,9 +53,24 @@ impl Drop for InFlightPermit {
 /// One tenant's actor.
 pub struct TenantActor {
     core: TenantCore<Responder>,
-    /// Ends (its sender dropped) when the last periodic checkpoint's job has finished on the
-    /// blocking pool and let go of the state store.
-    checkpoint_ended: Option<oneshot::Receiver<()>>,
+    /// The periodic checkpoint running on the blocking pool, if one is.
+    checkpoint: Option<RunningCheckpoint>,
+}
+
+/// A periodic checkpoint's job on the blocking pool. Its result is taken by whichever comes
+/// first: the job's own completion on the actor, or a [`Shutdown`], which waits for it (the
+/// completion, a spawned item of the actor, does not run while a handler's future holds the
+/// actor, and is dropped when the actor stops).
+struct RunningCheckpoint {
+    seq: u64,
+    /// The job's result, sent as it ends (the sender dropped unsent: the job panicked), once
+    /// it has let go of the state store.
+    result: oneshot::Receiver<Result<Duration, BackendError>>,
+}
+
+/// What a checkpoint whose job panicked reports.
+fn panicked() -> Result<Duration, BackendError> {
+    Err(BackendError("checkpoint task panicked".into()))
 }
 
 /// How often an actor checks whether a time-based checkpoint is due.
@@ -64,7 +80,7 @@ impl TenantActor {
     pub(crate) fn new(core: TenantCore<Responder>) -> TenantActor {
         TenantActor {
             core,
-            checkpoint_ended: None,
+            checkpoint: None,
         }
     }
 
@@ -84,23 +100,17 @@ impl TenantActor {
             return;
         };
         let seq = job.seq;
-        let (ended, ended_rx) = oneshot::channel::<()>();
-        self.checkpoint_ended = Some(ended_rx);
-        let flush = async move {
-            tokio::task::spawn_blocking(move || {
-                let result = job.run();
-                drop(ended);
-                result
-            })
-            .await
-        };
-        ctx.spawn(flush.into_actor(self).map(move |done, act, _| {
-            let result = done.unwrap_or_else(|_| {
-                Err(crate::backend::BackendError(
-                    "checkpoint task panicked".into(),
-                ))
-            });
-            act.core.finish_checkpoint(seq, result);
+        let (tx, result) = oneshot::channel();
+        self.checkpoint = Some(RunningCheckpoint { seq, result });
+        // The job's end (or its panic) wakes this; a Shutdown may have taken the result first.
+        let ended = tokio::task::spawn_blocking(move || {
+            let _ = tx.send(job.run());
+        });
+        ctx.spawn(ended.into_actor(self).map(move |_, act, _| {
+            if let Some(mut running) = act.checkpoint.take_if(|r| r.seq == seq) {
+                let result = running.result.try_recv().unwrap_or_else(|_| panicked());
+                act.core.finish_checkpoint(seq, result);
+            }
         }));
     }
 }
@@ -113,22 +123,6 @@ impl Actor for TenantActor {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.run_interval(CHECKPOINT_TICK, |act, ctx| act.maybe_checkpoint(ctx));
-    }
-}
-
-/// Tell the closer the close is done, once `running` (a periodic checkpoint's job) has ended.
-fn report_done(done: oneshot::Sender<()>, running: Option<oneshot::Receiver<()>>) {
-    match running {
-        Some(ended) => {
-            actix::spawn(async move {
-                // An error is the sender dropped: the job has ended.
-                let _ = ended.await;
-                let _ = done.send(());
-            });
-        }
-        None => {
-            let _ = done.send(());
-        }
     }
 }
 
@@ -202,10 +196,28 @@ impl Handler<Shutdown> for TenantActor {
     fn handle(&mut self, msg: Shutdown, ctx: &mut Self::Context) {
         self.core.stats().stopping.store(true, Ordering::SeqCst);
         // A periodic checkpoint still running holds the state store (and its lock) until its job
-        // ends; the close is reported done only then, so that a reopen finds the files free.
-        let running = self.checkpoint_ended.take();
+        // ends, and its outcome counts: a failed one poisons the tenant (which must then not be
+        // reopened before a restart), a finished one lets the close's own checkpoint start. So
+        // the close waits for it, and takes its result, first.
+        match self.checkpoint.take() {
+            Some(RunningCheckpoint { seq, result }) => {
+                ctx.wait(result.into_actor(self).map(move |result, act, ctx| {
+                    act.core
+                        .finish_checkpoint(seq, result.unwrap_or_else(|_| panicked()));
+                    act.close(msg.done, ctx);
+                }));
+            }
+            None => self.close(msg.done, ctx),
+        }
+    }
+}
+
+impl TenantActor {
+    /// The close proper, once no periodic checkpoint runs: the log's final fdatasync, the
+    /// answers it releases, a last checkpoint; then `done` is told and the actor stops.
+    fn close(&mut self, done: oneshot::Sender<()>, ctx: &mut Context<Self>) {
         let Some(wal) = self.core.take_wal() else {
-            report_done(msg.done, running);
+            let _ = done.send(());
             ctx.stop();
             return;
         };
@@ -255,15 +267,10 @@ impl Handler<Shutdown> for TenantActor {
                 match flushed {
                     Ok(Some((seq, r))) => act.core.finish_checkpoint(seq, r),
                     Ok(None) => {}
-                    Err(_) => act.core.finish_checkpoint(
-                        0,
-                        Err(crate::backend::BackendError(
-                            "checkpoint task panicked".into(),
-                        )),
-                    ),
+                    Err(_) => act.core.finish_checkpoint(0, panicked()),
                 }
                 tracing::debug!(tenant = act.core.tenant(), "tenant closed");
-                report_done(msg.done, running);
+                let _ = done.send(());
                 ctx.stop();
             }));
         }));

@@ -2842,6 +2842,51 @@ mod tests {
         .await;
     }
 
+    /// A periodic checkpoint still running when its tenant is passivated, and failing then,
+    /// leaves the tenant refused until the restart, as a failed checkpoint at the close does.
+    /// (The close used to drop that checkpoint's result unseen and skip its own checkpoint:
+    /// the tenant reopened on a state store whose fsync had failed.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_periodic_checkpoint_failing_during_its_tenants_close_is_not_lost() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, mut config) = tenant_with_catalog(dir.path());
+        // Every change starts a checkpoint (if none is running).
+        config.checkpoint.every_bytes = 1;
+        let data = crate::DataDir::new(dir.path().join("data"));
+        let directory = test_directory(data.clone(), &config, &catalog);
+        directory.call("t", write(0, b"v"), "t/k").await.unwrap();
+        // (applied, checkpointed) seqs, once `ready` holds for them.
+        let seqs_when = async |ready: &dyn Fn(u64, u64) -> bool| {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                let log = directory.get("t").await.unwrap().log_stats();
+                if ready(log.last_seq, log.checkpoint_seq) {
+                    return (log.last_seq, log.checkpoint_seq);
+                }
+                assert!(Instant::now() < deadline, "{log:?}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        let (first, _) = seqs_when(&|applied, checkpointed| applied == checkpointed).await;
+        // The checkpoint the next change starts takes 1 s to fail its fsync; the close comes
+        // while it runs.
+        cube_wal::failpoint::fail_next_fdatasync_after(
+            &data.tenant_state("t"),
+            Duration::from_secs(1),
+        );
+        directory.call("t", write(1, b"kept"), "t/k").await.unwrap();
+        let (_, checkpointed) = seqs_when(&|applied, _| applied > first).await;
+        assert_eq!(checkpointed, first, "the checkpoint did not wait");
+        assert!(directory.close_tenant("t").await);
+        for _ in 0..2 {
+            let refused = directory.call("t", write(2, b"v"), "t/k").await;
+            assert_refused_until_restart(&refused);
+        }
+        directory.shutdown().await;
+        drop(directory);
+        restart_finds_kept(data, &config, &catalog).await;
+    }
+
     /// A passivation whose removal of the checkpointed log fails an fsync (the directory's)
     /// leaves the tenant refused until the restart, as a failed final checkpoint does.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3282,6 +3282,42 @@ mod tests {
         directory.shutdown().await;
     }
 
+    /// A call whose own arguments are wrong (an edge label over 64 bytes, a value over the
+    /// limit) is INVALID_ARGUMENT whatever state its tenant is in: here poisoned until the
+    /// restart, which answered it UNAVAILABLE, as a busy tenant answered it RESOURCE_EXHAUSTED
+    /// (retrying could never succeed).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_calls_own_bad_arguments_are_named_whatever_its_tenants_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, config) = tenant_with_catalog(dir.path());
+        let data = crate::DataDir::new(dir.path().join("data"));
+        let directory = test_directory(data.clone(), &config, &catalog);
+        directory.call("t", write(1, b"v"), "t/k").await.unwrap();
+        cube_wal::failpoint::fail_next_fdatasync(&data.tenant_wal("t"));
+        let failed = directory.call("t", write(2, b"v"), "t/k").await;
+        assert!(
+            matches!(failed, Err(StoreError::Unavailable(_))),
+            "{failed:?}"
+        );
+        let link = Command::Link {
+            from: at(1),
+            to: at(2),
+            label: "x".repeat(65),
+        };
+        let too_big = write(3, &vec![0; config.limits.max_value + 1]);
+        for bad in [link, too_big] {
+            let refused = directory.call("t", bad, "t/k").await;
+            assert!(
+                matches!(&refused, Err(StoreError::InvalidArgument(m)) if m.contains("bytes")),
+                "{refused:?}"
+            );
+        }
+        // A well-formed change is still refused for the tenant's state.
+        let refused = directory.call("t", write(3, b"v"), "t/k").await;
+        assert_refused_until_restart(&refused);
+        directory.shutdown().await;
+    }
+
     /// The operator's commands are admitted past the tenant's caps: a key's holder keeping the
     /// tenant busy cannot get its revocation refused as busy (which the admin socket then made
     /// through the catalog, without the revocation's audit entry).

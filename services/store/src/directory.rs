@@ -85,6 +85,8 @@ pub struct TenantHandle {
     early: Arc<EarlyAnswers<Responder>>,
     /// The keys' rights as they are now, checked again by reads ([`TenantHandle::check_rights`]).
     catalog: Option<Arc<Catalog>>,
+    /// Largest value or program ([`crate::StateLimits::max_value`]), checked before admission.
+    max_value: usize,
 }
 
 /// Scans of one tenant running (or holding a built page for its client) at once; more wait.
@@ -119,6 +121,9 @@ impl TenantHandle {
                 return Ok(Err(e));
             }
             return Ok(self.reader.read(coord).map(Reply::Read));
+        }
+        if let Err(e) = cmd.check_arguments(self.max_value) {
+            return Ok(Err(e));
         }
         // The operator's commands are never refused as busy: a key's holder keeping its tenant
         // at capacity must not be able to delay the key's revocation (or push it off the log,
@@ -713,6 +718,7 @@ impl OpenContext {
             wal_failed,
             early,
             catalog: self.catalog.clone(),
+            max_value: self.core.limits.max_value,
         };
         // Logged before the handle is handed to anyone, so it is the log's first record. If it
         // cannot be (a full disk: the tenant opened for reads only), the tenant still serves

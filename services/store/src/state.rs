@@ -159,6 +159,27 @@ pub struct Caller {
 }
 
 impl Command {
+    /// The checks of `self`'s own arguments, which need no state: a value or program over
+    /// `max_value` bytes, an edge label outside 1 to [`MAX_LABEL_BYTES`] bytes. Made before the
+    /// tenant admits the call, so such a call is told INVALID_ARGUMENT whatever the tenant's
+    /// state (busy, short of space, poisoned), not a refusal that a retry could end.
+    pub fn check_arguments(&self, max_value: usize) -> Result<(), StoreError> {
+        let (what, len) = match self {
+            Command::Write { value, .. } => ("value", value.len()),
+            Command::Prog { program, .. } => ("program", program.len()),
+            Command::Link { label, .. } | Command::Unlink { label, .. } => {
+                return check_label(label);
+            }
+            _ => return Ok(()),
+        };
+        if len > max_value {
+            return Err(StoreError::InvalidArgument(format!(
+                "{what} is {len} bytes; the limit is {max_value} bytes"
+            )));
+        }
+        Ok(())
+    }
+
     /// Bytes the command carries from its caller (values, programs, inputs, labels): what it
     /// holds in memory, in a few copies, until it is answered.
     pub fn payload_bytes(&self) -> usize {
@@ -990,19 +1011,10 @@ impl TenantState {
             .is_some())
     }
 
-    fn check_size(&self, what: &str, len: usize) -> Result<(), StoreError> {
-        if len > self.limits.max_value {
-            return Err(StoreError::InvalidArgument(format!(
-                "{what} is {len} bytes; the limit is {} bytes",
-                self.limits.max_value
-            )));
-        }
-        Ok(())
-    }
-
     /// Check `cmd` against the logical state and decide what to log. Every logged change carries
     /// its audit entry, chained to the logical head of the trail.
     pub fn prepare(&self, cmd: Command, caller: &Caller) -> Result<Prepared, StoreError> {
+        cmd.check_arguments(self.limits.max_value)?;
         let (op, audit_op, detail, reply, effect) = match cmd {
             Command::Read { coord } => {
                 return Ok(Prepared::Immediate(Reply::Read(self.reader.read(&coord)?)));
@@ -1012,7 +1024,6 @@ impl TenantState {
                 value,
                 expected_version,
             } => {
-                self.check_size("value", value.len())?;
                 let prev = self.logical_cell(coord)?;
                 check_writable(coord, prev.as_ref())?;
                 let version = check_version(expected_version, prev.as_ref())? + 1;
@@ -1038,7 +1049,6 @@ impl TenantState {
                 )
             }
             Command::Prog { coord, program } => {
-                self.check_size("program", program.len())?;
                 let prev = self.logical_cell(coord)?;
                 check_writable(coord, prev.as_ref())?;
                 let version = prev.as_ref().map_or(0, |p| p.version) + 1;
@@ -1161,7 +1171,6 @@ impl TenantState {
                 )
             }
             Command::Link { from, to, label } => {
-                check_label(&label)?;
                 let key = keys::edge_key(from, &label, to);
                 if self.logical_edge(&key)? {
                     return Ok(Prepared::Immediate(Reply::Linked { created: false }));
@@ -1181,7 +1190,6 @@ impl TenantState {
                 )
             }
             Command::Unlink { from, to, label } => {
-                check_label(&label)?;
                 let key = keys::edge_key(from, &label, to);
                 if !self.logical_edge(&key)? {
                     return Ok(Prepared::Immediate(Reply::Unlinked { existed: false }));

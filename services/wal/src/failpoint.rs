@@ -12,7 +12,7 @@
 //! ([`fail_next_dir_sync_after_delete`]); and, before a tenant's actor applies a durable group
 //! ([`before_apply`]), a delay with `CUBE_FAILPOINT_APPLY_DELAY_MS=<ms>` in the environment (it holds open the window between the
 //! WAL syncer's answer and the apply for integration tests) and injected apply failures
-//! ([`fail_next_apply`]).
+//! ([`fail_next_apply`]); and a held fdatasync that then succeeds ([`delay_next_fdatasync`]).
 
 use std::sync::OnceLock;
 
@@ -55,13 +55,14 @@ pub fn before_apply(dir: &std::path::Path) -> bool {
 /// shard writing in that directory fail as a disk's EIO would. Unarmed, a sync pays one relaxed
 /// atomic load.
 static SYNC_FAULTS_ARMED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-/// What an injected fault fails.
+/// What an injected fault fails (`SlowSync`: delays, then lets succeed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum FaultOn {
     Sync,
     Write,
     Apply,
     DirSync,
+    SlowSync,
 }
 /// (directory, what fails, how long the failing call takes).
 type SyncFault = (std::path::PathBuf, FaultOn, std::time::Duration);
@@ -82,6 +83,28 @@ pub fn fail_next_fdatasync(dir: &std::path::Path) {
 #[doc(hidden)]
 pub fn fail_next_fdatasync_after(dir: &std::path::Path, delay: std::time::Duration) {
     arm(dir, FaultOn::Sync, delay);
+}
+
+/// Make the next fdatasync of the WAL shard in `dir` take `delay` longer, and succeed (tests
+/// only: it holds the syncer inside a sync while something else happens).
+#[doc(hidden)]
+pub fn delay_next_fdatasync(dir: &std::path::Path, delay: std::time::Duration) {
+    arm(dir, FaultOn::SlowSync, delay);
+}
+
+/// Whether the delay armed by [`delay_next_fdatasync`] for `dir` has been taken (its fdatasync
+/// is being held now, or was).
+#[doc(hidden)]
+pub fn fdatasync_delay_taken(dir: &std::path::Path) -> bool {
+    let faults = SYNC_FAULTS.lock().unwrap_or_else(|p| p.into_inner());
+    !faults
+        .iter()
+        .any(|(d, o, _)| d == dir && *o == FaultOn::SlowSync)
+}
+
+/// Wait out a delay armed by [`delay_next_fdatasync`] for this fdatasync of `dir`, if any.
+pub(crate) fn injected_sync_delay(dir: &std::path::Path) {
+    injected(dir, FaultOn::SlowSync);
 }
 
 /// Make the next batch write of the WAL shard in `dir` fail as an I/O error other than a full

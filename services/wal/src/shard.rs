@@ -787,6 +787,13 @@ fn syncer_loop(shared: &Shared, mut writer: SegmentWriter, policy: SyncPolicy, m
         cube_metrics::WAL_BATCH_RECORDS.observe(unsynced.records as f64);
         unsynced = Unsynced::default();
         let mut st = shared.lock();
+        if st.poisoned {
+            // Poisoned meanwhile by another thread (a failed directory fsync after deleting
+            // covered segments): nothing more is reported durable, this batch included. Its
+            // segment may be one this batch rotated into, whose name only a directory fsync
+            // after the failed one vouched for, which proves nothing.
+            return;
+        }
         st.written = written;
         st.durable = written;
         if st.durable_waiters > 0 {
@@ -1114,6 +1121,7 @@ impl SegmentWriter {
                     "injected fdatasync failure",
                 )));
             }
+            crate::failpoint::injected_sync_delay(&self.dir);
             a.file.sync_data().map_err(WalError::io("fdatasync"))?;
             a.dirty = false;
         }

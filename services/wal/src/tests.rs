@@ -492,6 +492,40 @@ fn a_failed_directory_fsync_after_deleting_segments_poisons_the_shard() {
     assert!(matches!(wal.append(b"y"), Err(WalError::Poisoned)));
 }
 
+/// A batch whose fdatasync is under way when a failed directory fsync (after deleting covered
+/// segments) poisons the shard is not reported durable: poisoning promises nothing more is, and
+/// the batch may sit in a segment it rotated into, whose name only a later fsync of the
+/// directory (which proves nothing after a failed one) made durable.
+#[test]
+fn a_batch_syncing_while_the_shard_is_poisoned_is_not_reported_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, events) = open_recording(dir.path(), small());
+    write_n(&wal, 800);
+    let files = wal_files(dir.path());
+    assert!(files.len() >= 4, "{files:?}");
+    crate::failpoint::delay_next_fdatasync(dir.path(), Duration::from_millis(500));
+    let seq = wal.append(b"x").unwrap();
+    // The syncer took the record and is held in its fdatasync.
+    assert!(eventually(|| crate::failpoint::fdatasync_delay_taken(
+        dir.path()
+    )));
+    crate::failpoint::fail_next_dir_sync_after_delete(dir.path());
+    let e = wal.delete_segments_through(files[1].0 - 1).unwrap_err();
+    assert!(e.is_failed_sync(), "{e}");
+    assert!(
+        !wait_durable_returns(&wal, seq),
+        "reported durable after the poison"
+    );
+    // Closing joins the syncer, once out of its held fdatasync: every event is in then.
+    match Arc::try_unwrap(wal) {
+        Ok(wal) => drop(wal),
+        Err(_) => panic!("another holder of the shard"),
+    }
+    let seen = events.lock().unwrap().clone();
+    assert!(seen.contains(&DurableEvent::Poisoned), "{seen:?}");
+    assert!(!seen.contains(&DurableEvent::Durable(seq)), "{seen:?}");
+}
+
 #[test]
 fn delete_segments_through_never_deletes_the_active_segment() {
     let dir = tempfile::tempdir().unwrap();

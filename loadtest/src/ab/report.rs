@@ -831,13 +831,14 @@ pub fn ab_markdown(
         .filter_map(|r| {
             r.verified.as_ref().map(|v| {
                 format!(
-                    "| {} | {} | {} | {} | {} | {} | {} |",
+                    "| {} | {} | {} | {} | {} | {} | {} | {} |",
                     r.model.name(),
                     r.mix,
                     v.writes,
                     v.sealed,
                     v.program_cells,
                     v.runs,
+                    v.links,
                     if v.problems.is_empty() {
                         "none".to_string()
                     } else {
@@ -850,7 +851,7 @@ pub fn ab_markdown(
     if !verified.is_empty() {
         let _ = writeln!(
             o,
-            "\n## Read back after each run\n\n| model | mix | writes | sealed cells | program cells | runs | problems |\n|---|---|---:|---:|---:|---:|---|\n{}\n",
+            "\n## Read back after each run\n\n| model | mix | writes | sealed cells | programs | runs | links | problems |\n|---|---|---:|---:|---:|---:|---:|---|\n{}\n",
             verified.join("\n")
         );
     }

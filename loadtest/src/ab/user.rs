@@ -962,6 +962,8 @@ pub struct Verified {
     pub sealed: u64,
     pub program_cells: u64,
     pub runs: u64,
+    /// Links of the users' chains walked.
+    pub links: u64,
     pub problems: Vec<String>,
 }
 
@@ -969,8 +971,8 @@ impl Verified {
     /// What was read back, for the line a passing `run` or `stress` prints.
     pub fn summary(&self) -> String {
         format!(
-            "read back {} writes and {} sealed cells, {} runs on {} program cells matched",
-            self.writes, self.sealed, self.runs, self.program_cells
+            "read back {} writes, {} sealed cells, {} programs with their {} runs and {} links",
+            self.writes, self.sealed, self.program_cells, self.runs, self.links
         )
     }
 
@@ -979,6 +981,7 @@ impl Verified {
         self.sealed += o.sealed;
         self.program_cells += o.program_cells;
         self.runs += o.runs;
+        self.links += o.links;
         for p in o.problems {
             if self.problems.len() < 20 {
                 self.problems.push(p);
@@ -1003,7 +1006,7 @@ fn check_plane(
     acked: &[i32],
     sealed: Option<bool>,
     cells: &[Cell],
-    value_bytes: usize,
+    value: impl Fn(i32) -> Vec<u8>,
 ) -> Vec<String> {
     let got: BTreeMap<i32, &Cell> = cells
         .iter()
@@ -1012,9 +1015,7 @@ fn check_plane(
     let mut out = Vec::new();
     for &y in acked {
         match got.get(&y) {
-            Some(c)
-                if c.value == value_of(x, y, z, value_bytes)
-                    && sealed.is_none_or(|s| c.sealed == s) => {}
+            Some(c) if c.value == value(y) && sealed.is_none_or(|s| c.sealed == s) => {}
             Some(c) if sealed.is_some_and(|s| c.sealed != s) => out.push(format!(
                 "cell ({x},{y},{z}) is {}sealed, acknowledged as {}sealed",
                 if c.sealed { "" } else { "not " },
@@ -1070,7 +1071,9 @@ pub async fn verify(target: Target, ledger: Ledger, value_bytes: usize) -> Verif
                 continue;
             }
         };
-        for p in check_plane(x, z, acked, sealed, &cells, value_bytes) {
+        for p in check_plane(x, z, acked, sealed, &cells, |y| {
+            value_of(x, y, z, value_bytes)
+        }) {
             problem(&mut v, p);
         }
         if sealed == Some(true) {
@@ -1107,7 +1110,72 @@ pub async fn verify(target: Target, ledger: Ledger, value_bytes: usize) -> Verif
         }
     }
     v.program_cells = ledger.programs.len() as u64;
+    // Every acknowledged program, as stored.
+    let programs: Vec<i32> = ledger.programs.iter().map(|p| p.y).collect();
+    if let Some(&max_y) = programs.iter().max() {
+        match region_all(&mut c.cells, x, PROGRAMS, max_y).await {
+            Ok(cells) => {
+                let plane = check_plane(x, PROGRAMS, &programs, Some(false), &cells, |y| {
+                    program_of(x, y)
+                });
+                for p in plane {
+                    problem(&mut v, p);
+                }
+            }
+            Err(s) => problem(
+                &mut v,
+                format!("Region of user {x}'s programs: {}", status_class(&s)),
+            ),
+        }
+    }
+    // Every acknowledged link of the chain, walked to its end.
+    for p in check_chain(&mut c.cells, x, ledger.chain_len, ledger.chain_unknown).await {
+        problem(&mut v, p);
+    }
+    v.links = ledger.chain_len as u64;
     v
+}
+
+/// Walk user `x`'s chain from its start in steps of [`WALK_DEPTH`]: the `len` acknowledged
+/// links k → k+1 must all be there, in order. Beyond them only if `unknown` (a Link whose
+/// answer never came may have been applied), else the chain must end at `len`.
+async fn check_chain(c: &mut Cells, x: i32, len: i32, unknown: bool) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    while start < len || (start == len && !unknown) {
+        let walked = c
+            .walk(WalkRequest {
+                start: coord(x, start, CHAIN),
+                max_depth: WALK_DEPTH,
+                limit: 64,
+                labels: vec!["next".into()],
+            })
+            .await;
+        let visits = match walked {
+            Ok(r) => r.into_inner().visits,
+            Err(s) => {
+                out.push(format!("Walk from ({x},{start},4): {}", status_class(&s)));
+                return out;
+            }
+        };
+        let want = (len - start).min(WALK_DEPTH as i32) as usize;
+        let in_order = visits.iter().take(want).enumerate().all(|(i, v)| {
+            v.depth == i as u32 + 1 && v.coord == coord(x, start + i as i32 + 1, CHAIN)
+        });
+        if visits.len() < want || !in_order || (!unknown && visits.len() > want) {
+            out.push(format!(
+                "the chain from ({x},{start},4) walks {} links, {want} acknowledged{}",
+                visits.len(),
+                if in_order { "" } else { " (out of order)" }
+            ));
+            return out;
+        }
+        if start == len {
+            break;
+        }
+        start += want as i32;
+    }
+    out
 }
 
 #[cfg(test)]
@@ -1158,19 +1226,20 @@ mod tests {
             good(3), // never acknowledged (a timed-out write): not an error
             good(4),
         ];
-        let p = check_plane(x, z, &[0, 1, 2, 4], Some(false), &cells, vb);
+        let value = |y| value_of(x, y, z, vb);
+        let p = check_plane(x, z, &[0, 1, 2, 4], Some(false), &cells, value);
         assert_eq!(p.len(), 2, "{p:?}");
         assert!(p[0].contains("(7,1,1) holds another value"), "{p:?}");
         assert!(p[1].contains("(7,2,1) is missing"), "{p:?}");
-        let p = check_plane(x, z, &[0], Some(true), &cells, vb);
+        let p = check_plane(x, z, &[0], Some(true), &cells, value);
         assert!(
             p[0].contains("is not sealed, acknowledged as sealed"),
             "{p:?}"
         );
-        assert!(check_plane(x, z, &[0, 4], Some(false), &cells, vb).is_empty());
+        assert!(check_plane(x, z, &[0, 4], Some(false), &cells, value).is_empty());
         // A seal whose answer never came: either flag, but the value must be there.
-        assert!(check_plane(x, z, &[0, 4], None, &cells, vb).is_empty());
-        let p = check_plane(x, z, &[1, 2], None, &cells, vb);
+        assert!(check_plane(x, z, &[0, 4], None, &cells, value).is_empty());
+        let p = check_plane(x, z, &[1, 2], None, &cells, value);
         assert_eq!(p.len(), 2, "{p:?}");
     }
 

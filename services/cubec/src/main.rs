@@ -912,7 +912,7 @@ where
                 limit: want,
             })
             .await
-            .map_err(status)?
+            .map_err(audit_status)?
             .into_inner();
         let before = out.len();
         loop {
@@ -930,7 +930,7 @@ where
                     })?,
                 None => stream.message().await,
             };
-            let Some(e) = message.map_err(status)? else {
+            let Some(e) = message.map_err(audit_status)? else {
                 break;
             };
             next = e.seq + 1;
@@ -941,6 +941,29 @@ where
         }
     }
     Ok(out)
+}
+
+/// An Audit call's failure: DATA_LOSS (entries gone from the trail that retention did not
+/// expire) is a broken chain, at the first missing seq the server names; the rest as [`status`].
+fn audit_status(s: tonic::Status) -> anyhow::Error {
+    if s.code() != tonic::Code::DataLoss {
+        return status(s);
+    }
+    let seq = s
+        .message()
+        .split("missing entries ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    BrokenChain {
+        seq,
+        why: format!(
+            "entries missing, not expired by retention (the server's DATA_LOSS: {})",
+            s.message()
+        ),
+    }
+    .into()
 }
 
 fn entry_json(e: &AuditEntry) -> serde_json::Value {
@@ -1068,6 +1091,25 @@ fn check_hyphen_value(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// DATA_LOSS from Audit (docs/protocol.md: "the audit trail is missing entries A to B: …")
+    /// is a broken chain at A, exit code 3; other codes stay failures to check.
+    #[test]
+    fn audit_data_loss_is_a_broken_chain_at_the_first_missing_seq() {
+        let lost = tonic::Status::data_loss(
+            "the audit trail is missing entries 17 to 40: they were not expired by retention",
+        );
+        let e = audit_status(lost);
+        let broken = e.downcast_ref::<BrokenChain>().expect("a broken chain");
+        assert_eq!(broken.seq, 17);
+        assert!(
+            broken.why.contains("missing entries 17 to 40"),
+            "{}",
+            broken.why
+        );
+        let other = audit_status(tonic::Status::unavailable("down"));
+        assert!(other.downcast_ref::<BrokenChain>().is_none());
+    }
 
     #[test]
     fn a_value_like_a_flag_needs_the_separator() {

@@ -37,6 +37,7 @@ impl From<ApiError> for Status {
                 StoreError::AlreadyExists(m) => Status::already_exists(m),
                 StoreError::Unauthenticated(m) => Status::unauthenticated(m),
                 StoreError::PermissionDenied(m) => Status::permission_denied(m),
+                StoreError::DataLoss(m) => Status::data_loss(m),
             },
             ApiError::Invalid(m) => Status::invalid_argument(m),
             ApiError::Unauthenticated(m) => Status::unauthenticated(m),

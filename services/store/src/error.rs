@@ -29,6 +29,10 @@ pub enum StoreError {
     /// (PERMISSION_DENIED).
     #[error("{0}")]
     PermissionDenied(String),
+    /// Stored data that must exist does not: audit entries missing from the trail, neither
+    /// expired by retention nor ever allowed to go (DATA_LOSS).
+    #[error("{0}")]
+    DataLoss(String),
 }
 
 impl StoreError {

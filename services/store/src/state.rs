@@ -205,9 +205,14 @@ impl Command {
         !matches!(self, Command::Read { .. })
     }
 
-    /// The tenant's creation entry ([`CREATION_OP`]), logged once, at its first open.
-    pub fn is_creation_entry(&self) -> bool {
+    /// Whether the free-space guard (`--min-free-bytes`) lets this change through: the tenant's
+    /// creation entry ([`CREATION_OP`], logged once, at its first open; without it the trail
+    /// would start later for good) and a key's revocation (which must not wait for space, and
+    /// made through the catalog instead would go unaudited). Each is one small record, which
+    /// the guard's margin is there to hold.
+    pub fn passes_space_guard(&self) -> bool {
         matches!(self, Command::Event { op, .. } if op == CREATION_OP)
+            || matches!(self, Command::RevokeKey { .. })
     }
 }
 
@@ -742,6 +747,8 @@ impl StateReader {
             chunks = self.chunks_from(&k);
         }
         let mut out = Vec::new();
+        // The seq the page needs next.
+        let mut expected = from;
         while let Some(item) = chunks.next() {
             let (_, v) = item?;
             // A chunk followed by another that starts at or before `from` holds nothing the
@@ -757,25 +764,50 @@ impl StateReader {
                 let seq = AuditSeq::decode(bytes.as_ref())
                     .map_err(|e| undecodable_audit(&e))?
                     .seq;
-                if seq >= from {
+                if seq < expected {
+                    continue;
+                }
+                if seq > expected {
                     // The scan is not a snapshot: expiry running beside it may remove chunks it
                     // has not reached yet. What follows such a gap is still a contiguous part
                     // of the retained trail, so the page restarts there instead of handing out
-                    // a chain with entries missing.
-                    if out
-                        .last()
-                        .is_some_and(|l: &EncodedAuditEntry| seq != l.seq + 1)
-                    {
-                        out.clear();
-                    }
-                    out.push(EncodedAuditEntry { seq, bytes });
-                    if out.len() == limit {
-                        return Ok(out);
-                    }
+                    // a chain with entries missing. A gap that expiry does not explain is
+                    // entries lost (or removed behind the server's back): said, not skipped,
+                    // since a verifier could not tell a page that starts after it from one
+                    // that starts where retention ends.
+                    self.expired_before(expected, seq)?;
+                    out.clear();
+                }
+                out.push(EncodedAuditEntry { seq, bytes });
+                expected = seq + 1;
+                if out.len() == limit {
+                    return Ok(out);
                 }
             }
         }
+        // Every entry before the head read above was stored with it, in one batch.
+        if expected < head.next_seq {
+            self.expired_before(expected, head.next_seq)?;
+        }
         Ok(out)
+    }
+
+    /// Whether the audit entries from `first` up to (not including) `end`, which a page found
+    /// missing, have been expired by retention (all of them below the trail's floor, the first
+    /// seq of its oldest chunk, as it is now); if not, they are lost: DATA_LOSS.
+    fn expired_before(&self, first: u64, end: u64) -> Result<(), StoreError> {
+        let floor = meta_u64(&*self.store, keys::META_AUDIT_FLOOR, "audit floor")
+            .map_err(|e| storage_error(&e))?
+            .unwrap_or(0);
+        if end <= floor {
+            return Ok(());
+        }
+        Err(StoreError::DataLoss(format!(
+            "the audit trail is missing entries {first} to {}: they were not expired by retention \
+             (--audit-retention) but are gone from the tenant's stored state, so the trail is \
+             broken at seq {first}",
+            end - 1
+        )))
     }
 
     /// Audit chunks from `start` to the end of the trail, as (key, value).
@@ -2092,19 +2124,30 @@ mod tests {
     }
 
     /// A store whose range scans may miss one key (as a scan racing the actor's audit expiry
-    /// does), counting reverse seeks.
+    /// does, or as a store that lost it would), counting reverse seeks; `floor`, if set, is the
+    /// audit floor it reports (what an expiry racing the scan would have stored).
     #[derive(Debug)]
     struct Observed {
         inner: Arc<dyn StateBackend>,
         vanished: Option<Vec<u8>>,
+        floor: Option<u64>,
         seeks: std::sync::atomic::AtomicUsize,
     }
 
     impl Observed {
         fn new(inner: &Arc<dyn StateBackend>, vanished: Option<Vec<u8>>) -> Arc<Observed> {
+            Observed::expired(inner, vanished, None)
+        }
+
+        fn expired(
+            inner: &Arc<dyn StateBackend>,
+            vanished: Option<Vec<u8>>,
+            floor: Option<u64>,
+        ) -> Arc<Observed> {
             Arc::new(Observed {
                 inner: Arc::clone(inner),
                 vanished,
+                floor,
                 seeks: Default::default(),
             })
         }
@@ -2116,7 +2159,12 @@ mod tests {
 
     impl StateBackend for Observed {
         fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError> {
-            self.inner.get(key)
+            match self.floor {
+                Some(floor) if key == keys::META_AUDIT_FLOOR => {
+                    Ok(Some(floor.to_be_bytes().to_vec()))
+                }
+                _ => self.inner.get(key),
+            }
         }
         fn range(&self, start: &[u8], end: &[u8]) -> crate::backend::RangeIter<'_> {
             Box::new(
@@ -2163,6 +2211,8 @@ mod tests {
         assert_eq!(trail.len(), 3, "{trail:?}");
     }
 
+    /// A chunk that vanishes from under a page's scan because expiry removed it meanwhile (the
+    /// floor moved past it) leaves the page the contiguous part after it.
     #[test]
     fn an_audit_page_never_hands_out_a_chain_with_entries_missing() {
         let mut h = Harness::new(fresh_with(16, 100));
@@ -2170,7 +2220,7 @@ mod tests {
             h.run(write(C, v)).unwrap(); // one chunk per applied group: seqs 1, 2, 3, 4
         }
         let racing = StateReader::new(
-            Observed::new(&h.s.store, Some(keys::audit_key(2).to_vec())),
+            Observed::expired(&h.s.store, Some(keys::audit_key(2).to_vec()), Some(3)),
             100,
         );
         let seqs: Vec<u64> = racing
@@ -2183,6 +2233,41 @@ mod tests {
         let page = racing.audit_page(1, 2).unwrap();
         assert_eq!(page.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![3, 4]);
         assert_eq!(page[1].prev_hash, page[0].hash);
+    }
+
+    /// Entries gone from the trail that retention did not expire (at its start, in its middle or
+    /// at its end) are DATA_LOSS naming them, not a page that starts or ends elsewhere: a
+    /// verifier cannot tell such a page from a trail that retention shortened. (Pages restarted
+    /// after any gap until 2026-12-05, so a trail whose first chunks were removed verified.)
+    #[test]
+    fn audit_entries_missing_without_expiry_are_data_loss() {
+        let mut h = Harness::new(fresh_with(16, 100));
+        for v in [b"a", b"b", b"c", b"d"] {
+            h.run(write(C, v)).unwrap(); // one chunk per applied group: seqs 1, 2, 3, 4
+        }
+        for (lost, from) in [(1, 0), (2, 0), (2, 2), (4, 1), (4, 4)] {
+            let damaged = StateReader::new(
+                Observed::new(&h.s.store, Some(keys::audit_key(lost).to_vec())),
+                100,
+            );
+            let page = damaged.audit_page(from, 10);
+            assert!(
+                matches!(&page, Err(StoreError::DataLoss(m))
+                    if m.contains(&format!("missing entries {lost} to {lost}"))),
+                "chunk {lost} gone, page from {from}: {page:?}"
+            );
+        }
+        // Expired (below the floor), the first chunk is no loss; nor is one outside the page.
+        let expired = StateReader::new(
+            Observed::expired(&h.s.store, Some(keys::audit_key(1).to_vec()), Some(2)),
+            100,
+        );
+        assert_eq!(page_seqs(&expired, 0, 10), vec![2, 3, 4]);
+        let damaged = StateReader::new(
+            Observed::new(&h.s.store, Some(keys::audit_key(4).to_vec())),
+            100,
+        );
+        assert_eq!(page_seqs(&damaged, 1, 2), vec![1, 2]);
     }
 
     /// The seqs of one audit page.

@@ -180,24 +180,25 @@ impl Floors {
 
     /// Make sure the file holds a floor of at least `ts_ms` for `key` before its call is
     /// accepted.
+    /// Returns the highest floor the rewrite dropped (one at or below `prune_to`), if any.
     fn record(
         &self,
         (tenant, key_id): (&str, &str),
         ts_ms: i64,
         now_ms: i64,
         prune_to: i64,
-    ) -> Result<(), RecordError> {
+    ) -> Result<Option<i64>, RecordError> {
         let covered = || {
             let floors = self.floors.read().unwrap_or_else(|p| p.into_inner());
             floor_of(&floors, tenant, key_id).is_some_and(|floor| ts_ms <= floor)
         };
         if covered() {
-            return Ok(());
+            return Ok(None);
         }
         let mut recorded = self.recorded.lock().unwrap_or_else(|p| p.into_inner());
         // Written meanwhile by the thread this one waited for?
         if covered() {
-            return Ok(());
+            return Ok(None);
         }
         if !recorded.writes.take(now_ms, FLOOR_WRITES_PER_SEC) {
             return Err(RecordError::Busy);
@@ -210,8 +211,15 @@ impl Floors {
             .clone();
         // Floors at or below `prune_to` (the clock, and the durable clock mark) are covered by
         // the next server's start watermark.
+        let mut dropped = None;
         for keys in next.values_mut() {
-            keys.retain(|_, floor| *floor > prune_to);
+            keys.retain(|_, floor| {
+                let keep = *floor > prune_to;
+                if !keep {
+                    dropped = dropped.max(Some(*floor));
+                }
+                keep
+            });
         }
         next.retain(|_, keys| !keys.is_empty());
         next.entry(tenant.to_string())
@@ -221,7 +229,7 @@ impl Floors {
         // thread serves.
         off_worker(|| write_floors(&self.path, &next)).map_err(RecordError::Io)?;
         *self.floors.write().unwrap_or_else(|p| p.into_inner()) = next;
-        Ok(())
+        Ok(dropped)
     }
 }
 
@@ -501,18 +509,24 @@ impl ReplayCache {
         shard.ahead.push(Reverse((ts_ms, fp, tag)));
         *shard.ahead_by_tenant.entry(tag).or_default() += 1;
         drop(shard);
-        if let Some(clock) = &self.clock {
-            clock.note(ts_ms);
-        }
         let prune_to = self
             .clock
             .as_ref()
             .map_or(now_ms, |clock| now_ms.min(clock.covered()));
         // The nonce stays remembered if this fails: the client signs again anyway.
+        // This call's own floor covers it after a restart; the clock mark need not (a graceful
+        // stop's mark at this call's stamp would refuse every key's calls until the clock
+        // reached it). A floor the rewrite dropped is covered by the mark instead: it was at or
+        // below the clock then, which may still step back before the stop.
         match &self.floors {
             None => Ok(()),
             Some(floors) => floors
                 .record((tenant, key_id), ts_ms, now_ms, prune_to)
+                .map(|dropped| {
+                    if let (Some(clock), Some(floor)) = (&self.clock, dropped) {
+                        clock.note(floor);
+                    }
+                })
                 .map_err(|e| match e {
                     RecordError::Busy => ReplayError::TooFarAhead,
                     RecordError::Io(e) => {
@@ -782,6 +796,42 @@ mod tests {
         let new = ReplayCache::with_floors(1000, 300_000, back + 1, path).unwrap();
         assert_eq!(
             new.check_and_insert(("a", "k"), 1, now + 60_000, back + 2_000),
+            Err(ReplayError::TooOld)
+        );
+    }
+
+    /// A graceful stop's mark does not take in a far-ahead call (its key's floor covers it):
+    /// after the restart, that call is still refused as a replay, and every other key's current
+    /// calls are served. (The mark took the far-ahead stamp in until 2026-12-05: one key's call
+    /// stamped minutes ahead, then a graceful restart, refused every tenant's signed calls
+    /// until the clock reached it; found by review.)
+    #[test]
+    fn a_graceful_stop_after_a_far_ahead_call_refuses_only_that_keys_replays() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("replay-floors");
+        let now = 1_000_000_000;
+        let old = ReplayCache::with_floors(1000, 300_000, now, path.clone()).unwrap();
+        old.renew_clock(now).unwrap();
+        assert_eq!(
+            old.check_and_insert(("a", "k"), 1, now + 290_000, now),
+            Ok(())
+        );
+        old.settle_clock(now + 100).unwrap();
+        drop(old);
+        let new = ReplayCache::with_floors(1000, 300_000, now + 200, path).unwrap();
+        let ready = new.ready_ms;
+        assert!(
+            ready <= now + 200 + 1_000,
+            "ready at {ready}, the clock at {}",
+            now + 200
+        );
+        new.renew_clock(ready + 1).unwrap();
+        assert_eq!(
+            new.check_and_insert(("b", "k"), 2, ready + 1, ready + 1),
+            Ok(())
+        );
+        assert_eq!(
+            new.check_and_insert(("a", "k"), 1, now + 290_000, ready + 1),
             Err(ReplayError::TooOld)
         );
     }

@@ -16,9 +16,11 @@
 //! write; only a renewal stalled for most of a lease (a disk that takes that long to fdatasync
 //! a few bytes) makes calls wait for it (the auth layer's `MARK_WAIT`), and one stalled longer
 //! still refuses them, with `UNAVAILABLE`. A graceful stop lowers the mark to
-//! the clock plus a second, or the highest timestamp accepted (those further ahead included) if
-//! that is higher, so only a crash costs the next start up to [`LEASE_MS`] more before it is
-//! ready. A mark never goes down below one read at start: a server that crashes soon after
+//! the clock plus a second, or the highest timestamp accepted within a second of the clock, or
+//! the highest floor dropped from the floors file, if either is higher (a call stamped further
+//! ahead keeps its key's floor, which covers it: counted in the mark, it would refuse every
+//! key's calls after the restart until the clock reached it), so only a crash costs the next
+//! start up to [`LEASE_MS`] more before it is ready. A mark never goes down below one read at start: a server that crashes soon after
 //! starting leaves a mark that still covers its predecessor.
 //!
 //! The file holds two 24-byte slots 4 KiB apart (in different sectors and pages), written in
@@ -56,8 +58,9 @@ pub(crate) struct ClockMark {
     file: Mutex<Writer>,
     /// The durable mark: ordinary calls stamped above it are refused.
     covered: AtomicI64,
-    /// The highest timestamp accepted (so a graceful stop's mark covers it even if the clock
-    /// stepped back while serving).
+    /// The highest timestamp accepted within [`AHEAD_MS`] of the clock, or floor dropped from
+    /// the floors file (so a graceful stop's mark covers it even if the clock stepped back while
+    /// serving).
     accepted: AtomicI64,
     /// The mark read at start: later marks never go below it.
     inherited: i64,
@@ -169,8 +172,9 @@ impl ClockMark {
         ts_ms <= self.covered.load(Ordering::SeqCst)
     }
 
-    /// Count a call accepted without [`ClockMark::admit`] (one stamped more than [`AHEAD_MS`]
-    /// ahead, which its key's floor covers), so that a graceful stop's mark covers it too.
+    /// Count a key's replay floor that the floors file no longer holds (dropped once the clock
+    /// had passed it), so that a graceful stop's mark covers it, should the clock step back
+    /// before the stop. (Far-ahead calls themselves are not counted: their floors cover them.)
     pub(crate) fn note(&self, ts_ms: i64) {
         self.accepted.fetch_max(ts_ms, Ordering::SeqCst);
     }

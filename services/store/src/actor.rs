@@ -142,11 +142,12 @@ pub(crate) struct Call {
 #[rtype(result = "()")]
 pub(crate) struct Durable(pub DurableEvent);
 
-/// Sync, answer everything pending, and stop.
+/// Sync, answer everything pending, and stop. `done` hears whether the close went well: false
+/// when it poisoned the tenant (its final fdatasync or checkpoint failed).
 #[derive(Message)]
 #[rtype(result = "()")]
 pub(crate) struct Shutdown {
-    pub done: oneshot::Sender<()>,
+    pub done: oneshot::Sender<bool>,
 }
 
 /// Makes the actor panic, as a bug in a handler would (tests of what the directory does then).
@@ -195,6 +196,7 @@ impl Handler<Shutdown> for TenantActor {
 
     fn handle(&mut self, msg: Shutdown, ctx: &mut Self::Context) {
         self.core.stats().stopping.store(true, Ordering::SeqCst);
+        let poisoned_before = self.core.is_poisoned();
         // A periodic checkpoint still running holds the state store (and its lock) until its job
         // ends, and its outcome counts: a failed one poisons the tenant (which must then not be
         // reopened before a restart), a finished one lets the close's own checkpoint start. So
@@ -204,20 +206,26 @@ impl Handler<Shutdown> for TenantActor {
                 ctx.wait(result.into_actor(self).map(move |result, act, ctx| {
                     act.core
                         .finish_checkpoint(seq, result.unwrap_or_else(|_| panicked()));
-                    act.close(msg.done, ctx);
+                    act.close(msg.done, poisoned_before, ctx);
                 }));
             }
-            None => self.close(msg.done, ctx),
+            None => self.close(msg.done, poisoned_before, ctx),
         }
     }
 }
 
 impl TenantActor {
     /// The close proper, once no periodic checkpoint runs: the log's final fdatasync, the
-    /// answers it releases, a last checkpoint; then `done` is told and the actor stops.
-    fn close(&mut self, done: oneshot::Sender<()>, ctx: &mut Context<Self>) {
+    /// answers it releases, a last checkpoint; then `done` is told whether the close poisoned
+    /// the tenant (it was not before: `poisoned_before`) and the actor stops.
+    fn close(
+        &mut self,
+        done: oneshot::Sender<bool>,
+        poisoned_before: bool,
+        ctx: &mut Context<Self>,
+    ) {
         let Some(wal) = self.core.take_wal() else {
-            let _ = done.send(());
+            let _ = done.send(poisoned_before || !self.core.is_poisoned());
             ctx.stop();
             return;
         };
@@ -270,7 +278,7 @@ impl TenantActor {
                     Err(_) => act.core.finish_checkpoint(0, panicked()),
                 }
                 tracing::debug!(tenant = act.core.tenant(), "tenant closed");
-                let _ = done.send(());
+                let _ = done.send(poisoned_before || !act.core.is_poisoned());
                 ctx.stop();
             }));
         }));

@@ -2892,6 +2892,23 @@ mod tests {
         restart_finds_kept(data, &config, &catalog).await;
     }
 
+    /// Shutdown names the tenants whose close failed (here its final checkpoint's fsync), so
+    /// that the server does not report a clean stop; a clean close names none.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shutdown_names_the_tenants_whose_close_failed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, config) = tenant_with_catalog(dir.path());
+        let data = crate::DataDir::new(dir.path().join("data"));
+        let directory = test_directory(data.clone(), &config, &catalog);
+        directory.call("t", write(1, b"kept"), "t/k").await.unwrap();
+        cube_wal::failpoint::fail_next_fdatasync(&data.tenant_state("t"));
+        assert_eq!(directory.shutdown().await, ["t"]);
+        drop(directory);
+        let again = test_directory(data, &config, &catalog);
+        again.call("t", write(2, b"v"), "t/k").await.unwrap();
+        assert!(again.shutdown().await.is_empty());
+    }
+
     /// A passivation whose removal of the checkpointed log fails an fsync (the directory's)
     /// leaves the tenant refused until the restart, as a failed final checkpoint does.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

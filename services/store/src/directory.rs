@@ -1344,8 +1344,11 @@ impl TenantDirectory {
 
     /// Stop every tenant: answer or fail what is queued, final fdatasync and checkpoint. No
     /// tenant opens from here on (calls get UNAVAILABLE); opens and passivations already under
-    /// way are waited for, so every tenant's log is closed when this returns.
-    pub async fn shutdown(&self) {
+    /// way are waited for, so every tenant's log is closed when this returns. Returns the
+    /// tenants whose close failed (their final fdatasync or checkpoint; logged as it happened),
+    /// sorted: they recover from their logs at the next start, and a relaxed one may have lost
+    /// changes it acknowledged inside its window.
+    pub async fn shutdown(&self) -> Vec<String> {
         self.shutting_down.store(true, Ordering::SeqCst);
         let starting: Vec<Arc<Slot>> = {
             let map = self.tenants.read().unwrap_or_else(|p| p.into_inner());
@@ -1373,12 +1376,18 @@ impl TenantDirectory {
             };
             let (tx, rx) = oneshot::channel();
             handle.addr.do_send(Shutdown { done: tx });
-            done.push(rx);
+            done.push((handle.tenant.to_string(), rx));
         }
-        for rx in done {
-            let _ = rx.await;
+        let mut failed = Vec::new();
+        for (tenant, rx) in done {
+            // A dropped sender: the actor stopped (a panic) before it could close its log.
+            if !rx.await.unwrap_or(false) {
+                failed.push(tenant);
+            }
             cube_metrics::TENANTS_ACTIVE.dec();
         }
+        failed.sort();
+        failed
     }
 }
 

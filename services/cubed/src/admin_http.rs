@@ -82,6 +82,10 @@ async fn handle(
 /// Admin connections open at once at most; more are closed at accept. Prometheus and a probe
 /// need a handful: the cap keeps this port from taking the descriptors the tenants' files need.
 pub const MAX_ADMIN_CONNECTIONS: usize = 64;
+/// Admin connections open at once from one client address (an IPv4 address or an IPv6 /64) at
+/// most: one client holding connections open cannot take every place, and with them the
+/// liveness probe's (which then fails, and the orchestrator restarts the server).
+pub const MAX_ADMIN_CONNECTIONS_PER_ADDRESS: usize = 16;
 /// A request's headers must arrive within this (also the longest a kept-alive connection waits
 /// for its next request's headers before it is closed).
 const ADMIN_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -91,8 +95,9 @@ const ADMIN_CONNECTION_LIFETIME: Duration = Duration::from_secs(300);
 /// Serve until `stop` is cancelled.
 pub async fn serve(listener: TcpListener, ready: Readiness, stop: CancellationToken) {
     let places = Arc::new(tokio::sync::Semaphore::new(MAX_ADMIN_CONNECTIONS));
+    let by_address = Arc::new(cube_gateway::AddressCounts::default());
     loop {
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             _ = stop.cancelled() => return,
             accepted = listener.accept() => match accepted {
                 Ok(c) => c,
@@ -104,6 +109,12 @@ pub async fn serve(listener: TcpListener, ready: Readiness, stop: CancellationTo
                 }
             },
         };
+        let Some(from_peer) = by_address.take_peer(peer.ip(), MAX_ADMIN_CONNECTIONS_PER_ADDRESS)
+        else {
+            tracing::debug!(%peer, "admin connection refused: {MAX_ADMIN_CONNECTIONS_PER_ADDRESS} are open from its address");
+            drop(stream);
+            continue;
+        };
         let Ok(place) = Arc::clone(&places).try_acquire_owned() else {
             tracing::debug!("admin connection refused: {MAX_ADMIN_CONNECTIONS} are open");
             drop(stream);
@@ -111,7 +122,7 @@ pub async fn serve(listener: TcpListener, ready: Readiness, stop: CancellationTo
         };
         let ready = ready.clone();
         tokio::spawn(async move {
-            let _place = place;
+            let _places = (place, from_peer);
             let service = hyper::service::service_fn(move |req| handle(req, ready.clone()));
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())

@@ -74,11 +74,18 @@ fn tune(tcp: &TcpStream, limits: &AcceptLimits) {
     }
 }
 
-/// Open connections per client IP address, for [`AcceptLimits::max_per_address`].
+/// Open connections per client IP address, for [`AcceptLimits::max_per_address`] (and the admin
+/// HTTP listener's own cap per address).
 #[derive(Debug, Default)]
-struct AddressCounts(Mutex<HashMap<IpAddr, usize>>);
+pub struct AddressCounts(Mutex<HashMap<IpAddr, usize>>);
 
 impl AddressCounts {
+    /// A place for one more connection from peer `ip`, counted as the failed-authentication
+    /// limit counts peers (an IPv4 address, or an IPv6 /64), unless `max` are open already.
+    pub fn take_peer(self: &Arc<Self>, ip: IpAddr, max: usize) -> Option<AddressSlot> {
+        self.take(crate::abuse::peer_key(ip), max)
+    }
+
     /// A place for one more connection from `ip`, unless `max` (at least 1) are open.
     fn take(self: &Arc<Self>, ip: IpAddr, max: usize) -> Option<AddressSlot> {
         let mut open = self.0.lock().unwrap_or_else(|p| p.into_inner());
@@ -181,10 +188,7 @@ impl Gate {
                 None => None,
                 // Counted as the failed-authentication limit counts peers: an IPv4 address (also
                 // on a dual-stack socket), or an IPv6 /64 (one host usually holds a whole one).
-                Some(max) => match self
-                    .by_address
-                    .take(crate::abuse::peer_key(remote.ip()), max)
-                {
+                Some(max) => match self.by_address.take_peer(remote.ip(), max) {
                     Some(slot) => Some(slot),
                     None => {
                         cube_metrics::CONNECTIONS_ADDRESS_REFUSED.inc();

@@ -71,35 +71,64 @@ async fn metrics_count_calls_by_method_code_and_auth_model() {
     assert!(metric_sample(&text, "cube_connections_open{auth=\"connection\"}").unwrap() >= 1.0);
 }
 
-/// The admin port holds at most 64 connections: idle ones beyond that are closed at accept, and
-/// scrapes work again once they go.
-#[test]
-fn the_admin_port_caps_its_connections() {
-    use std::io::Read;
+/// The admin port takes at most 16 connections from one address and 64 in all; more are closed
+/// at accept. One client holding its 16 open does not keep out the liveness probe, which comes
+/// from another address (until 2026-12-05 one client could take all 64 places, and an
+/// orchestrator then restarted the server for a failed probe).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_port_caps_its_connections() {
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let server = TestServer::start(cubed()).unwrap();
-    let idle: Vec<_> = (0..64)
-        .map(|_| std::net::TcpStream::connect(server.admin_addr).unwrap())
-        .collect();
+    let addr = server.admin_addr;
+    // A connection from 127.0.0.`last` (all of 127/8 is this host).
+    let from = |last: u8| async move {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket
+            .bind(std::net::SocketAddr::from(([127, 0, 0, last], 0)))
+            .unwrap();
+        socket.connect(addr).await.unwrap()
+    };
+    // What the server sends on `s` after `request`, until it closes it (5 s at most).
+    let answer = |mut s: tokio::net::TcpStream, request: &'static str| async move {
+        s.write_all(request.as_bytes()).await.unwrap();
+        let mut got = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut got)).await;
+        assert!(read.is_ok(), "the connection was left waiting");
+        String::from_utf8_lossy(&got).to_string()
+    };
+    const HEALTHZ: &str = "GET /healthz HTTP/1.1\r\nHost: cube\r\nConnection: close\r\n\r\n";
+    let mut held = Vec::new();
+    for _ in 0..16 {
+        held.push(from(1).await);
+    }
     // Give the server time to accept them all.
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    let mut extra = std::net::TcpStream::connect(server.admin_addr).unwrap();
-    extra
-        .set_read_timeout(Some(std::time::Duration::from_secs(5)))
-        .unwrap();
-    let mut buf = [0u8; 16];
-    // Closed by the server without a byte (EOF), not left waiting.
-    assert!(
-        matches!(extra.read(&mut buf), Ok(0)),
-        "a 65th admin connection was kept"
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Closed by the server without a byte (EOF), not served.
+    assert_eq!(
+        answer(from(1).await, HEALTHZ).await,
+        "",
+        "a 17th from one address"
     );
-    assert!(cube_testkit::admin_get(server.admin_addr, "/healthz").is_err());
-    drop(idle);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let probe = answer(from(2).await, HEALTHZ).await;
+    assert!(
+        probe.starts_with("HTTP/1.1 200"),
+        "the probe from another address: {probe:?}"
+    );
+    for last in 2..=4 {
+        for _ in 0..16 {
+            held.push(from(last).await);
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(answer(from(5).await, HEALTHZ).await, "", "a 65th in all");
+    drop(held);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
-        match cube_testkit::admin_get(server.admin_addr, "/healthz") {
+        match admin_get(addr, "/healthz") {
             Ok((200, _)) => break,
             other if std::time::Instant::now() > deadline => panic!("{other:?}"),
-            _ => std::thread::sleep(std::time::Duration::from_millis(50)),
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
         }
     }
 }

@@ -192,23 +192,29 @@ VECTOR_HELLO = {
 }
 
 
+def _require(ok: bool, why: str) -> None:
+    # Not `assert`: `python3 -O` strips asserts, and the check would then pass whatever it found.
+    if not ok:
+        raise AssertionError(why)
+
+
 def check_test_vectors() -> dict:
     """Check the published vectors; raises AssertionError on a mismatch, returns what was checked."""
     v = VECTOR_CALL
     canonical = call_canonical(v["method_path"], VECTOR_TENANT, VECTOR_KEY_ID, v["ts"], v["nonce"])
-    assert canonical == v["canonical"], f"call canonical string differs: {canonical!r}"
+    _require(canonical == v["canonical"], f"call canonical string differs: {canonical!r}")
     sig = call_signature(VECTOR_SECRET, v["method_path"], VECTOR_TENANT, VECTOR_KEY_ID, v["ts"], v["nonce"])
-    assert sig == v["sig"], f"call signature {sig} != published {v['sig']}"
+    _require(sig == v["sig"], f"call signature {sig} != published {v['sig']}")
     creds = Credentials(VECTOR_TENANT, VECTOR_KEY_ID, VECTOR_SECRET)
     md = dict(sign_call(creds, v["method_path"], ts_ms=int(v["ts"]), nonce=v["nonce"]))
-    assert md[MD_SIG] == v["sig"], "sign_call() does not reproduce the published signature"
+    _require(md[MD_SIG] == v["sig"], "sign_call() does not reproduce the published signature")
 
     h = VECTOR_HELLO
-    assert len(h["nonce"]) == 32 and len(h["client_nonce"]) == 16
+    _require(len(h["nonce"]) == 32 and len(h["client_nonce"]) == 16, "vector nonce lengths")
     mac = hello_mac(VECTOR_SECRET, VECTOR_TENANT, VECTOR_KEY_ID, h["nonce"], h["client_nonce"]).hex()
-    assert mac == h["mac"], f"hello mac {mac} != published {h['mac']}"
+    _require(mac == h["mac"], f"hello mac {mac} != published {h['mac']}")
     smac = server_mac(VECTOR_SECRET, h["nonce"], h["client_nonce"]).hex()
-    assert smac == h["server_mac"], f"server_mac {smac} != published {h['server_mac']}"
+    _require(smac == h["server_mac"], f"server_mac {smac} != published {h['server_mac']}")
     return {"call_sig": sig, "hello_mac": mac, "server_mac": smac}
 
 

@@ -20,7 +20,7 @@ use cube_api::v1::cells_client::CellsClient;
 use cube_api::v1::tenant_client::TenantClient;
 use cube_api::v1::{
     AuditRequest, Capability, Cell, Coord, GrantRequest, LinkRequest, ProgRequest, ReadRequest,
-    RevokeRequest, RunRequest, SealRequest, StatsRequest, WalkRequest, WriteRequest,
+    RevokeRequest, RunRequest, SealRequest, StatsRequest, Visit, WalkRequest, WriteRequest,
 };
 use cube_auth::Credentials;
 use cube_auth::client::{CallSigner, Signing, handshake, verify_encoded_audit_entries};
@@ -592,23 +592,10 @@ impl User {
             Step::Walk => {
                 let len = self.ledger.chain_len;
                 let start = self.rng.gen_range(0..=len);
-                let r = c
-                    .cells
-                    .walk(WalkRequest {
-                        start: coord(x, start, CHAIN),
-                        max_depth: WALK_DEPTH,
-                        limit: 64,
-                        labels: vec!["next".into()],
-                    })
-                    .await;
-                match r {
-                    Ok(resp) => {
-                        let visits = resp.into_inner().visits;
+                match walk_chain(&mut c.cells, x, start).await {
+                    Ok(visits) => {
                         let want = (len - start).min(WALK_DEPTH as i32) as usize;
-                        let chain_ok = visits.iter().enumerate().all(|(i, v)| {
-                            v.depth == i as u32 + 1
-                                && v.coord == coord(x, start + i as i32 + 1, CHAIN)
-                        });
+                        let chain_ok = along_chain(&visits, x, start, visits.len());
                         if !self.ledger.chain_unknown && (visits.len() != want || !chain_ok) {
                             self.mismatch(format!(
                                 "Walk from ({x},{start},4): {} visits, {want} expected along the acknowledged chain",
@@ -1136,6 +1123,29 @@ pub async fn verify(target: Target, ledger: Ledger, value_bytes: usize) -> Verif
     v
 }
 
+/// User `x`'s chain walked from link `start`, [`WALK_DEPTH`] links at most.
+async fn walk_chain(c: &mut Cells, x: i32, start: i32) -> Result<Vec<Visit>, tonic::Status> {
+    let walked = c
+        .walk(WalkRequest {
+            start: coord(x, start, CHAIN),
+            max_depth: WALK_DEPTH,
+            limit: 64,
+            labels: vec!["next".into()],
+        })
+        .await?;
+    Ok(walked.into_inner().visits)
+}
+
+/// Whether the first `n` of `visits` (a walk from link `start` of user `x`'s chain) follow the
+/// chain: start + 1, start + 2, …, one link deeper each.
+fn along_chain(visits: &[Visit], x: i32, start: i32, n: usize) -> bool {
+    visits
+        .iter()
+        .take(n)
+        .enumerate()
+        .all(|(i, v)| v.depth == i as u32 + 1 && v.coord == coord(x, start + i as i32 + 1, CHAIN))
+}
+
 /// Walk user `x`'s chain from its start in steps of [`WALK_DEPTH`]: the `len` acknowledged
 /// links k → k+1 must all be there, in order. Beyond them only if `unknown` (a Link whose
 /// answer never came may have been applied), else the chain must end at `len`.
@@ -1143,25 +1153,15 @@ async fn check_chain(c: &mut Cells, x: i32, len: i32, unknown: bool) -> Vec<Stri
     let mut out = Vec::new();
     let mut start = 0;
     while start < len || (start == len && !unknown) {
-        let walked = c
-            .walk(WalkRequest {
-                start: coord(x, start, CHAIN),
-                max_depth: WALK_DEPTH,
-                limit: 64,
-                labels: vec!["next".into()],
-            })
-            .await;
-        let visits = match walked {
-            Ok(r) => r.into_inner().visits,
+        let visits = match walk_chain(c, x, start).await {
+            Ok(visits) => visits,
             Err(s) => {
                 out.push(format!("Walk from ({x},{start},4): {}", status_class(&s)));
                 return out;
             }
         };
         let want = (len - start).min(WALK_DEPTH as i32) as usize;
-        let in_order = visits.iter().take(want).enumerate().all(|(i, v)| {
-            v.depth == i as u32 + 1 && v.coord == coord(x, start + i as i32 + 1, CHAIN)
-        });
+        let in_order = along_chain(&visits, x, start, want);
         if visits.len() < want || !in_order || (!unknown && visits.len() > want) {
             out.push(format!(
                 "the chain from ({x},{start},4) walks {} links, {want} acknowledged{}",

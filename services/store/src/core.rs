@@ -3223,14 +3223,7 @@ mod tests {
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         };
-        assert!(
-            matches!(&revoked, Err(StoreError::Unauthenticated(m)) if m.contains("revoked")),
-            "{revoked:?}"
-        );
-        assert!(
-            matches!(&lost_read, Err(StoreError::PermissionDenied(m)) if m.contains("Read")),
-            "{lost_read:?}"
-        );
+        assert_refused_reads(&revoked, &lost_read);
         // Other keys read on.
         assert!(read("k").await.is_ok());
         assert!(
@@ -3241,18 +3234,24 @@ mod tests {
         // restart, so the keys stay refused what the records take away (fail closed).
         let (revoke, demote) = changes.await.unwrap();
         assert!(revoke.is_err() && demote.is_err(), "{revoke:?} {demote:?}");
-        let revoked = read(&doomed.key_id).await;
-        assert!(
-            matches!(&revoked, Err(StoreError::Unauthenticated(m)) if m.contains("revoked")),
-            "{revoked:?}"
-        );
-        let demoted = read(&demoted.key_id).await;
-        assert!(
-            matches!(&demoted, Err(StoreError::PermissionDenied(m)) if m.contains("Read")),
-            "{demoted:?}"
-        );
+        assert_refused_reads(&read(&doomed.key_id).await, &read(&demoted.key_id).await);
         assert!(read("k").await.is_ok());
         directory.shutdown().await;
+    }
+
+    /// A read by a revoked key refused as such, and one by a key that lost READ as lacking it.
+    fn assert_refused_reads(
+        revoked: &Result<Reply, StoreError>,
+        lost_read: &Result<Reply, StoreError>,
+    ) {
+        assert!(
+            matches!(revoked, Err(StoreError::Unauthenticated(m)) if m.contains("revoked")),
+            "{revoked:?}"
+        );
+        assert!(
+            matches!(lost_read, Err(StoreError::PermissionDenied(m)) if m.contains("Read")),
+            "{lost_read:?}"
+        );
     }
 
     /// A read authenticated before its key was revoked (or lost READ), and reaching the tenant
@@ -3289,16 +3288,7 @@ mod tests {
         directory.call("t", revoke, "operator").await.unwrap();
         directory.call("t", demote, "operator").await.unwrap();
         assert!(catalog.key("t", &doomed.key_id).unwrap().revoked);
-        let revoked = read(&doomed.key_id).await;
-        assert!(
-            matches!(&revoked, Err(StoreError::Unauthenticated(m)) if m.contains("revoked")),
-            "{revoked:?}"
-        );
-        let demoted = read(&demoted.key_id).await;
-        assert!(
-            matches!(&demoted, Err(StoreError::PermissionDenied(m)) if m.contains("Read")),
-            "{demoted:?}"
-        );
+        assert_refused_reads(&read(&doomed.key_id).await, &read(&demoted.key_id).await);
         assert!(read("k").await.is_ok());
         directory.shutdown().await;
     }

@@ -2882,14 +2882,7 @@ mod tests {
         directory.call("t", write(1, b"kept"), "t/k").await.unwrap();
         let (_, checkpointed) = seqs_when(&|applied, _| applied > first).await;
         assert_eq!(checkpointed, first, "the checkpoint did not wait");
-        assert!(directory.close_tenant("t").await);
-        for _ in 0..2 {
-            let refused = directory.call("t", write(2, b"v"), "t/k").await;
-            assert_refused_until_restart(&refused);
-        }
-        directory.shutdown().await;
-        drop(directory);
-        restart_finds_kept(data, &config, &catalog).await;
+        closed_and_refused_until_restart(directory, data, &config, &catalog).await;
     }
 
     /// Shutdown names the tenants whose close failed (here its final checkpoint's fsync), so
@@ -2919,6 +2912,24 @@ mod tests {
         .await;
     }
 
+    /// Tenant `t` (which holds `kept` in cell 1) passivated: its calls are refused until the
+    /// restart, which finds the write.
+    async fn closed_and_refused_until_restart(
+        directory: crate::TenantDirectory,
+        data: crate::DataDir,
+        config: &CoreConfig,
+        catalog: &Arc<Catalog>,
+    ) {
+        assert!(directory.close_tenant("t").await);
+        for _ in 0..2 {
+            let refused = directory.call("t", write(2, b"v"), "t/k").await;
+            assert_refused_until_restart(&refused);
+        }
+        directory.shutdown().await;
+        drop(directory);
+        restart_finds_kept(data, config, catalog).await;
+    }
+
     /// Tenant `t` written once, `arm`ed to fail, passivated: refused until the restart, which
     /// finds the write.
     async fn refused_until_restart_after_a_failed_close(arm: impl FnOnce(&crate::DataDir)) {
@@ -2928,14 +2939,7 @@ mod tests {
         let directory = test_directory(data.clone(), &config, &catalog);
         directory.call("t", write(1, b"kept"), "t/k").await.unwrap();
         arm(&data);
-        assert!(directory.close_tenant("t").await);
-        for _ in 0..2 {
-            let refused = directory.call("t", write(2, b"v"), "t/k").await;
-            assert_refused_until_restart(&refused);
-        }
-        directory.shutdown().await;
-        drop(directory);
-        restart_finds_kept(data, &config, &catalog).await;
+        closed_and_refused_until_restart(directory, data, &config, &catalog).await;
     }
 
     /// A write of the log that fails without a full disk (EIO, no descriptor left) stops the

@@ -111,10 +111,14 @@ pub fn ensure_dev_server_cert(data_dir: &Path) -> anyhow::Result<(String, String
     let (ca_key, ca_pem) = ensure_ca(data_dir)?;
     let _lock = lock_tls_dir(&dir)?;
     if cert_path.exists() && key_path.exists() {
-        return Ok((
-            fs::read_to_string(&cert_path)?,
-            fs::read_to_string(&key_path)?,
-        ));
+        let chain = fs::read_to_string(&cert_path)?;
+        // The chain ends with the CA that signed it: one made by an earlier CA (its files
+        // removed to replace it, or a partial restore) is made again, else clients trusting the
+        // new ca.pem would refuse the server.
+        if chain.ends_with(&ca_pem) {
+            return Ok((chain, fs::read_to_string(&key_path)?));
+        }
+        tracing::warn!(dir = %dir.display(), "the development server certificate was signed by an earlier CA: making a new one");
     }
     let mut params = CertificateParams::new(vec![
         "localhost".to_string(),
@@ -185,4 +189,30 @@ pub fn write_client_cert(
     write_private(&cert_path, cert)?;
     write_private(&key_path, key)?;
     Ok((cert_path, key_path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A new CA (the old one's files removed) gets a new development server certificate signed
+    /// by it; the same CA keeps the certificate it signed.
+    #[test]
+    fn the_dev_server_certificate_follows_its_ca() {
+        let dir = tempfile::tempdir().unwrap();
+        let (first, _) = ensure_dev_server_cert(dir.path()).unwrap();
+        let (again, _) = ensure_dev_server_cert(dir.path()).unwrap();
+        assert_eq!(first, again);
+        let tls = tls_dir(dir.path());
+        fs::remove_file(tls.join(CA_CERT)).unwrap();
+        fs::remove_file(tls.join(CA_KEY)).unwrap();
+        let (renewed, _) = ensure_dev_server_cert(dir.path()).unwrap();
+        let ca = fs::read_to_string(tls.join(CA_CERT)).unwrap();
+        assert_ne!(renewed, first);
+        assert!(
+            renewed.ends_with(&ca),
+            "the chain does not end with the new CA"
+        );
+        assert!(!first.ends_with(&ca));
+    }
 }

@@ -44,6 +44,10 @@ impl Tls {
             .with_root_certificates(roots)
             .with_no_client_auth();
         config.alpn_protocols = vec![b"h2".to_vec()];
+        // A full TLS handshake on every connection: churn's "new connection per op" must not
+        // resume an earlier TLS session (rustls keeps a session cache by default); the
+        // persistent models open one connection per user, so it costs them nothing.
+        config.resumption = rustls::client::Resumption::disabled();
         Ok(Tls {
             config: Arc::new(config),
             domain: ServerName::try_from(domain.to_string())

@@ -202,6 +202,13 @@ pub struct RunReport {
     pub verified: Option<Verified>,
 }
 
+impl RunReport {
+    /// Successful ops per second (`ops_per_sec` counts failed ones too).
+    pub fn ok_per_sec(&self) -> f64 {
+        self.ok as f64 / self.seconds.max(f64::MIN_POSITIVE)
+    }
+}
+
 fn opt(v: Option<f64>, digits: usize) -> String {
     v.map(|v| format!("{v:.digits$}"))
         .unwrap_or_else(|| "–".into())
@@ -705,18 +712,19 @@ fn verdict(runs: &[RunReport]) -> String {
         }
     }
     let persistent: Vec<&RunReport> = runs.iter().filter(|r| r.model != Model::Churn).collect();
+    // Successful ops only: failed ones (a refusal answered in microseconds) must not raise it.
     if let Some(slowest) = persistent
         .iter()
-        .min_by(|a, b| a.ops_per_sec.total_cmp(&b.ops_per_sec))
+        .min_by(|a, b| a.ok_per_sec().total_cmp(&b.ok_per_sec()))
     {
         let _ = writeln!(
             v,
-            "- **Against the seed.** The slowest persistent run did {:.0} ops/s with {} users, {:.0}× the seed's best (~{:.0} ops/s: 29 ms per op for 8 users); the target is at least 50×, so it is {}.",
-            slowest.ops_per_sec,
+            "- **Against the seed.** The slowest persistent run did {:.0} successful ops/s with {} users, {:.0}× the seed's best (~{:.0} ops/s: 29 ms per op for 8 users); the target is at least 50×, so it is {}.",
+            slowest.ok_per_sec(),
             slowest.users,
-            slowest.ops_per_sec / SEED_OPS_PER_SEC,
+            slowest.ok_per_sec() / SEED_OPS_PER_SEC,
             SEED_OPS_PER_SEC,
-            if slowest.ops_per_sec >= 50.0 * SEED_OPS_PER_SEC {
+            if slowest.ok_per_sec() >= 50.0 * SEED_OPS_PER_SEC {
                 "met".to_string()
             } else if slowest.rate.is_some() {
                 "**not met** (an open-loop run offers the rate it was given)".to_string()
@@ -729,7 +737,7 @@ fn verdict(runs: &[RunReport]) -> String {
         );
         let rows: Vec<(Model, &str, f64)> = persistent
             .iter()
-            .map(|r| (r.model, r.mix.as_str(), r.ops_per_sec))
+            .map(|r| (r.model, r.mix.as_str(), r.ok_per_sec()))
             .collect();
         if let Some(line) = mix_for_mix(&rows) {
             let _ = writeln!(v, "  {line}");

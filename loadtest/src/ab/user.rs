@@ -807,23 +807,35 @@ pub async fn run_user(ctx: Arc<RunCtx>, index: usize, conn: Option<Clients>) -> 
                     );
                 }
                 done_per_window[ctx.window_of(Instant::now())] += 1;
-                let stats = per_op.entry(step.name()).or_insert_with(OpStats::new);
-                *stats
-                    .failures
-                    .entry("connection closed".into())
-                    .or_default() += 1;
-                match open(&ctx.target, ctx.model).await {
+                // The reopen is held to the op timeout too (a server that takes the connection
+                // and stalls the handshake must not hold the user past the run), and a failed
+                // one names its cause with the op's failure.
+                let reopened = tokio::time::timeout(ctx.op_timeout, open(&ctx.target, ctx.model))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(OpenFailure {
+                            class: "timeout".into(),
+                            detail: "the reopen took longer than the op timeout".into(),
+                        })
+                    });
+                let class = match reopened {
                     Ok((c, hs)) => {
                         if let Some(hs) = hs {
                             handshakes += 1;
                             let _ = handshake_us.record(hs.as_micros() as u64);
                         }
                         conn = Some(c);
+                        "connection closed".to_string()
                     }
                     // The server is not back yet: tried again for the next op, after a pause
                     // (not thousands of refused connects a second, each counted as a failure).
-                    Err(_) => tokio::time::sleep(REOPEN_PAUSE).await,
-                }
+                    Err(failure) => {
+                        tokio::time::sleep(REOPEN_PAUSE).await;
+                        format!("connection closed (reopening: {})", failure.class)
+                    }
+                };
+                let stats = per_op.entry(step.name()).or_insert_with(OpStats::new);
+                *stats.failures.entry(class).or_default() += 1;
                 continue;
             }
             // The timeout runs from `begin` like the latency (in open loop, the due time), so

@@ -312,7 +312,12 @@ async fn run() -> anyhow::Result<()> {
         value: Some(value), ..
     } = &cli.command
     {
-        check_hyphen_value(value, std::env::args_os())?;
+        // A usage error, as clap's own (exit code 2).
+        if let Err(why) = check_hyphen_value(value, std::env::args_os()) {
+            Cli::command()
+                .error(clap::error::ErrorKind::UnknownArgument, why)
+                .exit();
+        }
     }
     // A client certificate authenticates the connection: no key material is needed besides it.
     let creds = match &cli.cert {
@@ -933,6 +938,13 @@ where
             let Some(e) = message.map_err(audit_status)? else {
                 break;
             };
+            // A server that does not move forward (or sends the last seq there is) would have
+            // this loop read the same pages for ever.
+            anyhow::ensure!(
+                e.seq >= next && e.seq < u64::MAX,
+                "the server sent audit entry {} where entries from {next} on were asked for",
+                e.seq
+            );
             next = e.seq + 1;
             out.push(e);
         }
@@ -1077,15 +1089,23 @@ fn status(s: tonic::Status) -> anyhow::Error {
 fn check_hyphen_value(
     value: &str,
     argv: impl IntoIterator<Item = std::ffi::OsString>,
-) -> anyhow::Result<()> {
-    if value.starts_with("--") && !argv.into_iter().any(|a| a == "--") {
-        anyhow::bail!(
-            "the value {value:?} looks like a flag cubec does not know: to write it as the \
-             value, put it after `--` (cubec write X Y Z -- {value}); otherwise check the \
-             flag's spelling"
-        );
+) -> Result<(), String> {
+    if !value.starts_with("--") {
+        return Ok(());
     }
-    Ok(())
+    // Only a `--` before the value makes it one: after it, it ends nothing.
+    for a in argv {
+        if a == "--" {
+            return Ok(());
+        }
+        if a == value {
+            break;
+        }
+    }
+    Err(format!(
+        "the value {value:?} looks like a flag cubec does not know: to write it as the value, \
+         put it after `--` (cubec write X Y Z -- {value}); otherwise check the flag's spelling"
+    ))
 }
 
 #[cfg(test)]
@@ -1118,6 +1138,17 @@ mod tests {
         assert!(check_hyphen_value("--expected-verison=3", argv(&typo)).is_err());
         let meant = ["cubec", "write", "1", "2", "3", "--", "--x"];
         assert!(check_hyphen_value("--x", argv(&meant)).is_ok());
+        // A `--` after it does not make a typo a value.
+        let late = [
+            "cubec",
+            "write",
+            "1",
+            "2",
+            "3",
+            "--expected-verison=3",
+            "--",
+        ];
+        assert!(check_hyphen_value("--expected-verison=3", argv(&late)).is_err());
         assert!(
             check_hyphen_value("-hot", argv(&["cubec", "write", "1", "2", "3", "-hot"])).is_ok()
         );

@@ -215,6 +215,11 @@ impl Handler<Shutdown> for TenantActor {
 }
 
 impl TenantActor {
+    /// Whether the close left the tenant as it found it: not poisoned by the close itself.
+    fn closed_well(&self, poisoned_before: bool) -> bool {
+        poisoned_before || !self.core.is_poisoned()
+    }
+
     /// The close proper, once no periodic checkpoint runs: the log's final fdatasync, the
     /// answers it releases, a last checkpoint; then `done` is told whether the close poisoned
     /// the tenant (it was not before: `poisoned_before`) and the actor stops.
@@ -225,7 +230,7 @@ impl TenantActor {
         ctx: &mut Context<Self>,
     ) {
         let Some(wal) = self.core.take_wal() else {
-            let _ = done.send(poisoned_before || !self.core.is_poisoned());
+            let _ = done.send(self.closed_well(poisoned_before));
             ctx.stop();
             return;
         };
@@ -278,7 +283,7 @@ impl TenantActor {
                     Err(_) => act.core.finish_checkpoint(0, panicked()),
                 }
                 tracing::debug!(tenant = act.core.tenant(), "tenant closed");
-                let _ = done.send(poisoned_before || !act.core.is_poisoned());
+                let _ = done.send(act.closed_well(poisoned_before));
                 ctx.stop();
             }));
         }));

@@ -387,10 +387,12 @@ pub async fn run(
         // (Health.Watch ends only with the server) never does: the wait is bounded. Connections
         // still open then were sent GOAWAY (no new calls); their calls may still be answered
         // until the process exits, and a write among them is acknowledged only once durable.
-        tokio::select! {
+        let served = tokio::select! {
             served = serving => served,
             () = drain_over(&draining, &hurry, config.drain) => Ok(()),
-        }
+        };
+        gateway.settle_clock().await;
+        served
     };
     stop.cancel();
     // tonic waits for every admin connection to close too, and one that never does (a client

@@ -161,9 +161,9 @@ pub struct ConnInfo {
     pub id: u64,
     pub remote: Option<SocketAddr>,
     pub session: Arc<Session>,
-    /// Bytes of the request messages this connection's calls are receiving, each counted at its
-    /// declared size (`crate::receive`).
-    pub receiving: Arc<std::sync::atomic::AtomicUsize>,
+    /// The request messages this connection's calls are receiving, and its open calls whose
+    /// requests have not ended (`crate::receive`).
+    pub receiving: Arc<crate::receive::Receiving>,
 }
 
 /// Every open connection, so revoking a key can end its sessions.

@@ -25,10 +25,11 @@ pub use auth_layer::{AuthLayer, AuthMode, Authenticator};
 pub use connection::{ConnInfo, ConnectionRegistry, CubeConn, Session};
 pub use error::ApiError;
 pub use principal::{AuthModel, Principal};
+pub use receive::OPEN_CALLS_PER_CONNECTION;
 pub use replay::{ReplayCache, ReplayError};
 pub use server::{
-    ACCESS_MESSAGE_BYTES, Gateway, GatewayConfig, OPEN_MESSAGE_BYTES, ServeError,
-    WALK_MESSAGE_BYTES, min_connection_receive_bytes,
+    ACCESS_MESSAGE_BYTES, Gateway, GatewayConfig, MAX_LOCAL_ERROR_RESETS, OPEN_MESSAGE_BYTES,
+    ServeError, WALK_MESSAGE_BYTES, min_connection_receive_bytes,
 };
 pub use services::cells::{NEXT_PAGE_TOKEN_HEADER, ScanLimits};
 pub use tls::{TlsError, TlsSettings, client_identity, server_config};

@@ -22,7 +22,10 @@
 //!
 //! Calls the auth layer refuses never get here (it answers them without reading their bodies);
 //! the services open to everyone (the handshake, health, reflection) do, with messages of at
-//! most 16 KiB.
+//! most 16 KiB. Their request bodies are also held to [`OPEN_CALLS_PER_CONNECTION`] at once per
+//! connection, from the call's start until its body ends: a caller that has not authenticated
+//! cannot make the server keep a thousand part-sent messages (and tonic's buffer for each) on
+//! one connection. A call past that count is answered RESOURCE_EXHAUSTED at once.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -35,9 +38,23 @@ use tonic::Status;
 use tonic::body::Body;
 
 use crate::connection::ConnInfo;
+use crate::principal::Principal;
 
 /// A gRPC message's prefix: a compression flag and a big-endian 32-bit length.
 pub const PREFIX_LEN: usize = 5;
+
+/// Calls that need no authentication (the handshake, health, reflection) whose request bodies
+/// one connection may have open at once (see the module doc).
+pub const OPEN_CALLS_PER_CONNECTION: usize = 16;
+
+/// What one connection's calls are receiving (see the module doc).
+#[derive(Debug, Default)]
+pub struct Receiving {
+    /// Bytes of request messages, each counted at its declared size.
+    pub bytes: AtomicUsize,
+    /// Calls needing no authentication whose request bodies have not ended.
+    pub open_calls: AtomicUsize,
+}
 
 /// The layer (see the module doc).
 #[derive(Debug, Clone, Copy)]
@@ -103,18 +120,48 @@ where
         else {
             return self.inner.call(req);
         };
+        // The auth layer, outside this one, has put a principal on every call it authenticated;
+        // one without needs no authentication.
+        let open = if req.extensions().get::<Principal>().is_some() {
+            OpenCall::No
+        } else if take_open_call(&receiving.open_calls) {
+            OpenCall::Counted
+        } else {
+            OpenCall::Refused
+        };
         let limits = self.limits;
         self.inner
-            .call(req.map(|body| Body::new(Counted::new(body, receiving, limits))))
+            .call(req.map(|body| Body::new(Counted::new(body, receiving, limits, open))))
     }
+}
+
+/// Count one more open call against its connection if there is room.
+fn take_open_call(open_calls: &AtomicUsize) -> bool {
+    open_calls
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < OPEN_CALLS_PER_CONNECTION).then_some(n + 1)
+        })
+        .is_ok()
+}
+
+/// Whether a call counts against [`OPEN_CALLS_PER_CONNECTION`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OpenCall {
+    /// An authenticated call, or an open one whose body has ended.
+    No,
+    /// An open call, counted until its body ends.
+    Counted,
+    /// An open call past the count: its body yields the refusal.
+    Refused,
 }
 
 /// A request body whose messages count against its connection's [`ConnInfo::receiving`] (see
 /// the module doc).
 struct Counted {
     body: Body,
-    receiving: Arc<AtomicUsize>,
+    receiving: Arc<Receiving>,
     limits: Limits,
+    open: OpenCall,
     /// What the message being received counts for (0 between messages, or for one not counted).
     held: usize,
     /// What the body's first message counts for once it has arrived, until the body ends.
@@ -131,11 +178,12 @@ struct Counted {
 }
 
 impl Counted {
-    fn new(body: Body, receiving: Arc<AtomicUsize>, limits: Limits) -> Counted {
+    fn new(body: Body, receiving: Arc<Receiving>, limits: Limits, open: OpenCall) -> Counted {
         Counted {
             body,
             receiving,
             limits,
+            open,
             held: 0,
             kept: 0,
             first_arrived: false,
@@ -150,6 +198,7 @@ impl Counted {
     fn take(&self, n: usize) -> bool {
         let fits = self
             .receiving
+            .bytes
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
                 now.checked_add(n)
                     .filter(|&t| t <= self.limits.per_connection)
@@ -163,7 +212,7 @@ impl Counted {
 
     fn give_back(&self, n: usize) {
         if n > 0 {
-            self.receiving.fetch_sub(n, Ordering::AcqRel);
+            self.receiving.bytes.fetch_sub(n, Ordering::AcqRel);
             cube_metrics::REQUEST_BYTES_RECEIVING.sub(n as i64);
         }
     }
@@ -184,6 +233,9 @@ impl Counted {
     fn release_all(&mut self) {
         let n = std::mem::take(&mut self.held) + std::mem::take(&mut self.kept);
         self.give_back(n);
+        if std::mem::replace(&mut self.open, OpenCall::No) == OpenCall::Counted {
+            self.receiving.open_calls.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 
     /// Follow the messages through `data`: count each at its prefix, release it at its end.
@@ -243,6 +295,12 @@ impl HttpBody for Counted {
         if this.refused {
             return Poll::Ready(None);
         }
+        if this.open == OpenCall::Refused {
+            this.open = OpenCall::No;
+            this.refused = true;
+            cube_metrics::REQUEST_RECEIVE_REFUSED.inc();
+            return Poll::Ready(Some(Err(too_many_open_calls())));
+        }
         let polled = Pin::new(&mut this.body).poll_frame(cx);
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
@@ -282,6 +340,16 @@ fn over_limit(limit: usize) -> Status {
     ))
 }
 
+/// What a call needing no authentication is answered when its connection has
+/// [`OPEN_CALLS_PER_CONNECTION`] such calls receiving already.
+fn too_many_open_calls() -> Status {
+    Status::resource_exhausted(format!(
+        "this connection already has {OPEN_CALLS_PER_CONNECTION} calls open that need no \
+         authentication (handshake, health, reflection) whose requests have not ended; end \
+         those first, or use another connection"
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -296,7 +364,7 @@ mod tests {
     }
 
     /// A body sending `bytes` in pieces of the given lengths.
-    fn counted(receiving: &Arc<AtomicUsize>, bytes: &[u8], pieces: &[usize]) -> Counted {
+    fn counted(receiving: &Arc<Receiving>, bytes: &[u8], pieces: &[usize]) -> Counted {
         let mut frames = Vec::new();
         let mut at = 0;
         for &n in pieces {
@@ -314,16 +382,17 @@ mod tests {
             Body::new(http_body_util::StreamBody::new(tokio_stream::iter(frames))),
             Arc::clone(receiving),
             limits,
+            OpenCall::No,
         )
     }
 
-    fn now(receiving: &AtomicUsize) -> usize {
-        receiving.load(Ordering::Acquire)
+    fn now(receiving: &Receiving) -> usize {
+        receiving.bytes.load(Ordering::Acquire)
     }
 
     #[tokio::test]
     async fn a_first_message_counts_from_its_prefix_until_its_body_ends() {
-        let receiving = Arc::new(AtomicUsize::new(0));
+        let receiving = Arc::new(Receiving::default());
         // The prefix split over two frames, then the message in two parts.
         let one = message(300);
         let mut first = counted(&receiving, &one, &[3, 2, 100, 200]);
@@ -358,7 +427,7 @@ mod tests {
 
     #[tokio::test]
     async fn later_messages_of_a_body_count_until_they_arrive_and_oversized_ones_not_at_all() {
-        let receiving = Arc::new(AtomicUsize::new(0));
+        let receiving = Arc::new(Receiving::default());
         // Three messages of 400 in one stream: each fits alone, all three would not.
         let mut three = message(400);
         three.extend(message(400));

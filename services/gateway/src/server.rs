@@ -36,6 +36,10 @@ use crate::transport;
 /// connection's streams.
 pub const OPEN_MESSAGE_BYTES: usize = 16 * 1024;
 
+/// Streams one connection may have reset by the server for its protocol errors before the
+/// server ends the connection (see [`Gateway::serve`]).
+pub const MAX_LOCAL_ERROR_RESETS: usize = 1024;
+
 /// The largest request message any method of the network listener takes: the services open to
 /// everyone take [`OPEN_MESSAGE_BYTES`] whatever `--max-message-bytes` says.
 pub fn largest_request_message(max_message_bytes: usize) -> usize {
@@ -280,6 +284,13 @@ impl Gateway {
             // As long again, not tonic's 20 s: a PING queues behind the DATA already sent, which
             // on a slow link to a client with a large window can take a while.
             .http2_keepalive_timeout(self.config.keepalive)
+            // h2's own default, which tonic's builder (passing `None` through hyper) turns into
+            // no limit at all: streams the server itself resets for a peer's protocol errors
+            // (malformed headers, DATA past END_STREAM, a window overflow) end the connection
+            // with ENHANCE_YOUR_CALM after this many, so that such resets, which free a
+            // stream's place at once, cannot start handlers past `--max-concurrent-streams`
+            // (CVE-2025-8671, "MadeYouReset").
+            .http2_max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESETS))
             // Outermost first: the auth layer's metrics see the code the oversize layer sends.
             .layer(
                 tower::ServiceBuilder::new()
@@ -328,19 +339,26 @@ impl Gateway {
             .await;
         drop(acceptor_task);
         drop(renewer);
-        if self.auth.replay().has_clock() {
-            // No call is accepted any more: the next start need not wait out the lease.
-            let auth = Arc::clone(&self.auth);
-            let settled = tokio::task::spawn_blocking(move || {
-                auth.replay().settle_clock(crate::auth_layer::now_ms())
-            })
-            .await;
-            if let Ok(Err(e)) = settled {
-                tracing::warn!(error = %e, "the replay clock mark could not be lowered at stop; the next start waits up to a second more");
-            }
-        }
         served?;
         Ok(())
+    }
+
+    /// Lower the replay clock mark to now, so that the next start need not wait out its lease:
+    /// for after [`Gateway::serve`] has returned, or been dropped when its drain ran out of time
+    /// (its connections were sent GOAWAY: no call is accepted any more either way). A failure
+    /// is logged; the next start then waits up to a second more.
+    pub async fn settle_clock(&self) {
+        if !self.auth.replay().has_clock() {
+            return;
+        }
+        let auth = Arc::clone(&self.auth);
+        let settled = tokio::task::spawn_blocking(move || {
+            auth.replay().settle_clock(crate::auth_layer::now_ms())
+        })
+        .await;
+        if let Ok(Err(e)) = settled {
+            tracing::warn!(error = %e, "the replay clock mark could not be lowered at stop; the next start waits up to a second more");
+        }
     }
 }
 

@@ -178,12 +178,14 @@ pub static REQUEST_BYTES_RECEIVING: LazyLock<IntGauge> = LazyLock::new(|| {
          until its last byte has arrived.",
     )
 });
-/// Calls refused because their connection was already receiving --max-connection-receive-bytes.
+/// Calls refused because their connection was already receiving --max-connection-receive-bytes
+/// (or had `OPEN_CALLS_PER_CONNECTION` open calls receiving).
 pub static REQUEST_RECEIVE_REFUSED: LazyLock<IntCounter> = LazyLock::new(|| {
     counter(
         "cube_request_receive_refused_total",
         "Calls answered RESOURCE_EXHAUSTED because their request message did not fit what their \
-         connection may be receiving at once (--max-connection-receive-bytes).",
+         connection may be receiving at once (--max-connection-receive-bytes), or because their \
+         connection already had 16 calls needing no authentication whose requests had not ended.",
     )
 });
 /// Streamed pages (Region, Tenant.Audit) dropped because the client did not read them in time.

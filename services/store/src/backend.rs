@@ -226,9 +226,6 @@ impl FjallBackend {
                 return Err(BackendError(format!("locking the state directory: {e}")));
             }
         }
-        // fjall creates a new partition's directory without fsyncing the directory that names
-        // it; a power cut could then lose the whole partition (docs/durability.md).
-        let creating = !dir.join("partitions").join("state").exists();
         let keyspace = fjall::Config::new(dir)
             .cache_size(cache_bytes)
             .flush_workers(1)
@@ -256,13 +253,14 @@ impl FjallBackend {
                     )),
             )
             .map_err(|e| BackendError(format!("opening state partition: {e}")))?;
-        if creating {
-            std::fs::File::open(dir.join("partitions"))
-                .and_then(|d| d.sync_all())
-                .map_err(|e| {
-                    BackendError(format!("syncing the new state partition's directory: {e}"))
-                })?;
-        }
+        // fjall creates a new partition's directory without fsyncing the directory that names
+        // it; a power cut could then lose the whole partition (docs/durability.md). Synced at
+        // every open, not only at the one that created it: a kill -9 or a failed sync between
+        // the creation and this sync would otherwise leave it unsynced for good (as would fjall
+        // replacing a partition it found without a manifest). One small fsync per open.
+        std::fs::File::open(dir.join("partitions"))
+            .and_then(|d| d.sync_all())
+            .map_err(|e| BackendError(format!("syncing the state partition's directory: {e}")))?;
         Ok(FjallBackend {
             open: Some(OpenKeyspace {
                 part,

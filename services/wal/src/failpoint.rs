@@ -63,6 +63,7 @@ enum FaultOn {
     Apply,
     DirSync,
     SlowSync,
+    NewSegmentSync,
 }
 /// (directory, what fails, how long the failing call takes).
 type SyncFault = (std::path::PathBuf, FaultOn, std::time::Duration);
@@ -125,6 +126,18 @@ pub fn fail_next_dir_sync_after_delete(dir: &std::path::Path) {
 /// Whether this fsync of the WAL directory `dir` after a deletion is to fail (consumes it).
 pub(crate) fn injected_dir_sync_failure(dir: &std::path::Path) -> bool {
     injected(dir, FaultOn::DirSync)
+}
+
+/// Make the fsync of the next segment the WAL shard in `dir` prepares (a pre-zeroed one, or a
+/// recycled one reused) fail, as a disk's EIO would (tests only).
+#[doc(hidden)]
+pub fn fail_next_new_segment_sync(dir: &std::path::Path) {
+    arm(dir, FaultOn::NewSegmentSync, std::time::Duration::ZERO);
+}
+
+/// Whether this fsync of a new segment in `dir` is to fail (consumes the injection).
+pub(crate) fn injected_new_segment_sync_failure(dir: &std::path::Path) -> bool {
+    injected(dir, FaultOn::NewSegmentSync)
 }
 
 /// Make the next apply of a durable group, by the tenant whose WAL is in `dir`, fail as a

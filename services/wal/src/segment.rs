@@ -237,22 +237,48 @@ pub(crate) fn list_segments(dir: &Path) -> io::Result<Vec<(SegmentName, PathBuf)
     Ok(segments)
 }
 
+/// How [`create_zeroed`] failed: filling the file (a full disk, say: the caller may go on
+/// without it) or fsyncing it, which, like any failed fsync of a segment, stops its shard for
+/// good.
+#[derive(Debug)]
+pub(crate) enum ZeroedError {
+    Filling(io::Error),
+    Syncing(io::Error),
+}
+
+impl ZeroedError {
+    /// As the shard reports it: a failed fsync is one ([`crate::WalError::is_failed_sync`]).
+    pub(crate) fn into_wal(self) -> crate::WalError {
+        match self {
+            ZeroedError::Filling(e) => crate::WalError::io("creating segment")(e),
+            ZeroedError::Syncing(e) => crate::WalError::io("syncing a new segment")(e),
+        }
+    }
+}
+
 /// Create `path` with `size` zero bytes written (not a sparse hole) and fsynced.
-pub(crate) fn create_zeroed(path: &Path, size: u64) -> io::Result<File> {
+pub(crate) fn create_zeroed(path: &Path, size: u64) -> Result<File, ZeroedError> {
     let mut file = OpenOptions::new()
         .read(true)
         .write(true)
         .create_new(true)
-        .open(path)?;
+        .open(path)
+        .map_err(ZeroedError::Filling)?;
     let zeros = vec![0u8; ZERO_CHUNK];
     let filled = (|| {
         let mut left = size;
         while left > 0 {
             let n = left.min(ZERO_CHUNK as u64) as usize;
-            file.write_all(&zeros[..n])?;
+            file.write_all(&zeros[..n]).map_err(ZeroedError::Filling)?;
             left -= n as u64;
         }
-        file.sync_all()
+        let dir = path.parent().unwrap_or(Path::new("."));
+        if crate::failpoint::injected_new_segment_sync_failure(dir) {
+            return Err(ZeroedError::Syncing(io::Error::other(
+                "injected fsync failure of a new segment",
+            )));
+        }
+        file.sync_all().map_err(ZeroedError::Syncing)
     })();
     if let Err(e) = filled {
         // A part-made segment (a full disk, say) must not stay behind as the log's newest

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use crate::record;
 use crate::recovery::{RecoveryReport, recover};
 use crate::segment::{
-    RECYCLED_NAME, SegmentName, SegmentSizing, create_zeroed, spare_path, sync_dir,
+    RECYCLED_NAME, SegmentName, SegmentSizing, ZeroedError, create_zeroed, spare_path, sync_dir,
     sync_dir_after_removal, sync_parent,
 };
 use crate::{ReplayVisitor, WalError};
@@ -862,6 +862,9 @@ fn write_with_end_marker(file: &File, data: &[u8], offset: u64, room: u64) -> st
     Ok(())
 }
 
+/// A pre-zeroed spare segment: its path, its file and its size.
+type Spare = (PathBuf, File, u64);
+
 /// The syncer's exclusive view of the active segment, plus its share of the segment table.
 struct SegmentWriter {
     dir: PathBuf,
@@ -870,7 +873,7 @@ struct SegmentWriter {
     table: Arc<Mutex<SegmentTable>>,
     active: Option<Active>,
     /// A pre-zeroed segment being prepared in the background for the next rotation.
-    spare: Option<JoinHandle<std::io::Result<(PathBuf, File, u64)>>>,
+    spare: Option<JoinHandle<Result<Spare, ZeroedError>>>,
 }
 
 struct Active {
@@ -962,14 +965,14 @@ impl SegmentWriter {
             }
         };
         let path = self.dir.join(name.file_name());
-        let ready = match self.take_recycled(&path, size.max(need)) {
+        let ready = match self.take_recycled(&path, size.max(need))? {
             Some(reused) => Some(reused),
             None => self.take_spare(&path, size.max(need))?,
         };
         let (file, capacity) = match ready {
             Some(s) => s,
             None => (
-                create_zeroed(&path, size).map_err(WalError::io("creating segment"))?,
+                create_zeroed(&path, size).map_err(ZeroedError::into_wal)?,
                 size,
             ),
         };
@@ -995,40 +998,55 @@ impl SegmentWriter {
 
     /// The recycled segment, renamed to `path`, if there is one of at least `size` bytes, with a
     /// zero header written and synced at its start (so that, before its first write, it reads as
-    /// an empty segment rather than a torn one). Any failure just means a fresh segment instead.
-    fn take_recycled(&mut self, path: &Path, size: u64) -> Option<(File, u64)> {
+    /// an empty segment rather than a torn one). A failure to rename, open or write it just
+    /// means a fresh segment instead; a failed fsync is one like any other: it stops the shard.
+    fn take_recycled(&mut self, path: &Path, size: u64) -> Result<Option<(File, u64)>, WalError> {
         let from = self.dir.join(RECYCLED_NAME);
         // Only the bookkeeping and the rename under the table's lock (a deletion may be about to
         // recycle another file); the fdatasync after it, which the actor's `wal_bytes` would
         // otherwise wait for, outside.
         let renamed = {
             let mut table = lock_table(&self.table);
-            let kept = table.recycled.filter(|kept| *kept >= size)?;
+            let Some(kept) = table.recycled.filter(|kept| *kept >= size) else {
+                return Ok(None);
+            };
             table.recycled = None;
             fs::rename(&from, path).map(|()| kept)
         };
         let opened = renamed.and_then(|kept| {
             let file = OpenOptions::new().read(true).write(true).open(path)?;
             file.write_all_at(&record::END_MARKER, 0)?;
-            file.sync_data()?;
             Ok((file, kept))
         });
-        match opened {
-            Ok(reused) => {
-                cube_metrics::WAL_SEGMENTS_RECYCLED.inc();
-                Some(reused)
-            }
+        let (file, kept) = match opened {
+            Ok(opened) => opened,
             Err(e) => {
                 tracing::warn!(dir = %self.dir.display(), error = %e, "could not reuse a recycled wal segment; creating a new one");
-                let _ = fs::remove_file(&from);
+                // Whatever of it is at `path` (nothing, if the rename failed: then the file
+                // still at `from` may already be another recycled one, put there since the
+                // lock was let go, and stays).
                 let _ = fs::remove_file(path);
-                None
+                return Ok(None);
             }
+        };
+        let synced = if crate::failpoint::injected_new_segment_sync_failure(&self.dir) {
+            Err(std::io::Error::other(
+                "injected fsync failure of a new segment",
+            ))
+        } else {
+            file.sync_data()
+        };
+        if let Err(e) = synced {
+            let _ = fs::remove_file(path);
+            return Err(WalError::io("fdatasync of a reused segment")(e));
         }
+        cube_metrics::WAL_SEGMENTS_RECYCLED.inc();
+        Ok(Some((file, kept)))
     }
 
     /// The pre-zeroed spare, renamed to `path`, if one was prepared and has at least `size`
-    /// bytes.
+    /// bytes. A spare that could not be filled is no matter (a fresh segment is made instead);
+    /// one whose fsync failed stops the shard, as any failed fsync of a segment does.
     fn take_spare(&mut self, path: &Path, size: u64) -> Result<Option<(File, u64)>, WalError> {
         Ok(match self.spare.take().map(JoinHandle::join) {
             Some(Ok(Ok((spare_path, file, spare_size)))) if spare_size >= size => {
@@ -1039,7 +1057,12 @@ impl SegmentWriter {
                 let _ = fs::remove_file(spare_path);
                 None
             }
-            _ => None,
+            Some(Ok(Err(e @ ZeroedError::Syncing(_)))) => return Err(e.into_wal()),
+            Some(Ok(Err(ZeroedError::Filling(e)))) => {
+                tracing::debug!(dir = %self.dir.display(), error = %e, "could not prepare a spare wal segment; creating one now");
+                None
+            }
+            Some(Err(_)) | None => None,
         })
     }
 

@@ -526,6 +526,65 @@ fn a_batch_syncing_while_the_shard_is_poisoned_is_not_reported_durable() {
     assert!(!seen.contains(&DurableEvent::Durable(seq)), "{seen:?}");
 }
 
+/// A failed fsync of a segment the shard prepared for its next rotation (the recycled one
+/// reused, or a new pre-zeroed one) stops the shard like any failed fsync of a segment:
+/// `Poisoned`, nothing more appended or reported durable; it used to be logged and passed over.
+#[test]
+fn a_failed_fsync_of_a_reused_segment_poisons_the_shard() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, events) = open_recording(dir.path(), small());
+    write_n(&wal, 800);
+    let files = wal_files(dir.path());
+    wal.delete_segments_through(files[files.len() - 1].0 - 1)
+        .unwrap();
+    assert!(dir.path().join(crate::segment::RECYCLED_NAME).exists());
+    crate::failpoint::fail_next_new_segment_sync(dir.path());
+    expect_poisoned_at_the_next_rotation(&wal, dir.path(), &events);
+}
+
+/// The same for a new segment zero-filled for the next rotation.
+#[test]
+fn a_failed_fsync_of_a_new_segment_poisons_the_shard() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, events) = open_recording(dir.path(), small());
+    write_n(&wal, 1);
+    crate::failpoint::fail_next_new_segment_sync(dir.path());
+    expect_poisoned_at_the_next_rotation(&wal, dir.path(), &events);
+}
+
+/// Append until the shard fails (it must, at its next rotation, whose new segment's fsync is
+/// to fail); then nothing past the last durable seq is ever reported durable.
+fn expect_poisoned_at_the_next_rotation(
+    wal: &WalShard,
+    dir: &Path,
+    events: &Mutex<Vec<DurableEvent>>,
+) {
+    let first = wal_files(dir).last().unwrap().0;
+    let mut last_durable = 0;
+    for _ in 0..2000 {
+        let Ok(seq) = wal.append(&payload(wal.next_seq())) else {
+            break;
+        };
+        match wal.wait_durable(seq) {
+            Ok(()) => last_durable = seq,
+            Err(_) => break,
+        }
+    }
+    // The owner hears it right after the waiters do.
+    assert!(
+        eventually(|| events.lock().unwrap().contains(&DurableEvent::Poisoned)),
+        "no Poisoned event: {:?}",
+        events.lock().unwrap().last()
+    );
+    assert!(matches!(wal.append(b"y"), Err(WalError::Poisoned)));
+    assert!(wal.durable_seq() <= last_durable);
+    assert_eq!(
+        wal_files(dir).last().unwrap().0,
+        first,
+        "no segment past the one active before the failure is in use"
+    );
+}
+
 #[test]
 fn delete_segments_through_never_deletes_the_active_segment() {
     let dir = tempfile::tempdir().unwrap();

@@ -373,8 +373,8 @@ async fn walk_and_access_requests_are_held_to_their_own_size() {
 }
 
 type Signed = cube_auth::client::Signing<tonic::transport::Channel>;
-type BodySender =
-    tokio::sync::mpsc::Sender<Result<hyper::body::Frame<prost::bytes::Bytes>, tonic::Status>>;
+type BodyFrame = Result<hyper::body::Frame<prost::bytes::Bytes>, tonic::Status>;
+type BodySender = tokio::sync::mpsc::Sender<BodyFrame>;
 type SignedCall =
     <Signed as tower::Service<tonic::codegen::http::Request<tonic::body::Body>>>::Future;
 
@@ -852,15 +852,138 @@ async fn read_until_closed(
     }
 }
 
-/// HTTP/2 frame types in `bytes` (a stream of whole frames from the server).
-fn frame_types(mut bytes: &[u8]) -> Vec<u8> {
-    let mut types = Vec::new();
+/// The HTTP/2 frames in `bytes` (a stream of whole frames from the server): type and payload.
+fn frames(mut bytes: &[u8]) -> Vec<(u8, &[u8])> {
+    let mut frames = Vec::new();
     while bytes.len() >= 9 {
         let len = usize::from(bytes[0]) << 16 | usize::from(bytes[1]) << 8 | usize::from(bytes[2]);
-        types.push(bytes[3]);
-        bytes = bytes.get(9 + len..).unwrap_or_default();
+        let end = (9 + len).min(bytes.len());
+        frames.push((bytes[3], &bytes[9..end]));
+        bytes = &bytes[end..];
     }
-    types
+    frames
+}
+
+/// HTTP/2 frame types in `bytes` (a stream of whole frames from the server).
+fn frame_types(bytes: &[u8]) -> Vec<u8> {
+    frames(bytes).into_iter().map(|(t, _)| t).collect()
+}
+
+/// A peer that keeps sending requests the server must reset itself (here HEADERS with a
+/// `connection` header, a malformed request) is disconnected with GOAWAY ENHANCE_YOUR_CALM once the
+/// server has reset `MAX_LOCAL_ERROR_RESETS` of its streams: each such reset frees the
+/// stream's place at once, so without the bound a peer could make the server do unbounded
+/// work past `--max-concurrent-streams` (CVE-2025-8671). tonic's builder, left alone, turns
+/// h2's bound off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_whose_streams_the_server_keeps_resetting_is_disconnected() {
+    use std::time::Duration;
+    use tokio::io::AsyncWriteExt;
+    let server = TestServer::start(cubed()).unwrap();
+    let mut peer = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0".to_vec();
+    let resets = cube_gateway::MAX_LOCAL_ERROR_RESETS as u32;
+    // `:method POST`, `:scheme http` (HPACK static entries 3 and 6), `:path` (entry 4) as a
+    // literal, and `connection: x`, a connection-specific header HTTP/2 forbids.
+    let mut block = vec![0x83, 0x86, 0x04, 28];
+    block.extend_from_slice(b"/grpc.health.v1.Health/Check");
+    block.extend_from_slice(b"\x00\x0aconnection\x01x");
+    for n in 0..resets + 64 {
+        // HEADERS, END_STREAM | END_HEADERS, on stream 2n+1.
+        out.extend_from_slice(&(block.len() as u32).to_be_bytes()[1..]);
+        out.extend_from_slice(&[1, 5]);
+        out.extend_from_slice(&(2 * n + 1).to_be_bytes());
+        out.extend_from_slice(&block);
+    }
+    peer.write_all(&out).await.unwrap();
+    let (got, _) = read_until_closed(&mut peer, Duration::from_secs(20))
+        .await
+        .expect("the connection was not closed");
+    let frames = frames(&got);
+    const GOAWAY: u8 = 7;
+    let goaway = frames
+        .iter()
+        .find(|(t, _)| *t == GOAWAY)
+        .unwrap_or_else(|| panic!("no GOAWAY: frame types {:?}", frame_types(&got)));
+    const ENHANCE_YOUR_CALM: u32 = 11;
+    assert_eq!(
+        u32::from_be_bytes(goaway.1[4..8].try_into().unwrap()),
+        ENHANCE_YOUR_CALM
+    );
+    // Other connections are served as before.
+    let mut c = server.cells(&server.demo).await.unwrap();
+    c.write(write(0, 0, 0, b"still")).await.unwrap();
+}
+
+/// Calls that need no authentication (health here) whose requests have not ended are held to
+/// `OPEN_CALLS_PER_CONNECTION` per connection, so a stranger cannot make the server keep a
+/// part-sent message (and tonic's buffer for it) on each of a connection's 1,024 streams: one
+/// more on that connection is RESOURCE_EXHAUSTED at once, another connection's is served, and
+/// once the stalled calls are given up the connection is served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unauthenticated_calls_with_unended_requests_are_held_per_connection() {
+    use hyper::body::Frame;
+    use std::time::Duration;
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
+    use tower::{Service, ServiceExt};
+    let server = TestServer::start(cubed()).unwrap();
+    let receiving = "cube_request_bytes_receiving ";
+    let mut channel = server.channel().await.unwrap();
+    let open = cube_gateway::OPEN_CALLS_PER_CONNECTION;
+    let mut stalled = Vec::new();
+    for _ in 0..open {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let body = tonic::body::Body::new(http_body_util::StreamBody::new(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        ));
+        let req = tonic::codegen::http::Request::builder()
+            .method("POST")
+            .uri("/grpc.health.v1.Health/Check")
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(body)
+            .unwrap();
+        channel.ready().await.unwrap();
+        let call = tokio::spawn(channel.call(req));
+        // A prefix declaring the largest message an open call may send, and nothing more.
+        let prefix: BodyFrame = Ok(Frame::data(grpc_message(
+            cube_gateway::OPEN_MESSAGE_BYTES,
+            &[],
+        )));
+        tx.send(prefix).await.unwrap();
+        stalled.push((tx, call));
+    }
+    let held = (open * (cube_gateway::OPEN_MESSAGE_BYTES + 5)) as f64;
+    server
+        .metric_when(receiving, Duration::from_secs(10), |v| v == held)
+        .await
+        .expect("every stalled call is counted");
+    let check = || HealthCheckRequest {
+        service: String::new(),
+    };
+    let refused = HealthClient::new(channel.clone())
+        .check(check())
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused.message().contains("need no authentication"),
+        "{}",
+        refused.message()
+    );
+    let other = server.channel().await.unwrap();
+    HealthClient::new(other).check(check()).await.unwrap();
+    let mut senders = Vec::new();
+    for (tx, call) in stalled {
+        call.abort();
+        senders.push(tx);
+    }
+    server
+        .metric_when(receiving, Duration::from_secs(10), |v| v == 0.0)
+        .await
+        .expect("given-up calls stop counting");
+    HealthClient::new(channel).check(check()).await.unwrap();
 }
 
 /// A connection that sends no HTTP/2 preface, or only part of it, within

@@ -303,10 +303,12 @@ where
 /// below the current position are skipped, so the scan never goes backwards, never returns a key
 /// twice and always ends on a finite store.
 ///
-/// The page also ends (with `more` set) before an entry that would take the weights of its
-/// entries past `budget.bytes` (the first entry is always taken), and before a re-open past
-/// `budget.seeks` (then `resume_at` says where to go on; the page may be empty), so a page's
-/// memory and work are bounded whatever the store holds.
+/// The page also ends (with `more` set) before an entry that would take the weights of the
+/// entries it read past `budget.bytes` (the first entry of the box is always taken; entries
+/// read outside the box weigh too), and before a re-open past `budget.seeks` or once the
+/// entries read outside the box have taken it past `budget.bytes` (then `resume_at` says where
+/// to go on; the page may be empty), so a page's memory and work are bounded whatever the store
+/// holds.
 pub fn scan_weighed<V, E, I, F, W>(
     bounds: &Bounds,
     start: u128,
@@ -349,6 +351,10 @@ where
                 // key <= zmax <= MAX_CODE, so this cannot overflow.
                 from = key + 1;
             } else {
+                // Read with its value all the same, so it counts against the page's bytes: a
+                // box whose key range is full of other cells would otherwise read up to
+                // `budget.seeks` of them, whatever their size, for a page of nothing.
+                used = used.saturating_add((budget.weight)(&value));
                 // key >= from and key is outside, so next > key: every seek moves forward.
                 // The `max` keeps that true (and the scan finite) even if this reasoning broke.
                 match bounds.next_in_box(key) {
@@ -356,7 +362,7 @@ where
                     Some(next) => {
                         debug_assert!(next > key, "BIGMIN went backwards: {key:#x} -> {next:#x}");
                         from = next.max(key + 1);
-                        if page.seeks >= budget.seeks {
+                        if page.seeks >= budget.seeks || used > budget.bytes {
                             page.more = true;
                             page.resume_at = Some(from);
                             return Ok(page);
@@ -1028,6 +1034,54 @@ mod tests {
         assert_eq!(seen, want);
         let Ok(whole) = scan(&b, 0, 100, opener(&store));
         assert!(whole.seeks > 2, "the budget was exercised: {}", whole.seeks);
+    }
+
+    /// Entries read outside the box weigh against the page's bytes too: a box whose key range
+    /// is full of heavy outside entries ends its pages once they have read the budget (one
+    /// entry past it at most), and paging on from `resume_at` still returns every in-box entry
+    /// exactly once.
+    #[test]
+    fn entries_read_outside_the_box_count_against_the_page_bytes() {
+        let mut points: Vec<P> = (0..100).map(|x| (x, 1, 0)).collect();
+        points.extend((0..100).step_by(10).map(|x| (x, 0, 0)));
+        let store = store_of(&points);
+        let b = Bounds::new((0, 0, 0), (99, 0, 0)).unwrap();
+        // Outside entries weigh 4, in-box ones 1; 10 bytes a page.
+        let weigh = |p: &P| if p.1 == 1 { 4 } else { 1 };
+        let read = Cell::new(0usize);
+        let counting = |from: u128| {
+            store.range(from..).map(|(k, v)| {
+                read.set(read.get() + weigh(v));
+                Ok::<_, Infallible>((*k, *v))
+            })
+        };
+        let (mut start, mut seen, mut pages) = (0, Vec::new(), 0);
+        loop {
+            let budget = ScanBudget {
+                bytes: 10,
+                weight: weigh,
+                seeks: usize::MAX,
+            };
+            read.set(0);
+            let Ok(page) = scan_weighed(&b, start, 100, budget, counting);
+            assert!(read.get() <= 10 + 4, "a page read {} bytes", read.get());
+            pages += 1;
+            seen.extend(page.items.iter().map(|(k, _)| *k));
+            start = match (page.more, page.resume_at, page.items.last()) {
+                (false, _, _) => break,
+                (true, Some(at), _) => at,
+                (true, None, Some((last, _))) => resume_after(*last).unwrap(),
+                (true, None, None) => panic!("more without a place to resume"),
+            };
+        }
+        let mut want: Vec<u128> = (0..100).step_by(10).map(|x| encode(x, 0, 0)).collect();
+        want.sort();
+        assert_eq!(seen, want);
+        let Ok(whole) = scan(&b, 0, 100, opener(&store));
+        assert!(
+            pages > 1 && whole.seeks > 2,
+            "the budget was exercised: {pages} pages"
+        );
     }
 
     #[test]

@@ -709,56 +709,69 @@ fn exit_naming_the_variable(e: &clap::Error, argv: &[std::ffi::OsString]) -> ! {
 /// Parse the command line, filling `serve` flags not given on it (nor in the environment) from
 /// the `--config` file. Exits with clap's message on bad flags, like `Cli::parse`.
 pub fn parse_with_config(argv: Vec<std::ffi::OsString>) -> anyhow::Result<Cli> {
-    use clap::{CommandFactory, parser::ValueSource};
-    // The first parse tells what the command line gave. It leaves out which flags need which
-    // (`--tls-cert` needs `--tls-key`): one may be on the command line and its partner in the
-    // file, so that is checked by the parses below, of everything.
-    let no_requires = |a: clap::Arg| a.requires(clap::builder::Resettable::Reset);
+    use clap::builder::Resettable;
+    use clap::{CommandFactory, FromArgMatches, parser::ValueSource};
+    let no_requires = |a: clap::Arg| a.requires(Resettable::Reset);
+    // A `tenant`/`key` command takes none of the server's settings, so the environment's values
+    // for them (`CUBE_LISTEN=…`, meant for the server) are not read for it: one the server
+    // would refuse must not stop the command (clap reads and checks the top-level flags, the
+    // server's, from the environment whatever the subcommand).
+    let offline = Cli::command()
+        .mut_args(|a| no_requires(a).env(Resettable::Reset))
+        .try_get_matches_from(argv.clone())
+        .ok()
+        .filter(|m| m.subcommand().is_some_and(|(name, _)| name != "serve"));
+    if let Some(matches) = offline {
+        let mut cli =
+            Cli::from_arg_matches(&matches).unwrap_or_else(|e| exit_naming_the_variable(&e, &argv));
+        // It needs only the data directory from the server's file.
+        let leaf = match matches.subcommand() {
+            Some((_, group)) => group.subcommand().map_or(group, |(_, leaf)| leaf),
+            None => &matches,
+        };
+        if let Some(path) = leaf.get_one::<PathBuf>("config")
+            && leaf.value_source("data_dir") == Some(ValueSource::DefaultValue)
+            && let Some(dir) = cli.command.as_mut().and_then(Command::data_dir_arg)
+        {
+            // Without one the server uses its default, relative to its own working
+            // directory: as unknowable here as a relative one (below), and this command
+            // would create a catalog in the caller's directory.
+            let table = read_config_table(path)?;
+            let Some(value) = table.get("data-dir") else {
+                anyhow::bail!(
+                    "--config {}: it names no data-dir, so the server uses its default \
+                     ({DEFAULT_DATA_DIR}) relative to its own working directory; give \
+                     --data-dir (or CUBE_DATA_DIR) as well",
+                    path.display()
+                );
+            };
+            let text = value.as_str().ok_or_else(|| {
+                anyhow::anyhow!("--config {}: 'data-dir' must be a string", path.display())
+            })?;
+            // The server resolves a relative one against its own working directory, which
+            // this command cannot know: working on another directory (and creating a
+            // catalog there) would be worse than asking.
+            anyhow::ensure!(
+                std::path::Path::new(text).is_absolute(),
+                "--config {}: its data-dir {text:?} is relative to the server's working \
+                 directory; give --data-dir (or CUBE_DATA_DIR) as well",
+                path.display()
+            );
+            dir.data_dir = PathBuf::from(text);
+        }
+        return Ok(cli);
+    }
+    // Serving. The first parse tells what the command line gave. It leaves out which flags need
+    // which (`--tls-cert` needs `--tls-key`): one may be on the command line and its partner in
+    // the file, so that is checked by the parses below, of everything.
     let matches = Cli::command()
         .mut_args(no_requires)
         .mut_subcommand("serve", |serve| serve.mut_args(no_requires))
         .try_get_matches_from(argv.clone())
         .unwrap_or_else(|e| exit_naming_the_variable(&e, &argv));
     let serve = match matches.subcommand() {
-        None => &matches,
         Some(("serve", m)) => m,
-        Some((_, group)) => {
-            // `tenant`/`key` commands need only the data directory from the server's file.
-            let leaf = group.subcommand().map_or(group, |(_, leaf)| leaf);
-            let mut cli =
-                Cli::try_parse_from(&argv).unwrap_or_else(|e| exit_naming_the_variable(&e, &argv));
-            if let Some(path) = leaf.get_one::<PathBuf>("config")
-                && leaf.value_source("data_dir") == Some(ValueSource::DefaultValue)
-                && let Some(dir) = cli.command.as_mut().and_then(Command::data_dir_arg)
-            {
-                // Without one the server uses its default, relative to its own working
-                // directory: as unknowable here as a relative one (below), and this command
-                // would create a catalog in the caller's directory.
-                let table = read_config_table(path)?;
-                let Some(value) = table.get("data-dir") else {
-                    anyhow::bail!(
-                        "--config {}: it names no data-dir, so the server uses its default \
-                         ({DEFAULT_DATA_DIR}) relative to its own working directory; give \
-                         --data-dir (or CUBE_DATA_DIR) as well",
-                        path.display()
-                    );
-                };
-                let text = value.as_str().ok_or_else(|| {
-                    anyhow::anyhow!("--config {}: 'data-dir' must be a string", path.display())
-                })?;
-                // The server resolves a relative one against its own working directory, which
-                // this command cannot know: working on another directory (and creating a
-                // catalog there) would be worse than asking.
-                anyhow::ensure!(
-                    std::path::Path::new(text).is_absolute(),
-                    "--config {}: its data-dir {text:?} is relative to the server's working \
-                     directory; give --data-dir (or CUBE_DATA_DIR) as well",
-                    path.display()
-                );
-                dir.data_dir = PathBuf::from(text);
-            }
-            return Ok(cli);
-        }
+        _ => &matches,
     };
     let Some(path) = serve.get_one::<PathBuf>("config") else {
         return Ok(

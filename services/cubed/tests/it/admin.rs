@@ -419,6 +419,51 @@ fn offline(args: &[&str], data_dir: &std::path::Path) -> std::process::Output {
         .unwrap()
 }
 
+/// The server's settings in the environment are not read by a `tenant`/`key` command, so one
+/// the server would refuse does not stop it (each used to exit 2 with clap's error about the
+/// server's flag); the server itself still refuses it, naming the variable.
+#[test]
+fn the_servers_settings_in_the_environment_do_not_stop_offline_commands() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = [
+        ("CUBE_LISTEN", "localhost:50051"),
+        ("CUBE_IDLE_SECS", "soon"),
+        ("CUBE_TLS_DEV", "1"),
+    ];
+    for (n, (var, value)) in bad.iter().enumerate() {
+        let tenant = format!("t{n}");
+        for args in [
+            &["tenant", "create", &tenant][..],
+            &["key", "create", &tenant],
+        ] {
+            let out = std::process::Command::new(cubed())
+                .args(args)
+                .arg("--data-dir")
+                .arg(dir.path())
+                .env(var, value)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{var}={value} {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    let serve = std::process::Command::new(cubed())
+        .arg("--data-dir")
+        .arg(dir.path())
+        .env("CUBE_IDLE_SECS", "soon")
+        .output()
+        .unwrap();
+    assert_eq!(serve.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&serve.stderr).contains("CUBE_IDLE_SECS"),
+        "{}",
+        String::from_utf8_lossy(&serve.stderr)
+    );
+}
+
 /// A command aimed at a data directory that does not exist (a typo, the default one from the
 /// wrong working directory) creates nothing: the key commands refuse, and a bad tenant name is
 /// refused before a catalog is made. Only a good `tenant create` makes a new one, and says so.

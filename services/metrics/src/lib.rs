@@ -317,6 +317,14 @@ pub static TENANTS_PASSIVATED: LazyLock<IntCounter> = LazyLock::new(|| {
         "Tenants closed for idleness or by the open-tenant cap (woken again by their next call).",
     )
 });
+/// Tenant actors closed after they stopped on a panic (an internal error).
+pub static TENANT_ACTOR_CRASHES: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "cube_tenant_actor_crashes_total",
+        "Tenant actors that stopped after an internal error (a panic, logged) and were closed; \
+         the tenant is reopened from its log by its next call.",
+    )
+});
 
 /// Register every metric. Metrics without labels appear in the exposition from the start;
 /// labelled ones appear with their first recorded label set.
@@ -348,6 +356,7 @@ pub fn init() {
         &*WAL_SEGMENTS_DELETED,
         &*WAL_SEGMENTS_RECYCLED,
         &*TENANTS_PASSIVATED,
+        &*TENANT_ACTOR_CRASHES,
     );
     let _ = (
         &*CHANGE_MAILBOX,

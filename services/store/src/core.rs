@@ -2657,7 +2657,11 @@ mod tests {
             matches!(&refused, StoreError::Unavailable(m) if m.contains("reopened")),
             "{refused:?}"
         );
+        let crashes = cube_metrics::TENANT_ACTOR_CRASHES.get();
         assert_eq!(directory.close_failed().await, 1);
+        // Counted as a crash, not as a passivation (the counter is shared by this process's
+        // tests, so only its rise is asked).
+        assert!(cube_metrics::TENANT_ACTOR_CRASHES.get() > crashes);
         directory
             .call("t", write(9, b"after"), "t/k")
             .await

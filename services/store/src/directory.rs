@@ -1187,6 +1187,7 @@ impl TenantDirectory {
             let _closing = closing;
             match handle {
                 Some(h) => {
+                    let crashed = h.crashed();
                     let (tx, rx) = oneshot::channel();
                     h.addr.do_send(Shutdown { done: tx });
                     let _ = rx.await;
@@ -1204,11 +1205,16 @@ impl TenantDirectory {
                         failed_logs.record(&name, "the tenant's checkpoint at its close failed");
                     }
                     cube_metrics::TENANTS_ACTIVE.dec();
-                    cube_metrics::TENANTS_PASSIVATED.inc();
                     if h.stats.poisoned.load(Ordering::Relaxed) {
                         cube_metrics::TENANTS_UNAVAILABLE.dec();
                     }
-                    tracing::debug!(tenant = %name, "tenant passivated");
+                    if crashed {
+                        cube_metrics::TENANT_ACTOR_CRASHES.inc();
+                        tracing::warn!(tenant = %name, "tenant's actor stopped after an internal error: closed; its next call reopens it from its log");
+                    } else {
+                        cube_metrics::TENANTS_PASSIVATED.inc();
+                        tracing::debug!(tenant = %name, "tenant passivated");
+                    }
                 }
                 None => cube_metrics::TENANTS_UNAVAILABLE.dec(),
             }

@@ -353,13 +353,11 @@ impl Authenticator {
             if status.message() != TOO_OLD {
                 self.record_failure(conn);
             }
-            if status.message() == SESSION_KEY_REVOKED
-                && let Some(key) = conn.and_then(|c| c.session.key())
+            // A call on a connection whose key was revoked is recorded where the revoked key
+            // was found (`identify`).
+            if status.message() != SESSION_KEY_REVOKED
+                && let Some(tenant) = md.get(&H_TENANT).and_then(|v| v.to_str().ok())
             {
-                // A call on a connection whose key was revoked: the revoked key's tenant's,
-                // whatever tenant an (unsigned) header names.
-                self.record_failed_auth(&key.tenant, "connection", status.message(), conn);
-            } else if let Some(tenant) = md.get(&H_TENANT).and_then(|v| v.to_str().ok()) {
                 self.record_failed_auth(tenant, "call", status.message(), conn);
             }
         }
@@ -395,7 +393,18 @@ impl Authenticator {
                 .catalog
                 .key(&session_key.tenant, &session_key.key_id)
                 .filter(|k| !k.revoked && !conn.is_some_and(|c| c.session.revoked()))
-                .ok_or_else(|| unauthenticated(SESSION_KEY_REVOKED))?;
+                .ok_or_else(|| {
+                    // In the revoked key's tenant's trail, whatever tenant an (unsigned) header
+                    // names; that key's, not the session's as it is now: a Hello finishing on
+                    // this connection meanwhile may have bound another key.
+                    self.record_failed_auth(
+                        &session_key.tenant,
+                        "connection",
+                        SESSION_KEY_REVOKED,
+                        conn,
+                    );
+                    unauthenticated(SESSION_KEY_REVOKED)
+                })?;
             return Ok(Principal {
                 key,
                 model: AuthModel::Connection,

@@ -169,11 +169,16 @@ impl Auth for HandshakeService {
         conn.session.authenticate(key);
         // A revocation that ran between the check above and this binding published the revoked
         // key before ending sessions, so it is seen here: end this one too rather than answer OK.
+        // Refused as it would have been a moment earlier: counted against the peer and
+        // recorded in the tenant's audit trail.
         if let Err(refused) = active_key(self.auth.catalog(), &tenant, &key_id) {
             conn.session.end_if_key(&tenant, &key_id);
             cube_metrics::AUTH_HANDSHAKES
                 .with_label_values(&["refused"])
                 .inc();
+            self.auth.record_failure(Some(&conn));
+            self.auth
+                .record_failed_auth(&tenant, "connection", refused.message(), Some(&conn));
             return Err(refused);
         }
         cube_metrics::AUTH_HANDSHAKES

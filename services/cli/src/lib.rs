@@ -29,6 +29,49 @@ pub fn without_os_code(text: &str) -> String {
     }
 }
 
+/// Print clap's error `e` for the command line `argv` of `command` and exit with its code
+/// (2 for a usage error), adding which environment variable a refused value came from when it
+/// was not on the command line: clap names only the flag, which the user may never have typed.
+pub fn exit_naming_the_variable(
+    e: &clap::Error,
+    argv: &[std::ffi::OsString],
+    command: &clap::Command,
+) -> ! {
+    use clap::error::{ContextKind, ContextValue};
+    let _ = e.print();
+    if let Some(ContextValue::String(shown)) = e.get(ContextKind::InvalidArg)
+        && let Some(long) = shown.strip_prefix("--").and_then(|s| s.split(' ').next())
+    {
+        let flag = format!("--{long}");
+        let on_command_line = argv.iter().filter_map(|a| a.to_str()).any(|a| {
+            a == flag
+                || a.strip_prefix(flag.as_str())
+                    .is_some_and(|r| r.starts_with('='))
+        });
+        if let Some(var) = find_arg(command, long)
+            .and_then(|a| a.get_env())
+            .and_then(|v| v.to_str())
+            && !on_command_line
+            && std::env::var_os(var).is_some()
+        {
+            eprintln!("note: the value of {flag} came from the environment variable {var}");
+        }
+    }
+    std::process::exit(e.exit_code())
+}
+
+/// The argument `--long` of `command` or of any of its subcommands.
+fn find_arg<'a>(command: &'a clap::Command, long: &str) -> Option<&'a clap::Arg> {
+    command
+        .get_arguments()
+        .find(|a| a.get_long() == Some(long))
+        .or_else(|| {
+            command
+                .get_subcommands()
+                .find_map(|sub| find_arg(sub, long))
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::error_chain;

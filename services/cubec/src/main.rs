@@ -305,8 +305,13 @@ fn main() -> std::process::ExitCode {
 }
 
 async fn run() -> anyhow::Result<()> {
-    let matches = Cli::command().get_matches();
-    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let usage =
+        |e: clap::Error| -> ! { cube_cli::exit_naming_the_variable(&e, &argv, &Cli::command()) };
+    let matches = Cli::command()
+        .try_get_matches_from(&argv)
+        .unwrap_or_else(|e| usage(e));
+    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| usage(e));
     cli.ca_from_env = matches.value_source("ca") == Some(clap::parser::ValueSource::EnvVariable);
     if let Cmd::Write {
         value: Some(value), ..
@@ -324,7 +329,12 @@ async fn run() -> anyhow::Result<()> {
         Some(_) => {
             anyhow::ensure!(
                 cli.auth.is_none(),
-                "--cert authenticates the connection itself: leave out --auth"
+                "--cert authenticates the connection itself: {}",
+                if matches.value_source("auth") == Some(clap::parser::ValueSource::EnvVariable) {
+                    "unset CUBE_AUTH (it chooses how a key authenticates)"
+                } else {
+                    "leave out --auth"
+                }
             );
             None
         }

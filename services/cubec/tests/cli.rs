@@ -299,6 +299,30 @@ fn a_client_certificate_needs_https_and_no_auth_model() {
     );
     assert!(!o.status.success());
     assert!(stderr(&o).contains("leave out --auth"), "{}", stderr(&o));
+    // The same choice from the environment names the variable, not a flag the user never typed;
+    // so does clap's refusal of a bad value from it.
+    let mtls = [
+        "--endpoint",
+        "https://127.0.0.1:1",
+        "--cert",
+        "c.pem",
+        "--key",
+        "k.pem",
+        "read",
+        "1",
+        "2",
+        "3",
+    ];
+    let o = run(dir.path(), &[("CUBE_AUTH", "call")], &mtls);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("unset CUBE_AUTH"), "{}", stderr(&o));
+    let o = run(dir.path(), &[("CUBE_AUTH", "")], &["read", "1", "2", "3"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("came from the environment variable CUBE_AUTH"),
+        "{}",
+        stderr(&o)
+    );
     // Without --endpoint the default credentials file gives it, if there is one; one that is
     // not usable is named, with the way around it.
     std::fs::create_dir(dir.path().join("cube-data")).unwrap();

@@ -675,35 +675,11 @@ impl ServeArgs {
     }
 }
 
-/// Print clap's error and exit as clap does, adding, when the refused value came from a `CUBE_*`
-/// variable rather than the command line, which variable: clap names only the flag.
+/// clap's error, naming the environment variable a refused value came from
+/// ([`cube_cli::exit_naming_the_variable`]).
 fn exit_naming_the_variable(e: &clap::Error, argv: &[std::ffi::OsString]) -> ! {
     use clap::CommandFactory;
-    use clap::error::{ContextKind, ContextValue};
-    let _ = e.print();
-    if let Some(ContextValue::String(shown)) = e.get(ContextKind::InvalidArg)
-        && let Some(long) = shown.strip_prefix("--").and_then(|s| s.split(' ').next())
-    {
-        let flag = format!("--{long}");
-        let on_command_line = argv.iter().filter_map(|a| a.to_str()).any(|a| {
-            a == flag
-                || a.strip_prefix(flag.as_str())
-                    .is_some_and(|r| r.starts_with('='))
-        });
-        let command = Cli::command();
-        let serve = command.find_subcommand("serve");
-        let arg = command
-            .get_arguments()
-            .chain(serve.into_iter().flat_map(|s| s.get_arguments()))
-            .find(|a| a.get_long() == Some(long));
-        if let Some(var) = arg.and_then(|a| a.get_env()).and_then(|v| v.to_str())
-            && !on_command_line
-            && std::env::var_os(var).is_some()
-        {
-            eprintln!("note: the value of {flag} came from the environment variable {var}");
-        }
-    }
-    std::process::exit(e.exit_code())
+    cube_cli::exit_naming_the_variable(e, argv, &Cli::command())
 }
 
 /// Parse the command line, filling `serve` flags not given on it (nor in the environment) from

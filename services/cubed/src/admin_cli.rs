@@ -71,12 +71,38 @@ pub async fn key_cert(
     let Outcome::Active(true) = execute(data_dir, Op::KeyIsActive(tenant, key_id)).await? else {
         bail!("tenant '{tenant}' has no active key '{key_id}'");
     };
+    // The CA's files are written (and created, the first time) by this process.
+    check_owner(data_dir)?;
     let (cert, key) = crate::certs::issue_client_cert(data_dir, tenant, key_id)?;
     let (cert_path, key_path) = crate::certs::write_client_cert(out, tenant, key_id, &cert, &key)?;
     let ca = crate::certs::ca_cert_path(data_dir);
     println!(
         "{}",
         serde_json::json!({ "cert": cert_path, "key": key_path, "ca": ca })
+    );
+    Ok(())
+}
+
+/// Refuse to write into `data_dir` as another user than its owner: files created there by,
+/// say, `sudo cubed key create` would belong to root, and the server, running as the
+/// directory's owner, could not open them at its next start (nor a later command as that user).
+fn check_owner(data_dir: &Path) -> anyhow::Result<()> {
+    check_owner_as(data_dir, nix::unistd::geteuid().as_raw())
+}
+
+fn check_owner_as(data_dir: &Path, euid: u32) -> anyhow::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::metadata(data_dir) else {
+        return Ok(()); // created by this command, as its user
+    };
+    let owner = meta.uid();
+    anyhow::ensure!(
+        owner == euid,
+        "{} belongs to user id {owner}, and this command runs as user id {euid}: files it \
+         created there would not be readable by the server running as their owner; run it as \
+         that user (for example `sudo -u '#{owner}' cubed ...`), or while the server runs (it \
+         then makes the change itself)",
+        data_dir.display()
     );
     Ok(())
 }
@@ -134,6 +160,8 @@ async fn execute(data_dir: &Path, op: Op<'_>) -> anyhow::Result<Outcome> {
         if let Ok(client) = connect(socket.clone()).await {
             return remote(client, &op).await;
         }
+        // No server answers: this process writes the files itself.
+        check_owner(data_dir)?;
         match Catalog::open(&data.catalog()) {
             Ok(catalog) => {
                 crate::holder::record(&data, crate::holder::Role::Command);
@@ -363,6 +391,25 @@ async fn connect(path: PathBuf) -> anyhow::Result<AdminClient<Channel>> {
 mod tests {
     use super::*;
     use cube_store::{Caller, CoreConfig, TenantCore};
+
+    /// A command run as another user than the data directory's owner (sudo) is refused before
+    /// it writes anything there; its owner's, or one for a directory it creates, goes on.
+    #[test]
+    fn a_data_directory_of_another_user_is_refused() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let owner = std::fs::metadata(dir.path()).unwrap().uid();
+        check_owner_as(dir.path(), owner).unwrap();
+        check_owner_as(&dir.path().join("new"), owner + 1).unwrap();
+        let refused = check_owner_as(dir.path(), owner + 1)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            refused.contains(&format!("belongs to user id {owner}"))
+                && refused.contains(&format!("runs as user id {}", owner + 1)),
+            "{refused}"
+        );
+    }
 
     fn copy_dir(from: &Path, to: &Path) {
         std::fs::create_dir_all(to).unwrap();

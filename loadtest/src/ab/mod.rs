@@ -337,6 +337,15 @@ async fn run_on(
     let (client_cpu, server_cpu) = (cpu(client_cpu0, client_cpu1), cpu(server_cpu0, server_cpu1));
     let per_op_us = |s: Option<f64>| s.map(|s| s * 1e6 / ops.max(1) as f64);
     examples.truncate(10);
+    let server_restarted = before
+        .as_ref()
+        .zip(after.as_ref())
+        .is_some_and(|(before, after)| scrape::restarted(&before.buckets, &after.buckets));
+    if server_restarted {
+        eprintln!(
+            "note: the server restarted during the run: its own figures cover only the time since"
+        );
+    }
     Ok(RunReport {
         model,
         mix: mix.name.clone(),
@@ -374,10 +383,15 @@ async fn run_on(
             (Some(before), Some(after)) => scrape::window(&before.buckets, &after.buckets),
             _ => Vec::new(),
         },
+        server_restarted,
         stages: before
             .as_ref()
             .zip(after.as_ref())
-            .and_then(|(before, after)| scrape::stages(before, after)),
+            .and_then(|(before, after)| {
+                // After a restart, the new process's counts from zero.
+                let fresh = scrape::Page::default();
+                scrape::stages(if server_restarted { &fresh } else { before }, after)
+            }),
         client_cpu_s: client_cpu,
         server_cpu_s: server_cpu,
         client_cpu_us_per_op: per_op_us(client_cpu),

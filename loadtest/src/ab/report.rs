@@ -193,6 +193,8 @@ pub struct RunReport {
     /// Open loop: ops due before the end that were never sent (the users were behind).
     pub unsent: u64,
     pub server: Vec<ServerOp>,
+    /// The server restarted during the run: `server` and `stages` cover only the time since.
+    pub server_restarted: bool,
     /// Where the server's durable changes spent their time inside the tenant (window means).
     pub stages: Option<ChangeStages>,
     pub client_cpu_s: Option<f64>,
@@ -338,9 +340,14 @@ pub fn server_tables(runs: &[RunReport]) -> String {
         }
         let _ = writeln!(
             o,
-            "Server's view (`grpc_server_handling_seconds`), model {}, mix {} (quantiles interpolated within buckets):\n",
+            "Server's view (`grpc_server_handling_seconds`), model {}, mix {} (quantiles interpolated within buckets{}):\n",
             r.model.name(),
-            r.mix
+            r.mix,
+            if r.server_restarted {
+                "; the server restarted during the run, so these count only its calls since"
+            } else {
+                ""
+            }
         );
         let _ = writeln!(o, "| method | auth | OK | other codes | p50 ms | p99 ms |");
         let _ = writeln!(o, "|---|---|---:|---|---:|---:|");
@@ -926,6 +933,7 @@ mod tests {
             late_starts: 0,
             unsent: 0,
             server: Vec::new(),
+            server_restarted: false,
             stages: None,
             client_cpu_s: None,
             server_cpu_s: None,

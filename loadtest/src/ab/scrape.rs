@@ -173,8 +173,29 @@ fn quantile(b: &BTreeMap<u64, f64>, q: f64) -> f64 {
     prev_le as f64 / 1e6
 }
 
-/// What happened between two scrapes.
+/// Whether the server restarted between two scrapes: some series counts fewer calls after
+/// than before (or is gone). Its counters then started again from zero.
+pub fn restarted(before: &Buckets, after: &Buckets) -> bool {
+    before.iter().any(|(key, b)| {
+        let was = b.get(&u64::MAX).copied().unwrap_or(0.0);
+        let now = after
+            .get(key)
+            .and_then(|a| a.get(&u64::MAX))
+            .copied()
+            .unwrap_or(0.0);
+        now < was
+    })
+}
+
+/// What happened between two scrapes: since the restart, if the server restarted between them
+/// ([`restarted`]; the calls before it are lost with the old process's counters).
 pub fn window(before: &Buckets, after: &Buckets) -> Vec<ServerOp> {
+    let empty = Buckets::new();
+    let before = if restarted(before, after) {
+        &empty
+    } else {
+        before
+    };
     let mut by_method: BTreeMap<(String, String), ServerOp> = BTreeMap::new();
     for (key @ (method, code, auth), b) in after {
         let delta: BTreeMap<u64, f64> = b
@@ -321,6 +342,25 @@ grpc_server_handling_seconds_count{grpc_type="unary",grpc_service="cube.v1.Cells
         let refused = w.iter().find(|o| o.auth == "none").unwrap();
         assert_eq!(refused.failed.get("Unauthenticated"), Some(&3));
         assert_eq!(refused.ok, 0);
+    }
+
+    /// A server that restarted between the scrapes counts from zero again: its window is what
+    /// the new process counted, not an empty table (negative differences dropped every method).
+    #[test]
+    fn a_restart_between_the_scrapes_counts_from_the_restart() {
+        let before = parse(PAGE);
+        let after = parse(
+            &PAGE
+                .replace("} 50", "} 10")
+                .replace("} 90", "} 10")
+                .replace("} 100\n", "} 10\n")
+                .replace("} 3\n", "} 0\n"),
+        );
+        assert!(restarted(&before, &after));
+        assert!(!restarted(&after, &before));
+        let w = window(&before, &after);
+        let read = w.iter().find(|o| o.auth == "call").unwrap();
+        assert_eq!(read.ok, 10);
     }
 
     #[test]

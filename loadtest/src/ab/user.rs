@@ -115,9 +115,20 @@ enum Outcome {
     Skipped,
 }
 
+/// A status the server sent is classed by its code. One tonic made from a failure of the
+/// connection or the stream (a reset, an I/O error, a connection that died mid-call) carries
+/// that failure as its source, and a code that says little (`Unknown`, `Internal`,
+/// `Unavailable`, `Cancelled`): it is classed apart, so that it is not counted with the
+/// server's own answers of that code.
 fn status_class(s: &tonic::Status) -> String {
+    if std::error::Error::source(s).is_some() {
+        return LOST.to_string();
+    }
     format!("{:?}", s.code())
 }
+
+/// The class of an op whose connection or stream failed under it (see [`status_class`]).
+const LOST: &str = "connection or stream lost";
 
 fn failed(s: tonic::Status) -> Outcome {
     Outcome::Failed(status_class(&s))
@@ -1205,6 +1216,20 @@ mod tests {
         assert!(tls_hint(true, record).contains("leave out --tls"));
         assert_eq!(tls_hint(false, record), "");
         assert_eq!(tls_hint(false, "Connection refused (os error 111)"), "");
+    }
+
+    /// A failure of the transport is classed apart from the codes the server sends.
+    #[test]
+    fn a_lost_connection_is_not_counted_as_a_code_the_server_sent() {
+        let lost = tonic::Status::from_error(Box::new(std::io::Error::from(
+            std::io::ErrorKind::ConnectionReset,
+        )));
+        assert_eq!(status_class(&lost), LOST);
+        assert_eq!(
+            status_class(&tonic::Status::unavailable("tenant closing")),
+            "Unavailable"
+        );
+        assert_eq!(status_class(&tonic::Status::unknown("x")), "Unknown");
     }
 
     #[test]

@@ -75,37 +75,48 @@ fn checksum(len: u32, seq: u64, payload: &[u8]) -> u32 {
 /// exactly one flipped bit of its sequence field, payload or stored checksum: damage to bytes
 /// that were written whole, which a torn write (whole sectors lost, or a frame cut short)
 /// matches only by chance, with odds of about 8 × its length in 2^32.
-fn off_by_one_bit(buf: &[u8], salt: u32) -> bool {
-    let Some(header) = buf.get(..HEADER_LEN) else {
-        return false;
-    };
+fn off_by_one_bit(buf: &[u8], salt: u32) -> Option<Flipped> {
+    let header = buf.get(..HEADER_LEN)?;
     let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
-    let Some(payload) = buf.get(HEADER_LEN..HEADER_LEN + len as usize) else {
-        return false;
-    };
+    let payload = buf.get(HEADER_LEN..HEADER_LEN + len as usize)?;
     let stored = u32::from_le_bytes([header[4], header[5], header[6], header[7]]) ^ salt;
     let diff = checksum(len, seq_field(header), payload) ^ stored;
     if diff == 0 {
-        return false;
+        return None;
     }
     if diff.count_ones() == 1 {
         // A bit of the stored checksum itself.
-        return true;
+        return Some(Flipped::Checksum);
     }
     // CRC-32C is linear: flipping the message bit t bits before its end (t = 1 for the last
     // byte's highest bit, counting the reflected algorithm's order) changes the checksum by
     // S^t(1), S being one step of its shift register, whatever the message. Compare the
     // difference with each of those.
     const POLY: u32 = 0x82F6_3B78;
-    let bits = 8 * (12 + u64::from(len));
+    let message = 12 + len as usize;
     let mut syndrome: u32 = 1;
-    for _ in 0..bits {
+    for t in 1..=8 * message {
         syndrome = (syndrome >> 1) ^ (POLY & 0u32.wrapping_sub(syndrome & 1));
         if syndrome == diff {
-            return true;
+            // The message is `len ‖ seq field ‖ payload`; the frame has the checksum after
+            // `len`.
+            let at = message - 1 - (t - 1) / 8;
+            return Some(Flipped::Bit {
+                offset: if at < 4 { at } else { at + 4 },
+                mask: 0x80 >> ((t - 1) % 8),
+            });
         }
     }
-    false
+    None
+}
+
+/// Which one bit of a frame [`off_by_one_bit`] found flipped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flipped {
+    /// A bit of the stored checksum.
+    Checksum,
+    /// Bit `mask` of the frame's byte at `offset` (its length, sequence field or payload).
+    Bit { offset: usize, mask: u8 },
 }
 
 /// Whether the frame at `buf[0]` (in a segment salted with `salt`) is record `exp` with exactly
@@ -113,8 +124,9 @@ fn off_by_one_bit(buf: &[u8], salt: u32) -> bool {
 /// the payload. A sequence number one bit away from `exp` is that bit, if the checksum holds
 /// with it restored; [`off_by_one_bit`] finds a bit of the checksum, the batch position or the
 /// payload; a flipped length also moves where the payload ends (the checksum is then taken over
-/// other bytes), so the length's 32 bits are tried one by one.
-pub(crate) fn is_record_but_one_bit(buf: &[u8], exp: u64, salt: u32) -> bool {
+/// other bytes), so the length's 32 bits are tried one by one. `at` is the frame's offset in its
+/// file: a bit that reads 0 in an all-zero sector is not counted (see [`in_a_lost_sector`]).
+pub(crate) fn is_record_but_one_bit(buf: &[u8], at: u64, exp: u64, salt: u32) -> bool {
     let Some(header) = buf.get(..HEADER_LEN) else {
         return false;
     };
@@ -129,10 +141,32 @@ pub(crate) fn is_record_but_one_bit(buf: &[u8], exp: u64, salt: u32) -> bool {
     };
     let seq_diff = (field & MAX_SEQ) ^ exp;
     match seq_diff.count_ones() {
-        0 => off_by_one_bit(buf, salt) || (0..u32::BITS).any(|bit| checks(len ^ (1 << bit), field)),
+        0 => match off_by_one_bit(buf, salt) {
+            Some(Flipped::Bit { offset, mask }) if in_a_lost_sector(buf, at, offset, mask) => false,
+            Some(_) => true,
+            None => (0..u32::BITS).any(|bit| checks(len ^ (1 << bit), field)),
+        },
         1 => checks(len, field ^ seq_diff),
         _ => false,
     }
+}
+
+/// Whether bit `mask` of `buf[offset]`, found flipped, could be the only set bit of a sector the
+/// disk never wrote (a torn write's, in a pre-zeroed segment): it reads 0 now, and the 512-byte
+/// sector of the file around it (`buf` starts at file offset `at`), all within `buf`, is all
+/// zeros. Then the frame may be a torn write's rather than damaged data: a value whose lost
+/// sector held one set bit (a sparse bitmap, say) fails its checksum by just that bit.
+fn in_a_lost_sector(buf: &[u8], at: u64, offset: usize, mask: u8) -> bool {
+    const SECTOR: u64 = 512;
+    if buf.get(offset).is_none_or(|b| b & mask != 0) {
+        return false;
+    }
+    let start = (at + offset as u64) / SECTOR * SECTOR;
+    let Some(from) = start.checked_sub(at) else {
+        return false;
+    };
+    buf.get(from as usize..(from + SECTOR) as usize)
+        .is_some_and(|sector| sector.iter().all(|b| *b == 0))
 }
 
 /// What the bytes at some offset hold.
@@ -228,24 +262,30 @@ mod tests {
         let mut frame = Vec::new();
         encode(&mut frame, 7, 3, b"hello, one flipped bit");
         seal(&mut frame, SALT);
-        assert!(!is_record_but_one_bit(&frame, 7, SALT), "an intact record");
+        assert!(
+            !is_record_but_one_bit(&frame, 0, 7, SALT),
+            "an intact record"
+        );
         for bit in 0..frame.len() * 8 {
             let mut bad = frame.clone();
             bad[bit / 8] ^= 1 << (bit % 8);
-            assert!(is_record_but_one_bit(&bad, 7, SALT), "bit {bit}");
+            assert!(is_record_but_one_bit(&bad, 0, 7, SALT), "bit {bit}");
             // The same damage to record 7 seen where another seq was expected.
             assert!(
-                !is_record_but_one_bit(&bad, 7 ^ 0b110, SALT),
+                !is_record_but_one_bit(&bad, 0, 7 ^ 0b110, SALT),
                 "bit {bit}, seq 1"
             );
         }
         let mut two = frame.clone();
         two[HEADER_LEN] ^= 0x01;
         two[HEADER_LEN + 5] ^= 0x20;
-        assert!(!is_record_but_one_bit(&two, 7, SALT), "two payload bits");
+        assert!(!is_record_but_one_bit(&two, 0, 7, SALT), "two payload bits");
         let mut cut = frame.clone();
         cut.truncate(HEADER_LEN + 4);
-        assert!(!is_record_but_one_bit(&cut, 7, SALT), "a frame cut short");
+        assert!(
+            !is_record_but_one_bit(&cut, 0, 7, SALT),
+            "a frame cut short"
+        );
     }
 
     #[test]
@@ -304,23 +344,36 @@ mod tests {
         let mut frame = Vec::new();
         encode(&mut frame, 42, 3, &payload);
         seal(&mut frame, SALT);
-        assert!(!off_by_one_bit(&frame, SALT), "a whole frame");
+        assert_eq!(off_by_one_bit(&frame, SALT), None, "a whole frame");
         for byte in 4..frame.len() {
             for bit in 0..8 {
                 let mut damaged = frame.clone();
                 damaged[byte] ^= 1 << bit;
-                assert!(off_by_one_bit(&damaged, SALT), "byte {byte} bit {bit}");
+                // Found where it is (the checksum's bits as such).
+                let want = match byte {
+                    4..8 => Flipped::Checksum,
+                    _ => Flipped::Bit {
+                        offset: byte,
+                        mask: 1 << bit,
+                    },
+                };
+                assert_eq!(
+                    off_by_one_bit(&damaged, SALT),
+                    Some(want),
+                    "byte {byte} bit {bit}"
+                );
             }
         }
         let mut two = frame.clone();
         two[40] ^= 1;
         two[90] ^= 4;
-        assert!(!off_by_one_bit(&two, SALT), "two flipped bits");
+        assert_eq!(off_by_one_bit(&two, SALT), None, "two flipped bits");
         let mut zeroed = frame.clone();
         zeroed[100..164].fill(0);
-        assert!(!off_by_one_bit(&zeroed, SALT), "a zeroed stretch");
-        assert!(
-            !off_by_one_bit(&frame[..frame.len() - 1], SALT),
+        assert_eq!(off_by_one_bit(&zeroed, SALT), None, "a zeroed stretch");
+        assert_eq!(
+            off_by_one_bit(&frame[..frame.len() - 1], SALT),
+            None,
             "cut short"
         );
     }

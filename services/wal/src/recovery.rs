@@ -153,11 +153,13 @@ pub(crate) fn recover(
         // record of a later batch means one in between is damaged.
         let torn_write = if data[pos..].iter().all(|b| *b == 0) {
             false
-        } else if record::is_record_but_one_bit(&data[pos..], exp, segment.salt) {
+        } else if record::is_record_but_one_bit(&data[pos..], pos as u64, exp, segment.salt) {
             // Record `exp` is whole but for one bit (of its header or its payload): written data
             // that rotted or was damaged, not a write that never completed; under `sync` it was
             // acknowledged. Whatever follows it, cutting it would drop it silently (a zero
-            // sector its value holds would even pass for the mark of a lost write).
+            // sector its value holds would even pass for the mark of a lost write). Not a bit
+            // that reads 0 in an all-zero sector: that is what a torn write's lost sector looks
+            // like when the value had one set bit there, and is judged as a torn write below.
             return Err(corrupt(
                 &name,
                 pos as u64,

@@ -1487,3 +1487,47 @@ fn a_flipped_bit_in_the_last_batch_is_refused_even_beside_a_zero_sector() {
         }
     }
 }
+
+/// A torn write whose lost sector held exactly one set bit of a value (a sparse bitmap, say):
+/// in a pre-zeroed segment the sector reads as zeros, so the record fails its checksum by that
+/// one bit. It is cut as the torn write it is (nothing in it was acknowledged), not refused as
+/// damaged data, whether the rest of its batch follows or not.
+#[test]
+fn a_torn_write_losing_a_sector_with_one_set_bit_is_cut() {
+    const SALT: u32 = 0x0b17_5ec7;
+    for batches in [&[1..=1, 2..=2, 3..=4][..], &[1..=1, 2..=2, 3..=3]] {
+        let mut data = Vec::new();
+        let mut lost = 0;
+        for batch in batches {
+            for seq in batch.clone() {
+                let start = data.len();
+                let value = if seq == 3 {
+                    // 2 KiB of zeros but for one byte, in the middle: its 512-byte sector of
+                    // the file is whole inside the value, wherever the record starts.
+                    let mut v = vec![0u8; 2048];
+                    v[1024] = 0x01;
+                    lost = start + 16 + 1024;
+                    v
+                } else {
+                    payload(seq)
+                };
+                crate::record::encode(&mut data, seq, seq - batch.start(), &value);
+                crate::record::seal(&mut data[start..], SALT);
+            }
+        }
+        data.resize(16384, 0);
+        // The sector holding that byte never reached the disk.
+        data[lost] = 0;
+        let dir = tempfile::tempdir().unwrap();
+        let name = SegmentName {
+            first_seq: 1,
+            salt: SALT,
+        };
+        fs::write(dir.path().join(name.file_name()), &data).unwrap();
+        let (wal, seen, report) = open(dir.path(), small()).unwrap();
+        let seqs: Vec<u64> = seen.iter().map(|(seq, _)| *seq).collect();
+        assert_eq!(seqs, [1, 2], "batches {batches:?}");
+        assert_eq!(report.torn_tails, 1);
+        drop(wal);
+    }
+}

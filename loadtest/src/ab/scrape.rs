@@ -324,15 +324,20 @@ grpc_server_handling_seconds_count{grpc_type="unary",grpc_service="cube.v1.Cells
         assert!(settled(&page(3)));
     }
 
-    #[test]
-    fn the_window_is_the_difference_of_two_scrapes() {
-        let before = parse(
+    /// [`PAGE`] as it read earlier: 10 calls in each series, no refusal.
+    fn earlier_page() -> Buckets {
+        parse(
             &PAGE
                 .replace("} 50", "} 10")
                 .replace("} 90", "} 10")
                 .replace("} 100\n", "} 10\n")
                 .replace("} 3\n", "} 0\n"),
-        );
+        )
+    }
+
+    #[test]
+    fn the_window_is_the_difference_of_two_scrapes() {
+        let before = earlier_page();
         let after = parse(PAGE);
         let w = window(&before, &after);
         let read = w.iter().find(|o| o.auth == "call").unwrap();
@@ -349,13 +354,7 @@ grpc_server_handling_seconds_count{grpc_type="unary",grpc_service="cube.v1.Cells
     #[test]
     fn a_restart_between_the_scrapes_counts_from_the_restart() {
         let before = parse(PAGE);
-        let after = parse(
-            &PAGE
-                .replace("} 50", "} 10")
-                .replace("} 90", "} 10")
-                .replace("} 100\n", "} 10\n")
-                .replace("} 3\n", "} 0\n"),
-        );
+        let after = earlier_page();
         assert!(restarted(&before, &after));
         assert!(!restarted(&after, &before));
         let w = window(&before, &after);

@@ -257,63 +257,27 @@ fn a_ca_for_a_plaintext_endpoint_is_named_as_unused() {
 #[test]
 fn a_client_certificate_needs_https_and_no_auth_model() {
     let dir = tempfile::tempdir().unwrap();
-    let o = run(
-        dir.path(),
-        &[],
-        &[
-            "--endpoint",
-            "http://127.0.0.1:1",
-            "--cert",
-            "c.pem",
-            "--key",
-            "k.pem",
-            "read",
-            "1",
-            "2",
-            "3",
-        ],
-    );
+    // An mTLS read at `endpoint`, with `more` before the command.
+    let mtls = |endpoint: &'static str, more: &[&'static str]| {
+        let mut args = vec!["--endpoint", endpoint, "--cert", "c.pem", "--key", "k.pem"];
+        args.extend_from_slice(more);
+        args.extend_from_slice(&["read", "1", "2", "3"]);
+        args
+    };
+    let o = run(dir.path(), &[], &mtls("http://127.0.0.1:1", &[]));
     assert!(!o.status.success());
     assert!(
         stderr(&o).contains("--cert needs an https:// endpoint"),
         "{}",
         stderr(&o)
     );
-    let o = run(
-        dir.path(),
-        &[],
-        &[
-            "--endpoint",
-            "https://127.0.0.1:1",
-            "--cert",
-            "c.pem",
-            "--key",
-            "k.pem",
-            "--auth",
-            "call",
-            "read",
-            "1",
-            "2",
-            "3",
-        ],
-    );
+    let https = "https://127.0.0.1:1";
+    let o = run(dir.path(), &[], &mtls(https, &["--auth", "call"]));
     assert!(!o.status.success());
     assert!(stderr(&o).contains("leave out --auth"), "{}", stderr(&o));
     // The same choice from the environment names the variable, not a flag the user never typed;
     // so does clap's refusal of a bad value from it.
-    let mtls = [
-        "--endpoint",
-        "https://127.0.0.1:1",
-        "--cert",
-        "c.pem",
-        "--key",
-        "k.pem",
-        "read",
-        "1",
-        "2",
-        "3",
-    ];
-    let o = run(dir.path(), &[("CUBE_AUTH", "call")], &mtls);
+    let o = run(dir.path(), &[("CUBE_AUTH", "call")], &mtls(https, &[]));
     assert!(!o.status.success());
     assert!(stderr(&o).contains("unset CUBE_AUTH"), "{}", stderr(&o));
     let o = run(dir.path(), &[("CUBE_AUTH", "")], &["read", "1", "2", "3"]);

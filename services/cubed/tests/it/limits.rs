@@ -382,18 +382,24 @@ type SignedCall =
 /// which never ends until the sender is dropped and the call aborted.
 fn stalled_write(signed: &mut Signed) -> (BodySender, SignedCall) {
     use tower::Service;
+    let (tx, req) = stalled_request("/cube.v1.Cells/Write");
+    (tx, signed.call(req))
+}
+
+/// A gRPC request to `path` whose body is what is sent on the returned sender.
+fn stalled_request(path: &str) -> (BodySender, tonic::codegen::http::Request<tonic::body::Body>) {
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     let body = tonic::body::Body::new(http_body_util::StreamBody::new(
         tokio_stream::wrappers::ReceiverStream::new(rx),
     ));
     let req = tonic::codegen::http::Request::builder()
         .method("POST")
-        .uri("/cube.v1.Cells/Write")
+        .uri(path)
         .header("content-type", "application/grpc")
         .header("te", "trailers")
         .body(body)
         .unwrap();
-    (tx, signed.call(req))
+    (tx, req)
 }
 
 /// A gRPC message: its 5-byte prefix declaring `declared` bytes, then `bytes`.
@@ -933,17 +939,7 @@ async fn unauthenticated_calls_with_unended_requests_are_held_per_connection() {
     let open = cube_gateway::OPEN_CALLS_PER_CONNECTION;
     let mut stalled = Vec::new();
     for _ in 0..open {
-        let (tx, rx) = tokio::sync::mpsc::channel(4);
-        let body = tonic::body::Body::new(http_body_util::StreamBody::new(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        ));
-        let req = tonic::codegen::http::Request::builder()
-            .method("POST")
-            .uri("/grpc.health.v1.Health/Check")
-            .header("content-type", "application/grpc")
-            .header("te", "trailers")
-            .body(body)
-            .unwrap();
+        let (tx, req) = stalled_request("/grpc.health.v1.Health/Check");
         channel.ready().await.unwrap();
         let call = tokio::spawn(channel.call(req));
         // A prefix declaring the largest message an open call may send, and nothing more.

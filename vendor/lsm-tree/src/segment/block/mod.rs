@@ -47,8 +47,24 @@ impl<T: Clone + Encode + Decode + ItemSize> Block<T> {
         log::trace!("Got block header: {header:?}");
 
         // Read the (possibly compressed) data
-        let mut bytes = vec![0u8; header.data_length as usize];
-        reader.read_exact(&mut bytes)?;
+        //
+        // Cube: read through `take`, so that a damaged length allocates no more than the file
+        // holds, and check the checksum (upstream stores it but never checks it): a damaged
+        // block is an error, not data (CUBE-PATCH.md, change 5).
+        let mut bytes = Vec::new();
+        reader
+            .take(u64::from(header.data_length))
+            .read_to_end(&mut bytes)?;
+        if bytes.len() != header.data_length as usize {
+            return Err(crate::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "block shorter than its header says",
+            )));
+        }
+        let checksum = Checksum::from_bytes(&bytes);
+        if checksum != header.checksum {
+            return Err(crate::Error::InvalidChecksum((checksum, header.checksum)));
+        }
 
         // TODO: 3.0.0 when header.compressed is reliable
         // can we preallocate a vector to stream the compression into?

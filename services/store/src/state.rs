@@ -397,6 +397,16 @@ fn storage_error(e: &BackendError) -> StoreError {
     StoreError::Unavailable("the tenant's storage failed to read; see the server log".into())
 }
 
+/// A stored `what` (a cell, a run, an audit chunk) that does not decode: corrupt data, which no
+/// retry will read (DATA_LOSS), unlike a failed read of the storage (UNAVAILABLE).
+fn corrupt(what: &str, e: &prost::DecodeError) -> StoreError {
+    tracing::error!(error = %e, "the tenant's stored {what} does not decode: corrupt data");
+    StoreError::DataLoss(format!(
+        "a stored {what} this call reads is corrupt and cannot be decoded; an operator must \
+         repair or restore the tenant (see the server log)"
+    ))
+}
+
 /// One page of a Region scan.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RegionPage {
@@ -553,21 +563,22 @@ impl StateReader {
         }
     }
 
-    pub(crate) fn stored_cell(&self, c: Coord) -> Result<Option<StoredCell>, BackendError> {
-        match self.store.get(&keys::cell_key(c))? {
+    pub(crate) fn stored_cell(&self, c: Coord) -> Result<Option<StoredCell>, StoreError> {
+        match self
+            .store
+            .get(&keys::cell_key(c))
+            .map_err(|e| storage_error(&e))?
+        {
             None => Ok(None),
             Some(bytes) => StoredCell::decode(bytes.as_slice())
                 .map(Some)
-                .map_err(|e| BackendError(format!("undecodable cell: {e}"))),
+                .map_err(|e| corrupt("cell", &e)),
         }
     }
 
     /// The applied cell at `coord`.
     pub fn read(&self, coord: &Coord) -> Result<Option<CellView>, StoreError> {
-        Ok(self
-            .stored_cell(*coord)
-            .map_err(|e| storage_error(&e))?
-            .map(view))
+        Ok(self.stored_cell(*coord)?.map(view))
     }
 
     /// Up to `limit` cells of the inclusive box `[min, max]` in Morton order, resuming after a
@@ -602,8 +613,7 @@ impl StateReader {
         let next_token = next.map(|next| region_token(min, max, next));
         let mut cells = Vec::with_capacity(page.items.len());
         for (m, bytes) in page.items {
-            let cell = StoredCell::decode(bytes.as_slice())
-                .map_err(|e| storage_error(&BackendError(format!("undecodable cell: {e}"))))?;
+            let cell = StoredCell::decode(bytes.as_slice()).map_err(|e| corrupt("cell", &e))?;
             cells.push((keys::coord_of_z(m), view(cell)));
         }
         Ok(RegionPage { cells, next_token })
@@ -674,7 +684,7 @@ impl StateReader {
         coord: Coord,
         recent: usize,
     ) -> Result<Option<(u64, Vec<RunRecord>)>, StoreError> {
-        let Some(cell) = self.stored_cell(coord).map_err(|e| storage_error(&e))? else {
+        let Some(cell) = self.stored_cell(coord)? else {
             return Ok(None);
         };
         let (_, e) = keys::runs_of(coord);
@@ -685,8 +695,7 @@ impl StateReader {
         let mut records = VecDeque::new();
         for item in self.store.range(&s, &e) {
             let (_, v) = item.map_err(|e| storage_error(&e))?;
-            let run = walop::Run::decode(v.as_slice())
-                .map_err(|e| storage_error(&BackendError(format!("undecodable run: {e}"))))?;
+            let run = walop::Run::decode(v.as_slice()).map_err(|e| corrupt("run", &e))?;
             records.push_front(RunRecord {
                 ts_ms: run.ts_ms,
                 principal: run.principal,
@@ -837,7 +846,7 @@ fn view(c: StoredCell) -> CellView {
 }
 
 fn undecodable_audit(e: &prost::DecodeError) -> StoreError {
-    storage_error(&BackendError(format!("undecodable audit: {e}")))
+    corrupt("audit entry", e)
 }
 
 /// One stored audit chunk: (key, encoded `AuditChunk`).
@@ -1032,7 +1041,7 @@ impl TenantState {
         if let Some(p) = self.pending_cells.get(&c) {
             return Ok(p.value.clone());
         }
-        self.reader.stored_cell(c).map_err(|e| storage_error(&e))
+        self.reader.stored_cell(c)
     }
 
     fn logical_edge(&self, key: &[u8]) -> Result<bool, StoreError> {
@@ -2236,6 +2245,32 @@ mod tests {
         let page = racing.audit_page(1, 2).unwrap();
         assert_eq!(page.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![3, 4]);
         assert_eq!(page[1].prev_hash, page[0].hash);
+    }
+
+    /// A stored cell that does not decode (damaged data) is DATA_LOSS when read, by a Read or a
+    /// Region page: no retry reads it, unlike a failed read of the storage (UNAVAILABLE).
+    #[test]
+    fn an_undecodable_stored_cell_is_data_loss() {
+        let mut h = Harness::new(fresh(16));
+        h.run(write(C, b"a")).unwrap();
+        h.s.store
+            .apply(vec![BatchOp::Put(
+                keys::cell_key(C).to_vec(),
+                vec![0xff; 7],
+            )])
+            .unwrap();
+        let reader = h.s.reader();
+        let read = reader.read(&C);
+        assert!(
+            matches!(&read, Err(StoreError::DataLoss(m)) if m.contains("stored cell")),
+            "{read:?}"
+        );
+        let page = reader.region(C, C, 10, &[]);
+        assert!(
+            matches!(&page, Err(StoreError::DataLoss(_))),
+            "{:?}",
+            page.err()
+        );
     }
 
     /// Entries gone from the trail that retention did not expire (at its start, in its middle or

@@ -3354,10 +3354,20 @@ mod tests {
             label: "x".repeat(65),
         };
         let too_big = write(3, &vec![0; config.limits.max_value + 1]);
-        for bad in [link, too_big] {
-            let refused = directory.call("t", bad, "t/k").await;
+        let never_synced = Command::SetDurability {
+            policy: cube_wal::SyncPolicy::Relaxed {
+                max_delay: std::time::Duration::from_secs(3600),
+                max_records: 1,
+            },
+        };
+        for (bad, by) in [
+            (link, "t/k"),
+            (too_big, "t/k"),
+            (never_synced, crate::OPERATOR),
+        ] {
+            let refused = directory.call("t", bad, by).await;
             assert!(
-                matches!(&refused, Err(StoreError::InvalidArgument(m)) if m.contains("bytes")),
+                matches!(&refused, Err(StoreError::InvalidArgument(m)) if m.contains("bytes") || m.contains("max_delay")),
                 "{refused:?}"
             );
         }

@@ -160,7 +160,8 @@ pub struct Caller {
 
 impl Command {
     /// The checks of `self`'s own arguments, which need no state: a value or program over
-    /// `max_value` bytes, an edge label outside 1 to [`MAX_LABEL_BYTES`] bytes. Made before the
+    /// `max_value` bytes, an edge label outside 1 to [`MAX_LABEL_BYTES`] bytes, a durability
+    /// policy outside its bounds. Made before the
     /// tenant admits the call, so such a call is told INVALID_ARGUMENT whatever the tenant's
     /// state (busy, short of space, poisoned), not a refusal that a retry could end.
     pub fn check_arguments(&self, max_value: usize) -> Result<(), StoreError> {
@@ -170,6 +171,7 @@ impl Command {
             Command::Link { label, .. } | Command::Unlink { label, .. } => {
                 return check_label(label);
             }
+            Command::SetDurability { policy } => return crate::catalog::check_policy(policy),
             _ => return Ok(()),
         };
         if len > max_value {

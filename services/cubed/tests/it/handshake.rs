@@ -193,3 +193,41 @@ async fn auth_mode_selects_the_accepted_models() {
     let mut signed = call_only.cells(&call_only.demo).await.unwrap();
     signed.write(write(0, 0, 0, b"ok")).await.unwrap();
 }
+
+/// A malformed Hello (a client nonce of the wrong size) is INVALID_ARGUMENT and is not counted
+/// as a failed authentication: more of them than `--auth-failure-limit` leave the address
+/// unthrottled (each used to count, and went into the tenant's trail as `auth.failed`, so a
+/// buggy client got its whole address refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_hello_is_not_a_failed_authentication() {
+    let server = TestServer::start_with(cubed(), &["--auth-failure-limit", "3"]).unwrap();
+    let conn = server.channel().await.unwrap();
+    let mut auth = AuthClient::new(conn.clone());
+    for _ in 0..5 {
+        let challenge = auth
+            .challenge(ChallengeRequest {
+                tenant: server.demo.tenant.clone(),
+                key_id: server.demo.key_id.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let refused = auth
+            .hello(HelloRequest {
+                tenant: server.demo.tenant.clone(),
+                key_id: server.demo.key_id.clone(),
+                nonce: challenge.nonce,
+                client_nonce: vec![1],
+                mac: vec![0; 32],
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    }
+    let (_, ok) = handshake_split(&server.demo, conn.clone(), conn.clone()).await;
+    ok.unwrap();
+    CellsClient::new(conn)
+        .write(write(0, 0, 0, b"served"))
+        .await
+        .unwrap();
+}

@@ -154,6 +154,10 @@ impl Admin for AdminService {
                 max_records: x.max_records,
             },
         };
+        // A bad policy is INVALID_ARGUMENT whatever the tenant's state, and before the tenant
+        // is opened to be told it.
+        let cmd = Command::SetDurability { policy };
+        cmd.check_arguments(usize::MAX).map_err(ApiError::from)?;
         let catalog = self.catalog()?;
         catalog.require_tenant(&r.tenant).map_err(ApiError::from)?;
         let durability = describe_policy(&policy);
@@ -161,7 +165,6 @@ impl Admin for AdminService {
             // One record of the tenant's log holds the new policy and its audit entry; the log
             // runs under it once the tenant is reopened.
             Some(directory) => {
-                let cmd = Command::SetDurability { policy };
                 match directory.call(&r.tenant, cmd, OPERATOR).await {
                     Ok(Reply::Recorded { .. }) => {}
                     Ok(other) => return Err(super::cells::unexpected(&other)),

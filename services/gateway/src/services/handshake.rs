@@ -148,13 +148,18 @@ impl Auth for HandshakeService {
             cube_metrics::AUTH_HANDSHAKES
                 .with_label_values(&["refused"])
                 .inc();
-            self.auth.record_failure(Some(&conn));
-            self.auth.record_failed_auth(
-                &hello.tenant,
-                "connection",
-                status.message(),
-                Some(&conn),
-            );
+            // A failed authentication (as for a signed call: UNAUTHENTICATED), not a malformed
+            // Hello (INVALID_ARGUMENT: a client_nonce of the wrong size): that
+            // says nothing against the credentials.
+            if status.code() == tonic::Code::Unauthenticated {
+                self.auth.record_failure(Some(&conn));
+                self.auth.record_failed_auth(
+                    &hello.tenant,
+                    "connection",
+                    status.message(),
+                    Some(&conn),
+                );
+            }
         })?;
         // A tenant whose recovery failed at start may hold key changes only in its log (a
         // revocation): no session for it until it opens, as for a signed call.

@@ -446,6 +446,9 @@ pub struct TenantCore<T> {
     /// Per key, the capability set of its newest logged but unapplied change, with that
     /// change's seq: the next change of the key starts from it.
     pending_caps: HashMap<String, (u64, Vec<Capability>)>,
+    /// The seq of a durable record this server could not apply, if one poisoned the tenant: a
+    /// restart would meet it again, so writers are told an operator must repair it.
+    unappliable: Option<u64>,
     /// Keys whose revocation is logged but not applied yet.
     pending_revokes: HashSet<String>,
     /// Where answers the syncer may send itself go (none: every answer comes from here).
@@ -739,6 +742,7 @@ impl<T> TenantCore<T> {
             catalog: config.catalog.clone(),
             janitor: config.janitor.clone(),
             pending_caps: HashMap::new(),
+            unappliable: None,
             pending_revokes: HashSet::new(),
             early: None,
         };
@@ -1408,8 +1412,9 @@ impl<T> TenantCore<T> {
     /// A record that cannot be applied (`ApplyError::Record`) would fail again after a reopen: it
     /// poisons the tenant for good.
     fn apply_failed(&mut self, e: &ApplyError) -> StoreError {
-        if matches!(e, ApplyError::Record { .. }) {
+        if let ApplyError::Record { seq, .. } = e {
             tracing::error!(tenant = %self.tenant, error = %e, "a durable record cannot be applied; tenant poisoned");
+            self.unappliable.get_or_insert(*seq);
             self.poison();
             return self.poisoned_error();
         }
@@ -1434,6 +1439,14 @@ impl<T> TenantCore<T> {
             StoreError::Unavailable(format!(
                 "tenant '{}' is unavailable: a write to its storage failed. {}; it reopens by \
                  itself within seconds, retry then",
+                self.tenant,
+                self.what_is_kept()
+            ))
+        } else if let Some(seq) = self.unappliable {
+            // As the open after a restart will say (`open_error`, `WalError::Replay`).
+            StoreError::Unavailable(format!(
+                "tenant '{}' is unavailable: write-ahead-log record {seq} cannot be applied (see \
+                 the server log); an operator must repair it before it can serve. {}",
                 self.tenant,
                 self.what_is_kept()
             ))
@@ -1747,7 +1760,11 @@ mod tests {
         let StoreError::Unavailable(msg) = answer else {
             panic!("{answer:?}")
         };
-        assert!(msg.contains("until the server restarts"), "{msg}");
+        // Not "until the server restarts": the restart's replay meets the same record.
+        assert!(
+            msg.contains("record 1 cannot be applied") && msg.contains("an operator must repair"),
+            "{msg}"
+        );
     }
 
     #[test]

@@ -689,11 +689,13 @@ impl StateReader {
         let Some(cell) = self.stored_cell(coord)? else {
             return Ok(None);
         };
-        let (_, e) = keys::runs_of(coord);
         // Only the newest `recent` runs: older ones were removed (telemetry retention), and an
-        // LSM store keeps removed keys as tombstones a scan from run 0 would walk through.
+        // LSM store keeps removed keys as tombstones a scan from run 0 would walk through. And
+        // none past the count read: the actor may apply more runs between the two reads, and
+        // their records must not come under the older count.
         let first = cell.runs.saturating_sub(recent as u64).saturating_add(1);
         let s = keys::run_key(coord, first).to_vec();
+        let e = keys::run_key(coord, cell.runs.saturating_add(1)).to_vec();
         let mut records = VecDeque::new();
         for item in self.store.range(&s, &e) {
             let (_, v) = item.map_err(|e| storage_error(&e))?;
@@ -1994,6 +1996,46 @@ mod tests {
         assert_eq!(h.s.read(&C).unwrap().unwrap().version, 1);
         h.flush();
         assert_eq!(h.s.read(&C).unwrap().unwrap().version, 2);
+    }
+
+    /// A cell's run count and its run records come from two reads, and the actor may apply
+    /// more runs in between: a record past the count read is not returned under it (Stats
+    /// showed run 21's telemetry under a count of 20).
+    #[test]
+    fn run_records_past_the_count_read_are_left_out() {
+        use prost::Message;
+        let mut h = Harness::new(fresh(16));
+        h.run(Command::Prog {
+            coord: C,
+            program: b"p".to_vec(),
+        })
+        .unwrap();
+        for _ in 0..3 {
+            h.run(Command::Run {
+                coord: C,
+                input: vec![],
+            })
+            .unwrap();
+        }
+        // Run 4's record, stored as if applied after the cell was read.
+        let fourth = walop::Run {
+            run_count: 4,
+            principal: "later".into(),
+            ..Default::default()
+        };
+        h.s.store
+            .apply(vec![BatchOp::Put(
+                keys::run_key(C, 4).to_vec(),
+                fourth.encode_to_vec(),
+            )])
+            .unwrap();
+        let (count, records) = h.s.reader().runs(C, 16).unwrap().unwrap();
+        assert_eq!(count, 3);
+        assert_eq!(records.len(), 3);
+        assert!(
+            records.iter().all(|r| r.principal != "later"),
+            "{records:?}"
+        );
     }
 
     #[test]

@@ -477,7 +477,12 @@ async fn renew_clock_once(auth: &Arc<Authenticator>) -> std::io::Result<()> {
     let auth = Arc::clone(auth);
     tokio::task::spawn_blocking(move || auth.replay().renew_clock(crate::auth_layer::now_ms()))
         .await
-        .unwrap_or(Ok(()))
+        .unwrap_or_else(|e| {
+            // A renewal that panicked (or was cancelled) renewed nothing.
+            Err(std::io::Error::other(format!(
+                "the replay clock mark renewal did not finish: {e}"
+            )))
+        })
 }
 
 /// Aborts its task when dropped: the TLS accept loop must not outlive `serve`, also when the

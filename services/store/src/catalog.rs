@@ -239,24 +239,27 @@ pub fn is_locked_error(e: &sled::Error) -> bool {
 impl Catalog {
     /// Open (or create) the catalog at `path`. Fails if another process has it open.
     pub fn open(path: &Path) -> Result<Catalog, CatalogOpenError> {
-        // No periodic flushes: the journal makes changes durable (see the module docs).
-        let db = sled::Config::new()
-            .path(path)
-            .flush_every_ms(None)
-            .open()
-            .map_err(|e| {
-                if is_locked_error(&e) {
-                    CatalogOpenError::Locked
-                } else {
-                    CatalogOpenError::Other(e.to_string())
-                }
-            })?;
-        let tenants = db
-            .open_tree("tenants")
-            .map_err(|e| CatalogOpenError::Other(e.to_string()))?;
-        let keys = db
-            .open_tree("keys")
-            .map_err(|e| CatalogOpenError::Other(e.to_string()))?;
+        // sled 0.34 panics on some damaged files instead of returning an error: that must end
+        // in the catalog's own error (and its guidance), not a panic of whoever opens it.
+        let opened = std::panic::catch_unwind(|| {
+            // No periodic flushes: the journal makes changes durable (see the module docs).
+            let db = sled::Config::new().path(path).flush_every_ms(None).open()?;
+            let tenants = db.open_tree("tenants")?;
+            let keys = db.open_tree("keys")?;
+            Ok::<_, sled::Error>((db, tenants, keys))
+        });
+        let (db, tenants, keys) = match opened {
+            Ok(Ok(trees)) => trees,
+            Ok(Err(e)) if is_locked_error(&e) => return Err(CatalogOpenError::Locked),
+            Ok(Err(e)) => return Err(CatalogOpenError::Other(e.to_string())),
+            Err(_) => {
+                return Err(CatalogOpenError::Other(
+                    "its files are damaged: the storage library failed while reading them (its \
+                     message is above); restore the catalog directory from a backup"
+                        .into(),
+                ));
+            }
+        };
         // Replay the journal (changes acknowledged since sled's last flush), make them durable in
         // sled, then start the journal over.
         let other = |e: &dyn std::fmt::Display| CatalogOpenError::Other(e.to_string());

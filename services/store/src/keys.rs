@@ -135,6 +135,9 @@ pub(crate) fn run_key(c: Coord, n: u64) -> [u8; 21] {
     k
 }
 
+/// The range of all of a cell's run records (a reader bounds its scan by the run count it read
+/// instead: `StateReader::runs`).
+#[cfg(test)]
 pub(crate) fn runs_of(c: Coord) -> (Vec<u8>, Vec<u8>) {
     let start = run_key(c, 0)[..13].to_vec();
     let end = prefix_end(&start);

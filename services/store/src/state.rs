@@ -885,6 +885,13 @@ fn load_meta(store: &dyn StateBackend) -> Result<(Totals, u64, AuditHead), Backe
                 .map_err(|_| BackendError("applied seq is not 8 bytes".into()))?,
         ),
     };
+    // No log reaches past 2^48 - 1 (the WAL's record format): one above is damage, and taken
+    // as it is, seq arithmetic after it would wrap.
+    if applied >= 1 << 48 {
+        return Err(BackendError(format!(
+            "applied seq {applied} is beyond any log's: the stored state is damaged"
+        )));
+    }
     let totals = match store.get(keys::META_TOTALS)? {
         None => Totals::default(),
         Some(b) => Totals::decode(b.as_slice())
@@ -1996,6 +2003,25 @@ mod tests {
         assert_eq!(h.s.read(&C).unwrap().unwrap().version, 1);
         h.flush();
         assert_eq!(h.s.read(&C).unwrap().unwrap().version, 2);
+    }
+
+    /// A stored applied seq beyond any log's (damage) refuses the state at open, rather than
+    /// wrapping the seq arithmetic after it.
+    #[test]
+    fn an_applied_seq_beyond_any_log_is_refused() {
+        let backend: Arc<dyn StateBackend> = Arc::new(MemBackend::default());
+        backend
+            .apply(vec![BatchOp::Put(
+                keys::META_APPLIED.to_vec(),
+                u64::MAX.to_be_bytes().to_vec(),
+            )])
+            .unwrap();
+        let limits = StateLimits {
+            max_value: 16,
+            audit_retention: 100,
+            telemetry_keep: 3,
+        };
+        assert!(TenantState::open(backend, limits).is_err());
     }
 
     /// A cell's run count and its run records come from two reads, and the actor may apply

@@ -50,10 +50,14 @@ impl Principal {
             .extensions()
             .get::<Principal>()
             .cloned()
-            .ok_or_else(|| ApiError::Unauthenticated("this call is not authenticated".into()))?;
+            // The auth layer puts a principal on every call it lets through to a service that
+            // needs one: without it, the server is wired wrong, not the client.
+            .ok_or(ApiError::Internal(
+                "this call reached its service without its authentication (a server bug)",
+            ))?;
         if !principal.key.has(cap) {
             return Err(ApiError::PermissionDenied(format!(
-                "key '{}' lacks the {cap:?} capability for this call",
+                "key '{}' lacks the {cap} capability for this call",
                 principal.key.key_id
             )));
         }

@@ -34,6 +34,17 @@ pub enum Capability {
     Admin,
 }
 
+/// As error messages name it: `Read`, `Write`, `Admin` (docs/protocol.md's status table).
+impl std::fmt::Display for Capability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Capability::Read => "Read",
+            Capability::Write => "Write",
+            Capability::Admin => "Admin",
+        })
+    }
+}
+
 /// A key as the auth layer needs it. Its `Debug` leaves the secret out, so that no log line
 /// that prints a session or a principal can carry it.
 #[derive(Clone, PartialEq, Eq)]

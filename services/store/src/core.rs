@@ -323,7 +323,7 @@ fn rights_refusal(
     match (needed, caps) {
         (Some(needed), Some(caps)) if !caps.contains(&needed) => {
             Some(StoreError::PermissionDenied(format!(
-                "key '{key_id}' lacks the {needed:?} capability for this call"
+                "key '{key_id}' lacks the {needed} capability for this call"
             )))
         }
         _ => None,

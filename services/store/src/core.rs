@@ -636,8 +636,24 @@ impl<T> TenantCore<T> {
             .as_ref()
             .filter(|_| !replayed_changes.is_empty());
         if let Some(catalog) = catalog_to_sync {
-            for (_, key_id, edit) in &replayed_changes {
-                apply_catalog_edit(catalog, tenant, key_id, edit, Replaying::Yes)?;
+            for (seq, key_id, edit) in &replayed_changes {
+                apply_catalog_edit(catalog, tenant, key_id, edit, Replaying::Yes).map_err(|e| {
+                    match e {
+                        // The catalog's own failures (its journal, its files) say what they are.
+                        StoreError::Unavailable(_) | StoreError::ResourceExhausted(_) => e,
+                        // Anything else (a policy outside this build's bounds, a tenant the
+                        // catalog lacks) is no fault of the caller that opened the tenant.
+                        other => {
+                            tracing::error!(tenant, seq, key = %key_id, error = %other, "a catalog change in the tenant's log could not be made again in the catalog");
+                            StoreError::Unavailable(format!(
+                                "tenant '{tenant}' is unavailable: the catalog change of its \
+                                 write-ahead-log record {seq} could not be made again in the \
+                                 catalog (see the server log); an operator must repair it \
+                                 before it can serve"
+                            ))
+                        }
+                    }
+                })?;
             }
             tracing::info!(
                 tenant,

@@ -30,7 +30,10 @@ impl PerSecond {
     /// budget is spent (nothing is taken then).
     pub(crate) fn take(&mut self, now_ms: i64, limit: u32) -> bool {
         let second = now_ms.div_euclid(1000);
-        if self.second != second {
+        // A later second starts over, and so does a clock stepped back by more than a second;
+        // a caller whose `now_ms` was read a moment before a second boundary it then waited
+        // across (a lock) does not start its second over once more.
+        if second > self.second || second.saturating_add(1) < self.second {
             self.second = second;
             self.taken = 0;
         }
@@ -180,6 +183,9 @@ mod tests {
         assert!(b.take(5_999, 2));
         assert!(!b.take(5_999, 2), "third in one second");
         assert!(b.take(6_000, 2), "a new second");
+        assert!(b.take(6_001, 2));
+        // A caller that read the time just before the boundary does not start it over.
+        assert!(!b.take(5_999, 2), "a stale second took a new budget");
         assert!(b.take(-1, 1), "seconds before the epoch count too");
         assert!(!b.take(-999, 1));
     }

@@ -779,7 +779,12 @@ impl<S> Authenticated<S> {
                     req.headers(),
                     req.extensions().get::<ConnInfo>(),
                 );
-                if !is_late_mark(&decision) || tokio::time::Instant::now() >= until {
+                // Settled (the server is stopping): no renewal will come, so the wait is over
+                // (it returns at once from then on: looping would spin until `until`).
+                if !is_late_mark(&decision)
+                    || tokio::time::Instant::now() >= until
+                    || retry.auth.replay().clock_settled()
+                {
                     break (decision, at);
                 }
             };
@@ -1113,6 +1118,31 @@ mod tests {
         assert!(
             took < Duration::from_millis(3000),
             "{took:?} for a 2-s server limit"
+        );
+    }
+
+    /// A call waiting for the clock mark's renewal when the mark is settled (the server
+    /// stopping) ends then, refused: no renewal comes any more. (It used to re-check in a
+    /// tight loop until its 3-s wait was over, holding a worker thread.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_call_waiting_for_the_clock_mark_ends_when_the_mark_is_settled() {
+        let _counts = MARK_WAIT_TESTS.lock().await;
+        let (_dir, auth, signer) = behind_the_clock_mark();
+        let mut svc = AuthLayer::new(Arc::clone(&auth), None).layer(answers());
+        let path = "/cube.v1.Cells/Delete";
+        let mut req = http::Request::builder().uri(path).body(()).unwrap();
+        signer.sign_headers(path, req.headers_mut(), true);
+        let began = Instant::now();
+        let call = tokio::spawn(svc.call(req));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        auth.replay().settle_clock(now_ms()).unwrap();
+        let resp = call.await.unwrap().unwrap();
+        let took = began.elapsed();
+        let status = Status::from_header_map(resp.headers()).unwrap();
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+        assert!(
+            took < Duration::from_millis(1500),
+            "{took:?}: the wait went on after the mark was settled"
         );
     }
 

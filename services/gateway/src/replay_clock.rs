@@ -179,6 +179,11 @@ impl ClockMark {
         self.accepted.fetch_max(ts_ms, Ordering::SeqCst);
     }
 
+    /// Whether [`ClockMark::settle`] has run.
+    pub(crate) fn is_settled(&self) -> bool {
+        self.settled.load(Ordering::SeqCst)
+    }
+
     /// The durable mark: calls stamped up to it may be accepted.
     pub(crate) fn covered(&self) -> i64 {
         self.covered.load(Ordering::SeqCst)

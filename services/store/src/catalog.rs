@@ -271,12 +271,14 @@ impl Catalog {
                 ));
             }
         };
-        // Replay the journal (changes acknowledged since sled's last flush), make them durable in
-        // sled, then start the journal over.
+        // Replay the journal (the catalog's snapshot at its last start-over, then the changes
+        // acknowledged since), make them durable in sled, then start the journal over with the
+        // catalog's snapshot. Also when the journal is empty but sled is not (a catalog written
+        // by a build whose journal started over empty): from then on the journal holds it all.
         let other = |e: &dyn std::fmt::Display| CatalogOpenError::Other(e.to_string());
         let journal_path = path.with_extension("journal");
         let (mut journal, replay) = Journal::open(&journal_path).map_err(|e| other(&e))?;
-        if !replay.is_empty() {
+        if !replay.is_empty() || !tenants.is_empty() && journal.len() == 0 {
             let changes = replay.len();
             insert_ops(&tenants, &keys, replay).map_err(|e| other(&e))?;
             // Opening the catalog on a full disk must still work (authentication, reads): if
@@ -286,7 +288,10 @@ impl Catalog {
                 Err(e) => {
                     tracing::warn!(error = %e, "catalog journal replayed but sled could not be flushed; the journal is kept");
                 }
-                Ok(()) => match journal.reset() {
+                Ok(()) => match snapshot(&tenants, &keys)
+                    .map_err(|e| ResetError::NotStarted(std::io::Error::other(e)))
+                    .and_then(|ops| journal.reset(&ops))
+                {
                     Ok(()) => {}
                     Err(e @ ResetError::Unsynced(_)) => return Err(other(&e)),
                     Err(e @ ResetError::NotStarted(_)) => {
@@ -361,7 +366,7 @@ impl Catalog {
         keys: &[&Arc<KeyInfo>],
     ) -> Result<(), StoreError> {
         self.refuse_if_failed()?;
-        if st.journal.len() >= RESET_AT {
+        if st.journal.since_snapshot() >= RESET_AT {
             self.start_over(&mut st)?;
         }
         let n = st
@@ -542,8 +547,16 @@ impl Catalog {
         if let Err(e) = make_durable(&self.db, &self.path) {
             return Ok(Err(format!("sled could not be flushed: {e}")));
         }
+        let ops = match snapshot(&self.tenants, &self.keys) {
+            Ok(ops) => ops,
+            Err(e) => {
+                return Ok(Err(format!(
+                    "the catalog could not be read for its snapshot: {e}"
+                )));
+            }
+        };
         let mut s = self.sync.lock().unwrap_or_else(|p| p.into_inner());
-        match st.journal.reset() {
+        match st.journal.reset(&ops) {
             Ok(()) => {}
             Err(e @ ResetError::NotStarted(_)) => {
                 return Ok(Err(format!("the journal could not start over: {e}")));
@@ -1105,6 +1118,22 @@ fn make_durable(db: &sled::Db, dir: &Path) -> Result<(), String> {
 }
 
 /// Insert journal ops into sled's trees, in order.
+/// Every pair of the catalog, as the ops that store them: what the journal starts over with.
+fn snapshot(tenants: &sled::Tree, keys: &sled::Tree) -> sled::Result<Vec<Op>> {
+    let mut ops = Vec::new();
+    for (tree, t) in [(Tree::Tenants, tenants), (Tree::Keys, keys)] {
+        for pair in t.iter() {
+            let (key, value) = pair?;
+            ops.push(Op {
+                tree,
+                key: key.to_vec(),
+                value: value.to_vec(),
+            });
+        }
+    }
+    Ok(ops)
+}
+
 fn insert_ops(
     tenants: &sled::Tree,
     keys: &sled::Tree,
@@ -1602,15 +1631,49 @@ pub(crate) mod tests {
                 ..
             }
         ));
-        // And the replay made them durable in sled: the journal is empty again.
+        // And the replay made them durable in sled, and started the journal over with the
+        // catalog's snapshot: it alone now holds the whole catalog.
+        drop(c);
+        std::fs::remove_dir_all(&path).unwrap();
+        let c = reopen(&path);
         assert_eq!(
-            std::fs::read(path.with_extension("journal"))
-                .unwrap()
-                .iter()
-                .filter(|b| **b != 0)
-                .count(),
-            0
+            c.key("acme", &first.key_id).unwrap().capabilities,
+            vec![Capability::Read, Capability::Admin]
         );
+        assert!(c.key("acme", &second.key_id).unwrap().revoked);
+    }
+
+    /// The journal starts over with the whole catalog (a snapshot), not empty: a catalog whose
+    /// sled files lost what they held once fsynced (sled 0.34 reuses its segments after
+    /// relocating their pages with only a `sync_file_range`, so a power cut can undo a flush the
+    /// journal's reset relied on) comes back whole from the journal: tenants, keys, revocations,
+    /// capabilities, policies. Before 2026-12-05 the journal started over empty, and a catalog
+    /// without its sled files came back empty.
+    #[test]
+    fn the_journal_alone_holds_the_whole_catalog() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("catalog");
+        let (first, second) = {
+            let c = Catalog::open(&path).unwrap();
+            let first = c.create_tenant("acme").unwrap();
+            c.create_tenant("other").unwrap();
+            let second = c.create_key("acme").unwrap();
+            assert!(c.revoke_key("acme", &second.key_id).unwrap());
+            c.change_capabilities("acme", &first.key_id, &[], &[Capability::Write])
+                .unwrap();
+            // A checkpoint's: sled flushed and fsynced, the journal started over.
+            c.make_durable().unwrap();
+            (first, second)
+        };
+        // sled's files lose everything (the worst a reused segment can do); the journal stays.
+        std::fs::remove_dir_all(&path).unwrap();
+        let c = reopen(&path);
+        assert_eq!(
+            c.key("acme", &first.key_id).unwrap().capabilities,
+            vec![Capability::Read, Capability::Admin]
+        );
+        assert!(c.key("acme", &second.key_id).unwrap().revoked);
+        assert!(c.require_tenant("other").is_ok());
     }
 
     /// Past `RESET_AT` bytes the journal starts over (after a sled flush), and nothing is lost.
@@ -1645,10 +1708,7 @@ pub(crate) mod tests {
                 c.change_capabilities("acme", &first.key_id, &[], &[Capability::Write])
                     .unwrap();
             }
-            assert_eq!(
-                std::fs::metadata(&journal).unwrap().len(),
-                crate::catalog_journal::PREALLOC
-            );
+            assert!(std::fs::metadata(&journal).unwrap().len() >= crate::catalog_journal::PREALLOC);
             first
         };
         let c = reopen(&path);

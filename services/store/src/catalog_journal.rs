@@ -4,19 +4,28 @@
 //! policy set) is written here as one record and inserted into sled, whose own flushes are off;
 //! it is acknowledged, and becomes visible to authentication, once an fdatasync of the journal
 //! that started after its write has completed (group commit: concurrent changes share one). When
-//! the journal passes [`RESET_AT`] bytes, sled is flushed and its files fsynced, and the journal
-//! starts over empty. Opening the catalog replays every whole record into sled, in order, makes
-//! sled durable the same way and starts over: replaying a record twice is harmless, since each
-//! one carries the whole new value of what it changes, and the last record for a key is the
-//! latest change.
+//! the journal passes [`RESET_AT`] bytes past its snapshot (or a checkpoint makes the catalog
+//! durable), sled is flushed and its files fsynced, and the journal starts over with a
+//! **snapshot**: every pair of the catalog, as records, then nothing. Opening the catalog replays
+//! every whole record into sled, in order, makes sled durable the same way and starts over:
+//! replaying a record twice is harmless, since each one carries the whole new value of what it
+//! changes, and the last record for a key is the latest change.
+//!
+//! Why a snapshot rather than starting over empty: the journal alone then holds the whole
+//! catalog, so it does not matter what becomes of sled's files after the flush the reset follows.
+//! sled 0.34 counts a write as stable after a `sync_file_range` (no device cache flush, no file
+//! metadata), and reuses a segment once the pages in it were written again elsewhere that way, so
+//! a power cut after such a reuse could lose keys (or revocations) that were durable at the
+//! reset. A catalog is small (a few hundred bytes a tenant and a key), so is its snapshot.
 //!
 //! Why not sled's flush per change: sled 0.34 ends a flush with `sync_file_range`, which neither
 //! flushes the device's write cache nor writes the file's metadata, so a change it "flushed" could
 //! be lost on power loss; and it cost more CPU (`cargo run --release -p cube-store --example
 //! catalog_cost`: ~110 µs per change against ~50 µs; docs/benchmarks.md, "Catalog changes").
 //!
-//! NOTE: on-disk format. The file is zero-filled to [`PREALLOC`] bytes (an fdatasync of a write
-//! inside the file need not update its size). A record is
+//! NOTE: on-disk format. The file holds the snapshot's records and is zero-filled for
+//! [`PREALLOC`] bytes after them (an fdatasync of a write inside the file need not update its
+//! size). A record is
 //! `[u32 LE payload length][u32 LE CRC32C of the payload][payload]`, the payload one or more ops
 //! `[u8 tree][u32 LE key length][key][u32 LE value length][value]`. A zero length, a bad CRC or a
 //! short read ends the journal: the first record that is not whole, and everything after it, was
@@ -28,10 +37,12 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// Bytes the journal file is zero-filled to when it starts over.
+/// Bytes the journal file is zero-filled to past its snapshot when it starts over.
 pub(crate) const PREALLOC: u64 = 1 << 20;
-/// Journal bytes after which sled is flushed and the journal starts over.
+/// Journal bytes past its snapshot after which sled is flushed and the journal starts over.
 pub(crate) const RESET_AT: u64 = PREALLOC - (64 << 10);
+/// Most payload bytes of one snapshot record (a snapshot takes as many records as it needs).
+const SNAPSHOT_RECORD: usize = 1 << 20;
 /// Longest record accepted when reading (a corrupt length must not allocate gigabytes).
 const MAX_RECORD: u32 = 16 << 20;
 
@@ -58,6 +69,9 @@ pub(crate) struct Journal {
     path: PathBuf,
     file: Arc<File>,
     len: u64,
+    /// Bytes of the snapshot the journal started over with (0 for one opened as found: where
+    /// its snapshot ends is not known then).
+    snapshot: u64,
     /// How far writes may have put bytes (a failed write can leave part of a record after
     /// `len`): the next record is written with zeros up to here, for the reason given in
     /// [`Journal::open`].
@@ -97,6 +111,7 @@ impl Journal {
                 path: path.to_path_buf(),
                 file: Arc::new(file),
                 len,
+                snapshot: 0,
                 dirty_to: len,
             },
             ops,
@@ -106,6 +121,11 @@ impl Journal {
     /// Bytes of whole records.
     pub(crate) fn len(&self) -> u64 {
         self.len
+    }
+
+    /// Bytes of the records written since it started over with its snapshot.
+    pub(crate) fn since_snapshot(&self) -> u64 {
+        self.len - self.snapshot
     }
 
     /// The file, for syncing what was written (`sync_data` covers every completed write).
@@ -137,18 +157,21 @@ impl Journal {
         self.file.sync_data()
     }
 
-    /// Start over empty. Call only once everything journaled is durable elsewhere (sled
-    /// flushed). A fresh zero-filled file replaces the journal by rename, so a crash leaves
-    /// either the old journal whole or the new one empty.
-    pub(crate) fn reset(&mut self) -> Result<(), ResetError> {
-        let (tmp, file) = prepare_fresh(&self.path).map_err(ResetError::NotStarted)?;
+    /// Start over with `snapshot` (every pair of the catalog, as ops) as its first records: the
+    /// journal alone then holds the whole catalog, whatever becomes of sled's files (see the
+    /// module doc). A fresh file, the snapshot written and fsynced, replaces the journal by
+    /// rename, so a crash leaves either the old journal whole or the new one with its snapshot.
+    pub(crate) fn reset(&mut self, snapshot: &[Op]) -> Result<(), ResetError> {
+        let head = encode_snapshot(snapshot);
+        let (tmp, file) = prepare_fresh(&self.path, &head).map_err(ResetError::NotStarted)?;
         if let Err(e) = std::fs::rename(&tmp, &self.path) {
             let _ = std::fs::remove_file(&tmp);
             return Err(ResetError::NotStarted(e));
         }
         self.file = Arc::new(file);
-        self.len = 0;
-        self.dirty_to = 0;
+        self.len = head.len() as u64;
+        self.snapshot = self.len;
+        self.dirty_to = self.len;
         sync_parent(&self.path).map_err(ResetError::Unsynced)
     }
 }
@@ -165,8 +188,9 @@ pub(crate) enum ResetError {
     Unsynced(io::Error),
 }
 
-/// Write a zero-filled journal next to `path` and fsync it; return its path and the file.
-fn prepare_fresh(path: &Path) -> io::Result<(PathBuf, File)> {
+/// Write a journal next to `path` holding `head` and zero-filled for [`PREALLOC`] bytes after
+/// it, and fsync it; return its path and the file.
+fn prepare_fresh(path: &Path, head: &[u8]) -> io::Result<(PathBuf, File)> {
     let tmp = path.with_extension("journal-new");
     let file = File::options()
         .create(true)
@@ -174,7 +198,9 @@ fn prepare_fresh(path: &Path) -> io::Result<(PathBuf, File)> {
         .read(true)
         .write(true)
         .open(&tmp)?;
-    file.write_all_at(&vec![0u8; PREALLOC as usize], 0)?;
+    let mut bytes = head.to_vec();
+    bytes.resize(head.len() + PREALLOC as usize, 0);
+    file.write_all_at(&bytes, 0)?;
     file.sync_all()?;
     Ok((tmp, file))
 }
@@ -188,10 +214,28 @@ fn sync_parent(path: &Path) -> io::Result<()> {
 
 /// A fresh journal at `path`, replacing whatever is there.
 fn start_over(path: &Path) -> io::Result<File> {
-    let (tmp, file) = prepare_fresh(path)?;
+    let (tmp, file) = prepare_fresh(path, &[])?;
     std::fs::rename(&tmp, path)?;
     sync_parent(path)?;
     Ok(file)
+}
+
+/// `ops` as records of at most about [`SNAPSHOT_RECORD`] payload bytes each, one after another.
+fn encode_snapshot(ops: &[Op]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut from = 0;
+    let mut size = 0;
+    for (i, op) in ops.iter().enumerate() {
+        size += 9 + op.key.len() + op.value.len();
+        if size >= SNAPSHOT_RECORD {
+            out.extend(encode_record(&ops[from..=i]));
+            (from, size) = (i + 1, 0);
+        }
+    }
+    if from < ops.len() {
+        out.extend(encode_record(&ops[from..]));
+    }
+    out
 }
 
 fn encode_record(ops: &[Op]) -> Vec<u8> {
@@ -397,19 +441,35 @@ mod tests {
         assert_eq!(ops, [first[0].clone(), next[0].clone()]);
     }
 
+    /// A reset starts the journal over with the snapshot it is given (the whole catalog) and
+    /// nothing else; records written after it follow the snapshot. A snapshot bigger than one
+    /// record's worth takes several.
     #[test]
-    fn reset_starts_over_empty() {
+    fn reset_starts_over_with_its_snapshot() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("catalog.journal");
         let (mut j, _) = Journal::open(&path).unwrap();
         j.append(&[op(Tree::Keys, "t/k", "old")]).unwrap();
-        j.reset().unwrap();
-        assert_eq!(j.len(), 0);
+        let big = "v".repeat(300 << 10);
+        let snapshot: Vec<Op> = (0..8)
+            .map(|i| op(Tree::Tenants, &format!("t{i}"), &big))
+            .chain([op(Tree::Keys, "t/k", "newest")])
+            .collect();
+        j.reset(&snapshot).unwrap();
+        assert_eq!(j.since_snapshot(), 0);
+        assert!(j.len() > (8 * 300) << 10);
         let new = [op(Tree::Keys, "t/k2", "new")];
         j.append(&new).unwrap();
         drop(j);
-        let (_, ops) = Journal::open(&path).unwrap();
-        assert_eq!(ops, new);
+        let (j, ops) = Journal::open(&path).unwrap();
+        assert_eq!(ops, [snapshot, new.to_vec()].concat());
         assert!(!path.with_extension("journal-new").exists());
+        drop(j);
+        // An empty snapshot (an empty catalog) is an empty journal.
+        let (mut j, _) = Journal::open(&path).unwrap();
+        j.reset(&[]).unwrap();
+        assert_eq!(j.len(), 0);
+        drop(j);
+        assert!(Journal::open(&path).unwrap().1.is_empty());
     }
 }

@@ -491,7 +491,15 @@ impl Catalog {
             // After a failed fdatasync the file's state is unknown (and the page cache may claim
             // otherwise): never trust it again in this process.
             self.failed.store(true, Ordering::Release);
-            return Err(storage("sync its journal", e));
+            tracing::error!(error = %e, "catalog: fdatasync of its journal failed; catalog changes refused until restart");
+            // The record may be on disk all the same, and the next open would apply it: the
+            // caller must not take the refusal for "not done".
+            return Err(StoreError::Unavailable(
+                "the tenant catalog could not sync its journal, so the outcome of this change is \
+                 unknown: it may be in force after the server restarts (check then); catalog \
+                 changes are refused until that restart; see the server log"
+                    .into(),
+            ));
         }
         s.synced = target;
         Ok(target)

@@ -1444,12 +1444,23 @@ impl TenantState {
         records: Vec<(u64, WalOp)>,
         hints: Vec<(Coord, Hint)>,
     ) -> Result<(), ApplyError> {
+        // Only the first hint of a cell says what the applied state holds: the first record of
+        // the group that touches it saw that state; later ones saw the group's own changes. A
+        // first record without a hint (a Run, a Seal) leaves the cell to be read from the store,
+        // whatever a later record's hint says.
         let mut known = HashMap::with_capacity(hints.len());
+        let mut unhinted = std::collections::HashSet::new();
         for (c, hint) in hints {
-            if let Hint::Known(prev) = hint {
-                // The first record of the group that touches a cell saw the applied state; later
-                // ones read the group's own writes, which take precedence anyway.
-                known.entry(c).or_insert(prev);
+            match hint {
+                Hint::Known(prev) if !unhinted.contains(&c) => {
+                    known.entry(c).or_insert(prev);
+                }
+                Hint::Known(_) => {}
+                Hint::Unknown => {
+                    if !known.contains_key(&c) {
+                        unhinted.insert(c);
+                    }
+                }
             }
         }
         let mut txn = Txn {

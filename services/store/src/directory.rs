@@ -1210,7 +1210,8 @@ impl TenantDirectory {
                     }
                     if crashed {
                         cube_metrics::TENANT_ACTOR_CRASHES.inc();
-                        tracing::warn!(tenant = %name, "tenant's actor stopped after an internal error: closed; its next call reopens it from its log");
+                        // (Its ERROR line was logged when the crash was found.)
+                        tracing::debug!(tenant = %name, "crashed tenant closed");
                     } else {
                         cube_metrics::TENANTS_PASSIVATED.inc();
                         tracing::debug!(tenant = %name, "tenant passivated");

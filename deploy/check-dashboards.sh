@@ -296,9 +296,13 @@ LOAD_PIDS+=($!)
 bad_loop &
 LOAD_PIDS+=($!)
 for pid in "${LOAD_PIDS[@]}"; do
-    wait "$pid" || true
+    wait "$pid" || fail "a load loop (pid $pid) exited with an error"
 done
 LOAD_PIDS=()
+for n in call-1 call-2 connection-3 connection-4; do
+    [ -s "$TMP/load-$n.count" ] || fail "the load loop $n left no count (it died before its end)"
+done
+[ -s "$TMP/load-bad.count" ] || fail "the wrong-secret loop left no count (it died before its end)"
 for auth in call connection; do
     good=0
     bad=0
@@ -455,6 +459,7 @@ for g in r["data"]["groups"]:
                                     threshold.sub("", one_line(rule["query"]))))
 ' >"$TMP/rules.tsv" || fail "read the loaded alert rules from $PROM/api/v1/rules"
 expected=$(grep -c '^ *- alert: ' deploy/prometheus/alerts.yml || true)
+[ "$expected" -gt 0 ] || fail "deploy/prometheus/alerts.yml holds no alert rule"
 loaded=$(wc -l <"$TMP/rules.tsv")
 if [ "$loaded" != "$expected" ]; then
     fail "prometheus loaded $loaded alert rules, deploy/prometheus/alerts.yml has $expected"

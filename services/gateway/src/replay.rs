@@ -1047,12 +1047,25 @@ mod tests {
     #[test]
     fn held_calls_that_come_due_stay_within_the_bound() {
         let c = ReplayCache::new(16 * 64, 300_000, 0);
-        // Every call is held (stamped just over a second ahead), and due two calls later.
-        for (i, nonce) in nonces_in(&c, ("a", "k"), 0, 5_000).into_iter().enumerate() {
+        // Every call is held (stamped just over a second ahead), and due two calls later: so
+        // at most two are held at a time, and every one is accepted.
+        let nonces = nonces_in(&c, ("a", "k"), 0, 5_000);
+        for (i, nonce) in nonces.iter().enumerate() {
             let now = 1_000_000 + i as i64;
-            let _ = c.check_and_insert(("a", "k"), nonce, now + AHEAD_MS + 1, now);
+            assert_eq!(
+                c.check_and_insert(("a", "k"), *nonce, now + AHEAD_MS + 1, now),
+                Ok(()),
+                "call {i}"
+            );
         }
         assert!(c.len() <= 64 + c.ahead_per_shard, "{}", c.len());
+        // The shard kept its newest ordinary entries: the last calls are still refused again.
+        let last = nonces.len() - 1;
+        let now = 1_000_000 + last as i64;
+        assert_eq!(
+            c.check_and_insert(("a", "k"), nonces[last], now + AHEAD_MS + 1, now + 1),
+            Err(ReplayError::Replayed)
+        );
     }
 
     /// Each new floor is a write of the file: a flood of ever later timestamps is refused

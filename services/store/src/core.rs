@@ -2860,12 +2860,28 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let directory =
             relaxed_tenant_whose_next_fsync_fails(dir.path(), Duration::from_millis(600)).await;
-        let (closed, raced) = tokio::join!(directory.close_tenant("t"), async {
-            // The close has begun (the actor stops at once) and its fdatasync is stalled.
-            tokio::time::sleep(Duration::from_millis(150)).await;
-            directory.call("t", write(2, b"v"), "t/k").await
-        });
+        let wal_dir = crate::DataDir::new(dir.path().join("data")).tenant_wal("t");
+        let ((closed, close_ended), (raced, raced_at)) = tokio::join!(
+            async { (directory.close_tenant("t").await, Instant::now()) },
+            async {
+                // Once the close's fdatasync is under way (held 600 ms, then failing).
+                let deadline = Instant::now() + Duration::from_secs(5);
+                while !cube_wal::failpoint::fdatasync_failure_taken(&wal_dir) {
+                    assert!(
+                        Instant::now() < deadline,
+                        "the close's fdatasync never began"
+                    );
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                let at = Instant::now();
+                (directory.call("t", write(2, b"v"), "t/k").await, at)
+            }
+        );
         assert!(closed);
+        assert!(
+            raced_at < close_ended,
+            "the call came after the close: no race"
+        );
         assert_refused_until_restart(&raced);
         let after = directory.call("t", write(3, b"v"), "t/k").await;
         assert_refused_until_restart(&after);

@@ -103,6 +103,16 @@ pub fn fdatasync_delay_taken(dir: &std::path::Path) -> bool {
         .any(|(d, o, _)| d == dir && *o == FaultOn::SlowSync)
 }
 
+/// Whether the failure armed by [`fail_next_fdatasync_after`] (or [`fail_next_fdatasync`])
+/// for `dir` has been taken (its fdatasync is being held now, or has failed).
+#[doc(hidden)]
+pub fn fdatasync_failure_taken(dir: &std::path::Path) -> bool {
+    let faults = SYNC_FAULTS.lock().unwrap_or_else(|p| p.into_inner());
+    !faults
+        .iter()
+        .any(|(d, o, _)| d == dir && *o == FaultOn::Sync)
+}
+
 /// Wait out a delay armed by [`delay_next_fdatasync`] for this fdatasync of `dir`, if any.
 pub(crate) fn injected_sync_delay(dir: &std::path::Path) {
     injected(dir, FaultOn::SlowSync);

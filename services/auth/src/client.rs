@@ -164,6 +164,10 @@ pub enum HandshakeError {
     BadServerProof,
     #[error("the server authenticated the connection as '{got}', not as '{expected}'")]
     WrongPrincipal { expected: String, got: String },
+    /// A challenge nonce of another size than the protocol's 32 bytes: a client must not sign
+    /// whatever a server (or something posing as one) hands it.
+    #[error("the server's challenge nonce is {0} bytes, not 32: not a Cube server's challenge")]
+    BadChallenge(usize),
     /// Its source says how (so the message does not repeat it in an error chain).
     #[error("the credentials' secret is malformed")]
     Secret(#[from] crate::SecretError),
@@ -191,6 +195,9 @@ where
         })
         .await?
         .into_inner();
+    if challenge.nonce.len() != 32 {
+        return Err(HandshakeError::BadChallenge(challenge.nonce.len()));
+    }
     let client_nonce: [u8; 16] = rand::random();
     let mac = crate::hello_mac(
         &secret,

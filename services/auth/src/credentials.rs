@@ -53,8 +53,9 @@ impl std::fmt::Debug for Secret {
     }
 }
 
-/// What a client needs to authenticate, in the JSON shape the CLI prints.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+/// What a client needs to authenticate, in the JSON shape the CLI prints. `Debug` leaves the
+/// secret out (it used to print it, and structs holding credentials derive `Debug`).
+#[derive(Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Credentials {
     pub tenant: String,
     pub key_id: String,
@@ -63,6 +64,17 @@ pub struct Credentials {
     /// Where the server listens (present in dev-credentials.json).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("tenant", &self.tenant)
+            .field("key_id", &self.key_id)
+            .field("secret", &format_args!(".."))
+            .field("endpoint", &self.endpoint)
+            .finish()
+    }
 }
 
 impl Credentials {
@@ -74,6 +86,22 @@ impl Credentials {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Neither a secret nor the credentials holding it print it.
+    #[test]
+    fn debug_never_shows_the_secret() {
+        let secret = Secret::generate();
+        let creds = Credentials {
+            tenant: "acme".into(),
+            key_id: "k-1".into(),
+            secret: secret.to_hex(),
+            endpoint: None,
+        };
+        for shown in [format!("{secret:?}"), format!("{creds:?}"), format!("{creds:#?}")] {
+            assert!(!shown.contains(&secret.to_hex()), "{shown}");
+        }
+        assert!(format!("{creds:?}").contains("acme"));
+    }
 
     #[test]
     fn secret_hex_round_trip_and_errors() {

@@ -97,7 +97,11 @@ mod tests {
             secret: secret.to_hex(),
             endpoint: None,
         };
-        for shown in [format!("{secret:?}"), format!("{creds:?}"), format!("{creds:#?}")] {
+        for shown in [
+            format!("{secret:?}"),
+            format!("{creds:?}"),
+            format!("{creds:#?}"),
+        ] {
             assert!(!shown.contains(&secret.to_hex()), "{shown}");
         }
         assert!(format!("{creds:?}").contains("acme"));

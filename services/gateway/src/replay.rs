@@ -183,8 +183,8 @@ impl Floors {
     }
 
     /// Make sure the file holds a floor of at least `ts_ms` for `key` before its call is
-    /// accepted.
-    /// Returns the highest floor the rewrite dropped (one at or below `prune_to`), if any.
+    /// accepted. The highest floor the rewrite drops (one at or below `prune_to`), if any, is
+    /// given to `note_dropped` before the file is written.
     fn record(
         &self,
         (tenant, key_id): (&str, &str),

@@ -299,7 +299,10 @@ impl Catalog {
                     }
                 },
             }
-            tracing::info!(changes, "catalog journal replayed");
+            tracing::info!(
+                records = changes,
+                "catalog journal replayed (its snapshot and the changes since)"
+            );
         }
         let mut cache = HashMap::new();
         for item in keys.iter() {

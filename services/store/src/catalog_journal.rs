@@ -43,6 +43,9 @@ pub(crate) const PREALLOC: u64 = 1 << 20;
 pub(crate) const RESET_AT: u64 = PREALLOC - (64 << 10);
 /// Most payload bytes of one snapshot record (a snapshot takes as many records as it needs).
 const SNAPSHOT_RECORD: usize = 1 << 20;
+/// More than one change's record can hold (a tenant and its key, a key, a policy: hundreds of
+/// bytes): what a torn last write can leave after the last whole record.
+const LARGEST_TORN: usize = 64 << 10;
 /// Longest record accepted when reading (a corrupt length must not allocate gigabytes).
 const MAX_RECORD: u32 = 16 << 20;
 
@@ -100,10 +103,26 @@ impl Journal {
         // anything is appended there: a shorter record written over it would otherwise leave
         // the torn one's tail behind it, and a whole record inside that tail would be read as
         // a change nobody made at the next open. So if it cannot be done, the open fails.
+        // A torn write leaves at most one record's bytes there. More is damage to records that
+        // were written whole (and acknowledged, or part of the snapshot, fsynced before the
+        // journal took its name): refused, not zeroed, which would drop them without a word.
         if let Some(dirty_end) = bytes.iter().rposition(|b| *b != 0).map(|p| p + 1)
             && dirty_end as u64 > len
         {
-            file.write_all_at(&vec![0u8; dirty_end - len as usize], len)?;
+            let tail = dirty_end - len as usize;
+            if tail > LARGEST_TORN {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "{} is damaged: the record at offset {len} does not check, and {tail} \
+                         bytes follow it, more than one torn write leaves; restore the catalog \
+                         (the journal and the catalog directory) from a backup",
+                        path.display()
+                    ),
+                ));
+            }
+            tracing::warn!(journal = %path.display(), offset = len, bytes = tail, "catalog journal: a torn last record (never acknowledged) zeroed");
+            file.write_all_at(&vec![0u8; tail], len)?;
             file.sync_data()?;
         }
         Ok((
@@ -111,7 +130,9 @@ impl Journal {
                 path: path.to_path_buf(),
                 file: Arc::new(file),
                 len,
-                snapshot: 0,
+                // Only what this process appends counts towards the next start-over: a journal
+                // that could not start over at the open is not started over at every change.
+                snapshot: len,
                 dirty_to: len,
             },
             ops,
@@ -200,8 +221,12 @@ fn prepare_fresh(path: &Path, head: &[u8]) -> io::Result<(PathBuf, File)> {
         .open(&tmp)?;
     let mut bytes = head.to_vec();
     bytes.resize(head.len() + PREALLOC as usize, 0);
-    file.write_all_at(&bytes, 0)?;
-    file.sync_all()?;
+    if let Err(e) = file.write_all_at(&bytes, 0).and_then(|()| file.sync_all()) {
+        // Not left to take the space a full disk lacks.
+        drop(file);
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
     Ok((tmp, file))
 }
 
@@ -439,6 +464,37 @@ mod tests {
         drop(j);
         let (_, ops) = Journal::open(&path).unwrap();
         assert_eq!(ops, [first[0].clone(), next[0].clone()]);
+    }
+
+    /// Damage to records written whole (more non-zero bytes after the first bad record than a
+    /// torn write leaves) refuses the journal instead of zeroing them; a torn last record is
+    /// still zeroed and the journal opens.
+    #[test]
+    fn damage_before_later_records_is_refused_not_zeroed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("catalog.journal");
+        let (mut j, _) = Journal::open(&path).unwrap();
+        let snapshot: Vec<Op> = (0..400)
+            .map(|i| op(Tree::Keys, &format!("t/k{i}"), &"v".repeat(400)))
+            .collect();
+        j.reset(&snapshot).unwrap();
+        j.append(&[op(Tree::Keys, "t/k", "later")]).unwrap();
+        drop(j);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let whole = bytes.clone();
+        bytes[100] ^= 0x40;
+        std::fs::write(&path, &bytes).unwrap();
+        let e = Journal::open(&path).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        assert!(e.to_string().contains("is damaged"), "{e}");
+        assert_eq!(std::fs::read(&path).unwrap(), bytes, "left as it was");
+        // A torn last record: the journal opens without it.
+        let end = whole.iter().rposition(|b| *b != 0).unwrap();
+        let mut torn = whole;
+        torn[end] ^= 0x01;
+        std::fs::write(&path, &torn).unwrap();
+        let (_, ops) = Journal::open(&path).unwrap();
+        assert_eq!(ops, snapshot);
     }
 
     /// A reset starts the journal over with the snapshot it is given (the whole catalog) and

@@ -1656,7 +1656,9 @@ impl Txn<'_> {
             None => Ok(None),
             Some(b) => StoredCell::decode(b.as_slice())
                 .map(Some)
-                .map_err(|e| ApplyError::Backend(BackendError(format!("undecodable cell: {e}")))),
+                // Damaged data, which a reopen would find again: the record cannot be applied
+                // (a backend failure, retried by a reopen, would retry for ever).
+                .map_err(|e| bad(&format!("a stored cell it changes does not decode ({e})"))),
         }
     }
 
@@ -2351,6 +2353,33 @@ mod tests {
             matches!(&page, Err(StoreError::DataLoss(_))),
             "{:?}",
             page.err()
+        );
+    }
+
+    /// A change to a cell whose stored bytes do not decode cannot be applied, for good (a
+    /// reopen would meet them again): a record error, not a backend failure to retry.
+    #[test]
+    fn a_change_to_an_undecodable_stored_cell_cannot_be_applied() {
+        let mut h = Harness::new(fresh(16));
+        h.run(write(C, b"a")).unwrap();
+        h.s.store
+            .apply(vec![BatchOp::Put(
+                keys::cell_key(C).to_vec(),
+                vec![0xff; 7],
+            )])
+            .unwrap();
+        let op = |v: &[u8]| WalOp {
+            op: Some(Op::Put(walop::Put {
+                coord: Some(C.into()),
+                value: v.to_vec(),
+                version: 2,
+            })),
+            audit: None,
+        };
+        let applied = h.s.apply_all(vec![(9, op(b"b"))]);
+        assert!(
+            matches!(&applied, Err(ApplyError::Record { seq: 9, detail }) if detail.contains("does not decode")),
+            "{applied:?}"
         );
     }
 

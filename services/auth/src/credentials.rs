@@ -11,7 +11,11 @@ pub struct Secret([u8; 32]);
 
 impl PartialEq for Secret {
     fn eq(&self, other: &Secret) -> bool {
-        let diff = self.0.iter().zip(&other.0).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+        let diff = self
+            .0
+            .iter()
+            .zip(&other.0)
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y));
         std::hint::black_box(diff) == 0
     }
 }

@@ -2330,10 +2330,8 @@ mod tests {
         assert_eq!(page[1].prev_hash, page[0].hash);
     }
 
-    /// A stored cell that does not decode (damaged data) is DATA_LOSS when read, by a Read or a
-    /// Region page: no retry reads it, unlike a failed read of the storage (UNAVAILABLE).
-    #[test]
-    fn an_undecodable_stored_cell_is_data_loss() {
+    /// A tenant whose cell `C` was written, then its stored bytes damaged (they do not decode).
+    fn with_a_damaged_cell() -> Harness {
         let mut h = Harness::new(fresh(16));
         h.run(write(C, b"a")).unwrap();
         h.s.store
@@ -2342,6 +2340,14 @@ mod tests {
                 vec![0xff; 7],
             )])
             .unwrap();
+        h
+    }
+
+    /// A stored cell that does not decode (damaged data) is DATA_LOSS when read, by a Read or a
+    /// Region page: no retry reads it, unlike a failed read of the storage (UNAVAILABLE).
+    #[test]
+    fn an_undecodable_stored_cell_is_data_loss() {
+        let h = with_a_damaged_cell();
         let reader = h.s.reader();
         let read = reader.read(&C);
         assert!(
@@ -2360,14 +2366,7 @@ mod tests {
     /// reopen would meet them again): a record error, not a backend failure to retry.
     #[test]
     fn a_change_to_an_undecodable_stored_cell_cannot_be_applied() {
-        let mut h = Harness::new(fresh(16));
-        h.run(write(C, b"a")).unwrap();
-        h.s.store
-            .apply(vec![BatchOp::Put(
-                keys::cell_key(C).to_vec(),
-                vec![0xff; 7],
-            )])
-            .unwrap();
+        let mut h = with_a_damaged_cell();
         let op = |v: &[u8]| WalOp {
             op: Some(Op::Put(walop::Put {
                 coord: Some(C.into()),

@@ -2248,14 +2248,18 @@ mod tests {
     }
 
     /// A store whose range scans may miss one key (as a scan racing the actor's audit expiry
-    /// does, or as a store that lost it would), counting reverse seeks; `floor`, if set, is the
-    /// audit floor it reports (what an expiry racing the scan would have stored).
+    /// does, or as a store that lost it would; with `once`, only the first scan misses it, as
+    /// a scan racing the batch that writes it can: reads are not a snapshot), counting reverse
+    /// seeks; `floor`, if set, is the audit floor it reports (what an expiry racing the scan
+    /// would have stored).
     #[derive(Debug)]
     struct Observed {
         inner: Arc<dyn StateBackend>,
         vanished: Option<Vec<u8>>,
+        once: bool,
         floor: Option<u64>,
         seeks: std::sync::atomic::AtomicUsize,
+        scans: std::sync::atomic::AtomicUsize,
     }
 
     impl Observed {
@@ -2271,8 +2275,22 @@ mod tests {
             Arc::new(Observed {
                 inner: Arc::clone(inner),
                 vanished,
+                once: false,
                 floor,
                 seeks: Default::default(),
+                scans: Default::default(),
+            })
+        }
+
+        /// Only its first range scan misses `missed`.
+        fn missed_once(inner: &Arc<dyn StateBackend>, missed: Vec<u8>) -> Arc<Observed> {
+            Arc::new(Observed {
+                inner: Arc::clone(inner),
+                vanished: Some(missed),
+                once: true,
+                floor: None,
+                seeks: Default::default(),
+                scans: Default::default(),
             })
         }
 
@@ -2291,11 +2309,14 @@ mod tests {
             }
         }
         fn range(&self, start: &[u8], end: &[u8]) -> crate::backend::RangeIter<'_> {
-            Box::new(
-                self.inner
-                    .range(start, end)
-                    .filter(|r| !matches!(r, Ok((k, _)) if Some(k) == self.vanished.as_ref())),
-            )
+            let first = self
+                .scans
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                == 0;
+            let misses = first || !self.once;
+            Box::new(self.inner.range(start, end).filter(move |r| {
+                !(misses && matches!(r, Ok((k, _)) if Some(k) == self.vanished.as_ref()))
+            }))
         }
         fn get_lt(&self, key: &[u8]) -> Result<Option<(Vec<u8>, Vec<u8>)>, BackendError> {
             self.seeks
@@ -2411,44 +2432,6 @@ mod tests {
         );
     }
 
-    /// A backend whose first scan misses one key, as a scan racing the batch that writes it can
-    /// (reads are not a snapshot); later scans see it.
-    #[derive(Debug)]
-    struct MissedOnce {
-        inner: Arc<dyn StateBackend>,
-        missed: Vec<u8>,
-        scans: std::sync::atomic::AtomicUsize,
-    }
-
-    impl StateBackend for MissedOnce {
-        fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError> {
-            self.inner.get(key)
-        }
-        fn range(&self, start: &[u8], end: &[u8]) -> crate::backend::RangeIter<'_> {
-            let first = self
-                .scans
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-                == 0;
-            Box::new(
-                self.inner
-                    .range(start, end)
-                    .filter(move |r| !(first && matches!(r, Ok((k, _)) if *k == self.missed))),
-            )
-        }
-        fn get_lt(&self, key: &[u8]) -> Result<Option<(Vec<u8>, Vec<u8>)>, BackendError> {
-            self.inner.get_lt(key)
-        }
-        fn apply(&self, batch: Vec<crate::backend::BatchOp>) -> Result<(), BackendError> {
-            self.inner.apply(batch)
-        }
-        fn flush(&self) -> Result<(), BackendError> {
-            Ok(())
-        }
-        fn size_on_disk(&self) -> u64 {
-            0
-        }
-    }
-
     /// A page whose first read misses a chunk that is there (a batch being applied beside it)
     /// reads again and answers the whole page, not DATA_LOSS. (It answered DATA_LOSS: the CI's
     /// stress gate met one.)
@@ -2460,11 +2443,7 @@ mod tests {
         }
         for missed in [2, 4] {
             let racing = StateReader::new(
-                Arc::new(MissedOnce {
-                    inner: Arc::clone(&h.s.store),
-                    missed: keys::audit_key(missed).to_vec(),
-                    scans: Default::default(),
-                }),
+                Observed::missed_once(&h.s.store, keys::audit_key(missed).to_vec()),
                 100,
             );
             assert_eq!(

@@ -326,6 +326,16 @@ pub static TENANT_ACTOR_CRASHES: LazyLock<IntCounter> = LazyLock::new(|| {
     )
 });
 
+/// Times a tenant's applies were held because its state store's memory was over budget.
+pub static STATE_APPLY_HOLDS: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "cube_state_apply_holds_total",
+        "Times a tenant held its durable changes unapplied (and their answers) because its state \
+         store's memtables were over budget, waiting for its flushes; its actor thread went on \
+         serving other calls meanwhile.",
+    )
+});
+
 /// Register every metric. Metrics without labels appear in the exposition from the start;
 /// labelled ones appear with their first recorded label set.
 pub fn init() {
@@ -357,6 +367,7 @@ pub fn init() {
         &*WAL_SEGMENTS_RECYCLED,
         &*TENANTS_PASSIVATED,
         &*TENANT_ACTOR_CRASHES,
+        &*STATE_APPLY_HOLDS,
     );
     let _ = (
         &*CHANGE_MAILBOX,

@@ -12,7 +12,7 @@ use cube_wal::DurableEvent;
 use tokio::sync::oneshot;
 
 use crate::StoreError;
-use crate::backend::BackendError;
+use crate::backend::{BackendError, FLUSH_POLL};
 use crate::core::TenantCore;
 use crate::state::{Caller, Command, Reply};
 
@@ -55,6 +55,8 @@ pub struct TenantActor {
     core: TenantCore<Responder>,
     /// The periodic checkpoint running on the blocking pool, if one is.
     checkpoint: Option<RunningCheckpoint>,
+    /// The next try of applies held for room in the state store, if one is set.
+    retry: Option<SpawnHandle>,
 }
 
 /// A periodic checkpoint's job on the blocking pool. Its result is taken by whichever comes
@@ -81,6 +83,7 @@ impl TenantActor {
         TenantActor {
             core,
             checkpoint: None,
+            retry: None,
         }
     }
 
@@ -187,7 +190,26 @@ impl Handler<Durable> for TenantActor {
 
     fn handle(&mut self, msg: Durable, ctx: &mut Self::Context) {
         Self::answer(self.core.on_durable(msg.0));
-        self.maybe_checkpoint(ctx);
+        self.hold_or_checkpoint(ctx);
+    }
+}
+
+impl TenantActor {
+    /// After applies: if they are held for room in the state store, ask again in
+    /// [`FLUSH_POLL`] (once: a retry already waiting covers this), else see whether a
+    /// checkpoint is due.
+    fn hold_or_checkpoint(&mut self, ctx: &mut Context<Self>) {
+        if !self.core.apply_held() {
+            self.maybe_checkpoint(ctx);
+            return;
+        }
+        if self.retry.is_none() {
+            self.retry = Some(ctx.run_later(FLUSH_POLL, |act, ctx| {
+                act.retry = None;
+                Self::answer(act.core.retry_apply());
+                act.hold_or_checkpoint(ctx);
+            }));
+        }
     }
 }
 
@@ -239,8 +261,17 @@ impl TenantActor {
         // nothing; when it covers the whole log, the log's files are removed there too, so that
         // the next open does not even read them.
         let wal_dir = wal.dir().to_path_buf();
-        let close =
-            async move { tokio::task::spawn_blocking(move || wal.close_or_failure()).await };
+        // Room in the state store first: the applies the final fdatasync releases are not held
+        // (see `TenantCore::room_to_apply`), and must not wait on this thread.
+        let room = self.core.state_room_waiter();
+        let close = async move {
+            tokio::task::spawn_blocking(move || {
+                let closed = wal.close_or_failure();
+                room();
+                closed
+            })
+            .await
+        };
         ctx.wait(close.into_actor(self).map(move |closed, act, ctx| {
             // A shard stopped by a failed write stays reopenable: reported as such, not as a
             // failed fdatasync, so the close does not refuse the tenant until the restart.

@@ -44,6 +44,19 @@ pub trait StateBackend: Send + Sync + std::fmt::Debug {
     fn flush(&self) -> Result<(), BackendError>;
     /// Bytes on disk (approximate; for stats).
     fn size_on_disk(&self) -> u64;
+    /// Whether an [`StateBackend::apply`] now would go ahead without waiting for the store to
+    /// write memory out (its write buffers within their budget). Never blocks: a tenant's actor
+    /// asks this before it applies, and holds its applies while the answer is no, so that it
+    /// does not wait on the thread it shares with other tenants. Fails once the store has
+    /// failed for good (no room will ever come).
+    fn has_room(&self) -> Result<bool, BackendError> {
+        Ok(true)
+    }
+    /// Block until [`StateBackend::has_room`] (for threads that may block: a tenant's close on
+    /// the blocking pool), for at most [`APPLY_STALL_LIMIT`].
+    fn wait_for_room(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
 }
 
 /// sled's segment (and write-buffer) size. NOTE: fixed when a database is created; sled refuses
@@ -148,12 +161,13 @@ const WRITE_BUFFER_BUDGET: u64 = 48 << 20;
 /// failed (a full disk), so an apply caught in one would hang on the actor's thread for good.
 const FJALL_JOURNAL_LIMIT: u64 = 4 * (SEALED_MEMTABLE_BUDGET as u64 + 1) * FJALL_JOURNAL_FILE_BYTES;
 const FJALL_WRITE_BUFFER_LIMIT: u64 = 4 * WRITE_BUFFER_BUDGET;
-/// Longest an apply waits for flushes to bring the tenant back under its budgets before it
-/// fails (and the tenant is poisoned, reopenably): a flush worker making no progress for this
+/// Longest a tenant's applies wait for flushes to bring it back under its budgets before they
+/// fail (and the tenant is poisoned, reopenably): a flush worker making no progress for this
 /// long is stuck, not slow.
-const APPLY_STALL_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
-/// How often a flush, or an apply waiting for room, looks whether fjall has written memtables out.
-const FLUSH_POLL: std::time::Duration = std::time::Duration::from_millis(2);
+pub(crate) const APPLY_STALL_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
+/// How often a flush, or an apply waiting for room, looks whether fjall has written memtables
+/// out (a tenant's actor holding its applies asks again this often).
+pub(crate) const FLUSH_POLL: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// A tenant's state in its own fjall keyspace (an LSM tree): one partition, one flush and one
 /// compaction worker. Batches go to the memtable only, not to fjall's journal (a patched fjall,
@@ -312,17 +326,13 @@ impl FjallBackend {
         Ok(())
     }
 
-    /// The tenant's write stall, in place of fjall's: while its memtables are over budget (in
-    /// bytes, or sealed ones in number), wait for flushes, for at most [`APPLY_STALL_LIMIT`].
-    fn wait_for_room(&self) -> Result<(), BackendError> {
+    /// The tenant's write stall, in place of fjall's: whether its memtables are within budget
+    /// (in bytes, and sealed ones in number).
+    fn room(&self, ks: &OpenKeyspace) -> bool {
         use fjall::AbstractTree;
-        self.wait_for_flushes(
-            |ks| {
-                ks.keyspace.write_buffer_size() <= WRITE_BUFFER_BUDGET
-                    && ks.part.tree.sealed_memtable_count() <= SEALED_MEMTABLE_BUDGET
-            },
-            Some(APPLY_STALL_LIMIT),
-        )
+        ks.keyspace.write_buffer_size() <= WRITE_BUFFER_BUDGET
+            && ks.part.tree.sealed_memtable_count() <= SEALED_MEMTABLE_BUDGET
+            && !cube_wal::failpoint::state_room_withheld(&self.dir)
     }
 
     fn ks(&self) -> &OpenKeyspace {
@@ -362,6 +372,8 @@ impl StateBackend for FjallBackend {
     }
 
     fn apply(&self, batch: Vec<BatchOp>) -> Result<(), BackendError> {
+        // Immediate when the caller asked `has_room` first (a tenant's actor does); a replay at
+        // open, on the blocking pool, waits here.
         self.wait_for_room()?;
         let mut b = self.ks().keyspace.batch().without_journal();
         for op in batch {
@@ -414,6 +426,23 @@ impl StateBackend for FjallBackend {
         ks.keyspace
             .persist(fjall::PersistMode::SyncAll)
             .map_err(fjall_err)
+    }
+
+    fn has_room(&self) -> Result<bool, BackendError> {
+        let ks = self.ks();
+        if self.room(ks) {
+            return Ok(true);
+        }
+        // Over budget: no room will come if fjall's flush worker failed (its keyspace is then
+        // poisoned, and `Buffer`, which only hands fjall's journal buffer to the OS, says so).
+        ks.keyspace
+            .persist(fjall::PersistMode::Buffer)
+            .map_err(fjall_err)?;
+        Ok(false)
+    }
+
+    fn wait_for_room(&self) -> Result<(), BackendError> {
+        self.wait_for_flushes(|ks| self.room(ks), Some(APPLY_STALL_LIMIT))
     }
 
     fn size_on_disk(&self) -> u64 {

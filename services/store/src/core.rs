@@ -23,7 +23,9 @@ use cube_wal::{
 };
 use prost::Message;
 
-use crate::backend::{BackendError, FjallBackend, StateBackend, migrate_sled_state, open_waiting};
+use crate::backend::{
+    APPLY_STALL_LIMIT, BackendError, FjallBackend, StateBackend, migrate_sled_state, open_waiting,
+};
 use crate::state::{
     ApplyError, Caller, Command, Coord, Effect, Hint, Prepared, Reply, StateLimits, TenantState,
 };
@@ -453,6 +455,9 @@ pub struct TenantCore<T> {
     pending_revokes: HashSet<String>,
     /// Where answers the syncer may send itself go (none: every answer comes from here).
     early: Option<Arc<EarlyAnswers<T>>>,
+    /// Since when durable changes wait unapplied because the state store has no room for them
+    /// (its flushes are behind): see [`TenantCore::room_to_apply`].
+    held_since: Option<Instant>,
 }
 
 impl<T> Drop for TenantCore<T> {
@@ -761,6 +766,7 @@ impl<T> TenantCore<T> {
             unappliable: None,
             pending_revokes: HashSet::new(),
             early: None,
+            held_since: None,
         };
         if read_only {
             core.poison_after(DurableEvent::WriteFailed { no_space: true });
@@ -905,7 +911,11 @@ impl<T> TenantCore<T> {
             }
             Some((_, _, CatalogEdit::Create { .. } | CatalogEdit::Durability(_))) => false,
         };
-        if relaxed_ok && self.waiting.is_empty() && seq <= self.durable + self.window {
+        if relaxed_ok
+            && self.waiting.is_empty()
+            && seq <= self.durable + self.window
+            && matches!(self.state.has_room(), Ok(true))
+        {
             // Relaxed policy, inside the window: apply and answer before the fsync.
             let hints = match effect {
                 Effect::Cell(c, _, hint) => vec![(c, hint)],
@@ -1017,6 +1027,12 @@ impl<T> TenantCore<T> {
                 if n == 0 {
                     return Vec::new();
                 }
+                let no_room = match self.room_to_apply() {
+                    Ok(true) => None,
+                    // Held: the actor asks again shortly ([`TenantCore::apply_held`]).
+                    Ok(false) => return Vec::new(),
+                    Err(e) => Some(e),
+                };
                 let injected = self
                     .wal
                     .as_ref()
@@ -1038,7 +1054,9 @@ impl<T> TenantCore<T> {
                     }
                     hints.extend(w.hint);
                 }
-                let applied = if injected {
+                let applied = if let Some(e) = no_room {
+                    Err(ApplyError::Backend(e))
+                } else if injected {
                     Err(ApplyError::Backend(BackendError("injected (test)".into())))
                 } else {
                     self.state.apply_hinted(records, hints)
@@ -1096,6 +1114,61 @@ impl<T> TenantCore<T> {
                 let err = self.poisoned_error();
                 self.fail_all_waiting(&err)
             }
+        }
+    }
+
+    /// Whether the state store has room to apply a group now. Its apply would otherwise wait
+    /// (up to [`APPLY_STALL_LIMIT`]) for flushes on the actor's thread, which other tenants
+    /// share: instead the group stays in `waiting`, unanswered, as if not yet durable (a reader
+    /// after an early answer already waits for the apply, with its own patience), and the actor
+    /// asks again every [`crate::backend::FLUSH_POLL`] ([`TenantCore::retry_apply`]). Meanwhile the tenant still
+    /// logs changes, within its in-flight caps. `Err` when no room will come: the keyspace
+    /// failed, or the store made none in [`APPLY_STALL_LIMIT`]; the apply then fails as one
+    /// would. A closing core (its WAL taken) does not hold: its closer waited for room where it
+    /// may block ([`TenantCore::state_room_waiter`]).
+    fn room_to_apply(&mut self) -> Result<bool, BackendError> {
+        let room = self.state.has_room();
+        if self.wal.is_none() || !matches!(room, Ok(false)) {
+            self.held_since = None;
+            return match room {
+                Ok(false) => Err(BackendError(
+                    "state store flushes made no room before the tenant closed".into(),
+                )),
+                other => other,
+            };
+        }
+        let since = *self.held_since.get_or_insert_with(|| {
+            cube_metrics::STATE_APPLY_HOLDS.inc();
+            Instant::now()
+        });
+        if since.elapsed() < APPLY_STALL_LIMIT {
+            return Ok(false);
+        }
+        self.held_since = None;
+        Err(BackendError(format!(
+            "state store flushes made no room in {} s",
+            APPLY_STALL_LIMIT.as_secs()
+        )))
+    }
+
+    /// Whether durable changes wait unapplied for room in the state store; the actor then calls
+    /// [`TenantCore::retry_apply`] after [`crate::backend::FLUSH_POLL`].
+    pub fn apply_held(&self) -> bool {
+        self.held_since.is_some()
+    }
+
+    /// Try again to apply what is durable (see [`TenantCore::room_to_apply`]).
+    pub fn retry_apply(&mut self) -> Vec<Answer<T>> {
+        self.on_durable(DurableEvent::Durable(self.durable))
+    }
+
+    /// Block until the state store has room for the applies a close makes (for at most
+    /// [`APPLY_STALL_LIMIT`]): for a thread that may block, before the core's WAL is taken.
+    pub(crate) fn state_room_waiter(&self) -> impl FnOnce() + Send + 'static {
+        let backend = self.state.backend();
+        move || {
+            // A failure shows again at the apply, which fails the tenant then.
+            let _ = backend.wait_for_room();
         }
     }
 
@@ -1165,6 +1238,9 @@ impl<T> TenantCore<T> {
     /// Close on this thread: the log's final fdatasync, the answers it releases, then a
     /// checkpoint. For a core no actor runs (the CLI's offline changes, a reopen during an open).
     pub fn close_here(&mut self) -> Result<Vec<Answer<T>>, StoreError> {
+        if self.wal.is_some() {
+            self.state_room_waiter()();
+        }
         let Some(wal) = self.take_wal() else {
             return Ok(Vec::new());
         };
@@ -1781,6 +1857,37 @@ mod tests {
             msg.contains("record 1 cannot be applied") && msg.contains("an operator must repair"),
             "{msg}"
         );
+    }
+
+    /// A durable group the state store has no room for (its flushes behind) is neither applied
+    /// nor answered, and the call returns at once instead of waiting for room on the actor's
+    /// thread; it is applied and answered at the first try after room came back.
+    #[test]
+    fn a_durable_group_waits_for_room_in_the_state_store_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut core = open(dir.path(), &config());
+        let reader = core.state().reader();
+        let state_dir = dir.path().join("state");
+        cube_wal::failpoint::withhold_state_room(&state_dir, true);
+        assert!(core.handle(write(1, b"a"), &who(), 1).is_none());
+        assert_eq!(settle(&mut core), vec![]);
+        assert!(core.apply_held());
+        // Later changes queue behind it, and another try without room changes nothing.
+        assert!(core.handle(write(1, b"b"), &who(), 2).is_none());
+        assert_eq!(settle(&mut core), vec![]);
+        assert_eq!(core.retry_apply(), vec![]);
+        assert_eq!(reader.read(&at(1)).unwrap(), None);
+        assert!(!core.is_poisoned());
+        cube_wal::failpoint::withhold_state_room(&state_dir, false);
+        assert_eq!(
+            core.retry_apply(),
+            vec![
+                (1, Ok(Reply::Written { version: 1, seq: 1 })),
+                (2, Ok(Reply::Written { version: 2, seq: 2 }))
+            ]
+        );
+        assert!(!core.apply_held());
+        assert_eq!(reader.read(&at(1)).unwrap().unwrap().version, 2);
     }
 
     #[test]
@@ -2794,6 +2901,86 @@ mod tests {
             "a second failure forgotten after {waited:?}"
         );
         directory.shutdown().await;
+    }
+
+    /// A tenant whose state store has no room for its applies (flushes behind: a bulk load on a
+    /// slow disk) holds its own applies, not the actor thread it shares: another tenant on that
+    /// thread is served meanwhile. Its changes are applied once room comes, also when a
+    /// shutdown comes first (the close waits for room off the thread). Before, the apply waited
+    /// for room on the thread, up to 30 s.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_tenant_waiting_for_room_in_its_state_store_does_not_stall_its_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, config) = tenant_with_catalog(dir.path());
+        catalog.create_tenant("u").unwrap();
+        let data = crate::DataDir::new(dir.path().join("data"));
+        let state_t = data.tenant_state("t");
+        // One actor thread for both tenants.
+        let directory = Arc::new(test_directory(data.clone(), &config, &catalog));
+        directory.call("t", write(0, b"v"), "t/k").await.unwrap();
+        directory.call("u", write(0, b"v"), "u/k").await.unwrap();
+
+        let holds = cube_metrics::STATE_APPLY_HOLDS.get();
+        cube_wal::failpoint::withhold_state_room(&state_t, true);
+        // Answered once durable (by the syncer, sync policy), applied later.
+        directory.call("t", write(1, b"held"), "t/k").await.unwrap();
+        for i in 1..=20 {
+            tokio::time::timeout(
+                Duration::from_secs(5),
+                directory.call("u", write(i, b"v"), "u/k"),
+            )
+            .await
+            .expect("tenant u stalled behind t's wait for room")
+            .unwrap();
+        }
+        // Shared by this process's tests: only its rise is asked.
+        assert!(cube_metrics::STATE_APPLY_HOLDS.get() > holds);
+        // A read of t waits for the apply (read your writes).
+        let read = tokio::spawn({
+            let directory = Arc::clone(&directory);
+            async move {
+                directory
+                    .call("t", Command::Read { coord: at(1) }, "t/k")
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!read.is_finished(), "read before the apply");
+        cube_wal::failpoint::withhold_state_room(&state_t, false);
+        let read = read.await.unwrap().unwrap();
+        assert!(
+            matches!(&read, Reply::Read(Some(c)) if c.value == b"held"),
+            "{read:?}"
+        );
+
+        cube_wal::failpoint::withhold_state_room(&state_t, true);
+        directory
+            .call("t", write(2, b"at shutdown"), "t/k")
+            .await
+            .unwrap();
+        let shutdown = {
+            let directory = Arc::clone(&directory);
+            tokio::spawn(async move { directory.shutdown().await })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!shutdown.is_finished(), "closed before the apply");
+        cube_wal::failpoint::withhold_state_room(&state_t, false);
+        let failed = tokio::time::timeout(Duration::from_secs(10), shutdown)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(failed.is_empty(), "{failed:?}");
+        drop(directory);
+        let restarted = test_directory(data, &config, &catalog);
+        let read = restarted
+            .call("t", Command::Read { coord: at(2) }, "t/k")
+            .await
+            .unwrap();
+        assert!(
+            matches!(&read, Reply::Read(Some(c)) if c.value == b"at shutdown"),
+            "{read:?}"
+        );
+        restarted.shutdown().await;
     }
 
     /// A first call that gives up while the directory makes room for its tenant (closing

@@ -1077,6 +1077,12 @@ impl TenantState {
         Arc::clone(&self.store)
     }
 
+    /// Whether an apply now would not wait for the state store's flushes
+    /// ([`StateBackend::has_room`]).
+    pub(crate) fn has_room(&self) -> Result<bool, BackendError> {
+        self.store.has_room()
+    }
+
     fn logical_cell(&self, c: Coord) -> Result<Option<StoredCell>, StoreError> {
         if let Some(p) = self.pending_cells.get(&c) {
             return Ok(p.value.clone());

@@ -12,7 +12,8 @@
 //! ([`fail_next_dir_sync_after_delete`]); and, before a tenant's actor applies a durable group
 //! ([`before_apply`]), a delay with `CUBE_FAILPOINT_APPLY_DELAY_MS=<ms>` in the environment (it holds open the window between the
 //! WAL syncer's answer and the apply for integration tests) and injected apply failures
-//! ([`fail_next_apply`]); and a held fdatasync that then succeeds ([`delay_next_fdatasync`]).
+//! ([`fail_next_apply`]); a held fdatasync that then succeeds ([`delay_next_fdatasync`]); and a
+//! tenant state store that reports no room for applies ([`withhold_state_room`]).
 
 use std::sync::OnceLock;
 
@@ -155,6 +156,34 @@ pub(crate) fn injected_new_segment_sync_failure(dir: &std::path::Path) -> bool {
 #[doc(hidden)]
 pub fn fail_next_apply(dir: &std::path::Path) {
     arm(dir, FaultOn::Apply, std::time::Duration::ZERO);
+}
+
+/// State directories whose store is made to report no room for applies (tests only; see
+/// [`withhold_state_room`]).
+static NO_ROOM: std::sync::Mutex<Vec<std::path::PathBuf>> = std::sync::Mutex::new(Vec::new());
+static NO_ROOM_ARMED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Make the tenant state store in `dir` report that its memtables are over budget (`true`),
+/// as one whose flushes fall behind would, until called again with `false` (tests only:
+/// cube-store asks [`state_room_withheld`]).
+#[doc(hidden)]
+pub fn withhold_state_room(dir: &std::path::Path, withheld: bool) {
+    let mut dirs = NO_ROOM.lock().unwrap_or_else(|p| p.into_inner());
+    dirs.retain(|d| d != dir);
+    if withheld {
+        dirs.push(dir.to_path_buf());
+        NO_ROOM_ARMED.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Whether the state store in `dir` is to report no room ([`withhold_state_room`]). Unarmed,
+/// one relaxed atomic load.
+pub fn state_room_withheld(dir: &std::path::Path) -> bool {
+    if !NO_ROOM_ARMED.load(std::sync::atomic::Ordering::Relaxed) {
+        return false;
+    }
+    let dirs = NO_ROOM.lock().unwrap_or_else(|p| p.into_inner());
+    dirs.iter().any(|d| d == dir)
 }
 
 fn arm(dir: &std::path::Path, on: FaultOn, delay: std::time::Duration) {

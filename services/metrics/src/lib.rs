@@ -326,15 +326,42 @@ pub static TENANT_ACTOR_CRASHES: LazyLock<IntCounter> = LazyLock::new(|| {
     )
 });
 
-/// Times a tenant's applies were held because its state store's memory was over budget.
-pub static STATE_APPLY_HOLDS: LazyLock<IntCounter> = LazyLock::new(|| {
-    counter(
-        "cube_state_apply_holds_total",
-        "Times a tenant held its durable changes unapplied (and their answers) because its state \
-         store's memtables were over budget, waiting for its flushes; its actor thread went on \
-         serving other calls meanwhile.",
+/// Times a tenant held its applies instead of waiting on its actor thread, by reason.
+pub static APPLY_HOLDS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "cube_apply_holds_total",
+        "Times a tenant held its durable changes unapplied (and the answers that wait for the \
+         apply) rather than wait on the actor thread it shares with other tenants, by reason \
+         (state_store: its memtables over budget, flushes behind; catalog: a catalog change \
+         while the catalog's files were being synced).",
+        &["reason"],
     )
 });
+
+/// Why a tenant held its applies: the `reason` label of `cube_apply_holds_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApplyHold {
+    /// The state store's memtables were over budget (its flushes behind).
+    StateStore,
+    /// The group held a catalog change while the catalog was syncing its files.
+    Catalog,
+}
+
+impl ApplyHold {
+    pub const ALL: [ApplyHold; 2] = [Self::StateStore, Self::Catalog];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::StateStore => "state_store",
+            Self::Catalog => "catalog",
+        }
+    }
+
+    /// This reason's series.
+    pub fn counter(self) -> IntCounter {
+        APPLY_HOLDS.with_label_values(&[self.label()])
+    }
+}
 
 /// Register every metric. Metrics without labels appear in the exposition from the start;
 /// labelled ones appear with their first recorded label set.
@@ -367,7 +394,6 @@ pub fn init() {
         &*WAL_SEGMENTS_RECYCLED,
         &*TENANTS_PASSIVATED,
         &*TENANT_ACTOR_CRASHES,
-        &*STATE_APPLY_HOLDS,
     );
     let _ = (
         &*CHANGE_MAILBOX,
@@ -381,6 +407,9 @@ pub fn init() {
     // first one, or the first scrape already shows it counted and `increase` sees nothing.
     for outcome in ClockMarkWait::ALL {
         let _ = outcome.counter();
+    }
+    for reason in ApplyHold::ALL {
+        let _ = reason.counter();
     }
 }
 

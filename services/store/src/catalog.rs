@@ -181,6 +181,24 @@ pub struct Catalog {
     /// whose rename may not survive a crash), or sled refused a journaled change: further
     /// changes are refused until the server restarts.
     failed: AtomicBool,
+    /// Syncs of sled's files under way or waiting for the change lock ([`Catalog::syncing`]).
+    syncs: std::sync::atomic::AtomicUsize,
+}
+
+/// One sync of the catalog's files counted in [`Catalog::syncing`] while it lives.
+struct SyncUnderWay<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> SyncUnderWay<'a> {
+    fn new(syncs: &'a std::sync::atomic::AtomicUsize) -> SyncUnderWay<'a> {
+        syncs.fetch_add(1, Ordering::AcqRel);
+        SyncUnderWay(syncs)
+    }
+}
+
+impl Drop for SyncUnderWay<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// `(tenant, key id)`.
@@ -330,6 +348,7 @@ impl Catalog {
             }),
             written: AtomicU64::new(0),
             failed: AtomicBool::new(false),
+            syncs: Default::default(),
         })
     }
 
@@ -533,6 +552,7 @@ impl Catalog {
     /// over. If sled cannot be flushed or the journal cannot start over (a full disk), the
     /// journal keeps growing and the next change tries again.
     fn start_over(&self, st: &mut JournalState) -> Result<(), StoreError> {
+        let _syncing = SyncUnderWay::new(&self.syncs);
         if let Err(why) = self.flush_and_restart(st)? {
             tracing::warn!(error = %why, "catalog: its journal keeps growing");
         }
@@ -582,6 +602,24 @@ impl Catalog {
         s.synced = written;
         self.refuse_if_failed()?;
         Ok(Ok(()))
+    }
+
+    /// Whether a sync of the catalog's files (sled's flush, the fsync of each file, the
+    /// journal's start-over with a snapshot: milliseconds, more for a large catalog) is under
+    /// way or about to take the change lock. A tenant's actor then holds a catalog change
+    /// rather than wait for that lock on the thread it shares with other tenants.
+    pub fn syncing(&self) -> bool {
+        self.syncs.load(Ordering::Acquire) > 0
+    }
+
+    /// Count a sync of the catalog's files as under way (`true`) or ended (tests only).
+    #[cfg(test)]
+    pub(crate) fn pretend_syncing(&self, on: bool) {
+        if on {
+            self.syncs.fetch_add(1, Ordering::AcqRel);
+        } else {
+            self.syncs.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 
     /// The key `tenant/key_id`, if it exists (revoked keys included).
@@ -893,6 +931,7 @@ impl Catalog {
     /// one was deleted. A failure of either step is an error (the caller's checkpoint fails and
     /// keeps the log).
     pub fn make_durable(&self) -> Result<(), StoreError> {
+        let _syncing = SyncUnderWay::new(&self.syncs);
         let mut st = self.lock_changes();
         match self.flush_and_restart(&mut st)? {
             Ok(()) => Ok(()),

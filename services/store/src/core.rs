@@ -1027,7 +1027,7 @@ impl<T> TenantCore<T> {
                 if n == 0 {
                     return Vec::new();
                 }
-                let no_room = match self.room_to_apply() {
+                let no_room = match self.room_to_apply(n) {
                     Ok(true) => None,
                     // Held: the actor asks again shortly ([`TenantCore::apply_held`]).
                     Ok(false) => return Vec::new(),
@@ -1117,17 +1117,31 @@ impl<T> TenantCore<T> {
         }
     }
 
-    /// Whether the state store has room to apply a group now. Its apply would otherwise wait
-    /// (up to [`APPLY_STALL_LIMIT`]) for flushes on the actor's thread, which other tenants
-    /// share: instead the group stays in `waiting`, unanswered, as if not yet durable (a reader
-    /// after an early answer already waits for the apply, with its own patience), and the actor
-    /// asks again every [`crate::backend::FLUSH_POLL`] ([`TenantCore::retry_apply`]). Meanwhile the tenant still
-    /// logs changes, within its in-flight caps. `Err` when no room will come: the keyspace
-    /// failed, or the store made none in [`APPLY_STALL_LIMIT`]; the apply then fails as one
-    /// would. A closing core (its WAL taken) does not hold: its closer waited for room where it
-    /// may block ([`TenantCore::state_room_waiter`]).
-    fn room_to_apply(&mut self) -> Result<bool, BackendError> {
-        let room = self.state.has_room();
+    /// Whether the first `n` waiting changes can be applied now without waiting on the actor's
+    /// thread, which other tenants share: the state store has room for them (else its apply
+    /// would wait, up to [`APPLY_STALL_LIMIT`], for its flushes), and, if they hold a catalog
+    /// change, the catalog is not syncing its files (else that change would wait for the
+    /// catalog's lock, milliseconds, more for a large catalog: [`Catalog::syncing`]). When not,
+    /// the changes stay in `waiting`, unapplied and unanswered as if not yet durable (a reader
+    /// after an early answer already waits for the apply, with its own patience), and the
+    /// actor asks again every [`crate::backend::FLUSH_POLL`] ([`TenantCore::retry_apply`]),
+    /// serving other messages meanwhile; the tenant still logs changes, within its in-flight
+    /// caps. `Err` when no room will come: the keyspace failed, or no room came in
+    /// [`APPLY_STALL_LIMIT`]; the apply then fails as one would. A closing core (its WAL
+    /// taken) does not hold: its closer waited for room where it may block
+    /// ([`TenantCore::state_room_waiter`]), and a catalog sync ends by itself.
+    fn room_to_apply(&mut self, n: usize) -> Result<bool, BackendError> {
+        let catalog_busy = self.catalog.as_ref().is_some_and(|c| c.syncing())
+            && self
+                .waiting
+                .iter()
+                .take(n)
+                .any(|w| catalog_change(w.seq, &w.op).is_some());
+        let (room, why) = if catalog_busy && self.wal.is_some() {
+            (Ok(false), cube_metrics::ApplyHold::Catalog)
+        } else {
+            (self.state.has_room(), cube_metrics::ApplyHold::StateStore)
+        };
         if self.wal.is_none() || !matches!(room, Ok(false)) {
             self.held_since = None;
             return match room {
@@ -1138,20 +1152,26 @@ impl<T> TenantCore<T> {
             };
         }
         let since = *self.held_since.get_or_insert_with(|| {
-            cube_metrics::STATE_APPLY_HOLDS.inc();
+            why.counter().inc();
             Instant::now()
         });
         if since.elapsed() < APPLY_STALL_LIMIT {
             return Ok(false);
         }
         self.held_since = None;
-        Err(BackendError(format!(
-            "state store flushes made no room in {} s",
-            APPLY_STALL_LIMIT.as_secs()
-        )))
+        Err(BackendError(match why {
+            cube_metrics::ApplyHold::StateStore => format!(
+                "state store flushes made no room in {} s",
+                APPLY_STALL_LIMIT.as_secs()
+            ),
+            cube_metrics::ApplyHold::Catalog => format!(
+                "the catalog's sync did not end in {} s",
+                APPLY_STALL_LIMIT.as_secs()
+            ),
+        }))
     }
 
-    /// Whether durable changes wait unapplied for room in the state store; the actor then calls
+    /// Whether durable changes wait unapplied ([`TenantCore::room_to_apply`]); the actor then calls
     /// [`TenantCore::retry_apply`] after [`crate::backend::FLUSH_POLL`].
     pub fn apply_held(&self) -> bool {
         self.held_since.is_some()
@@ -2259,6 +2279,38 @@ mod tests {
         .unwrap();
     }
 
+    /// A durable group holding a catalog change waits (unapplied, unanswered, the call
+    /// returning at once) while the catalog syncs its files, rather than wait for the catalog's
+    /// lock on the actor's thread; a group without one does not wait for the catalog at all.
+    #[test]
+    fn a_catalog_change_waits_while_the_catalog_syncs_its_files_and_other_changes_do_not() {
+        use Capability::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, config) = tenant_with_catalog(dir.path());
+        let key = catalog.create_key("t").unwrap();
+        let has_write = || {
+            catalog
+                .key("t", &key.key_id)
+                .unwrap()
+                .capabilities
+                .contains(&Write)
+        };
+        let mut core = open(dir.path(), &config);
+        catalog.pretend_syncing(true);
+        assert!(core.handle(write(1, b"v"), &who(), 1).is_none());
+        assert!(matches!(settle(&mut core).as_slice(), [(1, Ok(_))]));
+        assert!(!core.apply_held());
+        let demote = caps(&key.key_id, &[], &[Write]);
+        assert!(core.handle(demote, &who(), 2).is_none());
+        assert_eq!(settle(&mut core), vec![]);
+        assert!(core.apply_held());
+        assert!(has_write());
+        catalog.pretend_syncing(false);
+        assert!(matches!(core.retry_apply().as_slice(), [(2, Ok(_))]));
+        assert!(!core.apply_held());
+        assert!(!has_write());
+    }
+
     /// A key whose revocation, or loss of a capability, is logged but not yet applied (so not
     /// yet in the catalog the gateway checks), or applied since the gateway checked, gets no
     /// change into the log after that record.
@@ -2920,7 +2972,7 @@ mod tests {
         directory.call("t", write(0, b"v"), "t/k").await.unwrap();
         directory.call("u", write(0, b"v"), "u/k").await.unwrap();
 
-        let holds = cube_metrics::STATE_APPLY_HOLDS.get();
+        let holds = cube_metrics::ApplyHold::StateStore.counter().get();
         cube_wal::failpoint::withhold_state_room(&state_t, true);
         // Answered once durable (by the syncer, sync policy), applied later.
         directory.call("t", write(1, b"held"), "t/k").await.unwrap();
@@ -2934,7 +2986,7 @@ mod tests {
             .unwrap();
         }
         // Shared by this process's tests: only its rise is asked.
-        assert!(cube_metrics::STATE_APPLY_HOLDS.get() > holds);
+        assert!(cube_metrics::ApplyHold::StateStore.counter().get() > holds);
         // A read of t waits for the apply (read your writes).
         let read = tokio::spawn({
             let directory = Arc::clone(&directory);

@@ -50,7 +50,7 @@ const LARGEST_TORN: usize = 64 << 10;
 const MAX_RECORD: u32 = 16 << 20;
 
 /// Which sled tree an op writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) enum Tree {
     Tenants = 0,
     Keys = 1,

@@ -55,8 +55,6 @@ pub struct TenantActor {
     core: TenantCore<Responder>,
     /// The periodic checkpoint running on the blocking pool, if one is.
     checkpoint: Option<RunningCheckpoint>,
-    /// The next try of applies held for room in the state store, if one is set.
-    retry: Option<SpawnHandle>,
 }
 
 /// A periodic checkpoint's job on the blocking pool. Its result is taken by whichever comes
@@ -83,7 +81,6 @@ impl TenantActor {
         TenantActor {
             core,
             checkpoint: None,
-            retry: None,
         }
     }
 
@@ -172,7 +169,7 @@ impl Handler<Crash> for TenantActor {
 impl Handler<Call> for TenantActor {
     type Result = ();
 
-    fn handle(&mut self, msg: Call, _ctx: &mut Self::Context) {
+    fn handle(&mut self, msg: Call, ctx: &mut Self::Context) {
         cube_metrics::CHANGE_MAILBOX.observe(msg.sent.elapsed().as_secs_f64());
         if msg.reply.tx.is_closed() {
             // The caller gave up (its gRPC deadline passed or it disconnected) while the call
@@ -181,6 +178,10 @@ impl Handler<Call> for TenantActor {
         }
         if let Some((responder, result)) = self.core.handle(msg.cmd, &msg.caller, msg.reply) {
             responder.send(result);
+        }
+        if self.core.apply_held() {
+            // A relaxed change found no room to be applied at once: it waits for the next try.
+            self.hold_or_checkpoint(ctx);
         }
     }
 }
@@ -195,21 +196,23 @@ impl Handler<Durable> for TenantActor {
 }
 
 impl TenantActor {
-    /// After applies: if they are held for room in the state store, ask again in
-    /// [`FLUSH_POLL`] (once: a retry already waiting covers this), else see whether a
-    /// checkpoint is due.
+    /// After applies: if they are held ([`TenantCore::apply_held`]), stop taking this actor's
+    /// messages for [`FLUSH_POLL`] (`ctx.wait`: the thread runs other tenants' actors
+    /// meanwhile, and this tenant's calls wait in its mailbox, within its in-flight caps), then
+    /// try again; else see whether a checkpoint is due.
     fn hold_or_checkpoint(&mut self, ctx: &mut Context<Self>) {
         if !self.core.apply_held() {
             self.maybe_checkpoint(ctx);
             return;
         }
-        if self.retry.is_none() {
-            self.retry = Some(ctx.run_later(FLUSH_POLL, |act, ctx| {
-                act.retry = None;
-                Self::answer(act.core.retry_apply());
-                act.hold_or_checkpoint(ctx);
-            }));
-        }
+        ctx.wait(
+            tokio::time::sleep(FLUSH_POLL)
+                .into_actor(self)
+                .map(|_, act, ctx| {
+                    Self::answer(act.core.retry_apply());
+                    act.hold_or_checkpoint(ctx);
+                }),
+        );
     }
 }
 

@@ -3,9 +3,11 @@
 //! A change (a key created, revoked or given other capabilities, a tenant created, a durability
 //! policy set) is written here as one record and inserted into sled, whose own flushes are off;
 //! it is acknowledged, and becomes visible to authentication, once an fdatasync of the journal
-//! that started after its write has completed (group commit: concurrent changes share one). When
-//! the journal passes [`RESET_AT`] bytes past its snapshot (or a checkpoint makes the catalog
-//! durable), sled is flushed and its files fsynced, and the journal starts over with a
+//! that started after its write has completed (group commit: concurrent changes share one).
+//! Changes made from a tenant's log (sled only) are restated here by that tenant's checkpoint:
+//! their records' current values, as one record of at most [`LARGEST_RESTATEMENT`] bytes. When
+//! the journal passes [`RESET_AT`] bytes past its snapshot (or a restatement would be larger),
+//! sled is flushed and its files fsynced, and the journal starts over with a
 //! **snapshot**: every pair of the catalog, as records, then nothing. Opening the catalog replays
 //! every whole record into sled, in order, makes sled durable the same way and starts over:
 //! replaying a record twice is harmless, since each one carries the whole new value of what it
@@ -44,8 +46,18 @@ pub(crate) const RESET_AT: u64 = PREALLOC - (64 << 10);
 /// Most payload bytes of one snapshot record (a snapshot takes as many records as it needs).
 const SNAPSHOT_RECORD: usize = 1 << 20;
 /// More than one change's record can hold (a tenant and its key, a key, a policy: hundreds of
-/// bytes): what a torn last write can leave after the last whole record.
+/// bytes), or a checkpoint's restatement ([`LARGEST_RESTATEMENT`]): what a torn last write can
+/// leave after the last whole record.
 const LARGEST_TORN: usize = 64 << 10;
+/// Most payload bytes a checkpoint restates in one record; more, and the journal starts over
+/// instead (a torn write of a larger record could leave more than [`LARGEST_TORN`] behind, and
+/// the catalog would not open).
+pub(crate) const LARGEST_RESTATEMENT: usize = LARGEST_TORN / 2;
+
+/// The payload bytes a record of `ops` takes.
+pub(crate) fn payload_bytes(ops: &[Op]) -> usize {
+    ops.iter().map(|o| 9 + o.key.len() + o.value.len()).sum()
+}
 /// Longest record accepted when reading (a corrupt length must not allocate gigabytes).
 const MAX_RECORD: u32 = 16 << 20;
 

@@ -455,10 +455,21 @@ pub struct TenantCore<T> {
     pending_revokes: HashSet<String>,
     /// Where answers the syncer may send itself go (none: every answer comes from here).
     early: Option<Arc<EarlyAnswers<T>>>,
-    /// Since when durable changes wait unapplied because the state store has no room for them
-    /// (its flushes are behind): see [`TenantCore::room_to_apply`].
-    held_since: Option<Instant>,
+    /// Whether, since when and why durable changes wait unapplied: see
+    /// [`TenantCore::room_to_apply`].
+    held: Option<Held>,
 }
+
+/// Applies held rather than waited for on the actor's thread ([`TenantCore::room_to_apply`]).
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    since: Instant,
+    why: cube_metrics::ApplyHold,
+}
+
+/// Longest a hold waits for a catalog sync ([`crate::Catalog::syncing`]) before the apply takes
+/// the catalog's lock: a sync holds it for one journal fdatasync (~0.1 ms on a fast disk).
+const CATALOG_HOLD_LIMIT: Duration = Duration::from_millis(20);
 
 impl<T> Drop for TenantCore<T> {
     fn drop(&mut self) {
@@ -766,7 +777,7 @@ impl<T> TenantCore<T> {
             unappliable: None,
             pending_revokes: HashSet::new(),
             early: None,
-            held_since: None,
+            held: None,
         };
         if read_only {
             core.poison_after(DurableEvent::WriteFailed { no_space: true });
@@ -911,11 +922,13 @@ impl<T> TenantCore<T> {
             }
             Some((_, _, CatalogEdit::Create { .. } | CatalogEdit::Durability(_))) => false,
         };
-        if relaxed_ok
-            && self.waiting.is_empty()
-            && seq <= self.durable + self.window
-            && matches!(self.state.has_room(), Ok(true))
-        {
+        let room = (relaxed_ok && self.waiting.is_empty() && seq <= self.durable + self.window)
+            .then(|| self.state.has_room());
+        if matches!(room, Some(Ok(false))) {
+            // Queued below, and applied when there is room (the actor asks again shortly).
+            self.hold(cube_metrics::ApplyHold::StateStore);
+        }
+        if matches!(room, Some(Ok(true))) {
             // Relaxed policy, inside the window: apply and answer before the fsync.
             let hints = match effect {
                 Effect::Cell(c, _, hint) => vec![(c, hint)],
@@ -968,6 +981,8 @@ impl<T> TenantCore<T> {
 
     /// Fail every caller still waiting, changes and deferred answers alike.
     fn fail_all_waiting(&mut self, err: &StoreError) -> Vec<Answer<T>> {
+        // Nothing is left to apply.
+        self.held = None;
         // A waiting change is in the log already; a deferred answer logged nothing.
         let logged = err.outcome_unknown();
         // An early answer whose change is durable is answered as such (the reopen replays it),
@@ -1025,12 +1040,22 @@ impl<T> TenantCore<T> {
                     })
                     .count();
                 if n == 0 {
+                    self.held = None;
                     return Vec::new();
                 }
                 let no_room = match self.room_to_apply(n) {
                     Ok(true) => None,
-                    // Held: the actor asks again shortly ([`TenantCore::apply_held`]).
-                    Ok(false) => return Vec::new(),
+                    // Held: the actor asks again shortly ([`TenantCore::apply_held`]). Early
+                    // answers the syncer left to this core (it reported before they were
+                    // queued) go out now, durable: readers wait for the apply all the same.
+                    Ok(false) => {
+                        let early = self.early.as_ref().map(|e| e.take_through(durable));
+                        return early
+                            .into_iter()
+                            .flatten()
+                            .map(|(token, reply)| (token, Ok(reply)))
+                            .collect();
+                    }
                     Err(e) => Some(e),
                 };
                 let injected = self
@@ -1120,30 +1145,37 @@ impl<T> TenantCore<T> {
     /// Whether the first `n` waiting changes can be applied now without waiting on the actor's
     /// thread, which other tenants share: the state store has room for them (else its apply
     /// would wait, up to [`APPLY_STALL_LIMIT`], for its flushes), and, if they hold a catalog
-    /// change, the catalog is not syncing its files (else that change would wait for the
-    /// catalog's lock, milliseconds, more for a large catalog: [`Catalog::syncing`]). When not,
-    /// the changes stay in `waiting`, unapplied and unanswered as if not yet durable (a reader
-    /// after an early answer already waits for the apply, with its own patience), and the
-    /// actor asks again every [`crate::backend::FLUSH_POLL`] ([`TenantCore::retry_apply`]),
-    /// serving other messages meanwhile; the tenant still logs changes, within its in-flight
-    /// caps. `Err` when no room will come: the keyspace failed, or no room came in
-    /// [`APPLY_STALL_LIMIT`]; the apply then fails as one would. A closing core (its WAL
-    /// taken) does not hold: its closer waited for room where it may block
-    /// ([`TenantCore::state_room_waiter`]), and a catalog sync ends by itself.
+    /// change, the catalog is not syncing (else that change would wait for the catalog's
+    /// change lock: [`Catalog::syncing`]). When not, the changes stay in `waiting`, unapplied
+    /// and unanswered as if not yet durable (a reader after an early answer already waits for
+    /// the apply, with its own patience), and the actor stops taking its messages for
+    /// [`crate::backend::FLUSH_POLL`], then asks again ([`TenantCore::retry_apply`]); its thread
+    /// serves other tenants meanwhile, and this tenant's calls queue in its mailbox, held to
+    /// its in-flight caps. `Err` when no room will come: the keyspace failed, or no room came
+    /// in [`APPLY_STALL_LIMIT`]; the apply then fails as one would. A catalog sync is waited
+    /// for at most [`CATALOG_HOLD_LIMIT`] per hold (syncs of many tenants could otherwise keep
+    /// [`Catalog::syncing`] up for good, though each is short); then the apply takes the lock.
+    /// A closing core (its WAL taken) does not hold: its closer waited for room where it may
+    /// block ([`TenantCore::state_room_waiter`]), and a catalog sync ends by itself.
     fn room_to_apply(&mut self, n: usize) -> Result<bool, BackendError> {
-        let catalog_busy = self.catalog.as_ref().is_some_and(|c| c.syncing())
+        use cube_metrics::ApplyHold;
+        let catalog_busy = self.wal.is_some()
+            && self.catalog.as_ref().is_some_and(|c| c.syncing())
+            && self
+                .held
+                .is_none_or(|h| h.since.elapsed() < CATALOG_HOLD_LIMIT)
             && self
                 .waiting
                 .iter()
                 .take(n)
                 .any(|w| catalog_change(w.seq, &w.op).is_some());
-        let (room, why) = if catalog_busy && self.wal.is_some() {
-            (Ok(false), cube_metrics::ApplyHold::Catalog)
+        let (room, why) = if catalog_busy {
+            (Ok(false), ApplyHold::Catalog)
         } else {
-            (self.state.has_room(), cube_metrics::ApplyHold::StateStore)
+            (self.state.has_room(), ApplyHold::StateStore)
         };
         if self.wal.is_none() || !matches!(room, Ok(false)) {
-            self.held_since = None;
+            self.held = None;
             return match room {
                 Ok(false) => Err(BackendError(
                     "state store flushes made no room before the tenant closed".into(),
@@ -1151,30 +1183,41 @@ impl<T> TenantCore<T> {
                 other => other,
             };
         }
-        let since = *self.held_since.get_or_insert_with(|| {
-            why.counter().inc();
-            Instant::now()
-        });
+        let since = self.hold(why);
         if since.elapsed() < APPLY_STALL_LIMIT {
             return Ok(false);
         }
-        self.held_since = None;
-        Err(BackendError(match why {
-            cube_metrics::ApplyHold::StateStore => format!(
-                "state store flushes made no room in {} s",
-                APPLY_STALL_LIMIT.as_secs()
-            ),
-            cube_metrics::ApplyHold::Catalog => format!(
-                "the catalog's sync did not end in {} s",
-                APPLY_STALL_LIMIT.as_secs()
-            ),
-        }))
+        self.held = None;
+        Err(BackendError(format!(
+            "state store flushes made no room in {} s",
+            APPLY_STALL_LIMIT.as_secs()
+        )))
     }
 
-    /// Whether durable changes wait unapplied ([`TenantCore::room_to_apply`]); the actor then calls
-    /// [`TenantCore::retry_apply`] after [`crate::backend::FLUSH_POLL`].
+    /// Hold applies for `why` (counted once per hold and reason); returns since when they are
+    /// held.
+    fn hold(&mut self, why: cube_metrics::ApplyHold) -> Instant {
+        match &mut self.held {
+            Some(h) => {
+                if h.why != why {
+                    why.counter().inc();
+                    h.why = why;
+                }
+                h.since
+            }
+            None => {
+                why.counter().inc();
+                let since = Instant::now();
+                self.held = Some(Held { since, why });
+                since
+            }
+        }
+    }
+
+    /// Whether durable changes wait unapplied ([`TenantCore::room_to_apply`]); the actor then
+    /// calls [`TenantCore::retry_apply`] after [`crate::backend::FLUSH_POLL`].
     pub fn apply_held(&self) -> bool {
-        self.held_since.is_some()
+        self.held.is_some()
     }
 
     /// Try again to apply what is durable (see [`TenantCore::room_to_apply`]).
@@ -2305,10 +2348,40 @@ mod tests {
         assert_eq!(settle(&mut core), vec![]);
         assert!(core.apply_held());
         assert!(has_write());
+        assert_eq!(core.retry_apply(), vec![]);
         catalog.pretend_syncing(false);
         assert!(matches!(core.retry_apply().as_slice(), [(2, Ok(_))]));
         assert!(!core.apply_held());
         assert!(!has_write());
+
+        // Syncs that never let up (many tenants' checkpoints in a row): after
+        // CATALOG_HOLD_LIMIT the apply takes the catalog's lock (here free) instead of holding
+        // on until the 30-s limit fails it.
+        catalog.pretend_syncing(true);
+        let promote = caps(&key.key_id, &[Write], &[]);
+        assert!(core.handle(promote, &who(), 3).is_none());
+        assert_eq!(settle(&mut core), vec![]);
+        std::thread::sleep(CATALOG_HOLD_LIMIT + Duration::from_millis(5));
+        assert!(matches!(core.retry_apply().as_slice(), [(3, Ok(_))]));
+        assert!(has_write());
+        catalog.pretend_syncing(false);
+    }
+
+    /// A tenant poisoned while its applies are held holds nothing more: the actor stops asking
+    /// (it asked every 2 ms until the restart before; found by review).
+    #[test]
+    fn a_tenant_poisoned_while_its_applies_are_held_holds_no_more() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut core = open(dir.path(), &config());
+        let state_dir = dir.path().join("state");
+        cube_wal::failpoint::withhold_state_room(&state_dir, true);
+        assert!(core.handle(write(1, b"a"), &who(), 1).is_none());
+        assert_eq!(settle(&mut core), vec![]);
+        assert!(core.apply_held());
+        let failed = core.on_durable(DurableEvent::Poisoned);
+        cube_wal::failpoint::withhold_state_room(&state_dir, false);
+        assert!(matches!(failed.as_slice(), [(1, Err(_))]));
+        assert!(!core.apply_held());
     }
 
     /// A key whose revocation, or loss of a capability, is logged but not yet applied (so not
@@ -2971,6 +3044,11 @@ mod tests {
         let directory = Arc::new(test_directory(data.clone(), &config, &catalog));
         directory.call("t", write(0, b"v"), "t/k").await.unwrap();
         directory.call("u", write(0, b"v"), "u/k").await.unwrap();
+        // Applied (a read waits for it), so its apply is not the one held below.
+        directory
+            .call("t", Command::Read { coord: at(0) }, "t/k")
+            .await
+            .unwrap();
 
         let holds = cube_metrics::ApplyHold::StateStore.counter().get();
         cube_wal::failpoint::withhold_state_room(&state_t, true);
@@ -3033,6 +3111,54 @@ mod tests {
             "{read:?}"
         );
         restarted.shutdown().await;
+    }
+
+    /// While a tenant's applies are held, its calls wait in its mailbox, held to its in-flight
+    /// cap (the rest refused RESOURCE_EXHAUSTED), rather than being logged and answered (under
+    /// `sync` the syncer answers a cell change once durable, which frees its place): a bulk
+    /// load on a slow disk must not pile changes up in memory without bound while flushes
+    /// catch up. (Found by review: the first version of the hold went on logging.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_tenant_whose_applies_are_held_logs_no_more_than_its_in_flight_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, config) = tenant_with_catalog(dir.path());
+        let data = crate::DataDir::new(dir.path().join("data"));
+        let state_t = data.tenant_state("t");
+        let directory = Arc::new(test_directory(data, &config, &catalog));
+        directory.call("t", write(0, b"v"), "t/k").await.unwrap();
+        // Applied (a read waits for it), so its apply is not the one held.
+        directory
+            .call("t", Command::Read { coord: at(0) }, "t/k")
+            .await
+            .unwrap();
+        cube_wal::failpoint::withhold_state_room(&state_t, true);
+        // The next change is held after its fdatasync (and answered by the syncer).
+        directory.call("t", write(1, b"v"), "t/k").await.unwrap();
+        let calls: Vec<_> = (0..200)
+            .map(|i| {
+                let directory = Arc::clone(&directory);
+                tokio::spawn(async move { directory.call("t", write(10 + i, b"v"), "t/k").await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (mut answered, mut refused) = (0, 0);
+        for c in &calls {
+            if c.is_finished() {
+                answered += 1;
+            }
+        }
+        cube_wal::failpoint::withhold_state_room(&state_t, false);
+        for c in calls {
+            match c.await.unwrap() {
+                Ok(_) => {}
+                Err(StoreError::ResourceExhausted(_)) => refused += 1,
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+        // The mailbox cap of `directory_config` is 64: at most that many wait, none answered.
+        assert_eq!(answered, refused, "calls answered while applies were held");
+        assert!(refused >= 200 - 64, "{refused} refused");
+        directory.shutdown().await;
     }
 
     /// A first call that gives up while the directory makes room for its tenant (closing

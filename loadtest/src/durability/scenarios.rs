@@ -443,13 +443,14 @@ pub async fn power_loss(s: &Settings) -> anyhow::Result<ScenarioReport> {
     Ok(rep.finish())
 }
 
-/// Whether `e` is the tenant refusing to open because its log needs repair (`UNAVAILABLE`,
-/// "its write-ahead log is corrupt"): the one error a control round may end with.
+/// Whether `e` is the tenant refusing to open because its log needs repair (`DATA_LOSS`,
+/// "its write-ahead log is corrupt"; `UNAVAILABLE` from servers before 2026-12-05): the one
+/// error a control round may end with.
 fn refused_as_corrupt_log(e: &anyhow::Error) -> bool {
     e.chain()
         .filter_map(|c| c.downcast_ref::<tonic::Status>())
         .any(|s| {
-            s.code() == tonic::Code::Unavailable
+            matches!(s.code(), tonic::Code::DataLoss | tonic::Code::Unavailable)
                 && s.message().contains("its write-ahead log is corrupt")
         })
 }
@@ -686,14 +687,19 @@ mod tests {
 
     #[test]
     fn only_a_tenant_refused_for_its_corrupt_log_ends_a_control_round() {
-        let corrupt = tonic::Status::unavailable(
+        let corrupt = tonic::Status::data_loss(
             "tenant 'demo' is unavailable: its write-ahead log is corrupt (the server log names \
              the segment and offset); an operator must repair it before it can serve",
         );
         let wrapped: anyhow::Result<()> =
             Err(corrupt.clone()).context("reading writer 3's records back");
         assert!(refused_as_corrupt_log(&wrapped.unwrap_err()));
-        assert!(refused_as_corrupt_log(&anyhow::Error::from(corrupt)));
+        assert!(refused_as_corrupt_log(&anyhow::Error::from(
+            corrupt.clone()
+        )));
+        // As an older server answered it.
+        let older = tonic::Status::unavailable(corrupt.message());
+        assert!(refused_as_corrupt_log(&anyhow::Error::from(older)));
         for other in [
             tonic::Status::unavailable("server shutting down"),
             tonic::Status::internal("its write-ahead log is corrupt"),

@@ -373,8 +373,11 @@ impl StateBackend for FjallBackend {
 
     fn apply(&self, batch: Vec<BatchOp>) -> Result<(), BackendError> {
         // Immediate when the caller asked `has_room` first (a tenant's actor does); a replay at
-        // open, on the blocking pool, waits here.
-        self.wait_for_room()?;
+        // open, on the blocking pool, waits here. With one sealed memtable of slack over
+        // `has_room`'s budget: a checkpoint's flush, on another thread, may seal the active
+        // memtable between an actor's `has_room` and its apply (adding a sealed memtable, not
+        // bytes), and that apply must still not wait on the actor's thread.
+        self.wait_for_flushes(|ks| self.room(ks, 1), Some(APPLY_STALL_LIMIT))?;
         let mut b = self.ks().keyspace.batch().without_journal();
         for op in batch {
             match op {
@@ -441,12 +444,8 @@ impl StateBackend for FjallBackend {
         Ok(false)
     }
 
-    /// With one sealed memtable of slack over [`StateBackend::has_room`]'s budget: a
-    /// checkpoint's flush, on another thread, may seal the active memtable between an actor's
-    /// `has_room` and its apply (adding a sealed memtable, not bytes), and that apply must
-    /// still not wait on the actor's thread.
     fn wait_for_room(&self) -> Result<(), BackendError> {
-        self.wait_for_flushes(|ks| self.room(ks, 1), Some(APPLY_STALL_LIMIT))
+        self.wait_for_flushes(|ks| self.room(ks, 0), Some(APPLY_STALL_LIMIT))
     }
 
     fn size_on_disk(&self) -> u64 {

@@ -956,12 +956,11 @@ impl Catalog {
         // `logged` (folded into a journaled one that was then undone): nothing here is to be
         // trusted before a restart, so the checkpoint fails and keeps its log.
         self.refuse_if_failed()?;
-        let start_over = |st: &mut JournalState| match self.flush_and_restart(st)? {
-            Ok(()) => Ok(()),
-            Err(why) => Err(storage("sync itself", why)),
-        };
         if st.journal.since_snapshot() >= RESET_AT {
-            return start_over(&mut st);
+            return match self.flush_and_restart(&mut st)? {
+                Ok(()) => Ok(()),
+                Err(why) => Err(storage("sync itself", why)),
+            };
         }
         // Journaled changes not synced yet first: the values restated below then hold no change
         // whose sync could still fail and be undone in sled.
@@ -989,19 +988,27 @@ impl Catalog {
                 });
             }
         }
-        if payload_bytes(&ops) > LARGEST_RESTATEMENT {
-            return start_over(&mut st);
-        }
-        if !ops.is_empty() {
+        // In records of at most LARGEST_RESTATEMENT bytes, each synced before the next is
+        // written: a crash can then tear only the last one, which the journal's open takes
+        // for the unacknowledged tail it is.
+        let mut start = 0;
+        while start < ops.len() {
+            let mut end = start + 1;
+            let mut bytes = payload_bytes(&ops[start..end]);
+            while end < ops.len() && bytes + payload_bytes(&ops[end..=end]) <= LARGEST_RESTATEMENT {
+                bytes += payload_bytes(&ops[end..=end]);
+                end += 1;
+            }
             let n = st
                 .journal
-                .write(&ops)
+                .write(&ops[start..end])
                 .map_err(|e| storage("write its journal", e))?;
-            let end = self.written.load(Ordering::Acquire) + n;
-            self.written.store(end, Ordering::Release);
+            start = end;
+            let written = self.written.load(Ordering::Acquire) + n;
+            self.written.store(written, Ordering::Release);
             // Under the change lock: nothing is logged or journaled meanwhile. A failed sync
             // leaves nothing to undo (sled holds these values already, rightly).
-            let synced = self.sync_to(end)?;
+            let synced = self.sync_to(written)?;
             self.settle(&mut st, synced);
         }
         st.logged.clear();
@@ -1885,11 +1892,12 @@ pub(crate) mod tests {
     }
 
     /// A restatement larger than `LARGEST_RESTATEMENT` (many keys created from tenants' logs
-    /// since the last sync) starts the journal over instead of going in as one record: torn by
-    /// a crash, such a record could leave more behind than the journal's open accepts, and the
-    /// catalog would not open (found by review).
+    /// since the last sync) goes in as several records, each synced before the next is
+    /// written: one record torn by a crash could otherwise leave more behind than the journal's
+    /// open accepts, and the catalog would not open (found by review). No start-over (which
+    /// needs room for a new journal file) is needed for it.
     #[test]
-    fn a_large_restatement_starts_the_journal_over() {
+    fn a_large_restatement_goes_in_as_several_records() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("catalog");
         let keys: Vec<KeyInfo> = {
@@ -1899,10 +1907,32 @@ pub(crate) mod tests {
             for k in &keys {
                 assert!(c.apply_logged_key_creation(k).unwrap());
             }
+            let before = c.lock_changes().journal.since_snapshot();
             c.make_durable().unwrap();
-            assert_eq!(c.lock_changes().journal.since_snapshot(), 0);
+            let restated = c.lock_changes().journal.since_snapshot() - before;
+            assert!(
+                restated > crate::catalog_journal::LARGEST_RESTATEMENT as u64,
+                "{restated}"
+            );
             keys
         };
+        // Each record within the bound (the format: u32 LE payload length, u32 CRC, payload;
+        // zeros after the last).
+        let bytes = std::fs::read(path.with_extension("journal")).unwrap();
+        let (mut at, mut records) = (0, 0);
+        while at + 8 <= bytes.len() {
+            let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+            if len == 0 {
+                break;
+            }
+            assert!(len <= crate::catalog_journal::LARGEST_RESTATEMENT, "{len}");
+            records += 1;
+            at += 8 + len;
+        }
+        assert!(records >= 3, "{records}");
+        // The journal reads back whole: the tenant's records and every restated key.
+        let (_, replay) = Journal::open(&path.with_extension("journal")).unwrap();
+        assert!(replay.len() > 300, "{}", replay.len());
         std::fs::remove_dir_all(&path).unwrap();
         let c = reopen(&path);
         for k in &keys {

@@ -1220,8 +1220,12 @@ impl<T> TenantCore<T> {
         self.held.is_some()
     }
 
-    /// Try again to apply what is durable (see [`TenantCore::room_to_apply`]).
+    /// Try again to apply what is durable (see [`TenantCore::room_to_apply`]). A failure of
+    /// the log is taken at once: its report waits in the mailbox the hold does not read.
     pub fn retry_apply(&mut self) -> Vec<Answer<T>> {
+        if let Some(failed) = self.wal.as_ref().and_then(|w| w.failure()) {
+            return self.on_durable(failed);
+        }
         self.on_durable(DurableEvent::Durable(self.durable))
     }
 
@@ -1239,6 +1243,10 @@ impl<T> TenantCore<T> {
     pub fn checkpoint_due(&self) -> bool {
         !self.checkpoint_running
             && !self.is_poisoned()
+            // Not while closing (the close makes its own) or holding applies (a periodic tick
+            // can still run as a hold begins).
+            && self.wal.is_some()
+            && self.held.is_none()
             && self.state.applied_seq() > self.checkpoint_seq
             && (self.bytes_since_checkpoint >= self.checkpoint.every_bytes
                 || self.last_checkpoint.elapsed() >= self.checkpoint.every)
@@ -1599,7 +1607,7 @@ impl<T> TenantCore<T> {
             ))
         } else if let Some(seq) = self.unappliable {
             // As the open after a restart will say (`open_error`, `WalError::Replay`).
-            StoreError::Unavailable(format!(
+            StoreError::DataLoss(format!(
                 "tenant '{}' is unavailable: write-ahead-log record {seq} cannot be applied (see \
                  the server log); an operator must repair it before it can serve. {}",
                 self.tenant,
@@ -1813,16 +1821,18 @@ fn open_error(tenant: &str, e: &WalError) -> StoreError {
     match e {
         // The segment, offset and finding are for the operator (in the line logged above), not
         // for the tenant's clients.
-        WalError::Corrupt { .. } => StoreError::Unavailable(format!(
+        // DATA_LOSS, not UNAVAILABLE: nothing here passes with time or a retry (gRPC's
+        // UNAVAILABLE is "most likely transient, retry with backoff"); an operator must act.
+        WalError::Corrupt { .. } => StoreError::DataLoss(format!(
             "tenant '{tenant}' is unavailable: its write-ahead log is corrupt (the server log \
              names the segment and offset); an operator must repair it before it can serve"
         )),
-        WalError::StateBehindLog { .. } => StoreError::Unavailable(format!(
+        WalError::StateBehindLog { .. } => StoreError::DataLoss(format!(
             "tenant '{tenant}' is unavailable: its stored state is older than its write-ahead log \
              (some acknowledged records are in neither; the server log says which); an operator \
              must restore the tenant's state and log from one copy before it can serve"
         )),
-        WalError::Replay { seq, .. } => StoreError::Unavailable(format!(
+        WalError::Replay { seq, .. } => StoreError::DataLoss(format!(
             "tenant '{tenant}' is unavailable: write-ahead-log record {seq} cannot be applied; an \
              operator must repair it before it can serve"
         )),
@@ -1912,7 +1922,7 @@ mod tests {
             detail: "unknown op".into(),
         });
         assert!(!r);
-        let StoreError::Unavailable(msg) = answer else {
+        let StoreError::DataLoss(msg) = answer else {
             panic!("{answer:?}")
         };
         // Not "until the server restarts": the restart's replay meets the same record.
@@ -2277,7 +2287,7 @@ mod tests {
             None,
         );
         assert!(
-            matches!(refused, Err(StoreError::Unavailable(_))),
+            matches!(refused, Err(StoreError::DataLoss(_))),
             "{refused:?}"
         );
         let mut core = open(dir.path(), &config);
@@ -2367,6 +2377,29 @@ mod tests {
         catalog.pretend_syncing(false);
     }
 
+    /// A core closed on its own thread (the CLI's offline changes, a reopen during an open)
+    /// waits there for room in the state store before the applies its final fdatasync releases,
+    /// rather than failing them (and poisoning the tenant) because a closing core never holds.
+    #[test]
+    fn a_close_here_waits_for_room_in_the_state_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut core = open(dir.path(), &config());
+        let state_dir = dir.path().join("state");
+        cube_wal::failpoint::withhold_state_room(&state_dir, true);
+        assert!(core.handle(write(1, b"a"), &who(), 1).is_none());
+        let release = {
+            let state_dir = state_dir.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(100));
+                cube_wal::failpoint::withhold_state_room(&state_dir, false);
+            })
+        };
+        let answers = core.close_here().unwrap();
+        release.join().unwrap();
+        assert!(matches!(answers.as_slice(), [(1, Ok(_))]), "{answers:?}");
+        assert!(!core.is_poisoned());
+    }
+
     /// A tenant poisoned while its applies are held holds nothing more: the actor stops asking
     /// (it asked every 2 ms until the restart before; found by review).
     #[test]
@@ -2382,6 +2415,33 @@ mod tests {
         cube_wal::failpoint::withhold_state_room(&state_dir, false);
         assert!(matches!(failed.as_slice(), [(1, Err(_))]));
         assert!(!core.apply_held());
+    }
+
+    /// A failure of the log while applies are held is taken by the next try, not left until
+    /// the hold ends (its report waits in the mailbox, which a holding actor does not read).
+    #[test]
+    fn a_log_failure_ends_a_hold_at_the_next_try() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut core = open(dir.path(), &config());
+        let state_dir = dir.path().join("state");
+        cube_wal::failpoint::withhold_state_room(&state_dir, true);
+        assert!(core.handle(write(1, b"a"), &who(), 1).is_none());
+        assert_eq!(settle(&mut core), vec![]);
+        assert!(core.apply_held());
+        cube_wal::failpoint::fail_next_fdatasync(&dir.path().join("wal"));
+        assert!(core.handle(write(2, b"b"), &who(), 2).is_none());
+        let wal = core.wal.as_ref().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while wal.failure().is_none() {
+            assert!(Instant::now() < deadline, "the fdatasync did not fail");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let failed = core.retry_apply();
+        cube_wal::failpoint::withhold_state_room(&state_dir, false);
+        assert_eq!(failed.len(), 2, "{failed:?}");
+        assert!(failed.iter().all(|(_, r)| r.is_err()), "{failed:?}");
+        assert!(!core.apply_held());
+        assert!(core.is_poisoned());
     }
 
     /// A key whose revocation, or loss of a capability, is logged but not yet applied (so not
@@ -3031,8 +3091,8 @@ mod tests {
     /// A tenant whose state store has no room for its applies (flushes behind: a bulk load on a
     /// slow disk) holds its own applies, not the actor thread it shares: another tenant on that
     /// thread is served meanwhile. Its changes are applied once room comes, also when a
-    /// shutdown comes first (the close waits for room off the thread). Before, the apply waited
-    /// for room on the thread, up to 30 s.
+    /// shutdown comes first (it waits behind the hold: a holding actor reads no message).
+    /// Before, the apply waited for room on the thread, up to 30 s.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_tenant_waiting_for_room_in_its_state_store_does_not_stall_its_thread() {
         let dir = tempfile::tempdir().unwrap();

@@ -49,6 +49,7 @@ impl StoreError {
                 StoreError::ResourceExhausted(format!("{m}{UNKNOWN}"))
             }
             StoreError::Unavailable(m) => StoreError::Unavailable(format!("{m}{UNKNOWN}")),
+            StoreError::DataLoss(m) => StoreError::DataLoss(format!("{m}{UNKNOWN}")),
             other => other.clone(),
         }
     }
@@ -66,10 +67,10 @@ impl StoreError {
 
     /// Whether an operator's durability change that the tenant's log refused with this error is
     /// set through the catalog instead, for the tenant's next open (without its audit entry):
-    /// only for a tenant whose log cannot be opened or written (UNAVAILABLE). Any other refusal
-    /// (a full disk, say) is the answer.
+    /// only for a tenant whose log cannot be opened or written (UNAVAILABLE, or DATA_LOSS for a
+    /// corrupt one). Any other refusal (a full disk, say) is the answer.
     pub fn durability_goes_to_catalog(&self) -> bool {
-        matches!(self, StoreError::Unavailable(_))
+        matches!(self, StoreError::Unavailable(_) | StoreError::DataLoss(_))
     }
 }
 

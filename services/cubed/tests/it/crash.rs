@@ -292,7 +292,7 @@ async fn corrupt_tenant_refuses_to_open_while_others_keep_serving() {
     tokio::task::block_in_place(|| server.restart()).unwrap();
     let mut a = server.cells(&acme).await.unwrap();
     let err = a.read(read(0, 0, 0)).await.unwrap_err();
-    assert_eq!(err.code(), tonic::Code::Unavailable);
+    assert_eq!(err.code(), tonic::Code::DataLoss);
     assert!(err.message().contains("corrupt"), "{}", err.message());
     assert!(
         !err.message()
@@ -351,13 +351,13 @@ async fn a_tenant_with_a_corrupt_log_can_still_have_keys_revoked_and_its_durabil
     tokio::task::block_in_place(|| server.restart()).unwrap();
     let mut a = server.cells(&acme).await.unwrap();
     let err = a.read(read(0, 0, 0)).await.unwrap_err();
-    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    assert_eq!(err.code(), tonic::Code::DataLoss, "{err:?}");
     // The key was good: the refusal is the tenant's, not a failed authentication.
     let (_, text) = cube_testkit::admin_get(server.admin_addr, "/metrics").unwrap();
     assert_eq!(
         cube_testkit::metric_sample(
             &text,
-            "grpc_server_handled_total{auth=\"call\",grpc_code=\"Unavailable\",grpc_method=\"Read\""
+            "grpc_server_handled_total{auth=\"call\",grpc_code=\"DataLoss\",grpc_method=\"Read\""
         ),
         Some(1.0),
         "{text}"
@@ -452,7 +452,7 @@ async fn a_state_store_older_than_the_removed_log_is_refused_not_silently_contin
     tokio::task::block_in_place(|| server.restart()).unwrap();
     let mut c = server.cells(&server.demo).await.unwrap();
     let err = c.read(read(1, 1, 1)).await.unwrap_err();
-    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    assert_eq!(err.code(), tonic::Code::DataLoss, "{err:?}");
     // Named as what it is, not as a corrupt log (the log is sound).
     assert!(
         err.message()

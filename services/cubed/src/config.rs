@@ -363,11 +363,6 @@ pub struct ServeArgs {
     /// (`cube_disk_free_bytes` is still reported).
     #[arg(long, env = "CUBE_MIN_FREE_BYTES", default_value_t = DEFAULT_MIN_FREE_BYTES)]
     pub min_free_bytes: u64,
-    /// Each tenant's storage quota in bytes: its WAL's segment files plus its state store's
-    /// files. At it, changes that store more (Write, Prog, Run, Link) are refused
-    /// (RESOURCE_EXHAUSTED); deletions and everything else still pass. 0: no quota.
-    #[arg(long, env = "CUBE_TENANT_MAX_BYTES", default_value_t = 0)]
-    pub tenant_max_bytes: u64,
     /// Close (passivate) a tenant after this many seconds without a call; its next call reopens it.
     #[arg(long, env = "CUBE_IDLE_SECS", default_value_t = DEFAULT_IDLE_SECS)]
     pub idle_secs: u64,
@@ -476,7 +471,6 @@ pub struct ServeConfig {
     pub checkpoint: cube_store::CheckpointPolicy,
     pub state_cache_bytes: u64,
     pub min_free_bytes: u64,
-    pub tenant_max_bytes: u64,
     pub idle_after: std::time::Duration,
     pub max_open_tenants: usize,
     pub scan_limits: cube_gateway::ScanLimits,
@@ -667,7 +661,6 @@ impl ServeArgs {
             },
             state_cache_bytes: self.state_cache_bytes,
             min_free_bytes: self.min_free_bytes,
-            tenant_max_bytes: self.tenant_max_bytes,
             idle_after: std::time::Duration::from_secs(self.idle_secs),
             max_open_tenants: self.max_open_tenants,
             scan_limits: cube_gateway::ScanLimits {

@@ -268,7 +268,6 @@ pub async fn run(
                 // Each tenant gets the directory's catalog and janitor when it opens.
                 catalog: None,
                 janitor: None,
-                max_tenant_bytes: config.tenant_max_bytes,
             },
             mailbox_capacity: config.mailbox_capacity,
             max_in_flight_bytes: config.max_in_flight_bytes,

@@ -122,10 +122,7 @@ impl Actor for TenantActor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
-        ctx.run_interval(CHECKPOINT_TICK, |act, ctx| {
-            act.core.refresh_usage();
-            act.maybe_checkpoint(ctx);
-        });
+        ctx.run_interval(CHECKPOINT_TICK, |act, ctx| act.maybe_checkpoint(ctx));
     }
 }
 

@@ -42,7 +42,7 @@ pub trait StateBackend: Send + Sync + std::fmt::Debug {
     fn apply(&self, batch: Vec<BatchOp>) -> Result<(), BackendError>;
     /// Make everything applied so far durable.
     fn flush(&self) -> Result<(), BackendError>;
-    /// Bytes of the tenant's data on disk (approximate; for stats and the storage quota).
+    /// Bytes on disk (approximate; for stats).
     fn size_on_disk(&self) -> u64;
     /// Whether an [`StateBackend::apply`] now would go ahead without waiting for the store to
     /// write memory out (its write buffers within their budget). Never blocks: a tenant's actor
@@ -448,10 +448,8 @@ impl StateBackend for FjallBackend {
         self.wait_for_flushes(|ks| self.room(ks, 0), Some(APPLY_STALL_LIMIT))
     }
 
-    /// The partition's sorted files only: fjall's journal files hold none of our batches (see
-    /// [`FjallBackend`]), only their preallocated length.
     fn size_on_disk(&self) -> u64 {
-        self.ks().part.disk_space()
+        self.ks().keyspace.disk_space()
     }
 }
 

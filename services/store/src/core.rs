@@ -140,8 +140,6 @@ pub struct CoreConfig {
     /// directory's janitor closes it at once and its next call reopens it, instead of within
     /// its next round (about a second). Set by the directory for the tenants it opens.
     pub janitor: Option<Arc<tokio::sync::Notify>>,
-    /// The tenant's storage quota in bytes (0: none): see [`TenantCore::usage`].
-    pub max_tenant_bytes: u64,
 }
 
 impl Default for CoreConfig {
@@ -154,7 +152,6 @@ impl Default for CoreConfig {
             space: None,
             catalog: None,
             janitor: None,
-            max_tenant_bytes: 0,
         }
     }
 }
@@ -163,10 +160,6 @@ impl Default for CoreConfig {
 #[derive(Debug, Default)]
 pub struct SharedStats {
     pub wal_bytes: AtomicU64,
-    /// Bytes of the tenant's state store's files, as of its last look (about once a second).
-    pub state_bytes: AtomicU64,
-    /// The tenant's storage quota ([`CoreConfig::max_tenant_bytes`]).
-    pub quota_bytes: AtomicU64,
     /// Highest seq acknowledged to a caller.
     pub last_seq: AtomicU64,
     pub checkpoint_seq: AtomicU64,
@@ -465,8 +458,6 @@ pub struct TenantCore<T> {
     /// Whether, since when and why durable changes wait unapplied: see
     /// [`TenantCore::room_to_apply`].
     held: Option<Held>,
-    /// See [`CoreConfig::max_tenant_bytes`].
-    max_tenant_bytes: u64,
 }
 
 /// Applies held rather than waited for on the actor's thread ([`TenantCore::room_to_apply`]).
@@ -753,12 +744,6 @@ impl<T> TenantCore<T> {
         let durable = wal.durable_seq();
         let stats = Arc::new(SharedStats::default());
         stats.wal_bytes.store(wal.wal_bytes(), Ordering::Relaxed);
-        stats
-            .state_bytes
-            .store(state.backend().size_on_disk(), Ordering::Relaxed);
-        stats
-            .quota_bytes
-            .store(config.max_tenant_bytes, Ordering::Relaxed);
         stats.last_seq.store(state.applied_seq(), Ordering::Relaxed);
         stats
             .checkpoint_seq
@@ -793,7 +778,6 @@ impl<T> TenantCore<T> {
             pending_revokes: HashSet::new(),
             early: None,
             held: None,
-            max_tenant_bytes: config.max_tenant_bytes,
         };
         if read_only {
             core.poison_after(DurableEvent::WriteFailed { no_space: true });
@@ -886,11 +870,6 @@ impl<T> TenantCore<T> {
     pub fn handle(&mut self, cmd: Command, caller: &Caller, token: T) -> Option<Answer<T>> {
         if cmd.is_mutation()
             && let Err(e) = self.writable(cmd.passes_space_guard())
-        {
-            return Some((token, Err(e)));
-        }
-        if cmd.held_to_quota()
-            && let Err(e) = self.within_quota()
         {
             return Some((token, Err(e)));
         }
@@ -1398,46 +1377,6 @@ impl<T> TenantCore<T> {
             return Err(shutting_down());
         }
         Ok(())
-    }
-
-    /// The bytes the tenant takes on disk, as its storage quota counts them: its WAL's segment
-    /// files and its state store's files (as of the last [`TenantCore::refresh_usage`]). A
-    /// deletion frees space only once a checkpoint lets the WAL segments holding the deleted
-    /// data go and the state store's compaction drops it.
-    pub fn usage(&self) -> u64 {
-        self.stats.wal_bytes.load(Ordering::Relaxed)
-            + self.stats.state_bytes.load(Ordering::Relaxed)
-    }
-
-    /// Look at the size of the tenant's files again (the actor does, about once a second).
-    pub fn refresh_usage(&self) {
-        if let Some(wal) = &self.wal {
-            self.stats
-                .wal_bytes
-                .store(wal.wal_bytes(), Ordering::Relaxed);
-        }
-        self.stats
-            .state_bytes
-            .store(self.state.backend().size_on_disk(), Ordering::Relaxed);
-    }
-
-    /// RESOURCE_EXHAUSTED once the tenant takes its quota (`--tenant-max-bytes`) on disk.
-    fn within_quota(&self) -> Result<(), StoreError> {
-        let quota = self.max_tenant_bytes;
-        let used = self.usage();
-        if quota == 0 || used < quota {
-            return Ok(());
-        }
-        let mib = |b: u64| b as f64 / f64::from(1 << 20);
-        Err(StoreError::ResourceExhausted(format!(
-            "tenant '{}' has reached its storage quota: it takes {:.1} MiB on disk of the {:.1} MiB \
-             it may (--tenant-max-bytes); nothing was written. Delete or unlink what it no longer \
-             needs (the space counts as freed after the tenant's next checkpoint) or ask the \
-             operator to raise the quota",
-            self.tenant,
-            mib(used),
-            mib(quota)
-        )))
     }
 
     /// Compute a key's new capability set from its newest one (a logged change not applied yet,
@@ -1991,48 +1930,6 @@ mod tests {
             msg.contains("record 1 cannot be applied") && msg.contains("an operator must repair"),
             "{msg}"
         );
-    }
-
-    /// At its storage quota a tenant is refused changes that store more (RESOURCE_EXHAUSTED,
-    /// saying how much it takes of how much), nothing logged; it still deletes and seals.
-    #[test]
-    fn a_tenant_at_its_storage_quota_stores_no_more_but_deletes() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut core = open(dir.path(), &config());
-        assert!(core.handle(write(1, b"first"), &who(), 1).is_none());
-        assert_eq!(settle(&mut core).len(), 1);
-        core.max_tenant_bytes = core.usage() + 8192;
-        let value = vec![7u8; 1024];
-        let mut refused = None;
-        for i in 2..64 {
-            if let Some((_, answer)) = core.handle(write(i, &value), &who(), i as u32) {
-                refused = Some(answer);
-                break;
-            }
-            assert_eq!(settle(&mut core).len(), 1);
-        }
-        let Some(Err(StoreError::ResourceExhausted(msg))) = refused else {
-            panic!("never refused: {refused:?}, usage {}", core.usage())
-        };
-        assert!(
-            msg.contains("storage quota") && msg.contains("--tenant-max-bytes"),
-            "{msg}"
-        );
-        let next = core.wal.as_ref().unwrap().next_seq();
-        assert!(core.handle(write(100, b"x"), &who(), 100).is_some());
-        assert_eq!(core.wal.as_ref().unwrap().next_seq(), next, "logged");
-        let delete = Command::Delete {
-            coord: at(1),
-            expected_version: None,
-        };
-        assert!(core.handle(delete, &who(), 101).is_none());
-        assert!(
-            core.handle(Command::Seal { coord: at(2) }, &who(), 102)
-                .is_none()
-        );
-        let answers = settle(&mut core);
-        assert!(answers.iter().all(|(_, r)| r.is_ok()), "{answers:?}");
-        assert_eq!(answers.len(), 2);
     }
 
     /// A durable group the state store has no room for (its flushes behind) is neither applied

@@ -57,8 +57,6 @@ pub struct DirectoryConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LogStats {
     pub wal_bytes: u64,
-    pub state_bytes: u64,
-    pub quota_bytes: u64,
     pub last_seq: u64,
     pub checkpoint_seq: u64,
     pub durability: String,
@@ -256,8 +254,6 @@ impl TenantHandle {
     pub fn log_stats(&self) -> LogStats {
         LogStats {
             wal_bytes: self.stats.wal_bytes.load(Ordering::Relaxed),
-            state_bytes: self.stats.state_bytes.load(Ordering::Relaxed),
-            quota_bytes: self.stats.quota_bytes.load(Ordering::Relaxed),
             last_seq: self.stats.last_seq.load(Ordering::Relaxed),
             checkpoint_seq: self.stats.checkpoint_seq.load(Ordering::Relaxed),
             durability: self.durability.to_string(),

@@ -207,20 +207,6 @@ impl Command {
         !matches!(self, Command::Read { .. })
     }
 
-    /// Whether the tenant's storage quota (`--tenant-max-bytes`) holds this change back once
-    /// reached: the changes that store more (a value, a program, a run's telemetry, an edge).
-    /// Deleting, unlinking and sealing, key and durability changes and audit events pass: a
-    /// tenant at its quota can still free space and be administered.
-    pub fn held_to_quota(&self) -> bool {
-        matches!(
-            self,
-            Command::Write { .. }
-                | Command::Prog { .. }
-                | Command::Run { .. }
-                | Command::Link { .. }
-        )
-    }
-
     /// Whether the free-space guard (`--min-free-bytes`) lets this change through: the tenant's
     /// creation entry ([`CREATION_OP`], logged once, at its first open; without it the trail
     /// would start later for good) and a key's revocation (which must not wait for space, and

@@ -209,47 +209,6 @@ async fn below_min_free_bytes_writes_are_refused_as_resource_exhausted_and_reads
     c.write(write(1, 2, 3, b"x")).await.unwrap();
 }
 
-/// `--tenant-max-bytes`: a tenant that takes its quota on disk is refused changes that store
-/// more (RESOURCE_EXHAUSTED, saying so), still deletes, reads and is administered, and
-/// `Tenant.Stats` shows what it takes and its quota; another server without the quota writes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tenant_at_its_storage_quota_is_refused_writes_but_can_delete() {
-    use cube_api::v1::StatsRequest;
-    use cube_api::v1::tenant_client::TenantClient;
-    // A quota the tenant takes from its first open (its log's first segment alone is larger).
-    let server = TestServer::start_with(cubed(), &["--tenant-max-bytes", "4096"]).unwrap();
-    let mut c = server.cells(&server.demo).await.unwrap();
-    let err = c.write(write(1, 2, 4, b"x")).await.unwrap_err();
-    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
-    assert!(
-        err.message().contains("storage quota") && err.message().contains("--tenant-max-bytes"),
-        "{}",
-        err.message()
-    );
-    let r = c.read(read(1, 2, 4)).await.unwrap().into_inner();
-    assert!(!r.found);
-    c.delete(DeleteRequest {
-        coord: coord(1, 2, 4),
-        expected_version: None,
-    })
-    .await
-    .unwrap();
-    let mut tenant = TenantClient::new(server.signed(&server.demo).await.unwrap());
-    let totals = tenant
-        .stats(StatsRequest { coord: None })
-        .await
-        .unwrap()
-        .into_inner()
-        .totals
-        .unwrap();
-    assert_eq!(totals.quota_bytes, 4096);
-    assert!(totals.wal_bytes + totals.state_bytes >= 4096, "{totals:?}");
-
-    let server = TestServer::start(cubed()).unwrap();
-    let mut c = server.cells(&server.demo).await.unwrap();
-    c.write(write(1, 2, 4, b"x")).await.unwrap();
-}
-
 /// `WalkRequest` as the wire sees it, with `labels` (tag 4) as bytes: lets a test send a label
 /// that is not UTF-8, which the real type cannot hold.
 #[derive(Clone, PartialEq, prost::Message)]

@@ -93,8 +93,6 @@ impl Tenant for TenantService {
                 last_seq: log.last_seq,
                 checkpoint_seq: log.checkpoint_seq,
                 durability: log.durability,
-                state_bytes: log.state_bytes,
-                quota_bytes: log.quota_bytes,
             }),
             cell: None,
         }))

@@ -965,10 +965,12 @@ where
     Ok(out)
 }
 
-/// An Audit call's failure: DATA_LOSS (entries gone from the trail that retention did not
-/// expire) is a broken chain, at the first missing seq the server names; the rest as [`status`].
+/// An Audit call's failure: DATA_LOSS saying entries are gone from the trail that retention
+/// did not expire is a broken chain, at the first missing seq the server names; the rest as
+/// [`status`] (DATA_LOSS also says that a tenant's log is corrupt or its state older than its
+/// log: damage an operator must repair, not a trail found broken).
 fn audit_status(s: tonic::Status) -> anyhow::Error {
-    if s.code() != tonic::Code::DataLoss {
+    if s.code() != tonic::Code::DataLoss || !s.message().contains("is missing entries ") {
         return status(s);
     }
     let seq = s
@@ -1139,6 +1141,13 @@ mod tests {
         );
         let other = audit_status(tonic::Status::unavailable("down"));
         assert!(other.downcast_ref::<BrokenChain>().is_none());
+        // A tenant that cannot open (its log corrupt) is no broken trail (found by review).
+        let corrupt = audit_status(tonic::Status::data_loss(
+            "tenant 't' is unavailable: its write-ahead log is corrupt (the server log names the \
+             segment and offset); an operator must repair it before it can serve",
+        ));
+        assert!(corrupt.downcast_ref::<BrokenChain>().is_none());
+        assert!(corrupt.to_string().contains("corrupt"), "{corrupt}");
     }
 
     #[test]

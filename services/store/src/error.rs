@@ -13,7 +13,8 @@ pub enum StoreError {
     /// A bound was hit; retry later (RESOURCE_EXHAUSTED).
     #[error("{0}")]
     ResourceExhausted(String),
-    /// The tenant cannot serve now: corrupt or poisoned storage, shutting down (UNAVAILABLE).
+    /// The tenant cannot serve now: poisoned or unopenable storage, shutting down; may pass by
+    /// itself or after a restart (UNAVAILABLE).
     #[error("{0}")]
     Unavailable(String),
     /// No such tenant, key, or cell where one is required (NOT_FOUND).
@@ -29,8 +30,10 @@ pub enum StoreError {
     /// (PERMISSION_DENIED).
     #[error("{0}")]
     PermissionDenied(String),
-    /// Stored data that must exist does not: audit entries missing from the trail, neither
-    /// expired by retention nor ever allowed to go (DATA_LOSS).
+    /// Stored data is damaged or gone, and only an operator can help: audit entries missing
+    /// from the trail (neither expired by retention nor ever allowed to go), a stored value
+    /// that does not decode, a corrupt log, a record that cannot be applied, state older than
+    /// the log (DATA_LOSS).
     #[error("{0}")]
     DataLoss(String),
 }
@@ -49,7 +52,11 @@ impl StoreError {
                 StoreError::ResourceExhausted(format!("{m}{UNKNOWN}"))
             }
             StoreError::Unavailable(m) => StoreError::Unavailable(format!("{m}{UNKNOWN}")),
-            StoreError::DataLoss(m) => StoreError::DataLoss(format!("{m}{UNKNOWN}")),
+            StoreError::DataLoss(m) => StoreError::DataLoss(format!(
+                "{m} This change was already in the tenant's log, so its outcome is unknown: \
+                 whether it takes effect depends on the repair; read it back once the tenant \
+                 serves again."
+            )),
             other => other.clone(),
         }
     }

@@ -1932,19 +1932,27 @@ mod tests {
         );
     }
 
+    /// A core in `dir` whose state store reports no room (until `withhold_state_room(state dir,
+    /// false)`, the state dir returned), holding its first change (token 1: cell 1 = `a`),
+    /// durable and unapplied.
+    fn holding_a_write(dir: &Path) -> (TenantCore<u32>, std::path::PathBuf) {
+        let mut core = open(dir, &config());
+        let state_dir = dir.join("state");
+        cube_wal::failpoint::withhold_state_room(&state_dir, true);
+        assert!(core.handle(write(1, b"a"), &who(), 1).is_none());
+        assert_eq!(settle(&mut core), vec![]);
+        assert!(core.apply_held());
+        (core, state_dir)
+    }
+
     /// A durable group the state store has no room for (its flushes behind) is neither applied
     /// nor answered, and the call returns at once instead of waiting for room on the actor's
     /// thread; it is applied and answered at the first try after room came back.
     #[test]
     fn a_durable_group_waits_for_room_in_the_state_store_without_blocking() {
         let dir = tempfile::tempdir().unwrap();
-        let mut core = open(dir.path(), &config());
+        let (mut core, state_dir) = holding_a_write(dir.path());
         let reader = core.state().reader();
-        let state_dir = dir.path().join("state");
-        cube_wal::failpoint::withhold_state_room(&state_dir, true);
-        assert!(core.handle(write(1, b"a"), &who(), 1).is_none());
-        assert_eq!(settle(&mut core), vec![]);
-        assert!(core.apply_held());
         // Later changes queue behind it, and another try without room changes nothing.
         assert!(core.handle(write(1, b"b"), &who(), 2).is_none());
         assert_eq!(settle(&mut core), vec![]);
@@ -2405,12 +2413,7 @@ mod tests {
     #[test]
     fn a_tenant_poisoned_while_its_applies_are_held_holds_no_more() {
         let dir = tempfile::tempdir().unwrap();
-        let mut core = open(dir.path(), &config());
-        let state_dir = dir.path().join("state");
-        cube_wal::failpoint::withhold_state_room(&state_dir, true);
-        assert!(core.handle(write(1, b"a"), &who(), 1).is_none());
-        assert_eq!(settle(&mut core), vec![]);
-        assert!(core.apply_held());
+        let (mut core, state_dir) = holding_a_write(dir.path());
         let failed = core.on_durable(DurableEvent::Poisoned);
         cube_wal::failpoint::withhold_state_room(&state_dir, false);
         assert!(matches!(failed.as_slice(), [(1, Err(_))]));
@@ -2422,12 +2425,7 @@ mod tests {
     #[test]
     fn a_log_failure_ends_a_hold_at_the_next_try() {
         let dir = tempfile::tempdir().unwrap();
-        let mut core = open(dir.path(), &config());
-        let state_dir = dir.path().join("state");
-        cube_wal::failpoint::withhold_state_room(&state_dir, true);
-        assert!(core.handle(write(1, b"a"), &who(), 1).is_none());
-        assert_eq!(settle(&mut core), vec![]);
-        assert!(core.apply_held());
+        let (mut core, state_dir) = holding_a_write(dir.path());
         cube_wal::failpoint::fail_next_fdatasync(&dir.path().join("wal"));
         assert!(core.handle(write(2, b"b"), &who(), 2).is_none());
         let wal = core.wal.as_ref().unwrap();
@@ -2828,16 +2826,21 @@ mod tests {
     /// cell 1 and takes writes again.
     async fn restart_finds_kept(data: crate::DataDir, config: &CoreConfig, catalog: &Arc<Catalog>) {
         let restarted = test_directory(data, config, catalog);
-        let read = restarted
-            .call("t", Command::Read { coord: at(1) }, "t/k")
-            .await
-            .unwrap();
-        assert!(
-            matches!(&read, Reply::Read(Some(c)) if c.value == b"kept"),
-            "{read:?}"
+        assert_eq!(
+            value_of_t(&restarted, 1).await.as_deref(),
+            Some(&b"kept"[..])
         );
         restarted.call("t", write(2, b"v"), "t/k").await.unwrap();
         restarted.shutdown().await;
+    }
+
+    /// Tenant `t`'s cell `i` as `directory` reads it (as key `t/k`): its value, if it has one.
+    async fn value_of_t(directory: &crate::TenantDirectory, i: i32) -> Option<Vec<u8>> {
+        let read = directory.call("t", Command::Read { coord: at(i) }, "t/k");
+        match read.await.unwrap() {
+            Reply::Read(cell) => cell.map(|c| c.value),
+            other => panic!("{other:?}"),
+        }
     }
 
     fn test_directory(
@@ -2992,13 +2995,10 @@ mod tests {
             .await
             .unwrap();
         for i in 0..5 {
-            let read = directory
-                .call("t", Command::Read { coord: at(i) }, "t/k")
-                .await
-                .unwrap();
-            assert!(
-                matches!(&read, Reply::Read(Some(c)) if c.value == b"kept"),
-                "cell {i}: {read:?}"
+            assert_eq!(
+                value_of_t(&directory, i).await.as_deref(),
+                Some(&b"kept"[..]),
+                "cell {i}"
             );
         }
         directory.shutdown().await;
@@ -3105,10 +3105,7 @@ mod tests {
         directory.call("t", write(0, b"v"), "t/k").await.unwrap();
         directory.call("u", write(0, b"v"), "u/k").await.unwrap();
         // Applied (a read waits for it), so its apply is not the one held below.
-        directory
-            .call("t", Command::Read { coord: at(0) }, "t/k")
-            .await
-            .unwrap();
+        value_of_t(&directory, 0).await;
 
         let holds = cube_metrics::ApplyHold::StateStore.counter().get();
         cube_wal::failpoint::withhold_state_room(&state_t, true);
@@ -3128,20 +3125,12 @@ mod tests {
         // A read of t waits for the apply (read your writes).
         let read = tokio::spawn({
             let directory = Arc::clone(&directory);
-            async move {
-                directory
-                    .call("t", Command::Read { coord: at(1) }, "t/k")
-                    .await
-            }
+            async move { value_of_t(&directory, 1).await }
         });
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(!read.is_finished(), "read before the apply");
         cube_wal::failpoint::withhold_state_room(&state_t, false);
-        let read = read.await.unwrap().unwrap();
-        assert!(
-            matches!(&read, Reply::Read(Some(c)) if c.value == b"held"),
-            "{read:?}"
-        );
+        assert_eq!(read.await.unwrap().as_deref(), Some(&b"held"[..]));
 
         cube_wal::failpoint::withhold_state_room(&state_t, true);
         directory
@@ -3162,13 +3151,9 @@ mod tests {
         assert!(failed.is_empty(), "{failed:?}");
         drop(directory);
         let restarted = test_directory(data, &config, &catalog);
-        let read = restarted
-            .call("t", Command::Read { coord: at(2) }, "t/k")
-            .await
-            .unwrap();
-        assert!(
-            matches!(&read, Reply::Read(Some(c)) if c.value == b"at shutdown"),
-            "{read:?}"
+        assert_eq!(
+            value_of_t(&restarted, 2).await.as_deref(),
+            Some(&b"at shutdown"[..])
         );
         restarted.shutdown().await;
     }
@@ -3187,10 +3172,7 @@ mod tests {
         let directory = Arc::new(test_directory(data, &config, &catalog));
         directory.call("t", write(0, b"v"), "t/k").await.unwrap();
         // Applied (a read waits for it), so its apply is not the one held.
-        directory
-            .call("t", Command::Read { coord: at(0) }, "t/k")
-            .await
-            .unwrap();
+        value_of_t(&directory, 0).await;
         cube_wal::failpoint::withhold_state_room(&state_t, true);
         // The next change is held after its fdatasync (and answered by the syncer).
         directory.call("t", write(1, b"v"), "t/k").await.unwrap();

@@ -1043,6 +1043,9 @@ impl<T> TenantCore<T> {
                     self.held = None;
                     return Vec::new();
                 }
+                // A held group became durable before its hold began: its `durable` stage ends
+                // there (the hold is the state store's wait, not the log's).
+                let held_since = self.held.map(|h| h.since);
                 let no_room = match self.room_to_apply(n) {
                     Ok(true) => None,
                     // Held: the actor asks again shortly ([`TenantCore::apply_held`]). Early
@@ -1065,13 +1068,17 @@ impl<T> TenantCore<T> {
                 let group: Vec<Waiting<T>> = self.waiting.drain(..n).collect();
                 let (upto, applied_records) = (group.last().map_or(0, |w| w.seq), group.len());
                 let now = Instant::now();
+                let durable_at = held_since.unwrap_or(now);
                 let mut records = Vec::with_capacity(group.len());
                 let mut replies = Vec::with_capacity(group.len());
                 let mut hints = Vec::with_capacity(group.len());
                 let mut catalog_changes = Vec::new();
                 for w in group {
-                    cube_metrics::CHANGE_DURABLE
-                        .observe(now.saturating_duration_since(w.appended).as_secs_f64());
+                    cube_metrics::CHANGE_DURABLE.observe(
+                        durable_at
+                            .saturating_duration_since(w.appended)
+                            .as_secs_f64(),
+                    );
                     catalog_changes.extend(catalog_change(w.seq, &w.op));
                     records.push((w.seq, w.op));
                     if let Some((token, reply)) = w.answer {
@@ -1231,11 +1238,16 @@ impl<T> TenantCore<T> {
 
     /// Block until the state store has room for the applies a close makes (for at most
     /// [`APPLY_STALL_LIMIT`]): for a thread that may block, before the core's WAL is taken.
+    /// Waits for nothing when the close will apply nothing: no change waits, or the tenant is
+    /// poisoned (a close after a hold that failed must not wait out the same stall again).
     pub(crate) fn state_room_waiter(&self) -> impl FnOnce() + Send + 'static {
-        let backend = self.state.backend();
+        let backend =
+            (!self.is_poisoned() && !self.waiting.is_empty()).then(|| self.state.backend());
         move || {
             // A failure shows again at the apply, which fails the tenant then.
-            let _ = backend.wait_for_room();
+            if let Some(backend) = backend {
+                let _ = backend.wait_for_room();
+            }
         }
     }
 
@@ -2418,6 +2430,29 @@ mod tests {
         cube_wal::failpoint::withhold_state_room(&state_dir, false);
         assert!(matches!(failed.as_slice(), [(1, Err(_))]));
         assert!(!core.apply_held());
+    }
+
+    /// A close with nothing left to apply (here: a tenant poisoned while its applies were
+    /// held, as when a hold reaches its 30-s limit) does not wait for the state store's room
+    /// again: the janitor closes such tenants one after another, and a second 30-s wait held
+    /// the others' reopening (found by review).
+    #[test]
+    fn a_close_with_nothing_to_apply_does_not_wait_for_room() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut core, state_dir) = holding_a_write(dir.path());
+        assert!(matches!(
+            core.on_durable(DurableEvent::Poisoned).as_slice(),
+            [(1, Err(_))]
+        ));
+        let (done, closed) = std::sync::mpsc::channel();
+        let closing = std::thread::spawn(move || {
+            let _ = core.close_here();
+            let _ = done.send(());
+        });
+        let in_time = closed.recv_timeout(Duration::from_secs(10));
+        cube_wal::failpoint::withhold_state_room(&state_dir, false);
+        closing.join().unwrap();
+        assert!(in_time.is_ok(), "the close waited for room");
     }
 
     /// A failure of the log while applies are held is taken by the next try, not left until

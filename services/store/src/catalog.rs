@@ -183,11 +183,12 @@ pub struct Catalog {
     /// whose rename may not survive a crash), or sled refused a journaled change: further
     /// changes are refused until the server restarts.
     failed: AtomicBool,
-    /// Syncs of sled's files under way or waiting for the change lock ([`Catalog::syncing`]).
+    /// Catalog syncs ([`Catalog::make_durable`], a journal start-over) under way or waiting for
+    /// the change lock ([`Catalog::syncing`]).
     syncs: std::sync::atomic::AtomicUsize,
 }
 
-/// One sync of the catalog's files counted in [`Catalog::syncing`] while it lives.
+/// One catalog sync counted in [`Catalog::syncing`] while it lives.
 struct SyncUnderWay<'a>(&'a std::sync::atomic::AtomicUsize);
 
 impl<'a> SyncUnderWay<'a> {
@@ -612,15 +613,16 @@ impl Catalog {
         Ok(Ok(()))
     }
 
-    /// Whether a sync of the catalog's files (sled's flush, the fsync of each file, the
-    /// journal's start-over with a snapshot: milliseconds, more for a large catalog) is under
-    /// way or about to take the change lock. A tenant's actor then holds a catalog change
-    /// rather than wait for that lock on the thread it shares with other tenants.
+    /// Whether a catalog sync is under way or about to take the change lock: a checkpoint's
+    /// [`Catalog::make_durable`] (a journal fdatasync or a few, ~0.1 ms each on a fast disk) or
+    /// a start-over of the journal past [`RESET_AT`] (sled flushed, each file fsynced, a
+    /// snapshot: milliseconds, more for a large catalog). A tenant's actor then holds a catalog
+    /// change rather than wait for that lock on the thread it shares with other tenants.
     pub fn syncing(&self) -> bool {
         self.syncs.load(Ordering::Acquire) > 0
     }
 
-    /// Count a sync of the catalog's files as under way (`true`) or ended (tests only).
+    /// Count a catalog sync as under way (`true`) or ended (tests only).
     #[cfg(test)]
     pub(crate) fn pretend_syncing(&self, on: bool) {
         if on {
@@ -922,11 +924,7 @@ impl Catalog {
             return Ok(false);
         }
         let info = Arc::new(key.clone());
-        let op = key_op(&info)?;
-        let logged = (op.tree, op.key.clone());
-        insert_ops(&self.tenants, &self.keys, vec![op])
-            .map_err(|e| storage("apply a change", e))?;
-        st.logged.insert(logged);
+        self.insert_logged(&mut st, key_op(&info)?)?;
         self.cache
             .write()
             .unwrap_or_else(|p| p.into_inner())
@@ -934,6 +932,16 @@ impl Catalog {
             .or_default()
             .insert(key.key_id.clone(), info);
         Ok(true)
+    }
+
+    /// Insert `op`, a change made from a tenant's log, into sled without the journal, and note
+    /// its record for [`Catalog::make_durable`] to restate.
+    fn insert_logged(&self, st: &mut JournalState, op: Op) -> Result<(), StoreError> {
+        let record = (op.tree, op.key.clone());
+        insert_ops(&self.tenants, &self.keys, vec![op])
+            .map_err(|e| storage("apply a change", e))?;
+        st.logged.insert(record);
+        Ok(())
     }
 
     /// Make every change applied so far durable, those made without the journal from a
@@ -1070,10 +1078,7 @@ impl Catalog {
         if pinned {
             self.commit(st, vec![op], &[])?;
         } else {
-            let logged = (op.tree, op.key.clone());
-            insert_ops(&self.tenants, &self.keys, vec![op])
-                .map_err(|e| storage("apply a change", e))?;
-            st.logged.insert(logged);
+            self.insert_logged(&mut st, op)?;
         }
         Ok(true)
     }
@@ -1092,10 +1097,7 @@ impl Catalog {
             return Ok(false);
         }
         let op = self.durability_op(tenant, policy, false)?;
-        let logged = (op.tree, op.key.clone());
-        insert_ops(&self.tenants, &self.keys, vec![op])
-            .map_err(|e| storage("apply a change", e))?;
-        st.logged.insert(logged);
+        self.insert_logged(&mut st, op)?;
         Ok(true)
     }
 
@@ -1817,8 +1819,11 @@ pub(crate) mod tests {
             assert!(c.revoke_key("acme", &second.key_id).unwrap());
             c.change_capabilities("acme", &first.key_id, &[], &[Capability::Write])
                 .unwrap();
-            // A checkpoint's: sled flushed and fsynced, the journal started over.
-            c.make_durable().unwrap();
+            // sled flushed and fsynced, the journal started over (past RESET_AT).
+            let mut st = c.lock_changes();
+            c.flush_and_restart(&mut st).unwrap().unwrap();
+            assert_eq!(st.journal.since_snapshot(), 0);
+            drop(st);
             (first, second)
         };
         // sled's files lose everything (the worst a reused segment can do); the journal stays.

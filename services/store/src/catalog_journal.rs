@@ -5,9 +5,9 @@
 //! it is acknowledged, and becomes visible to authentication, once an fdatasync of the journal
 //! that started after its write has completed (group commit: concurrent changes share one).
 //! Changes made from a tenant's log (sled only) are restated here by that tenant's checkpoint:
-//! their records' current values, as one record of at most [`LARGEST_RESTATEMENT`] bytes. When
-//! the journal passes [`RESET_AT`] bytes past its snapshot (or a restatement would be larger),
-//! sled is flushed and its files fsynced, and the journal starts over with a
+//! their records' current values, in records of at most [`LARGEST_RESTATEMENT`] bytes, each
+//! synced before the next is written. When the journal passes [`RESET_AT`] bytes past its
+//! snapshot, sled is flushed and its files fsynced, and the journal starts over with a
 //! **snapshot**: every pair of the catalog, as records, then nothing. Opening the catalog replays
 //! every whole record into sled, in order, makes sled durable the same way and starts over:
 //! replaying a record twice is harmless, since each one carries the whole new value of what it
@@ -49,9 +49,9 @@ const SNAPSHOT_RECORD: usize = 1 << 20;
 /// bytes), or a checkpoint's restatement ([`LARGEST_RESTATEMENT`]): what a torn last write can
 /// leave after the last whole record.
 const LARGEST_TORN: usize = 64 << 10;
-/// Most payload bytes a checkpoint restates in one record; more, and the journal starts over
-/// instead (a torn write of a larger record could leave more than [`LARGEST_TORN`] behind, and
-/// the catalog would not open).
+/// Most payload bytes a checkpoint restates in one record; more go in several, each synced
+/// before the next is written (a torn write of a larger record could leave more than
+/// [`LARGEST_TORN`] behind, and the catalog would not open).
 pub(crate) const LARGEST_RESTATEMENT: usize = LARGEST_TORN / 2;
 
 /// The payload bytes a record of `ops` takes.

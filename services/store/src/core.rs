@@ -1166,8 +1166,16 @@ impl<T> TenantCore<T> {
     /// block ([`TenantCore::state_room_waiter`]), and a catalog sync ends by itself.
     fn room_to_apply(&mut self, n: usize) -> Result<bool, BackendError> {
         use cube_metrics::ApplyHold;
-        let catalog_busy = self.wal.is_some()
-            && self.catalog.as_ref().is_some_and(|c| c.syncing())
+        if self.wal.is_none() {
+            self.held = None;
+            return match self.state.has_room() {
+                Ok(false) => Err(BackendError(
+                    "state store flushes made no room before the tenant closed".into(),
+                )),
+                room => room,
+            };
+        }
+        let catalog_busy = self.catalog.as_ref().is_some_and(|c| c.syncing())
             && self
                 .held
                 .is_none_or(|h| h.since.elapsed() < CATALOG_HOLD_LIMIT)
@@ -1176,20 +1184,17 @@ impl<T> TenantCore<T> {
                 .iter()
                 .take(n)
                 .any(|w| catalog_change(w.seq, &w.op).is_some());
-        let (room, why) = if catalog_busy {
-            (Ok(false), ApplyHold::Catalog)
+        let why = if catalog_busy {
+            ApplyHold::Catalog
         } else {
-            (self.state.has_room(), ApplyHold::StateStore)
+            match self.state.has_room() {
+                Ok(false) => ApplyHold::StateStore,
+                room => {
+                    self.held = None;
+                    return room;
+                }
+            }
         };
-        if self.wal.is_none() || !matches!(room, Ok(false)) {
-            self.held = None;
-            return match room {
-                Ok(false) => Err(BackendError(
-                    "state store flushes made no room before the tenant closed".into(),
-                )),
-                other => other,
-            };
-        }
         let since = self.hold(why);
         if since.elapsed() < APPLY_STALL_LIMIT {
             return Ok(false);

@@ -154,11 +154,12 @@ impl Admin for AdminService {
                 max_records: x.max_records,
             },
         };
-        // A bad policy is INVALID_ARGUMENT whatever the tenant's state, and before the tenant
-        // is opened to be told it.
+        // Off the admin socket, refused before anything else: a tenant's key learns nothing of
+        // the policy bounds. There, a bad policy is INVALID_ARGUMENT whatever the tenant's
+        // state, and before the tenant is opened to be told it.
+        let catalog = self.catalog()?;
         let cmd = Command::SetDurability { policy };
         cmd.check_arguments(usize::MAX).map_err(ApiError::from)?;
-        let catalog = self.catalog()?;
         catalog.require_tenant(&r.tenant).map_err(ApiError::from)?;
         let durability = describe_policy(&policy);
         let applied_now = match &self.directory {
@@ -206,5 +207,39 @@ impl Admin for AdminService {
             })
             .collect();
         Ok(Response::new(v1::ListTenantsResponse { tenants }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The network port's Admin (no catalog) refuses every rpc as PERMISSION_DENIED, also a
+    /// SetDurability whose policy is out of bounds (it answered INVALID_ARGUMENT, naming the
+    /// bounds, to any authenticated key).
+    #[tokio::test]
+    async fn admin_off_the_admin_socket_refuses_a_bad_policy_as_permission_denied() {
+        let admin = AdminService {
+            catalog: None,
+            connections: None,
+            directory: None,
+        };
+        for relaxed in [
+            None,
+            Some(v1::RelaxedDurability {
+                max_delay_ms: 0,
+                max_records: 0,
+            }),
+        ] {
+            let e = admin
+                .set_durability(Request::new(v1::SetDurabilityRequest {
+                    tenant: "demo".into(),
+                    relaxed,
+                }))
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+            assert!(e.message().contains("admin socket"), "{}", e.message());
+        }
     }
 }

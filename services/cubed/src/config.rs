@@ -762,7 +762,17 @@ pub fn parse_with_config(argv: Vec<std::ffi::OsString>) -> anyhow::Result<Cli> {
             .get_arguments()
             .find(|a| a.get_long() == Some(key.as_str()) && key != "config" && key != "help")
             .ok_or_else(|| {
-                let longs = command.get_arguments().filter_map(|a| a.get_long());
+                if key == "config" || key == "help" {
+                    return anyhow::anyhow!(
+                        "--config {}: '{key}' cannot be set in a configuration file (a file \
+                         cannot name another one); give --{key} on the command line",
+                        path.display()
+                    );
+                }
+                let longs = command
+                    .get_arguments()
+                    .filter_map(|a| a.get_long())
+                    .filter(|l| *l != "config" && *l != "help");
                 let hint = match closest(&key, longs) {
                     Some(near) => format!(" (did you mean '{near}'?)"),
                     None => String::new(),
@@ -1187,6 +1197,15 @@ mod config_file_tests {
         assert!(
             err.to_string()
                 .contains("unknown key 'listne' (did you mean 'listen'?)"),
+            "{err}"
+        );
+        // A file naming another one is refused as such, not as an unknown key that hints at
+        // itself ("unknown key 'config' (did you mean 'config'?)").
+        std::fs::write(&file, "config = \"other.toml\"\n").unwrap();
+        let err = parse_with_config(argv(&["cubed", "--config", f])).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("'config' cannot be set in a configuration file"),
             "{err}"
         );
         for (typo, meant) in [

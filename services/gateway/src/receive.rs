@@ -25,7 +25,8 @@
 //! most 16 KiB. Their request bodies are also held to [`OPEN_CALLS_PER_CONNECTION`] at once per
 //! connection, from the call's start until its body ends: a caller that has not authenticated
 //! cannot make the server keep a thousand part-sent messages (and tonic's buffer for each) on
-//! one connection. A call past that count is answered RESOURCE_EXHAUSTED at once.
+//! one connection. A call past that count is answered RESOURCE_EXHAUSTED at once, by this layer
+//! itself (its service never runs).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -101,11 +102,14 @@ pub struct Receive<S> {
 
 impl<S> tower::Service<http::Request<Body>> for Receive<S>
 where
-    S: tower::Service<http::Request<Body>>,
+    S: tower::Service<http::Request<Body>, Response = http::Response<Body>>,
 {
-    type Response = S::Response;
+    type Response = http::Response<Body>;
     type Error = S::Error;
-    type Future = S::Future;
+    type Future = futures::future::Either<
+        std::future::Ready<Result<http::Response<Body>, S::Error>>,
+        S::Future,
+    >;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -118,7 +122,7 @@ where
             .get::<ConnInfo>()
             .map(|c| Arc::clone(&c.receiving))
         else {
-            return self.inner.call(req);
+            return futures::future::Either::Right(self.inner.call(req));
         };
         // The auth layer, outside this one, has put a principal on every call it authenticated;
         // one without needs no authentication.
@@ -127,11 +131,19 @@ where
         } else if take_open_call(&receiving.open_calls) {
             OpenCall::Counted
         } else {
-            OpenCall::Refused
+            // Answered here, not by failing the call's body: a streaming service (reflection)
+            // has sent its response headers before it reads the body, and tonic-reflection
+            // drops a request stream's error, ending the stream OK with no answer.
+            cube_metrics::REQUEST_RECEIVE_REFUSED.inc();
+            return futures::future::Either::Left(std::future::ready(Ok(
+                too_many_open_calls().into_http()
+            )));
         };
         let limits = self.limits;
-        self.inner
-            .call(req.map(|body| Body::new(Counted::new(body, receiving, limits, open))))
+        futures::future::Either::Right(
+            self.inner
+                .call(req.map(|body| Body::new(Counted::new(body, receiving, limits, open)))),
+        )
     }
 }
 
@@ -151,8 +163,6 @@ enum OpenCall {
     No,
     /// An open call, counted until its body ends.
     Counted,
-    /// An open call past the count: its body yields the refusal.
-    Refused,
 }
 
 /// A request body whose messages count against its connection's [`ConnInfo::receiving`] (see
@@ -294,12 +304,6 @@ impl HttpBody for Counted {
         let this = &mut *self;
         if this.refused {
             return Poll::Ready(None);
-        }
-        if this.open == OpenCall::Refused {
-            this.open = OpenCall::No;
-            this.refused = true;
-            cube_metrics::REQUEST_RECEIVE_REFUSED.inc();
-            return Poll::Ready(Some(Err(too_many_open_calls())));
         }
         let polled = Pin::new(&mut this.body).poll_frame(cx);
         match &polled {

@@ -924,7 +924,8 @@ async fn a_peer_whose_streams_the_server_keeps_resetting_is_disconnected() {
 /// Calls that need no authentication (health here) whose requests have not ended are held to
 /// `OPEN_CALLS_PER_CONNECTION` per connection, so a stranger cannot make the server keep a
 /// part-sent message (and tonic's buffer for it) on each of a connection's 1,024 streams: one
-/// more on that connection is RESOURCE_EXHAUSTED at once, another connection's is served, and
+/// more on that connection (health, or reflection's stream) is RESOURCE_EXHAUSTED at once,
+/// another connection's is served, and
 /// once the stalled calls are given up the connection is served again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unauthenticated_calls_with_unended_requests_are_held_per_connection() {
@@ -932,6 +933,9 @@ async fn unauthenticated_calls_with_unended_requests_are_held_per_connection() {
     use std::time::Duration;
     use tonic_health::pb::HealthCheckRequest;
     use tonic_health::pb::health_client::HealthClient;
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
     use tower::{Service, ServiceExt};
     let server = TestServer::start(cubed()).unwrap();
     let receiving = "cube_request_bytes_receiving ";
@@ -962,6 +966,29 @@ async fn unauthenticated_calls_with_unended_requests_are_held_per_connection() {
         .check(check())
         .await
         .unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused.message().contains("need no authentication"),
+        "{}",
+        refused.message()
+    );
+    // A streaming open call (reflection) is refused the same way: it ended OK with no answer
+    // while the refusal travelled in its request body, which tonic-reflection drops.
+    let list = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let refused = match ServerReflectionClient::new(channel.clone())
+        .server_reflection_info(tokio_stream::iter([list]))
+        .await
+    {
+        Err(status) => status,
+        Ok(response) => response
+            .into_inner()
+            .message()
+            .await
+            .expect_err("reflection answered past the open-call count"),
+    };
     assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
     assert!(
         refused.message().contains("need no authentication"),

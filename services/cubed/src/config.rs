@@ -363,6 +363,11 @@ pub struct ServeArgs {
     /// (`cube_disk_free_bytes` is still reported).
     #[arg(long, env = "CUBE_MIN_FREE_BYTES", default_value_t = DEFAULT_MIN_FREE_BYTES)]
     pub min_free_bytes: u64,
+    /// Each tenant's storage quota in bytes: Write, Prog and Link that would take its cells and
+    /// edges (`Tenant.Stats` `stored_bytes`) past it are refused with RESOURCE_EXHAUSTED;
+    /// deletions and everything else pass. 0: no quota.
+    #[arg(long, env = "CUBE_TENANT_MAX_BYTES", default_value_t = 0)]
+    pub tenant_max_bytes: u64,
     /// Close (passivate) a tenant after this many seconds without a call; its next call reopens it.
     #[arg(long, env = "CUBE_IDLE_SECS", default_value_t = DEFAULT_IDLE_SECS)]
     pub idle_secs: u64,
@@ -471,6 +476,7 @@ pub struct ServeConfig {
     pub checkpoint: cube_store::CheckpointPolicy,
     pub state_cache_bytes: u64,
     pub min_free_bytes: u64,
+    pub tenant_max_bytes: u64,
     pub idle_after: std::time::Duration,
     pub max_open_tenants: usize,
     pub scan_limits: cube_gateway::ScanLimits,
@@ -661,6 +667,7 @@ impl ServeArgs {
             },
             state_cache_bytes: self.state_cache_bytes,
             min_free_bytes: self.min_free_bytes,
+            tenant_max_bytes: self.tenant_max_bytes,
             idle_after: std::time::Duration::from_secs(self.idle_secs),
             max_open_tenants: self.max_open_tenants,
             scan_limits: cube_gateway::ScanLimits {

@@ -260,6 +260,7 @@ pub async fn run(
                 limits: StateLimits {
                     max_value: config.max_value_bytes,
                     audit_retention: config.audit_retention as u64,
+                    max_bytes: config.tenant_max_bytes,
                     ..StateLimits::default()
                 },
                 checkpoint: config.checkpoint,

@@ -36,11 +36,14 @@ fn run(name: &str, backend: Arc<dyn StateBackend>, n: u64, batch: usize) {
         };
         let t = Instant::now();
         let p = s.prepare(cmd, &caller).unwrap();
-        let cube_store::Prepared::Log { op, effect, .. } = p else {
+        let cube_store::Prepared::Log {
+            op, effect, growth, ..
+        } = p
+        else {
             panic!()
         };
         seq += 1;
-        if let Some(h) = s.note_pending(seq, &op, effect) {
+        if let Some(h) = s.note_pending(seq, &op, effect, growth) {
             hints.push(h);
         }
         prep += t.elapsed().as_secs_f64();

@@ -887,12 +887,17 @@ impl<T> TenantCore<T> {
             Command::SetDurability { policy } => self.prepare_durability(policy, caller),
             cmd => self.state.prepare(cmd, caller),
         };
-        let (op, reply, effect) = match prepared {
+        let (op, reply, effect, growth) = match prepared {
             Err(e) => return self.answer_after_waiting(token, Err(e)),
             // A read answers from the applied state alone, never from what is pending.
             Ok(Prepared::Immediate(reply @ Reply::Read(_))) => return Some((token, Ok(reply))),
             Ok(Prepared::Immediate(reply)) => return self.answer_after_waiting(token, Ok(reply)),
-            Ok(Prepared::Log { op, reply, effect }) => (op, reply, effect),
+            Ok(Prepared::Log {
+                op,
+                reply,
+                effect,
+                growth,
+            }) => (op, reply, effect, growth),
         };
         self.scratch.clear();
         // NOTE: encoding into a Vec cannot fail (prost only fails on a too-small fixed buffer).
@@ -943,7 +948,7 @@ impl<T> TenantCore<T> {
                 Err(e) => (token, Err(self.apply_failed(&e).outcome_unknown())),
             });
         }
-        let hint = self.state.note_pending(seq, &op, effect);
+        let hint = self.state.note_pending(seq, &op, effect, growth);
         let answer = match &self.early {
             // Settled now, and not a catalog change (which must reach the catalog first).
             Some(early) if relaxed_ok && self.window == 0 => {

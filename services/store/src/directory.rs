@@ -60,6 +60,8 @@ pub struct LogStats {
     pub last_seq: u64,
     pub checkpoint_seq: u64,
     pub durability: String,
+    /// The tenant's storage quota in bytes (0: none).
+    pub quota_bytes: u64,
 }
 
 /// How a caller reaches one tenant.
@@ -87,6 +89,8 @@ pub struct TenantHandle {
     catalog: Option<Arc<Catalog>>,
     /// Largest value or program ([`crate::StateLimits::max_value`]), checked before admission.
     max_value: usize,
+    /// The tenant's storage quota ([`crate::StateLimits::max_bytes`]), for `Tenant.Stats`.
+    max_bytes: u64,
 }
 
 /// Scans of one tenant running (or holding a built page for its client) at once; more wait.
@@ -257,6 +261,7 @@ impl TenantHandle {
             last_seq: self.stats.last_seq.load(Ordering::Relaxed),
             checkpoint_seq: self.stats.checkpoint_seq.load(Ordering::Relaxed),
             durability: self.durability.to_string(),
+            quota_bytes: self.max_bytes,
         }
     }
 
@@ -719,6 +724,7 @@ impl OpenContext {
             early,
             catalog: self.catalog.clone(),
             max_value: self.core.limits.max_value,
+            max_bytes: self.core.limits.max_bytes,
         };
         // Logged before the handle is handed to anyone, so it is the log's first record. If it
         // cannot be (a full disk: the tenant opened for reads only), the tenant still serves

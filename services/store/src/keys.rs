@@ -206,9 +206,27 @@ pub struct Totals {
     /// Runs ever recorded.
     #[prost(uint64, tag = "5")]
     pub runs: u64,
+    /// What the tenant's cells and edges take in the store: each one's key and stored value
+    /// ([`cell_bytes`], [`edge_bytes`]). Run telemetry (at most `telemetry_keep` per cell) and the
+    /// audit trail (held to its retention) are not counted. The storage quota is checked
+    /// against it (`StateLimits::max_bytes`).
+    #[prost(uint64, tag = "6")]
+    pub stored_bytes: u64,
+    /// Whether `stored_bytes` is counted: false in a store last written by a build without it,
+    /// whose open counts it once (`TenantState::open`).
+    #[prost(bool, tag = "7")]
+    pub bytes_counted: bool,
 }
 
 impl Totals {
+    /// The totals of an empty store.
+    pub(crate) fn empty() -> Totals {
+        Totals {
+            bytes_counted: true,
+            ..Totals::default()
+        }
+    }
+
     /// Account for a cell changing from `before` to `after`.
     pub(crate) fn change(&mut self, before: Option<&StoredCell>, after: Option<&StoredCell>) {
         let flags = |c: Option<&StoredCell>| {
@@ -221,7 +239,24 @@ impl Totals {
         self.cells = (self.cells + c1).saturating_sub(c0);
         self.sealed = (self.sealed + s1).saturating_sub(s0);
         self.programs = (self.programs + p1).saturating_sub(p0);
+        self.stored_bytes = (self.stored_bytes + after.map_or(0, cell_bytes))
+            .saturating_sub(before.map_or(0, cell_bytes));
     }
+}
+
+/// What a cell takes in the store ([`Totals::stored_bytes`]): its key and its encoding.
+pub(crate) fn cell_bytes(c: &StoredCell) -> u64 {
+    (13 + c.encoded_len()) as u64
+}
+
+/// What an edge takes in the store: its key (its value is empty).
+pub(crate) fn edge_bytes(key: &[u8]) -> u64 {
+    key.len() as u64
+}
+
+/// Key ranges of every cell and of every edge: what [`Totals::stored_bytes`] counts.
+pub(crate) fn counted_ranges() -> [(Vec<u8>, Vec<u8>); 2] {
+    [(vec![CELL], vec![CELL + 1]), (vec![EDGE], vec![EDGE + 1])]
 }
 
 /// NOTE: on-disk format of the audit entries of one applied group, consecutive seqs from the key's

@@ -354,12 +354,22 @@ pub enum Prepared {
         op: WalOp,
         reply: Reply,
         effect: Effect,
+        /// What the change adds to the tenant's stored bytes ([`Totals::stored_bytes`]; negative
+        /// when it frees some), for [`TenantState::note_pending`].
+        growth: i64,
     },
 }
 
 impl Prepared {
     pub(crate) fn seal(reply: Reply, seq: u64) -> Reply {
         reply.with_seq(seq)
+    }
+
+    fn with_growth(mut self, bytes: i64) -> Prepared {
+        if let Prepared::Log { growth, .. } = &mut self {
+            *growth = bytes;
+        }
+        self
     }
 }
 
@@ -372,6 +382,10 @@ pub struct StateLimits {
     pub audit_retention: u64,
     /// Run telemetry entries kept per cell (the newest).
     pub telemetry_keep: u64,
+    /// The tenant's storage quota: `Write`, `Prog` and `Link` that would take its stored bytes
+    /// ([`Totals::stored_bytes`], changes logged and not applied yet included) past it are
+    /// refused. 0: none.
+    pub max_bytes: u64,
 }
 
 impl Default for StateLimits {
@@ -380,6 +394,7 @@ impl Default for StateLimits {
             max_value: 1 << 20,
             audit_retention: 1_000_000,
             telemetry_keep: 16,
+            max_bytes: 0,
         }
     }
 }
@@ -922,7 +937,7 @@ fn load_meta(store: &dyn StateBackend) -> Result<(Totals, u64, AuditHead), Backe
         )));
     }
     let totals = match store.get(keys::META_TOTALS)? {
-        None => Totals::default(),
+        None => Totals::empty(),
         Some(b) => Totals::decode(b.as_slice())
             .map_err(|e| BackendError(format!("undecodable totals: {e}")))?,
     };
@@ -989,6 +1004,10 @@ pub struct TenantState {
     limits: StateLimits,
     pending_cells: HashMap<Coord, Pending<Option<StoredCell>>>,
     pending_edges: HashMap<Vec<u8>, Pending<bool>>,
+    /// What each change logged and not applied yet adds to the stored bytes, by seq
+    /// (ascending), and their sum: the logical stored bytes are the applied ones plus it.
+    pending_growth: VecDeque<(u64, i64)>,
+    pending_growth_sum: i64,
     applied_seq: u64,
     totals: Totals,
     applied_audit: AuditHead,
@@ -1011,7 +1030,29 @@ impl TenantState {
         store: Arc<dyn StateBackend>,
         limits: StateLimits,
     ) -> Result<TenantState, BackendError> {
-        let (totals, applied_seq, head) = load_meta(&*store)?;
+        let (mut totals, applied_seq, head) = load_meta(&*store)?;
+        if !totals.bytes_counted {
+            // A store last written by a build that did not count its bytes: count them once,
+            // and keep the count at once, so that readers (Tenant.Stats) see it too.
+            let mut bytes = 0u64;
+            for (start, end) in keys::counted_ranges() {
+                for item in store.range(&start, &end) {
+                    let (k, v) = item?;
+                    bytes += (k.len() + v.len()) as u64;
+                }
+            }
+            totals.stored_bytes = bytes;
+            totals.bytes_counted = true;
+            store.apply(vec![BatchOp::Put(
+                keys::META_TOTALS.to_vec(),
+                totals.encode_to_vec(),
+            )])?;
+            tracing::info!(
+                stored_bytes = bytes,
+                "counted the bytes of the tenant's cells and edges (once, for a store written \
+                 before they were counted)"
+            );
+        }
         // Chunks this version writes are capped; record from where, with the first apply.
         let record_capped_from = audit_capped_from(&*store)?
             .is_none()
@@ -1029,6 +1070,8 @@ impl TenantState {
             limits,
             pending_cells: HashMap::new(),
             pending_edges: HashMap::new(),
+            pending_growth: VecDeque::new(),
+            pending_growth_sum: 0,
             applied_seq,
             totals,
             applied_audit: head.clone(),
@@ -1105,7 +1148,8 @@ impl TenantState {
     /// its audit entry, chained to the logical head of the trail.
     pub fn prepare(&self, cmd: Command, caller: &Caller) -> Result<Prepared, StoreError> {
         cmd.check_arguments(self.limits.max_value)?;
-        let (op, audit_op, detail, reply, effect) = match cmd {
+        let stored = |c: Option<&StoredCell>| c.map_or(0, keys::cell_bytes) as i64;
+        let (op, audit_op, detail, reply, effect, growth) = match cmd {
             Command::Read { coord } => {
                 return Ok(Prepared::Immediate(Reply::Read(self.reader.read(&coord)?)));
             }
@@ -1125,6 +1169,8 @@ impl TenantState {
                     program: false,
                     runs: prev.as_ref().map_or(0, |p| p.runs),
                 };
+                let growth = stored(Some(&next)) - stored(prev.as_ref());
+                self.check_quota(growth)?;
                 let op = Op::Put(walop::Put {
                     coord: Some(coord.into()),
                     value,
@@ -1136,6 +1182,7 @@ impl TenantState {
                     detail,
                     Reply::Written { version, seq: 0 },
                     Effect::Cell(coord, Some(next), Hint::Known(prev)),
+                    growth,
                 )
             }
             Command::Prog { coord, program } => {
@@ -1150,6 +1197,8 @@ impl TenantState {
                     program: true,
                     runs: prev.as_ref().map_or(0, |p| p.runs),
                 };
+                let growth = stored(Some(&next)) - stored(prev.as_ref());
+                self.check_quota(growth)?;
                 let op = Op::Prog(walop::Prog {
                     coord: Some(coord.into()),
                     program,
@@ -1161,6 +1210,7 @@ impl TenantState {
                     detail,
                     Reply::Programmed { version, seq: 0 },
                     Effect::Cell(coord, Some(next), Hint::Known(prev)),
+                    growth,
                 )
             }
             Command::Delete {
@@ -1182,6 +1232,7 @@ impl TenantState {
                 let op = Op::Del(walop::Del {
                     coord: Some(coord.into()),
                 });
+                let growth = -stored(prev.as_ref());
                 (
                     op,
                     "delete",
@@ -1191,6 +1242,7 @@ impl TenantState {
                         seq: 0,
                     },
                     Effect::Cell(coord, None, Hint::Known(prev)),
+                    growth,
                 )
             }
             Command::Run { coord, input } => {
@@ -1216,16 +1268,20 @@ impl TenantState {
                     principal: caller.principal.clone(),
                     input_digest,
                 });
+                let before = stored(Some(&prev));
                 let next = StoredCell {
                     runs: run_count,
                     ..prev
                 };
+                // A byte now and then (the run count's varint); run telemetry is not counted.
+                let growth = stored(Some(&next)) - before;
                 (
                     op,
                     "run",
                     detail,
                     reply,
                     Effect::Cell(coord, Some(next), Hint::Unknown),
+                    growth,
                 )
             }
             Command::Seal { coord } => {
@@ -1248,16 +1304,20 @@ impl TenantState {
                 let op = Op::Seal(walop::Seal {
                     coord: Some(coord.into()),
                 });
+                let before = stored(Some(&prev));
                 let next = StoredCell {
                     sealed: true,
                     ..prev
                 };
+                // The sealed flag's two bytes: a seal is never refused for them.
+                let growth = stored(Some(&next)) - before;
                 (
                     op,
                     "seal",
                     detail,
                     reply,
                     Effect::Cell(coord, Some(next), Hint::Unknown),
+                    growth,
                 )
             }
             Command::Link { from, to, label } => {
@@ -1265,6 +1325,8 @@ impl TenantState {
                 if self.logical_edge(&key)? {
                     return Ok(Prepared::Immediate(Reply::Linked { created: false }));
                 }
+                let growth = keys::edge_bytes(&key) as i64;
+                self.check_quota(growth)?;
                 let detail = format!("from={from} to={to} label={label:?}");
                 let op = Op::Link(walop::Edge {
                     from: Some(from.into()),
@@ -1277,6 +1339,7 @@ impl TenantState {
                     detail,
                     Reply::Linked { created: true },
                     Effect::Edge(key, true),
+                    growth,
                 )
             }
             Command::Unlink { from, to, label } => {
@@ -1284,6 +1347,7 @@ impl TenantState {
                 if !self.logical_edge(&key)? {
                     return Ok(Prepared::Immediate(Reply::Unlinked { existed: false }));
                 }
+                let growth = -(keys::edge_bytes(&key) as i64);
                 let detail = format!("from={from} to={to} label={label:?}");
                 let op = Op::Unlink(walop::Edge {
                     from: Some(from.into()),
@@ -1296,6 +1360,7 @@ impl TenantState {
                     detail,
                     Reply::Unlinked { existed: true },
                     Effect::Edge(key, false),
+                    growth,
                 )
             }
             Command::Event { op, detail } => {
@@ -1317,7 +1382,34 @@ impl TenantState {
                 ));
             }
         };
-        Ok(self.log(op, audit_op.to_string(), detail, reply, effect, caller))
+        Ok(self
+            .log(op, audit_op.to_string(), detail, reply, effect, caller)
+            .with_growth(growth))
+    }
+
+    /// The tenant's stored bytes with the changes logged and not applied yet.
+    pub fn logical_stored_bytes(&self) -> u64 {
+        u64::try_from(i128::from(self.totals.stored_bytes) + i128::from(self.pending_growth_sum))
+            .unwrap_or(0)
+    }
+
+    /// Refuse a change that would take the tenant's stored bytes past its quota; one that adds
+    /// nothing passes, also over the quota (a write that shrinks a cell, say).
+    fn check_quota(&self, growth: i64) -> Result<(), StoreError> {
+        let quota = self.limits.max_bytes;
+        if quota == 0 || growth <= 0 {
+            return Ok(());
+        }
+        let now = self.logical_stored_bytes();
+        if now.saturating_add(growth as u64) <= quota {
+            return Ok(());
+        }
+        Err(StoreError::ResourceExhausted(format!(
+            "the tenant has reached its storage quota: its cells and edges take {now} of the \
+             {quota} bytes it may store (--tenant-max-bytes), and this change would add \
+             {growth} more. Nothing was written. Delete cells or edges it no longer needs, \
+             or ask the operator to raise the quota"
+        )))
     }
 
     /// Log `key_id`'s new capability set `capabilities` (computed by the caller from the key's
@@ -1438,13 +1530,24 @@ impl TenantState {
             },
             reply,
             effect,
+            growth: 0,
         }
     }
 
     /// Record that `op` (with the `effect` `prepare` computed) was logged as `seq` but is not
     /// applied yet.
     /// Returns what to pass to [`TenantState::apply_hinted`] with the record.
-    pub fn note_pending(&mut self, seq: u64, op: &WalOp, effect: Effect) -> Option<(Coord, Hint)> {
+    pub fn note_pending(
+        &mut self,
+        seq: u64,
+        op: &WalOp,
+        effect: Effect,
+        growth: i64,
+    ) -> Option<(Coord, Hint)> {
+        if growth != 0 {
+            self.pending_growth.push_back((seq, growth));
+            self.pending_growth_sum += growth;
+        }
         if let Some(a) = &op.audit {
             self.audit_head = AuditHead {
                 next_seq: a.seq + 1,
@@ -1580,6 +1683,12 @@ impl TenantState {
         self.audit_floor = floor;
         self.applied_seq = last;
         self.totals = totals;
+        while let Some(&(seq, growth)) = self.pending_growth.front()
+            && seq <= last
+        {
+            self.pending_growth.pop_front();
+            self.pending_growth_sum -= growth;
+        }
         // Records applied without `note_pending` (replayed at open, or applied before their
         // fsync under a relaxed policy) move the chain's head too: the next entry must follow
         // the newest one, not reuse its seq over it. Pending entries always come after the
@@ -1649,6 +1758,8 @@ impl TenantState {
     pub fn discard_pending(&mut self) {
         self.pending_cells.clear();
         self.pending_edges.clear();
+        self.pending_growth.clear();
+        self.pending_growth_sum = 0;
         self.audit_head = self.applied_audit.clone();
     }
 
@@ -1817,6 +1928,7 @@ fn apply_one(
             let key = edge_key_of(&e)?;
             if txn.get(&key)?.is_none() {
                 totals.edges += 1;
+                totals.stored_bytes += keys::edge_bytes(&key);
                 txn.put(key.clone(), Vec::new());
             }
             Some(Target::Edge(key))
@@ -1825,6 +1937,7 @@ fn apply_one(
             let key = edge_key_of(&e)?;
             if txn.get(&key)?.is_some() {
                 totals.edges = totals.edges.saturating_sub(1);
+                totals.stored_bytes = totals.stored_bytes.saturating_sub(keys::edge_bytes(&key));
                 txn.remove(key.clone());
             }
             Some(Target::Edge(key))
@@ -1927,9 +2040,22 @@ mod tests {
                 max_value,
                 audit_retention,
                 telemetry_keep: 3,
+                max_bytes: 0,
             },
         )
         .unwrap()
+    }
+
+    /// The stored bytes of `store`'s cells and edges, counted from scratch.
+    fn recount(store: &dyn StateBackend) -> u64 {
+        keys::counted_ranges()
+            .iter()
+            .flat_map(|(start, end)| store.range(start, end))
+            .map(|item| {
+                let (k, v) = item.unwrap();
+                (k.len() + v.len()) as u64
+            })
+            .sum()
     }
 
     /// A tenant plus a WAL stand-in: records logged and not yet applied.
@@ -1954,9 +2080,14 @@ mod tests {
         fn submit(&mut self, cmd: Command) -> Result<Reply, StoreError> {
             match self.s.prepare(cmd, &who())? {
                 Prepared::Immediate(r) => Ok(r),
-                Prepared::Log { op, reply, effect } => {
+                Prepared::Log {
+                    op,
+                    reply,
+                    effect,
+                    growth,
+                } => {
                     self.seq += 1;
-                    let hint = self.s.note_pending(self.seq, &op, effect);
+                    let hint = self.s.note_pending(self.seq, &op, effect, growth);
                     self.hints.extend(hint);
                     self.unapplied.push((self.seq, op));
                     Ok(Prepared::seal(reply, self.seq))
@@ -1967,12 +2098,16 @@ mod tests {
         fn flush(&mut self) {
             let batch = std::mem::take(&mut self.unapplied);
             let hints = std::mem::take(&mut self.hints);
+            // What the pending changes were counted as must be what applying them stores.
+            let logical = self.s.logical_stored_bytes();
             // Half the batches without hints, so both apply paths meet the model.
             if batch.len().is_multiple_of(2) {
                 self.s.apply_hinted(batch, hints).unwrap();
             } else {
                 self.s.apply_all(batch).unwrap();
             }
+            assert_eq!(self.s.totals().stored_bytes, logical);
+            assert_eq!(self.s.logical_stored_bytes(), logical);
         }
 
         fn run(&mut self, cmd: Command) -> Result<Reply, StoreError> {
@@ -2030,6 +2165,153 @@ mod tests {
         );
     }
 
+    fn link(from: Coord, to: Coord, label: &str) -> Command {
+        Command::Link {
+            from,
+            to,
+            label: label.into(),
+        }
+    }
+
+    /// The stored bytes follow every kind of change (cells grown, shrunk, programmed, run,
+    /// sealed and deleted; edges linked and unlinked) and match a count from scratch.
+    #[test]
+    fn stored_bytes_follow_every_change_and_match_a_recount() {
+        let backend: Arc<dyn StateBackend> = Arc::new(MemBackend::default());
+        let mut h =
+            Harness::new(TenantState::open(Arc::clone(&backend), StateLimits::default()).unwrap());
+        let d = Coord { x: 1, y: 2, z: 3 };
+        for cmd in [
+            write(C, &[1; 100]),
+            write(C, &[2; 10]),
+            write(d, b"x"),
+            Command::Prog {
+                coord: d,
+                program: vec![3; 50],
+            },
+            Command::Run {
+                coord: d,
+                input: Vec::new(),
+            },
+            Command::Seal { coord: C },
+            link(C, d, "l"),
+            link(d, C, "m"),
+            Command::Unlink {
+                from: C,
+                to: d,
+                label: "l".into(),
+            },
+            Command::Delete {
+                coord: d,
+                expected_version: None,
+            },
+        ] {
+            h.run(cmd.clone()).unwrap();
+            assert_eq!(h.s.totals().stored_bytes, recount(&*backend), "{cmd:?}");
+        }
+        // What is left: the sealed cell C and the edge d -m-> C.
+        assert!(h.s.totals().stored_bytes > 0);
+    }
+
+    /// With a quota, a Write, Prog or Link that would take the stored bytes past it is
+    /// RESOURCE_EXHAUSTED and logs nothing, changes logged and not applied yet counted; a change
+    /// that adds nothing passes, and a deletion makes room at once.
+    #[test]
+    fn the_storage_quota_refuses_growth_past_it_counting_pending_changes() {
+        let limits = StateLimits {
+            max_bytes: 300,
+            ..StateLimits::default()
+        };
+        let mut h =
+            Harness::new(TenantState::open(Arc::new(MemBackend::default()), limits).unwrap());
+        let d = Coord { x: 1, y: 2, z: 3 };
+        let e = Coord { x: 5, y: 5, z: 5 };
+        // A cell of 100 bytes takes 117: its 13-byte key, the value's 102 and the version's 2.
+        h.submit(write(C, &[1; 100])).unwrap();
+        h.submit(write(d, &[1; 100])).unwrap();
+        assert_eq!(h.s.logical_stored_bytes(), 234);
+        assert_eq!(h.s.totals().stored_bytes, 0, "both still pending");
+        let logged = h.seq;
+        let refused = h.submit(write(e, &[1; 100])).unwrap_err();
+        let StoreError::ResourceExhausted(m) = &refused else {
+            panic!("{refused:?}");
+        };
+        assert!(
+            m.contains("storage quota") && m.contains("234 of the 300 bytes"),
+            "{m}"
+        );
+        let prog = Command::Prog {
+            coord: e,
+            program: vec![1; 100],
+        };
+        assert!(matches!(
+            h.submit(prog),
+            Err(StoreError::ResourceExhausted(_))
+        ));
+        // An edge with a 64-byte label takes 90 bytes.
+        assert!(matches!(
+            h.submit(link(C, d, &"l".repeat(64))),
+            Err(StoreError::ResourceExhausted(_))
+        ));
+        assert_eq!(h.seq, logged, "refused changes are not logged");
+        h.flush();
+        assert_eq!(h.s.totals().stored_bytes, 234);
+        h.run(link(C, d, "l")).unwrap();
+        // The same size again adds nothing: passes at any fill.
+        h.run(write(C, &[2; 100])).unwrap();
+        assert!(matches!(
+            h.submit(write(C, &[2; 150])),
+            Err(StoreError::ResourceExhausted(_))
+        ));
+        // A deletion still pending makes room for the next write.
+        h.submit(Command::Delete {
+            coord: d,
+            expected_version: None,
+        })
+        .unwrap();
+        h.submit(write(e, &[1; 100])).unwrap();
+        h.flush();
+        assert_eq!(h.s.totals().stored_bytes, 117 + 27 + 117);
+    }
+
+    /// A store whose totals an older build wrote (without the stored bytes) has them counted at
+    /// its open and kept at once, so that readers see them too.
+    #[test]
+    fn a_store_from_before_the_byte_count_is_counted_at_its_open() {
+        let backend: Arc<dyn StateBackend> = Arc::new(MemBackend::default());
+        let mut h =
+            Harness::new(TenantState::open(Arc::clone(&backend), StateLimits::default()).unwrap());
+        h.run(write(C, &[1; 40])).unwrap();
+        h.run(link(C, C, "self")).unwrap();
+        let counted = h.s.totals().stored_bytes;
+        assert_eq!(counted, recount(&*backend));
+        let old = Totals {
+            stored_bytes: 0,
+            bytes_counted: false,
+            ..h.s.totals().clone()
+        };
+        backend
+            .apply(vec![BatchOp::Put(
+                keys::META_TOTALS.to_vec(),
+                old.encode_to_vec(),
+            )])
+            .unwrap();
+        drop(h);
+        assert_eq!(
+            StateReader::new(Arc::clone(&backend), 100)
+                .totals()
+                .unwrap()
+                .0
+                .stored_bytes,
+            0
+        );
+        let reopened = TenantState::open(Arc::clone(&backend), StateLimits::default()).unwrap();
+        assert_eq!(reopened.totals().stored_bytes, counted);
+        let (kept, _) = reopened.reader().totals().unwrap();
+        assert_eq!(kept.stored_bytes, counted);
+        assert!(kept.bytes_counted);
+    }
+
     #[test]
     fn compare_and_set_checks_the_logical_version_and_reads_see_only_applied() {
         let mut h = Harness::new(fresh(16));
@@ -2068,6 +2350,7 @@ mod tests {
             max_value: 16,
             audit_retention: 100,
             telemetry_keep: 3,
+            max_bytes: 0,
         };
         assert!(TenantState::open(backend, limits).is_err());
     }
@@ -3172,6 +3455,7 @@ mod tests {
             prop_assert_eq!(totals.sealed, model.cells.values().filter(|c| c.sealed).count() as u64);
             prop_assert_eq!(totals.programs, model.cells.values().filter(|c| c.program).count() as u64);
             prop_assert_eq!(totals.runs, model.runs);
+            prop_assert_eq!(totals.stored_bytes, recount(&*backend));
             let reader = reopened.reader();
             let all = reader
                 .region(

@@ -176,6 +176,52 @@ async fn compare_and_set_and_bad_requests() {
     );
 }
 
+/// `--tenant-max-bytes`: writes that would take a tenant's cells and edges past its quota are
+/// RESOURCE_EXHAUSTED and leave nothing behind, `Tenant.Stats` shows the count against the
+/// quota, a deletion makes room at once, and the count survives a crash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_at_its_storage_quota_is_refused_growth_until_it_deletes() {
+    let mut server = TestServer::start_with(cubed(), &["--tenant-max-bytes", "2000"]).unwrap();
+    let mut c = server.cells(&server.demo).await.unwrap();
+    // Cells of 300 bytes take 318 each (key, value and version): six fit, the seventh not.
+    let value = [7u8; 300];
+    for x in 0..6 {
+        c.write(write(x, 0, 0, &value)).await.unwrap();
+    }
+    let err = c.write(write(6, 0, 0, &value)).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert!(
+        err.message().contains("storage quota")
+            && err.message().contains("1908 of the 2000 bytes")
+            && err.message().contains("Nothing was written"),
+        "{}",
+        err.message()
+    );
+    assert!(!c.read(read(6, 0, 0)).await.unwrap().into_inner().found);
+    let totals = crate::totals(&server).await;
+    assert_eq!((totals.stored_bytes, totals.quota_bytes), (1908, 2000));
+    assert_eq!(totals.cells, 6);
+    // Rewriting a cell at the same size adds nothing; growing it would.
+    c.write(write(0, 0, 0, &value)).await.unwrap();
+    let err = c.write(write(0, 0, 0, &[7u8; 400])).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    c.delete(DeleteRequest {
+        coord: coord(1, 0, 0),
+        expected_version: None,
+    })
+    .await
+    .unwrap();
+    c.write(write(6, 0, 0, &value)).await.unwrap();
+    // After a crash: the count comes back with the log's replay.
+    tokio::task::block_in_place(|| server.kill9()).unwrap();
+    tokio::task::block_in_place(|| server.restart()).unwrap();
+    let totals = crate::totals(&server).await;
+    assert_eq!((totals.stored_bytes, totals.quota_bytes), (1908, 2000));
+    let mut c = server.cells(&server.demo).await.unwrap();
+    let err = c.write(write(1, 0, 0, &value)).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn below_min_free_bytes_writes_are_refused_as_resource_exhausted_and_reads_still_work() {
     // A minimum no disk meets: the data directory counts as nearly full from the start.

@@ -93,6 +93,8 @@ impl Tenant for TenantService {
                 last_seq: log.last_seq,
                 checkpoint_seq: log.checkpoint_seq,
                 durability: log.durability,
+                stored_bytes: totals.stored_bytes,
+                quota_bytes: log.quota_bytes,
             }),
             cell: None,
         }))

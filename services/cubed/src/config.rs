@@ -363,9 +363,9 @@ pub struct ServeArgs {
     /// (`cube_disk_free_bytes` is still reported).
     #[arg(long, env = "CUBE_MIN_FREE_BYTES", default_value_t = DEFAULT_MIN_FREE_BYTES)]
     pub min_free_bytes: u64,
-    /// Each tenant's storage quota in bytes: Write, Prog and Link that would take its cells and
-    /// edges (`Tenant.Stats` `stored_bytes`) past it are refused with RESOURCE_EXHAUSTED;
-    /// deletions and everything else pass. 0: no quota.
+    /// Each tenant's storage quota in bytes: Write, Prog, Link and Run that would take its cells,
+    /// edges and run records (`Tenant.Stats` `stored_bytes`) past it are refused with
+    /// RESOURCE_EXHAUSTED; deletions and everything else pass. 0: no quota.
     #[arg(long, env = "CUBE_TENANT_MAX_BYTES", default_value_t = 0)]
     pub tenant_max_bytes: u64,
     /// Close (passivate) a tenant after this many seconds without a call; its next call reopens it.

@@ -206,10 +206,10 @@ pub struct Totals {
     /// Runs ever recorded.
     #[prost(uint64, tag = "5")]
     pub runs: u64,
-    /// What the tenant's cells and edges take in the store: each one's key and stored value
-    /// ([`cell_bytes`], [`edge_bytes`]). Run telemetry (at most `telemetry_keep` per cell) and the
-    /// audit trail (held to its retention) are not counted. The storage quota is checked
-    /// against it (`StateLimits::max_bytes`).
+    /// What the tenant's cells and edges take in the store, each one's key and stored value
+    /// ([`cell_bytes`], [`edge_bytes`]), plus [`RUN_RECORD_BYTES`] for each run record kept (at
+    /// most `telemetry_keep` per cell). The audit trail (held to its retention) is not counted.
+    /// The storage quota is checked against it (`StateLimits::max_bytes`).
     #[prost(uint64, tag = "6")]
     pub stored_bytes: u64,
     /// Whether `stored_bytes` is counted: false in a store last written by a build without it,
@@ -254,9 +254,21 @@ pub(crate) fn edge_bytes(key: &[u8]) -> u64 {
     key.len() as u64
 }
 
-/// Key ranges of every cell and of every edge: what [`Totals::stored_bytes`] counts.
+/// What one kept run record counts for in [`Totals::stored_bytes`], whatever it takes: at least
+/// the most any takes (its 21-byte key and a record naming a 78-byte principal, a 63-character
+/// tenant and a generated key id, take under 180), so that counting needs no read of the record a
+/// run pushes out or a deletion removes.
+pub(crate) const RUN_RECORD_BYTES: u64 = 192;
+
+/// Key ranges of every cell and of every edge, counted at their size in
+/// [`Totals::stored_bytes`].
 pub(crate) fn counted_ranges() -> [(Vec<u8>, Vec<u8>); 2] {
     [(vec![CELL], vec![CELL + 1]), (vec![EDGE], vec![EDGE + 1])]
+}
+
+/// Key range of every run record, each counted as [`RUN_RECORD_BYTES`].
+pub(crate) fn run_range() -> (Vec<u8>, Vec<u8>) {
+    (vec![RUN], vec![RUN + 1])
 }
 
 /// NOTE: on-disk format of the audit entries of one applied group, consecutive seqs from the key's

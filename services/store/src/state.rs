@@ -382,7 +382,7 @@ pub struct StateLimits {
     pub audit_retention: u64,
     /// Run telemetry entries kept per cell (the newest).
     pub telemetry_keep: u64,
-    /// The tenant's storage quota: `Write`, `Prog` and `Link` that would take its stored bytes
+    /// The tenant's storage quota: `Write`, `Prog`, `Link` and `Run` that would take its stored bytes
     /// ([`Totals::stored_bytes`], changes logged and not applied yet included) past it are
     /// refused. 0: none.
     pub max_bytes: u64,
@@ -1041,6 +1041,11 @@ impl TenantState {
                     bytes += (k.len() + v.len()) as u64;
                 }
             }
+            let (start, end) = keys::run_range();
+            for item in store.range(&start, &end) {
+                item?;
+                bytes += keys::RUN_RECORD_BYTES;
+            }
             totals.stored_bytes = bytes;
             totals.bytes_counted = true;
             store.apply(vec![BatchOp::Put(
@@ -1232,7 +1237,11 @@ impl TenantState {
                 let op = Op::Del(walop::Del {
                     coord: Some(coord.into()),
                 });
-                let growth = -stored(prev.as_ref());
+                // The cell's run records go with it.
+                let runs = prev
+                    .as_ref()
+                    .map_or(0, |p| p.runs.min(self.limits.telemetry_keep));
+                let growth = -stored(prev.as_ref()) - (runs * keys::RUN_RECORD_BYTES) as i64;
                 (
                     op,
                     "delete",
@@ -1273,8 +1282,15 @@ impl TenantState {
                     runs: run_count,
                     ..prev
                 };
-                // A byte now and then (the run count's varint); run telemetry is not counted.
-                let growth = stored(Some(&next)) - before;
+                // A run record more, until the cell keeps `telemetry_keep` (then each run's
+                // pushes out the oldest); and a byte now and then (the run count's varint).
+                let record = if run_count <= self.limits.telemetry_keep {
+                    keys::RUN_RECORD_BYTES as i64
+                } else {
+                    0
+                };
+                let growth = stored(Some(&next)) - before + record;
+                self.check_quota(growth)?;
                 (
                     op,
                     "run",
@@ -1894,6 +1910,10 @@ fn apply_one(
                 for n in first..=p.runs {
                     txn.remove(keys::run_key(c, n).to_vec());
                 }
+                let kept = p.runs.min(limits.telemetry_keep);
+                totals.stored_bytes = totals
+                    .stored_bytes
+                    .saturating_sub(kept * keys::RUN_RECORD_BYTES);
             }
             set_cell(txn, totals, c, prev, None)
         }
@@ -1914,8 +1934,9 @@ fn apply_one(
                 .ok_or_else(|| bad("run of a cell without a program"))?;
             let n = r.run_count;
             txn.put(keys::run_key(c, n).to_vec(), r.encode_to_vec());
-            if let Some(old) = n.checked_sub(limits.telemetry_keep).filter(|o| *o > 0) {
-                txn.remove(keys::run_key(c, old).to_vec());
+            match n.checked_sub(limits.telemetry_keep).filter(|o| *o > 0) {
+                Some(old) => txn.remove(keys::run_key(c, old).to_vec()),
+                None => totals.stored_bytes += keys::RUN_RECORD_BYTES,
             }
             totals.runs += 1;
             let next = StoredCell {
@@ -2046,16 +2067,20 @@ mod tests {
         .unwrap()
     }
 
-    /// The stored bytes of `store`'s cells and edges, counted from scratch.
+    /// The stored bytes of `store`'s cells and edges, and its run records' charge, counted from
+    /// scratch.
     fn recount(store: &dyn StateBackend) -> u64 {
-        keys::counted_ranges()
+        let cells_and_edges: u64 = keys::counted_ranges()
             .iter()
             .flat_map(|(start, end)| store.range(start, end))
             .map(|item| {
                 let (k, v) = item.unwrap();
                 (k.len() + v.len()) as u64
             })
-            .sum()
+            .sum();
+        let (start, end) = keys::run_range();
+        let runs = store.range(&start, &end).count() as u64;
+        cells_and_edges + runs * keys::RUN_RECORD_BYTES
     }
 
     /// A tenant plus a WAL stand-in: records logged and not yet applied.
@@ -2272,6 +2297,80 @@ mod tests {
         h.submit(write(e, &[1; 100])).unwrap();
         h.flush();
         assert_eq!(h.s.totals().stored_bytes, 117 + 27 + 117);
+    }
+
+    /// Run records count too: a tenant at its quota cannot fill its disk with the 16 records
+    /// each program cell keeps (empty programs, run 16 times each, stored ~75 times the
+    /// cells' own bytes uncounted). Once a cell keeps 16, a run adds only what its count takes.
+    #[test]
+    fn run_records_count_toward_the_storage_quota() {
+        let limits = StateLimits {
+            max_bytes: 4_000,
+            telemetry_keep: 16,
+            ..StateLimits::default()
+        };
+        let backend: Arc<dyn StateBackend> = Arc::new(MemBackend::default());
+        let mut h = Harness::new(TenantState::open(Arc::clone(&backend), limits).unwrap());
+        let mut refused = None;
+        'fill: for x in 0..100 {
+            let coord = Coord { x, y: 0, z: 0 };
+            let prog = Command::Prog {
+                coord,
+                program: Vec::new(),
+            };
+            if let Err(e) = h.run(prog) {
+                refused = Some(e);
+                break;
+            }
+            for _ in 0..16 {
+                if let Err(e) = h.run(Command::Run {
+                    coord,
+                    input: Vec::new(),
+                }) {
+                    refused = Some(e);
+                    break 'fill;
+                }
+            }
+        }
+        assert!(
+            matches!(refused, Some(StoreError::ResourceExhausted(_))),
+            "{refused:?}"
+        );
+        let stored = h.s.totals().stored_bytes;
+        assert_eq!(stored, recount(&*backend));
+        assert!(stored <= 4_000, "{stored}");
+        // What the records really take stays under what they count for.
+        let (start, end) = keys::run_range();
+        let real: usize = backend
+            .range(&start, &end)
+            .map(|i| i.map(|(k, v)| k.len() + v.len()).unwrap())
+            .sum();
+        assert!(real > 0 && real <= 4_000, "{real}");
+    }
+
+    /// [`keys::RUN_RECORD_BYTES`] is at least what the largest run record takes: the longest
+    /// tenant name, a generated key id, the largest coordinates, count and time.
+    #[test]
+    fn the_run_record_charge_covers_the_largest_record() {
+        let principal = format!("{}/k-{}", "t".repeat(63), "f".repeat(12));
+        let run = walop::Run {
+            coord: Some(WalCoord {
+                x: i32::MIN,
+                y: i32::MIN,
+                z: i32::MIN,
+            }),
+            run_count: u64::MAX,
+            ts_ms: i64::MAX,
+            principal,
+            input_digest: vec![0xff; 32],
+        };
+        let c = Coord {
+            x: i32::MIN,
+            y: 0,
+            z: 0,
+        };
+        let size = keys::run_key(c, u64::MAX).len() + run.encoded_len();
+        assert!(size as u64 <= keys::RUN_RECORD_BYTES, "{size}");
     }
 
     /// A store whose totals an older build wrote (without the stored bytes) has them counted at

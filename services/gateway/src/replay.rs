@@ -97,11 +97,41 @@ fn floor_of(map: &FloorMap, tenant: &str, key_id: &str) -> Option<i64> {
 /// needs one a second.
 const FLOOR_WRITES_PER_SEC: u32 = 32;
 
+/// Of [`FLOOR_WRITES_PER_SEC`], the most one tenant's keys may take in a second: the keys of
+/// one tenant cannot spend the second's budget of all (whose clients running ahead would be
+/// refused meanwhile); it takes four tenants' keys.
+const FLOOR_WRITES_PER_TENANT_PER_SEC: u32 = 8;
+
 /// The writer's side of the floors file: the write budget of the current second.
 #[derive(Debug, Default)]
 struct Recorded {
     /// Writes of the file in the current second.
     writes: PerSecond,
+    /// Writes for each tenant in the second `by_tenant_second` (at most
+    /// [`FLOOR_WRITES_PER_SEC`] entries: each is a write).
+    by_tenant: HashMap<String, u32>,
+    by_tenant_second: i64,
+}
+
+impl Recorded {
+    /// Take one write for `tenant` in the second of `now_ms`, within both its share and the
+    /// second's budget; false (nothing taken) when either is spent.
+    fn take(&mut self, tenant: &str, now_ms: i64) -> bool {
+        let second = now_ms.div_euclid(1000);
+        // As `PerSecond` starts over: at a later second, or a clock stepped back past one.
+        if second > self.by_tenant_second || second.saturating_add(1) < self.by_tenant_second {
+            self.by_tenant.clear();
+            self.by_tenant_second = second;
+        }
+        let used = self.by_tenant.get(tenant).copied().unwrap_or(0);
+        if used >= FLOOR_WRITES_PER_TENANT_PER_SEC
+            || !self.writes.take(now_ms, FLOOR_WRITES_PER_SEC)
+        {
+            return false;
+        }
+        *self.by_tenant.entry(tenant.to_string()).or_default() += 1;
+        true
+    }
 }
 
 /// Why a floor was not recorded.
@@ -213,7 +243,7 @@ impl Floors {
         if covered() {
             return Ok(());
         }
-        if !recorded.writes.take(now_ms, FLOOR_WRITES_PER_SEC) {
+        if !recorded.take(tenant, now_ms) {
             return Err(RecordError::Busy);
         }
         // Only writers change `floors`, and this one holds `recorded`.
@@ -1080,10 +1110,36 @@ mod tests {
         let call =
             |i: i64, at: i64| c.check_and_insert(("a", "k"), i as u128, at + 5_000 + i * step, at);
         for i in 0..i64::from(FLOOR_WRITES_PER_SEC) {
-            assert_eq!(call(i, now), Ok(()), "{i}");
+            // Each tenant's keys take at most their share of the second's writes.
+            let tenant = ["a", "b", "c", "d"][i as usize % 4];
+            let at = now + 5_000 + i * step;
+            assert_eq!(
+                c.check_and_insert((tenant, "k"), i as u128, at, now),
+                Ok(()),
+                "{i}"
+            );
         }
         assert_eq!(call(100, now), Err(ReplayError::TooFarAhead));
         assert_eq!(call(101, now + 1_000), Ok(()));
+    }
+
+    /// One tenant's keys cannot spend the floors file's writes of every tenant: past its share
+    /// of the second it is refused while another tenant's client running ahead is served.
+    #[test]
+    fn one_tenant_takes_no_more_than_its_share_of_the_floor_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("replay-floors");
+        let c = ReplayCache::with_floors(16 * 4096, 300_000, 0, path).unwrap();
+        let now = 1_000_000;
+        let step = FLOOR_RESERVE_MS + 1;
+        let call = |tenant: &'static str, i: i64| {
+            c.check_and_insert((tenant, "k"), i as u128, now + 5_000 + i * step, now)
+        };
+        for i in 0..i64::from(FLOOR_WRITES_PER_TENANT_PER_SEC) {
+            assert_eq!(call("a", i), Ok(()), "{i}");
+        }
+        assert_eq!(call("a", 100), Err(ReplayError::TooFarAhead));
+        assert_eq!(call("b", 200), Ok(()));
     }
 
     /// A floor exactly one past the start watermark is kept: the previous server may have

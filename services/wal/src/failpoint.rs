@@ -65,6 +65,7 @@ enum FaultOn {
     DirSync,
     SlowSync,
     NewSegmentSync,
+    PoisonDelay,
 }
 /// (directory, what fails, how long the failing call takes).
 type SyncFault = (std::path::PathBuf, FaultOn, std::time::Duration);
@@ -137,6 +138,29 @@ pub fn fail_next_dir_sync_after_delete(dir: &std::path::Path) {
 /// Whether this fsync of the WAL directory `dir` after a deletion is to fail (consumes it).
 pub(crate) fn injected_dir_sync_failure(dir: &std::path::Path) -> bool {
     injected(dir, FaultOn::DirSync)
+}
+
+/// Hold the thread whose fsync of the WAL directory `dir` after a deletion failed for `delay`
+/// before it poisons the shard (tests only: it holds the window open in which the syncer may
+/// rotate and sync a batch).
+#[doc(hidden)]
+pub fn delay_poison_after_dir_sync_failure(dir: &std::path::Path, delay: std::time::Duration) {
+    arm(dir, FaultOn::PoisonDelay, delay);
+}
+
+/// Wait out a delay armed by [`delay_poison_after_dir_sync_failure`] for `dir`, if any.
+pub(crate) fn injected_poison_delay(dir: &std::path::Path) {
+    injected(dir, FaultOn::PoisonDelay);
+}
+
+/// Whether the delay armed by [`delay_poison_after_dir_sync_failure`] for `dir` has been taken
+/// (the failed fsync's thread is being held now, or was).
+#[doc(hidden)]
+pub fn poison_delay_taken(dir: &std::path::Path) -> bool {
+    let faults = SYNC_FAULTS.lock().unwrap_or_else(|p| p.into_inner());
+    !faults
+        .iter()
+        .any(|(d, o, _)| d == dir && *o == FaultOn::PoisonDelay)
 }
 
 /// Make the fsync of the next segment the WAL shard in `dir` prepares (a pre-zeroed one, or a

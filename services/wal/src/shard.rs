@@ -184,6 +184,12 @@ struct SegmentTable {
     /// The file is renamed (to it by a deletion, from it by a rotation) only under this table's
     /// lock, so the two never race.
     recycled: Option<u64>,
+    /// An fsync of the directory after a deletion failed. Both that fsync and the syncer's at a
+    /// rotation run under this table's lock, so a rotation's fsync either comes wholly before
+    /// the failed one or sees this and fails too: one after a failed fsync vouches for nothing,
+    /// and the batch written after it must not be reported durable, however long the deleting
+    /// thread takes to poison the shard.
+    dir_sync_failed: bool,
 }
 
 impl SegmentTable {
@@ -194,6 +200,7 @@ impl SegmentTable {
             files,
             bytes,
             recycled: None,
+            dir_sync_failed: false,
         }
     }
 
@@ -331,12 +338,15 @@ impl WalShard {
         if resume.checkpoint_ahead {
             // The new segment is in place and its name durable, so these are garbage. Failing to
             // delete them is harmless (recovery skips covered segments, and a later
-            // `delete_segments_through` retries), so it does not fail the open.
+            // `delete_segments_through` retries), so it does not fail the open; a failed fsync
+            // of the directory after deleting does, as it poisoned the shard (and as the store's
+            // own deletion at an open does).
             match shared.delete_through(start_after) {
                 Ok((n, bytes)) => tracing::info!(
                     dir = %dir.display(), segments = n, bytes, start_after,
                     "checkpoint ahead of the wal; deleted covered segments"
                 ),
+                Err(e) if e.is_failed_sync() => return Err(e),
                 Err(e) => tracing::warn!(
                     dir = %dir.display(), error = %e,
                     "could not delete wal segments covered by the checkpoint"
@@ -652,11 +662,19 @@ impl Shared {
             // descriptor, may report success without the failed block ever written. So, as for
             // the syncer's failed fdatasync, the shard accepts nothing more and its owner hears
             // `Poisoned` (the tenant is not reopened before a restart), whoever called this (a
-            // checkpoint, an open).
-            if let Err(e) =
-                sync_dir_after_removal(&self.dir, "syncing wal directory after deletion")
-            {
+            // checkpoint, an open). Under the table's lock: see `SegmentTable::dir_sync_failed`.
+            let synced = {
+                let mut table = lock_table(&self.segments);
+                let synced =
+                    sync_dir_after_removal(&self.dir, "syncing wal directory after deletion");
+                if synced.as_ref().is_err_and(WalError::is_failed_sync) {
+                    table.dir_sync_failed = true;
+                }
+                synced
+            };
+            if let Err(e) = synced {
                 if e.is_failed_sync() {
+                    crate::failpoint::injected_poison_delay(&self.dir);
                     poison(self, &e);
                 }
                 return Err(e);
@@ -976,7 +994,19 @@ impl SegmentWriter {
                 size,
             ),
         };
-        sync_dir_entries(&self.dir)?;
+        {
+            // Under the table's lock, as a deletion's fsync of this directory is.
+            let table = lock_table(&self.table);
+            if table.dir_sync_failed {
+                return Err(WalError::io("syncing wal directory")(
+                    std::io::Error::other(
+                        "an earlier fsync of the wal directory (after deleting checkpointed \
+                     segments) failed",
+                    ),
+                ));
+            }
+            sync_dir_entries(&self.dir)?;
+        }
         if let Some(old) = replaced {
             // Only once the replacement is durably named, so that a failure or crash before
             // never leaves the log without its last segment. A crash between leaves both, and

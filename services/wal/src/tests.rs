@@ -526,6 +526,77 @@ fn a_batch_syncing_while_the_shard_is_poisoned_is_not_reported_durable() {
     assert!(!seen.contains(&DurableEvent::Durable(seq)), "{seen:?}");
 }
 
+/// After a failed fsync of the directory (deleting covered segments), the syncer's next
+/// rotation fails too, however long the deleting thread takes to poison the shard: the
+/// rotation's own fsync of the directory comes after the failed one and vouches for nothing, so
+/// a batch written into the new segment must not be reported durable (it was, when the poison
+/// came after its fdatasync; found by review).
+#[test]
+fn a_rotation_after_a_failed_directory_fsync_reports_nothing_in_it_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, events) = open_recording(dir.path(), small());
+    write_n(&wal, 800);
+    let files = wal_files(dir.path());
+    assert!(files.len() >= 4, "{files:?}");
+    crate::failpoint::fail_next_dir_sync_after_delete(dir.path());
+    crate::failpoint::delay_poison_after_dir_sync_failure(dir.path(), Duration::from_secs(2));
+    let deleter = {
+        let wal = Arc::clone(&wal);
+        let through = files[1].0 - 1;
+        std::thread::spawn(move || wal.delete_segments_through(through))
+    };
+    // The fsync has failed; the shard is not poisoned yet.
+    assert!(eventually(|| crate::failpoint::poison_delay_taken(
+        dir.path()
+    )));
+    let newest_before = wal_files(dir.path()).last().unwrap().0;
+    // Enough for more than one 16-KiB segment, if the shard takes them.
+    for _ in 0..600 {
+        let seq = wal.next_seq();
+        if wal.append(&payload(seq)).is_err() {
+            break;
+        }
+    }
+    let e = deleter.join().unwrap().unwrap_err();
+    assert!(e.is_failed_sync(), "{e}");
+    let rotated_into = wal_files(dir.path())
+        .into_iter()
+        .map(|(first, _)| first)
+        .find(|&first| first > newest_before)
+        .expect("the syncer went on to a new segment");
+    match Arc::try_unwrap(wal) {
+        Ok(wal) => drop(wal),
+        Err(_) => panic!("another holder of the shard"),
+    }
+    let seen = events.lock().unwrap().clone();
+    assert!(seen.contains(&DurableEvent::Poisoned), "{seen:?}");
+    assert!(
+        seen.iter()
+            .all(|e| !matches!(e, DurableEvent::Durable(s) if *s >= rotated_into)),
+        "records of segment {rotated_into} reported durable: {seen:?}"
+    );
+}
+
+/// A checkpoint ahead of the log whose covered segments' deletion at open ends in a failed
+/// fsync of the directory fails the open: the shard is poisoned for good, and an open that
+/// went on handed its owner a log that takes nothing (found by review).
+#[test]
+fn a_failed_directory_fsync_deleting_at_open_fails_the_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, _, _) = open(dir.path(), small()).unwrap();
+    write_n(&wal, 10);
+    wal.close().unwrap();
+    crate::failpoint::fail_next_dir_sync_after_delete(dir.path());
+    let Err(e) = open_after(dir.path(), small(), 25) else {
+        panic!("opened on a failed fsync of its directory");
+    };
+    assert!(e.is_failed_sync(), "{e}");
+    // A later open (the restart) is served.
+    let (wal, _, report) = open_after(dir.path(), small(), 25).unwrap();
+    assert_eq!(report.last_seq, 25);
+    wal.close().unwrap();
+}
+
 /// A failed fsync of a segment the shard prepared for its next rotation (the recycled one
 /// reused, or a new pre-zeroed one) stops the shard like any failed fsync of a segment:
 /// `Poisoned`, nothing more appended or reported durable; it used to be logged and passed over.

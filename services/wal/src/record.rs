@@ -52,6 +52,7 @@ fn seq_field(header: &[u8]) -> u64 {
 }
 
 /// The sequence number in the `seq` field of a header, without checking it.
+#[cfg(test)]
 pub(crate) fn seq_of_header(header: &[u8; HEADER_LEN]) -> u64 {
     seq_field(header) & MAX_SEQ
 }

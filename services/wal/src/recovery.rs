@@ -178,15 +178,6 @@ pub(crate) fn recover(
                         format!("invalid record followed by valid record {seq} at offset {off}"),
                     ));
                 }
-                AfterEnd::Unverified => {
-                    return Err(corrupt(
-                        &name,
-                        pos as u64,
-                        "invalid record followed by more record-like bytes than recovery checks; \
-                         not cut, since a valid later record among them cannot be ruled out"
-                            .into(),
-                    ));
-                }
             }
         };
         write_offset = pos as u64;
@@ -282,29 +273,15 @@ enum AfterEnd {
     TornWrite,
     /// A valid record that is not: the first one found.
     LaterBatch { off: usize, seq: u64 },
-    /// The tail held more candidate records than [`CHECK_BUDGET_PER_BYTE`] lets recovery
-    /// checksum, so whether a valid one is among them is not known.
-    Unverified,
 }
-
-/// Bytes recovery may checksum looking for records after the end of data, per byte of the
-/// segment. Real later records are found in one pass (each checksummed once, the scan then
-/// skipping past it); the bound is for bytes crafted to look like many long records at every
-/// offset (client values in a recycled segment's old tail), which would otherwise cost a
-/// checksum of up to the rest of the segment per offset.
-const CHECK_BUDGET_PER_BYTE: usize = 4;
 
 fn after_end_of_data(data: &[u8], end: usize, exp: u64, salt: u32) -> AfterEnd {
     let mut first = None;
     let mut from = end;
-    let mut budget = data.len().saturating_mul(CHECK_BUDGET_PER_BYTE);
-    loop {
-        let Ok(found) = find_valid_record_after(data, from, end, exp, salt, &mut budget) else {
-            return AfterEnd::Unverified;
-        };
-        let Some((off, seq, position, total)) = found else {
-            break;
-        };
+    let tail = TailCrc::new(data, end);
+    while let Some((off, seq, position, total)) =
+        find_valid_record_after(data, &tail, from, end, exp, salt)
+    {
         // Of the torn write only if records exp..seq-1 fit between `end` and it (a header each
         // at least) and its batch began at or before exp. A batch position that saturated
         // understates how early the batch began, which can only make this answer "no".
@@ -346,33 +323,43 @@ fn lost_sector_signature(data: &[u8], end: usize, until: usize) -> bool {
 
 /// Look for any whole record, checksummed under `salt`, with a plausible sequence number after
 /// `from`: (offset, seq, batch position, framed length). `end` is where record `min_seq` was
-/// due. `Err` once checksumming the candidates would take more than `budget` bytes (which it is
-/// reduced by).
+/// due; `tail` the checksums of `data` from there. Each candidate's checksum comes from `tail`
+/// in a time that does not grow with its length: bytes crafted to look like a long record at
+/// every offset (client values, which a recycled segment's old tail holds after every end of
+/// data) would otherwise cost a checksum of up to the rest of the segment per offset, hours for
+/// a large one (until 2026-12-05 the scan had a budget, and past it the segment was refused).
 fn find_valid_record_after(
     data: &[u8],
+    tail: &TailCrc<'_>,
     from: usize,
     end: usize,
     min_seq: u64,
     salt: u32,
-    budget: &mut usize,
-) -> Result<Option<(usize, u64, u64, usize)>, ()> {
-    let Some(last_start) = data.len().checked_sub(HEADER_LEN) else {
-        return Ok(None);
-    };
+) -> Option<(usize, u64, u64, usize)> {
+    let last_start = data.len().checked_sub(HEADER_LEN)?;
     for off in from + 1..=last_start {
-        let header: &[u8; HEADER_LEN] = data[off..off + HEADER_LEN].try_into().map_err(|_| ())?;
-        let seq = record::seq_of_header(header);
+        let header = &data[off..off + HEADER_LEN];
+        let field = u64::from_le_bytes(header[8..16].try_into().ok()?);
+        let seq = field & record::MAX_SEQ;
         // A record of this log at `off` follows records min_seq..seq-1 written between `end` and
         // it, a header each at least: any other sequence number cannot be one of ours. Checked
         // before the checksum, this keeps the scan cheap on old or garbage tails.
         if seq < min_seq || (seq - min_seq).saturating_mul(HEADER_LEN as u64) > (off - end) as u64 {
             continue;
         }
-        // A record that would run past the data is refused by `decode` without a checksum.
         let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
-        if len <= data.len() - off - HEADER_LEN {
-            *budget = budget.checked_sub(len).ok_or(())?;
+        let payload = off + HEADER_LEN;
+        if len > data.len() - payload {
+            continue;
         }
+        // The checksum covers `len ‖ seq field ‖ payload`; the stored one is salted.
+        let head = crc32c::crc32c_append(crc32c::crc32c(&header[0..4]), &header[8..16]);
+        let crc = shift(head, len) ^ tail.range(payload, payload + len);
+        let stored = u32::from_le_bytes([header[4], header[5], header[6], header[7]]) ^ salt;
+        if crc != stored {
+            continue;
+        }
+        // Decoded as any record is (the same checksum again, once per record found).
         if let Frame::Record {
             seq,
             position,
@@ -380,10 +367,93 @@ fn find_valid_record_after(
             ..
         } = record::decode(&data[off..], salt)
         {
-            return Ok(Some((off, seq, position, total)));
+            return Some((off, seq, position, total));
         }
     }
-    Ok(None)
+    None
+}
+
+/// The CRC32C of any range of `data` from `base` on, from running checksums kept every
+/// [`TailCrc::STRIDE`] bytes: CRC32C is linear, so the checksum of `data[a..b]` is that of
+/// `data[base..b]` XOR that of `data[base..a]` carried through `b - a` more bytes ([`shift`]).
+struct TailCrc<'a> {
+    data: &'a [u8],
+    base: usize,
+    /// `marks[k]`: CRC32C of `data[base..base + k * STRIDE]`.
+    marks: Vec<u32>,
+}
+
+impl<'a> TailCrc<'a> {
+    const STRIDE: usize = 64;
+
+    fn new(data: &'a [u8], base: usize) -> TailCrc<'a> {
+        let tail = &data[base.min(data.len())..];
+        let mut marks = Vec::with_capacity(tail.len() / Self::STRIDE + 1);
+        let mut crc = 0;
+        marks.push(crc);
+        for chunk in tail.chunks_exact(Self::STRIDE) {
+            crc = crc32c::crc32c_append(crc, chunk);
+            marks.push(crc);
+        }
+        TailCrc { data, base, marks }
+    }
+
+    /// CRC32C of `data[base..i]`.
+    fn prefix(&self, i: usize) -> u32 {
+        let k = (i - self.base) / Self::STRIDE;
+        let at = self.base + k * Self::STRIDE;
+        crc32c::crc32c_append(self.marks[k], &self.data[at..i])
+    }
+
+    /// CRC32C of `data[a..b]`, `base <= a <= b <= data.len()`.
+    fn range(&self, a: usize, b: usize) -> u32 {
+        self.prefix(b) ^ shift(self.prefix(a), b - a)
+    }
+}
+
+const POLY: u32 = 0x82F6_3B78;
+
+/// `a * b` modulo the CRC32C polynomial, bit-reflected (`1 << 31` is 1; zlib's `multmodp`).
+fn multmodp(a: u32, mut b: u32) -> u32 {
+    let mut m = 1u32 << 31;
+    let mut p = 0;
+    loop {
+        if a & m != 0 {
+            p ^= b;
+            if a & (m - 1) == 0 {
+                return p;
+            }
+        }
+        m >>= 1;
+        b = if b & 1 != 0 { (b >> 1) ^ POLY } else { b >> 1 };
+    }
+}
+
+/// `X2N[k]` = x^(2^k) modulo the polynomial.
+static X2N: std::sync::LazyLock<[u32; 32]> = std::sync::LazyLock::new(|| {
+    let mut table = [0; 32];
+    let mut p = 1u32 << 30; // x^1
+    for entry in &mut table {
+        *entry = p;
+        p = multmodp(p, p);
+    }
+    table
+});
+
+/// A CRC32C carried through `n` more zero bytes: `crc32c_combine(crc, 0, n)`, in about 25
+/// multiplications for any `n` below 2^32 (zlib's `crc32_combine_gen`).
+fn shift(crc: u32, n: usize) -> u32 {
+    let mut p = 1u32 << 31; // x^0
+    let mut k = 3; // x^(8n) = x^(n * 2^3)
+    let mut n = n;
+    while n > 0 {
+        if n & 1 != 0 {
+            p = multmodp(X2N[k & 31], p);
+        }
+        n >>= 1;
+        k += 1;
+    }
+    multmodp(p, crc)
 }
 
 /// A segment's bytes as the disk holds them, not as the page cache may still claim. After an
@@ -422,4 +492,56 @@ fn zero_range(path: &Path, offset: u64, len: u64) -> Result<(), WalError> {
     file.sync_data()
         .map_err(WalError::io("syncing repaired segment"))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `shift` is what `crc32c_combine` does to its first checksum, for lengths across the
+    /// range (a zero-length carry changes nothing).
+    #[test]
+    fn shift_carries_a_checksum_as_combine_does() {
+        let mut x = 0x1234_5678_u32;
+        for n in [
+            0usize,
+            1,
+            2,
+            3,
+            7,
+            8,
+            15,
+            64,
+            100,
+            4096,
+            65_537,
+            1 << 20,
+            (64 << 20) + 3,
+        ] {
+            x = x.rotate_left(7) ^ 0x9e37_79b9;
+            assert_eq!(shift(x, n), crc32c::crc32c_combine(x, 0, n), "{n}");
+        }
+    }
+
+    /// Any range's checksum from the running marks is the checksum of its bytes.
+    #[test]
+    fn a_tail_gives_the_checksum_of_any_range() {
+        let data: Vec<u8> = (0..5_000u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        let base = 37;
+        let tail = TailCrc::new(&data, base);
+        for (a, b) in [
+            (37, 37),
+            (37, 38),
+            (37, 5_000),
+            (100, 164),
+            (101, 4_999),
+            (2_000, 2_001),
+            (4_999, 5_000),
+            (5_000, 5_000),
+        ] {
+            assert_eq!(tail.range(a, b), crc32c::crc32c(&data[a..b]), "{a}..{b}");
+        }
+    }
 }

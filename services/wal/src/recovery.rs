@@ -278,7 +278,9 @@ enum AfterEnd {
 fn after_end_of_data(data: &[u8], end: usize, exp: u64, salt: u32) -> AfterEnd {
     let mut first = None;
     let mut from = end;
-    let tail = TailCrc::new(data, end);
+    // Built at the first candidate: most tails (zeros, old records of a recycled segment) have
+    // none.
+    let tail = std::cell::OnceCell::new();
     while let Some((off, seq, position, total)) =
         find_valid_record_after(data, &tail, from, end, exp, salt)
     {
@@ -323,14 +325,15 @@ fn lost_sector_signature(data: &[u8], end: usize, until: usize) -> bool {
 
 /// Look for any whole record, checksummed under `salt`, with a plausible sequence number after
 /// `from`: (offset, seq, batch position, framed length). `end` is where record `min_seq` was
-/// due; `tail` the checksums of `data` from there. Each candidate's checksum comes from `tail`
+/// due; `tail` the checksums of `data` from there, made when first needed. Each candidate's
+/// checksum comes from `tail`
 /// in a time that does not grow with its length: bytes crafted to look like a long record at
 /// every offset (client values, which a recycled segment's old tail holds after every end of
 /// data) would otherwise cost a checksum of up to the rest of the segment per offset, hours for
 /// a large one (until 2026-12-05 the scan had a budget, and past it the segment was refused).
-fn find_valid_record_after(
-    data: &[u8],
-    tail: &TailCrc<'_>,
+fn find_valid_record_after<'a>(
+    data: &'a [u8],
+    tail: &std::cell::OnceCell<TailCrc<'a>>,
     from: usize,
     end: usize,
     min_seq: u64,
@@ -352,9 +355,12 @@ fn find_valid_record_after(
         if len > data.len() - payload {
             continue;
         }
-        // The checksum covers `len ‖ seq field ‖ payload`; the stored one is salted.
+        // The checksum covers `len ‖ seq field ‖ payload`; the stored one is salted. That of
+        // `head ‖ data[payload..payload + len]` is `shift(head, len) ^ range(payload, ..)`, and
+        // `range` is itself `prefix(end) ^ shift(prefix(payload), len)`: one shift for both.
+        let tail = tail.get_or_init(|| TailCrc::new(data, end));
         let head = crc32c::crc32c_append(crc32c::crc32c(&header[0..4]), &header[8..16]);
-        let crc = shift(head, len) ^ tail.range(payload, payload + len);
+        let crc = shift(head ^ tail.prefix(payload), len) ^ tail.prefix(payload + len);
         let stored = u32::from_le_bytes([header[4], header[5], header[6], header[7]]) ^ salt;
         if crc != stored {
             continue;
@@ -406,6 +412,7 @@ impl<'a> TailCrc<'a> {
     }
 
     /// CRC32C of `data[a..b]`, `base <= a <= b <= data.len()`.
+    #[cfg(test)]
     fn range(&self, a: usize, b: usize) -> u32 {
         self.prefix(b) ^ shift(self.prefix(a), b - a)
     }
@@ -429,9 +436,10 @@ fn multmodp(a: u32, mut b: u32) -> u32 {
     }
 }
 
-/// `X2N[k]` = x^(2^k) modulo the polynomial.
-static X2N: std::sync::LazyLock<[u32; 32]> = std::sync::LazyLock::new(|| {
-    let mut table = [0; 32];
+/// `X2N[k]` = x^(2^k) modulo the polynomial. For CRC32C's polynomial these repeat every 31
+/// (it is x + 1 times an irreducible polynomial of degree 31), not every 32 as for zlib's.
+static X2N: std::sync::LazyLock<[u32; 31]> = std::sync::LazyLock::new(|| {
+    let mut table = [0; 31];
     let mut p = 1u32 << 30; // x^1
     for entry in &mut table {
         *entry = p;
@@ -440,15 +448,16 @@ static X2N: std::sync::LazyLock<[u32; 32]> = std::sync::LazyLock::new(|| {
     table
 });
 
-/// A CRC32C carried through `n` more zero bytes: `crc32c_combine(crc, 0, n)`, in about 25
-/// multiplications for any `n` below 2^32 (zlib's `crc32_combine_gen`).
+/// A CRC32C carried through `n` more zero bytes: `crc32c_combine(crc, 0, n)`, in one
+/// multiplication per bit of `n` (zlib's `crc32_combine_gen`, with the period of CRC32C's
+/// powers: zlib's `k & 31` gave wrong results from `n = 2^29` on here).
 fn shift(crc: u32, n: usize) -> u32 {
     let mut p = 1u32 << 31; // x^0
     let mut k = 3; // x^(8n) = x^(n * 2^3)
     let mut n = n;
     while n > 0 {
         if n & 1 != 0 {
-            p = multmodp(X2N[k & 31], p);
+            p = multmodp(X2N[k % 31], p);
         }
         n >>= 1;
         k += 1;
@@ -517,6 +526,12 @@ mod tests {
             65_537,
             1 << 20,
             (64 << 20) + 3,
+            (1 << 29) - 1,
+            1 << 29,
+            (1 << 30) + 17,
+            (1 << 32) - 1,
+            1 << 40,
+            usize::MAX,
         ] {
             x = x.rotate_left(7) ^ 0x9e37_79b9;
             assert_eq!(shift(x, n), crc32c::crc32c_combine(x, 0, n), "{n}");

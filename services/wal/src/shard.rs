@@ -152,6 +152,8 @@ struct Shared {
     segments: Arc<Mutex<SegmentTable>>,
     /// Held for the whole of a deletion, so two concurrent callers cannot pick the same files.
     deleting: Mutex<()>,
+    /// The writer's, shared: see [`DirSync`].
+    dir_sync: DirSync,
 }
 
 struct State {
@@ -184,12 +186,18 @@ struct SegmentTable {
     /// The file is renamed (to it by a deletion, from it by a rotation) only under this table's
     /// lock, so the two never race.
     recycled: Option<u64>,
-    /// An fsync of the directory after a deletion failed. Both that fsync and the syncer's at a
-    /// rotation run under this table's lock, so a rotation's fsync either comes wholly before
-    /// the failed one or sees this and fails too: one after a failed fsync vouches for nothing,
-    /// and the batch written after it must not be reported durable, however long the deleting
-    /// thread takes to poison the shard.
-    dir_sync_failed: bool,
+}
+
+/// Held across every fsync of the WAL directory while the shard is open (a deletion's, the
+/// syncer's at a rotation); true once one of them failed. So a rotation's fsync either comes
+/// wholly before a failed one or sees it and fails too: one after a failed fsync vouches for
+/// nothing, and the batch written after it must not be reported durable, however long the
+/// deleting thread takes to poison the shard. A lock of its own, not the segment table's: the
+/// actor reads the table (`wal_bytes`) and must not wait for a directory fsync.
+type DirSync = Arc<Mutex<bool>>;
+
+fn lock_dir_sync(dir_sync: &Mutex<bool>) -> MutexGuard<'_, bool> {
+    dir_sync.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl SegmentTable {
@@ -200,7 +208,6 @@ impl SegmentTable {
             files,
             bytes,
             recycled: None,
-            dir_sync_failed: false,
         }
     }
 
@@ -334,6 +341,7 @@ impl WalShard {
             notify: notify.take(),
             segments: table,
             deleting: Mutex::new(()),
+            dir_sync: Arc::clone(&writer.dir_sync),
         });
         if resume.checkpoint_ahead {
             // The new segment is in place and its name durable, so these are garbage. Failing to
@@ -662,13 +670,13 @@ impl Shared {
             // descriptor, may report success without the failed block ever written. So, as for
             // the syncer's failed fdatasync, the shard accepts nothing more and its owner hears
             // `Poisoned` (the tenant is not reopened before a restart), whoever called this (a
-            // checkpoint, an open). Under the table's lock: see `SegmentTable::dir_sync_failed`.
+            // checkpoint, an open). Under the directory's fsync lock: see [`DirSync`].
             let synced = {
-                let mut table = lock_table(&self.segments);
+                let mut failed = lock_dir_sync(&self.dir_sync);
                 let synced =
                     sync_dir_after_removal(&self.dir, "syncing wal directory after deletion");
                 if synced.as_ref().is_err_and(WalError::is_failed_sync) {
-                    table.dir_sync_failed = true;
+                    *failed = true;
                 }
                 synced
             };
@@ -889,6 +897,8 @@ struct SegmentWriter {
     sizing: SegmentSizing,
     /// Shared with [`WalShard::delete_segments_through`]; the writer only adds to it.
     table: Arc<Mutex<SegmentTable>>,
+    /// Shared with [`WalShard::delete_segments_through`]: see [`DirSync`].
+    dir_sync: DirSync,
     active: Option<Active>,
     /// A pre-zeroed segment being prepared in the background for the next rotation.
     spare: Option<JoinHandle<Result<Spare, ZeroedError>>>,
@@ -944,6 +954,7 @@ impl SegmentWriter {
             dir: dir.to_path_buf(),
             sizing,
             table,
+            dir_sync: DirSync::default(),
             active,
             spare: None,
         })
@@ -995,9 +1006,9 @@ impl SegmentWriter {
             ),
         };
         {
-            // Under the table's lock, as a deletion's fsync of this directory is.
-            let table = lock_table(&self.table);
-            if table.dir_sync_failed {
+            // Under the directory's fsync lock, as a deletion's fsync of it is ([`DirSync`]).
+            let failed = lock_dir_sync(&self.dir_sync);
+            if *failed {
                 return Err(WalError::io("syncing wal directory")(
                     std::io::Error::other(
                         "an earlier fsync of the wal directory (after deleting checkpointed \

@@ -8,7 +8,7 @@ use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use cube_api::v1::cells_client::CellsClient;
 use cube_api::v1::tenant_client::TenantClient;
-use cube_api::v1::{AuditEntry, AuditRequest};
+use cube_api::v1::{AuditEntry, AuditRequest, StatsRequest};
 use cube_api::v1::{Coord, DeleteRequest, ReadRequest, WriteRequest};
 use cube_auth::Credentials;
 use cube_auth::client::{CallSigner, HandshakeError, Signing};
@@ -147,6 +147,9 @@ enum Cmd {
     /// The tenant's audit trail.
     #[command(subcommand)]
     Audit(AuditCmd),
+    /// The tenant's totals (Tenant.Stats): cells, edges, runs, what they store against its
+    /// storage quota, its log.
+    Stats,
 }
 
 #[derive(Debug, Subcommand)]
@@ -488,6 +491,29 @@ async fn calls(cli: Cli, creds: Option<&Credentials>, channel: Channel) -> anyho
             }
         };
     }
+    if let Cmd::Stats = &cli.command {
+        let t = TenantClient::new(transport)
+            .stats(StatsRequest { coord: None })
+            .await
+            .map_err(status)?
+            .into_inner()
+            .totals
+            .unwrap_or_default();
+        out(serde_json::json!({
+            "cells": t.cells,
+            "edges": t.edges,
+            "sealed": t.sealed,
+            "programs": t.programs,
+            "runs": t.runs,
+            "stored_bytes": t.stored_bytes,
+            "quota_bytes": t.quota_bytes,
+            "wal_bytes": t.wal_bytes,
+            "last_seq": t.last_seq,
+            "checkpoint_seq": t.checkpoint_seq,
+            "durability": t.durability,
+        }));
+        return Ok(());
+    }
     let answer = match cli.command {
         Cmd::Write {
             x,
@@ -531,7 +557,7 @@ async fn calls(cli: Cli, creds: Option<&Credentials>, channel: Channel) -> anyho
                 }
             }
         }
-        Cmd::Audit(_) => unreachable!("handled above"),
+        Cmd::Audit(_) | Cmd::Stats => unreachable!("handled above"),
         Cmd::Delete {
             x,
             y,

@@ -218,6 +218,42 @@ fn a_value_over_four_mib_reads_back() {
     );
 }
 
+/// `cubec stats` prints the tenant's totals, its stored bytes against its quota among them.
+#[test]
+fn stats_prints_the_totals_and_the_quota() {
+    let server = TestServer::start_with(&cubed(), &["--tenant-max-bytes", "1000"]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let creds = server.data_dir().join("dev-credentials.json");
+    let c = creds.to_str().unwrap();
+    json(&run(
+        dir.path(),
+        &[],
+        &["--credentials", c, "write", "1", "2", "3", "hello"],
+    ));
+    let s = json(&run(dir.path(), &[], &["--credentials", c, "stats"]));
+    assert_eq!(s["cells"], 1);
+    // The cell's 13-byte key, its value's 7 and its version's 2.
+    assert_eq!(s["stored_bytes"], 22);
+    assert_eq!(s["quota_bytes"], 1000);
+    assert_eq!(s["durability"], "sync");
+    assert!(s["last_seq"].as_u64().unwrap() >= 2, "{s}");
+    let o = run(
+        dir.path(),
+        &[],
+        &[
+            "--credentials",
+            c,
+            "write",
+            "1",
+            "2",
+            "4",
+            &"x".repeat(1000),
+        ],
+    );
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("storage quota"), "{}", stderr(&o));
+}
+
 /// A CA given for an http:// endpoint is not used, and cubec says so: nobody should take the
 /// calls that follow for encrypted.
 #[test]

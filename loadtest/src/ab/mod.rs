@@ -264,7 +264,6 @@ async fn run_on(
     for t in tasks {
         users.push(t.await.context("a user task panicked")?);
     }
-    let elapsed = start.elapsed().as_secs_f64();
     let (client_cpu1, server_cpu1) = (scrape::own_cpu_seconds(), scrape::cpu_seconds(server.pid));
     let after = tokio::task::block_in_place(|| {
         scrape::scrape_settled(server.admin, Duration::from_secs(2))
@@ -278,6 +277,7 @@ async fn run_on(
             .map(|u| {
                 user::verify(
                     server.target.clone(),
+                    model,
                     std::mem::take(&mut u.ledger),
                     args.value_bytes,
                 )
@@ -352,7 +352,11 @@ async fn run_on(
         tls: server.target.tls.is_some(),
         users: args.users,
         x_base,
-        seconds: elapsed,
+        // Rates are over the run's own length, not until its slowest user's last op came back
+        // (up to a per-op timeout later): every op counted started within it, and a hung last
+        // op made every rate of the run look up to a timeout's worth lower (as the windows,
+        // `report::windows`, already leave out).
+        seconds: duration.as_secs_f64(),
         rate: args.rate,
         timeout_ms: args.timeout_ms,
         ops,
@@ -360,7 +364,7 @@ async fn run_on(
         // Ops an open-loop user never sent (due past their timeout, or left at the run's end)
         // count against it too: they are the ones whose latency went past the timeout.
         ok_pct: 100.0 * ok as f64 / (ops + unsent).max(1) as f64,
-        ops_per_sec: ops as f64 / elapsed,
+        ops_per_sec: ops as f64 / duration.as_secs_f64(),
         windows: report::windows(
             &done_per_window,
             user::WINDOW.as_secs_f64(),

@@ -121,7 +121,9 @@ enum Outcome {
 /// `Unavailable`, `Cancelled`): it is classed apart, so that it is not counted with the
 /// server's own answers of that code.
 fn status_class(s: &tonic::Status) -> String {
-    if std::error::Error::source(s).is_some() {
+    // tonic's generated clients turn a connection that is not ready (closed under the call)
+    // into `Unknown` with this text and no source: not the server's answer either.
+    if std::error::Error::source(s).is_some() || s.message().starts_with("Service was not ready") {
         return LOST.to_string();
     }
     format!("{:?}", s.code())
@@ -438,6 +440,17 @@ impl User {
     }
 
     /// Run one rpc and fold its answer into the ledger.
+    /// Whether `step` has nothing to act on now (a Run before any program, a Read before any
+    /// write, a Seal whose SealWrite failed): it would answer [`Outcome::Skipped`] without a call.
+    fn has_nothing_for(&self, step: Step) -> bool {
+        match step {
+            Step::Run => self.ledger.programs.is_empty(),
+            Step::Read => self.ledger.writes.is_empty(),
+            Step::Seal => self.ledger.seal_pending.is_none(),
+            _ => false,
+        }
+    }
+
     async fn step(&mut self, c: &mut Clients, step: Step) -> Outcome {
         let x = self.ledger.x;
         let vb = self.ctx.value_bytes;
@@ -849,28 +862,34 @@ pub async fn run_user(ctx: Arc<RunCtx>, index: usize, conn: Option<Clients>) -> 
                 *stats.failures.entry(class).or_default() += 1;
                 continue;
             }
-            // The timeout runs from `begin` like the latency (in open loop, the due time), so
-            // no op is counted successful with a latency past it.
-            let outcome = tokio::time::timeout_at((begin + ctx.op_timeout).into(), async {
-                let mut fresh;
-                let clients = match conn.as_mut() {
-                    Some(c) => c,
-                    None => match open(&ctx.target, ctx.model).await {
-                        Ok((c, hs)) => {
-                            if let Some(hs) = hs {
-                                handshakes += 1;
-                                let _ = handshake_us.record(hs.as_micros() as u64);
+            // Known before any connection is opened: churn's handshake for an op never sent
+            // would count as a handshake, and take the next op's time.
+            let outcome = if user.has_nothing_for(step) {
+                Outcome::Skipped
+            } else {
+                // The timeout runs from `begin` like the latency (in open loop, the due time),
+                // so no op is counted successful with a latency past it.
+                tokio::time::timeout_at((begin + ctx.op_timeout).into(), async {
+                    let mut fresh;
+                    let clients = match conn.as_mut() {
+                        Some(c) => c,
+                        None => match open(&ctx.target, ctx.model).await {
+                            Ok((c, hs)) => {
+                                if let Some(hs) = hs {
+                                    handshakes += 1;
+                                    let _ = handshake_us.record(hs.as_micros() as u64);
+                                }
+                                fresh = c;
+                                &mut fresh
                             }
-                            fresh = c;
-                            &mut fresh
-                        }
-                        Err(failure) => return Outcome::Failed(failure.class),
-                    },
-                };
-                user.step(clients, step).await
-            })
-            .await
-            .unwrap_or_else(|_| Outcome::Failed("timeout".into()));
+                            Err(failure) => return Outcome::Failed(failure.class),
+                        },
+                    };
+                    user.step(clients, step).await
+                })
+                .await
+                .unwrap_or_else(|_| Outcome::Failed("timeout".into()))
+            };
             let answered = user.answered.take().unwrap_or_else(Instant::now);
             if matches!(outcome, Outcome::Skipped) {
                 // Nothing was sent: the slot goes to the next op, so the offered rate holds.
@@ -922,11 +941,7 @@ pub async fn persistent(target: &Target, model: Model) -> anyhow::Result<(Client
 /// refuses signed calls.
 pub async fn claim_slot(target: &Target, model: Model, label: &str) -> anyhow::Result<i32> {
     use cube_api::v1::RegionRequest;
-    let model = match model {
-        Model::Call => Model::Call,
-        Model::Connection | Model::Churn => Model::Connection,
-    };
-    let (mut c, _) = persistent(target, model).await?;
+    let (mut c, _) = persistent(target, persistent_model(model)).await?;
     for slot in 0..RUN_SLOTS {
         let x_base = slot * RUN_STRIDE;
         let marker = WriteRequest {
@@ -1040,16 +1055,27 @@ fn check_plane(
     out
 }
 
+/// The persistent model that stands in for `model` outside the measured ops (claiming a slot,
+/// reading back): a server in `--auth-mode call` refuses the handshake, one in `connection`
+/// mode refuses signed calls, so the run's own model (churn's handshake) is the one that works.
+pub fn persistent_model(model: Model) -> Model {
+    match model {
+        Model::Call => Model::Call,
+        Model::Connection | Model::Churn => Model::Connection,
+    }
+}
+
 /// Read back everything the server acknowledged to this user: every write and sealed cell with
-/// its exact value (and seal flag), and every program cell's run count.
-pub async fn verify(target: Target, ledger: Ledger, value_bytes: usize) -> Verified {
+/// its exact value (and seal flag), and every program cell's run count, authenticated by the
+/// run's `model` ([`persistent_model`]).
+pub async fn verify(target: Target, model: Model, ledger: Ledger, value_bytes: usize) -> Verified {
     let mut v = Verified::default();
     let problem = |v: &mut Verified, p: String| {
         if v.problems.len() < 20 {
             v.problems.push(p);
         }
     };
-    let mut c = match open(&target, Model::Connection).await {
+    let mut c = match open(&target, persistent_model(model)).await {
         Ok((c, _)) => c,
         Err(o) => {
             problem(
@@ -1230,6 +1256,9 @@ mod tests {
             "Unavailable"
         );
         assert_eq!(status_class(&tonic::Status::unknown("x")), "Unknown");
+        // What a generated client makes of a connection closed before the call went out.
+        let not_ready = tonic::Status::unknown("Service was not ready: transport error");
+        assert_eq!(status_class(&not_ready), LOST);
     }
 
     #[test]

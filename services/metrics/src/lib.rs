@@ -16,6 +16,13 @@ fn fine_buckets() -> Vec<f64> {
     (0..21).map(|i| 10e-6 * 2f64.powi(i)).collect()
 }
 
+/// [`fine_buckets`] and three more, to ~84 s: for calls and tenant opens, which can take longer
+/// than 10 s when something is wrong (writes held behind a state store's 30-s stall, a long
+/// replay or migration), where the p99 would otherwise sit flat at the last bucket.
+fn long_buckets() -> Vec<f64> {
+    (0..24).map(|i| 10e-6 * 2f64.powi(i)).collect()
+}
+
 /// 250 ns to ~0.26 s in factor-2 steps, for decisions that take about a microsecond (a
 /// signature check, a session lookup): [`fine_buckets`] would put nearly all of them below its
 /// first bucket.
@@ -107,7 +114,7 @@ pub static GRPC_HANDLING: LazyLock<HistogramVec> = LazyLock::new(|| {
             "grpc_code",
             "auth",
         ],
-        fine_buckets(),
+        long_buckets(),
     )
 });
 /// Time spent authenticating a call, by model and result.
@@ -270,7 +277,7 @@ pub static RECOVERY_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
     histogram(
         "cube_recovery_seconds",
         "Time to open a tenant: WAL replay and repair.",
-        fine_buckets(),
+        long_buckets(),
     )
 });
 /// Torn-tail bytes truncated during recovery.

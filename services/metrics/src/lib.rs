@@ -195,6 +195,14 @@ pub static REQUEST_RECEIVE_REFUSED: LazyLock<IntCounter> = LazyLock::new(|| {
          connection already had 16 calls needing no authentication whose requests had not ended.",
     )
 });
+/// Changes refused because they would take their tenant past its storage quota.
+pub static QUOTA_REFUSALS: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "cube_quota_refusals_total",
+        "Write, Prog, Link and Run calls answered RESOURCE_EXHAUSTED because they would take \
+         their tenant's stored bytes past its quota (--tenant-max-bytes).",
+    )
+});
 /// Streamed pages (Region, Tenant.Audit) dropped because the client did not read them in time.
 pub static SCAN_PAGES_EXPIRED: LazyLock<IntCounter> = LazyLock::new(|| {
     counter(

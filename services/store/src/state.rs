@@ -1420,6 +1420,7 @@ impl TenantState {
         if now.saturating_add(growth as u64) <= quota {
             return Ok(());
         }
+        cube_metrics::QUOTA_REFUSALS.inc();
         Err(StoreError::ResourceExhausted(format!(
             "the tenant has reached its storage quota: its cells and edges take {now} of the \
              {quota} bytes it may store (--tenant-max-bytes), and this change would add \

@@ -205,6 +205,7 @@ async fn a_tenant_at_its_storage_quota_is_refused_growth_until_it_deletes() {
     c.write(write(0, 0, 0, &value)).await.unwrap();
     let err = c.write(write(0, 0, 0, &[7u8; 400])).await.unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert_eq!(server.metric("cube_quota_refusals_total").unwrap(), 2.0);
     c.delete(DeleteRequest {
         coord: coord(1, 0, 0),
         expected_version: None,

@@ -55,7 +55,17 @@ pub struct TenantActor {
     core: TenantCore<Responder>,
     /// The periodic checkpoint running on the blocking pool, if one is.
     checkpoint: Option<RunningCheckpoint>,
+    /// Messages handled since this actor last let the others of its thread run
+    /// ([`MESSAGES_PER_TURN`]).
+    handled: u32,
 }
+
+/// Messages a tenant's actor handles before it lets the other actors of its thread run. actix's
+/// mailbox drains an actor's queue in one go, to empty, unless the actor waits: a tenant with
+/// thousands of calls queued (its in-flight cap is 4,096) held its thread, and every tenant on
+/// it, for all of them. One turn is a few milliseconds at most; a tenant rarely has this many
+/// queued, and then yields once per this many (a wake-up of its own task, nothing more).
+const MESSAGES_PER_TURN: u32 = 32;
 
 /// A periodic checkpoint's job on the blocking pool. Its result is taken by whichever comes
 /// first: the job's own completion on the actor, or a [`Shutdown`], which waits for it (the
@@ -81,6 +91,17 @@ impl TenantActor {
         TenantActor {
             core,
             checkpoint: None,
+            handled: 0,
+        }
+    }
+
+    /// Count one handled message; after [`MESSAGES_PER_TURN`], stop taking this actor's messages
+    /// until its task has been scheduled again, behind the other actors of the thread.
+    fn take_turn(&mut self, ctx: &mut Context<Self>) {
+        self.handled += 1;
+        if self.handled >= MESSAGES_PER_TURN && !ctx.waiting() {
+            self.handled = 0;
+            ctx.wait(tokio::task::yield_now().into_actor(self));
         }
     }
 
@@ -183,6 +204,7 @@ impl Handler<Call> for TenantActor {
             // A relaxed change found no room to be applied at once: it waits for the next try.
             self.hold_or_checkpoint(ctx);
         }
+        self.take_turn(ctx);
     }
 }
 
@@ -192,6 +214,7 @@ impl Handler<Durable> for TenantActor {
     fn handle(&mut self, msg: Durable, ctx: &mut Self::Context) {
         Self::answer(self.core.on_durable(msg.0));
         self.hold_or_checkpoint(ctx);
+        self.take_turn(ctx);
     }
 }
 

@@ -868,6 +868,13 @@ impl<T> TenantCore<T> {
     /// Handle a command. Returns an answer now, or `None` when the answer waits for durability
     /// (it then comes out of [`TenantCore::on_durable`]).
     pub fn handle(&mut self, cmd: Command, caller: &Caller, token: T) -> Option<Answer<T>> {
+        if let Some(delay) = self
+            .wal
+            .as_ref()
+            .and_then(|w| cube_wal::failpoint::handling_delay(w.dir()))
+        {
+            std::thread::sleep(delay);
+        }
         if cmd.is_mutation()
             && let Err(e) = self.writable(cmd.passes_space_guard())
         {
@@ -3131,6 +3138,58 @@ mod tests {
             "a second failure forgotten after {waited:?}"
         );
         directory.shutdown().await;
+    }
+
+    /// A tenant with many calls queued takes turns with the other tenants of its actor thread:
+    /// actix's mailbox drains an actor's queue in one go, so tenant u's call waited for every
+    /// call t had queued (500 slow ones here: about a second), however long (found by review).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_tenant_with_a_deep_mailbox_takes_turns_with_the_others_on_its_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, config) = tenant_with_catalog(dir.path());
+        catalog.create_tenant("u").unwrap();
+        let data = crate::DataDir::new(dir.path().join("data"));
+        // One actor thread for both tenants; room for 500 calls of t in flight.
+        let directory = Arc::new(
+            crate::TenantDirectory::new(
+                crate::DirectoryConfig {
+                    mailbox_capacity: 1024,
+                    ..directory_config(data.clone(), &config)
+                },
+                Some(Arc::clone(&catalog)),
+            )
+            .unwrap(),
+        );
+        directory.call("t", write(0, b"v"), "t/k").await.unwrap();
+        directory.call("u", write(0, b"v"), "u/k").await.unwrap();
+        let wal_t = data.tenant_wal("t");
+        cube_wal::failpoint::slow_handling(&wal_t, Some(Duration::from_millis(2)));
+        let queued: Vec<_> = (1..=500)
+            .map(|i| {
+                let directory = Arc::clone(&directory);
+                tokio::spawn(async move { directory.call("t", write(i, b"q"), "t/k").await })
+            })
+            .collect();
+        // Let them queue up behind the first.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let started = Instant::now();
+        directory.call("u", write(1, b"v"), "u/k").await.unwrap();
+        let waited = started.elapsed();
+        let still_queued = queued.iter().filter(|q| !q.is_finished()).count();
+        cube_wal::failpoint::slow_handling(&wal_t, None);
+        for q in queued {
+            q.await.unwrap().unwrap();
+        }
+        // Without turns u waits for all of them (~1 s); with them, for a turn or two of t's.
+        assert!(
+            waited < Duration::from_millis(400),
+            "u waited {waited:?} behind t's queue ({still_queued} of its calls left)"
+        );
+        assert!(
+            still_queued > 100,
+            "t's calls were not queued deep enough to tell ({still_queued} left)"
+        );
+        assert!(directory.shutdown().await.is_empty());
     }
 
     /// A tenant whose state store has no room for its applies (flushes behind: a bulk load on a

@@ -182,6 +182,36 @@ pub fn fail_next_apply(dir: &std::path::Path) {
     arm(dir, FaultOn::Apply, std::time::Duration::ZERO);
 }
 
+/// WAL directories whose tenant takes this long over each call it handles (tests only; see
+/// [`slow_handling`]).
+static SLOW_HANDLING: std::sync::Mutex<Vec<(std::path::PathBuf, std::time::Duration)>> =
+    std::sync::Mutex::new(Vec::new());
+static SLOW_HANDLING_ARMED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Make the tenant whose WAL is in `dir` take `delay` longer over each call it handles on its
+/// actor's thread (`None`: as usual again), as one whose state reads go to a slow disk would
+/// (tests only: cube-store asks [`handling_delay`]).
+#[doc(hidden)]
+pub fn slow_handling(dir: &std::path::Path, delay: Option<std::time::Duration>) {
+    let mut dirs = SLOW_HANDLING.lock().unwrap_or_else(|p| p.into_inner());
+    dirs.retain(|(d, _)| d != dir);
+    if let Some(delay) = delay {
+        dirs.push((dir.to_path_buf(), delay));
+        SLOW_HANDLING_ARMED.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// How much longer the tenant whose WAL is in `dir` is to take over a call
+/// ([`slow_handling`]). Unarmed, one relaxed atomic load.
+pub fn handling_delay(dir: &std::path::Path) -> Option<std::time::Duration> {
+    if !SLOW_HANDLING_ARMED.load(std::sync::atomic::Ordering::Relaxed) {
+        return None;
+    }
+    let dirs = SLOW_HANDLING.lock().unwrap_or_else(|p| p.into_inner());
+    dirs.iter().find(|(d, _)| d == dir).map(|(_, delay)| *delay)
+}
+
 /// State directories whose store is made to report no room for applies (tests only; see
 /// [`withhold_state_room`]).
 static NO_ROOM: std::sync::Mutex<Vec<std::path::PathBuf>> = std::sync::Mutex::new(Vec::new());

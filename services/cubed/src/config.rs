@@ -31,6 +31,24 @@ pub const MIN_METADATA_BYTES: u32 = 1 << 10;
 pub const DEFAULT_AUDIT_RETENTION: usize = 100_000;
 pub const DEFAULT_CHECKPOINT_BYTES: u64 = 64 << 20;
 pub const DEFAULT_CHECKPOINT_SECS: u64 = 60;
+/// The most [`raise_open_file_limit`] raises the soft open-file limit to.
+const OPEN_FILES_WANTED: u64 = 1 << 20;
+
+/// Raise the soft open-file limit to the hard one (at most [`OPEN_FILES_WANTED`]), as servers
+/// that hold many files do: each open tenant's state store may keep hundreds of files open, and
+/// under a soft limit of 1,024 (a common default) one large tenant could take the descriptors
+/// another tenant's flush or WAL rotation needs. Returns (before, after) when it raised it.
+pub fn raise_open_file_limit() -> Option<(u64, u64)> {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
+    let wanted = hard.min(OPEN_FILES_WANTED);
+    if soft >= wanted {
+        return None;
+    }
+    setrlimit(Resource::RLIMIT_NOFILE, wanted, hard).ok()?;
+    Some((soft, wanted))
+}
+
 /// `--max-connections` when not given: half the soft open-file limit, within [64, 16384].
 fn default_max_connections() -> usize {
     let soft = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)

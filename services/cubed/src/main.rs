@@ -70,6 +70,16 @@ fn run() -> anyhow::Result<()> {
         // Colour codes only for a terminal, not in a log file or a journal.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    // Before the flags are validated: the default --max-connections is half the soft limit.
+    if matches!(cli.command, None | Some(Command::Serve(_)))
+        && let Some((before, after)) = cubed::config::raise_open_file_limit()
+    {
+        tracing::info!(
+            before,
+            after,
+            "raised the soft open-file limit to the hard one"
+        );
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

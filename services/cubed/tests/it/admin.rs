@@ -464,6 +464,43 @@ fn the_servers_settings_in_the_environment_do_not_stop_offline_commands() {
     );
 }
 
+/// `cubed serve` raises its soft open-file limit to the hard one (at most 1,048,576): started
+/// under a soft limit of 256, it runs with the hard limit's.
+#[test]
+fn serve_raises_its_soft_open_file_limit() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -Sn 256 && exec \"$0\" serve --data-dir \"$1\" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0")
+        .arg(cubed())
+        .arg(dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let ready = std::io::BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .any(|line| line.contains("cubed ready"));
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", child.id())).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(ready, "cubed did not become ready");
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    let (soft, hard) = (fields[3], fields[4]);
+    let wanted = match hard.parse::<u64>() {
+        Ok(h) => h.min(1 << 20).to_string(),
+        Err(_) => (1u64 << 20).to_string(),
+    };
+    assert_eq!(soft, wanted, "{line}");
+}
+
 /// A command aimed at a data directory that does not exist (a typo, the default one from the
 /// wrong working directory) creates nothing: the key commands refuse, and a bad tenant name is
 /// refused before a catalog is made. Only a good `tenant create` makes a new one, and says so.

@@ -45,7 +45,10 @@ pub fn raise_open_file_limit() -> Option<(u64, u64)> {
     if soft >= wanted {
         return None;
     }
-    setrlimit(Resource::RLIMIT_NOFILE, wanted, hard).ok()?;
+    if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, wanted, hard) {
+        tracing::warn!(soft, hard, error = %e, "could not raise the soft open-file limit to the hard one");
+        return None;
+    }
     Some((soft, wanted))
 }
 

@@ -417,6 +417,7 @@ pub fn init() {
         &*SCAN_PAGES_EXPIRED,
         &*REQUEST_BYTES_RECEIVING,
         &*REQUEST_RECEIVE_REFUSED,
+        &*QUOTA_REFUSALS,
     );
     // Rare events an alert takes the `increase` of: their series must exist (at 0) before the
     // first one, or the first scrape already shows it counted and `increase` sees nothing.
@@ -484,6 +485,10 @@ mod tests {
         ] {
             assert!(text.contains(name), "{name} missing");
         }
+        assert!(
+            text.contains("cube_quota_refusals_total 0"),
+            "the quota refusals' series exists before the first one"
+        );
         assert!(
             text.contains("cube_auth_clock_mark_waits_total{outcome=\"refused\"} 0"),
             "the clock-mark refusals' series exists before the first one"

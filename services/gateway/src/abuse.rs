@@ -29,19 +29,26 @@ impl PerSecond {
     /// Take one event of at most `limit` in the second of `now_ms`; false when that second's
     /// budget is spent (nothing is taken then).
     pub(crate) fn take(&mut self, now_ms: i64, limit: u32) -> bool {
-        let second = now_ms.div_euclid(1000);
-        // A later second starts over, and so does a clock stepped back by more than a second;
-        // a caller whose `now_ms` was read a moment before a second boundary it then waited
-        // across (a lock) does not start its second over once more.
-        if second > self.second || second.saturating_add(1) < self.second {
-            self.second = second;
-            self.taken = 0;
-        }
+        self.roll(now_ms);
         if self.taken >= limit {
             return false;
         }
         self.taken += 1;
         true
+    }
+
+    /// Start the second of `now_ms` over if it is a new one; whether it did. A later second
+    /// starts over, and so does a clock stepped back by more than a second; a caller whose
+    /// `now_ms` was read a moment before a second boundary it then waited across (a lock) does
+    /// not start its second over once more.
+    pub(crate) fn roll(&mut self, now_ms: i64) -> bool {
+        let second = now_ms.div_euclid(1000);
+        if second > self.second || second.saturating_add(1) < self.second {
+            self.second = second;
+            self.taken = 0;
+            return true;
+        }
+        false
     }
 }
 

@@ -107,21 +107,17 @@ const FLOOR_WRITES_PER_TENANT_PER_SEC: u32 = 8;
 struct Recorded {
     /// Writes of the file in the current second.
     writes: PerSecond,
-    /// Writes for each tenant in the second `by_tenant_second` (at most
+    /// Writes for each tenant in the current second of `writes` (at most
     /// [`FLOOR_WRITES_PER_SEC`] entries: each is a write).
     by_tenant: HashMap<String, u32>,
-    by_tenant_second: i64,
 }
 
 impl Recorded {
     /// Take one write for `tenant` in the second of `now_ms`, within both its share and the
     /// second's budget; false (nothing taken) when either is spent.
     fn take(&mut self, tenant: &str, now_ms: i64) -> bool {
-        let second = now_ms.div_euclid(1000);
-        // As `PerSecond` starts over: at a later second, or a clock stepped back past one.
-        if second > self.by_tenant_second || second.saturating_add(1) < self.by_tenant_second {
+        if self.writes.roll(now_ms) {
             self.by_tenant.clear();
-            self.by_tenant_second = second;
         }
         let used = self.by_tenant.get(tenant).copied().unwrap_or(0);
         if used >= FLOOR_WRITES_PER_TENANT_PER_SEC

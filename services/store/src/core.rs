@@ -868,6 +868,8 @@ impl<T> TenantCore<T> {
     /// Handle a command. Returns an answer now, or `None` when the answer waits for durability
     /// (it then comes out of [`TenantCore::on_durable`]).
     pub fn handle(&mut self, cmd: Command, caller: &Caller, token: T) -> Option<Answer<T>> {
+        // Tests only (this crate's): nothing on the call path of a real server.
+        #[cfg(test)]
         if let Some(delay) = self
             .wal
             .as_ref()

@@ -1422,10 +1422,10 @@ impl TenantState {
         }
         cube_metrics::QUOTA_REFUSALS.inc();
         Err(StoreError::ResourceExhausted(format!(
-            "the tenant has reached its storage quota: its cells and edges take {now} of the \
-             {quota} bytes it may store (--tenant-max-bytes), and this change would add \
-             {growth} more. Nothing was written. Delete cells or edges it no longer needs, \
-             or ask the operator to raise the quota"
+            "the tenant has reached its storage quota: its cells, edges and run records take \
+             {now} of the {quota} bytes it may store (--tenant-max-bytes), and this change \
+             would add {growth} more. Nothing was written. Delete cells or edges it no longer \
+             needs, or ask the operator to raise the quota"
         )))
     }
 

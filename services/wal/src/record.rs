@@ -27,6 +27,9 @@ pub(crate) const END_MARKER: [u8; HEADER_LEN] = [0; HEADER_LEN];
 const SEQ_BITS: u32 = 48;
 /// The largest sequence number a record can carry.
 pub(crate) const MAX_SEQ: u64 = (1 << SEQ_BITS) - 1;
+/// The CRC32C polynomial, bit-reflected (as the checksum is computed).
+pub(crate) const POLY: u32 = 0x82F6_3B78;
+
 /// The largest batch position stored; a record further into its batch stores this.
 const MAX_POSITION: u64 = u16::MAX as u64;
 
@@ -52,7 +55,6 @@ fn seq_field(header: &[u8]) -> u64 {
 }
 
 /// The sequence number in the `seq` field of a header, without checking it.
-#[cfg(test)]
 pub(crate) fn seq_of_header(header: &[u8; HEADER_LEN]) -> u64 {
     seq_field(header) & MAX_SEQ
 }
@@ -93,7 +95,6 @@ fn off_by_one_bit(buf: &[u8], salt: u32) -> Option<Flipped> {
     // byte's highest bit, counting the reflected algorithm's order) changes the checksum by
     // S^t(1), S being one step of its shift register, whatever the message. Compare the
     // difference with each of those.
-    const POLY: u32 = 0x82F6_3B78;
     let message = 12 + len as usize;
     let mut syndrome: u32 = 1;
     for t in 1..=8 * message {

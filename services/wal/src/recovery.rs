@@ -341,9 +341,8 @@ fn find_valid_record_after<'a>(
 ) -> Option<(usize, u64, u64, usize)> {
     let last_start = data.len().checked_sub(HEADER_LEN)?;
     for off in from + 1..=last_start {
-        let header = &data[off..off + HEADER_LEN];
-        let field = u64::from_le_bytes(header[8..16].try_into().ok()?);
-        let seq = field & record::MAX_SEQ;
+        let header: &[u8; HEADER_LEN] = data[off..off + HEADER_LEN].try_into().ok()?;
+        let seq = record::seq_of_header(header);
         // A record of this log at `off` follows records min_seq..seq-1 written between `end` and
         // it, a header each at least: any other sequence number cannot be one of ours. Checked
         // before the checksum, this keeps the scan cheap on old or garbage tails.
@@ -418,8 +417,6 @@ impl<'a> TailCrc<'a> {
     }
 }
 
-const POLY: u32 = 0x82F6_3B78;
-
 /// `a * b` modulo the CRC32C polynomial, bit-reflected (`1 << 31` is 1; zlib's `multmodp`).
 fn multmodp(a: u32, mut b: u32) -> u32 {
     let mut m = 1u32 << 31;
@@ -432,7 +429,11 @@ fn multmodp(a: u32, mut b: u32) -> u32 {
             }
         }
         m >>= 1;
-        b = if b & 1 != 0 { (b >> 1) ^ POLY } else { b >> 1 };
+        b = if b & 1 != 0 {
+            (b >> 1) ^ record::POLY
+        } else {
+            b >> 1
+        };
     }
 }
 

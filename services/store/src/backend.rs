@@ -45,11 +45,17 @@ pub trait StateBackend: Send + Sync + std::fmt::Debug {
     /// Bytes on disk (approximate; for stats).
     fn size_on_disk(&self) -> u64;
     /// Whether an [`StateBackend::apply`] now would go ahead without waiting for the store to
-    /// write memory out (its write buffers within their budget). Never blocks: a tenant's actor
-    /// asks this before it applies, and holds its applies while the answer is no, so that it
-    /// does not wait on the thread it shares with other tenants. Fails once the store has
-    /// failed for good (no room will ever come).
+    /// write memory out (its write buffers within their budget) or to seal a full memtable.
+    /// Never blocks: a tenant's actor asks this before it applies, and holds its applies while
+    /// the answer is no, so that it does not wait on the thread it shares with other tenants.
+    /// May start work that makes room on a thread of its own (sealing a full memtable). Fails
+    /// once the store has failed for good (no room will ever come).
     fn has_room(&self) -> Result<bool, BackendError> {
+        self.room_as_is()
+    }
+    /// [`StateBackend::has_room`] without starting anything: for a closing tenant, whose last
+    /// applies do whatever sealing they need themselves.
+    fn room_as_is(&self) -> Result<bool, BackendError> {
         Ok(true)
     }
     /// Block until [`StateBackend::has_room`] (for threads that may block: a tenant's close on
@@ -183,7 +189,12 @@ pub struct FjallBackend {
     open: Option<OpenKeyspace>,
     /// The state directory: tests make its flush fail (`cube_wal::failpoint`).
     dir: std::path::PathBuf,
+    /// A full memtable's seal running on a thread of its own ([`FjallBackend::seal_off_thread`]).
+    seal: std::sync::Mutex<Option<Seal>>,
 }
+
+/// A memtable seal on its own thread: `rotate_memtable`'s result.
+type Seal = std::thread::JoinHandle<Result<bool, fjall::Error>>;
 
 struct OpenKeyspace {
     part: fjall::PartitionHandle,
@@ -199,10 +210,17 @@ impl Drop for FjallBackend {
     /// tenants of that thread for up to a quarter second. So the close (and the release of the
     /// lock after it) happens on a short-lived thread; a reopen waits for the lock.
     fn drop(&mut self) {
+        // A seal still running writes fjall's journal files: it ends before the lock is let go.
+        let seal = self.seal_handle().take();
         if let Some(open) = self.open.take() {
             let spawned = std::thread::Builder::new()
                 .name("fjall-close".into())
-                .spawn(move || drop(open));
+                .spawn(move || {
+                    if let Some(seal) = seal {
+                        let _ = seal.join();
+                    }
+                    drop(open)
+                });
             if let Err(e) = spawned {
                 tracing::warn!(error = %e, "no thread to close a state store on; closing inline");
             }
@@ -267,6 +285,11 @@ impl FjallBackend {
                     )),
             )
             .map_err(|e| BackendError(format!("opening state partition: {e}")))?;
+        // A write that fills the memtable does not seal it (fjall would, on the writer's thread,
+        // with two or three fsyncs of its journal files: the thread a tenant's actor shares
+        // with other tenants). `has_room` seals it on a thread of its own, `apply` where no
+        // `has_room` came first (vendor/fjall/CUBE-PATCH.md, change 5).
+        part.set_rotate_on_overflow(false);
         // fjall creates a new partition's directory without fsyncing the directory that names
         // it; a power cut could then lose the whole partition (docs/durability.md). Synced at
         // every open, not only at the one that created it: a kill -9 or a failed sync between
@@ -282,6 +305,7 @@ impl FjallBackend {
                 _lock: lock,
             }),
             dir: dir.to_path_buf(),
+            seal: std::sync::Mutex::new(None),
         })
     }
 
@@ -293,7 +317,86 @@ impl FjallBackend {
 
     /// Close now, on this thread: when returning, the files are closed and the lock released.
     pub fn close(mut self) {
+        if let Some(seal) = self.seal_handle().take() {
+            let _ = seal.join();
+        }
         drop(self.open.take());
+    }
+
+    fn seal_handle(&self) -> std::sync::MutexGuard<'_, Option<Seal>> {
+        self.seal
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether the active memtable is past [`FJALL_MEMTABLE_BYTES`], where fjall would have
+    /// sealed it (at the size recorded when the partition was created: a store created by an
+    /// earlier build with 4 MiB memtables now seals them at 16 MiB too).
+    fn memtable_full(&self, ks: &OpenKeyspace) -> bool {
+        use fjall::AbstractTree;
+        ks.part.tree.active_memtable_size() > FJALL_MEMTABLE_BYTES
+    }
+
+    /// The outcome of a seal that ended: its failure (fjall then poisoned the keyspace).
+    fn sealed(seal: Seal) -> Result<(), BackendError> {
+        match seal.join() {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(BackendError(format!("sealing a full memtable: {e}"))),
+            Err(_) => Err(BackendError("sealing a full memtable panicked".into())),
+        }
+    }
+
+    /// For a caller that must not block (a tenant's actor): `false` while a memtable seal runs,
+    /// or when the active memtable is full, whose seal is then started on a thread of its own
+    /// (inline only if no thread can be had); `true` when neither.
+    fn seal_off_thread(&self) -> Result<bool, BackendError> {
+        let ks = self.ks();
+        let mut seal = self.seal_handle();
+        if seal.as_ref().is_some_and(|s| !s.is_finished()) {
+            return Ok(false);
+        }
+        if let Some(done) = seal.take() {
+            Self::sealed(done)?;
+        }
+        if !self.memtable_full(ks) {
+            return Ok(true);
+        }
+        let part = ks.part.clone();
+        match std::thread::Builder::new()
+            .name("fjall-seal".into())
+            .spawn(move || {
+                let sealed = part.rotate_memtable()?;
+                // What fjall's own seal does next, here rather than on the actor's thread: it
+                // waits while level 0 has 32 runs or more (compaction far behind), and the
+                // tenant's applies stay held meanwhile (at most `APPLY_STALL_LIMIT`).
+                part.stall_after_rotation();
+                Ok(sealed)
+            }) {
+            Ok(running) => {
+                *seal = Some(running);
+                Ok(false)
+            }
+            Err(e) => {
+                // No `stall_after_rotation` here: the actor's thread must not wait on it.
+                tracing::warn!(error = %e, "no thread to seal a memtable on; sealing inline");
+                ks.part.rotate_memtable().map_err(fjall_err)?;
+                Ok(true)
+            }
+        }
+    }
+
+    /// For a caller that may block: waits for a running seal, then seals a full memtable here.
+    fn seal_here(&self) -> Result<(), BackendError> {
+        let ks = self.ks();
+        let mut seal = self.seal_handle();
+        if let Some(running) = seal.take() {
+            Self::sealed(running)?;
+        }
+        if self.memtable_full(ks) {
+            ks.part.rotate_memtable().map_err(fjall_err)?;
+            ks.part.stall_after_rotation();
+        }
+        Ok(())
     }
 
     /// Poll until `done` while fjall's flush worker writes memtables out. Fails as soon as the
@@ -372,11 +475,14 @@ impl StateBackend for FjallBackend {
     }
 
     fn apply(&self, batch: Vec<BatchOp>) -> Result<(), BackendError> {
-        // Immediate when the caller asked `has_room` first (a tenant's actor does); a replay at
-        // open, on the blocking pool, waits here. With one sealed memtable of slack over
-        // `has_room`'s budget: a checkpoint's flush, on another thread, may seal the active
-        // memtable between an actor's `has_room` and its apply (adding a sealed memtable, not
-        // bytes), and that apply must still not wait on the actor's thread.
+        // Immediate when the caller asked `has_room` first (a tenant's actor does: no seal
+        // runs then, and the memtable is not full); a replay at open, on the blocking pool,
+        // seals and waits here, and so does the last apply of a closing tenant (not asked:
+        // it asks `room_as_is`) that finds its memtable full. With one sealed memtable of
+        // slack over `has_room`'s budget: a checkpoint's flush, on another thread, may seal the
+        // active memtable between an actor's `has_room` and its apply (adding a sealed
+        // memtable, not bytes), and that apply must still not wait on the actor's thread.
+        self.seal_here()?;
         self.wait_for_flushes(|ks| self.room(ks, 1), Some(APPLY_STALL_LIMIT))?;
         let mut b = self.ks().keyspace.batch().without_journal();
         for op in batch {
@@ -432,6 +538,13 @@ impl StateBackend for FjallBackend {
     }
 
     fn has_room(&self) -> Result<bool, BackendError> {
+        if !self.seal_off_thread()? {
+            return Ok(false);
+        }
+        self.room_as_is()
+    }
+
+    fn room_as_is(&self) -> Result<bool, BackendError> {
         let ks = self.ks();
         if self.room(ks, 0) {
             return Ok(true);
@@ -445,6 +558,7 @@ impl StateBackend for FjallBackend {
     }
 
     fn wait_for_room(&self) -> Result<(), BackendError> {
+        self.seal_here()?;
         self.wait_for_flushes(|ks| self.room(ks, 0), Some(APPLY_STALL_LIMIT))
     }
 
@@ -895,6 +1009,52 @@ mod tests {
         drop(f);
         let f = fjall(root.path());
         assert_eq!(f.get(b"k000000").unwrap(), Some(value));
+        assert_eq!(pairs(&f).len(), batches as usize * 16);
+    }
+
+    /// A write that fills the memtable does not seal it on the writer's thread: fjall would
+    /// (rotating its journal files, with two or three fsyncs), on the thread a tenant's actor
+    /// shares with other tenants. `has_room` answers no, seals it on a thread of its own, and
+    /// answers yes again once that is done; every key reads back.
+    #[test]
+    fn a_full_memtable_is_sealed_off_the_writers_thread() {
+        use fjall::AbstractTree;
+        let root = tempfile::tempdir().unwrap();
+        let f = fjall(root.path());
+        let value = vec![7u8; 64 << 10];
+        let key = |batch: u32, i: u32| format!("k{batch:04}{i:02}").into_bytes();
+        // 1 MiB of values per batch, each after `has_room` said yes, as a tenant's actor
+        // applies them: the last one takes the memtable past its size (keys and fjall's
+        // per-entry overhead come on top of the values).
+        let batches = FJALL_MEMTABLE_BYTES >> 20;
+        for batch in 0..batches {
+            assert!(f.has_room().unwrap(), "batch {batch}: no room");
+            f.apply(
+                (0..16)
+                    .map(|i| BatchOp::Put(key(batch, i), value.clone()))
+                    .collect(),
+            )
+            .unwrap();
+        }
+        let active = || f.ks().part.tree.active_memtable_size();
+        assert!(
+            active() > FJALL_MEMTABLE_BYTES,
+            "the write that filled the memtable sealed it (active memtable {} bytes)",
+            active()
+        );
+        assert!(!f.has_room().unwrap(), "room with a full memtable");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !f.has_room().unwrap() {
+            assert!(std::time::Instant::now() < deadline, "the seal never ended");
+            std::thread::sleep(FLUSH_POLL);
+        }
+        assert!(active() < (1 << 20), "active memtable {} bytes", active());
+        for batch in 0..batches {
+            assert_eq!(f.get(&key(batch, 15)).unwrap(), Some(value.clone()));
+        }
+        f.flush().unwrap();
+        drop(f);
+        let f = fjall(root.path());
         assert_eq!(pairs(&f).len(), batches as usize * 16);
     }
 

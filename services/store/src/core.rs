@@ -1182,7 +1182,7 @@ impl<T> TenantCore<T> {
         use cube_metrics::ApplyHold;
         if self.wal.is_none() {
             self.held = None;
-            return match self.state.has_room() {
+            return match self.state.room_as_is() {
                 Ok(false) => Err(BackendError(
                     "state store flushes made no room before the tenant closed".into(),
                 )),

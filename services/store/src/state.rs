@@ -1131,6 +1131,11 @@ impl TenantState {
         self.store.has_room()
     }
 
+    /// [`TenantState::has_room`] starting nothing ([`StateBackend::room_as_is`]).
+    pub(crate) fn room_as_is(&self) -> Result<bool, BackendError> {
+        self.store.room_as_is()
+    }
+
     fn logical_cell(&self, c: Coord) -> Result<Option<StoredCell>, StoreError> {
         if let Some(p) = self.pending_cells.get(&c) {
             return Ok(p.value.clone());

@@ -59,6 +59,9 @@ pub struct PartitionHandleInner {
     /// If `true`, fsync failed during persisting, see `Error::Poisoned`
     pub(crate) is_poisoned: Arc<AtomicBool>,
 
+    /// CUBE PATCH: see `PartitionHandle::set_rotate_on_overflow`.
+    pub(crate) rotate_on_overflow: AtomicBool,
+
     /// LSM-tree wrapper
     #[doc(hidden)]
     pub tree: AnyTree,
@@ -270,6 +273,7 @@ impl PartitionHandle {
             write_buffer_manager: keyspace.write_buffer_manager.clone(),
             is_deleted: AtomicBool::default(),
             is_poisoned: keyspace.is_poisoned.clone(),
+            rotate_on_overflow: AtomicBool::new(true),
             snapshot_tracker: keyspace.snapshot_tracker.clone(),
             config,
             stats: keyspace.stats.clone(),
@@ -338,6 +342,7 @@ impl PartitionHandle {
             write_buffer_manager: keyspace.write_buffer_manager.clone(),
             is_deleted: AtomicBool::default(),
             is_poisoned: keyspace.is_poisoned.clone(),
+            rotate_on_overflow: AtomicBool::new(true),
             snapshot_tracker: keyspace.snapshot_tracker.clone(),
             stats: keyspace.stats.clone(),
         })))
@@ -744,6 +749,25 @@ impl PartitionHandle {
         Ok(())
     }
 
+    /// CUBE PATCH: whether a write that takes the active memtable past `max_memtable_size`
+    /// seals it itself, on the writer's thread (upstream's behaviour, and the default). With
+    /// `false` the caller seals it (`rotate_memtable`) where and when it chooses, and the checks
+    /// upstream makes after such a rotation (journal size, write halt) do not run either (see
+    /// `stall_after_rotation`); the per-write stall on level-0 runs still does.
+    pub fn set_rotate_on_overflow(&self, on: bool) {
+        self.rotate_on_overflow
+            .store(on, std::sync::atomic::Ordering::Release);
+    }
+
+    /// CUBE PATCH: what a write that sealed the memtable itself does next (the journal-size
+    /// and write-halt checks, which sleep until the journals are within their limit and level 0
+    /// has fewer than 32 runs), for a caller that seals with `rotate_memtable` after
+    /// `set_rotate_on_overflow(false)`, on a thread that may wait.
+    pub fn stall_after_rotation(&self) {
+        self.check_journal_size();
+        self.check_write_halt();
+    }
+
     /// Returns `true` if the memtable was indeed rotated.
     #[doc(hidden)]
     pub fn rotate_memtable(&self) -> crate::Result<bool> {
@@ -861,7 +885,12 @@ impl PartitionHandle {
     }
 
     pub(crate) fn check_memtable_overflow(&self, size: u32) -> crate::Result<()> {
-        if size > self.config.max_memtable_size {
+        // CUBE PATCH: `rotate_on_overflow` (see `set_rotate_on_overflow`).
+        if size > self.config.max_memtable_size
+            && self
+                .rotate_on_overflow
+                .load(std::sync::atomic::Ordering::Acquire)
+        {
             self.rotate_memtable().inspect_err(|_| {
                 self.is_poisoned
                     .store(true, std::sync::atomic::Ordering::Relaxed);

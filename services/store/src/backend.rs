@@ -189,12 +189,43 @@ pub struct FjallBackend {
     open: Option<OpenKeyspace>,
     /// The state directory: tests make its flush fail (`cube_wal::failpoint`).
     dir: std::path::PathBuf,
-    /// A full memtable's seal running on a thread of its own ([`FjallBackend::seal_off_thread`]).
+    /// Set while a memtable seal runs, on any thread: the one `has_room` starts
+    /// ([`FjallBackend::seal_off_thread`]), a caller that may block
+    /// ([`FjallBackend::seal_here`]), a checkpoint's rotation. A rotation holds fjall's journal
+    /// lock, which every apply takes too, so `has_room` answers no meanwhile.
+    sealing: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// The seal thread `has_room` started last, joined for its outcome. Locked only briefly
+    /// (never across a rotation or a join).
     seal: std::sync::Mutex<Option<Seal>>,
 }
 
 /// A memtable seal on its own thread: `rotate_memtable`'s result.
 type Seal = std::thread::JoinHandle<Result<bool, fjall::Error>>;
+
+/// [`FjallBackend::sealing`] held: cleared on drop, a panic's unwinding included.
+struct Sealing(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for Sealing {
+    fn drop(&mut self) {
+        self.0.store(false, std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// What a drop of [`FjallBackend`] closes, in this order: a seal thread still running (it
+/// writes fjall's journal files) ends, then the keyspace closes and its lock is let go.
+struct Closing {
+    seal: Option<Seal>,
+    open: Option<OpenKeyspace>,
+}
+
+impl Drop for Closing {
+    fn drop(&mut self) {
+        if let Some(seal) = self.seal.take() {
+            let _ = seal.join();
+        }
+        drop(self.open.take());
+    }
+}
 
 struct OpenKeyspace {
     part: fjall::PartitionHandle,
@@ -210,17 +241,12 @@ impl Drop for FjallBackend {
     /// tenants of that thread for up to a quarter second. So the close (and the release of the
     /// lock after it) happens on a short-lived thread; a reopen waits for the lock.
     fn drop(&mut self) {
-        // A seal still running writes fjall's journal files: it ends before the lock is let go.
-        let seal = self.seal_handle().take();
-        if let Some(open) = self.open.take() {
+        if self.open.is_some() {
+            let closing = self.closing();
+            // When no thread can be had, the closure (and `closing` in it) is dropped here.
             let spawned = std::thread::Builder::new()
                 .name("fjall-close".into())
-                .spawn(move || {
-                    if let Some(seal) = seal {
-                        let _ = seal.join();
-                    }
-                    drop(open)
-                });
+                .spawn(move || drop(closing));
             if let Err(e) = spawned {
                 tracing::warn!(error = %e, "no thread to close a state store on; closing inline");
             }
@@ -305,6 +331,7 @@ impl FjallBackend {
                 _lock: lock,
             }),
             dir: dir.to_path_buf(),
+            sealing: Default::default(),
             seal: std::sync::Mutex::new(None),
         })
     }
@@ -317,10 +344,15 @@ impl FjallBackend {
 
     /// Close now, on this thread: when returning, the files are closed and the lock released.
     pub fn close(mut self) {
-        if let Some(seal) = self.seal_handle().take() {
-            let _ = seal.join();
+        drop(self.closing());
+    }
+
+    fn closing(&mut self) -> Closing {
+        let seal = self.seal_handle().take();
+        Closing {
+            seal,
+            open: self.open.take(),
         }
-        drop(self.open.take());
     }
 
     fn seal_handle(&self) -> std::sync::MutexGuard<'_, Option<Seal>> {
@@ -337,7 +369,7 @@ impl FjallBackend {
         ks.part.tree.active_memtable_size() > FJALL_MEMTABLE_BYTES
     }
 
-    /// The outcome of a seal that ended: its failure (fjall then poisoned the keyspace).
+    /// The outcome of a seal thread (a failed seal has poisoned the keyspace too).
     fn sealed(seal: Seal) -> Result<(), BackendError> {
         match seal.join() {
             Ok(Ok(_)) => Ok(()),
@@ -346,37 +378,73 @@ impl FjallBackend {
         }
     }
 
-    /// For a caller that must not block (a tenant's actor): `false` while a memtable seal runs,
-    /// or when the active memtable is full, whose seal is then started on a thread of its own
-    /// (inline only if no thread can be had); `true` when neither.
+    /// Take [`FjallBackend::sealing`] for this thread, which may block: waits here for a seal
+    /// running elsewhere to end (and takes the outcome of the last seal thread).
+    fn take_sealing(&self) -> Result<Sealing, BackendError> {
+        use std::sync::atomic::Ordering;
+        loop {
+            let ended = self.seal_handle().take();
+            if let Some(seal) = ended {
+                Self::sealed(seal)?;
+            }
+            if !self.sealing.swap(true, Ordering::AcqRel) {
+                return Ok(Sealing(std::sync::Arc::clone(&self.sealing)));
+            }
+            std::thread::sleep(FLUSH_POLL);
+        }
+    }
+
+    /// For a caller that must not block (a tenant's actor): `false` while a memtable seal
+    /// runs anywhere, or when the active memtable is full, whose seal is then started on a
+    /// thread of its own (inline only if no thread can be had); `true` when neither.
     fn seal_off_thread(&self) -> Result<bool, BackendError> {
-        let ks = self.ks();
-        let mut seal = self.seal_handle();
-        if seal.as_ref().is_some_and(|s| !s.is_finished()) {
+        use std::sync::atomic::Ordering;
+        if self.sealing.load(Ordering::Acquire) {
             return Ok(false);
         }
-        if let Some(done) = seal.take() {
-            Self::sealed(done)?;
+        // Held elsewhere only for a moment (a blocking caller taking a seal's outcome); this
+        // thread does not wait even that.
+        let mut slot = match self.seal.try_lock() {
+            Ok(slot) => slot,
+            Err(std::sync::TryLockError::WouldBlock) => return Ok(false),
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+        };
+        if slot.as_ref().is_some_and(|s| !s.is_finished()) {
+            return Ok(false);
         }
+        if let Some(ended) = slot.take() {
+            Self::sealed(ended)?;
+        }
+        let ks = self.ks();
         if !self.memtable_full(ks) {
             return Ok(true);
         }
+        if self.sealing.swap(true, Ordering::AcqRel) {
+            return Ok(false);
+        }
+        let sealing = Sealing(std::sync::Arc::clone(&self.sealing));
         let part = ks.part.clone();
-        match std::thread::Builder::new()
+        let spawned = std::thread::Builder::new()
             .name("fjall-seal".into())
             .spawn(move || {
+                let _sealing = sealing;
                 let sealed = part.rotate_memtable()?;
                 // What fjall's own seal does next, here rather than on the actor's thread: it
-                // waits while level 0 has 32 runs or more (compaction far behind), and the
-                // tenant's applies stay held meanwhile (at most `APPLY_STALL_LIMIT`).
+                // waits while level 0 has 32 runs or more (compaction far behind) or fjall's
+                // journals are near their limit, and the tenant's applies stay held meanwhile
+                // (at most `APPLY_STALL_LIMIT`).
                 part.stall_after_rotation();
                 Ok(sealed)
-            }) {
+            });
+        match spawned {
             Ok(running) => {
-                *seal = Some(running);
+                *slot = Some(running);
                 Ok(false)
             }
             Err(e) => {
+                // The closure, and the flag it held, is gone: seal here, holding it again.
+                self.sealing.store(true, Ordering::Release);
+                let _sealing = Sealing(std::sync::Arc::clone(&self.sealing));
                 // No `stall_after_rotation` here: the actor's thread must not wait on it.
                 tracing::warn!(error = %e, "no thread to seal a memtable on; sealing inline");
                 ks.part.rotate_memtable().map_err(fjall_err)?;
@@ -385,13 +453,11 @@ impl FjallBackend {
         }
     }
 
-    /// For a caller that may block: waits for a running seal, then seals a full memtable here.
+    /// For a caller that may block: waits for a seal running elsewhere, then seals a full
+    /// memtable here.
     fn seal_here(&self) -> Result<(), BackendError> {
+        let _sealing = self.take_sealing()?;
         let ks = self.ks();
-        let mut seal = self.seal_handle();
-        if let Some(running) = seal.take() {
-            Self::sealed(running)?;
-        }
         if self.memtable_full(ks) {
             ks.part.rotate_memtable().map_err(fjall_err)?;
             ks.part.stall_after_rotation();
@@ -476,13 +542,16 @@ impl StateBackend for FjallBackend {
 
     fn apply(&self, batch: Vec<BatchOp>) -> Result<(), BackendError> {
         // Immediate when the caller asked `has_room` first (a tenant's actor does: no seal
-        // runs then, and the memtable is not full); a replay at open, on the blocking pool,
-        // seals and waits here, and so does the last apply of a closing tenant (not asked:
-        // it asks `room_as_is`) that finds its memtable full. With one sealed memtable of
-        // slack over `has_room`'s budget: a checkpoint's flush, on another thread, may seal the
-        // active memtable between an actor's `has_room` and its apply (adding a sealed
-        // memtable, not bytes), and that apply must still not wait on the actor's thread.
-        self.seal_here()?;
+        // ran then, and the memtable was not full); a replay at open and a checkpoint's
+        // release of catalog changes, on the blocking pool, seal and wait here, and so does
+        // the last apply of a closing tenant (not asked: it asks `room_as_is`) that finds its
+        // memtable full. With one sealed memtable of slack over `has_room`'s budget: a
+        // checkpoint's flush, on another thread, may seal the active memtable between an
+        // actor's `has_room` and its apply (adding a sealed memtable, not bytes), and that
+        // apply must still not wait on the actor's thread.
+        if self.memtable_full(self.ks()) {
+            self.seal_here()?;
+        }
         self.wait_for_flushes(|ks| self.room(ks, 1), Some(APPLY_STALL_LIMIT))?;
         let mut b = self.ks().keyspace.batch().without_journal();
         for op in batch {
@@ -515,7 +584,12 @@ impl StateBackend for FjallBackend {
         // ends the wait should compaction ever drop the item that carried `target` (a
         // tombstone) before this looks.
         let target = ks.part.tree.get_highest_seqno();
-        ks.part.rotate_memtable().map_err(fjall_err)?;
+        {
+            // Marked as a seal: `has_room` answers no while this rotation holds the journal
+            // lock (an apply would wait for it on the actor's thread).
+            let _sealing = self.take_sealing()?;
+            ks.part.rotate_memtable().map_err(fjall_err)?;
+        }
         if let Some(target) = target {
             self.wait_for_flushes(
                 |ks| {
@@ -1056,6 +1130,32 @@ mod tests {
         drop(f);
         let f = fjall(root.path());
         assert_eq!(pairs(&f).len(), batches as usize * 16);
+    }
+
+    /// `has_room` answers at once, no, while a seal runs on another thread (a checkpoint's
+    /// rotation, a replay's seal), or while another thread holds the seal slot for a moment:
+    /// the actor's thread must not wait for either. Before, it took the slot's lock, held by
+    /// a blocking caller across its whole rotation.
+    #[test]
+    fn has_room_never_waits_for_a_seal_elsewhere() {
+        let root = tempfile::tempdir().unwrap();
+        let f = std::sync::Arc::new(fjall(root.path()));
+        // Asked on a thread of its own; a thread left waiting (the failure) is not joined.
+        let asked_elsewhere = |f: &std::sync::Arc<FjallBackend>| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let f = std::sync::Arc::clone(f);
+            std::thread::spawn(move || tx.send(f.has_room().unwrap()));
+            rx.recv_timeout(std::time::Duration::from_secs(2))
+                .expect("has_room waited for the seal")
+        };
+        assert!(asked_elsewhere(&f));
+        let sealing = f.take_sealing().unwrap();
+        assert!(!asked_elsewhere(&f), "room while a seal runs");
+        drop(sealing);
+        let slot = f.seal_handle();
+        assert!(!asked_elsewhere(&f), "room while the slot is taken");
+        drop(slot);
+        assert!(f.has_room().unwrap());
     }
 
     fn exercise(b: &dyn StateBackend) {

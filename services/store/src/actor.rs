@@ -220,22 +220,30 @@ impl Handler<Durable> for TenantActor {
 
 impl TenantActor {
     /// After applies: if they are held ([`TenantCore::apply_held`]), stop taking this actor's
-    /// messages for [`FLUSH_POLL`] (`ctx.wait`: the thread runs other tenants' actors
-    /// meanwhile, and this tenant's calls wait in its mailbox, within its in-flight caps), then
-    /// try again; else see whether a checkpoint is due.
+    /// messages for [`FLUSH_POLL`], or until the state store says it may have room sooner (a
+    /// memtable seal ended: [`TenantCore::room_notify`]) (`ctx.wait`: the thread runs other
+    /// tenants' actors meanwhile, and this tenant's calls wait in its mailbox, within its
+    /// in-flight caps), then try again; else see whether a checkpoint is due.
     fn hold_or_checkpoint(&mut self, ctx: &mut Context<Self>) {
         if !self.core.apply_held() {
             self.maybe_checkpoint(ctx);
             return;
         }
-        ctx.wait(
-            tokio::time::sleep(FLUSH_POLL)
-                .into_actor(self)
-                .map(|_, act, ctx| {
-                    Self::answer(act.core.retry_apply());
-                    act.hold_or_checkpoint(ctx);
-                }),
-        );
+        let notify = self.core.room_notify();
+        let poll = async move {
+            let poll = tokio::time::sleep(FLUSH_POLL);
+            match notify {
+                Some(notify) => tokio::select! {
+                    _ = notify.notified() => {}
+                    _ = poll => {}
+                },
+                None => poll.await,
+            }
+        };
+        ctx.wait(poll.into_actor(self).map(|_, act, ctx| {
+            Self::answer(act.core.retry_apply());
+            act.hold_or_checkpoint(ctx);
+        }));
     }
 }
 

@@ -58,6 +58,12 @@ pub trait StateBackend: Send + Sync + std::fmt::Debug {
     fn room_as_is(&self) -> Result<bool, BackendError> {
         Ok(true)
     }
+    /// Notified when work that [`StateBackend::has_room`] started has ended (a seal), so that
+    /// a caller holding its applies may ask again before its next poll. A notification may
+    /// also come early, or late; the caller polls anyway.
+    fn room_notify(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
+        None
+    }
     /// Block until [`StateBackend::has_room`] (for threads that may block: a tenant's close on
     /// the blocking pool), for at most [`APPLY_STALL_LIMIT`].
     fn wait_for_room(&self) -> Result<(), BackendError> {
@@ -197,6 +203,9 @@ pub struct FjallBackend {
     /// The seal thread `has_room` started last, joined for its outcome. Locked only briefly
     /// (never across a rotation or a join).
     seal: std::sync::Mutex<Option<Seal>>,
+    /// Notified as a seal thread ends ([`StateBackend::room_notify`]): a seal takes a fraction
+    /// of the actor's 2-ms poll here, and a bulk load seals every 16 MiB.
+    sealed: std::sync::Arc<tokio::sync::Notify>,
 }
 
 /// A memtable seal on its own thread: `rotate_memtable`'s result.
@@ -333,6 +342,7 @@ impl FjallBackend {
             dir: dir.to_path_buf(),
             sealing: Default::default(),
             seal: std::sync::Mutex::new(None),
+            sealed: Default::default(),
         })
     }
 
@@ -409,9 +419,8 @@ impl FjallBackend {
             Err(std::sync::TryLockError::WouldBlock) => return Ok(false),
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
         };
-        if slot.as_ref().is_some_and(|s| !s.is_finished()) {
-            return Ok(false);
-        }
+        // With `sealing` clear, a seal thread has done its work (and notified): the join
+        // waits at most for the thread's exit.
         if let Some(ended) = slot.take() {
             Self::sealed(ended)?;
         }
@@ -424,17 +433,20 @@ impl FjallBackend {
         }
         let sealing = Sealing(std::sync::Arc::clone(&self.sealing));
         let part = ks.part.clone();
+        let notify = std::sync::Arc::clone(&self.sealed);
         let spawned = std::thread::Builder::new()
             .name("fjall-seal".into())
             .spawn(move || {
-                let _sealing = sealing;
-                let sealed = part.rotate_memtable()?;
                 // What fjall's own seal does next, here rather than on the actor's thread: it
                 // waits while level 0 has 32 runs or more (compaction far behind) or fjall's
                 // journals are near their limit, and the tenant's applies stay held meanwhile
                 // (at most `APPLY_STALL_LIMIT`).
-                part.stall_after_rotation();
-                Ok(sealed)
+                let sealed = part
+                    .rotate_memtable()
+                    .inspect(|_| part.stall_after_rotation());
+                drop(sealing);
+                notify.notify_one();
+                sealed
             });
         match spawned {
             Ok(running) => {
@@ -629,6 +641,10 @@ impl StateBackend for FjallBackend {
             .persist(fjall::PersistMode::Buffer)
             .map_err(fjall_err)?;
         Ok(false)
+    }
+
+    fn room_notify(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
+        Some(std::sync::Arc::clone(&self.sealed))
     }
 
     fn wait_for_room(&self) -> Result<(), BackendError> {
@@ -1117,11 +1133,17 @@ mod tests {
             active()
         );
         assert!(!f.has_room().unwrap(), "room with a full memtable");
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !f.has_room().unwrap() {
-            assert!(std::time::Instant::now() < deadline, "the seal never ended");
-            std::thread::sleep(FLUSH_POLL);
-        }
+        // The seal's end is notified, and then there is room at once.
+        let notify = f.room_notify().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            tokio::time::timeout(std::time::Duration::from_secs(10), notify.notified()).await
+        })
+        .expect("the seal's end was not notified");
+        assert!(f.has_room().unwrap(), "no room once the seal ended");
         assert!(active() < (1 << 20), "active memtable {} bytes", active());
         for batch in 0..batches {
             assert_eq!(f.get(&key(batch, 15)).unwrap(), Some(value.clone()));

@@ -1240,6 +1240,12 @@ impl<T> TenantCore<T> {
         }
     }
 
+    /// Notified when the state store may have room again before the next poll
+    /// ([`crate::backend::StateBackend::room_notify`]).
+    pub fn room_notify(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
+        self.state.room_notify()
+    }
+
     /// Whether durable changes wait unapplied ([`TenantCore::room_to_apply`]); the actor then
     /// calls [`TenantCore::retry_apply`] after [`crate::backend::FLUSH_POLL`].
     pub fn apply_held(&self) -> bool {

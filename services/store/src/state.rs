@@ -1131,6 +1131,11 @@ impl TenantState {
         self.store.has_room()
     }
 
+    /// [`StateBackend::room_notify`].
+    pub(crate) fn room_notify(&self) -> Option<Arc<tokio::sync::Notify>> {
+        self.store.room_notify()
+    }
+
     /// [`TenantState::has_room`] starting nothing ([`StateBackend::room_as_is`]).
     pub(crate) fn room_as_is(&self) -> Result<bool, BackendError> {
         self.store.room_as_is()

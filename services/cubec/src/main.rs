@@ -25,7 +25,8 @@ const DEFAULT_CREDENTIALS: &str = "./cube-data/dev-credentials.json";
     name = "cubec",
     version,
     after_help = "Exit status: 0 done, 1 failed (connection, refusal, bad credentials), 2 usage \
-                  error, 3 `audit verify` found the audit chain broken."
+                  error, 3 `audit verify` found the audit chain broken (or `audit list` met \
+                  entries missing from the server's trail)."
 )]
 struct Cli {
     /// Server address; default: the credentials file's endpoint, else http://127.0.0.1:50051
@@ -382,8 +383,35 @@ async fn run() -> anyhow::Result<()> {
         ep = ep.timeout(limit);
     }
     if target.tls {
+        let config = tls_config(&cli, &target.ca)?;
+        // tonic checks the name the certificate must carry only here, and its error names no
+        // source ("invalid dns name"): checked first, and named.
+        let name = cli
+            .tls_server_name
+            .clone()
+            .or_else(|| {
+                // As tonic takes it: an IPv6 host without its brackets.
+                let host = ep.uri().host()?;
+                let bare = host.strip_prefix('[').and_then(|h| h.strip_suffix(']'));
+                Some(bare.unwrap_or(host).to_owned())
+            })
+            .unwrap_or_default();
+        if rustls_pki_types::ServerName::try_from(name.as_str()).is_err() {
+            anyhow::bail!(
+                "{name:?} is not a DNS name or an IP address the server's certificate could \
+                 name: {}",
+                if cli.tls_server_name.is_some() {
+                    "check --tls-server-name".to_owned()
+                } else {
+                    format!(
+                        "check the host of {} (from {}), or give --tls-server-name",
+                        target.endpoint, target.origin
+                    )
+                }
+            );
+        }
         ep = ep
-            .tls_config(tls_config(&cli, &target.ca)?)
+            .tls_config(config)
             .context("loading the TLS files (--ca, --cert, --key)")?;
     }
     let connecting = ep.connect();
@@ -1102,6 +1130,18 @@ fn status(s: tonic::Status) -> anyhow::Error {
                 .starts_with("this server accepts only per-connection"))
     {
         text.push_str(" (with cubec: --auth connection, or a client certificate with --cert)");
+    }
+    // Against `--auth-mode call` a client certificate authenticates nothing; cubec sends
+    // unsigned calls only with one, so this refusal means a certificate was given.
+    if s.code() == tonic::Code::Unauthenticated
+        && s.message()
+            .starts_with("missing credentials: sign every call")
+        && !s.message().contains("Auth.Hello")
+    {
+        text.push_str(
+            " (with cubec: this server takes only signed calls (--auth-mode call), not a client \
+             certificate: leave out --cert and --key, and give --credentials)",
+        );
     }
     if s.code() == tonic::Code::FailedPrecondition
         && s.message()

@@ -807,6 +807,45 @@ fn a_connection_only_server_points_at_the_auth_flag() {
     assert_eq!(json(&o)["found"], false);
 }
 
+/// Against a server that takes only signed calls, a client certificate's unsigned call is
+/// refused with cubec's way out (it read only "sign every call with x-cube-tenant, …", headers
+/// a cubec user never sets); and a server name no certificate could carry is named as such,
+/// not blamed on the TLS files.
+#[test]
+fn a_call_only_server_and_a_bad_server_name_say_what_to_change() {
+    let server = TestServer::start_with(&cubed(), &["--tls-dev", "--auth-mode", "call"]).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let (crt, key) = server
+        .demo_key_cert(&server.demo.key_id, out.path())
+        .unwrap();
+    let ca = server.data_dir().join("tls/ca.pem");
+    let endpoint = format!(
+        "https://{}",
+        server.endpoint().trim_start_matches("http://")
+    );
+    let first = ["--endpoint", &endpoint, "--ca", ca.to_str().unwrap()];
+    let o = run(out.path(), &[], &mtls_read(&first, &crt, &key));
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("leave out --cert and --key, and give --credentials"),
+        "{}",
+        stderr(&o)
+    );
+    let bad_name = [
+        "--endpoint",
+        &endpoint,
+        "--ca",
+        ca.to_str().unwrap(),
+        "--tls-server-name",
+        "bad name",
+    ];
+    let o = run(out.path(), &[], &mtls_read(&bad_name, &crt, &key));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("check --tls-server-name"), "{err}");
+    assert!(!err.contains("TLS files"), "{err}");
+}
+
 /// The server certificate is checked against the endpoint's host, so a certificate that names
 /// the server (not localhost, which cubec used to insist on) works.
 #[test]

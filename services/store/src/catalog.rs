@@ -298,12 +298,13 @@ impl Catalog {
         };
         // Replay the journal (the catalog's snapshot at its last start-over, then the changes
         // acknowledged since), make them durable in sled, then start the journal over with the
-        // catalog's snapshot. Also when the journal is empty but sled is not (a catalog written
-        // by a build whose journal started over empty): from then on the journal holds it all.
+        // catalog's snapshot. Also when the journal does not hold the whole catalog but sled
+        // has some (a journal created just now, or by a build whose journal started over empty
+        // or had no header): from then on the journal holds it all.
         let other = |e: &dyn std::fmt::Display| CatalogOpenError::Other(e.to_string());
         let journal_path = path.with_extension("journal");
         let (mut journal, replay) = Journal::open(&journal_path).map_err(|e| other(&e))?;
-        if !replay.is_empty() || !tenants.is_empty() && journal.len() == 0 {
+        if !replay.is_empty() || !tenants.is_empty() && !journal.whole_catalog() {
             let changes = replay.len();
             insert_ops(&tenants, &keys, replay).map_err(|e| other(&e))?;
             // Opening the catalog on a full disk must still work (authentication, reads): if

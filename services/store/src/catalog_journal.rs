@@ -25,13 +25,17 @@
 //! be lost on power loss; and it cost more CPU (`cargo run --release -p cube-store --example
 //! catalog_cost`: ~110 µs per change against ~50 µs; docs/benchmarks.md, "Catalog changes").
 //!
-//! NOTE: on-disk format. The file holds the snapshot's records and is zero-filled for
-//! [`PREALLOC`] bytes after them (an fdatasync of a write inside the file need not update its
-//! size). A record is
+//! NOTE: on-disk format. The file holds a header record, the snapshot's records, and is
+//! zero-filled for [`PREALLOC`] bytes after them (an fdatasync of a write inside the file need
+//! not update its size). A record is
 //! `[u32 LE payload length][u32 LE CRC32C of the payload][payload]`, the payload one or more ops
-//! `[u8 tree][u32 LE key length][key][u32 LE value length][value]`. A zero length, a bad CRC or a
-//! short read ends the journal: the first record that is not whole, and everything after it, was
-//! never acknowledged, and is zeroed when the journal is opened.
+//! `[u8 tree][u32 LE key length][key][u32 LE value length][value]`; the header's payload is
+//! [`HEADER_TAG`] and the u64 LE offset where the snapshot's records end. A zero length, a bad
+//! CRC or a short read ends the journal: past the snapshot, the first record that is not whole,
+//! and everything after it, was never acknowledged, and is zeroed when the journal is opened;
+//! in the header or the snapshot (written and fsynced before the file took its name) it is
+//! damage, and the journal is refused. Journals of builds before 2026-12-05 have no header:
+//! their snapshot's extent is unknown, and they get one at their first open that starts over.
 
 use std::fs::File;
 use std::io::{self, Read};
@@ -60,6 +64,9 @@ pub(crate) fn payload_bytes(ops: &[Op]) -> usize {
 }
 /// Longest record accepted when reading (a corrupt length must not allocate gigabytes).
 const MAX_RECORD: u32 = 16 << 20;
+/// How a header record's payload starts (no op starts with 0xff), then the u64 LE end of the
+/// snapshot's records (0: no snapshot was taken, in a journal created empty).
+const HEADER_TAG: &[u8] = b"\xffcube catalog journal v2; snapshot ends at:";
 
 /// Which sled tree an op writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -87,6 +94,10 @@ pub(crate) struct Journal {
     /// Bytes of the snapshot the journal started over with (0 for one opened as found: where
     /// its snapshot ends is not known then).
     snapshot: u64,
+    /// Whether its records hold the whole catalog: it started over with a snapshot, here or
+    /// before it was opened (a header says so). Not a journal created at the open, nor one
+    /// from before headers.
+    whole_catalog: bool,
     /// How far writes may have put bytes (a failed write can leave part of a record after
     /// `len`): the next record is written with zeros up to here, for the reason given in
     /// [`Journal::open`].
@@ -105,12 +116,39 @@ impl Journal {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
-        let (ops, len) = decode_all(&bytes);
-        let file = if bytes.is_empty() {
+        let (ops, len, snapshot_end) = decode_all(&bytes);
+        let damaged = |what: String| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{} is damaged: {what}; restore the catalog (the journal and the catalog \
+                     directory) from a backup",
+                    path.display()
+                ),
+            )
+        };
+        // The header and the snapshot were fsynced before the file took its name: no crash
+        // tears them.
+        if let Some(end) = snapshot_end
+            && len < end
+        {
+            return Err(damaged(format!(
+                "the record at offset {len}, inside its snapshot (which ends at {end}), does \
+                 not check"
+            )));
+        }
+        if len == 0 && bytes.iter().any(|b| *b != 0) {
+            return Err(damaged(
+                "its first record (its header) does not check".to_owned(),
+            ));
+        }
+        let fresh = bytes.iter().all(|b| *b == 0);
+        let file = if fresh {
             start_over(path)?
         } else {
             File::options().write(true).open(path)?
         };
+        let len = if fresh { header(0).len() as u64 } else { len };
         // What follows the last whole record (a torn one, never acknowledged) is zeroed before
         // anything is appended there: a shorter record written over it would otherwise leave
         // the torn one's tail behind it, and a whole record inside that tail would be read as
@@ -123,15 +161,10 @@ impl Journal {
         {
             let tail = dirty_end - len as usize;
             if tail > LARGEST_TORN {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!(
-                        "{} is damaged: the record at offset {len} does not check, and {tail} \
-                         bytes follow it, more than one torn write leaves; restore the catalog \
-                         (the journal and the catalog directory) from a backup",
-                        path.display()
-                    ),
-                ));
+                return Err(damaged(format!(
+                    "the record at offset {len} does not check, and {tail} bytes follow it, \
+                     more than one torn write leaves"
+                )));
             }
             tracing::warn!(journal = %path.display(), offset = len, bytes = tail, "catalog journal: a torn last record (never acknowledged) zeroed");
             file.write_all_at(&vec![0u8; tail], len)?;
@@ -145,10 +178,17 @@ impl Journal {
                 // Only what this process appends counts towards the next start-over: a journal
                 // that could not start over at the open is not started over at every change.
                 snapshot: len,
+                whole_catalog: !fresh && snapshot_end.is_some_and(|end| end > 0),
                 dirty_to: len,
             },
             ops,
         ))
+    }
+
+    /// Whether its records hold the whole catalog (see the field): when not, the catalog
+    /// starts it over with a snapshot of sled at its open.
+    pub(crate) fn whole_catalog(&self) -> bool {
+        self.whole_catalog
     }
 
     /// Bytes of whole records.
@@ -204,6 +244,7 @@ impl Journal {
         self.file = Arc::new(file);
         self.len = head.len() as u64;
         self.snapshot = self.len;
+        self.whole_catalog = true;
         self.dirty_to = self.len;
         sync_parent(&self.path).map_err(ResetError::Unsynced)
     }
@@ -249,15 +290,28 @@ fn sync_parent(path: &Path) -> io::Result<()> {
     }
 }
 
-/// A fresh journal at `path`, replacing whatever is there.
+/// A fresh journal at `path`, replacing whatever is there: a header saying that no snapshot
+/// was taken (sled may hold a catalog the journal does not).
 fn start_over(path: &Path) -> io::Result<File> {
-    let (tmp, file) = prepare_fresh(path, &[])?;
+    let (tmp, file) = prepare_fresh(path, &header(0))?;
     std::fs::rename(&tmp, path)?;
     sync_parent(path)?;
     Ok(file)
 }
 
-/// `ops` as records of at most about [`SNAPSHOT_RECORD`] payload bytes each, one after another.
+/// The header record of a journal whose snapshot's records end at `snapshot_end`.
+fn header(snapshot_end: u64) -> Vec<u8> {
+    let mut payload = HEADER_TAG.to_vec();
+    payload.extend_from_slice(&snapshot_end.to_le_bytes());
+    let mut record = Vec::with_capacity(8 + payload.len());
+    record.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    record.extend_from_slice(&crc32c::crc32c(&payload).to_le_bytes());
+    record.extend_from_slice(&payload);
+    record
+}
+
+/// The header, then `ops` as records of at most about [`SNAPSHOT_RECORD`] payload bytes each,
+/// one after another.
 fn encode_snapshot(ops: &[Op]) -> Vec<u8> {
     let mut out = Vec::new();
     let mut from = 0;
@@ -272,7 +326,11 @@ fn encode_snapshot(ops: &[Op]) -> Vec<u8> {
     if from < ops.len() {
         out.extend(encode_record(&ops[from..]));
     }
-    out
+    let mut head = header(0);
+    let end = (head.len() + out.len()) as u64;
+    head = header(end);
+    head.extend(out);
+    head
 }
 
 fn encode_record(ops: &[Op]) -> Vec<u8> {
@@ -291,9 +349,11 @@ fn encode_record(ops: &[Op]) -> Vec<u8> {
     record
 }
 
-/// The ops of every whole record from the start of `bytes`, and the bytes they take.
-fn decode_all(bytes: &[u8]) -> (Vec<Op>, u64) {
+/// The ops of every whole record from the start of `bytes`, the bytes they take, and where
+/// the snapshot's records end if the first record is a header.
+fn decode_all(bytes: &[u8]) -> (Vec<Op>, u64, Option<u64>) {
     let mut ops = Vec::new();
+    let mut snapshot_end = None;
     let mut at = 0usize;
     while let Some(header) = bytes.get(at..at + 8) {
         let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
@@ -307,13 +367,21 @@ fn decode_all(bytes: &[u8]) -> (Vec<Op>, u64) {
         if crc32c::crc32c(payload) != crc {
             break;
         }
+        if at == 0
+            && let Some(end) = payload.strip_prefix(HEADER_TAG)
+            && let Ok(end) = <[u8; 8]>::try_from(end)
+        {
+            snapshot_end = Some(u64::from_le_bytes(end));
+            at += 8 + len as usize;
+            continue;
+        }
         let Some(decoded) = decode_payload(payload) else {
             break;
         };
         ops.extend(decoded);
         at += 8 + len as usize;
     }
-    (ops, at as u64)
+    (ops, at as u64, snapshot_end)
 }
 
 fn decode_payload(mut p: &[u8]) -> Option<Vec<Op>> {
@@ -360,7 +428,10 @@ mod tests {
         let path = dir.path().join("catalog.journal");
         let (mut j, ops) = Journal::open(&path).unwrap();
         assert!(ops.is_empty());
-        assert_eq!(std::fs::metadata(&path).unwrap().len(), PREALLOC);
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            header(0).len() as u64 + PREALLOC
+        );
         let a = [
             op(Tree::Tenants, "acme", "{}"),
             op(Tree::Keys, "acme/k-1", "v1"),
@@ -533,11 +604,65 @@ mod tests {
         assert_eq!(ops, [snapshot, new.to_vec()].concat());
         assert!(!path.with_extension("journal-new").exists());
         drop(j);
-        // An empty snapshot (an empty catalog) is an empty journal.
+        // An empty snapshot (an empty catalog) is a journal of its header alone.
         let (mut j, _) = Journal::open(&path).unwrap();
         j.reset(&[]).unwrap();
-        assert_eq!(j.len(), 0);
+        assert_eq!(j.len(), header(0).len() as u64);
         drop(j);
         assert!(Journal::open(&path).unwrap().1.is_empty());
+    }
+
+    /// The header and the snapshot were fsynced before the journal took its name, so a record
+    /// there that does not check is damage, refused however small the catalog: it used to be
+    /// taken for a torn last write (less than 64 KiB followed it) and zeroed, and the catalog
+    /// fell back to sled's older files without a word. A torn record after the snapshot is
+    /// still zeroed.
+    #[test]
+    fn damage_in_the_header_or_a_small_snapshot_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("catalog.journal");
+        let (mut j, _) = Journal::open(&path).unwrap();
+        let snapshot = [op(Tree::Tenants, "t", "{}"), op(Tree::Keys, "t/k", "v")];
+        j.reset(&snapshot).unwrap();
+        let later = [op(Tree::Keys, "t/k", "revoked")];
+        j.append(&later).unwrap();
+        drop(j);
+        let whole = std::fs::read(&path).unwrap();
+        let in_header = 12;
+        let in_snapshot = header(0).len() + 12;
+        for at in [in_header, in_snapshot] {
+            let mut bytes = whole.clone();
+            bytes[at] ^= 0x40;
+            std::fs::write(&path, &bytes).unwrap();
+            let e = Journal::open(&path).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidData, "byte {at}");
+            assert!(e.to_string().contains("is damaged"), "{e}");
+            assert_eq!(std::fs::read(&path).unwrap(), bytes, "left as it was");
+        }
+        let mut torn = whole.clone();
+        let end = whole.iter().rposition(|b| *b != 0).unwrap();
+        torn[end] ^= 0x01;
+        std::fs::write(&path, &torn).unwrap();
+        let (j, ops) = Journal::open(&path).unwrap();
+        assert_eq!(ops, snapshot);
+        assert!(j.whole_catalog());
+    }
+
+    /// A journal created at the open holds nothing of a catalog that sled may hold already;
+    /// one started over with a snapshot holds it all, also after a reopen.
+    #[test]
+    fn only_a_journal_with_a_snapshot_holds_the_whole_catalog() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("catalog.journal");
+        let (mut j, _) = Journal::open(&path).unwrap();
+        assert!(!j.whole_catalog());
+        j.append(&[op(Tree::Keys, "t/k", "v")]).unwrap();
+        drop(j);
+        let (mut j, _) = Journal::open(&path).unwrap();
+        assert!(!j.whole_catalog(), "nor after a reopen");
+        j.reset(&[op(Tree::Keys, "t/k", "v")]).unwrap();
+        assert!(j.whole_catalog());
+        drop(j);
+        assert!(Journal::open(&path).unwrap().0.whole_catalog());
     }
 }

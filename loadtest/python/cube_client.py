@@ -612,10 +612,19 @@ def _show_read(r: dict) -> dict:
 
 
 def _load_creds(args) -> Credentials:
+    # cubec's rule (docs/protocol.md): the three variables all or none, and never beside
+    # --credentials; a partial or doubled source is an error, not a silent fallback.
+    names = (("tenant", "CUBE_TENANT"), ("key_id", "CUBE_KEY_ID"), ("secret", "CUBE_SECRET"))
+    env = {k: os.environ.get(v) for k, v in names}
+    given = [v for k, v in names if env[k]]
+    if given and args.credentials:
+        raise ValueError(f"--credentials and {', '.join(given)} both given: use one of them")
+    if given and len(given) < len(names):
+        missing = [v for k, v in names if not env[k]]
+        raise ValueError(f"{', '.join(given)} set without {', '.join(missing)}: set all three, or none")
     if args.credentials:
         return Credentials.from_file(args.credentials)
-    env = {k: os.environ.get(v) for k, v in (("tenant", "CUBE_TENANT"), ("key_id", "CUBE_KEY_ID"), ("secret", "CUBE_SECRET"))}
-    if all(env.values()):
+    if given:
         return Credentials.from_dict(env)
     return Credentials.from_file(DEFAULT_CREDENTIALS)
 

@@ -103,6 +103,13 @@ assert stat.S_IMODE(os.stat(path).st_mode) == 0o600, oct(os.stat(path).st_mode)
 EOF
 then ok "dev-credentials.json: shape, mode 0600, endpoint of the ready line"; else bad "dev-credentials.json: shape, mode 0600, endpoint of the ready line"; fi
 
+# 2b. credentials from the environment: all three or none, never beside --credentials
+CUBE_TENANT=demo expect_err "credentials: CUBE_TENANT alone is refused" ValueError \
+  "CUBE_TENANT set without CUBE_KEY_ID, CUBE_SECRET" read 1 1 1
+CUBE_TENANT=demo CUBE_KEY_ID=k-000000000000 CUBE_SECRET=00 expect_err \
+  "credentials: the environment beside --credentials is refused" ValueError \
+  "--credentials and CUBE_TENANT, CUBE_KEY_ID, CUBE_SECRET both given" --credentials "$DEMO" read 1 1 1
+
 # 3-4. per-call signing
 # seq 2: demo's log starts with its tenant.create event.
 expect_out "per-call: write (1,-2,3)" '{"seq":2,"version":1}' \

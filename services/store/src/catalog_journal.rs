@@ -192,6 +192,7 @@ impl Journal {
     }
 
     /// Bytes of whole records.
+    #[cfg(test)]
     pub(crate) fn len(&self) -> u64 {
         self.len
     }

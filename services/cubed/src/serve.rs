@@ -58,11 +58,29 @@ fn listen_error(flag: &str, addr: std::net::SocketAddr, e: &std::io::Error) -> a
     )
 }
 
+/// `addr` bound, so that nothing else takes it and a bad address fails the start at once, but
+/// not listening: until the server is ready (recovery can take a while after a crash), a
+/// connection is refused rather than accepted by the kernel and left unanswered, which a TCP
+/// health check would take for a server that is up.
+fn bind_grpc(addr: std::net::SocketAddr) -> anyhow::Result<tokio::net::TcpSocket> {
+    let bound = (|| {
+        let socket = if addr.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        // As `TcpListener::bind` does: a restart is not refused the port over connections of
+        // the server before it still in TIME_WAIT.
+        socket.set_reuseaddr(true)?;
+        socket.bind(addr)?;
+        Ok::<_, std::io::Error>(socket)
+    })();
+    bound.map_err(|e| listen_error("--listen", addr, &e))
+}
+
 /// Bind the configured address and serve until SIGTERM or SIGINT.
 pub async fn run_until_signal(config: ServeConfig) -> anyhow::Result<()> {
-    let listener = TcpListener::bind(config.listen)
-        .await
-        .map_err(|e| listen_error("--listen", config.listen, &e))?;
+    let listener = bind_grpc(config.listen)?;
     use tokio::signal::unix::{SignalKind, signal};
     // Installed here, before anything else starts: a signal arriving from now on stops the
     // server (a handler installed by the spawned task, when it first ran, left a window in
@@ -84,9 +102,29 @@ pub async fn run_until_signal(config: ServeConfig) -> anyhow::Result<()> {
         }
         tracing::warn!("second signal: no longer waiting for calls in flight");
         on_second.cancel();
+        // Closing the tenants is not bounded (a full disk can hold a final checkpoint), and
+        // the handlers above stay installed, so without this no signal but SIGKILL would end
+        // the process then.
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = int.recv() => {},
+        }
+        tracing::error!(
+            "third signal: exiting now, without waiting for the tenants still closing (what \
+             they acknowledged under the sync policy is in their logs, replayed at the next \
+             start; a tenant under a relaxed policy may lose what it acknowledged within its \
+             window)"
+        );
+        std::process::exit(FORCED_EXIT);
     });
     run(config, listener, stop.cancelled_owned(), hurry).await
 }
+
+/// The exit status of a stop cut short by a third signal.
+const FORCED_EXIT: i32 = 1;
+
+/// The gRPC listener's backlog, as `TcpListener::bind`'s.
+const LISTEN_BACKLOG: u32 = 1024;
 
 /// How long a stop waits for the admin socket's connections to close, after the gRPC drain.
 const ADMIN_STOP_WAIT: Duration = Duration::from_secs(5);
@@ -167,11 +205,12 @@ async fn open_catalog(
     }
 }
 
-/// Serve on `listener` until `shutdown` resolves, wait up to `config.drain` (or until `hurry`)
-/// for the calls in flight; return once every tenant is closed.
+/// Serve on `listener` ([`bind_grpc`]; it listens once the server is ready) until `shutdown`
+/// resolves, wait up to `config.drain` (or until `hurry`) for the calls in flight; return once
+/// every tenant is closed.
 pub async fn run(
     config: ServeConfig,
-    listener: TcpListener,
+    listener: tokio::net::TcpSocket,
     shutdown: impl Future<Output = ()> + Send,
     hurry: CancellationToken,
 ) -> anyhow::Result<()> {
@@ -364,12 +403,22 @@ pub async fn run(
         tracing::info!("stop requested during start-up: not serving");
         Ok(())
     } else {
+        // Connections are taken from here on (queued until `serve` accepts them, shortly).
+        let listener = listener
+            .listen(LISTEN_BACKLOG)
+            .map_err(|e| listen_error("--listen", addr, &e))?;
         ready.set(true);
-        println!(
+        // Not `println!`: a closed stdout (a supervisor that stopped reading) must not panic
+        // a server that recovered its tenants and is about to serve them.
+        let announced = writeln!(
+            std::io::stdout().lock(),
             "cubed ready: grpc={addr} tls={tls} admin={admin_addr} data_dir={}",
             data.root().display()
-        );
-        let _ = std::io::stdout().flush();
+        )
+        .and_then(|()| std::io::stdout().flush());
+        if let Err(e) = announced {
+            tracing::warn!(error = %e, "the ready line could not be written to stdout");
+        }
         tracing::info!(%addr, data_dir = %data.root().display(), "serving");
         let stop_gateway = stop.clone();
         let not_ready = ready.clone();
@@ -416,9 +465,10 @@ pub async fn run(
     if !failed.is_empty() {
         // Each failure was logged as it happened; a supervisor sees the exit status too.
         anyhow::bail!(
-            "stopped, but the close of {} tenant(s) failed (final fdatasync or checkpoint; see \
-             the errors above): {}. Their logs are kept and replayed at the next start; a tenant \
-             under the relaxed policy may have lost changes acknowledged inside its window",
+            "stopped, but the close of {} tenant(s) failed (final fdatasync or checkpoint, at \
+             this stop or at an earlier close, or their log failed while open; see the errors \
+             above): {}. Their logs are kept and replayed at the next start; a tenant under the \
+             relaxed policy may have lost changes acknowledged inside its window",
             failed.len(),
             failed.join(", ")
         );

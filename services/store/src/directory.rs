@@ -468,6 +468,12 @@ impl FailedLogs {
         }
     }
 
+    /// Every tenant whose log failed for good since the start.
+    fn tenants(&self) -> Vec<String> {
+        let set = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        set.iter().cloned().collect()
+    }
+
     /// The error an open of `tenant` fails with, if its log failed.
     fn refusal(&self, tenant: &str) -> Option<StoreError> {
         let set = self.0.lock().unwrap_or_else(|p| p.into_inner());
@@ -1359,8 +1365,9 @@ impl TenantDirectory {
     /// tenant opens from here on (calls get UNAVAILABLE); opens and passivations already under
     /// way are waited for, so every tenant's log is closed when this returns. Returns the
     /// tenants whose close failed (their final fdatasync or checkpoint; logged as it happened),
-    /// sorted: they recover from their logs at the next start, and a relaxed one may have lost
-    /// changes it acknowledged inside its window.
+    /// here or at an earlier close (a passivation) since the start, and those whose log failed
+    /// for good while open, sorted: they recover from their logs at the next start, and a
+    /// relaxed one may have lost changes it acknowledged inside its window.
     pub async fn shutdown(&self) -> Vec<String> {
         self.shutting_down.store(true, Ordering::SeqCst);
         let starting: Vec<Arc<Slot>> = {
@@ -1399,7 +1406,11 @@ impl TenantDirectory {
             }
             cube_metrics::TENANTS_ACTIVE.dec();
         }
+        // A passivation's failed close (a tenant no longer open) counts too: it used to end
+        // in "stopped cleanly" and exit code 0.
+        failed.extend(self.failed_logs.tenants());
         failed.sort();
+        failed.dedup();
         failed
     }
 }

@@ -409,6 +409,144 @@ fn a_starting_server_waits_for_a_held_catalog_but_not_beside_a_server() {
     );
 }
 
+/// Until the ready line the gRPC port is bound but refuses connections: a TCP check of it does
+/// not take a server still starting (waiting for its catalog here, recovering its tenants after
+/// a crash) for one that serves. It used to listen from the start, the kernel accepting
+/// connections nobody answered.
+#[test]
+fn the_grpc_port_refuses_connections_until_the_server_is_ready() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    use std::io::BufRead;
+    use std::time::{Duration, Instant};
+    let mut server = TestServer::start(cubed()).unwrap();
+    server.sigterm().unwrap();
+    let held =
+        cube_store::Catalog::open(&cube_store::DataDir::new(server.data_dir()).catalog()).unwrap();
+    // A free port, named on the command line: port 0 would not be known before the ready line.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("stderr");
+    let mut child = std::process::Command::new(cubed())
+        .args(["serve", "--admin-listen", "127.0.0.1:0", "--listen"])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--data-dir")
+        .arg(server.data_dir())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("held by another cubed process")
+    {
+        assert!(Instant::now() < deadline, "no wait announced");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let refused = std::net::TcpStream::connect(("127.0.0.1", port));
+    assert_eq!(
+        refused.map(|_| ()).unwrap_err().kind(),
+        std::io::ErrorKind::ConnectionRefused,
+        "a connection was taken before the ready line"
+    );
+    drop(held);
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let ready = lines.next().unwrap().unwrap();
+    assert!(ready.starts_with("cubed ready"), "{ready}");
+    std::net::TcpStream::connect(("127.0.0.1", port)).expect("no connection once ready");
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
+    assert!(child.wait().unwrap().success());
+}
+
+/// A stdout nobody reads any more (closed, full) does not crash the server at its ready line:
+/// it serves, and stops cleanly. `println!` there panicked (exit 101), leaving every
+/// recovered tenant to be recovered again.
+#[test]
+fn an_unwritable_stdout_does_not_stop_the_server() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("stderr");
+    let mut child = serve_on(&dir.path().join("data"))
+        .stdout(
+            std::fs::File::options()
+                .write(true)
+                .open("/dev/full")
+                .unwrap(),
+        )
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("serving") {
+            assert!(
+                text.contains("the ready line could not be written"),
+                "{text}"
+            );
+            break;
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("cubed exited ({status:?}) before serving:\n{text}");
+        }
+        assert!(Instant::now() < deadline, "cubed never served:\n{text}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
+    let status = child.wait().unwrap();
+    assert!(
+        status.success(),
+        "{status:?}\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+}
+
+/// A third SIGTERM ends a stop whose tenants do not close (here an apply held 30 s on the
+/// actor's thread by a test-only failpoint; in life a final checkpoint on a full disk) at once,
+/// with exit code 1; what was acknowledged is there after the restart. Further signals used to
+/// be ignored, and only SIGKILL ended such a stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_third_signal_ends_a_stop_that_cannot_close_its_tenants() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    use std::time::{Duration, Instant};
+    let env = [("CUBE_FAILPOINT_APPLY_DELAY_MS", "30000")];
+    let mut server = TestServer::start_with_env(cubed(), &[], &env).unwrap();
+    let mut c = server.cells(&server.demo).await.unwrap();
+    // Answered once durable; its apply then waits 30 s on the actor's thread.
+    c.write(write(1, 1, 1, b"kept")).await.unwrap();
+    drop(c);
+    let pid = Pid::from_raw(server.pid().unwrap() as i32);
+    let started = Instant::now();
+    for _ in 0..3 {
+        kill(pid, Signal::SIGTERM).unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let status = server
+        .wait_exit(Duration::from_secs(10))
+        .unwrap()
+        .expect("cubed still running 10 s after a third SIGTERM");
+    assert_eq!(status.code(), Some(1), "{}", server.log());
+    assert!(started.elapsed() < Duration::from_secs(15));
+    assert!(
+        server.log().contains("third signal: exiting now"),
+        "{}",
+        server.log()
+    );
+    server.restart().unwrap();
+    let mut c = server.cells(&server.demo).await.unwrap();
+    let got = c.read(read(1, 1, 1)).await.unwrap().into_inner();
+    assert_eq!((got.found, got.value.as_slice()), (true, &b"kept"[..]));
+}
+
 /// `cubed ARGS...` in no server's presence: its output.
 fn offline(args: &[&str], data_dir: &std::path::Path) -> std::process::Output {
     std::process::Command::new(cubed())

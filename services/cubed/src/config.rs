@@ -34,6 +34,17 @@ pub const DEFAULT_CHECKPOINT_SECS: u64 = 60;
 /// The most [`raise_open_file_limit`] raises the soft open-file limit to.
 const OPEN_FILES_WANTED: u64 = 1 << 20;
 
+/// An open-file limit below which `cubed serve` warns: a few tenants' state stores (up to 900
+/// files each) and the connections could use it all.
+pub const LOW_OPEN_FILES: u64 = 4096;
+
+/// The soft open-file limit now, if it is below [`LOW_OPEN_FILES`]: (soft, hard).
+pub fn low_open_file_limit() -> Option<(u64, u64)> {
+    use nix::sys::resource::{Resource, getrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
+    (soft < LOW_OPEN_FILES).then_some((soft, hard))
+}
+
 /// Raise the soft open-file limit to the hard one (at most [`OPEN_FILES_WANTED`]), as servers
 /// that hold many files do: each open tenant's state store may keep hundreds of files open, and
 /// under a soft limit of 1,024 (a common default) one large tenant could take the descriptors

@@ -71,14 +71,25 @@ fn run() -> anyhow::Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     // Before the flags are validated: the default --max-connections is half the soft limit.
-    if matches!(cli.command, None | Some(Command::Serve(_)))
-        && let Some((before, after)) = cubed::config::raise_open_file_limit()
-    {
-        tracing::info!(
-            before,
-            after,
-            "raised the soft open-file limit to the hard one"
-        );
+    if matches!(cli.command, None | Some(Command::Serve(_))) {
+        if let Some((before, after)) = cubed::config::raise_open_file_limit() {
+            tracing::info!(
+                before,
+                after,
+                "raised the soft open-file limit to the hard one"
+            );
+        }
+        if let Some((soft, hard)) = cubed::config::low_open_file_limit() {
+            tracing::warn!(
+                soft,
+                hard,
+                "the open-file limit is low (under {}): each open tenant's state store may keep \
+                 up to 900 files open, and a flush or WAL rotation that finds none left fails \
+                 its tenant; give cubed a higher hard limit (LimitNOFILE=1048576 in a systemd \
+                 unit, --ulimit nofile=1048576 for docker run; docs/operations.md)",
+                cubed::config::LOW_OPEN_FILES
+            );
+        }
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

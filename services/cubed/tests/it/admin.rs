@@ -602,6 +602,38 @@ fn the_servers_settings_in_the_environment_do_not_stop_offline_commands() {
     );
 }
 
+/// Under a hard open-file limit too low for a few tenants' state stores, `cubed serve` says
+/// so at its start (it used to say nothing when it could not raise the soft limit).
+#[test]
+fn serve_warns_of_a_low_open_file_limit() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("stderr");
+    let mut child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -n 1024 && exec \"$0\" serve --data-dir \"$1\" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0")
+        .arg(cubed())
+        .arg(dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let ready = std::io::BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .any(|line| line.contains("cubed ready"));
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(ready, "cubed did not become ready");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("the open-file limit is low (under 4096)") && text.contains("soft=1024"),
+        "{text}"
+    );
+}
+
 /// `cubed serve` raises its soft open-file limit to the hard one (at most 1,048,576): started
 /// under a soft limit of 256, it runs with the hard limit's.
 #[test]

@@ -3096,6 +3096,44 @@ mod tests {
         assert_eq!(directory.shutdown().await, ["t"]);
     }
 
+    /// An idle pass (or an eviction) does not forget a failed open before its retry delay is
+    /// up: it used to, at once, so under a short `--idle-secs` a tenant whose log cannot be
+    /// replayed was read again at almost every call.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_open_is_not_forgotten_before_its_retry_delay() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, config) = tenant_with_catalog(dir.path());
+        let data = crate::DataDir::new(dir.path().join("data"));
+        let (wal, _) = cube_wal::WalShard::open(
+            &data.tenant_wal("t"),
+            cube_wal::WalOptions::default(),
+            0,
+            &mut |_, _| Ok(()),
+            None,
+        )
+        .unwrap();
+        wal.wait_durable(wal.append(b"not a WalOp").unwrap())
+            .unwrap();
+        wal.close().unwrap();
+        let settings = crate::DirectoryConfig {
+            idle_after: Duration::ZERO,
+            ..directory_config(data, &config)
+        };
+        let directory = crate::TenantDirectory::new(settings, Some(Arc::clone(&catalog))).unwrap();
+        assert!(directory.get("t").await.is_err());
+        assert_eq!(
+            directory.passivate_idle().await,
+            0,
+            "forgotten before its delay"
+        );
+        assert_eq!(directory.open_count(), 1);
+        // The first delay is 1 s.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        assert_eq!(directory.passivate_idle().await, 1);
+        assert_eq!(directory.open_count(), 0);
+        directory.shutdown().await;
+    }
+
     /// A directory (with its catalog) of the one tenant `t`, under `dir`.
     /// A tenant whose open keeps failing (here: a log record that cannot be replayed) is
     /// forgotten 1 s after its first failed open, so that its next call tries again, then after

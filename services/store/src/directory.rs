@@ -1073,10 +1073,7 @@ impl TenantDirectory {
 
     /// Over the open-tenant cap: passivate the least recently used idle tenants (not `keep`).
     async fn make_room(&self, keep: &str) {
-        let excess = self
-            .open_count()
-            .saturating_sub(self.config.max_open.max(1));
-        if excess == 0 {
+        if self.open_count() <= self.config.max_open.max(1) {
             return;
         }
         let mut candidates: Vec<(u64, String, Arc<Slot>)> = {
@@ -1093,14 +1090,14 @@ impl TenantDirectory {
                 .collect()
         };
         candidates.sort_by_key(|(used, _, _)| *used);
-        let mut freed = 0;
         for (_, name, slot) in candidates {
-            if freed == excess {
+            // Counted again before each eviction: a concurrent first call making room too has
+            // taken its victims out of the map already (counting once, up front, closed more
+            // tenants than the cap asked for).
+            if self.open_count() <= self.config.max_open.max(1) {
                 break;
             }
-            if self.passivate(&name, &slot).await {
-                freed += 1;
-            }
+            self.passivate(&name, &slot, false).await;
         }
     }
 
@@ -1113,7 +1110,7 @@ impl TenantDirectory {
         };
         match slot {
             None => true,
-            Some(slot) => self.passivate(tenant, &slot).await,
+            Some(slot) => self.passivate(tenant, &slot, true).await,
         }
     }
 
@@ -1130,7 +1127,7 @@ impl TenantDirectory {
         };
         let mut n = 0;
         for (name, slot) in idle {
-            if self.passivate(&name, &slot).await {
+            if self.passivate(&name, &slot, false).await {
                 n += 1;
             }
         }
@@ -1138,8 +1135,9 @@ impl TenantDirectory {
     }
 
     /// Close one tenant if nothing is in flight. A tenant that failed to open is forgotten too,
-    /// so its next call retries the open.
-    async fn passivate(&self, tenant: &str, slot: &Arc<Slot>) -> bool {
+    /// so its next call retries the open: once its retry delay has passed, or at once if
+    /// `early`.
+    async fn passivate(&self, tenant: &str, slot: &Arc<Slot>, early: bool) -> bool {
         if slot
             .closing
             .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
@@ -1147,14 +1145,14 @@ impl TenantDirectory {
         {
             return false;
         }
-        let closed = self.passivate_claimed(tenant, slot).await;
+        let closed = self.passivate_claimed(tenant, slot, early).await;
         if !closed {
             slot.closing.store(false, Ordering::Release);
         }
         closed
     }
 
-    async fn passivate_claimed(&self, tenant: &str, slot: &Arc<Slot>) -> bool {
+    async fn passivate_claimed(&self, tenant: &str, slot: &Arc<Slot>, early: bool) -> bool {
         // Counted before `shutting_down` is read (and `shutdown` sets that before it reads the
         // count), so a shutdown either sees this close or this close sees the shutdown: never
         // both closing the tenant. Dropped on every early return below.
@@ -1165,6 +1163,15 @@ impl TenantDirectory {
         }
         let handle = match slot.opened.get() {
             None => return false, // still opening
+            // A failed open is forgotten (so the next call tries again) only once its retry
+            // delay has passed: an eviction or an idle pass used to forget it at once, and a
+            // tenant whose log cannot be replayed was read again at every call. The janitor
+            // forgets it when the delay is up (`close_failed`); `close_tenant` at once.
+            Some(Err(_))
+                if !early && slot.retry_at.get().is_some_and(|at| Instant::now() < *at) =>
+            {
+                return false;
+            }
             Some(Err(_)) => None,
             Some(Ok(h)) => {
                 // A tenant poisoned by a failed fsync stays open and refusing until the server
@@ -1348,7 +1355,7 @@ impl TenantDirectory {
         };
         let (mut n, found) = (0, failed.len());
         for (name, slot, crashed) in failed {
-            if self.passivate(&name, &slot).await {
+            if self.passivate(&name, &slot, false).await {
                 if crashed {
                     // The panic's message went to stderr (the default panic hook) just before.
                     tracing::error!(tenant = %name, "tenant actor stopped after a panic (a bug; see the panic message above); closed it, its next call reopens it from its log");

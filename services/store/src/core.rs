@@ -3134,6 +3134,54 @@ mod tests {
         directory.shutdown().await;
     }
 
+    /// A crashed tenant is closed for its reopen while the janitor's idle pass is still busy
+    /// closing another (here a final fdatasync held 5 s): the idle pass runs on its own. It
+    /// used to hold the janitor's loop, and the crashed tenant answered "reopened within about
+    /// a second" for the whole pass.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_crashed_tenant_is_reopened_while_an_idle_pass_is_slow() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, config) = tenant_with_catalog(dir.path());
+        catalog.create_tenant("a").unwrap();
+        let relaxed = SyncPolicy::Relaxed {
+            max_delay: Duration::from_secs(10),
+            max_records: 1000,
+        };
+        catalog.set_durability("a", relaxed).unwrap();
+        let data = crate::DataDir::new(dir.path().join("data"));
+        let settings = crate::DirectoryConfig {
+            idle_after: Duration::from_millis(200),
+            ..directory_config(data.clone(), &config)
+        };
+        let directory =
+            Arc::new(crate::TenantDirectory::new(settings, Some(Arc::clone(&catalog))).unwrap());
+        directory.call("a", write(1, b"v"), "a/k").await.unwrap();
+        // a's close (when it is passivated) waits 5 s in its final fdatasync.
+        cube_wal::failpoint::delay_next_fdatasync(&data.tenant_wal("a"), Duration::from_secs(5));
+        let tick = Duration::from_millis(50);
+        directory.start_janitor_every(tick, tick);
+        // a is idle after 200 ms: the janitor's next idle pass starts closing it.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        crash(&directory, false).await;
+        let crashed = Instant::now();
+        loop {
+            // A write: reads are served without the actor.
+            match directory.call("t", write(2, b"v"), "t/k").await {
+                Ok(_) => break,
+                Err(StoreError::Unavailable(m)) => {
+                    assert!(m.contains("reopen"), "{m}");
+                    assert!(
+                        crashed.elapsed() < Duration::from_secs(2),
+                        "t not reopened within 2 s of its crash while a closes"
+                    );
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+        directory.shutdown().await;
+    }
+
     /// A directory (with its catalog) of the one tenant `t`, under `dir`.
     /// A tenant whose open keeps failing (here: a log record that cannot be replayed) is
     /// forgotten 1 s after its first failed open, so that its next call tries again, then after

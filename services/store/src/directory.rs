@@ -1272,6 +1272,11 @@ impl TenantDirectory {
     pub(crate) fn start_janitor_every(self: &Arc<Self>, every: Duration, tick: Duration) {
         let weak = Arc::downgrade(self);
         let wake = Arc::clone(&self.janitor_wake);
+        // An idle pass closes its tenants one after another, each with a final fdatasync and
+        // checkpoint (seconds on a slow disk, times hundreds of tenants idle together): it runs
+        // as a task of its own, one at a time, so that failed and crashed tenants are still
+        // closed for their reopen meanwhile (they waited for the whole pass).
+        let idle_pass = Arc::new(std::sync::atomic::AtomicBool::new(false));
         tokio::spawn(async move {
             let mut idle_check = tokio::time::Instant::now();
             let mut last_pass = tokio::time::Instant::now();
@@ -1299,9 +1304,13 @@ impl TenantDirectory {
                     quick_passes = 0;
                 }
                 last_pass = tokio::time::Instant::now();
-                if idle_check.elapsed() >= every {
+                if idle_check.elapsed() >= every && !idle_pass.swap(true, Ordering::AcqRel) {
                     idle_check = tokio::time::Instant::now();
-                    dir.passivate_idle().await;
+                    let running = Arc::clone(&idle_pass);
+                    tokio::spawn(async move {
+                        dir.passivate_idle().await;
+                        running.store(false, Ordering::Release);
+                    });
                 }
             }
         });

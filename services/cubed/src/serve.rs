@@ -58,10 +58,11 @@ fn listen_error(flag: &str, addr: std::net::SocketAddr, e: &std::io::Error) -> a
     )
 }
 
-/// `addr` bound, so that nothing else takes it and a bad address fails the start at once, but
-/// not listening: until the server is ready (recovery can take a while after a crash), a
-/// connection is refused rather than accepted by the kernel and left unanswered, which a TCP
-/// health check would take for a server that is up.
+/// `addr` bound, so that a bad or busy address fails the start at once, but not listening:
+/// until the server is ready (recovery can take a while after a crash), a connection is
+/// refused rather than accepted by the kernel and left unanswered, which a TCP health check
+/// would take for a server that is up. (With SO_REUSEADDR, another socket can still bind the
+/// port until this one listens: then the start fails at its ready line; see `run`.)
 fn bind_grpc(addr: std::net::SocketAddr) -> anyhow::Result<tokio::net::TcpSocket> {
     let bound = (|| {
         let socket = if addr.is_ipv4() {
@@ -398,51 +399,60 @@ pub async fn run(
         () = &mut shutdown => true,
         () = tokio::time::sleep(gateway.replay_ready_in()) => false,
     };
-    let served = if stopped_early {
-        // Never announced ready: close what start-up opened (the recovered tenants).
-        tracing::info!("stop requested during start-up: not serving");
-        Ok(())
-    } else {
-        // Connections are taken from here on (queued until `serve` accepts them, shortly).
-        let listener = listener
+    // Connections are taken from here on (queued until `serve` accepts them, shortly). The
+    // bound port is not kept from others until then (SO_REUSEADDR, needed for a restart beside
+    // connections in TIME_WAIT, lets another socket bind it while this one does not listen):
+    // if something took it meanwhile, this start fails here, and closes what it recovered.
+    let listening = (!stopped_early).then(|| {
+        listener
             .listen(LISTEN_BACKLOG)
-            .map_err(|e| listen_error("--listen", addr, &e))?;
-        ready.set(true);
-        // Not `println!`: a closed stdout (a supervisor that stopped reading) must not panic
-        // a server that recovered its tenants and is about to serve them.
-        let announced = writeln!(
-            std::io::stdout().lock(),
-            "cubed ready: grpc={addr} tls={tls} admin={admin_addr} data_dir={}",
-            data.root().display()
-        )
-        .and_then(|()| std::io::stdout().flush());
-        if let Err(e) = announced {
-            tracing::warn!(error = %e, "the ready line could not be written to stdout");
+            .map_err(|e| listen_error("--listen", addr, &e))
+    });
+    let served: anyhow::Result<()> = match listening {
+        None => {
+            // Never announced ready: close what start-up opened (the recovered tenants).
+            tracing::info!("stop requested during start-up: not serving");
+            Ok(())
         }
-        tracing::info!(%addr, data_dir = %data.root().display(), "serving");
-        let stop_gateway = stop.clone();
-        let not_ready = ready.clone();
-        let draining = CancellationToken::new();
-        let drain_begins = draining.clone();
-        let serving = gateway.serve(listener, async move {
-            tokio::select! {
-                () = shutdown => {},
-                () = stop_gateway.cancelled() => {},
+        Some(Err(e)) => Err(e),
+        Some(Ok(listener)) => {
+            ready.set(true);
+            // Not `println!`: a closed stdout (a supervisor that stopped reading) must not panic
+            // a server that recovered its tenants and is about to serve them.
+            let announced = writeln!(
+                std::io::stdout().lock(),
+                "cubed ready: grpc={addr} tls={tls} admin={admin_addr} data_dir={}",
+                data.root().display()
+            )
+            .and_then(|()| std::io::stdout().flush());
+            if let Err(e) = announced {
+                tracing::warn!(error = %e, "the ready line could not be written to stdout");
             }
-            // Load balancers stop sending new work while the calls in flight drain.
-            not_ready.set(false);
-            drain_begins.cancel();
-        });
-        // tonic waits for every connection to close, which a client holding a stream open
-        // (Health.Watch ends only with the server) never does: the wait is bounded. Connections
-        // still open then were sent GOAWAY (no new calls); their calls may still be answered
-        // until the process exits, and a write among them is acknowledged only once durable.
-        let served = tokio::select! {
-            served = serving => served,
-            () = drain_over(&draining, &hurry, config.drain) => Ok(()),
-        };
-        gateway.settle_clock().await;
-        served
+            tracing::info!(%addr, data_dir = %data.root().display(), "serving");
+            let stop_gateway = stop.clone();
+            let not_ready = ready.clone();
+            let draining = CancellationToken::new();
+            let drain_begins = draining.clone();
+            let serving = gateway.serve(listener, async move {
+                tokio::select! {
+                    () = shutdown => {},
+                    () = stop_gateway.cancelled() => {},
+                }
+                // Load balancers stop sending new work while the calls in flight drain.
+                not_ready.set(false);
+                drain_begins.cancel();
+            });
+            // tonic waits for every connection to close, which a client holding a stream open
+            // (Health.Watch ends only with the server) never does: the wait is bounded. Connections
+            // still open then were sent GOAWAY (no new calls); their calls may still be answered
+            // until the process exits, and a write among them is acknowledged only once durable.
+            let served = tokio::select! {
+                served = serving => served,
+                () = drain_over(&draining, &hurry, config.drain) => Ok(()),
+            };
+            gateway.settle_clock().await;
+            served.context("serving gRPC")
+        }
     };
     stop.cancel();
     // tonic waits for every admin connection to close too, and one that never does (a client
@@ -461,7 +471,7 @@ pub async fn run(
     let _ = fs::remove_file(&socket_path);
     http_stop.cancel();
     let _ = admin_http.await;
-    served.context("serving gRPC")?;
+    served?;
     if !failed.is_empty() {
         // Each failure was logged as it happened; a supervisor sees the exit status too.
         anyhow::bail!(

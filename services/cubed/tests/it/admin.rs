@@ -463,6 +463,54 @@ fn the_grpc_port_refuses_connections_until_the_server_is_ready() {
     assert!(child.wait().unwrap().success());
 }
 
+/// The port bound but not listening during start-up can be taken by another socket (both with
+/// SO_REUSEADDR): the start then fails at its ready line with the port named, exit code 1,
+/// after closing what it opened (the admin socket is gone).
+#[test]
+fn a_port_taken_during_start_up_fails_the_start_cleanly() {
+    use std::time::{Duration, Instant};
+    let mut server = TestServer::start(cubed()).unwrap();
+    server.sigterm().unwrap();
+    let held =
+        cube_store::Catalog::open(&cube_store::DataDir::new(server.data_dir()).catalog()).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("stderr");
+    let child = std::process::Command::new(cubed())
+        .args(["serve", "--admin-listen", "127.0.0.1:0", "--listen"])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--data-dir")
+        .arg(server.data_dir())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("held by another cubed process")
+    {
+        assert!(Instant::now() < deadline, "no wait announced");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // std's listener sets SO_REUSEADDR, as most do.
+    let _squatter = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    drop(held);
+    let out = child.wait_with_output().unwrap();
+    let stderr = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("cannot listen on --listen 127.0.0.1:{port}")),
+        "{stderr}"
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("cubed ready"));
+    assert!(!server.admin_socket().exists(), "the admin socket was left");
+}
+
 /// A stdout nobody reads any more (closed, full) does not crash the server at its ready line:
 /// it serves, and stops cleanly. `println!` there panicked (exit 101), leaving every
 /// recovered tenant to be recovered again.

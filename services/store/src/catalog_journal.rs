@@ -137,18 +137,33 @@ impl Journal {
                  not check"
             )));
         }
-        if len == 0 && bytes.iter().any(|b| *b != 0) {
+        // A first record that does not check but is shaped like a header (its length, or its
+        // tag's first byte) is a damaged header. Anything else there is an older journal's
+        // first change, torn (journals before the header started empty): taken as torn below.
+        if len == 0 && looks_like_header(&bytes) {
             return Err(damaged(
                 "its first record (its header) does not check".to_owned(),
             ));
         }
         let fresh = bytes.iter().all(|b| *b == 0);
-        let file = if fresh {
-            start_over(path)?
+        let started_over = if fresh {
+            match start_over(path) {
+                Ok(file) => Some(file),
+                // An empty journal of an older build on a full disk: used as it is, without a
+                // header (until a reset gives it one), rather than fail the catalog's open.
+                Err(e) if !bytes.is_empty() => {
+                    tracing::warn!(journal = %path.display(), error = %e, "catalog journal: could not start an empty journal over with a header; using it as it is");
+                    None
+                }
+                Err(e) => return Err(e),
+            }
         } else {
-            File::options().write(true).open(path)?
+            None
         };
-        let len = if fresh { header(0).len() as u64 } else { len };
+        let (file, len) = match started_over {
+            Some(file) => (file, header(0).len() as u64),
+            None => (File::options().write(true).open(path)?, len),
+        };
         // What follows the last whole record (a torn one, never acknowledged) is zeroed before
         // anything is appended there: a shorter record written over it would otherwise leave
         // the torn one's tail behind it, and a whole record inside that tail would be read as
@@ -298,6 +313,13 @@ fn start_over(path: &Path) -> io::Result<File> {
     std::fs::rename(&tmp, path)?;
     sync_parent(path)?;
     Ok(file)
+}
+
+/// Whether `bytes` begin like a header record: its payload length, or the tag's first byte
+/// where a header's payload starts.
+fn looks_like_header(bytes: &[u8]) -> bool {
+    let payload = (HEADER_TAG.len() + 8) as u32;
+    bytes.get(..4) == Some(&payload.to_le_bytes()[..]) || bytes.get(8) == Some(&HEADER_TAG[0])
 }
 
 /// The header record of a journal whose snapshot's records end at `snapshot_end`.
@@ -647,6 +669,24 @@ mod tests {
         let (j, ops) = Journal::open(&path).unwrap();
         assert_eq!(ops, snapshot);
         assert!(j.whole_catalog());
+    }
+
+    /// A journal of a build before the header started empty, so its first record was a change
+    /// that a crash could tear: such a first record is zeroed as torn, not refused as a
+    /// damaged header.
+    #[test]
+    fn an_older_journals_torn_first_change_is_zeroed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("catalog.journal");
+        let mut bytes = encode_record(&[op(Tree::Keys, "t/k", "first")]);
+        let n = bytes.len();
+        bytes[n - 3..].fill(0);
+        bytes.resize(PREALLOC as usize, 0);
+        std::fs::write(&path, &bytes).unwrap();
+        let (j, ops) = Journal::open(&path).unwrap();
+        assert!(ops.is_empty());
+        assert!(!j.whole_catalog());
+        assert!(std::fs::read(&path).unwrap().iter().all(|b| *b == 0));
     }
 
     /// A journal created at the open holds nothing of a catalog that sled may hold already;

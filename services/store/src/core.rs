@@ -3134,6 +3134,39 @@ mod tests {
         directory.shutdown().await;
     }
 
+    /// A failed open waiting out its retry delay takes no place under --max-open-tenants: a
+    /// first call at the cap does not close a healthy idle tenant for it (it did, the failed
+    /// slot counted and could not be closed).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_open_takes_no_place_under_the_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, config) = tenant_with_catalog(dir.path());
+        catalog.create_tenant("a").unwrap();
+        catalog.create_tenant("b").unwrap();
+        let data = crate::DataDir::new(dir.path().join("data"));
+        let (wal, _) = cube_wal::WalShard::open(
+            &data.tenant_wal("t"),
+            cube_wal::WalOptions::default(),
+            0,
+            &mut |_, _| Ok(()),
+            None,
+        )
+        .unwrap();
+        wal.wait_durable(wal.append(b"not a WalOp").unwrap())
+            .unwrap();
+        wal.close().unwrap();
+        let directory = test_directory_of(data, &config, &catalog, 2);
+        directory.get("a").await.unwrap();
+        assert!(directory.get("t").await.is_err());
+        directory.get("b").await.unwrap();
+        assert_eq!(
+            directory.open_count(),
+            3,
+            "a was closed to make room beside a failed open"
+        );
+        directory.shutdown().await;
+    }
+
     /// A crashed tenant is closed for its reopen while the janitor's idle pass is still busy
     /// closing another (here a final fdatasync held 5 s): the idle pass runs on its own. It
     /// used to hold the janitor's loop, and the crashed tenant answered "reopened within about

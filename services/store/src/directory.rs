@@ -1071,9 +1071,18 @@ impl TenantDirectory {
         self.tenants.read().unwrap_or_else(|p| p.into_inner()).len()
     }
 
+    /// Tenants open or opening: the map's slots but those of failed opens, which hold no files
+    /// and wait there for their retry delay (counted, they would push healthy tenants out).
+    fn capped_count(&self) -> usize {
+        let map = self.tenants.read().unwrap_or_else(|p| p.into_inner());
+        map.values()
+            .filter(|s| !matches!(s.opened.get(), Some(Err(_))))
+            .count()
+    }
+
     /// Over the open-tenant cap: passivate the least recently used idle tenants (not `keep`).
     async fn make_room(&self, keep: &str) {
-        if self.open_count() <= self.config.max_open.max(1) {
+        if self.capped_count() <= self.config.max_open.max(1) {
             return;
         }
         let mut candidates: Vec<(u64, String, Arc<Slot>)> = {
@@ -1094,7 +1103,7 @@ impl TenantDirectory {
             // Counted again before each eviction: a concurrent first call making room too has
             // taken its victims out of the map already (counting once, up front, closed more
             // tenants than the cap asked for).
-            if self.open_count() <= self.config.max_open.max(1) {
+            if self.capped_count() <= self.config.max_open.max(1) {
                 break;
             }
             self.passivate(&name, &slot, false).await;

@@ -616,7 +616,10 @@ def _load_creds(args) -> Credentials:
     # --credentials; a partial or doubled source is an error, not a silent fallback.
     names = (("tenant", "CUBE_TENANT"), ("key_id", "CUBE_KEY_ID"), ("secret", "CUBE_SECRET"))
     env = {k: os.environ.get(v) for k, v in names}
-    given = [v for k, v in names if env[k]]
+    empty = [v for k, v in names if env[k] == ""]
+    if empty:
+        raise ValueError(f"{', '.join(empty)} set but empty: give a value, or unset it")
+    given = [v for k, v in names if env[k] is not None]
     if given and args.credentials:
         raise ValueError(f"--credentials and {', '.join(given)} both given: use one of them")
     if given and len(given) < len(names):

@@ -106,6 +106,8 @@ then ok "dev-credentials.json: shape, mode 0600, endpoint of the ready line"; el
 # 2b. credentials from the environment: all three or none, never beside --credentials
 CUBE_TENANT=demo expect_err "credentials: CUBE_TENANT alone is refused" ValueError \
   "CUBE_TENANT set without CUBE_KEY_ID, CUBE_SECRET" read 1 1 1
+CUBE_TENANT= CUBE_KEY_ID= CUBE_SECRET= expect_err "credentials: empty variables are refused" ValueError \
+  "CUBE_TENANT, CUBE_KEY_ID, CUBE_SECRET set but empty" read 1 1 1
 CUBE_TENANT=demo CUBE_KEY_ID=k-000000000000 CUBE_SECRET=00 expect_err \
   "credentials: the environment beside --credentials is refused" ValueError \
   "--credentials and CUBE_TENANT, CUBE_KEY_ID, CUBE_SECRET both given" --credentials "$DEMO" read 1 1 1

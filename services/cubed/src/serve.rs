@@ -450,6 +450,8 @@ pub async fn run(
                 served = serving => served,
                 () = drain_over(&draining, &hurry, config.drain) => Ok(()),
             };
+            // Not ready once serving ended, however it ended (an error, too).
+            ready.set(false);
             gateway.settle_clock().await;
             served.context("serving gRPC")
         }

@@ -137,20 +137,25 @@ impl Journal {
                  not check"
             )));
         }
-        // A first record that does not check but is shaped like a header (its length, or its
-        // tag's first byte) is a damaged header. Anything else there is an older journal's
-        // first change, torn (journals before the header started empty): taken as torn below.
-        if len == 0 && looks_like_header(&bytes) {
+        // A first record that does not check is a damaged header, unless it is shaped like an
+        // older journal's first change, torn (journals before the header started empty): then
+        // it is taken as torn below.
+        if len == 0 && bytes.iter().any(|b| *b != 0) && !torn_first_change(&bytes) {
             return Err(damaged(
                 "its first record (its header) does not check".to_owned(),
             ));
         }
         let fresh = bytes.iter().all(|b| *b == 0);
         let started_over = if fresh {
-            match start_over(path) {
-                Ok(file) => Some(file),
+            match prepare_fresh(path, &header(0)) {
+                Ok((tmp, file)) => {
+                    std::fs::rename(&tmp, path)?;
+                    sync_parent(path)?;
+                    Some(file)
+                }
                 // An empty journal of an older build on a full disk: used as it is, without a
                 // header (until a reset gives it one), rather than fail the catalog's open.
+                // Only before the rename: after it, the name is the new file's.
                 Err(e) if !bytes.is_empty() => {
                     tracing::warn!(journal = %path.display(), error = %e, "catalog journal: could not start an empty journal over with a header; using it as it is");
                     None
@@ -306,20 +311,22 @@ fn sync_parent(path: &Path) -> io::Result<()> {
     }
 }
 
-/// A fresh journal at `path`, replacing whatever is there: a header saying that no snapshot
-/// was taken (sled may hold a catalog the journal does not).
-fn start_over(path: &Path) -> io::Result<File> {
-    let (tmp, file) = prepare_fresh(path, &header(0))?;
-    std::fs::rename(&tmp, path)?;
-    sync_parent(path)?;
-    Ok(file)
-}
-
-/// Whether `bytes` begin like a header record: its payload length, or the tag's first byte
-/// where a header's payload starts.
-fn looks_like_header(bytes: &[u8]) -> bool {
-    let payload = (HEADER_TAG.len() + 8) as u32;
-    bytes.get(..4) == Some(&payload.to_le_bytes()[..]) || bytes.get(8) == Some(&HEADER_TAG[0])
+/// Whether `bytes` (whose first record does not check) begin like an older journal's first
+/// change torn by a crash: a plausible length, an op's tree tag where a header has 0xff, and
+/// nothing past the length it claims. A header damaged in any other way (a zeroed first
+/// sector, a flipped tag) is not.
+fn torn_first_change(bytes: &[u8]) -> bool {
+    let Some(claimed) = bytes
+        .get(..4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    else {
+        return false;
+    };
+    let last = bytes.iter().rposition(|b| *b != 0).unwrap_or(0);
+    claimed != 0
+        && claimed <= MAX_RECORD
+        && matches!(bytes.get(8), Some(0 | 1))
+        && last < 8 + claimed as usize
 }
 
 /// The header record of a journal whose snapshot's records end at `snapshot_end`.
@@ -653,9 +660,14 @@ mod tests {
         let whole = std::fs::read(&path).unwrap();
         let in_header = 12;
         let in_snapshot = header(0).len() + 12;
-        for at in [in_header, in_snapshot] {
+        for at in [in_header, in_snapshot, usize::MAX] {
             let mut bytes = whole.clone();
-            bytes[at] ^= 0x40;
+            if at == usize::MAX {
+                // A zeroed first sector's worth: nothing there says "header" any more.
+                bytes[..9].fill(0);
+            } else {
+                bytes[at] ^= 0x40;
+            }
             std::fs::write(&path, &bytes).unwrap();
             let e = Journal::open(&path).unwrap_err();
             assert_eq!(e.kind(), io::ErrorKind::InvalidData, "byte {at}");
@@ -678,15 +690,18 @@ mod tests {
     fn an_older_journals_torn_first_change_is_zeroed() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("catalog.journal");
-        let mut bytes = encode_record(&[op(Tree::Keys, "t/k", "first")]);
-        let n = bytes.len();
-        bytes[n - 3..].fill(0);
-        bytes.resize(PREALLOC as usize, 0);
-        std::fs::write(&path, &bytes).unwrap();
-        let (j, ops) = Journal::open(&path).unwrap();
-        assert!(ops.is_empty());
-        assert!(!j.whole_catalog());
-        assert!(std::fs::read(&path).unwrap().iter().all(|b| *b == 0));
+        // The second is as long as a header's payload (51 bytes), and still a change.
+        for value in ["first".to_owned(), "v".repeat(39)] {
+            let mut bytes = encode_record(&[op(Tree::Keys, "t/k", &value)]);
+            let n = bytes.len();
+            bytes[n - 3..].fill(0);
+            bytes.resize(PREALLOC as usize, 0);
+            std::fs::write(&path, &bytes).unwrap();
+            let (j, ops) = Journal::open(&path).unwrap();
+            assert!(ops.is_empty());
+            assert!(!j.whole_catalog());
+            assert!(std::fs::read(&path).unwrap().iter().all(|b| *b == 0));
+        }
     }
 
     /// A journal created at the open holds nothing of a catalog that sled may hold already;

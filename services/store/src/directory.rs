@@ -1315,10 +1315,17 @@ impl TenantDirectory {
                 last_pass = tokio::time::Instant::now();
                 if idle_check.elapsed() >= every && !idle_pass.swap(true, Ordering::AcqRel) {
                     idle_check = tokio::time::Instant::now();
-                    let running = Arc::clone(&idle_pass);
+                    // Cleared on drop: a pass that panicked does not end idle passes for good.
+                    struct Running(Arc<std::sync::atomic::AtomicBool>);
+                    impl Drop for Running {
+                        fn drop(&mut self) {
+                            self.0.store(false, Ordering::Release);
+                        }
+                    }
+                    let running = Running(Arc::clone(&idle_pass));
                     tokio::spawn(async move {
+                        let _running = running;
                         dir.passivate_idle().await;
-                        running.store(false, Ordering::Release);
                     });
                 }
             }

@@ -3096,16 +3096,10 @@ mod tests {
         assert_eq!(directory.shutdown().await, ["t"]);
     }
 
-    /// An idle pass (or an eviction) does not forget a failed open before its retry delay is
-    /// up: it used to, at once, so under a short `--idle-secs` a tenant whose log cannot be
-    /// replayed was read again at almost every call.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_failed_open_is_not_forgotten_before_its_retry_delay() {
-        let dir = tempfile::tempdir().unwrap();
-        let (catalog, config) = tenant_with_catalog(dir.path());
-        let data = crate::DataDir::new(dir.path().join("data"));
+    /// A log in `wal_dir` whose one record is not a change: the tenant's open fails on it.
+    fn unreplayable_log(wal_dir: &Path) {
         let (wal, _) = cube_wal::WalShard::open(
-            &data.tenant_wal("t"),
+            wal_dir,
             cube_wal::WalOptions::default(),
             0,
             &mut |_, _| Ok(()),
@@ -3115,6 +3109,17 @@ mod tests {
         wal.wait_durable(wal.append(b"not a WalOp").unwrap())
             .unwrap();
         wal.close().unwrap();
+    }
+
+    /// An idle pass (or an eviction) does not forget a failed open before its retry delay is
+    /// up: it used to, at once, so under a short `--idle-secs` a tenant whose log cannot be
+    /// replayed was read again at almost every call.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_open_is_not_forgotten_before_its_retry_delay() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, config) = tenant_with_catalog(dir.path());
+        let data = crate::DataDir::new(dir.path().join("data"));
+        unreplayable_log(&data.tenant_wal("t"));
         let settings = crate::DirectoryConfig {
             idle_after: Duration::ZERO,
             ..directory_config(data, &config)
@@ -3144,17 +3149,7 @@ mod tests {
         catalog.create_tenant("a").unwrap();
         catalog.create_tenant("b").unwrap();
         let data = crate::DataDir::new(dir.path().join("data"));
-        let (wal, _) = cube_wal::WalShard::open(
-            &data.tenant_wal("t"),
-            cube_wal::WalOptions::default(),
-            0,
-            &mut |_, _| Ok(()),
-            None,
-        )
-        .unwrap();
-        wal.wait_durable(wal.append(b"not a WalOp").unwrap())
-            .unwrap();
-        wal.close().unwrap();
+        unreplayable_log(&data.tenant_wal("t"));
         let directory = test_directory_of(data, &config, &catalog, 2);
         directory.get("a").await.unwrap();
         assert!(directory.get("t").await.is_err());
@@ -3224,18 +3219,7 @@ mod tests {
     async fn a_tenant_whose_open_keeps_failing_is_retried_less_and_less_often() {
         let dir = tempfile::tempdir().unwrap();
         let directory = directory_of_t(dir.path());
-        let wal_dir = crate::DataDir::new(dir.path().join("data")).tenant_wal("t");
-        let (wal, _) = cube_wal::WalShard::open(
-            &wal_dir,
-            cube_wal::WalOptions::default(),
-            0,
-            &mut |_, _| Ok(()),
-            None,
-        )
-        .unwrap();
-        wal.wait_durable(wal.append(b"not a WalOp").unwrap())
-            .unwrap();
-        wal.close().unwrap();
+        unreplayable_log(&crate::DataDir::new(dir.path().join("data")).tenant_wal("t"));
         let fails = || async { directory.get("t").await.is_err() };
         // How long after `since` (taken before the failed open, so at most the failure's own
         // time) the failed tenant is closed for a retry: polled, so a slow machine can only

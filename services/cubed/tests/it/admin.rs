@@ -390,14 +390,7 @@ fn a_starting_server_waits_for_a_held_catalog_but_not_beside_a_server() {
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !std::fs::read_to_string(&log)
-        .unwrap_or_default()
-        .contains("held by another cubed process")
-    {
-        assert!(Instant::now() < deadline, "no wait announced");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_catalog_wait(&log);
     kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
     let out = child.wait_with_output().unwrap();
     let stderr = std::fs::read_to_string(&log).unwrap_or_default();
@@ -418,36 +411,8 @@ fn the_grpc_port_refuses_connections_until_the_server_is_ready() {
     use nix::sys::signal::{Signal, kill};
     use nix::unistd::Pid;
     use std::io::BufRead;
-    use std::time::{Duration, Instant};
-    let mut server = TestServer::start(cubed()).unwrap();
-    server.sigterm().unwrap();
-    let held =
-        cube_store::Catalog::open(&cube_store::DataDir::new(server.data_dir()).catalog()).unwrap();
-    // A free port, named on the command line: port 0 would not be known before the ready line.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let logs = tempfile::tempdir().unwrap();
-    let log = logs.path().join("stderr");
-    let mut child = std::process::Command::new(cubed())
-        .args(["serve", "--admin-listen", "127.0.0.1:0", "--listen"])
-        .arg(format!("127.0.0.1:{port}"))
-        .arg("--data-dir")
-        .arg(server.data_dir())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !std::fs::read_to_string(&log)
-        .unwrap_or_default()
-        .contains("held by another cubed process")
-    {
-        assert!(Instant::now() < deadline, "no wait announced");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let start = StartingBesideHeldCatalog::new();
+    let (held, mut child, port) = (start.held, start.child, start.port);
     let refused = std::net::TcpStream::connect(("127.0.0.1", port));
     assert_eq!(
         refused.map(|_| ()).unwrap_err().kind(),
@@ -468,35 +433,8 @@ fn the_grpc_port_refuses_connections_until_the_server_is_ready() {
 /// after closing what it opened (the admin socket is gone).
 #[test]
 fn a_port_taken_during_start_up_fails_the_start_cleanly() {
-    use std::time::{Duration, Instant};
-    let mut server = TestServer::start(cubed()).unwrap();
-    server.sigterm().unwrap();
-    let held =
-        cube_store::Catalog::open(&cube_store::DataDir::new(server.data_dir()).catalog()).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let logs = tempfile::tempdir().unwrap();
-    let log = logs.path().join("stderr");
-    let child = std::process::Command::new(cubed())
-        .args(["serve", "--admin-listen", "127.0.0.1:0", "--listen"])
-        .arg(format!("127.0.0.1:{port}"))
-        .arg("--data-dir")
-        .arg(server.data_dir())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !std::fs::read_to_string(&log)
-        .unwrap_or_default()
-        .contains("held by another cubed process")
-    {
-        assert!(Instant::now() < deadline, "no wait announced");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let start = StartingBesideHeldCatalog::new();
+    let (held, child, port, log) = (start.held, start.child, start.port, start.log);
     // std's listener sets SO_REUSEADDR, as most do.
     let _squatter = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
     drop(held);
@@ -508,7 +446,70 @@ fn a_port_taken_during_start_up_fails_the_start_cleanly() {
         "{stderr}"
     );
     assert!(!String::from_utf8_lossy(&out.stdout).contains("cubed ready"));
-    assert!(!server.admin_socket().exists(), "the admin socket was left");
+    assert!(
+        !start.server.admin_socket().exists(),
+        "the admin socket was left"
+    );
+}
+
+/// Until the server logging to `log` says it waits for a catalog another process holds (at
+/// most 20 s).
+fn wait_for_catalog_wait(log: &std::path::Path) {
+    use std::time::{Duration, Instant};
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .contains("held by another cubed process")
+    {
+        assert!(Instant::now() < deadline, "no wait announced");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A cubed started on a data directory whose catalog this test holds (as an offline command
+/// would), on a free port named on the command line (port 0 would not be known before the
+/// ready line), once it says it waits for the catalog: still starting, not serving.
+struct StartingBesideHeldCatalog {
+    server: TestServer,
+    held: cube_store::Catalog,
+    child: std::process::Child,
+    port: u16,
+    log: std::path::PathBuf,
+    _logs: tempfile::TempDir,
+}
+
+impl StartingBesideHeldCatalog {
+    fn new() -> StartingBesideHeldCatalog {
+        let mut server = TestServer::start(cubed()).unwrap();
+        server.sigterm().unwrap();
+        let catalog = cube_store::DataDir::new(server.data_dir()).catalog();
+        let held = cube_store::Catalog::open(&catalog).unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let logs = tempfile::tempdir().unwrap();
+        let log = logs.path().join("stderr");
+        let child = std::process::Command::new(cubed())
+            .args(["serve", "--admin-listen", "127.0.0.1:0", "--listen"])
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--data-dir")
+            .arg(server.data_dir())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        wait_for_catalog_wait(&log);
+        StartingBesideHeldCatalog {
+            server,
+            held,
+            child,
+            port,
+            log,
+            _logs: logs,
+        }
+    }
 }
 
 /// A stdout nobody reads any more (closed, full) does not crash the server at its ready line:
@@ -650,21 +651,24 @@ fn the_servers_settings_in_the_environment_do_not_stop_offline_commands() {
     );
 }
 
-/// Under a hard open-file limit too low for a few tenants' state stores, `cubed serve` says
-/// so at its start (it used to say nothing when it could not raise the soft limit).
-#[test]
-fn serve_warns_of_a_low_open_file_limit() {
+/// `cubed serve` on `dir` started by a shell after `ulimit LIMITS`, its stderr to `stderr`,
+/// once its ready line came.
+fn ready_under_ulimit(
+    limits: &str,
+    dir: &std::path::Path,
+    stderr: std::process::Stdio,
+) -> std::process::Child {
     use std::io::BufRead;
-    let dir = tempfile::tempdir().unwrap();
-    let logs = tempfile::tempdir().unwrap();
-    let log = logs.path().join("stderr");
     let mut child = std::process::Command::new("sh")
         .arg("-c")
-        .arg("ulimit -n 1024 && exec \"$0\" serve --data-dir \"$1\" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0")
+        .arg(format!(
+            "ulimit {limits} && exec \"$0\" serve --data-dir \"$1\" --listen 127.0.0.1:0 \
+             --admin-listen 127.0.0.1:0"
+        ))
         .arg(cubed())
-        .arg(dir.path())
+        .arg(dir)
         .stdout(std::process::Stdio::piped())
-        .stderr(std::fs::File::create(&log).unwrap())
+        .stderr(stderr)
         .spawn()
         .unwrap();
     let stdout = child.stdout.take().unwrap();
@@ -672,9 +676,21 @@ fn serve_warns_of_a_low_open_file_limit() {
         .lines()
         .map_while(Result::ok)
         .any(|line| line.contains("cubed ready"));
+    assert!(ready, "cubed did not become ready");
+    child
+}
+
+/// Under a hard open-file limit too low for a few tenants' state stores, `cubed serve` says
+/// so at its start (it used to say nothing when it could not raise the soft limit).
+#[test]
+fn serve_warns_of_a_low_open_file_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("stderr");
+    let stderr = std::fs::File::create(&log).unwrap().into();
+    let mut child = ready_under_ulimit("-n 1024", dir.path(), stderr);
     let _ = child.kill();
     let _ = child.wait();
-    assert!(ready, "cubed did not become ready");
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(
         text.contains("the open-file limit is low (under 4096)") && text.contains("soft=1024"),
@@ -686,26 +702,11 @@ fn serve_warns_of_a_low_open_file_limit() {
 /// under a soft limit of 256, it runs with the hard limit's.
 #[test]
 fn serve_raises_its_soft_open_file_limit() {
-    use std::io::BufRead;
     let dir = tempfile::tempdir().unwrap();
-    let mut child = std::process::Command::new("sh")
-        .arg("-c")
-        .arg("ulimit -Sn 256 && exec \"$0\" serve --data-dir \"$1\" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0")
-        .arg(cubed())
-        .arg(dir.path())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let ready = std::io::BufReader::new(stdout)
-        .lines()
-        .map_while(Result::ok)
-        .any(|line| line.contains("cubed ready"));
+    let mut child = ready_under_ulimit("-Sn 256", dir.path(), std::process::Stdio::null());
     let limits = std::fs::read_to_string(format!("/proc/{}/limits", child.id())).unwrap();
     let _ = child.kill();
     let _ = child.wait();
-    assert!(ready, "cubed did not become ready");
     let line = limits
         .lines()
         .find(|l| l.starts_with("Max open files"))

@@ -92,31 +92,34 @@ pub async fn run_until_signal(config: ServeConfig) -> anyhow::Result<()> {
     let hurry = CancellationToken::new();
     let (on_signal, on_second) = (stop.clone(), hurry.clone());
     tokio::spawn(async move {
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        for count in 1.. {
+            let which = tokio::select! {
+                _ = term.recv() => "SIGTERM",
+                _ = int.recv() => "SIGINT",
+            };
+            match count {
+                1 => {
+                    tracing::info!("{which}: shutting down");
+                    on_signal.cancel();
+                }
+                2 => {
+                    tracing::warn!("second signal: no longer waiting for calls in flight");
+                    on_second.cancel();
+                }
+                // Closing the tenants is not bounded (a full disk can hold a final
+                // checkpoint), and the handlers above stay installed, so without this no
+                // signal but SIGKILL would end the process then.
+                _ => {
+                    tracing::error!(
+                        "third signal: exiting now, without waiting for the tenants still \
+                         closing (what they acknowledged under the sync policy is in their \
+                         logs, replayed at the next start; a tenant under a relaxed policy may \
+                         lose what it acknowledged within its window)"
+                    );
+                    std::process::exit(FORCED_EXIT);
+                }
+            }
         }
-        on_signal.cancel();
-        tokio::select! {
-            _ = term.recv() => {},
-            _ = int.recv() => {},
-        }
-        tracing::warn!("second signal: no longer waiting for calls in flight");
-        on_second.cancel();
-        // Closing the tenants is not bounded (a full disk can hold a final checkpoint), and
-        // the handlers above stay installed, so without this no signal but SIGKILL would end
-        // the process then.
-        tokio::select! {
-            _ = term.recv() => {},
-            _ = int.recv() => {},
-        }
-        tracing::error!(
-            "third signal: exiting now, without waiting for the tenants still closing (what \
-             they acknowledged under the sync policy is in their logs, replayed at the next \
-             start; a tenant under a relaxed policy may lose what it acknowledged within its \
-             window)"
-        );
-        std::process::exit(FORCED_EXIT);
     });
     run(config, listener, stop.cancelled_owned(), hurry).await
 }

@@ -211,10 +211,11 @@ pub struct FjallBackend {
 /// A memtable seal on its own thread: `rotate_memtable`'s result.
 type Seal = std::thread::JoinHandle<Result<bool, fjall::Error>>;
 
-/// [`FjallBackend::sealing`] held: cleared on drop, a panic's unwinding included.
-struct Sealing(std::sync::Arc<std::sync::atomic::AtomicBool>);
+/// A flag held (here [`FjallBackend::sealing`], a tenant directory's idle pass): cleared on
+/// drop, a panic's unwinding included.
+pub(crate) struct FlagHeld(pub(crate) std::sync::Arc<std::sync::atomic::AtomicBool>);
 
-impl Drop for Sealing {
+impl Drop for FlagHeld {
     fn drop(&mut self) {
         self.0.store(false, std::sync::atomic::Ordering::Release);
     }
@@ -390,7 +391,7 @@ impl FjallBackend {
 
     /// Take [`FjallBackend::sealing`] for this thread, which may block: waits here for a seal
     /// running elsewhere to end (and takes the outcome of the last seal thread).
-    fn take_sealing(&self) -> Result<Sealing, BackendError> {
+    fn take_sealing(&self) -> Result<FlagHeld, BackendError> {
         use std::sync::atomic::Ordering;
         loop {
             let ended = self.seal_handle().take();
@@ -398,7 +399,7 @@ impl FjallBackend {
                 Self::sealed(seal)?;
             }
             if !self.sealing.swap(true, Ordering::AcqRel) {
-                return Ok(Sealing(std::sync::Arc::clone(&self.sealing)));
+                return Ok(FlagHeld(std::sync::Arc::clone(&self.sealing)));
             }
             std::thread::sleep(FLUSH_POLL);
         }
@@ -431,7 +432,7 @@ impl FjallBackend {
         if self.sealing.swap(true, Ordering::AcqRel) {
             return Ok(false);
         }
-        let sealing = Sealing(std::sync::Arc::clone(&self.sealing));
+        let sealing = FlagHeld(std::sync::Arc::clone(&self.sealing));
         let part = ks.part.clone();
         let notify = std::sync::Arc::clone(&self.sealed);
         let spawned = std::thread::Builder::new()
@@ -456,7 +457,7 @@ impl FjallBackend {
             Err(e) => {
                 // The closure, and the flag it held, is gone: seal here, holding it again.
                 self.sealing.store(true, Ordering::Release);
-                let _sealing = Sealing(std::sync::Arc::clone(&self.sealing));
+                let _sealing = FlagHeld(std::sync::Arc::clone(&self.sealing));
                 // No `stall_after_rotation` here: the actor's thread must not wait on it.
                 tracing::warn!(error = %e, "no thread to seal a memtable on; sealing inline");
                 ks.part.rotate_memtable().map_err(fjall_err)?;

@@ -333,11 +333,7 @@ fn torn_first_change(bytes: &[u8]) -> bool {
 fn header(snapshot_end: u64) -> Vec<u8> {
     let mut payload = HEADER_TAG.to_vec();
     payload.extend_from_slice(&snapshot_end.to_le_bytes());
-    let mut record = Vec::with_capacity(8 + payload.len());
-    record.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    record.extend_from_slice(&crc32c::crc32c(&payload).to_le_bytes());
-    record.extend_from_slice(&payload);
-    record
+    frame(&payload)
 }
 
 /// The header, then `ops` as records of at most about [`SNAPSHOT_RECORD`] payload bytes each,
@@ -372,10 +368,15 @@ fn encode_record(ops: &[Op]) -> Vec<u8> {
         payload.extend_from_slice(&(op.value.len() as u32).to_le_bytes());
         payload.extend_from_slice(&op.value);
     }
+    frame(&payload)
+}
+
+/// `payload` as a record: its length and CRC32C, then itself.
+fn frame(payload: &[u8]) -> Vec<u8> {
     let mut record = Vec::with_capacity(8 + payload.len());
     record.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    record.extend_from_slice(&crc32c::crc32c(&payload).to_le_bytes());
-    record.extend_from_slice(&payload);
+    record.extend_from_slice(&crc32c::crc32c(payload).to_le_bytes());
+    record.extend_from_slice(payload);
     record
 }
 

@@ -1071,18 +1071,21 @@ impl TenantDirectory {
         self.tenants.read().unwrap_or_else(|p| p.into_inner()).len()
     }
 
-    /// Tenants open or opening: the map's slots but those of failed opens, which hold no files
-    /// and wait there for their retry delay (counted, they would push healthy tenants out).
-    fn capped_count(&self) -> usize {
+    /// Whether the tenants open or opening are within `--max-open-tenants`: the map's slots
+    /// but those of failed opens, which hold no files and wait there for their retry delay
+    /// (counted, they would push healthy tenants out).
+    fn within_cap(&self) -> bool {
         let map = self.tenants.read().unwrap_or_else(|p| p.into_inner());
-        map.values()
+        let counted = map
+            .values()
             .filter(|s| !matches!(s.opened.get(), Some(Err(_))))
-            .count()
+            .count();
+        counted <= self.config.max_open.max(1)
     }
 
     /// Over the open-tenant cap: passivate the least recently used idle tenants (not `keep`).
     async fn make_room(&self, keep: &str) {
-        if self.capped_count() <= self.config.max_open.max(1) {
+        if self.within_cap() {
             return;
         }
         let mut candidates: Vec<(u64, String, Arc<Slot>)> = {
@@ -1103,7 +1106,7 @@ impl TenantDirectory {
             // Counted again before each eviction: a concurrent first call making room too has
             // taken its victims out of the map already (counting once, up front, closed more
             // tenants than the cap asked for).
-            if self.capped_count() <= self.config.max_open.max(1) {
+            if self.within_cap() {
                 break;
             }
             self.passivate(&name, &slot, false).await;
@@ -1316,13 +1319,7 @@ impl TenantDirectory {
                 if idle_check.elapsed() >= every && !idle_pass.swap(true, Ordering::AcqRel) {
                     idle_check = tokio::time::Instant::now();
                     // Cleared on drop: a pass that panicked does not end idle passes for good.
-                    struct Running(Arc<std::sync::atomic::AtomicBool>);
-                    impl Drop for Running {
-                        fn drop(&mut self) {
-                            self.0.store(false, Ordering::Release);
-                        }
-                    }
-                    let running = Running(Arc::clone(&idle_pass));
+                    let running = crate::backend::FlagHeld(Arc::clone(&idle_pass));
                     tokio::spawn(async move {
                         let _running = running;
                         dir.passivate_idle().await;

@@ -206,6 +206,18 @@ pub struct FjallBackend {
     /// Notified as a seal thread ends ([`StateBackend::room_notify`]): a seal takes a fraction
     /// of the actor's 2-ms poll here, and a bulk load seals every 16 MiB.
     sealed: std::sync::Arc<tokio::sync::Notify>,
+    /// fjall's level-0 write stall, taken as holds ([`FjallBackend::stalled`]). Locked only by
+    /// `has_room`'s caller, the tenant's actor.
+    stall: std::sync::Mutex<Stall>,
+}
+
+/// What [`FjallBackend::stalled`] keeps between applies.
+#[derive(Default)]
+struct Stall {
+    /// Sleeps fjall would have made the applies since the last hold, not yet held for.
+    owed: std::time::Duration,
+    /// The end of the hold under way.
+    until: Option<std::time::Instant>,
 }
 
 /// A memtable seal on its own thread: `rotate_memtable`'s result.
@@ -280,6 +292,16 @@ const LOCKED: &str = "state directory is locked by another open handle";
 impl FjallBackend {
     /// Open (or create) the keyspace in `dir` with a block cache of `cache_bytes`.
     pub fn open(dir: &Path, cache_bytes: u64) -> Result<FjallBackend, BackendError> {
+        Self::open_with(dir, cache_bytes, 1)
+    }
+
+    /// [`FjallBackend::open`] with `compaction_workers` (tests: none, so that level-0 runs
+    /// pile up).
+    fn open_with(
+        dir: &Path,
+        cache_bytes: u64,
+        compaction_workers: usize,
+    ) -> Result<FjallBackend, BackendError> {
         std::fs::create_dir_all(dir).map_err(fjall_err)?;
         let lock = std::fs::File::options()
             .create(true)
@@ -297,7 +319,7 @@ impl FjallBackend {
         let keyspace = fjall::Config::new(dir)
             .cache_size(cache_bytes)
             .flush_workers(1)
-            .compaction_workers(1)
+            .compaction_workers(compaction_workers)
             .manual_journal_persist(true)
             .max_journaling_size(FJALL_JOURNAL_LIMIT)
             .max_write_buffer_size(FJALL_WRITE_BUFFER_LIMIT)
@@ -326,6 +348,9 @@ impl FjallBackend {
         // with other tenants). `has_room` seals it on a thread of its own, `apply` where no
         // `has_room` came first (vendor/fjall/CUBE-PATCH.md, change 5).
         part.set_rotate_on_overflow(false);
+        // Nor does a write sleep while level 0 has many runs (fjall's write stall, on the same
+        // thread): `has_room` holds the tenant's applies off the thread instead (change 6).
+        part.set_write_stall(false);
         // fjall creates a new partition's directory without fsyncing the directory that names
         // it; a power cut could then lose the whole partition (docs/durability.md). Synced at
         // every open, not only at the one that created it: a kill -9 or a failed sync between
@@ -344,6 +369,7 @@ impl FjallBackend {
             sealing: Default::default(),
             seal: std::sync::Mutex::new(None),
             sealed: Default::default(),
+            stall: Default::default(),
         })
     }
 
@@ -464,6 +490,33 @@ impl FjallBackend {
                 Ok(true)
             }
         }
+    }
+
+    /// fjall's write stall, off the thread: fjall would sleep before every write while level
+    /// 0 has 20 to 29 runs (compaction behind: 1 µs at 20, doubling to 512 µs at 29), on the
+    /// actor's thread that the tenant shares with other tenants. Instead each apply asked for
+    /// adds that sleep to what is owed, and once [`FLUSH_POLL`] is owed the applies are held
+    /// for all of it (`true` until then): the same pace on average, in waits the actor's
+    /// timer can make. Writes that do not ask (a replay, a close) are not slowed; level 0's
+    /// hard limit (32 runs) still halts them at their memtable's seal.
+    fn stalled(&self) -> bool {
+        let mut stall = self
+            .stall
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now = std::time::Instant::now();
+        if let Some(until) = stall.until {
+            if now < until {
+                return true;
+            }
+            stall.until = None;
+        }
+        stall.owed += self.ks().part.write_stall_delay();
+        if stall.owed < FLUSH_POLL {
+            return false;
+        }
+        stall.until = Some(now + std::mem::take(&mut stall.owed));
+        true
     }
 
     /// For a caller that may block: waits for a seal running elsewhere, then seals a full
@@ -628,7 +681,7 @@ impl StateBackend for FjallBackend {
         if !self.seal_off_thread()? {
             return Ok(false);
         }
-        self.room_as_is()
+        Ok(self.room_as_is()? && !self.stalled())
     }
 
     fn room_as_is(&self) -> Result<bool, BackendError> {
@@ -1153,6 +1206,61 @@ mod tests {
         drop(f);
         let f = fjall(root.path());
         assert_eq!(pairs(&f).len(), batches as usize * 16);
+    }
+
+    /// fjall's level-0 write stall does not sleep in the apply, on the actor's thread other
+    /// tenants share: `has_room` adds up the sleeps it owes and holds the applies once
+    /// [`FLUSH_POLL`] is owed, for as long as owed. Before, each apply slept 512 µs at 29 runs.
+    #[test]
+    fn a_level_zero_stall_holds_applies_instead_of_sleeping_in_them() {
+        use fjall::AbstractTree;
+        use std::time::{Duration, Instant};
+        let root = tempfile::tempdir().unwrap();
+        // No compaction worker: each flush adds a level-0 run (overlapping keys, so none are
+        // disjoint and every one counts).
+        let f = FjallBackend::open_with(root.path(), 1 << 20, 0).unwrap();
+        let put = |i: u32| {
+            vec![
+                BatchOp::Put(b"a".to_vec(), i.to_le_bytes().to_vec()),
+                BatchOp::Put(b"z".to_vec(), i.to_le_bytes().to_vec()),
+            ]
+        };
+        for run in 0..29 {
+            f.apply(put(run)).unwrap();
+            f.flush().unwrap();
+        }
+        assert_eq!(f.ks().part.tree.l0_run_count(), 29);
+        let applies = 40u32;
+        let (mut fastest, mut holds) = (Duration::MAX, 0);
+        let started = Instant::now();
+        let mut applied = 0;
+        while applied < applies {
+            if !f.has_room().unwrap() {
+                holds += 1;
+                std::thread::sleep(Duration::from_micros(200));
+                continue;
+            }
+            let apply = Instant::now();
+            f.apply(put(applied)).unwrap();
+            fastest = fastest.min(apply.elapsed());
+            applied += 1;
+        }
+        let stall = Duration::from_micros(512);
+        assert!(
+            fastest < stall,
+            "every apply slept (the fastest took {fastest:?})"
+        );
+        assert!(holds > 0, "no hold at 29 level-0 runs");
+        // What fjall would have slept, less what is still owed (under `FLUSH_POLL`).
+        assert!(
+            started.elapsed() >= stall * applies - FLUSH_POLL,
+            "held {:?} in all for {applies} applies",
+            started.elapsed()
+        );
+        assert_eq!(
+            f.get(b"z").unwrap(),
+            Some((applies - 1).to_le_bytes().to_vec())
+        );
     }
 
     /// `has_room` answers at once, no, while a seal runs on another thread (a checkpoint's

@@ -62,6 +62,9 @@ pub struct PartitionHandleInner {
     /// CUBE PATCH: see `PartitionHandle::set_rotate_on_overflow`.
     pub(crate) rotate_on_overflow: AtomicBool,
 
+    /// CUBE PATCH: see `PartitionHandle::set_write_stall`.
+    pub(crate) write_stall: AtomicBool,
+
     /// LSM-tree wrapper
     #[doc(hidden)]
     pub tree: AnyTree,
@@ -274,6 +277,7 @@ impl PartitionHandle {
             is_deleted: AtomicBool::default(),
             is_poisoned: keyspace.is_poisoned.clone(),
             rotate_on_overflow: AtomicBool::new(true),
+            write_stall: AtomicBool::new(true),
             snapshot_tracker: keyspace.snapshot_tracker.clone(),
             config,
             stats: keyspace.stats.clone(),
@@ -343,6 +347,7 @@ impl PartitionHandle {
             is_deleted: AtomicBool::default(),
             is_poisoned: keyspace.is_poisoned.clone(),
             rotate_on_overflow: AtomicBool::new(true),
+            write_stall: AtomicBool::new(true),
             snapshot_tracker: keyspace.snapshot_tracker.clone(),
             stats: keyspace.stats.clone(),
         })))
@@ -753,7 +758,8 @@ impl PartitionHandle {
     /// seals it itself, on the writer's thread (upstream's behaviour, and the default). With
     /// `false` the caller seals it (`rotate_memtable`) where and when it chooses, and the checks
     /// upstream makes after such a rotation (journal size, write halt) do not run either (see
-    /// `stall_after_rotation`); the per-write stall on level-0 runs still does.
+    /// `stall_after_rotation`); the per-write stall on level-0 runs still does (see
+    /// `set_write_stall`).
     pub fn set_rotate_on_overflow(&self, on: bool) {
         self.rotate_on_overflow
             .store(on, std::sync::atomic::Ordering::Release);
@@ -766,6 +772,30 @@ impl PartitionHandle {
     pub fn stall_after_rotation(&self) {
         self.check_journal_size();
         self.check_write_halt();
+    }
+
+    /// CUBE PATCH: whether a write sleeps, on the writer's thread, while level 0 has 20 to 29
+    /// runs (1 µs at 20, doubling up to 512 µs at 29: compaction is behind). Upstream's
+    /// behaviour, and the default, is `true`. With `false` the caller asks
+    /// `write_stall_delay` before it writes and waits that long where it chooses.
+    pub fn set_write_stall(&self, on: bool) {
+        self.write_stall
+            .store(on, std::sync::atomic::Ordering::Release);
+    }
+
+    /// CUBE PATCH: how long upstream would make the next write sleep for level 0's run count
+    /// (zero under 20 runs, and from 30, where upstream halts at rotations instead); when not
+    /// zero, the compaction manager is told about this partition, as upstream's stall does.
+    pub fn write_stall_delay(&self) -> Duration {
+        let l0_run_count = self.tree.l0_run_count();
+        if l0_run_count < 20 {
+            return Duration::ZERO;
+        }
+        let sleep_us = get_write_delay(l0_run_count);
+        if sleep_us > 0 {
+            self.compaction_manager.notify(self.clone());
+        }
+        Duration::from_micros(sleep_us)
     }
 
     /// Returns `true` if the memtable was indeed rotated.
@@ -863,6 +893,10 @@ impl PartitionHandle {
     }
 
     fn check_write_stall(&self) {
+        // CUBE PATCH: `write_stall` (see `set_write_stall`).
+        if !self.write_stall.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
         let l0_run_count = self.tree.l0_run_count();
 
         if l0_run_count >= 20 {

@@ -572,6 +572,10 @@ pub struct StateReader {
     audit_retention: u64,
 }
 
+/// How many times [`StateReader::runs`] reads a cell and its run records before it answers
+/// with a read the actor's applies kept changing.
+const RUNS_READ_ATTEMPTS: usize = 8;
+
 impl StateReader {
     pub fn new(store: Arc<dyn StateBackend>, audit_retention: u64) -> StateReader {
         StateReader {
@@ -696,14 +700,40 @@ impl StateReader {
 
     /// A cell's run count and its newest `recent` run records, newest first; `None` if there is
     /// no cell at `coord`.
+    ///
+    /// The cell and its records are separate reads, not a snapshot, and the actor may apply
+    /// changes between them: a Run removes the oldest kept record (the page would hold one too
+    /// few), a Delete, Prog and Runs would put the new program's records under the old count.
+    /// So the cell is read again after its records, and all of it again (up to
+    /// [`RUNS_READ_ATTEMPTS`] times) if it changed meanwhile.
     pub fn runs(
         &self,
         coord: Coord,
         recent: usize,
     ) -> Result<Option<(u64, Vec<RunRecord>)>, StoreError> {
-        let Some(cell) = self.stored_cell(coord)? else {
+        let Some(mut cell) = self.stored_cell(coord)? else {
             return Ok(None);
         };
+        for _ in 1..RUNS_READ_ATTEMPTS {
+            let records = self.run_records(coord, &cell, recent)?;
+            match self.stored_cell(coord)? {
+                Some(again) if again == cell => return Ok(Some((cell.runs, records))),
+                Some(again) => cell = again,
+                None => return Ok(None),
+            }
+        }
+        // A cell run this often: the last reads, whose records are still none past its count.
+        let records = self.run_records(coord, &cell, recent)?;
+        Ok(Some((cell.runs, records)))
+    }
+
+    /// The newest `recent` run records of `cell` (read at `coord`), newest first.
+    fn run_records(
+        &self,
+        coord: Coord,
+        cell: &StoredCell,
+        recent: usize,
+    ) -> Result<Vec<RunRecord>, StoreError> {
         // Only the newest `recent` runs: older ones were removed (telemetry retention), and an
         // LSM store keeps removed keys as tombstones a scan from run 0 would walk through. And
         // none past the count read: the actor may apply more runs between the two reads, and
@@ -722,7 +752,7 @@ impl StateReader {
             });
             records.truncate(recent);
         }
-        Ok(Some((cell.runs, records.into())))
+        Ok(records.into())
     }
 
     /// Up to `limit` retained audit entries with `seq >= from_seq`, in order, decoded (for tests and
@@ -2502,6 +2532,88 @@ mod tests {
         assert!(
             records.iter().all(|r| r.principal != "later"),
             "{records:?}"
+        );
+    }
+
+    /// A store that runs `between` once, just before its first range scan: a change the actor
+    /// applies between a reader's reads.
+    struct ChangedBetween {
+        inner: Arc<dyn StateBackend>,
+        between: std::sync::Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    }
+
+    impl std::fmt::Debug for ChangedBetween {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("ChangedBetween").finish_non_exhaustive()
+        }
+    }
+
+    impl StateBackend for ChangedBetween {
+        fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError> {
+            self.inner.get(key)
+        }
+        fn range(&self, start: &[u8], end: &[u8]) -> crate::backend::RangeIter<'_> {
+            let between = self.between.lock().unwrap().take();
+            if let Some(between) = between {
+                between();
+            }
+            self.inner.range(start, end)
+        }
+        fn get_lt(&self, key: &[u8]) -> Result<Option<(Vec<u8>, Vec<u8>)>, BackendError> {
+            self.inner.get_lt(key)
+        }
+        fn apply(&self, batch: Vec<BatchOp>) -> Result<(), BackendError> {
+            self.inner.apply(batch)
+        }
+        fn flush(&self) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn size_on_disk(&self) -> u64 {
+            0
+        }
+    }
+
+    /// A Run applied between the read of a cell and the scan of its run records (which is
+    /// not a snapshot) removes the oldest kept record: the answer must still be the count
+    /// and the records of one state. Before, it had the old count with one record missing.
+    #[test]
+    fn run_records_and_their_count_come_from_one_state() {
+        let mut h = Harness::new(fresh(16));
+        let run = |i: u8| Command::Run {
+            coord: C,
+            input: vec![i],
+        };
+        h.run(Command::Prog {
+            coord: C,
+            program: b"p".to_vec(),
+        })
+        .unwrap();
+        for i in 1..=5 {
+            h.run(run(i)).unwrap(); // telemetry_keep = 3: runs 3, 4 and 5 kept
+        }
+        let store = Arc::clone(&h.s.store);
+        let h = Arc::new(std::sync::Mutex::new(h));
+        let actor = Arc::clone(&h);
+        let racing = StateReader::new(
+            Arc::new(ChangedBetween {
+                inner: store,
+                between: std::sync::Mutex::new(Some(Box::new(move || {
+                    actor.lock().unwrap().run(run(6)).unwrap(); // removes run 3's record
+                }))),
+            }),
+            100,
+        );
+        let (count, records) = racing.runs(C, 16).unwrap().unwrap();
+        let digests: Vec<_> = records.iter().map(|r| r.input_digest.clone()).collect();
+        assert_eq!(
+            (count, digests),
+            (
+                6,
+                [6u8, 5, 4]
+                    .iter()
+                    .map(|i| Sha256::digest([*i]).to_vec())
+                    .collect()
+            )
         );
     }
 

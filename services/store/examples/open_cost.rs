@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use cube_store::{BatchOp, FjallBackend, StateBackend};
+use cube_store::{BatchOp, FjallBackend, StateBackend, StateRead};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();

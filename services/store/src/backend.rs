@@ -26,18 +26,32 @@ pub enum BatchOp {
 /// Pairs in ascending key order.
 pub type RangeIter<'a> = Box<dyn Iterator<Item = Result<(Vec<u8>, Vec<u8>), BackendError>> + 'a>;
 
-/// An ordered key-value store with atomic batches and an explicit durability point.
-///
-/// Contract the recovery design relies on: after a crash the store comes back as of some prefix
-/// of the applied batches (each batch all or nothing), and everything applied before a
-/// successful [`StateBackend::flush`] started is in that prefix.
-pub trait StateBackend: Send + Sync + std::fmt::Debug {
+/// Reads of ordered keys: a [`StateBackend`], or a snapshot of one
+/// ([`StateBackend::snapshot`]).
+pub trait StateRead: Send + Sync {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError>;
     /// Pairs with `start <= key < end`, ascending.
     fn range(&self, start: &[u8], end: &[u8]) -> RangeIter<'_>;
     /// The pair with the greatest key below `key`.
     #[allow(clippy::type_complexity)]
     fn get_lt(&self, key: &[u8]) -> Result<Option<(Vec<u8>, Vec<u8>)>, BackendError>;
+}
+
+/// An ordered key-value store with atomic batches and an explicit durability point.
+///
+/// Contract the recovery design relies on: after a crash the store comes back as of some prefix
+/// of the applied batches (each batch all or nothing), and everything applied before a
+/// successful [`StateBackend::flush`] started is in that prefix.
+///
+/// Its own reads ([`StateRead`]) may see a batch being applied in part (fjall inserts a batch
+/// key by key); [`StateBackend::snapshot`] sees whole batches only.
+pub trait StateBackend: StateRead + std::fmt::Debug {
+    /// A view of what is applied now that sees only whole batches, for a reader that needs
+    /// several keys to agree; `None` where the store's own reads already do (its apply is
+    /// atomic to readers).
+    fn snapshot(&self) -> Option<Box<dyn StateRead + '_>> {
+        None
+    }
     /// Apply every op or none.
     fn apply(&self, batch: Vec<BatchOp>) -> Result<(), BackendError>;
     /// Make everything applied so far durable.
@@ -109,7 +123,7 @@ fn sled_err(e: sled::Error) -> BackendError {
     BackendError(e.to_string())
 }
 
-impl StateBackend for SledBackend {
+impl StateRead for SledBackend {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError> {
         Ok(self.db.get(key).map_err(sled_err)?.map(|v| v.to_vec()))
     }
@@ -129,7 +143,9 @@ impl StateBackend for SledBackend {
             .map_err(sled_err)?
             .map(|(k, v)| (k.to_vec(), v.to_vec())))
     }
+}
 
+impl StateBackend for SledBackend {
     fn apply(&self, batch: Vec<BatchOp>) -> Result<(), BackendError> {
         let mut b = sled::Batch::default();
         for op in batch {
@@ -578,7 +594,7 @@ impl FjallBackend {
     }
 }
 
-impl StateBackend for FjallBackend {
+impl StateRead for FjallBackend {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError> {
         Ok(self
             .ks()
@@ -604,6 +620,42 @@ impl StateBackend for FjallBackend {
                 .map(|(k, v)| Some((k.to_vec(), v.to_vec())))
                 .map_err(fjall_err),
         }
+    }
+}
+
+/// A fjall snapshot at the keyspace's visible seqno ([`StateBackend::snapshot`]): fjall raises
+/// that seqno only once a batch's last key is in, so the snapshot sees whole batches only.
+struct FjallSnapshot(fjall::Snapshot);
+
+impl StateRead for FjallSnapshot {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError> {
+        Ok(self.0.get(key).map_err(fjall_err)?.map(|v| v.to_vec()))
+    }
+
+    fn range(&self, start: &[u8], end: &[u8]) -> RangeIter<'_> {
+        Box::new(
+            self.0
+                .range(start.to_vec()..end.to_vec())
+                .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())).map_err(fjall_err)),
+        )
+    }
+
+    fn get_lt(&self, key: &[u8]) -> Result<Option<(Vec<u8>, Vec<u8>)>, BackendError> {
+        match self.0.range(..key.to_vec()).next_back() {
+            None => Ok(None),
+            Some(r) => r
+                .map(|(k, v)| Some((k.to_vec(), v.to_vec())))
+                .map_err(fjall_err),
+        }
+    }
+}
+
+impl StateBackend for FjallBackend {
+    fn snapshot(&self) -> Option<Box<dyn StateRead + '_>> {
+        let ks = self.ks();
+        Some(Box::new(FjallSnapshot(
+            ks.part.snapshot_at(ks.keyspace.instant()),
+        )))
     }
 
     fn apply(&self, batch: Vec<BatchOp>) -> Result<(), BackendError> {
@@ -796,7 +848,7 @@ pub struct MemBackend {
     map: RwLock<BTreeMap<Vec<u8>, Vec<u8>>>,
 }
 
-impl StateBackend for MemBackend {
+impl StateRead for MemBackend {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError> {
         let map = self.map.read().unwrap_or_else(|p| p.into_inner());
         Ok(map.get(key).cloned())
@@ -819,7 +871,9 @@ impl StateBackend for MemBackend {
             .next_back()
             .map(|(k, v)| (k.clone(), v.clone())))
     }
+}
 
+impl StateBackend for MemBackend {
     fn apply(&self, batch: Vec<BatchOp>) -> Result<(), BackendError> {
         let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
         for op in batch {
@@ -1206,6 +1260,45 @@ mod tests {
         drop(f);
         let f = fjall(root.path());
         assert_eq!(pairs(&f).len(), batches as usize * 16);
+    }
+
+    /// fjall's own reads see a batch being applied key by key; a snapshot sees whole batches
+    /// only (one taken at the keyspace's next seqno, as `PartitionHandle::snapshot` does,
+    /// would see the batch under way too).
+    #[test]
+    fn a_snapshot_sees_whole_batches_only() {
+        let root = tempfile::tempdir().unwrap();
+        let f = std::sync::Arc::new(fjall(root.path()));
+        let keys = 2000u32;
+        let batch = move |n: u32| {
+            (0..keys)
+                .map(|k| BatchOp::Put(format!("k{k:05}").into_bytes(), n.to_le_bytes().to_vec()))
+                .collect::<Vec<_>>()
+        };
+        f.apply(batch(0)).unwrap();
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = {
+            let (f, done) = (std::sync::Arc::clone(&f), std::sync::Arc::clone(&done));
+            std::thread::spawn(move || {
+                for n in 1..=300 {
+                    f.apply(batch(n)).unwrap();
+                }
+                done.store(true, std::sync::atomic::Ordering::Release);
+            })
+        };
+        let mut scans = 0;
+        while !done.load(std::sync::atomic::Ordering::Acquire) {
+            // The batch's first and last keys (fjall inserts them in the batch's order).
+            let snapshot = f.snapshot().expect("fjall has snapshots");
+            let last = snapshot.get(b"k01999").unwrap();
+            let first = snapshot.get(b"k00000").unwrap();
+            assert_eq!(first, last, "a read saw part of a batch");
+            scans += 1;
+        }
+        writer.join().unwrap();
+        assert!(scans > 0);
+        let last = f.snapshot().unwrap().get(b"k01999").unwrap();
+        assert_eq!(last, Some(300u32.to_le_bytes().to_vec()));
     }
 
     /// fjall's level-0 write stall does not sleep in the apply, on the actor's thread other

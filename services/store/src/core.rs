@@ -4555,7 +4555,7 @@ mod tests {
         armed: std::sync::atomic::AtomicBool,
     }
 
-    impl crate::backend::StateBackend for FailsOnce {
+    impl crate::backend::StateRead for FailsOnce {
         fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, crate::backend::BackendError> {
             self.inner.get(key)
         }
@@ -4568,6 +4568,9 @@ mod tests {
         ) -> Result<Option<(Vec<u8>, Vec<u8>)>, crate::backend::BackendError> {
             self.inner.get_lt(key)
         }
+    }
+
+    impl crate::backend::StateBackend for FailsOnce {
         fn apply(
             &self,
             batch: Vec<crate::backend::BatchOp>,

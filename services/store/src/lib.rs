@@ -28,6 +28,7 @@ pub use actor::TenantActor;
 pub use audit::{AuditEntry, EncodedAuditEntry};
 pub use backend::{
     BackendError, BatchOp, FjallBackend, MemBackend, RangeIter, SledBackend, StateBackend,
+    StateRead,
 };
 pub use catalog::{Capability, Catalog, CatalogOpenError, KeyInfo, validate_tenant_name};
 pub use core::{

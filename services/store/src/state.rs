@@ -18,7 +18,7 @@ use prost::bytes::Bytes;
 use sha2::{Digest, Sha256};
 
 use crate::audit::{AuditEntry, EncodedAuditEntry};
-use crate::backend::{BackendError, BatchOp, StateBackend};
+use crate::backend::{BackendError, BatchOp, StateBackend, StateRead};
 use crate::keys::{self, AuditChunk, AuditHead, AuditSeq, EncodedAuditChunk, StoredCell, Totals};
 use crate::morton;
 use crate::walop::{self, Op, WalAudit, WalCoord, WalOp};
@@ -51,6 +51,9 @@ const AUDIT_CHUNK_ENTRIES: usize = 16;
 /// whether it finds one chunk or hundreds. Readers filter to exactly the window, so the extra
 /// stored entries (under 1/64 of the retention) are invisible to them.
 const AUDIT_EXPIRY_STEP_MAX: u64 = 1024;
+/// Most audit chunks one apply's expiry removes (the rest go with the next applies): one
+/// apply's batch, on the actor's thread, stays short even when retention was lowered a lot.
+const AUDIT_EXPIRY_CHUNKS_MAX: usize = 4096;
 
 /// A cell's address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -772,15 +775,19 @@ impl StateReader {
         from_seq: u64,
         limit: usize,
     ) -> Result<Vec<EncodedAuditEntry>, StoreError> {
-        // The reads are not a snapshot: an applied group's batch (its chunk, the trail's head,
-        // an expiry and the floor) becomes visible key by key, so a page can meet the head ahead
-        // of the chunk it announces, or a chunk gone before the floor that explains it, and
-        // take a batch being applied for missing entries (the CI's stress gate met one such
-        // DATA_LOSS in ~290,000 ops). Entries really lost stay lost: a gap is said only when
-        // it is still there when read again a moment later.
+        // Read from a snapshot where the store has one: its own reads see an applied group's
+        // batch (its chunk, the trail's head, an expiry and the floor) key by key, so a page
+        // could meet the head ahead of the chunk it announces, or a chunk gone before the floor
+        // that explains it, and take a batch being applied for missing entries (the CI's
+        // stress gate met one such DATA_LOSS in ~290,000 ops before pages read snapshots; a
+        // batch expiring many chunks at once, after retention was lowered, takes longer to
+        // apply than the retries below wait). Without a snapshot, entries really lost stay
+        // lost: a gap is said only when it is still there when read again a moment later.
         let mut tries = 0;
         loop {
-            match self.audit_page_once(from_seq, limit) {
+            let snapshot = self.store.snapshot();
+            let view = snapshot.as_deref().unwrap_or(&*self.store);
+            match self.audit_page_once(view, from_seq, limit) {
                 Err(StoreError::DataLoss(_)) if tries < AUDIT_LOSS_RETRIES => {
                     tries += 1;
                     std::thread::sleep(std::time::Duration::from_millis(2));
@@ -793,10 +800,11 @@ impl StateReader {
     /// One read of [`Self::audit_page_encoded`].
     fn audit_page_once(
         &self,
+        store: &dyn StateRead,
         from_seq: u64,
         limit: usize,
     ) -> Result<Vec<EncodedAuditEntry>, StoreError> {
-        let (_, _, head) = load_meta(&*self.store).map_err(|e| storage_error(&e))?;
+        let (_, _, head) = load_meta(store).map_err(|e| storage_error(&e))?;
         // Audit seqs start at 1.
         let from = from_seq
             .max(1)
@@ -809,7 +817,7 @@ impl StateReader {
         // it. A reverse seek (`get_lt`) in fjall's LSM tree took about a third of the server's
         // CPU in the A/B op mix (docs/benchmarks.md, "Audit pages and reverse seeks").
         let window = from.saturating_sub(AUDIT_CHUNK_ENTRIES as u64 - 1);
-        let mut chunks = self.chunks_from(&keys::audit_key(window));
+        let mut chunks = chunks_from(store, &keys::audit_key(window));
         // If no chunk starts in the window, usually the one holding `from` has just been expired
         // (`from` was the oldest retained entry when the head was read, and applies go on beside
         // this read): the page starts at the next chunk. Only a chunk written before chunks were
@@ -821,16 +829,15 @@ impl StateReader {
         };
         if window_empty
             && from
-                < audit_capped_from(&*self.store)
+                < audit_capped_from(store)
                     .map_err(|e| storage_error(&e))?
                     .unwrap_or(u64::MAX)
-            && let Some((k, _)) = self
-                .store
+            && let Some((k, _)) = store
                 .get_lt(&keys::audit_key(from + 1))
                 .map_err(|e| storage_error(&e))?
                 .filter(|(k, _)| keys::audit_seq_of(k).is_some())
         {
-            chunks = self.chunks_from(&k);
+            chunks = chunks_from(store, &k);
         }
         let mut out = Vec::new();
         // The seq the page needs next.
@@ -861,7 +868,7 @@ impl StateReader {
                     // entries lost (or removed behind the server's back): said, not skipped,
                     // since a verifier could not tell a page that starts after it from one
                     // that starts where retention ends.
-                    self.expired_before(expected, seq)?;
+                    expired_before(store, expected, seq)?;
                     out.clear();
                 }
                 out.push(EncodedAuditEntry { seq, bytes });
@@ -873,35 +880,9 @@ impl StateReader {
         }
         // Every entry before the head read above was stored with it, in one batch.
         if expected < head.next_seq {
-            self.expired_before(expected, head.next_seq)?;
+            expired_before(store, expected, head.next_seq)?;
         }
         Ok(out)
-    }
-
-    /// Whether the audit entries from `first` up to (not including) `end`, which a page found
-    /// missing, have been expired by retention (all of them below the trail's floor, the first
-    /// seq of its oldest chunk, as it is now); if not, they are lost: DATA_LOSS.
-    fn expired_before(&self, first: u64, end: u64) -> Result<(), StoreError> {
-        let floor = meta_u64(&*self.store, keys::META_AUDIT_FLOOR, "audit floor")
-            .map_err(|e| storage_error(&e))?
-            .unwrap_or(0);
-        if end <= floor {
-            return Ok(());
-        }
-        Err(StoreError::DataLoss(format!(
-            "the audit trail is missing entries {first} to {}: they were not expired by retention \
-             (--audit-retention) but are gone from the tenant's stored state, so the trail is \
-             broken at seq {first}",
-            end - 1
-        )))
-    }
-
-    /// Audit chunks from `start` to the end of the trail, as (key, value).
-    fn chunks_from(&self, start: &[u8]) -> std::iter::Peekable<impl Iterator<Item = Chunk> + '_> {
-        self.store
-            .range(start, &keys::audit_end())
-            .map(|item| item.map_err(|e| storage_error(&e)))
-            .peekable()
     }
 
     /// The applied totals and the applied WAL seq.
@@ -930,14 +911,43 @@ fn undecodable_audit(e: &prost::DecodeError) -> StoreError {
 /// One stored audit chunk: (key, encoded `AuditChunk`).
 type Chunk = Result<(Vec<u8>, Vec<u8>), StoreError>;
 
+/// Whether the audit entries from `first` up to (not including) `end`, which a page found
+/// missing, have been expired by retention (all of them below the trail's floor, the first
+/// seq of its oldest chunk, as it is now); if not, they are lost: DATA_LOSS.
+fn expired_before(store: &dyn StateRead, first: u64, end: u64) -> Result<(), StoreError> {
+    let floor = meta_u64(store, keys::META_AUDIT_FLOOR, "audit floor")
+        .map_err(|e| storage_error(&e))?
+        .unwrap_or(0);
+    if end <= floor {
+        return Ok(());
+    }
+    Err(StoreError::DataLoss(format!(
+        "the audit trail is missing entries {first} to {}: they were not expired by retention \
+         (--audit-retention) but are gone from the tenant's stored state, so the trail is \
+         broken at seq {first}",
+        end - 1
+    )))
+}
+
+/// Audit chunks from `start` to the end of the trail, as (key, value).
+fn chunks_from<'a>(
+    store: &'a dyn StateRead,
+    start: &[u8],
+) -> std::iter::Peekable<impl Iterator<Item = Chunk> + 'a> {
+    store
+        .range(start, &keys::audit_end())
+        .map(|item| item.map_err(|e| storage_error(&e)))
+        .peekable()
+}
+
 /// The first audit seq from which chunks are capped (`None` if no version with the cap has
 /// applied anything to this store yet).
-fn audit_capped_from(store: &dyn StateBackend) -> Result<Option<u64>, BackendError> {
+fn audit_capped_from(store: &dyn StateRead) -> Result<Option<u64>, BackendError> {
     meta_u64(store, keys::META_AUDIT_CAPPED_FROM, "audit capped-from seq")
 }
 
 /// A u64 (BE) stored at `key`, if any.
-fn meta_u64(store: &dyn StateBackend, key: &[u8], what: &str) -> Result<Option<u64>, BackendError> {
+fn meta_u64(store: &dyn StateRead, key: &[u8], what: &str) -> Result<Option<u64>, BackendError> {
     store
         .get(key)?
         .map(|b| {
@@ -950,7 +960,7 @@ fn meta_u64(store: &dyn StateBackend, key: &[u8], what: &str) -> Result<Option<u
 }
 
 /// (totals, applied seq, audit head) as stored.
-fn load_meta(store: &dyn StateBackend) -> Result<(Totals, u64, AuditHead), BackendError> {
+fn load_meta(store: &dyn StateRead) -> Result<(Totals, u64, AuditHead), BackendError> {
     let applied = match store.get(keys::META_APPLIED)? {
         None => 0,
         Some(b) => u64::from_be_bytes(
@@ -1791,15 +1801,25 @@ impl TenantState {
         // scan starts at the floor, not at 0: below it are only removed chunks, which an LSM
         // store keeps as tombstones until compaction, so scanning them on every apply would
         // make each apply slower than the last.
+        // At most AUDIT_EXPIRY_CHUNKS_MAX removed per apply: after `--audit-retention` was
+        // lowered, one apply would otherwise remove (and scan) every chunk below the new
+        // window at once, on the actor's thread other tenants share; the next applies go on
+        // from the floor this one leaves.
         let mut starts = Vec::new();
-        for item in self.store.range(
-            &keys::audit_key(self.audit_floor),
-            &keys::audit_key(keep_from + 1),
-        ) {
+        for item in self
+            .store
+            .range(
+                &keys::audit_key(self.audit_floor),
+                &keys::audit_key(keep_from + 1),
+            )
+            .take(AUDIT_EXPIRY_CHUNKS_MAX + 1)
+        {
             starts.push(item?.0);
         }
-        for &first in new_chunks.iter().filter(|&&first| first <= keep_from) {
-            starts.push(keys::audit_key(first).to_vec());
+        if starts.len() <= AUDIT_EXPIRY_CHUNKS_MAX {
+            for &first in new_chunks.iter().filter(|&&first| first <= keep_from) {
+                starts.push(keys::audit_key(first).to_vec());
+            }
         }
         let floor = starts
             .pop()
@@ -2548,7 +2568,7 @@ mod tests {
         }
     }
 
-    impl StateBackend for ChangedBetween {
+    impl StateRead for ChangedBetween {
         fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError> {
             self.inner.get(key)
         }
@@ -2562,6 +2582,9 @@ mod tests {
         fn get_lt(&self, key: &[u8]) -> Result<Option<(Vec<u8>, Vec<u8>)>, BackendError> {
             self.inner.get_lt(key)
         }
+    }
+
+    impl StateBackend for ChangedBetween {
         fn apply(&self, batch: Vec<BatchOp>) -> Result<(), BackendError> {
             self.inner.apply(batch)
         }
@@ -2810,7 +2833,7 @@ mod tests {
         }
     }
 
-    impl StateBackend for Observed {
+    impl StateRead for Observed {
         fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError> {
             match self.floor {
                 Some(floor) if key == keys::META_AUDIT_FLOOR => {
@@ -2834,6 +2857,9 @@ mod tests {
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             self.inner.get_lt(key)
         }
+    }
+
+    impl StateBackend for Observed {
         fn apply(&self, batch: Vec<crate::backend::BatchOp>) -> Result<(), BackendError> {
             self.inner.apply(batch)
         }
@@ -2889,6 +2915,85 @@ mod tests {
         let page = racing.audit_page(1, 2).unwrap();
         assert_eq!(page.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![3, 4]);
         assert_eq!(page[1].prev_hash, page[0].hash);
+    }
+
+    /// A store whose own reads miss `hidden` (as a batch being applied shows in part to
+    /// fjall's plain reads) and whose snapshot sees everything.
+    #[derive(Debug)]
+    struct PartlyApplied {
+        inner: Arc<dyn StateBackend>,
+        hidden: Vec<u8>,
+    }
+
+    /// The whole of a store, as a snapshot.
+    struct Whole<'a>(&'a dyn StateBackend);
+
+    impl StateRead for Whole<'_> {
+        fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError> {
+            self.0.get(key)
+        }
+        fn range(&self, start: &[u8], end: &[u8]) -> crate::backend::RangeIter<'_> {
+            self.0.range(start, end)
+        }
+        fn get_lt(&self, key: &[u8]) -> Result<Option<(Vec<u8>, Vec<u8>)>, BackendError> {
+            self.0.get_lt(key)
+        }
+    }
+
+    impl StateRead for PartlyApplied {
+        fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError> {
+            self.inner.get(key)
+        }
+        fn range(&self, start: &[u8], end: &[u8]) -> crate::backend::RangeIter<'_> {
+            Box::new(
+                self.inner
+                    .range(start, end)
+                    .filter(|r| !matches!(r, Ok((k, _)) if *k == self.hidden)),
+            )
+        }
+        fn get_lt(&self, key: &[u8]) -> Result<Option<(Vec<u8>, Vec<u8>)>, BackendError> {
+            self.inner.get_lt(key)
+        }
+    }
+
+    impl StateBackend for PartlyApplied {
+        fn snapshot(&self) -> Option<Box<dyn StateRead + '_>> {
+            Some(Box::new(Whole(&*self.inner)))
+        }
+        fn apply(&self, batch: Vec<BatchOp>) -> Result<(), BackendError> {
+            self.inner.apply(batch)
+        }
+        fn flush(&self) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn size_on_disk(&self) -> u64 {
+            0
+        }
+    }
+
+    /// An audit page reads one snapshot where the store has one: the store's own reads could
+    /// see a batch being applied in part, and a page took that for entries lost (DATA_LOSS)
+    /// once the batch took longer to apply than its retries waited.
+    #[test]
+    fn an_audit_page_reads_whole_batches_where_the_store_has_snapshots() {
+        let mut h = Harness::new(fresh_with(16, 100));
+        for v in [b"a", b"b", b"c", b"d"] {
+            h.run(write(C, v)).unwrap(); // one chunk per applied group: seqs 1, 2, 3, 4
+        }
+        let reader = StateReader::new(
+            Arc::new(PartlyApplied {
+                inner: Arc::clone(&h.s.store),
+                hidden: keys::audit_key(2).to_vec(),
+            }),
+            100,
+        );
+        let seqs: Vec<u64> = reader
+            .audit_page(1, 10)
+            .unwrap()
+            .iter()
+            .map(|e| e.seq)
+            .collect();
+        assert_eq!(seqs, vec![1, 2, 3, 4]);
     }
 
     /// A tenant whose cell `C` was written, then its stored bytes damaged (they do not decode).
@@ -3134,6 +3239,47 @@ mod tests {
         // The floor is kept with the batch that moved it: a reopened store starts its next
         // expiry scan there, not at 0 across every removed chunk's tombstone.
         assert!(h.s.audit_floor > 0);
+        let reopened = TenantState::open(Arc::clone(&h.s.store), h.s.limits).unwrap();
+        assert_eq!(reopened.audit_floor, h.s.audit_floor);
+    }
+
+    /// After `--audit-retention` was lowered, one apply removes at most
+    /// `AUDIT_EXPIRY_CHUNKS_MAX` chunks (a short batch on the actor's thread); the next applies
+    /// remove the rest, and pages show exactly the new window throughout. Before, the first
+    /// apply removed every chunk below the new window in one batch.
+    #[test]
+    fn a_lowered_retention_expires_the_old_trail_over_several_applies() {
+        let mut h = Harness::new(fresh_with(16, 100_000));
+        let chunks = AUDIT_EXPIRY_CHUNKS_MAX as u64 + 200;
+        for i in 0..chunks {
+            h.run(write(C, &i.to_be_bytes()[6..])).unwrap(); // one chunk per entry
+        }
+        let stored = |h: &Harness| {
+            h.s.store
+                .range(&keys::audit_key(0), &keys::audit_end())
+                .count() as u64
+        };
+        assert_eq!(stored(&h), chunks);
+        let limits = StateLimits {
+            audit_retention: 100,
+            ..h.s.limits
+        };
+        h.s = TenantState::open(Arc::clone(&h.s.store), limits).unwrap();
+        h.run(write(C, b"x")).unwrap();
+        assert_eq!(
+            stored(&h),
+            chunks + 1 - AUDIT_EXPIRY_CHUNKS_MAX as u64,
+            "one apply removed more than its share"
+        );
+        let next = chunks + 2;
+        let window: Vec<u64> = (next - 100..next).collect();
+        assert_eq!(page_seqs(&h.s.reader(), 0, 1000), window);
+        h.run(write(C, b"y")).unwrap();
+        assert!(stored(&h) <= 101, "{} chunks left", stored(&h));
+        assert_eq!(
+            page_seqs(&h.s.reader(), 0, 1000),
+            (next - 99..=next).collect::<Vec<_>>()
+        );
         let reopened = TenantState::open(Arc::clone(&h.s.store), h.s.limits).unwrap();
         assert_eq!(reopened.audit_floor, h.s.audit_floor);
     }

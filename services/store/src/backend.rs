@@ -230,7 +230,7 @@ pub struct FjallBackend {
 /// What [`FjallBackend::stalled`] keeps between applies.
 #[derive(Default)]
 struct Stall {
-    /// Sleeps fjall would have made the applies since the last hold, not yet held for.
+    /// Sleeps fjall would have made the applies so far, not yet held for.
     owed: std::time::Duration,
     /// The end of the hold under way.
     until: Option<std::time::Instant>,
@@ -511,10 +511,11 @@ impl FjallBackend {
     /// fjall's write stall, off the thread: fjall would sleep before every write while level
     /// 0 has 20 to 29 runs (compaction behind: 1 µs at 20, doubling to 512 µs at 29), on the
     /// actor's thread that the tenant shares with other tenants. Instead each apply asked for
-    /// adds that sleep to what is owed, and once [`FLUSH_POLL`] is owed the applies are held
-    /// for all of it (`true` until then): the same pace on average, in waits the actor's
-    /// timer can make. Writes that do not ask (a replay, a close) are not slowed; level 0's
-    /// hard limit (32 runs) still halts them at their memtable's seal.
+    /// adds that sleep to what is owed, and while [`FLUSH_POLL`] or more is owed the applies
+    /// are held for one [`FLUSH_POLL`] at a time, which is paid off (`true` until it has
+    /// passed): the same pace on average, in waits of the actor's own poll. Writes that do not
+    /// ask (a replay, a close) are not slowed; level 0's hard limit (32 runs) still halts them
+    /// at their memtable's seal.
     fn stalled(&self) -> bool {
         let mut stall = self
             .stall
@@ -527,12 +528,14 @@ impl FjallBackend {
             }
             stall.until = None;
         }
-        stall.owed += self.ks().part.write_stall_delay();
-        if stall.owed < FLUSH_POLL {
-            return false;
+        if stall.owed >= FLUSH_POLL {
+            stall.owed -= FLUSH_POLL;
+            stall.until = Some(now + FLUSH_POLL);
+            return true;
         }
-        stall.until = Some(now + std::mem::take(&mut stall.owed));
-        true
+        // This apply goes ahead, and owes its delay.
+        stall.owed += self.ks().part.write_stall_delay();
+        false
     }
 
     /// For a caller that may block: waits for a seal running elsewhere, then seals a full
@@ -1301,9 +1304,42 @@ mod tests {
         assert_eq!(last, Some(300u32.to_le_bytes().to_vec()));
     }
 
+    /// A snapshot once taken and dropped (an audit page) does not keep old versions from
+    /// compaction: fjall's monitor raises the watermark below which compaction drops them only
+    /// while no snapshot entry is left (vendor/fjall/CUBE-PATCH.md, change 7).
+    #[test]
+    fn a_closed_snapshot_leaves_old_versions_to_compaction() {
+        use fjall::AbstractTree;
+        let root = tempfile::tempdir().unwrap();
+        let f = fjall(root.path());
+        drop(f.snapshot());
+        for i in 0..1000u32 {
+            f.apply(vec![BatchOp::Put(b"k".to_vec(), i.to_le_bytes().to_vec())])
+                .unwrap();
+        }
+        let part = &f.ks().part;
+        // The monitor looks every 250 ms.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            f.flush().unwrap();
+            part.major_compact().unwrap();
+            let versions = part.tree.approximate_len();
+            if versions < 500 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{versions} versions of one key kept after compaction"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        assert_eq!(f.get(b"k").unwrap(), Some(999u32.to_le_bytes().to_vec()));
+    }
+
     /// fjall's level-0 write stall does not sleep in the apply, on the actor's thread other
-    /// tenants share: `has_room` adds up the sleeps it owes and holds the applies once
-    /// [`FLUSH_POLL`] is owed, for as long as owed. Before, each apply slept 512 µs at 29 runs.
+    /// tenants share: `has_room` adds up the sleeps it owes and holds the applies, one
+    /// [`FLUSH_POLL`] at a time, while that much is owed. Before, each apply slept 512 µs at
+    /// 29 runs.
     #[test]
     fn a_level_zero_stall_holds_applies_instead_of_sleeping_in_them() {
         use fjall::AbstractTree;
@@ -1344,9 +1380,10 @@ mod tests {
             "every apply slept (the fastest took {fastest:?})"
         );
         assert!(holds > 0, "no hold at 29 level-0 runs");
-        // What fjall would have slept, less what is still owed (under `FLUSH_POLL`).
+        // What fjall would have slept, less what the last applies still owe (under
+        // `FLUSH_POLL`, plus the last one's delay).
         assert!(
-            started.elapsed() >= stall * applies - FLUSH_POLL,
+            started.elapsed() >= stall * applies - FLUSH_POLL - stall,
             "held {:?} in all for {applies} applies",
             started.elapsed()
         );

@@ -58,6 +58,12 @@ impl SnapshotTrackerInner {
         log::trace!("close snapshot {seqno}");
 
         self.data.alter(&seqno, |_, v| v.saturating_sub(1));
+        // CUBE PATCH: the entry goes once no snapshot at `seqno` is open. Upstream keeps it
+        // (at count 0) until a `gc` that runs only on every `safety_gap`th close and keeps the
+        // closing snapshot's own entry, so after one snapshot the map is never empty again, and
+        // the monitor, which raises the watermark only while it is empty, never does: old
+        // versions then outlive every compaction.
+        self.data.remove_if(&seqno, |_, v| *v == 0);
 
         let freed = self
             .freed_count

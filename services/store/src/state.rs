@@ -575,6 +575,47 @@ pub struct StateReader {
     audit_retention: u64,
 }
 
+/// The stored cell at `c` in `store`.
+fn stored_cell_in(store: &dyn StateRead, c: Coord) -> Result<Option<StoredCell>, StoreError> {
+    match store
+        .get(&keys::cell_key(c))
+        .map_err(|e| storage_error(&e))?
+    {
+        None => Ok(None),
+        Some(bytes) => StoredCell::decode(bytes.as_slice())
+            .map(Some)
+            .map_err(|e| corrupt("cell", &e)),
+    }
+}
+
+/// The newest `recent` run records of `cell` (read at `coord` in `store`), newest first.
+fn run_records(
+    store: &dyn StateRead,
+    coord: Coord,
+    cell: &StoredCell,
+    recent: usize,
+) -> Result<Vec<RunRecord>, StoreError> {
+    // Only the newest `recent` runs: older ones were removed (telemetry retention), and an
+    // LSM store keeps removed keys as tombstones a scan from run 0 would walk through. And
+    // none past the count read: the actor may apply more runs between the two reads, and
+    // their records must not come under the older count.
+    let first = cell.runs.saturating_sub(recent as u64).saturating_add(1);
+    let s = keys::run_key(coord, first).to_vec();
+    let e = keys::run_key(coord, cell.runs.saturating_add(1)).to_vec();
+    let mut records = VecDeque::new();
+    for item in store.range(&s, &e) {
+        let (_, v) = item.map_err(|e| storage_error(&e))?;
+        let run = walop::Run::decode(v.as_slice()).map_err(|e| corrupt("run", &e))?;
+        records.push_front(RunRecord {
+            ts_ms: run.ts_ms,
+            principal: run.principal,
+            input_digest: run.input_digest,
+        });
+        records.truncate(recent);
+    }
+    Ok(records.into())
+}
+
 /// How many times [`StateReader::runs`] reads a cell and its run records before it answers
 /// with a read the actor's applies kept changing.
 const RUNS_READ_ATTEMPTS: usize = 8;
@@ -588,16 +629,7 @@ impl StateReader {
     }
 
     pub(crate) fn stored_cell(&self, c: Coord) -> Result<Option<StoredCell>, StoreError> {
-        match self
-            .store
-            .get(&keys::cell_key(c))
-            .map_err(|e| storage_error(&e))?
-        {
-            None => Ok(None),
-            Some(bytes) => StoredCell::decode(bytes.as_slice())
-                .map(Some)
-                .map_err(|e| corrupt("cell", &e)),
-        }
+        stored_cell_in(&*self.store, c)
     }
 
     /// The applied cell at `coord`.
@@ -714,48 +746,28 @@ impl StateReader {
         coord: Coord,
         recent: usize,
     ) -> Result<Option<(u64, Vec<RunRecord>)>, StoreError> {
-        let Some(mut cell) = self.stored_cell(coord)? else {
+        if let Some(snapshot) = self.store.snapshot() {
+            let Some(cell) = stored_cell_in(&*snapshot, coord)? else {
+                return Ok(None);
+            };
+            let records = run_records(&*snapshot, coord, &cell, recent)?;
+            return Ok(Some((cell.runs, records)));
+        }
+        let store = &*self.store;
+        let Some(mut cell) = stored_cell_in(store, coord)? else {
             return Ok(None);
         };
         for _ in 1..RUNS_READ_ATTEMPTS {
-            let records = self.run_records(coord, &cell, recent)?;
-            match self.stored_cell(coord)? {
+            let records = run_records(store, coord, &cell, recent)?;
+            match stored_cell_in(store, coord)? {
                 Some(again) if again == cell => return Ok(Some((cell.runs, records))),
                 Some(again) => cell = again,
                 None => return Ok(None),
             }
         }
         // A cell run this often: the last reads, whose records are still none past its count.
-        let records = self.run_records(coord, &cell, recent)?;
+        let records = run_records(store, coord, &cell, recent)?;
         Ok(Some((cell.runs, records)))
-    }
-
-    /// The newest `recent` run records of `cell` (read at `coord`), newest first.
-    fn run_records(
-        &self,
-        coord: Coord,
-        cell: &StoredCell,
-        recent: usize,
-    ) -> Result<Vec<RunRecord>, StoreError> {
-        // Only the newest `recent` runs: older ones were removed (telemetry retention), and an
-        // LSM store keeps removed keys as tombstones a scan from run 0 would walk through. And
-        // none past the count read: the actor may apply more runs between the two reads, and
-        // their records must not come under the older count.
-        let first = cell.runs.saturating_sub(recent as u64).saturating_add(1);
-        let s = keys::run_key(coord, first).to_vec();
-        let e = keys::run_key(coord, cell.runs.saturating_add(1)).to_vec();
-        let mut records = VecDeque::new();
-        for item in self.store.range(&s, &e) {
-            let (_, v) = item.map_err(|e| storage_error(&e))?;
-            let run = walop::Run::decode(v.as_slice()).map_err(|e| corrupt("run", &e))?;
-            records.push_front(RunRecord {
-                ts_ms: run.ts_ms,
-                principal: run.principal,
-                input_digest: run.input_digest,
-            });
-            records.truncate(recent);
-        }
-        Ok(records.into())
     }
 
     /// Up to `limit` retained audit entries with `seq >= from_seq`, in order, decoded (for tests and
@@ -2994,6 +3006,35 @@ mod tests {
             .map(|e| e.seq)
             .collect();
         assert_eq!(seqs, vec![1, 2, 3, 4]);
+    }
+
+    /// A cell's run count and records come from one snapshot where the store has one: its
+    /// own reads could see a Run's batch in part (one record removed, the count not yet
+    /// raised), which the read-again check cannot see.
+    #[test]
+    fn run_records_come_from_a_snapshot_where_the_store_has_one() {
+        let mut h = Harness::new(fresh(16));
+        h.run(Command::Prog {
+            coord: C,
+            program: b"p".to_vec(),
+        })
+        .unwrap();
+        for i in 1..=5 {
+            h.run(Command::Run {
+                coord: C,
+                input: vec![i],
+            })
+            .unwrap(); // telemetry_keep = 3: runs 3, 4 and 5 kept
+        }
+        let reader = StateReader::new(
+            Arc::new(PartlyApplied {
+                inner: Arc::clone(&h.s.store),
+                hidden: keys::run_key(C, 3).to_vec(),
+            }),
+            100,
+        );
+        let (count, records) = reader.runs(C, 16).unwrap().unwrap();
+        assert_eq!((count, records.len()), (5, 3));
     }
 
     /// A tenant whose cell `C` was written, then its stored bytes damaged (they do not decode).

@@ -101,6 +101,8 @@ pub const DEFAULT_REGION_MAX_CELLS: u32 = 10_000;
 pub const DEFAULT_WALK_MAX_VISITS: u32 = 10_000;
 /// How long a streamed page (Region, Tenant.Audit) may go unread, and the most allowed (a day).
 pub const DEFAULT_PAGE_READ_SECS: u64 = 30;
+/// Most `--actor-threads`: each is a thread of its own, started at once.
+pub const MAX_ACTOR_THREADS: usize = 1024;
 pub const MAX_PAGE_READ_SECS: u64 = 86_400;
 /// Room for the protobuf framing around a maximal value.
 const MESSAGE_OVERHEAD: usize = 64 << 10;
@@ -293,12 +295,9 @@ pub struct ServeArgs {
     #[arg(long, env = "CUBE_MAX_METADATA_BYTES", default_value_t = DEFAULT_MAX_METADATA_BYTES)]
     pub max_metadata_bytes: u32,
     /// Serve TLS with this certificate chain (PEM); needs --tls-key.
-    #[arg(
-        long,
-        env = "CUBE_TLS_CERT",
-        requires = "tls_key",
-        conflicts_with = "tls_dev"
-    )]
+    // Not `conflicts_with = "tls_dev"`: clap counts a switch set from the environment as given
+    // even when the variable says false (`CUBE_TLS_DEV=false`); `validate` refuses the pair.
+    #[arg(long, env = "CUBE_TLS_CERT", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
     /// Private key (PEM) of --tls-cert.
     #[arg(long, env = "CUBE_TLS_KEY", requires = "tls_cert")]
@@ -568,6 +567,15 @@ impl ServeArgs {
         let threads = self
             .actor_threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() / 4));
+        anyhow::ensure!(
+            threads <= MAX_ACTOR_THREADS,
+            "--actor-threads must be at most {MAX_ACTOR_THREADS} (0 means 1)"
+        );
+        anyhow::ensure!(
+            !(self.tls_dev && self.tls_cert.is_some()),
+            "--tls-cert/--tls-key and --tls-dev (CUBE_TLS_DEV) are two ways to serve TLS: give \
+             one of them"
+        );
         let tls = match (self.tls_cert, self.tls_key, self.tls_dev) {
             (Some(cert), Some(key), _) => TlsChoice::Files { cert, key },
             (_, _, true) => TlsChoice::Dev,
@@ -776,10 +784,31 @@ pub fn parse_with_config(argv: Vec<std::ffi::OsString>) -> anyhow::Result<Cli> {
         }
         return Ok(cli);
     }
-    // Serving. The first parse tells what the command line gave. It leaves out which flags need
+    // Serving. With `serve` given, its own copy of the flags is the one used: the top-level
+    // copy (for a bare `cubed`) must not read the environment too, or a variable the command
+    // line overrides (`CUBE_LISTEN=… cubed serve --listen …`) would still be parsed, and
+    // refused, there.
+    let serve_given = Cli::command()
+        .mut_args(|a| no_requires(a).env(Resettable::Reset))
+        .try_get_matches_from(argv.clone())
+        .is_ok_and(|m| m.subcommand_name() == Some("serve"));
+    let command = || {
+        let cli = Cli::command();
+        if serve_given {
+            cli.mut_args(|a| no_requires(a).env(Resettable::Reset))
+        } else {
+            cli
+        }
+    };
+    let parse = |argv: &[std::ffi::OsString]| {
+        command()
+            .try_get_matches_from(argv)
+            .and_then(|m| Cli::from_arg_matches(&m))
+    };
+    // The first parse tells what the command line gave. It leaves out which flags need
     // which (`--tls-cert` needs `--tls-key`): one may be on the command line and its partner in
     // the file, so that is checked by the parses below, of everything.
-    let matches = Cli::command()
+    let matches = command()
         .mut_args(no_requires)
         .mut_subcommand("serve", |serve| serve.mut_args(no_requires))
         .try_get_matches_from(argv.clone())
@@ -789,15 +818,13 @@ pub fn parse_with_config(argv: Vec<std::ffi::OsString>) -> anyhow::Result<Cli> {
         _ => &matches,
     };
     let Some(path) = serve.get_one::<PathBuf>("config") else {
-        return Ok(
-            Cli::try_parse_from(&argv).unwrap_or_else(|e| exit_naming_the_variable(&e, &argv))
-        );
+        return Ok(parse(&argv).unwrap_or_else(|e| exit_naming_the_variable(&e, &argv)));
     };
     let table = read_config_table(path)?;
-    let command = Cli::command();
-    let mut argv = argv;
+    let flags = Cli::command();
+    let mut argv = argv.clone();
     for (key, value) in table {
-        let arg = command
+        let arg = flags
             .get_arguments()
             .find(|a| a.get_long() == Some(key.as_str()) && key != "config" && key != "help")
             .ok_or_else(|| {
@@ -808,7 +835,7 @@ pub fn parse_with_config(argv: Vec<std::ffi::OsString>) -> anyhow::Result<Cli> {
                         path.display()
                     );
                 }
-                let longs = command
+                let longs = flags
                     .get_arguments()
                     .filter_map(|a| a.get_long())
                     .filter(|l| *l != "config" && *l != "help");
@@ -852,7 +879,7 @@ pub fn parse_with_config(argv: Vec<std::ffi::OsString>) -> anyhow::Result<Cli> {
         }
     }
     // The command line and the environment parsed above, so what fails now is the file's.
-    Cli::try_parse_from(argv).map_err(|e| config_file_error(&e, path))
+    parse(&argv).map_err(|e| config_file_error(&e, path))
 }
 
 /// A clap error about what the config file gave, as one line that names the file and the key
@@ -1058,6 +1085,22 @@ mod config_file_tests {
         let err = cubed(&["tenant", "create", "acme", "--config", f]).unwrap_err();
         assert!(err.to_string().contains("names no data-dir"), "{err}");
         assert_eq!(given("/x"), PathBuf::from("/x"));
+    }
+
+    /// Each actor thread is started at once: a huge count started threads until the system
+    /// refused, and the server never became ready.
+    #[test]
+    fn actor_threads_are_at_most_1024() {
+        let serve = |args: &[&str]| cubed(args).unwrap().serve.validate();
+        for n in ["1025", "18446744073709551615"] {
+            let err = serve(&["--actor-threads", n]).unwrap_err();
+            assert!(err.to_string().contains("--actor-threads"), "{n}: {err}");
+        }
+        assert_eq!(
+            serve(&["--actor-threads", "1024"]).unwrap().actor_threads,
+            1024
+        );
+        assert_eq!(serve(&["--actor-threads", "0"]).unwrap().actor_threads, 1);
     }
 
     #[test]

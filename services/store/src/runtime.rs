@@ -24,8 +24,9 @@ impl ActorRuntime {
             .spawn(move || {
                 let system = actix::System::new();
                 system.block_on(async move {
+                    // Up to the first thread the system refuses.
                     let arbiters: Vec<_> = (0..threads)
-                        .filter_map(|_| actor_arbiter().ok())
+                        .map_while(|_| actor_arbiter().ok())
                         .map(|a| a.handle())
                         .collect();
                     let _ = tx.send((System::current(), arbiters));
@@ -36,11 +37,13 @@ impl ActorRuntime {
         let (system, arbiters) = rx
             .recv()
             .map_err(|_| StoreError::Unavailable("actor threads failed to start".into()))?;
-        if arbiters.is_empty() {
+        if arbiters.len() < threads {
             system.stop();
-            return Err(StoreError::Unavailable(
-                "could not start any actor thread".into(),
-            ));
+            return Err(StoreError::Unavailable(format!(
+                "could start only {} of {threads} actor threads (the system refused more \
+                 threads: lower --actor-threads, or raise the process's thread limit)",
+                arbiters.len()
+            )));
         }
         Ok(ActorRuntime {
             arbiters,

@@ -250,6 +250,61 @@ fn a_refused_value_from_the_environment_names_its_variable() {
     assert!(!dir.path().join("data").exists());
 }
 
+/// With `serve` given, the environment fills only `serve`'s flags: a variable that the
+/// command line overrides is not parsed (before, clap also read it into the unused top-level
+/// copy of the flags and refused it there), and a switch variable set to false is off (before,
+/// `CUBE_TLS_DEV=false` conflicted with --tls-cert). Each run is refused by a flag given on
+/// purpose (`--skew-secs 0`), which shows that everything before it was accepted.
+#[test]
+fn serve_reads_the_environment_into_its_own_flags_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cubed.toml");
+    std::fs::write(&file, "tls-key = \"/k.pem\"\n").unwrap();
+    let run = |env: (&str, &str), extra: &[&str]| {
+        let out = std::process::Command::new(cubed())
+            .args([
+                "serve",
+                "--admin-listen",
+                "127.0.0.1:0",
+                "--listen",
+                "127.0.0.1:0",
+            ])
+            .args(extra)
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .env(env.0, env.1)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let skew = |(code, stderr): (Option<i32>, String)| {
+        assert!(
+            code == Some(1) && stderr.contains("--skew-secs must be between"),
+            "{code:?}: {stderr}"
+        );
+    };
+    skew(run(
+        ("CUBE_LISTEN", "localhost:50051"),
+        &["--skew-secs", "0"],
+    ));
+    let config = ["--skew-secs", "0", "--config", file.to_str().unwrap()];
+    skew(run(("CUBE_TLS_CERT", "/c.pem"), &config));
+    let files = ["--tls-cert", "/c.pem", "--tls-key", "/k.pem"];
+    skew(run(
+        ("CUBE_TLS_DEV", "false"),
+        &[&["--skew-secs", "0"][..], &files].concat(),
+    ));
+    let (code, stderr) = run(("CUBE_TLS_DEV", "true"), &files);
+    assert!(
+        code == Some(1) && stderr.contains("two ways to serve TLS"),
+        "{code:?}: {stderr}"
+    );
+    assert!(!dir.path().join("data").exists());
+}
+
 fn serve_on(data_dir: &std::path::Path) -> std::process::Command {
     let mut cmd = std::process::Command::new(cubed());
     cmd.args([

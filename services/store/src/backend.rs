@@ -627,7 +627,10 @@ impl StateRead for FjallBackend {
 }
 
 /// A fjall snapshot at the keyspace's visible seqno ([`StateBackend::snapshot`]): fjall raises
-/// that seqno only once a batch's last key is in, so the snapshot sees whole batches only.
+/// that seqno only once a batch's last key is in, so the snapshot sees whole batches only, and
+/// it keeps reading them while later batches are applied, flushed and compacted (the patched
+/// fjall and lsm-tree: vendor/fjall/CUBE-PATCH.md change 7, vendor/lsm-tree/CUBE-PATCH.md
+/// change 6).
 struct FjallSnapshot(fjall::Snapshot);
 
 impl StateRead for FjallSnapshot {
@@ -655,10 +658,7 @@ impl StateRead for FjallSnapshot {
 
 impl StateBackend for FjallBackend {
     fn snapshot(&self) -> Option<Box<dyn StateRead + '_>> {
-        let ks = self.ks();
-        Some(Box::new(FjallSnapshot(
-            ks.part.snapshot_at(ks.keyspace.instant()),
-        )))
+        Some(Box::new(FjallSnapshot(self.ks().part.snapshot_visible())))
     }
 
     fn apply(&self, batch: Vec<BatchOp>) -> Result<(), BackendError> {
@@ -1334,6 +1334,52 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
         assert_eq!(f.get(b"k").unwrap(), Some(999u32.to_le_bytes().to_vec()));
+    }
+
+    /// A snapshot keeps reading the version it saw after the key is overwritten, its memtable
+    /// flushed and the store compacted (the patched lsm-tree, vendor/lsm-tree/CUBE-PATCH.md
+    /// change 6: upstream drained every version under the newest once the next was below the
+    /// GC watermark, also one an open snapshot still reads).
+    #[test]
+    fn a_snapshot_reads_its_version_across_flushes_and_compactions() {
+        let root = tempfile::tempdir().unwrap();
+        let f = fjall(root.path());
+        f.apply(vec![BatchOp::Put(b"k".to_vec(), b"old".to_vec())])
+            .unwrap();
+        for i in 0..300u32 {
+            f.apply(vec![BatchOp::Put(
+                b"other".to_vec(),
+                i.to_le_bytes().to_vec(),
+            )])
+            .unwrap();
+        }
+        // fjall's monitor, every 250 ms while no snapshot is open, raises the GC watermark to
+        // 100 below the newest seqno: past the old version.
+        std::thread::sleep(std::time::Duration::from_millis(800));
+        let snapshot = f.snapshot().unwrap();
+        f.apply(vec![BatchOp::Put(b"k".to_vec(), b"new".to_vec())])
+            .unwrap();
+        f.flush().unwrap();
+        f.ks().part.major_compact().unwrap();
+        assert_eq!(snapshot.get(b"k").unwrap(), Some(b"old".to_vec()));
+        drop(snapshot);
+        assert_eq!(f.get(b"k").unwrap(), Some(b"new".to_vec()));
+    }
+
+    /// A deleted key stays deleted through a compaction into the last level (upstream dropped
+    /// the tombstone there even when the value under it was above the GC watermark and so
+    /// kept: the value came back; vendor/lsm-tree/CUBE-PATCH.md change 6).
+    #[test]
+    fn a_deleted_key_stays_deleted_through_a_last_level_compaction() {
+        let root = tempfile::tempdir().unwrap();
+        let f = fjall(root.path());
+        f.apply(vec![BatchOp::Put(b"k".to_vec(), b"v".to_vec())])
+            .unwrap();
+        f.apply(vec![BatchOp::Remove(b"k".to_vec())]).unwrap();
+        f.flush().unwrap();
+        f.ks().part.major_compact().unwrap();
+        assert_eq!(f.get(b"k").unwrap(), None);
+        assert!(pairs(&f).is_empty(), "{:?}", pairs(&f));
     }
 
     /// fjall's level-0 write stall does not sleep in the apply, on the actor's thread other

@@ -38,19 +38,13 @@ impl Activity for Monitor {
 
         // TODO: don't do this too often
         let current_seqno = self.seqno.get();
-        let gc_seqno_watermark = self.snapshot_tracker.get_seqno_safe_to_gc();
 
         // NOTE: If the difference between watermark is too large, and
         // we never opened a snapshot, we need to pull the watermark up
         //
         // https://github.com/fjall-rs/fjall/discussions/85
-        if (current_seqno - gc_seqno_watermark) > 100 && self.snapshot_tracker.data.is_empty() {
-            *self
-                .snapshot_tracker
-                .lowest_freed_instant
-                .write()
-                .expect("lock is poisoned") = current_seqno.saturating_sub(100);
-        }
+        // CUBE PATCH: checked and raised under the watermark's lock (`pull_up`).
+        self.snapshot_tracker.pull_up(current_seqno);
 
         let jm_size = self
             .journal_manager

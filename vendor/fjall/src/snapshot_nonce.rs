@@ -33,4 +33,11 @@ impl SnapshotNonce {
         tracker.open(instant);
         Self { instant, tracker }
     }
+
+    /// CUBE PATCH: a nonce at the instant `current` reads, registered atomically with that
+    /// read (`SnapshotTrackerInner::open_current`).
+    pub fn current(current: impl FnOnce() -> Instant, tracker: SnapshotTracker) -> Self {
+        let instant = tracker.open_current(current);
+        Self { instant, tracker }
+    }
 }

@@ -54,6 +54,25 @@ impl SnapshotTrackerInner {
             .or_insert(1);
     }
 
+    /// CUBE PATCH: open a snapshot at the instant `current` reads, both under the watermark's
+    /// lock (read), so that no watermark change (`gc`, the monitor's pull-up, which take it to
+    /// write) can run between the two and pass the instant before it is registered.
+    pub fn open_current(&self, current: impl FnOnce() -> Instant) -> Instant {
+        let _watermark = self.lowest_freed_instant.read().expect("lock is poisoned");
+        let seqno = current();
+        self.open(seqno);
+        seqno
+    }
+
+    /// CUBE PATCH: the monitor's pull-up (see `monitor.rs`), checked and made under the
+    /// watermark's lock, which `open_current` holds while it reads and registers an instant.
+    pub fn pull_up(&self, current_seqno: Instant) {
+        let mut watermark = self.lowest_freed_instant.write().expect("lock is poisoned");
+        if current_seqno.saturating_sub(*watermark) > 100 && self.data.is_empty() {
+            *watermark = current_seqno.saturating_sub(100);
+        }
+    }
+
     pub fn close(&self, seqno: Instant) {
         log::trace!("close snapshot {seqno}");
 

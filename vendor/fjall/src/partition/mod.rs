@@ -992,6 +992,17 @@ impl PartitionHandle {
         self.snapshot_at(self.seqno.get())
     }
 
+    /// CUBE PATCH: a snapshot at the keyspace's visible seqno, which fjall raises only once a
+    /// batch's last item is in (so the snapshot sees whole batches only), read and registered
+    /// with the snapshot tracker at once: `snapshot_at(keyspace.instant())` reads the seqno
+    /// first, and a GC watermark raised in between could pass it before it is registered.
+    #[must_use]
+    pub fn snapshot_visible(&self) -> crate::Snapshot {
+        let visible = self.visible_seqno.clone();
+        let nonce = SnapshotNonce::current(move || visible.get(), self.snapshot_tracker.clone());
+        crate::Snapshot::new(self.tree.snapshot(nonce.instant), nonce)
+    }
+
     /// Opens a snapshot of this partition with a given sequence number.
     #[must_use]
     pub fn snapshot_at(&self, seqno: crate::Instant) -> crate::Snapshot {

@@ -77,7 +77,13 @@ impl<I: Iterator<Item = crate::Result<InternalValue>>> Iterator for CompactionSt
                     return Some(Ok(head));
                 }
 
-                if peeked.key.seqno < self.gc_seqno_threshold {
+                // CUBE PATCH: the older versions are drained only under a head that every open
+                // snapshot sees (below the threshold too). Under a newer head, a snapshot taken
+                // before it was written still reads the newest version below the threshold,
+                // which is kept (as the next head) and drains what is under it.
+                if peeked.key.seqno < self.gc_seqno_threshold
+                    && head.key.seqno < self.gc_seqno_threshold
+                {
                     // NOTE: If next item is an actual value, and current value is weak tombstone,
                     // drop the tombstone
                     let drop_weak_tombstone = peeked.key.value_type == ValueType::Value

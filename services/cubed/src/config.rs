@@ -788,8 +788,13 @@ pub fn parse_with_config(argv: Vec<std::ffi::OsString>) -> anyhow::Result<Cli> {
     // copy (for a bare `cubed`) must not read the environment too, or a variable the command
     // line overrides (`CUBE_LISTEN=… cubed serve --listen …`) would still be parsed, and
     // refused, there.
+    // Told from the command line's shape alone: nothing its flags need from the file or the
+    // environment (`--tls-cert` whose `tls-key` is in the file) may fail this parse.
     let serve_given = Cli::command()
         .mut_args(|a| no_requires(a).env(Resettable::Reset))
+        .mut_subcommand("serve", |serve| {
+            serve.mut_args(|a| no_requires(a).env(Resettable::Reset))
+        })
         .try_get_matches_from(argv.clone())
         .is_ok_and(|m| m.subcommand_name() == Some("serve"));
     let command = || {

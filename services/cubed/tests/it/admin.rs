@@ -292,6 +292,12 @@ fn serve_reads_the_environment_into_its_own_flags_only() {
     ));
     let config = ["--skew-secs", "0", "--config", file.to_str().unwrap()];
     skew(run(("CUBE_TLS_CERT", "/c.pem"), &config));
+    // A pair whose partner only the file gives, beside a variable the command line overrides.
+    let cert = ["--tls-cert", "/c.pem"];
+    skew(run(
+        ("CUBE_LISTEN", "localhost:50051"),
+        &[&config[..], &cert].concat(),
+    ));
     let files = ["--tls-cert", "/c.pem", "--tls-key", "/k.pem"];
     skew(run(
         ("CUBE_TLS_DEV", "false"),

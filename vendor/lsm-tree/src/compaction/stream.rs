@@ -78,11 +78,12 @@ impl<I: Iterator<Item = crate::Result<InternalValue>>> Iterator for CompactionSt
                 }
 
                 // CUBE PATCH: the older versions are drained only under a head that every open
-                // snapshot sees (below the threshold too). Under a newer head, a snapshot taken
-                // before it was written still reads the newest version below the threshold,
-                // which is kept (as the next head) and drains what is under it.
+                // snapshot sees (at or below the threshold, which fjall keeps one below the
+                // oldest open snapshot's instant). Under a newer head, a snapshot taken before
+                // it was written still reads the newest version below the threshold, which is
+                // kept (as the next head) and drains what is under it.
                 if peeked.key.seqno < self.gc_seqno_threshold
-                    && head.key.seqno < self.gc_seqno_threshold
+                    && head.key.seqno <= self.gc_seqno_threshold
                 {
                     // NOTE: If next item is an actual value, and current value is weak tombstone,
                     // drop the tombstone
@@ -252,6 +253,34 @@ mod tests {
 
         assert_eq!(
             InternalValue::from_components(*b"a", *b"val", 999, ValueType::Value),
+            iter.next().unwrap()?,
+        );
+        iter_closed!(iter);
+
+        Ok(())
+    }
+
+    // CUBE PATCH: under a head above the threshold, the newest version below it is kept (a
+    // snapshot taken before the head was written reads it); what is under that one is drained.
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn compaction_stream_keeps_the_version_under_a_head_above_the_threshold() -> crate::Result<()> {
+        #[rustfmt::skip]
+        let vec = stream![
+          "a", "new", "V",
+          "a", "old", "V",
+          "a", "older", "V",
+        ];
+
+        let iter = vec.iter().cloned().map(Ok);
+        let mut iter = CompactionStream::new(iter, 998);
+
+        assert_eq!(
+            InternalValue::from_components(*b"a", *b"new", 999, ValueType::Value),
+            iter.next().unwrap()?,
+        );
+        assert_eq!(
+            InternalValue::from_components(*b"a", *b"old", 998, ValueType::Value),
             iter.next().unwrap()?,
         );
         iter_closed!(iter);

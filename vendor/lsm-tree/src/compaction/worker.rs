@@ -326,10 +326,10 @@ fn merge_segments(
         };
 
         // IMPORTANT: We can only drop tombstones when writing into last level
-        // CUBE PATCH: and only below the GC threshold: the stream drains a key's older versions
-        // only under such a tombstone, so one above it may still cover a value written below it
-        // (which dropping the tombstone would bring back).
-        if is_last_level && item.is_tombstone() && item.key.seqno < opts.eviction_seqno {
+        // CUBE PATCH: and only at or below the GC threshold: the stream drains a key's older
+        // versions only under such a tombstone, so one above it may still cover a value written
+        // below it (which dropping the tombstone would bring back).
+        if is_last_level && item.is_tombstone() && item.key.seqno <= opts.eviction_seqno {
             continue;
         }
 

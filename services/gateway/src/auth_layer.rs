@@ -327,8 +327,10 @@ impl Authenticator {
         self.mode
     }
 
-    /// `Ok(None)` for paths that need no authentication. Throttled peers are refused first;
-    /// every UNAUTHENTICATED refusal counts against the peer (not the replay cache's
+    /// `Ok(None)` for paths that need no authentication. Throttled peers are refused first,
+    /// except on a connection already authenticated (its calls compute no signature, and a
+    /// neighbour behind the same address must not cut off its clients' sessions); every
+    /// UNAUTHENTICATED refusal counts against the peer (not the replay cache's
     /// RESOURCE_EXHAUSTED or UNAVAILABLE: a full room for future-stamped calls, or a floors file
     /// that cannot be written, is no failed authentication).
     pub fn authenticate(
@@ -340,7 +342,12 @@ impl Authenticator {
         if !needs_signature(path) {
             return Ok(None);
         }
-        self.check_throttle(conn)?;
+        let on_session = !md.contains_key(&H_SIG)
+            && self.mode.allows_connection()
+            && conn.is_some_and(|c| c.session.key().is_some());
+        if !on_session {
+            self.check_throttle(conn)?;
+        }
         let result = self.identify(path, md, conn);
         if let Some(status) = result
             .as_ref()

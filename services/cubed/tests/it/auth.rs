@@ -347,6 +347,18 @@ async fn a_flood_of_bad_signatures_is_throttled_while_good_clients_are_served() 
         ..server.demo.clone()
     };
     let mut good = server.cells(&server.demo).await.unwrap();
+    // A good client behind the attacker's address, its connection authenticated before the
+    // flood.
+    let neighbour = tonic::transport::Endpoint::from_shared(server.endpoint())
+        .unwrap()
+        .local_address(Some("127.0.0.2".parse().unwrap()))
+        .connect()
+        .await
+        .unwrap();
+    cube_auth::client::handshake(neighbour.clone(), &server.demo)
+        .await
+        .unwrap();
+    let mut neighbour = CellsClient::new(neighbour);
     let (mut unauthenticated, mut throttled) = (0, 0);
     for i in 0..200 {
         let mut req = Request::new(read(1, 1, 1));
@@ -377,6 +389,15 @@ async fn a_flood_of_bad_signatures_is_throttled_while_good_clients_are_served() 
     assert_eq!(err.code(), Code::ResourceExhausted);
     assert!(err.message().contains("retry in"), "{}", err.message());
     assert!(good.read(read(0, 0, 0)).await.unwrap().into_inner().found);
+    // A connection authenticated by its handshake computes no signature: still served.
+    assert!(
+        neighbour
+            .read(read(0, 0, 0))
+            .await
+            .unwrap()
+            .into_inner()
+            .found
+    );
 }
 
 /// Correctly signed calls stamped before the server started (as a client signs them while the

@@ -562,9 +562,23 @@ impl<T> TenantCore<T> {
                 )));
             }
         }
+        // A sync that fails here is reported as the WAL reports its own (`DurableEvent::Poisoned`
+        // through `notify`): the tenant is then not reopened before a restart, since a retried
+        // open would find what the failed sync left in the page cache and take it for durable.
+        let notify: Option<Arc<dyn Fn(DurableEvent) + Send + Sync>> = notify.map(Arc::from);
+        let sync_failed = || {
+            if let Some(notify) = &notify {
+                notify(DurableEvent::Poisoned);
+            }
+        };
         // The store's directory (and the tenant's directory entry) is created durably first:
         // fjall does not fsync the parents of the directories it creates.
-        cube_wal::create_dir_durably(state_dir).map_err(|e| open_error(tenant, &e))?;
+        cube_wal::create_dir_durably(state_dir).map_err(|e| {
+            if e.is_failed_sync() {
+                sync_failed();
+            }
+            open_error(tenant, &e)
+        })?;
         let backend: Arc<dyn StateBackend> =
             Arc::new(open_backend(tenant, state_dir, config.state_cache_bytes)?);
         let mut state = TenantState::open(backend, config.limits).map_err(|e| {
@@ -635,7 +649,9 @@ impl<T> TenantCore<T> {
                 }
                 Ok(())
             },
-            notify,
+            notify
+                .clone()
+                .map(|notify| Box::new(move |event| notify(event)) as DurableNotify),
         );
         if let Some(e) = apply_failed {
             return Err(replay_error(tenant, e));
@@ -706,6 +722,7 @@ impl<T> TenantCore<T> {
             }
             Err(e) => {
                 tracing::error!(tenant, error = %e, "tenant state store or catalog could not be synced");
+                sync_failed();
                 return Err(StoreError::Unavailable(format!(
                     "tenant '{tenant}' is unavailable: its state store could not be synced (see \
                      the server log)"
@@ -3790,6 +3807,36 @@ mod tests {
         directory.call("t", write(1, b"kept"), "t/k").await.unwrap();
         assert!(directory.close_tenant("t").await);
         cube_wal::failpoint::fail_next_fdatasync(&data.tenant_wal("t"));
+        let failed = directory.call("t", write(2, b"v"), "t/k").await;
+        assert!(
+            matches!(&failed, Err(StoreError::Unavailable(_))),
+            "{failed:?}"
+        );
+        // Past the failed open's retry delay, as the janitor would find it.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        directory.close_failed().await;
+        for _ in 0..2 {
+            let refused = directory.call("t", write(3, b"v"), "t/k").await;
+            assert_refused_until_restart(&refused);
+        }
+        directory.shutdown().await;
+        drop(directory);
+        restart_finds_kept(data, &config, &catalog).await;
+    }
+
+    /// A failed sync of the state store at a tenant's open (its flush of what the replay
+    /// applied) is not retried either: a retried open would find the store's files as the
+    /// failed sync left them in the page cache, take them for durable, and delete the log
+    /// segments they cover. Before, the janitor reopened the tenant a second later.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_state_store_sync_while_opening_is_not_retried() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, config) = tenant_with_catalog(dir.path());
+        let data = crate::DataDir::new(dir.path().join("data"));
+        let directory = test_directory(data.clone(), &config, &catalog);
+        directory.call("t", write(1, b"kept"), "t/k").await.unwrap();
+        assert!(directory.close_tenant("t").await);
+        cube_wal::failpoint::fail_next_fdatasync(&data.tenant_state("t"));
         let failed = directory.call("t", write(2, b"v"), "t/k").await;
         assert!(
             matches!(&failed, Err(StoreError::Unavailable(_))),

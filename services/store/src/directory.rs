@@ -664,7 +664,7 @@ impl OpenContext {
                     failed.store(true, Ordering::SeqCst);
                     failed_logs.record(
                         &name,
-                        "an fdatasync of the tenant's log failed (or its syncer thread stopped on a bug)",
+                        "an fsync of the tenant's log (or of its state store while it opened) failed, or its syncer thread stopped on a bug",
                     );
                 }
                 if let Some(addr) = slot.get() {

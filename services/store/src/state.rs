@@ -2567,6 +2567,25 @@ mod tests {
         );
     }
 
+    /// `StateBackend` for a test store that wraps `inner` (an `Arc<dyn StateBackend>`): its
+    /// applies go to `inner`, it flushes nothing; further methods (a `snapshot`) may be given.
+    macro_rules! writes_to_inner {
+        ($store:ty $(, $more:item)*) => {
+            impl StateBackend for $store {
+                $($more)*
+                fn apply(&self, batch: Vec<BatchOp>) -> Result<(), BackendError> {
+                    self.inner.apply(batch)
+                }
+                fn flush(&self) -> Result<(), BackendError> {
+                    Ok(())
+                }
+                fn size_on_disk(&self) -> u64 {
+                    0
+                }
+            }
+        };
+    }
+
     /// A store that runs `between` once, just before its first range scan: a change the actor
     /// applies between a reader's reads.
     struct ChangedBetween {
@@ -2596,17 +2615,7 @@ mod tests {
         }
     }
 
-    impl StateBackend for ChangedBetween {
-        fn apply(&self, batch: Vec<BatchOp>) -> Result<(), BackendError> {
-            self.inner.apply(batch)
-        }
-        fn flush(&self) -> Result<(), BackendError> {
-            Ok(())
-        }
-        fn size_on_disk(&self) -> u64 {
-            0
-        }
-    }
+    writes_to_inner!(ChangedBetween);
 
     /// A Run applied between the read of a cell and the scan of its run records (which is
     /// not a snapshot) removes the oldest kept record: the answer must still be the count
@@ -2871,17 +2880,7 @@ mod tests {
         }
     }
 
-    impl StateBackend for Observed {
-        fn apply(&self, batch: Vec<crate::backend::BatchOp>) -> Result<(), BackendError> {
-            self.inner.apply(batch)
-        }
-        fn flush(&self) -> Result<(), BackendError> {
-            Ok(())
-        }
-        fn size_on_disk(&self) -> u64 {
-            0
-        }
-    }
+    writes_to_inner!(Observed);
 
     /// Replay at open and the relaxed policy's early apply hand records to `apply_all` without
     /// `note_pending`; the next change's audit entry must still follow theirs.
@@ -2968,20 +2967,12 @@ mod tests {
         }
     }
 
-    impl StateBackend for PartlyApplied {
+    writes_to_inner!(
+        PartlyApplied,
         fn snapshot(&self) -> Option<Box<dyn StateRead + '_>> {
             Some(Box::new(Whole(&*self.inner)))
         }
-        fn apply(&self, batch: Vec<BatchOp>) -> Result<(), BackendError> {
-            self.inner.apply(batch)
-        }
-        fn flush(&self) -> Result<(), BackendError> {
-            Ok(())
-        }
-        fn size_on_disk(&self) -> u64 {
-            0
-        }
-    }
+    );
 
     /// An audit page reads one snapshot where the store has one: the store's own reads could
     /// see a batch being applied in part, and a page took that for entries lost (DATA_LOSS)

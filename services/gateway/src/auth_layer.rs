@@ -342,9 +342,11 @@ impl Authenticator {
         if !needs_signature(path) {
             return Ok(None);
         }
+        // Not a session whose key was revoked: its calls fail, and each failure is counted
+        // and may be recorded in the key's tenant's trail, which the throttle bounds.
         let on_session = !md.contains_key(&H_SIG)
             && self.mode.allows_connection()
-            && conn.is_some_and(|c| c.session.key().is_some());
+            && conn.is_some_and(|c| c.session.key().is_some() && !c.session.revoked());
         if !on_session {
             self.check_throttle(conn)?;
         }

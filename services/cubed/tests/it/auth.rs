@@ -359,6 +359,23 @@ async fn a_flood_of_bad_signatures_is_throttled_while_good_clients_are_served() 
         .await
         .unwrap();
     let mut neighbour = CellsClient::new(neighbour);
+    // And a connection from there whose key is revoked before the flood: its calls fail, so
+    // they are throttled like any others.
+    let out = server.cli(&["key", "create", "demo"]).unwrap();
+    let doomed: Credentials = serde_json::from_slice(&out.stdout).unwrap();
+    let revoked = tonic::transport::Endpoint::from_shared(server.endpoint())
+        .unwrap()
+        .local_address(Some("127.0.0.2".parse().unwrap()))
+        .connect()
+        .await
+        .unwrap();
+    cube_auth::client::handshake(revoked.clone(), &doomed)
+        .await
+        .unwrap();
+    let out = server
+        .cli(&["key", "revoke", "demo", &doomed.key_id])
+        .unwrap();
+    assert!(out.status.success());
     let (mut unauthenticated, mut throttled) = (0, 0);
     for i in 0..200 {
         let mut req = Request::new(read(1, 1, 1));
@@ -398,6 +415,11 @@ async fn a_flood_of_bad_signatures_is_throttled_while_good_clients_are_served() 
             .into_inner()
             .found
     );
+    let err = CellsClient::new(revoked)
+        .read(read(0, 0, 0))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{}", err.message());
 }
 
 /// Correctly signed calls stamped before the server started (as a client signs them while the

@@ -304,6 +304,9 @@ fn fjall_err(e: impl std::fmt::Display) -> BackendError {
 
 /// The message [`FjallBackend::open`] fails with while another handle holds the directory.
 const LOCKED: &str = "state directory is locked by another open handle";
+/// What [`FjallBackend::open`]'s failure starts with when the sync of its partition's directory
+/// failed ([`FjallBackend::is_failed_sync`]).
+const DIR_SYNC_FAILED: &str = "syncing the state partition's directory";
 
 impl FjallBackend {
     /// Open (or create) the keyspace in `dir` with a block cache of `cache_bytes`.
@@ -374,7 +377,7 @@ impl FjallBackend {
         // replacing a partition it found without a manifest). One small fsync per open.
         std::fs::File::open(dir.join("partitions"))
             .and_then(|d| d.sync_all())
-            .map_err(|e| BackendError(format!("syncing the state partition's directory: {e}")))?;
+            .map_err(|e| BackendError(format!("{DIR_SYNC_FAILED}: {e}")))?;
         Ok(FjallBackend {
             open: Some(OpenKeyspace {
                 part,
@@ -393,6 +396,12 @@ impl FjallBackend {
     /// tenant whose last reader has not finished yet).
     pub fn is_locked(e: &BackendError) -> bool {
         e.0 == LOCKED
+    }
+
+    /// Whether an open failed because a sync failed (which a retry must not take for a
+    /// success: the kernel reports a writeback error once).
+    pub fn is_failed_sync(e: &BackendError) -> bool {
+        e.0.starts_with(DIR_SYNC_FAILED)
     }
 
     /// Close now, on this thread: when returning, the files are closed and the lock released.

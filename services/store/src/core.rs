@@ -529,8 +529,18 @@ pub(crate) fn nearly_full(dir: &Path) -> bool {
     })
 }
 
-fn open_backend(tenant: &str, dir: &Path, cache: u64) -> Result<FjallBackend, StoreError> {
+/// Open the tenant's state store; `sync_failed` is called if what failed is a sync (of its
+/// partition's directory), which is not retried.
+fn open_backend(
+    tenant: &str,
+    dir: &Path,
+    cache: u64,
+    sync_failed: impl FnOnce(),
+) -> Result<FjallBackend, StoreError> {
     open_waiting(|| FjallBackend::open(dir, cache), FjallBackend::is_locked).map_err(|e| {
+        if FjallBackend::is_failed_sync(&e) {
+            sync_failed();
+        }
         tracing::error!(tenant, error = %e, "tenant state store failed to open");
         StoreError::Unavailable(format!(
             "tenant '{tenant}' is unavailable: its state store could not be opened (see the \
@@ -579,8 +589,12 @@ impl<T> TenantCore<T> {
             }
             open_error(tenant, &e)
         })?;
-        let backend: Arc<dyn StateBackend> =
-            Arc::new(open_backend(tenant, state_dir, config.state_cache_bytes)?);
+        let backend: Arc<dyn StateBackend> = Arc::new(open_backend(
+            tenant,
+            state_dir,
+            config.state_cache_bytes,
+            sync_failed,
+        )?);
         let mut state = TenantState::open(backend, config.limits).map_err(|e| {
             tracing::error!(tenant, error = %e, "tenant state unreadable");
             StoreError::Unavailable(format!(
@@ -701,6 +715,8 @@ impl<T> TenantCore<T> {
         // RESOURCE_EXHAUSTED, and no WAL segment is deleted. The directory closes it once
         // there is room, and the next call opens it again (see `close_failed`).
         let mut read_only = false;
+        // Which failed: the state store's flush (its own fsyncs) or the catalog's part (the
+        // catalog keeps its own failure: a failed journal fsync fails it for every tenant).
         let synced = match catalog_to_sync {
             Some(catalog) => catalog
                 .make_durable()
@@ -712,17 +728,20 @@ impl<T> TenantCore<T> {
                 }),
             None => Ok(()),
         }
-        .and_then(|()| state.backend().flush().map_err(|e| e.to_string()));
+        .map_err(|e| (e, false))
+        .and_then(|()| state.backend().flush().map_err(|e| (e.to_string(), true)));
         let checkpoint_seq = match synced {
             Ok(()) => state.applied_seq(),
-            Err(e) if nearly_full(state_dir) => {
+            Err((e, _)) if nearly_full(state_dir) => {
                 tracing::warn!(tenant, error = %e, "tenant state store or catalog could not be synced: the disk is full; serving reads only until space is freed");
                 read_only = true;
                 start_after
             }
-            Err(e) => {
+            Err((e, store_flush)) => {
                 tracing::error!(tenant, error = %e, "tenant state store or catalog could not be synced");
-                sync_failed();
+                if store_flush {
+                    sync_failed();
+                }
                 return Err(StoreError::Unavailable(format!(
                     "tenant '{tenant}' is unavailable: its state store could not be synced (see \
                      the server log)"

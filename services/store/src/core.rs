@@ -3819,13 +3819,22 @@ mod tests {
     /// durable. It used to be retried a second later like any failed open.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_failed_fdatasync_while_opening_a_log_is_not_retried() {
+        an_open_whose_sync_fails_is_not_retried(|data| data.tenant_wal("t")).await;
+    }
+
+    /// Tenant `t`, written and closed, then opened with the next fdatasync of the directory
+    /// `failing` gives failed: the open fails, and the tenant stays refused past the failed
+    /// open's retry delay, until the restart, which finds what was written before.
+    async fn an_open_whose_sync_fails_is_not_retried(
+        failing: impl Fn(&crate::DataDir) -> std::path::PathBuf,
+    ) {
         let dir = tempfile::tempdir().unwrap();
         let (catalog, config) = tenant_with_catalog(dir.path());
         let data = crate::DataDir::new(dir.path().join("data"));
         let directory = test_directory(data.clone(), &config, &catalog);
         directory.call("t", write(1, b"kept"), "t/k").await.unwrap();
         assert!(directory.close_tenant("t").await);
-        cube_wal::failpoint::fail_next_fdatasync(&data.tenant_wal("t"));
+        cube_wal::failpoint::fail_next_fdatasync(&failing(&data));
         let failed = directory.call("t", write(2, b"v"), "t/k").await;
         assert!(
             matches!(&failed, Err(StoreError::Unavailable(_))),
@@ -3849,28 +3858,7 @@ mod tests {
     /// segments they cover. Before, the janitor reopened the tenant a second later.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_failed_state_store_sync_while_opening_is_not_retried() {
-        let dir = tempfile::tempdir().unwrap();
-        let (catalog, config) = tenant_with_catalog(dir.path());
-        let data = crate::DataDir::new(dir.path().join("data"));
-        let directory = test_directory(data.clone(), &config, &catalog);
-        directory.call("t", write(1, b"kept"), "t/k").await.unwrap();
-        assert!(directory.close_tenant("t").await);
-        cube_wal::failpoint::fail_next_fdatasync(&data.tenant_state("t"));
-        let failed = directory.call("t", write(2, b"v"), "t/k").await;
-        assert!(
-            matches!(&failed, Err(StoreError::Unavailable(_))),
-            "{failed:?}"
-        );
-        // Past the failed open's retry delay, as the janitor would find it.
-        tokio::time::sleep(Duration::from_millis(1100)).await;
-        directory.close_failed().await;
-        for _ in 0..2 {
-            let refused = directory.call("t", write(3, b"v"), "t/k").await;
-            assert_refused_until_restart(&refused);
-        }
-        directory.shutdown().await;
-        drop(directory);
-        restart_finds_kept(data, &config, &catalog).await;
+        an_open_whose_sync_fails_is_not_retried(|data| data.tenant_state("t")).await;
     }
 
     /// What one tenant's requests in flight carry is bounded: writes waiting behind a slow

@@ -332,16 +332,21 @@ async fn health_and_reflection_need_no_credentials() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_flood_of_bad_signatures_is_throttled_while_good_clients_are_served() {
-    let server = TestServer::start_with(cubed(), &["--auth-failure-limit", "20"]).unwrap();
-    // The attacker connects from another loopback address than the good client.
-    let attacker = tonic::transport::Endpoint::from_shared(server.endpoint())
+/// A connection to `server` from 127.0.0.2, another loopback address than the test's others.
+async fn from_another_address(server: &TestServer) -> tonic::transport::Channel {
+    tonic::transport::Endpoint::from_shared(server.endpoint())
         .unwrap()
         .local_address(Some("127.0.0.2".parse().unwrap()))
         .connect()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_bad_signatures_is_throttled_while_good_clients_are_served() {
+    let server = TestServer::start_with(cubed(), &["--auth-failure-limit", "20"]).unwrap();
+    // The attacker connects from another loopback address than the good client.
+    let attacker = from_another_address(&server).await;
     let wrong = Credentials {
         secret: Secret::generate().to_hex(),
         ..server.demo.clone()
@@ -349,12 +354,7 @@ async fn a_flood_of_bad_signatures_is_throttled_while_good_clients_are_served() 
     let mut good = server.cells(&server.demo).await.unwrap();
     // A good client behind the attacker's address, its connection authenticated before the
     // flood.
-    let neighbour = tonic::transport::Endpoint::from_shared(server.endpoint())
-        .unwrap()
-        .local_address(Some("127.0.0.2".parse().unwrap()))
-        .connect()
-        .await
-        .unwrap();
+    let neighbour = from_another_address(&server).await;
     cube_auth::client::handshake(neighbour.clone(), &server.demo)
         .await
         .unwrap();
@@ -363,12 +363,7 @@ async fn a_flood_of_bad_signatures_is_throttled_while_good_clients_are_served() 
     // they are throttled like any others.
     let out = server.cli(&["key", "create", "demo"]).unwrap();
     let doomed: Credentials = serde_json::from_slice(&out.stdout).unwrap();
-    let revoked = tonic::transport::Endpoint::from_shared(server.endpoint())
-        .unwrap()
-        .local_address(Some("127.0.0.2".parse().unwrap()))
-        .connect()
-        .await
-        .unwrap();
+    let revoked = from_another_address(&server).await;
     cube_auth::client::handshake(revoked.clone(), &doomed)
         .await
         .unwrap();

@@ -342,15 +342,19 @@ impl Authenticator {
         if !needs_signature(path) {
             return Ok(None);
         }
+        // The key this connection authenticated as, read once per call (a lock and a
+        // reference count): a signed call is judged by its signature, and in `call` mode no
+        // connection is authenticated, whether by handshake or certificate.
+        let session_key = conn
+            .filter(|_| !md.contains_key(&H_SIG) && self.mode.allows_connection())
+            .and_then(|c| c.session.key());
         // Not a session whose key was revoked: its calls fail, and each failure is counted
         // and may be recorded in the key's tenant's trail, which the throttle bounds.
-        let on_session = !md.contains_key(&H_SIG)
-            && self.mode.allows_connection()
-            && conn.is_some_and(|c| c.session.key().is_some() && !c.session.revoked());
+        let on_session = session_key.is_some() && !conn.is_some_and(|c| c.session.revoked());
         if !on_session {
             self.check_throttle(conn)?;
         }
-        let result = self.identify(path, md, conn);
+        let result = self.identify(path, md, conn, session_key);
         if let Some(status) = result
             .as_ref()
             .err()
@@ -373,11 +377,14 @@ impl Authenticator {
         result.map(Some)
     }
 
+    /// `session_key`: the key `conn` authenticated as, if the call is unsigned and the mode
+    /// allows per-connection authentication.
     fn identify(
         &self,
         path: &str,
         md: &HeaderMap,
         conn: Option<&ConnInfo>,
+        session_key: Option<Arc<KeyInfo>>,
     ) -> Result<Principal, Status> {
         if md.contains_key(&H_SIG) {
             if !self.mode.allows_call() {
@@ -392,10 +399,6 @@ impl Authenticator {
             }
             return Ok(principal);
         }
-        // In `call` mode no connection is authenticated, whether by handshake or certificate.
-        let session_key = conn
-            .filter(|_| self.mode.allows_connection())
-            .and_then(|c| c.session.key());
         if let Some(session_key) = session_key {
             // Looked up again on every call: a revocation or a capability change applies at once.
             let key = self

@@ -941,6 +941,32 @@ fn expired_before(store: &dyn StateRead, first: u64, end: u64) -> Result<(), Sto
     )))
 }
 
+/// The floor of a store that has none recorded: one last written by a build that kept no
+/// floor, or whose trail was never expired. There, the first chunk's start is where expiry left
+/// the trail (below it nothing is kept), so it is recorded at once: without it, a page asking
+/// for entries before it (after `--audit-retention` was raised) took them for lost, DATA_LOSS.
+/// 0 (nothing recorded) when the trail is empty or starts at its first entry.
+fn first_audit_chunk_as_floor(store: &dyn StateBackend) -> Result<u64, BackendError> {
+    let first = store
+        .range(&keys::audit_key(0), &keys::audit_end())
+        .next()
+        .transpose()?
+        .and_then(|(k, _)| keys::audit_seq_of(&k));
+    let Some(floor) = first.filter(|&f| f > 1) else {
+        return Ok(0);
+    };
+    store.apply(vec![BatchOp::Put(
+        keys::META_AUDIT_FLOOR.to_vec(),
+        floor.to_be_bytes().to_vec(),
+    )])?;
+    tracing::info!(
+        audit_floor = floor,
+        "recorded where the tenant's audit trail starts (once, for a store written before it \
+         was recorded)"
+    );
+    Ok(floor)
+}
+
 /// Audit chunks from `start` to the end of the trail, as (key, value).
 fn chunks_from<'a>(
     store: &'a dyn StateRead,
@@ -1118,7 +1144,10 @@ impl TenantState {
             .into_iter()
             .map(|(seq, _)| seq)
             .collect();
-        let audit_floor = meta_u64(&*store, keys::META_AUDIT_FLOOR, "audit floor")?.unwrap_or(0);
+        let audit_floor = match meta_u64(&*store, keys::META_AUDIT_FLOOR, "audit floor")? {
+            Some(floor) => floor,
+            None => first_audit_chunk_as_floor(&*store)?,
+        };
         Ok(TenantState {
             catalog_kept,
             record_capped_from,
@@ -3273,6 +3302,39 @@ mod tests {
         assert!(h.s.audit_floor > 0);
         let reopened = TenantState::open(Arc::clone(&h.s.store), h.s.limits).unwrap();
         assert_eq!(reopened.audit_floor, h.s.audit_floor);
+    }
+
+    /// A store whose floor was not recorded (written by a build that kept none) gets it at
+    /// open from its first chunk: a page asking for expired entries, after the retention was
+    /// raised, starts where the trail does instead of reporting them lost.
+    #[test]
+    fn a_store_without_a_recorded_floor_gets_it_from_its_first_chunk() {
+        let mut h = Harness::new(fresh_with(16, 5));
+        for i in 0..30u8 {
+            h.run(write(C, &[i])).unwrap(); // one chunk per entry; expiry keeps seqs 26..=30
+        }
+        let floor = h.s.audit_floor;
+        assert!(floor > 1);
+        h.s.store
+            .apply(vec![BatchOp::Remove(keys::META_AUDIT_FLOOR.to_vec())])
+            .unwrap();
+        let limits = StateLimits {
+            audit_retention: 1000,
+            ..h.s.limits
+        };
+        h.s = TenantState::open(Arc::clone(&h.s.store), limits).unwrap();
+        assert_eq!(h.s.audit_floor, floor);
+        assert_eq!(page_seqs(&h.s.reader(), 0, 100), vec![26, 27, 28, 29, 30]);
+        assert_eq!(
+            meta_u64(&*h.s.store, keys::META_AUDIT_FLOOR, "audit floor").unwrap(),
+            Some(floor),
+            "the floor found is recorded"
+        );
+        // A trail that starts at its first entry needs no floor, and gets none.
+        let mut fresh = Harness::new(fresh_with(16, 5));
+        fresh.run(write(C, b"a")).unwrap();
+        let reopened = TenantState::open(Arc::clone(&fresh.s.store), fresh.s.limits).unwrap();
+        assert_eq!(reopened.audit_floor, 0);
     }
 
     /// After `--audit-retention` was lowered, one apply removes at most

@@ -950,29 +950,33 @@ fn expired_before(store: &dyn StateRead, first: u64, end: u64) -> Result<(), Sto
     )))
 }
 
-/// The floor of a store that has none recorded: one last written by a build that kept no
-/// floor, or whose trail was never expired. There, the first chunk's start is where expiry left
-/// the trail (below it nothing is kept), so it is recorded at once: without it, a page asking
-/// for entries before it (after `--audit-retention` was raised) took them for lost, DATA_LOSS.
-/// 0 (nothing recorded) when the trail is empty or starts at its first entry.
-fn first_audit_chunk_as_floor(store: &dyn StateBackend) -> Result<u64, BackendError> {
+/// The floor of a store that has none recorded, recorded at once: from then on the floor is
+/// always there, so its absence means a store no build of this version has opened. Builds
+/// before 2026-12-04 kept no floor while expiring the trail's first chunks, and a page asking
+/// for those entries (after `--audit-retention` was raised) took them for lost, DATA_LOSS;
+/// there, the first chunk's start is where expiry left the trail (below it nothing is kept).
+/// 0 when the trail is empty or starts at its first entry. (Builds of 2026-12-04 to 12-06
+/// recorded a floor only once expiry moved it: in such a store whose first chunks were lost
+/// behind the server's back, that loss is taken for expiry once, here, and logged.)
+fn record_audit_floor(store: &dyn StateBackend) -> Result<u64, BackendError> {
     let first = store
         .range(&keys::audit_key(0), &keys::audit_end())
         .next()
         .transpose()?
         .and_then(|(k, _)| keys::audit_seq_of(&k));
-    let Some(floor) = first.filter(|&f| f > 1) else {
-        return Ok(0);
-    };
+    let floor = first.filter(|&f| f > 1).unwrap_or(0);
     store.apply(vec![BatchOp::Put(
         keys::META_AUDIT_FLOOR.to_vec(),
         floor.to_be_bytes().to_vec(),
     )])?;
-    tracing::info!(
-        audit_floor = floor,
-        "recorded where the tenant's audit trail starts (once, for a store written before it \
-         was recorded)"
-    );
+    if floor > 0 {
+        tracing::warn!(
+            audit_floor = floor,
+            "this tenant's store kept no audit floor (written by a build before 2026-12-06): \
+             its trail starts at this seq, and the entries before it are taken as expired by \
+             retention"
+        );
+    }
     Ok(floor)
 }
 
@@ -1155,7 +1159,7 @@ impl TenantState {
             .collect();
         let audit_floor = match meta_u64(&*store, keys::META_AUDIT_FLOOR, "audit floor")? {
             Some(floor) => floor,
-            None => first_audit_chunk_as_floor(&*store)?,
+            None => record_audit_floor(&*store)?,
         };
         Ok(TenantState {
             catalog_kept,
@@ -3378,11 +3382,32 @@ mod tests {
             Some(floor),
             "the floor found is recorded"
         );
-        // A trail that starts at its first entry needs no floor, and gets none.
+        // A trail that starts at its first entry has floor 0, recorded too.
         let mut fresh = Harness::new(fresh_with(16, 5));
         fresh.run(write(C, b"a")).unwrap();
         let reopened = TenantState::open(Arc::clone(&fresh.s.store), fresh.s.limits).unwrap();
         assert_eq!(reopened.audit_floor, 0);
+    }
+
+    /// A store opened by this build has its floor recorded from the start, also while
+    /// nothing has expired: first chunks lost behind the server's back are still said to be
+    /// lost after a reopen, not taken for expired.
+    #[test]
+    fn first_chunks_lost_from_a_store_that_never_expired_are_data_loss_after_a_reopen() {
+        let mut h = Harness::new(fresh_with(16, 1000));
+        for i in 0..30u8 {
+            h.run(write(C, &[i])).unwrap(); // one chunk per entry, nothing expired
+        }
+        let lost = (1..=3)
+            .map(|seq| BatchOp::Remove(keys::audit_key(seq).to_vec()))
+            .collect();
+        h.s.store.apply(lost).unwrap();
+        h.s = TenantState::open(Arc::clone(&h.s.store), h.s.limits).unwrap();
+        assert_eq!(h.s.audit_floor, 0);
+        match h.s.reader().audit_page(0, 100) {
+            Err(StoreError::DataLoss(m)) => assert!(m.contains("entries 1 to 3"), "{m}"),
+            other => panic!("expected DATA_LOSS, got {other:?}"),
+        }
     }
 
     /// After `--audit-retention` was lowered, one apply removes at most

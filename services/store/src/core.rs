@@ -3246,6 +3246,95 @@ mod tests {
         directory.shutdown().await;
     }
 
+    /// Tenants `a` (relaxed, its close's final fdatasync held for `hold`) and `b`, both open
+    /// and idle (for `idle_after`), and an idle pass started and busy closing `a` (it takes
+    /// tenants in name order).
+    async fn an_idle_pass_held_in_a_close(
+        dir: &Path,
+        idle_after: Duration,
+        hold: Duration,
+    ) -> (Arc<crate::TenantDirectory>, tokio::task::JoinHandle<usize>) {
+        let (catalog, config) = tenant_with_catalog(dir);
+        for t in ["a", "b"] {
+            catalog.create_tenant(t).unwrap();
+        }
+        let relaxed = SyncPolicy::Relaxed {
+            max_delay: Duration::from_secs(10),
+            max_records: 1000,
+        };
+        catalog.set_durability("a", relaxed).unwrap();
+        let data = crate::DataDir::new(dir.join("data"));
+        let settings = crate::DirectoryConfig {
+            idle_after,
+            ..directory_config(data.clone(), &config)
+        };
+        let directory =
+            Arc::new(crate::TenantDirectory::new(settings, Some(Arc::clone(&catalog))).unwrap());
+        directory.call("a", write(1, b"v"), "a/k").await.unwrap();
+        directory.call("b", write(1, b"v"), "b/k").await.unwrap();
+        cube_wal::failpoint::delay_next_fdatasync(&data.tenant_wal("a"), hold);
+        tokio::time::sleep(idle_after + Duration::from_millis(100)).await;
+        let pass = tokio::spawn({
+            let directory = Arc::clone(&directory);
+            async move { directory.passivate_idle().await }
+        });
+        let since = Instant::now();
+        while !cube_wal::failpoint::fdatasync_delay_taken(&data.tenant_wal("a")) {
+            assert!(
+                since.elapsed() < Duration::from_secs(10),
+                "a's close not started"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        (directory, pass)
+    }
+
+    /// A tenant closed by another path while a slow idle pass has it still to do reopens at
+    /// once: the pass held its slot, and with it its state store open and locked, so the
+    /// reopen waited for the pass to get there (here ~5 s; past the lock wait it failed).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_tenant_closed_while_an_idle_pass_has_it_to_do_reopens_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let (directory, pass) = an_idle_pass_held_in_a_close(
+            dir.path(),
+            Duration::from_millis(100),
+            Duration::from_secs(5),
+        )
+        .await;
+        assert!(directory.close_tenant("b").await);
+        let reopen = Instant::now();
+        directory.call("b", write(2, b"w"), "b/k").await.unwrap();
+        assert!(
+            reopen.elapsed() < Duration::from_secs(2),
+            "b's reopen waited {:?} for the idle pass",
+            reopen.elapsed()
+        );
+        assert_eq!(
+            pass.await.unwrap(),
+            1,
+            "only a was idle when the pass reached it"
+        );
+        directory.shutdown().await;
+    }
+
+    /// An idle pass leaves open a tenant used again while it closed others (here used 2 s
+    /// before the pass gets to it, with `--idle-secs` 3): idleness was judged once, when the
+    /// pass began.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_idle_pass_leaves_open_a_tenant_used_again_meanwhile() {
+        let dir = tempfile::tempdir().unwrap();
+        let (directory, pass) = an_idle_pass_held_in_a_close(
+            dir.path(),
+            Duration::from_secs(3),
+            Duration::from_secs(2),
+        )
+        .await;
+        directory.call("b", write(2, b"w"), "b/k").await.unwrap();
+        assert_eq!(pass.await.unwrap(), 1);
+        assert!(directory.is_open("b"), "b was closed, used 2 s before");
+        directory.shutdown().await;
+    }
+
     /// A directory (with its catalog) of the one tenant `t`, under `dir`.
     /// A tenant whose open keeps failing (here: a log record that cannot be replayed) is
     /// forgotten 1 s after its first failed open, so that its next call tries again, then after

@@ -15,7 +15,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use actix::{Actor, Addr};
@@ -1088,7 +1088,9 @@ impl TenantDirectory {
         if self.within_cap() {
             return;
         }
-        let mut candidates: Vec<(u64, String, Arc<Slot>)> = {
+        // Weak references (as in the idle pass): a slot that another close takes out of the
+        // map meanwhile is let go, with the store it holds open.
+        let mut candidates: Vec<(u64, String, Weak<Slot>)> = {
             let map = self.tenants.read().unwrap_or_else(|p| p.into_inner());
             map.iter()
                 .filter(|(name, _)| name.as_str() != keep)
@@ -1096,7 +1098,7 @@ impl TenantDirectory {
                     (
                         slot.last_used.load(Ordering::Relaxed),
                         name.clone(),
-                        Arc::clone(slot),
+                        Arc::downgrade(slot),
                     )
                 })
                 .collect()
@@ -1109,7 +1111,9 @@ impl TenantDirectory {
             if self.within_cap() {
                 break;
             }
-            self.passivate(&name, &slot, false).await;
+            if let Some(slot) = slot.upgrade() {
+                self.passivate(&name, &slot, false).await;
+            }
         }
     }
 
@@ -1130,15 +1134,27 @@ impl TenantDirectory {
     pub async fn passivate_idle(&self) -> usize {
         let idle_ms = self.config.idle_after.as_millis() as u64;
         let now = self.now();
-        let idle: Vec<(String, Arc<Slot>)> = {
+        let is_idle =
+            |s: &Slot, now: u64| now.saturating_sub(s.last_used.load(Ordering::Relaxed)) >= idle_ms;
+        // Weak references, in name order: a pass may take seconds per tenant (a final
+        // fdatasync and checkpoint each), and a slot it held would keep its tenant's state
+        // store open, and locked, after another close (an eviction, `close_tenant`, a failed
+        // tenant's) had taken it out of the map: the tenant's reopen then waited for the pass
+        // and failed.
+        let mut idle: Vec<(String, Weak<Slot>)> = {
             let map = self.tenants.read().unwrap_or_else(|p| p.into_inner());
             map.iter()
-                .filter(|(_, s)| now.saturating_sub(s.last_used.load(Ordering::Relaxed)) >= idle_ms)
-                .map(|(n, s)| (n.clone(), Arc::clone(s)))
+                .filter(|(_, s)| is_idle(s, now))
+                .map(|(n, s)| (n.clone(), Arc::downgrade(s)))
                 .collect()
         };
+        idle.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         let mut n = 0;
         for (name, slot) in idle {
+            // Idle still: a tenant used again while the pass closed others is left open.
+            let Some(slot) = slot.upgrade().filter(|s| is_idle(s, self.now())) else {
+                continue;
+            };
             if self.passivate(&name, &slot, false).await {
                 n += 1;
             }
@@ -1346,8 +1362,8 @@ impl TenantDirectory {
     /// [`TenantDirectory::close_failed`]: (tenants closed, tenants it would have closed but
     /// could not, a call being in flight, say).
     async fn close_failed_counted(&self) -> (usize, usize) {
-        // (name, slot, whether its actor crashed)
-        let failed: Vec<(String, Arc<Slot>, bool)> = {
+        // (name, slot, whether its actor crashed); weak references, as in the idle pass.
+        let failed: Vec<(String, Weak<Slot>, bool)> = {
             let map = self.tenants.read().unwrap_or_else(|p| p.into_inner());
             map.iter()
                 .filter_map(|(name, s)| {
@@ -1371,12 +1387,16 @@ impl TenantDirectory {
                         ),
                         None => (false, false),
                     };
-                    close.then(|| (name.clone(), Arc::clone(s), crashed))
+                    close.then(|| (name.clone(), Arc::downgrade(s), crashed))
                 })
                 .collect()
         };
-        let (mut n, found) = (0, failed.len());
+        let (mut n, mut found) = (0, failed.len());
         for (name, slot, crashed) in failed {
+            let Some(slot) = slot.upgrade() else {
+                found -= 1; // closed meanwhile
+                continue;
+            };
             if self.passivate(&name, &slot, false).await {
                 if crashed {
                     // The panic's message went to stderr (the default panic hook) just before.

@@ -83,8 +83,10 @@ async fn handle(
 /// need a handful: the cap keeps this port from taking the descriptors the tenants' files need.
 pub const MAX_ADMIN_CONNECTIONS: usize = 64;
 /// Admin connections open at once from one client address (an IPv4 address or an IPv6 /64) at
-/// most: one client holding connections open cannot take every place, and with them the
-/// liveness probe's (which then fails, and the orchestrator restarts the server).
+/// most: a client on one address holding connections open cannot take every place, and with
+/// them the liveness probe's (which then fails, and the orchestrator restarts the server).
+/// Clients on four addresses can: the port is for the scraper and the node only
+/// (docs/operations.md).
 pub const MAX_ADMIN_CONNECTIONS_PER_ADDRESS: usize = 16;
 /// A request's headers must arrive within this (also the longest a kept-alive connection waits
 /// for its next request's headers before it is closed).

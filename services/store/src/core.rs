@@ -3335,6 +3335,55 @@ mod tests {
         directory.shutdown().await;
     }
 
+    /// A first call of `x` that waits while room is made for it (the eviction of `a`, whose
+    /// close is held 5 s) does not keep `x` open for that long once other calls have opened
+    /// and closed it meanwhile: it held the slot, with its state store locked, and the next
+    /// reopen of `x` waited for it (past the lock wait it failed).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_first_call_waiting_for_room_does_not_hold_its_tenant_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, config) = tenant_with_catalog(dir.path());
+        for t in ["a", "x"] {
+            catalog.create_tenant(t).unwrap();
+        }
+        let relaxed = SyncPolicy::Relaxed {
+            max_delay: Duration::from_secs(10),
+            max_records: 1000,
+        };
+        catalog.set_durability("a", relaxed).unwrap();
+        let data = crate::DataDir::new(dir.path().join("data"));
+        let settings = crate::DirectoryConfig {
+            max_open: 1,
+            ..directory_config(data.clone(), &config)
+        };
+        let directory =
+            Arc::new(crate::TenantDirectory::new(settings, Some(Arc::clone(&catalog))).unwrap());
+        directory.call("a", write(1, b"v"), "a/k").await.unwrap();
+        cube_wal::failpoint::delay_next_fdatasync(&data.tenant_wal("a"), Duration::from_secs(5));
+        // x's first call: over the cap, it evicts a and waits for its close.
+        let first = tokio::spawn({
+            let directory = Arc::clone(&directory);
+            async move { directory.get("x").await.map(|_| ()) }
+        });
+        let since = Instant::now();
+        while !cube_wal::failpoint::fdatasync_delay_taken(&data.tenant_wal("a")) {
+            assert!(since.elapsed() < Duration::from_secs(10), "a not evicted");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // Another call opens x meanwhile, and a close takes it out again.
+        directory.call("x", write(1, b"v"), "x/k").await.unwrap();
+        assert!(directory.close_tenant("x").await);
+        let reopen = Instant::now();
+        directory.call("x", write(2, b"w"), "x/k").await.unwrap();
+        assert!(
+            reopen.elapsed() < Duration::from_secs(3),
+            "x's reopen waited {:?} for the first call",
+            reopen.elapsed()
+        );
+        first.await.unwrap().unwrap();
+        directory.shutdown().await;
+    }
+
     /// A directory (with its catalog) of the one tenant `t`, under `dir`.
     /// A tenant whose open keeps failing (here: a log record that cannot be replayed) is
     /// forgotten 1 s after its first failed open, so that its next call tries again, then after

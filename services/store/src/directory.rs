@@ -486,14 +486,17 @@ impl FailedLogs {
 struct OpenOnDrop<'a> {
     dir: &'a TenantDirectory,
     tenant: &'a str,
-    slot: &'a Arc<Slot>,
+    slot: &'a Weak<Slot>,
 }
 
 impl Drop for OpenOnDrop<'_> {
     fn drop(&mut self) {
         // Outside a runtime (it is shutting down) no task can start; nothing is served then.
-        if tokio::runtime::Handle::try_current().is_ok() {
-            self.dir.start_open(self.tenant, self.slot);
+        // A slot gone meanwhile was opened (and closed) by another call.
+        if tokio::runtime::Handle::try_current().is_ok()
+            && let Some(slot) = self.slot.upgrade()
+        {
+            self.dir.start_open(self.tenant, &slot);
         }
     }
 }
@@ -890,33 +893,45 @@ impl TenantDirectory {
     /// The running actor of `tenant`, started (and its state recovered) on first use. The
     /// caller must already know the tenant exists (it authenticated as it).
     pub async fn get(&self, tenant: &str) -> Result<TenantHandle, StoreError> {
-        // Hot path: a read lock and no allocation once the tenant is known.
-        let known = {
-            let map = self.tenants.read().unwrap_or_else(|p| p.into_inner());
-            map.get(tenant).cloned()
-        };
-        let (slot, fresh) = match known {
-            Some(slot) => (slot, false),
-            None => {
-                let mut map = self.tenants.write().unwrap_or_else(|p| p.into_inner());
-                let before = map.len();
-                let slot = Arc::clone(map.entry(tenant.to_string()).or_default());
-                (slot, map.len() > before)
+        let slot = loop {
+            // Hot path: a read lock and no allocation once the tenant is known.
+            let known = {
+                let map = self.tenants.read().unwrap_or_else(|p| p.into_inner());
+                map.get(tenant).cloned()
+            };
+            let (slot, fresh) = match known {
+                Some(slot) => (slot, false),
+                None => {
+                    let mut map = self.tenants.write().unwrap_or_else(|p| p.into_inner());
+                    let before = map.len();
+                    let slot = Arc::clone(map.entry(tenant.to_string()).or_default());
+                    (slot, map.len() > before)
+                }
+            };
+            slot.last_used.store(self.now(), Ordering::Relaxed);
+            if !fresh {
+                break slot;
             }
-        };
-        slot.last_used.store(self.now(), Ordering::Relaxed);
-        if fresh {
-            // Should this caller give up while room is made, the open starts anyway: a slot
-            // left in the map unopened could never be closed, and would hold a place under
-            // --max-open-tenants for good.
+            // Held by weak reference while room is made (each eviction a final fdatasync and
+            // checkpoint): another call may open the tenant meanwhile and a close take it out
+            // again, and a slot held here would keep its state store open, and locked, against
+            // the next reopen. Should this caller give up while room is made, the open starts
+            // anyway: a slot left in the map unopened could never be closed, and would hold a
+            // place under --max-open-tenants for good.
+            let weak = Arc::downgrade(&slot);
+            drop(slot);
             let start_anyway = OpenOnDrop {
                 dir: self,
                 tenant,
-                slot: &slot,
+                slot: &weak,
             };
             self.make_room(tenant).await;
             std::mem::forget(start_anyway);
-        }
+            if let Some(slot) = weak.upgrade() {
+                break slot;
+            }
+            // Opened and closed by other calls meanwhile: look the tenant up again.
+        };
         let opened = match slot.opened.get() {
             Some(opened) => opened.clone(),
             None => self.wait_open(tenant, &slot).await,

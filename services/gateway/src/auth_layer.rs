@@ -345,8 +345,9 @@ impl Authenticator {
         // The key this connection authenticated as, read once per call (a lock and a
         // reference count): a signed call is judged by its signature, and in `call` mode no
         // connection is authenticated, whether by handshake or certificate.
+        let signed = md.contains_key(&H_SIG);
         let session_key = conn
-            .filter(|_| !md.contains_key(&H_SIG) && self.mode.allows_connection())
+            .filter(|_| !signed && self.mode.allows_connection())
             .and_then(|c| c.session.key());
         // Not a session whose key was revoked: its calls fail, and each failure is counted
         // and may be recorded in the key's tenant's trail, which the throttle bounds.
@@ -354,7 +355,7 @@ impl Authenticator {
         if !on_session {
             self.check_throttle(conn)?;
         }
-        let result = self.identify(path, md, conn, session_key);
+        let result = self.identify(path, md, conn, signed, session_key);
         if let Some(status) = result
             .as_ref()
             .err()
@@ -377,16 +378,17 @@ impl Authenticator {
         result.map(Some)
     }
 
-    /// `session_key`: the key `conn` authenticated as, if the call is unsigned and the mode
-    /// allows per-connection authentication.
+    /// `signed`: the call carries `x-cube-sig`; `session_key`: the key `conn` authenticated
+    /// as, if the call is unsigned and the mode allows per-connection authentication.
     fn identify(
         &self,
         path: &str,
         md: &HeaderMap,
         conn: Option<&ConnInfo>,
+        signed: bool,
         session_key: Option<Arc<KeyInfo>>,
     ) -> Result<Principal, Status> {
-        if md.contains_key(&H_SIG) {
+        if signed {
             if !self.mode.allows_call() {
                 return Err(unauthenticated(
                     "this server accepts only per-connection authentication (--auth-mode connection): \

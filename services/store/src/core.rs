@@ -3198,6 +3198,45 @@ mod tests {
         directory.shutdown().await;
     }
 
+    /// A directory under `dir` (`settings` applied to the tests' configuration) whose catalog
+    /// holds `t`, `others` and `a`, relaxed and written once, so that its close makes a final
+    /// fdatasync: that fdatasync is held for `hold`.
+    async fn with_a_close_held(
+        dir: &Path,
+        others: &[&str],
+        settings: impl FnOnce(crate::DirectoryConfig) -> crate::DirectoryConfig,
+        hold: Duration,
+    ) -> (Arc<crate::TenantDirectory>, crate::DataDir) {
+        let (catalog, config) = tenant_with_catalog(dir);
+        for t in others.iter().chain(&["a"]) {
+            catalog.create_tenant(t).unwrap();
+        }
+        let relaxed = SyncPolicy::Relaxed {
+            max_delay: Duration::from_secs(10),
+            max_records: 1000,
+        };
+        catalog.set_durability("a", relaxed).unwrap();
+        let data = crate::DataDir::new(dir.join("data"));
+        let settings = settings(directory_config(data.clone(), &config));
+        let directory =
+            Arc::new(crate::TenantDirectory::new(settings, Some(Arc::clone(&catalog))).unwrap());
+        directory.call("a", write(1, b"v"), "a/k").await.unwrap();
+        cube_wal::failpoint::delay_next_fdatasync(&data.tenant_wal("a"), hold);
+        (directory, data)
+    }
+
+    /// Wait until `a`'s held fdatasync (see [`with_a_close_held`]) has begun.
+    async fn until_a_close_is_held(data: &crate::DataDir) {
+        let since = Instant::now();
+        while !cube_wal::failpoint::fdatasync_delay_taken(&data.tenant_wal("a")) {
+            assert!(
+                since.elapsed() < Duration::from_secs(10),
+                "a's close not started"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     /// A crashed tenant is closed for its reopen while the janitor's idle pass is still busy
     /// closing another (here a final fdatasync held 5 s): the idle pass runs on its own. It
     /// used to hold the janitor's loop, and the crashed tenant answered "reopened within about
@@ -3205,23 +3244,17 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_crashed_tenant_is_reopened_while_an_idle_pass_is_slow() {
         let dir = tempfile::tempdir().unwrap();
-        let (catalog, config) = tenant_with_catalog(dir.path());
-        catalog.create_tenant("a").unwrap();
-        let relaxed = SyncPolicy::Relaxed {
-            max_delay: Duration::from_secs(10),
-            max_records: 1000,
-        };
-        catalog.set_durability("a", relaxed).unwrap();
-        let data = crate::DataDir::new(dir.path().join("data"));
-        let settings = crate::DirectoryConfig {
-            idle_after: Duration::from_millis(200),
-            ..directory_config(data.clone(), &config)
-        };
-        let directory =
-            Arc::new(crate::TenantDirectory::new(settings, Some(Arc::clone(&catalog))).unwrap());
-        directory.call("a", write(1, b"v"), "a/k").await.unwrap();
         // a's close (when it is passivated) waits 5 s in its final fdatasync.
-        cube_wal::failpoint::delay_next_fdatasync(&data.tenant_wal("a"), Duration::from_secs(5));
+        let (directory, _) = with_a_close_held(
+            dir.path(),
+            &[],
+            |c| crate::DirectoryConfig {
+                idle_after: Duration::from_millis(200),
+                ..c
+            },
+            Duration::from_secs(5),
+        )
+        .await;
         let tick = Duration::from_millis(50);
         directory.start_janitor_every(tick, tick);
         // a is idle after 200 ms: the janitor's next idle pass starts closing it.
@@ -3254,38 +3287,20 @@ mod tests {
         idle_after: Duration,
         hold: Duration,
     ) -> (Arc<crate::TenantDirectory>, tokio::task::JoinHandle<usize>) {
-        let (catalog, config) = tenant_with_catalog(dir);
-        for t in ["a", "b"] {
-            catalog.create_tenant(t).unwrap();
-        }
-        let relaxed = SyncPolicy::Relaxed {
-            max_delay: Duration::from_secs(10),
-            max_records: 1000,
-        };
-        catalog.set_durability("a", relaxed).unwrap();
-        let data = crate::DataDir::new(dir.join("data"));
-        let settings = crate::DirectoryConfig {
-            idle_after,
-            ..directory_config(data.clone(), &config)
-        };
-        let directory =
-            Arc::new(crate::TenantDirectory::new(settings, Some(Arc::clone(&catalog))).unwrap());
-        directory.call("a", write(1, b"v"), "a/k").await.unwrap();
+        let (directory, data) = with_a_close_held(
+            dir,
+            &["b"],
+            |c| crate::DirectoryConfig { idle_after, ..c },
+            hold,
+        )
+        .await;
         directory.call("b", write(1, b"v"), "b/k").await.unwrap();
-        cube_wal::failpoint::delay_next_fdatasync(&data.tenant_wal("a"), hold);
         tokio::time::sleep(idle_after + Duration::from_millis(100)).await;
         let pass = tokio::spawn({
             let directory = Arc::clone(&directory);
             async move { directory.passivate_idle().await }
         });
-        let since = Instant::now();
-        while !cube_wal::failpoint::fdatasync_delay_taken(&data.tenant_wal("a")) {
-            assert!(
-                since.elapsed() < Duration::from_secs(10),
-                "a's close not started"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        until_a_close_is_held(&data).await;
         (directory, pass)
     }
 
@@ -3342,34 +3357,19 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_first_call_waiting_for_room_does_not_hold_its_tenant_open() {
         let dir = tempfile::tempdir().unwrap();
-        let (catalog, config) = tenant_with_catalog(dir.path());
-        for t in ["a", "x"] {
-            catalog.create_tenant(t).unwrap();
-        }
-        let relaxed = SyncPolicy::Relaxed {
-            max_delay: Duration::from_secs(10),
-            max_records: 1000,
-        };
-        catalog.set_durability("a", relaxed).unwrap();
-        let data = crate::DataDir::new(dir.path().join("data"));
-        let settings = crate::DirectoryConfig {
-            max_open: 1,
-            ..directory_config(data.clone(), &config)
-        };
-        let directory =
-            Arc::new(crate::TenantDirectory::new(settings, Some(Arc::clone(&catalog))).unwrap());
-        directory.call("a", write(1, b"v"), "a/k").await.unwrap();
-        cube_wal::failpoint::delay_next_fdatasync(&data.tenant_wal("a"), Duration::from_secs(5));
+        let (directory, data) = with_a_close_held(
+            dir.path(),
+            &["x"],
+            |c| crate::DirectoryConfig { max_open: 1, ..c },
+            Duration::from_secs(5),
+        )
+        .await;
         // x's first call: over the cap, it evicts a and waits for its close.
         let first = tokio::spawn({
             let directory = Arc::clone(&directory);
             async move { directory.get("x").await.map(|_| ()) }
         });
-        let since = Instant::now();
-        while !cube_wal::failpoint::fdatasync_delay_taken(&data.tenant_wal("a")) {
-            assert!(since.elapsed() < Duration::from_secs(10), "a not evicted");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        until_a_close_is_held(&data).await;
         // Another call opens x meanwhile, and a close takes it out again.
         directory.call("x", write(1, b"v"), "x/k").await.unwrap();
         assert!(directory.close_tenant("x").await);
@@ -3384,7 +3384,6 @@ mod tests {
         directory.shutdown().await;
     }
 
-    /// A directory (with its catalog) of the one tenant `t`, under `dir`.
     /// A tenant whose open keeps failing (here: a log record that cannot be replayed) is
     /// forgotten 1 s after its first failed open, so that its next call tries again, then after
     /// longer and longer delays: a corrupt tenant that keeps being called does not cost a

@@ -112,6 +112,8 @@ const MIN_DEFAULT_MESSAGE_BYTES: usize = 4 << 20;
 /// Default floor of `--max-connection-receive-bytes`: sixteen default-sized messages arriving
 /// at once on one connection.
 const MIN_DEFAULT_CONNECTION_RECEIVE_BYTES: usize = 64 << 20;
+/// Default floor of `--max-connection-send-bytes`, as for receiving.
+const MIN_DEFAULT_CONNECTION_SEND_BYTES: usize = 64 << 20;
 
 /// The Cube daemon: a multi-tenant, durable, coordinate-addressed store served over gRPC.
 #[derive(Debug, Parser)]
@@ -325,6 +327,11 @@ pub struct ServeArgs {
     /// --max-message-bytes + 5 (default: the larger of 64 MiB and twice --max-message-bytes).
     #[arg(long, env = "CUBE_MAX_CONNECTION_RECEIVE_BYTES")]
     pub max_connection_receive_bytes: Option<usize>,
+    /// Bytes of unary answers one connection's client may leave unread (HTTP/2 flow control)
+    /// before its reads are refused with RESOURCE_EXHAUSTED, and, past it, every call. At least
+    /// 65536 (default: the larger of 64 MiB and twice --max-value-bytes).
+    #[arg(long, env = "CUBE_MAX_CONNECTION_SEND_BYTES")]
+    pub max_connection_send_bytes: Option<usize>,
     /// Allowed clock skew of signed calls, seconds.
     #[arg(long, env = "CUBE_SKEW_SECS", default_value_t = DEFAULT_SKEW_SECS)]
     pub skew_secs: u64,
@@ -492,6 +499,7 @@ pub struct ServeConfig {
     pub max_value_bytes: usize,
     pub max_message_bytes: usize,
     pub max_connection_receive_bytes: usize,
+    pub max_connection_send_bytes: usize,
     pub skew_ms: i64,
     pub replay_capacity: usize,
     pub mailbox_capacity: usize,
@@ -545,6 +553,16 @@ impl ServeArgs {
             "--max-connection-receive-bytes ({max_connection_receive_bytes}) must be at least \
              {least} (--max-message-bytes, or 16 KiB if that is more, and a message's 5-byte \
              gRPC prefix): the largest message must be able to arrive"
+        );
+        let max_connection_send_bytes = self.max_connection_send_bytes.unwrap_or(
+            self.max_value_bytes
+                .saturating_mul(2)
+                .max(MIN_DEFAULT_CONNECTION_SEND_BYTES),
+        );
+        anyhow::ensure!(
+            max_connection_send_bytes >= cube_gateway::MIN_CONNECTION_SEND_BYTES,
+            "--max-connection-send-bytes ({max_connection_send_bytes}) must be at least {}",
+            cube_gateway::MIN_CONNECTION_SEND_BYTES
         );
         anyhow::ensure!(
             self.max_in_flight_bytes >= self.max_value_bytes,
@@ -686,6 +704,7 @@ impl ServeArgs {
             max_value_bytes: self.max_value_bytes,
             max_message_bytes,
             max_connection_receive_bytes,
+            max_connection_send_bytes,
             skew_ms: i64::try_from(self.skew_secs.saturating_mul(1000)).unwrap_or(i64::MAX),
             replay_capacity: self.replay_capacity,
             mailbox_capacity: self.mailbox_capacity,
@@ -1156,6 +1175,15 @@ mod config_file_tests {
         assert_eq!(serve(&[]).unwrap().max_connection_receive_bytes, 64 << 20);
         let big = serve(&["--max-message-bytes", "134217728"]).unwrap();
         assert_eq!(big.max_connection_receive_bytes, 256 << 20);
+        assert_eq!(serve(&[]).unwrap().max_connection_send_bytes, 64 << 20);
+        let big = serve(&["--max-value-bytes", "67108864"]).unwrap();
+        assert_eq!(big.max_connection_send_bytes, 128 << 20);
+        let err = serve(&["--max-connection-send-bytes", "65535"]).unwrap_err();
+        assert!(
+            err.to_string().contains("--max-connection-send-bytes"),
+            "{err}"
+        );
+        serve(&["--max-connection-send-bytes", "65536"]).unwrap();
         let config = serve(&["--drain-secs", "0"]).unwrap();
         assert_eq!(config.drain, std::time::Duration::ZERO);
         let config = serve(&[]).unwrap();

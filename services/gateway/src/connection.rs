@@ -164,6 +164,8 @@ pub struct ConnInfo {
     /// The request messages this connection's calls are receiving, and its open calls whose
     /// requests have not ended (`crate::receive`).
     pub receiving: Arc<crate::receive::Receiving>,
+    /// The unary answers its calls hold that its client has not read yet (`crate::send`).
+    pub sending: Arc<crate::send::Sending>,
 }
 
 /// Every open connection, so revoking a key can end its sessions.
@@ -187,6 +189,7 @@ impl ConnectionRegistry {
             remote,
             session,
             receiving: Arc::default(),
+            sending: Arc::default(),
         }
     }
 

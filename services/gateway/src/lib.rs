@@ -15,6 +15,7 @@ mod receive;
 mod replay;
 mod replay_clock;
 mod rpc_metrics;
+mod send;
 mod server;
 mod services;
 mod tls;
@@ -27,6 +28,7 @@ pub use error::ApiError;
 pub use principal::{AuthModel, Principal};
 pub use receive::OPEN_CALLS_PER_CONNECTION;
 pub use replay::{ReplayCache, ReplayError};
+pub use send::MIN_CONNECTION_SEND_BYTES;
 pub use server::{
     ACCESS_MESSAGE_BYTES, Gateway, GatewayConfig, MAX_LOCAL_ERROR_RESETS, OPEN_MESSAGE_BYTES,
     ServeError, WALK_MESSAGE_BYTES, min_connection_receive_bytes,

@@ -22,6 +22,7 @@ use crate::auth_layer::{AuthLayer, AuthMode, Authenticator};
 use crate::connection::ConnectionRegistry;
 use crate::oversize;
 use crate::receive::ReceiveLayer;
+use crate::send::SendLayer;
 use crate::services::access::AccessService;
 use crate::services::admin::AdminService;
 use crate::services::cells::{CellsService, ScanLimits};
@@ -74,6 +75,9 @@ pub struct GatewayConfig {
     /// Bytes of request messages one connection's calls may be receiving at once
     /// (`crate::receive`); at least [`min_connection_receive_bytes`].
     pub max_connection_receive_bytes: usize,
+    /// Bytes of unary answers one connection's client may leave unread before its calls are
+    /// refused (`crate::send`); at least [`crate::MIN_CONNECTION_SEND_BYTES`].
+    pub max_connection_send_bytes: usize,
     /// Allowed distance between a signed call's timestamp and the server clock.
     pub skew_ms: i64,
     /// Nonces remembered by the replay cache at most.
@@ -302,7 +306,8 @@ impl Gateway {
                     .layer(ReceiveLayer::new(
                         self.config.max_connection_receive_bytes,
                         largest_request_message(max),
-                    )),
+                    ))
+                    .layer(SendLayer::new(self.config.max_connection_send_bytes)),
             )
             .add_service(oversize::DecodeRefusals(health))
             .add_service(reflection_v1)

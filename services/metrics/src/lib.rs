@@ -195,6 +195,24 @@ pub static REQUEST_RECEIVE_REFUSED: LazyLock<IntCounter> = LazyLock::new(|| {
          connection already had 16 calls needing no authentication whose requests had not ended.",
     )
 });
+/// Bytes of unary answers held for their clients over all connections: taken from the handler,
+/// not yet handed to HTTP/2 (`--max-connection-send-bytes`).
+pub static ANSWER_BYTES_HELD: LazyLock<IntGauge> = LazyLock::new(|| {
+    gauge(
+        "cube_answer_bytes_held",
+        "Bytes of unary answers over all connections that wait for their clients to take them \
+         (HTTP/2 flow control): encoded, not yet handed to HTTP/2.",
+    )
+});
+/// Calls refused because their connection's client had not read --max-connection-send-bytes of
+/// answers.
+pub static ANSWER_SEND_REFUSED: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "cube_answer_send_refused_total",
+        "Calls answered RESOURCE_EXHAUSTED because their connection's client had not yet read \
+         close to --max-connection-send-bytes of answers to its earlier calls.",
+    )
+});
 /// Changes refused because they would take their tenant past its storage quota.
 pub static QUOTA_REFUSALS: LazyLock<IntCounter> = LazyLock::new(|| {
     counter(
@@ -419,6 +437,8 @@ pub fn init() {
         &*SCAN_PAGES_EXPIRED,
         &*REQUEST_BYTES_RECEIVING,
         &*REQUEST_RECEIVE_REFUSED,
+        &*ANSWER_BYTES_HELD,
+        &*ANSWER_SEND_REFUSED,
         &*QUOTA_REFUSALS,
     );
     // Rare events an alert takes the `increase` of: their series must exist (at 0) before the

@@ -1121,3 +1121,196 @@ async fn silent_connections_are_closed_and_idle_live_ones_kept() {
         b"kept"
     );
 }
+
+/// A connection whose HTTP/2 windows (stream and connection) let 64 KiB through, signing as
+/// the demo tenant: a client that reads none of its answers.
+async fn narrow_connection(server: &TestServer) -> Signed {
+    let channel = tonic::transport::Endpoint::from_shared(server.endpoint())
+        .unwrap()
+        .initial_stream_window_size(Some(65_535))
+        .initial_connection_window_size(Some(65_535))
+        .connect()
+        .await
+        .unwrap();
+    let creds = &server.demo;
+    let signer =
+        cube_auth::client::CallSigner::new(&creds.tenant, &creds.key_id, creds.secret().unwrap());
+    cube_auth::client::Signing::new(channel, signer)
+}
+
+/// A unary call of `message` to `path` on `signed`: its response once its headers are in, the
+/// body left unread.
+async fn unread_call(
+    signed: &mut Signed,
+    path: &str,
+    message: &impl prost::Message,
+) -> tonic::codegen::http::Response<tonic::body::Body> {
+    use tower::{Service, ServiceExt};
+    let encoded = message.encode_to_vec();
+    let (tx, req) = stalled_request(path);
+    tx.send(Ok(hyper::body::Frame::data(grpc_message(
+        encoded.len(),
+        &encoded,
+    ))))
+    .await
+    .unwrap();
+    drop(tx);
+    signed.ready().await.unwrap();
+    signed.call(req).await.unwrap()
+}
+
+/// The grpc-status a response carries in its headers (a refusal), if any.
+fn header_status(
+    response: &tonic::codegen::http::Response<tonic::body::Body>,
+) -> Option<(String, String)> {
+    let h = response.headers();
+    let status = h.get("grpc-status")?.to_str().unwrap().to_string();
+    let message = h
+        .get("grpc-message")
+        .map_or(String::new(), |m| m.to_str().unwrap().replace("%20", " "));
+    Some((status, message))
+}
+
+/// The messages of unary answers read at last, all at once (read one by one, the first could
+/// wait for window that the unread others' data holds).
+async fn read_all<M: prost::Message + Default>(
+    answers: Vec<tonic::codegen::http::Response<tonic::body::Body>>,
+) -> Vec<M> {
+    use http_body_util::BodyExt;
+    let bodies = answers.into_iter().map(|a| async move {
+        let collected = a.into_body().collect().await.unwrap();
+        let trailers = collected.trailers().cloned().unwrap_or_default();
+        assert_eq!(trailers["grpc-status"], "0", "{trailers:?}");
+        let bytes = collected.to_bytes();
+        assert_eq!(
+            bytes.len(),
+            5 + u32::from_be_bytes(bytes[1..5].try_into().unwrap()) as usize
+        );
+        M::decode(&bytes[5..]).unwrap()
+    });
+    futures::future::join_all(bodies).await
+}
+
+/// What one connection's client leaves unread of its unary answers is held to
+/// `--max-connection-send-bytes` (4 MiB here): with windows of 64 KiB and no answer read, the
+/// first Reads of a 1 MiB value are answered and then one is refused with RESOURCE_EXHAUSTED,
+/// while another connection reads the same cell; the answers held are whole when read at last,
+/// and then the connection reads again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unread_answers_are_held_to_the_connection_send_limit() {
+    use std::time::Duration;
+    let server =
+        TestServer::start_with(cubed(), &["--max-connection-send-bytes", "4194304"]).unwrap();
+    let held = "cube_answer_bytes_held ";
+    let big = vec![7u8; 1 << 20];
+    let mut other = server.cells(&server.demo).await.unwrap();
+    other.write(write(1, 0, 0, &big)).await.unwrap();
+    let mut hog = narrow_connection(&server).await;
+    let mut answers = Vec::new();
+    let mut refusal = None;
+    for _ in 0..16 {
+        let answer = unread_call(&mut hog, "/cube.v1.Cells/Read", &read(1, 0, 0)).await;
+        match header_status(&answer) {
+            Some(status) => {
+                refusal = Some(status);
+                break;
+            }
+            None => answers.push(answer),
+        }
+    }
+    // 4 answers of 1 MiB fit once hyper has taken a piece or two of them (up to 128 KiB each:
+    // one sent in the window, one waiting for it); 3 if it had taken none yet.
+    assert!(
+        (3..=4).contains(&answers.len()),
+        "{} answers held, then {refusal:?}",
+        answers.len()
+    );
+    let (code, message) = refusal.expect("every Read was answered: nothing held them back");
+    assert_eq!(
+        code,
+        (Code::ResourceExhausted as i32).to_string(),
+        "{message}"
+    );
+    assert!(message.contains("--max-connection-send-bytes"), "{message}");
+    assert!(message.contains("not answered"), "{message}");
+    assert_eq!(server.metric("cube_answer_send_refused_total"), Some(1.0));
+    let now = server.metric(held).unwrap();
+    assert!(
+        (2.5 * 1048576.0..=4194304.0).contains(&now),
+        "{now} bytes held"
+    );
+    // Another connection of the same tenant is served.
+    assert_eq!(
+        other.read(read(1, 0, 0)).await.unwrap().into_inner().value,
+        big
+    );
+    let read_at_last: Vec<cube_api::v1::ReadResponse> =
+        tokio::time::timeout(Duration::from_secs(30), read_all(answers))
+            .await
+            .expect("the held answers were not sent once read");
+    for r in &read_at_last {
+        assert!(r.value == big, "an answer held came out changed");
+    }
+    server
+        .metric_when(held, Duration::from_secs(10), |v| v == 0.0)
+        .await
+        .expect("answers sent stop counting");
+    let mut same = cube_api::v1::cells_client::CellsClient::new(hog);
+    assert_eq!(
+        same.read(read(1, 0, 0)).await.unwrap().into_inner().value,
+        big
+    );
+}
+
+/// A change's answer is sent whatever it holds (`Cells.Run` returns its program, 1 MiB here),
+/// so past `--max-connection-send-bytes` of unread answers the connection's next call is
+/// refused before it runs: its run is not counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_send_limit_a_call_is_refused_before_it_runs() {
+    use cube_api::v1::{ProgRequest, RunRequest, RunResponse};
+    let server =
+        TestServer::start_with(cubed(), &["--max-connection-send-bytes", "4194304"]).unwrap();
+    let program = vec![3u8; 1 << 20];
+    let mut other = server.cells(&server.demo).await.unwrap();
+    other
+        .prog(ProgRequest {
+            coord: coord(1, 0, 0),
+            program: program.clone(),
+        })
+        .await
+        .unwrap();
+    let run = RunRequest {
+        coord: coord(1, 0, 0),
+        input: vec![],
+    };
+    let mut hog = narrow_connection(&server).await;
+    let mut answers = Vec::new();
+    for _ in 0..5 {
+        let answer = unread_call(&mut hog, "/cube.v1.Cells/Run", &run).await;
+        assert_eq!(
+            header_status(&answer),
+            None,
+            "a change's answer was replaced"
+        );
+        answers.push(answer);
+    }
+    // Over 4 MiB held now (5 MiB less what hyper has taken).
+    let refused = unread_call(&mut hog, "/cube.v1.Cells/Run", &run).await;
+    let (code, message) = header_status(&refused).expect("a call past the limit was run");
+    assert_eq!(
+        code,
+        (Code::ResourceExhausted as i32).to_string(),
+        "{message}"
+    );
+    assert!(message.contains("was not run"), "{message}");
+    let runs: Vec<RunResponse> =
+        tokio::time::timeout(std::time::Duration::from_secs(30), read_all(answers))
+            .await
+            .expect("the held answers were not sent once read");
+    let mut counts: Vec<u64> = runs.iter().map(|r| r.run_count).collect();
+    counts.sort();
+    assert_eq!(counts, [1, 2, 3, 4, 5]);
+    assert!(runs.iter().all(|r| r.program == program));
+    let next = other.run(run).await.unwrap().into_inner();
+    assert_eq!(next.run_count, 6, "the refused call was run");
+}

@@ -1,0 +1,426 @@
+//! The unary answers a connection's client has not read yet, held to
+//! `--max-connection-send-bytes`.
+//!
+//! hyper takes a unary answer's whole encoded message from tonic as soon as the handler has
+//! returned, and keeps it until HTTP/2 flow control lets it go out: a client that keeps its
+//! calls open but stops granting window (or grants a byte at a time) leaves each answer in the
+//! server's memory. Without a bound of its own, one connection could hold
+//! `--max-concurrent-streams` answers (1024 by default) of a `Read` of the largest value each.
+//!
+//! This layer takes each unary answer's encoded message from tonic itself, before hyper sees
+//! the response, and hands it on in pieces of [`PIECE_BYTES`]: hyper holds at most one piece
+//! and HTTP/2 at most the client's window, and what this layer still holds counts against its
+//! connection's [`ConnInfo::sending`] until it is handed on or the call is dropped. Then:
+//!
+//! - the answer of a call that only reads (`Cells.Read`, `Cells.Walk`, `Tenant.Stats`) that
+//!   would take the count over the limit is replaced by RESOURCE_EXHAUSTED, unless nothing else
+//!   of the connection is held (so any answer can be sent to a client that reads);
+//! - a call arriving while its connection's count is over the limit is answered
+//!   RESOURCE_EXHAUSTED at once, before its handler runs: a change's answer (small, but
+//!   `Cells.Run` returns its program) is never replaced after the change was made, so the
+//!   calls that would add to the count are refused before they run instead.
+//!
+//! Streamed pages (`Cells.Region`, `Tenant.Audit`) have their own bound (`--page-read-secs`),
+//! and the services outside `cube.v1` (health, reflection) answer a few KiB; neither is counted.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll, ready};
+
+use bytes::Bytes;
+use http_body::{Body as HttpBody, Frame};
+use tonic::Status;
+use tonic::body::Body;
+
+use crate::connection::ConnInfo;
+
+/// Largest piece of an answer handed to hyper at once (see the module doc).
+pub const PIECE_BYTES: usize = 64 * 1024;
+
+/// The least `--max-connection-send-bytes` can be.
+pub const MIN_CONNECTION_SEND_BYTES: usize = PIECE_BYTES;
+
+/// What one connection's unary answers hold (see the module doc).
+#[derive(Debug, Default)]
+pub struct Sending {
+    /// Bytes of encoded answers not yet handed to HTTP/2.
+    pub bytes: AtomicUsize,
+}
+
+/// How a method's answers are counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Not counted: streamed pages, and the services outside `cube.v1`.
+    Uncounted,
+    /// Counted; its answer may be replaced by a refusal (the call changed nothing).
+    Read,
+    /// Counted; its answer is always sent (the call may have made a change).
+    Change,
+}
+
+fn kind(path: &str) -> Kind {
+    match path {
+        "/cube.v1.Cells/Region" | "/cube.v1.Tenant/Audit" => Kind::Uncounted,
+        "/cube.v1.Cells/Read" | "/cube.v1.Cells/Walk" | "/cube.v1.Tenant/Stats" => Kind::Read,
+        p if p.starts_with("/cube.v1.") => Kind::Change,
+        _ => Kind::Uncounted,
+    }
+}
+
+/// Whether an answer of `n` bytes of a call that only reads is refused while its connection
+/// holds `held` bytes: when it would take the count over `limit`, unless nothing is held.
+fn refuses(held: usize, n: usize, limit: usize) -> bool {
+    held > 0 && held.saturating_add(n) > limit
+}
+
+/// The layer (see the module doc).
+#[derive(Debug, Clone, Copy)]
+pub struct SendLayer {
+    limit: usize,
+}
+
+impl SendLayer {
+    /// `limit`: `--max-connection-send-bytes`.
+    pub fn new(limit: usize) -> SendLayer {
+        SendLayer { limit }
+    }
+}
+
+impl<S> tower::Layer<S> for SendLayer {
+    type Service = SendService<S>;
+
+    fn layer(&self, inner: S) -> SendService<S> {
+        SendService {
+            inner,
+            limit: self.limit,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct SendService<S> {
+    inner: S,
+    limit: usize,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for SendService<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<Body>>,
+    S::Future: Unpin,
+{
+    type Response = http::Response<Body>;
+    type Error = S::Error;
+    type Future = Answering<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let kind = kind(req.uri().path());
+        // Only connections of the network listener carry a `ConnInfo`.
+        let sending = match (kind, req.extensions().get::<ConnInfo>()) {
+            (Kind::Uncounted, _) | (_, None) => None,
+            (_, Some(conn)) => Some(Arc::clone(&conn.sending)),
+        };
+        if let Some(sending) = &sending {
+            let held = sending.bytes.load(Ordering::Acquire);
+            if held > self.limit {
+                cube_metrics::ANSWER_SEND_REFUSED.inc();
+                return Answering::Refused(Some(over_limit(held, self.limit, false).into_http()));
+            }
+        }
+        Answering::Called {
+            inner: self.inner.call(req),
+            counted: sending.map(|s| (s, kind == Kind::Read, self.limit)),
+        }
+    }
+}
+
+/// The future of [`SendService`]: the wrapped service's, whose answer it takes in hand.
+pub enum Answering<F> {
+    /// Refused before the handler ran.
+    Refused(Option<http::Response<Body>>),
+    Called {
+        inner: F,
+        /// Its connection's count, whether the call only reads, and the limit; `None`: the
+        /// answer is not counted.
+        counted: Option<(Arc<Sending>, bool, usize)>,
+    },
+}
+
+impl<F, E> Future for Answering<F>
+where
+    F: Future<Output = Result<http::Response<Body>, E>> + Unpin,
+{
+    type Output = Result<http::Response<Body>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let (inner, counted) = match self.get_mut() {
+            Answering::Refused(answer) => {
+                // Taken once; a future polled again after it was ready need not be ready again.
+                return answer.take().map_or(Poll::Pending, |a| Poll::Ready(Ok(a)));
+            }
+            Answering::Called { inner, counted } => (inner, counted),
+        };
+        let response = ready!(Pin::new(inner).poll(cx))?;
+        let Some((sending, reads_only, limit)) = counted.take() else {
+            return Poll::Ready(Ok(response));
+        };
+        // An answer whose status travels in its headers (an error) has no message to hold.
+        if response.headers().contains_key("grpc-status") {
+            return Poll::Ready(Ok(response));
+        }
+        let (parts, mut body) = response.into_parts();
+        // tonic encodes a unary answer's message when its body is first polled, and has it
+        // ready then; anything else is handed on as it comes.
+        let first = match Pin::new(&mut body).poll_frame(cx) {
+            Poll::Ready(frame) => Some(frame),
+            Poll::Pending => None,
+        };
+        let mut held = Held {
+            body,
+            piece: Bytes::new(),
+            next: None,
+            done: false,
+            sending,
+        };
+        match first {
+            Some(Some(Ok(frame))) => match frame.into_data() {
+                Ok(data) => {
+                    let now = held.sending.bytes.load(Ordering::Acquire);
+                    if reads_only && refuses(now, data.len(), limit) {
+                        cube_metrics::ANSWER_SEND_REFUSED.inc();
+                        return Poll::Ready(Ok(over_limit(now, limit, true).into_http()));
+                    }
+                    held.hold(data);
+                }
+                Err(frame) => held.next = Some(Ok(frame)),
+            },
+            Some(Some(Err(e))) => held.next = Some(Err(e)),
+            Some(None) => held.done = true,
+            None => {}
+        }
+        Poll::Ready(Ok(http::Response::from_parts(parts, Body::new(held))))
+    }
+}
+
+/// What a call is answered when its connection holds too much it has not read.
+fn over_limit(held: usize, limit: usize, read: bool) -> Status {
+    let what = if read {
+        "this answer would take it past"
+    } else {
+        "that is past"
+    };
+    Status::resource_exhausted(format!(
+        "this connection's client has not yet read {held} bytes of answers to its earlier calls \
+         (HTTP/2 flow control), and {what} the server's limit of {limit} bytes \
+         (--max-connection-send-bytes); read those answers before making more large calls on \
+         this connection (this call was not {})",
+        if read { "answered" } else { "run" }
+    ))
+}
+
+/// An answer's body whose message is held here and handed on in pieces, counted against its
+/// connection until then (see the module doc).
+struct Held {
+    body: Body,
+    /// What is held: the rest of the message being handed on.
+    piece: Bytes,
+    /// A frame taken from `body` that comes after `piece`.
+    next: Option<Result<Frame<Bytes>, Status>>,
+    /// `body` has ended.
+    done: bool,
+    sending: Arc<Sending>,
+}
+
+impl Held {
+    fn hold(&mut self, data: Bytes) {
+        debug_assert!(self.piece.is_empty());
+        self.sending.bytes.fetch_add(data.len(), Ordering::AcqRel);
+        cube_metrics::ANSWER_BYTES_HELD.add(data.len() as i64);
+        self.piece = data;
+    }
+
+    /// The next piece of what is held, no longer counted.
+    fn take_piece(&mut self) -> Bytes {
+        let piece = self.piece.split_to(self.piece.len().min(PIECE_BYTES));
+        self.release(piece.len());
+        piece
+    }
+
+    fn release(&self, n: usize) {
+        if n > 0 {
+            self.sending.bytes.fetch_sub(n, Ordering::AcqRel);
+            cube_metrics::ANSWER_BYTES_HELD.sub(n as i64);
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.release(self.piece.len());
+    }
+}
+
+impl HttpBody for Held {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        let this = &mut *self;
+        if !this.piece.is_empty() {
+            return Poll::Ready(Some(Ok(Frame::data(this.take_piece()))));
+        }
+        if let Some(next) = this.next.take() {
+            return Poll::Ready(Some(next));
+        }
+        if this.done {
+            return Poll::Ready(None);
+        }
+        match ready!(Pin::new(&mut this.body).poll_frame(cx)) {
+            // A later message (none in a unary answer): held and handed on the same way.
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => {
+                    this.hold(data);
+                    Poll::Ready(Some(Ok(Frame::data(this.take_piece()))))
+                }
+                Err(frame) => Poll::Ready(Some(Ok(frame))),
+            },
+            Some(Err(e)) => Poll::Ready(Some(Err(e))),
+            None => {
+                this.done = true;
+                Poll::Ready(None)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.piece.is_empty() && self.next.is_none() && (self.done || self.body.is_end_stream())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    #[test]
+    fn only_cube_v1_unary_answers_count_and_only_reads_are_replaced() {
+        assert_eq!(kind("/cube.v1.Cells/Read"), Kind::Read);
+        assert_eq!(kind("/cube.v1.Cells/Walk"), Kind::Read);
+        assert_eq!(kind("/cube.v1.Tenant/Stats"), Kind::Read);
+        assert_eq!(kind("/cube.v1.Cells/Write"), Kind::Change);
+        assert_eq!(kind("/cube.v1.Cells/Run"), Kind::Change);
+        assert_eq!(kind("/cube.v1.Access/Grant"), Kind::Change);
+        assert_eq!(kind("/cube.v1.Cells/Region"), Kind::Uncounted);
+        assert_eq!(kind("/cube.v1.Tenant/Audit"), Kind::Uncounted);
+        assert_eq!(kind("/grpc.health.v1.Health/Check"), Kind::Uncounted);
+    }
+
+    #[test]
+    fn an_answer_is_refused_past_the_limit_unless_nothing_is_held() {
+        assert!(
+            !refuses(0, 10, 4),
+            "a connection holding nothing gets any answer"
+        );
+        assert!(!refuses(2, 2, 4));
+        assert!(refuses(2, 3, 4));
+        assert!(refuses(usize::MAX, 1, 4), "no overflow");
+    }
+
+    fn frames(data: &[Bytes], trailers: bool) -> Body {
+        let mut frames: Vec<Result<Frame<Bytes>, Status>> =
+            data.iter().cloned().map(|d| Ok(Frame::data(d))).collect();
+        if trailers {
+            let mut t = http::HeaderMap::new();
+            t.insert("grpc-status", http::HeaderValue::from_static("0"));
+            frames.push(Ok(Frame::trailers(t)));
+        }
+        Body::new(http_body_util::StreamBody::new(futures::stream::iter(
+            frames,
+        )))
+    }
+
+    /// A message is handed on whole, in pieces, with its trailers after it; it counts until
+    /// each piece is handed on, and what is left of it stops counting when the body is dropped.
+    #[tokio::test]
+    async fn a_held_message_goes_out_whole_in_pieces_and_counts_until_it_does() {
+        let message: Bytes = (0..(PIECE_BYTES * 5 / 2)).map(|i| i as u8).collect();
+        let sending = Arc::new(Sending::default());
+        let mut held = Held {
+            body: frames(&[], true),
+            piece: Bytes::new(),
+            next: None,
+            done: false,
+            sending: Arc::clone(&sending),
+        };
+        held.hold(message.clone());
+        assert_eq!(sending.bytes.load(Ordering::Acquire), message.len());
+        let mut out = Vec::new();
+        let mut sizes = Vec::new();
+        let mut trailers = None;
+        while let Some(frame) = held.frame().await {
+            let frame = frame.unwrap();
+            match frame.into_data() {
+                Ok(d) => {
+                    sizes.push(d.len());
+                    out.extend_from_slice(&d);
+                    assert_eq!(
+                        sending.bytes.load(Ordering::Acquire),
+                        message.len() - out.len(),
+                        "what was handed on still counts"
+                    );
+                }
+                Err(f) => trailers = f.into_trailers().ok(),
+            }
+        }
+        assert_eq!(sizes, [PIECE_BYTES, PIECE_BYTES, PIECE_BYTES / 2]);
+        assert_eq!(out, message);
+        assert_eq!(trailers.unwrap()["grpc-status"], "0");
+        assert!(held.is_end_stream());
+
+        // Dropped part-way: the rest stops counting.
+        let mut held = Held {
+            body: frames(&[], true),
+            piece: Bytes::new(),
+            next: None,
+            done: false,
+            sending: Arc::clone(&sending),
+        };
+        held.hold(message.clone());
+        held.frame().await.unwrap().unwrap();
+        assert_eq!(
+            sending.bytes.load(Ordering::Acquire),
+            message.len() - PIECE_BYTES
+        );
+        drop(held);
+        assert_eq!(sending.bytes.load(Ordering::Acquire), 0);
+    }
+
+    /// A body whose later frames carry messages (not a unary answer's) has them held too.
+    #[tokio::test]
+    async fn later_messages_are_held_as_they_come() {
+        let sending = Arc::new(Sending::default());
+        let a = Bytes::from(vec![1u8; PIECE_BYTES + 1]);
+        let b = Bytes::from(vec![2u8; 3]);
+        let mut held = Held {
+            body: frames(&[a.clone(), b.clone()], false),
+            piece: Bytes::new(),
+            next: None,
+            done: false,
+            sending: Arc::clone(&sending),
+        };
+        let mut out = Vec::new();
+        while let Some(frame) = held.frame().await {
+            out.extend_from_slice(&frame.unwrap().into_data().unwrap());
+        }
+        assert_eq!(out, [&a[..], &b[..]].concat());
+        assert_eq!(sending.bytes.load(Ordering::Acquire), 0);
+    }
+}

@@ -328,8 +328,9 @@ pub struct ServeArgs {
     #[arg(long, env = "CUBE_MAX_CONNECTION_RECEIVE_BYTES")]
     pub max_connection_receive_bytes: Option<usize>,
     /// Bytes of unary answers one connection's client may leave unread (HTTP/2 flow control)
-    /// before its reads are refused with RESOURCE_EXHAUSTED, and, past it, every call. At least
-    /// 65536 (default: the larger of 64 MiB and twice --max-value-bytes).
+    /// before its reads are refused with RESOURCE_EXHAUSTED, and, past it, every unary call. At
+    /// least --max-value-bytes + 64 KiB (default: the larger of 64 MiB and twice
+    /// --max-value-bytes).
     #[arg(long, env = "CUBE_MAX_CONNECTION_SEND_BYTES")]
     pub max_connection_send_bytes: Option<usize>,
     /// Allowed clock skew of signed calls, seconds.
@@ -559,10 +560,13 @@ impl ServeArgs {
                 .saturating_mul(2)
                 .max(MIN_DEFAULT_CONNECTION_SEND_BYTES),
         );
+        let least =
+            (self.max_value_bytes + MESSAGE_OVERHEAD).max(cube_gateway::MIN_CONNECTION_SEND_BYTES);
         anyhow::ensure!(
-            max_connection_send_bytes >= cube_gateway::MIN_CONNECTION_SEND_BYTES,
-            "--max-connection-send-bytes ({max_connection_send_bytes}) must be at least {}",
-            cube_gateway::MIN_CONNECTION_SEND_BYTES
+            max_connection_send_bytes >= least,
+            "--max-connection-send-bytes ({max_connection_send_bytes}) must be at least {least} \
+             (--max-value-bytes + 64 KiB): one answer of the largest value, alone, must not put a \
+             connection over it"
         );
         anyhow::ensure!(
             self.max_in_flight_bytes >= self.max_value_bytes,
@@ -1178,12 +1182,15 @@ mod config_file_tests {
         assert_eq!(serve(&[]).unwrap().max_connection_send_bytes, 64 << 20);
         let big = serve(&["--max-value-bytes", "67108864"]).unwrap();
         assert_eq!(big.max_connection_send_bytes, 128 << 20);
-        let err = serve(&["--max-connection-send-bytes", "65535"]).unwrap_err();
+        let err = serve(&["--max-connection-send-bytes", "1114111"]).unwrap_err();
         assert!(
             err.to_string().contains("--max-connection-send-bytes"),
             "{err}"
         );
-        serve(&["--max-connection-send-bytes", "65536"]).unwrap();
+        serve(&["--max-connection-send-bytes", "1114112"]).unwrap();
+        let small = ["--max-value-bytes", "1", "--max-connection-send-bytes"];
+        assert!(serve(&[&small[..], &["65536"]].concat()).is_err());
+        serve(&[&small[..], &["65537"]].concat()).unwrap();
         let config = serve(&["--drain-secs", "0"]).unwrap();
         assert_eq!(config.drain, std::time::Duration::ZERO);
         let config = serve(&[]).unwrap();

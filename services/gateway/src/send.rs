@@ -8,15 +8,19 @@
 //! `--max-concurrent-streams` answers (1024 by default) of a `Read` of the largest value each.
 //!
 //! This layer takes each unary answer's encoded message from tonic itself, before hyper sees
-//! the response, and hands it on in pieces of [`PIECE_BYTES`]: hyper holds at most one piece
-//! and HTTP/2 at most the client's window, and what this layer still holds counts against its
-//! connection's [`ConnInfo::sending`] until it is handed on or the call is dropped. Then:
+//! the response, and hands it on in pieces of [`PIECE_BYTES`], as hyper asks for them; what it
+//! still holds counts against its connection's [`ConnInfo::sending`] until it is handed on or
+//! the call is dropped. What was handed on is not counted: hyper holds one piece while it waits
+//! for window, and h2 buffers a stream's data up to its send buffer (400 KiB) as far as the
+//! client's window reaches, until the socket takes it. So a stream holds at most ~464 KiB
+//! outside the count, and only for a client that opens large windows and then reads its socket
+//! slowly. Then:
 //!
 //! - the answer of a call that only reads (`Cells.Read`, `Cells.Walk`, `Tenant.Stats`) that
 //!   would take the count over the limit is replaced by RESOURCE_EXHAUSTED, unless nothing else
 //!   of the connection is held (so any answer can be sent to a client that reads);
-//! - a call arriving while its connection's count is over the limit is answered
-//!   RESOURCE_EXHAUSTED at once, before its handler runs: a change's answer (small, but
+//! - a unary `cube.v1` call arriving while its connection's count is over the limit is
+//!   answered RESOURCE_EXHAUSTED at once, before its handler runs: a change's answer (small, but
 //!   `Cells.Run` returns its program) is never replaced after the change was made, so the
 //!   calls that would add to the count are refused before they run instead.
 //!
@@ -190,12 +194,10 @@ where
         match first {
             Some(Some(Ok(frame))) => match frame.into_data() {
                 Ok(data) => {
-                    let now = held.sending.bytes.load(Ordering::Acquire);
-                    if reads_only && refuses(now, data.len(), limit) {
+                    if let Err(now) = held.hold(data, reads_only.then_some(limit)) {
                         cube_metrics::ANSWER_SEND_REFUSED.inc();
                         return Poll::Ready(Ok(over_limit(now, limit, true).into_http()));
                     }
-                    held.hold(data);
                 }
                 Err(frame) => held.next = Some(Ok(frame)),
             },
@@ -237,11 +239,27 @@ struct Held {
 }
 
 impl Held {
-    fn hold(&mut self, data: Bytes) {
+    /// Hold `data`, counted against the connection; with `refuse_past`, only if [`refuses`]
+    /// lets it (checked and counted in one step, so that answers finishing at once on two
+    /// threads cannot both pass): else the count it found, and nothing is held.
+    fn hold(&mut self, data: Bytes, refuse_past: Option<usize>) -> Result<(), usize> {
         debug_assert!(self.piece.is_empty());
-        self.sending.bytes.fetch_add(data.len(), Ordering::AcqRel);
-        cube_metrics::ANSWER_BYTES_HELD.add(data.len() as i64);
+        let n = data.len();
+        match refuse_past {
+            None => {
+                self.sending.bytes.fetch_add(n, Ordering::AcqRel);
+            }
+            Some(limit) => {
+                self.sending
+                    .bytes
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
+                        (!refuses(now, n, limit)).then(|| now + n)
+                    })?;
+            }
+        }
+        cube_metrics::ANSWER_BYTES_HELD.add(n as i64);
         self.piece = data;
+        Ok(())
     }
 
     /// The next piece of what is held, no longer counted.
@@ -287,7 +305,7 @@ impl HttpBody for Held {
             // A later message (none in a unary answer): held and handed on the same way.
             Some(Ok(frame)) => match frame.into_data() {
                 Ok(data) => {
-                    this.hold(data);
+                    let _always = this.hold(data, None);
                     Poll::Ready(Some(Ok(Frame::data(this.take_piece()))))
                 }
                 Err(frame) => Poll::Ready(Some(Ok(frame))),
@@ -360,7 +378,7 @@ mod tests {
             done: false,
             sending: Arc::clone(&sending),
         };
-        held.hold(message.clone());
+        held.hold(message.clone(), None).unwrap();
         assert_eq!(sending.bytes.load(Ordering::Acquire), message.len());
         let mut out = Vec::new();
         let mut sizes = Vec::new();
@@ -393,13 +411,38 @@ mod tests {
             done: false,
             sending: Arc::clone(&sending),
         };
-        held.hold(message.clone());
+        held.hold(message.clone(), None).unwrap();
         held.frame().await.unwrap().unwrap();
         assert_eq!(
             sending.bytes.load(Ordering::Acquire),
             message.len() - PIECE_BYTES
         );
         drop(held);
+        assert_eq!(sending.bytes.load(Ordering::Acquire), 0);
+    }
+
+    /// An answer refused past the limit is not held and leaves the count as it was; one that
+    /// fits is counted; one is always held when nothing else is.
+    #[test]
+    fn a_read_answer_is_held_only_within_the_limit() {
+        let sending = Arc::new(Sending::default());
+        let held = || Held {
+            body: frames(&[], true),
+            piece: Bytes::new(),
+            next: None,
+            done: false,
+            sending: Arc::clone(&sending),
+        };
+        let (mut a, mut b, mut c) = (held(), held(), held());
+        assert_eq!(a.hold(Bytes::from(vec![0u8; 10]), Some(4)), Ok(()));
+        assert_eq!(b.hold(Bytes::from(vec![0u8; 1]), Some(4)), Err(10));
+        assert!(b.piece.is_empty());
+        assert_eq!(sending.bytes.load(Ordering::Acquire), 10);
+        drop(a);
+        assert_eq!(c.hold(Bytes::from(vec![0u8; 3]), Some(4)), Ok(()));
+        assert_eq!(b.hold(Bytes::from(vec![0u8; 1]), Some(4)), Ok(()));
+        assert_eq!(sending.bytes.load(Ordering::Acquire), 4);
+        drop((b, c));
         assert_eq!(sending.bytes.load(Ordering::Acquire), 0);
     }
 

@@ -184,13 +184,7 @@ where
             Poll::Ready(frame) => Some(frame),
             Poll::Pending => None,
         };
-        let mut held = Held {
-            body,
-            piece: Bytes::new(),
-            next: None,
-            done: false,
-            sending,
-        };
+        let mut held = Held::new(body, sending);
         match first {
             Some(Some(Ok(frame))) => match frame.into_data() {
                 Ok(data) => {
@@ -239,6 +233,16 @@ struct Held {
 }
 
 impl Held {
+    fn new(body: Body, sending: Arc<Sending>) -> Held {
+        Held {
+            body,
+            piece: Bytes::new(),
+            next: None,
+            done: false,
+            sending,
+        }
+    }
+
     /// Hold `data`, counted against the connection; with `refuse_past`, only if [`refuses`]
     /// lets it (checked and counted in one step, so that answers finishing at once on two
     /// threads cannot both pass): else the count it found, and nothing is held.
@@ -371,13 +375,7 @@ mod tests {
     async fn a_held_message_goes_out_whole_in_pieces_and_counts_until_it_does() {
         let message: Bytes = (0..(PIECE_BYTES * 5 / 2)).map(|i| i as u8).collect();
         let sending = Arc::new(Sending::default());
-        let mut held = Held {
-            body: frames(&[], true),
-            piece: Bytes::new(),
-            next: None,
-            done: false,
-            sending: Arc::clone(&sending),
-        };
+        let mut held = Held::new(frames(&[], true), Arc::clone(&sending));
         held.hold(message.clone(), None).unwrap();
         assert_eq!(sending.bytes.load(Ordering::Acquire), message.len());
         let mut out = Vec::new();
@@ -392,7 +390,7 @@ mod tests {
                     assert_eq!(
                         sending.bytes.load(Ordering::Acquire),
                         message.len() - out.len(),
-                        "what was handed on still counts"
+                        "what was handed on no longer counts"
                     );
                 }
                 Err(f) => trailers = f.into_trailers().ok(),
@@ -404,13 +402,7 @@ mod tests {
         assert!(held.is_end_stream());
 
         // Dropped part-way: the rest stops counting.
-        let mut held = Held {
-            body: frames(&[], true),
-            piece: Bytes::new(),
-            next: None,
-            done: false,
-            sending: Arc::clone(&sending),
-        };
+        let mut held = Held::new(frames(&[], true), Arc::clone(&sending));
         held.hold(message.clone(), None).unwrap();
         held.frame().await.unwrap().unwrap();
         assert_eq!(
@@ -426,13 +418,7 @@ mod tests {
     #[test]
     fn a_read_answer_is_held_only_within_the_limit() {
         let sending = Arc::new(Sending::default());
-        let held = || Held {
-            body: frames(&[], true),
-            piece: Bytes::new(),
-            next: None,
-            done: false,
-            sending: Arc::clone(&sending),
-        };
+        let held = || Held::new(frames(&[], true), Arc::clone(&sending));
         let (mut a, mut b, mut c) = (held(), held(), held());
         assert_eq!(a.hold(Bytes::from(vec![0u8; 10]), Some(4)), Ok(()));
         assert_eq!(b.hold(Bytes::from(vec![0u8; 1]), Some(4)), Err(10));
@@ -452,13 +438,7 @@ mod tests {
         let sending = Arc::new(Sending::default());
         let a = Bytes::from(vec![1u8; PIECE_BYTES + 1]);
         let b = Bytes::from(vec![2u8; 3]);
-        let mut held = Held {
-            body: frames(&[a.clone(), b.clone()], false),
-            piece: Bytes::new(),
-            next: None,
-            done: false,
-            sending: Arc::clone(&sending),
-        };
+        let mut held = Held::new(frames(&[a.clone(), b.clone()], false), Arc::clone(&sending));
         let mut out = Vec::new();
         while let Some(frame) = held.frame().await {
             out.extend_from_slice(&frame.unwrap().into_data().unwrap());

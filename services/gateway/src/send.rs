@@ -184,7 +184,7 @@ where
             Poll::Ready(frame) => Some(frame),
             Poll::Pending => None,
         };
-        let mut held = Held::new(body, sending);
+        let mut held = HeldAnswer::new(body, sending);
         match first {
             Some(Some(Ok(frame))) => match frame.into_data() {
                 Ok(data) => {
@@ -205,23 +205,22 @@ where
 
 /// What a call is answered when its connection holds too much it has not read.
 fn over_limit(held: usize, limit: usize, read: bool) -> Status {
-    let what = if read {
-        "this answer would take it past"
+    let (what, outcome) = if read {
+        ("this answer would take it past", "answered")
     } else {
-        "that is past"
+        ("that is past", "run")
     };
     Status::resource_exhausted(format!(
         "this connection's client has not yet read {held} bytes of answers to its earlier calls \
          (HTTP/2 flow control), and {what} the server's limit of {limit} bytes \
          (--max-connection-send-bytes); read those answers before making more large calls on \
-         this connection (this call was not {})",
-        if read { "answered" } else { "run" }
+         this connection (this call was not {outcome})"
     ))
 }
 
 /// An answer's body whose message is held here and handed on in pieces, counted against its
 /// connection until then (see the module doc).
-struct Held {
+struct HeldAnswer {
     body: Body,
     /// What is held: the rest of the message being handed on.
     piece: Bytes,
@@ -232,9 +231,9 @@ struct Held {
     sending: Arc<Sending>,
 }
 
-impl Held {
-    fn new(body: Body, sending: Arc<Sending>) -> Held {
-        Held {
+impl HeldAnswer {
+    fn new(body: Body, sending: Arc<Sending>) -> HeldAnswer {
+        HeldAnswer {
             body,
             piece: Bytes::new(),
             next: None,
@@ -281,13 +280,13 @@ impl Held {
     }
 }
 
-impl Drop for Held {
+impl Drop for HeldAnswer {
     fn drop(&mut self) {
         self.release(self.piece.len());
     }
 }
 
-impl HttpBody for Held {
+impl HttpBody for HeldAnswer {
     type Data = Bytes;
     type Error = Status;
 
@@ -375,7 +374,7 @@ mod tests {
     async fn a_held_message_goes_out_whole_in_pieces_and_counts_until_it_does() {
         let message: Bytes = (0..(PIECE_BYTES * 5 / 2)).map(|i| i as u8).collect();
         let sending = Arc::new(Sending::default());
-        let mut held = Held::new(frames(&[], true), Arc::clone(&sending));
+        let mut held = HeldAnswer::new(frames(&[], true), Arc::clone(&sending));
         held.hold(message.clone(), None).unwrap();
         assert_eq!(sending.bytes.load(Ordering::Acquire), message.len());
         let mut out = Vec::new();
@@ -402,7 +401,7 @@ mod tests {
         assert!(held.is_end_stream());
 
         // Dropped part-way: the rest stops counting.
-        let mut held = Held::new(frames(&[], true), Arc::clone(&sending));
+        let mut held = HeldAnswer::new(frames(&[], true), Arc::clone(&sending));
         held.hold(message.clone(), None).unwrap();
         held.frame().await.unwrap().unwrap();
         assert_eq!(
@@ -418,7 +417,7 @@ mod tests {
     #[test]
     fn a_read_answer_is_held_only_within_the_limit() {
         let sending = Arc::new(Sending::default());
-        let held = || Held::new(frames(&[], true), Arc::clone(&sending));
+        let held = || HeldAnswer::new(frames(&[], true), Arc::clone(&sending));
         let (mut a, mut b, mut c) = (held(), held(), held());
         assert_eq!(a.hold(Bytes::from(vec![0u8; 10]), Some(4)), Ok(()));
         assert_eq!(b.hold(Bytes::from(vec![0u8; 1]), Some(4)), Err(10));
@@ -438,7 +437,8 @@ mod tests {
         let sending = Arc::new(Sending::default());
         let a = Bytes::from(vec![1u8; PIECE_BYTES + 1]);
         let b = Bytes::from(vec![2u8; 3]);
-        let mut held = Held::new(frames(&[a.clone(), b.clone()], false), Arc::clone(&sending));
+        let mut held =
+            HeldAnswer::new(frames(&[a.clone(), b.clone()], false), Arc::clone(&sending));
         let mut out = Vec::new();
         while let Some(frame) = held.frame().await {
             out.extend_from_slice(&frame.unwrap().into_data().unwrap());

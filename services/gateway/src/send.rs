@@ -8,13 +8,14 @@
 //! `--max-concurrent-streams` answers (1024 by default) of a `Read` of the largest value each.
 //!
 //! This layer takes each unary answer's encoded message from tonic itself, before hyper sees
-//! the response, and hands it on in pieces of [`PIECE_BYTES`], as hyper asks for them; what it
-//! still holds counts against its connection's [`ConnInfo::sending`] until it is handed on or
-//! the call is dropped. What was handed on is not counted: hyper holds one piece while it waits
-//! for window, and h2 buffers a stream's data up to its send buffer (400 KiB) as far as the
-//! client's window reaches, until the socket takes it. So a stream holds at most ~464 KiB
-//! outside the count, and only for a client that opens large windows and then reads its socket
-//! slowly. Then:
+//! the response, and hands it on in pieces of [`PIECE_BYTES`], as hyper asks for them. The
+//! message counts against its connection's [`ConnInfo::sending`] until the socket has taken it:
+//! each piece handed on is a [`Bytes`] whose owner gives its count back when the last handle on
+//! it is dropped, which h2 does once it has written the piece's last byte to the socket (or
+//! dropped it with its stream). So the count also covers what waits in hyper and in h2's send
+//! buffers (up to 400 KiB a stream, as far as the client's window reaches: a client that opens
+//! large windows and then reads its socket slowly); only what the kernel's socket buffer took
+//! is outside it. Then:
 //!
 //! - the answer of a call that only reads (`Cells.Read`, `Cells.Walk`, `Tenant.Stats`) that
 //!   would take the count over the limit is replaced by RESOURCE_EXHAUSTED, unless nothing else
@@ -49,8 +50,37 @@ pub const MIN_CONNECTION_SEND_BYTES: usize = PIECE_BYTES;
 /// What one connection's unary answers hold (see the module doc).
 #[derive(Debug, Default)]
 pub struct Sending {
-    /// Bytes of encoded answers not yet handed to HTTP/2.
+    /// Bytes of encoded answers not yet written to the socket.
     pub bytes: AtomicUsize,
+}
+
+impl Sending {
+    fn release(&self, n: usize) {
+        if n > 0 {
+            self.bytes.fetch_sub(n, Ordering::AcqRel);
+            cube_metrics::ANSWER_BYTES_HELD.sub(n as i64);
+        }
+    }
+}
+
+/// A piece of an answer handed on, still counted: the owner of the [`Bytes`] hyper and h2 pass
+/// along, dropped with the last handle on them (once h2 has written the piece to the socket, or
+/// dropped it with its stream).
+struct CountedPiece {
+    bytes: Bytes,
+    sending: Arc<Sending>,
+}
+
+impl AsRef<[u8]> for CountedPiece {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl Drop for CountedPiece {
+    fn drop(&mut self) {
+        self.sending.release(self.bytes.len());
+    }
 }
 
 /// How a method's answers are counted.
@@ -219,7 +249,7 @@ fn over_limit(held: usize, limit: usize, read: bool) -> Status {
 }
 
 /// An answer's body whose message is held here and handed on in pieces, counted against its
-/// connection until then (see the module doc).
+/// connection until the socket has taken them (see the module doc).
 struct HeldAnswer {
     body: Body,
     /// What is held: the rest of the message being handed on.
@@ -265,24 +295,19 @@ impl HeldAnswer {
         Ok(())
     }
 
-    /// The next piece of what is held, no longer counted.
+    /// The next piece of what is held, counted until the socket has taken it.
     fn take_piece(&mut self) -> Bytes {
-        let piece = self.piece.split_to(self.piece.len().min(PIECE_BYTES));
-        self.release(piece.len());
-        piece
-    }
-
-    fn release(&self, n: usize) {
-        if n > 0 {
-            self.sending.bytes.fetch_sub(n, Ordering::AcqRel);
-            cube_metrics::ANSWER_BYTES_HELD.sub(n as i64);
-        }
+        let bytes = self.piece.split_to(self.piece.len().min(PIECE_BYTES));
+        Bytes::from_owner(CountedPiece {
+            bytes,
+            sending: Arc::clone(&self.sending),
+        })
     }
 }
 
 impl Drop for HeldAnswer {
     fn drop(&mut self) {
-        self.release(self.piece.len());
+        self.sending.release(self.piece.len());
     }
 }
 
@@ -368,48 +393,51 @@ mod tests {
         )))
     }
 
-    /// A message is handed on whole, in pieces, with its trailers after it; it counts until
-    /// each piece is handed on, and what is left of it stops counting when the body is dropped.
+    /// A message is handed on whole, in pieces, with its trailers after it; each piece counts
+    /// until its last handle is dropped (h2 drops it once written), what is left of the message
+    /// until the body is dropped.
     #[tokio::test]
-    async fn a_held_message_goes_out_whole_in_pieces_and_counts_until_it_does() {
+    async fn a_held_message_goes_out_whole_in_pieces_and_counts_until_they_are_dropped() {
         let message: Bytes = (0..(PIECE_BYTES * 5 / 2)).map(|i| i as u8).collect();
         let sending = Arc::new(Sending::default());
+        let counted = || sending.bytes.load(Ordering::Acquire);
         let mut held = HeldAnswer::new(frames(&[], true), Arc::clone(&sending));
         held.hold(message.clone(), None).unwrap();
-        assert_eq!(sending.bytes.load(Ordering::Acquire), message.len());
-        let mut out = Vec::new();
-        let mut sizes = Vec::new();
+        assert_eq!(counted(), message.len());
+        let mut pieces = Vec::new();
         let mut trailers = None;
         while let Some(frame) = held.frame().await {
-            let frame = frame.unwrap();
-            match frame.into_data() {
-                Ok(d) => {
-                    sizes.push(d.len());
-                    out.extend_from_slice(&d);
-                    assert_eq!(
-                        sending.bytes.load(Ordering::Acquire),
-                        message.len() - out.len(),
-                        "what was handed on no longer counts"
-                    );
-                }
+            match frame.unwrap().into_data() {
+                Ok(d) => pieces.push(d),
                 Err(f) => trailers = f.into_trailers().ok(),
             }
+            assert_eq!(counted(), message.len(), "a piece handed on still counts");
         }
-        assert_eq!(sizes, [PIECE_BYTES, PIECE_BYTES, PIECE_BYTES / 2]);
-        assert_eq!(out, message);
         assert_eq!(trailers.unwrap()["grpc-status"], "0");
         assert!(held.is_end_stream());
+        drop(held);
+        let sizes: Vec<usize> = pieces.iter().map(Bytes::len).collect();
+        assert_eq!(sizes, [PIECE_BYTES, PIECE_BYTES, PIECE_BYTES / 2]);
+        assert_eq!(pieces.concat(), message);
+        // A piece split as h2 splits it into frames counts until its last part is dropped.
+        let mut first = pieces.remove(0);
+        let head = first.split_to(100);
+        drop(first);
+        assert_eq!(counted(), message.len(), "part of a piece is still held");
+        drop(head);
+        assert_eq!(counted(), message.len() - PIECE_BYTES);
+        drop(pieces);
+        assert_eq!(counted(), 0);
 
-        // Dropped part-way: the rest stops counting.
+        // Dropped part-way: the rest stops counting with the body, the piece handed on with its
+        // last handle.
         let mut held = HeldAnswer::new(frames(&[], true), Arc::clone(&sending));
         held.hold(message.clone(), None).unwrap();
-        held.frame().await.unwrap().unwrap();
-        assert_eq!(
-            sending.bytes.load(Ordering::Acquire),
-            message.len() - PIECE_BYTES
-        );
+        let piece = held.frame().await.unwrap().unwrap();
         drop(held);
-        assert_eq!(sending.bytes.load(Ordering::Acquire), 0);
+        assert_eq!(counted(), PIECE_BYTES);
+        drop(piece);
+        assert_eq!(counted(), 0);
     }
 
     /// An answer refused past the limit is not held and leaves the count as it was; one that

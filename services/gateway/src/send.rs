@@ -9,13 +9,15 @@
 //!
 //! This layer takes each unary answer's encoded message from tonic itself, before hyper sees
 //! the response, and hands it on in pieces of [`PIECE_BYTES`], as hyper asks for them. The
-//! message counts against its connection's [`ConnInfo::sending`] until the socket has taken it:
-//! each piece handed on is a [`Bytes`] whose owner gives its count back when the last handle on
-//! it is dropped, which h2 does once it has written the piece's last byte to the socket (or
-//! dropped it with its stream). So the count also covers what waits in hyper and in h2's send
-//! buffers (up to 400 KiB a stream, as far as the client's window reaches: a client that opens
-//! large windows and then reads its socket slowly); only what the kernel's socket buffer took
-//! is outside it. Then:
+//! message counts against its connection's [`ConnInfo::sending`] until the socket has taken all
+//! of it: the pieces are cut from a [`Bytes`] whose owner gives the message's count back when
+//! the last handle on any part of it is dropped, which h2 does once it has written a piece's
+//! last byte to the socket (or dropped it with its stream or connection). That is also when
+//! the message's memory is freed (every piece shares tonic's buffer), so a client that leaves
+//! one byte of each answer unsent holds it counted whole. The count covers what waits in hyper
+//! and in h2's send buffers (up to ~464 KiB a stream, as far as the client's window reaches:
+//! a client that opens large windows and then reads its socket slowly); only what the kernel's
+//! socket buffer took is outside it. Then:
 //!
 //! - the answer of a call that only reads (`Cells.Read`, `Cells.Walk`, `Tenant.Stats`) that
 //!   would take the count over the limit is replaced by RESOURCE_EXHAUSTED, unless nothing else
@@ -63,21 +65,22 @@ impl Sending {
     }
 }
 
-/// A piece of an answer handed on, still counted: the owner of the [`Bytes`] hyper and h2 pass
-/// along, dropped with the last handle on them (once h2 has written the piece to the socket, or
-/// dropped it with its stream).
-struct CountedPiece {
+/// An answer's message, counted: the owner of the [`Bytes`] its pieces are cut from, dropped
+/// with the last handle on any of them (once h2 has written the last piece to the socket, or
+/// dropped it with its stream or connection; or with the answer's body, for what was never
+/// handed on).
+struct CountedMessage {
     bytes: Bytes,
     sending: Arc<Sending>,
 }
 
-impl AsRef<[u8]> for CountedPiece {
+impl AsRef<[u8]> for CountedMessage {
     fn as_ref(&self) -> &[u8] {
         &self.bytes
     }
 }
 
-impl Drop for CountedPiece {
+impl Drop for CountedMessage {
     fn drop(&mut self) {
         self.sending.release(self.bytes.len());
     }
@@ -249,7 +252,7 @@ fn over_limit(held: usize, limit: usize, read: bool) -> Status {
 }
 
 /// An answer's body whose message is held here and handed on in pieces, counted against its
-/// connection until the socket has taken them (see the module doc).
+/// connection until the socket has taken them all (see the module doc).
 struct HeldAnswer {
     body: Body,
     /// What is held: the rest of the message being handed on.
@@ -291,23 +294,16 @@ impl HeldAnswer {
             }
         }
         cube_metrics::ANSWER_BYTES_HELD.add(n as i64);
-        self.piece = data;
+        self.piece = Bytes::from_owner(CountedMessage {
+            bytes: data,
+            sending: Arc::clone(&self.sending),
+        });
         Ok(())
     }
 
-    /// The next piece of what is held, counted until the socket has taken it.
+    /// The next piece of what is held (the message counts until every piece is dropped).
     fn take_piece(&mut self) -> Bytes {
-        let bytes = self.piece.split_to(self.piece.len().min(PIECE_BYTES));
-        Bytes::from_owner(CountedPiece {
-            bytes,
-            sending: Arc::clone(&self.sending),
-        })
-    }
-}
-
-impl Drop for HeldAnswer {
-    fn drop(&mut self) {
-        self.sending.release(self.piece.len());
+        self.piece.split_to(self.piece.len().min(PIECE_BYTES))
     }
 }
 
@@ -393,9 +389,9 @@ mod tests {
         )))
     }
 
-    /// A message is handed on whole, in pieces, with its trailers after it; each piece counts
-    /// until its last handle is dropped (h2 drops it once written), what is left of the message
-    /// until the body is dropped.
+    /// A message is handed on whole, in pieces, with its trailers after it; it counts whole until
+    /// the last handle on any part of it is dropped (h2 drops a piece once written), since all
+    /// of them keep its buffer.
     #[tokio::test]
     async fn a_held_message_goes_out_whole_in_pieces_and_counts_until_they_are_dropped() {
         let message: Bytes = (0..(PIECE_BYTES * 5 / 2)).map(|i| i as u8).collect();
@@ -419,23 +415,26 @@ mod tests {
         let sizes: Vec<usize> = pieces.iter().map(Bytes::len).collect();
         assert_eq!(sizes, [PIECE_BYTES, PIECE_BYTES, PIECE_BYTES / 2]);
         assert_eq!(pieces.concat(), message);
-        // A piece split as h2 splits it into frames counts until its last part is dropped.
-        let mut first = pieces.remove(0);
-        let head = first.split_to(100);
-        drop(first);
-        assert_eq!(counted(), message.len(), "part of a piece is still held");
-        drop(head);
-        assert_eq!(counted(), message.len() - PIECE_BYTES);
-        drop(pieces);
+        // Split further, as h2 splits a piece into frames: the message counts until the last
+        // part of it is dropped.
+        let mut last = pieces.pop().unwrap();
+        let tail = last.split_off(100);
+        drop((pieces, last));
+        assert_eq!(
+            counted(),
+            message.len(),
+            "part of the message is still held"
+        );
+        drop(tail);
         assert_eq!(counted(), 0);
 
-        // Dropped part-way: the rest stops counting with the body, the piece handed on with its
-        // last handle.
+        // Dropped part-way: what was never handed on goes with the body, and the message stops
+        // counting with the last piece handed on.
         let mut held = HeldAnswer::new(frames(&[], true), Arc::clone(&sending));
         held.hold(message.clone(), None).unwrap();
         let piece = held.frame().await.unwrap().unwrap();
         drop(held);
-        assert_eq!(counted(), PIECE_BYTES);
+        assert_eq!(counted(), message.len());
         drop(piece);
         assert_eq!(counted(), 0);
     }

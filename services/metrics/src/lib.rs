@@ -196,12 +196,12 @@ pub static REQUEST_RECEIVE_REFUSED: LazyLock<IntCounter> = LazyLock::new(|| {
     )
 });
 /// Bytes of unary answers held for their clients over all connections: taken from the handler,
-/// not yet handed to HTTP/2 (`--max-connection-send-bytes`).
+/// not yet all written to the socket (`--max-connection-send-bytes`).
 pub static ANSWER_BYTES_HELD: LazyLock<IntGauge> = LazyLock::new(|| {
     gauge(
         "cube_answer_bytes_held",
         "Bytes of unary answers over all connections that wait for their clients to take them \
-         (HTTP/2 flow control): encoded, not yet handed to HTTP/2.",
+         (HTTP/2 flow control): encoded, not yet all written to the connection's socket.",
     )
 });
 /// Calls refused because their connection's client had not read --max-connection-send-bytes of

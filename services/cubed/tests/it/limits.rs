@@ -1125,10 +1125,16 @@ async fn silent_connections_are_closed_and_idle_live_ones_kept() {
 /// A connection whose HTTP/2 windows (stream and connection) let 64 KiB through, signing as
 /// the demo tenant: a client that reads none of its answers.
 async fn narrow_connection(server: &TestServer) -> Signed {
+    windowed_connection(server, 65_535, 65_535).await
+}
+
+/// A connection whose HTTP/2 windows are `stream` bytes a stream and `connection` in all,
+/// signing as the demo tenant.
+async fn windowed_connection(server: &TestServer, stream: u32, connection: u32) -> Signed {
     let channel = tonic::transport::Endpoint::from_shared(server.endpoint())
         .unwrap()
-        .initial_stream_window_size(Some(65_535))
-        .initial_connection_window_size(Some(65_535))
+        .initial_stream_window_size(Some(stream))
+        .initial_connection_window_size(Some(connection))
         .connect()
         .await
         .unwrap();
@@ -1480,6 +1486,7 @@ async fn answers_handed_to_http2_count_until_the_socket_takes_them() {
     // Answered with their value while the client read nothing (the first Read excluded).
     let answered = handled("OK") - 1.0;
     let refused = handled("ResourceExhausted");
+    let held = server.metric("cube_answer_bytes_held ").unwrap();
     // The limit, plus what the socket buffers took: the server's send buffer grows to at most
     // tcp_wmem's largest (4 MiB on these machines), the client's receive buffer was asked for
     // 16 KiB (the kernel doubles it); one answer of slack for the rounding.
@@ -1489,11 +1496,25 @@ async fn answers_handed_to_http2_count_until_the_socket_takes_them() {
         .unwrap_or(4 << 20);
     let bound = (4 << 20) + wmem_max + (64 << 10) + value_bytes;
     assert!(
+        bound < CALLS * value_bytes,
+        "the machine's socket buffers hide the limit"
+    );
+    assert!(
         answered * value_bytes as f64 <= bound as f64,
         "{answered} answers of {value_bytes} bytes taken in for a client that reads nothing \
          ({refused} refused)"
     );
-    assert!(refused > 0.0, "{answered} answered, none refused");
+    // What the socket buffers did not take is counted (h2's send buffers held it uncounted).
+    assert!(
+        held >= answered * value_bytes as f64 - (wmem_max + (64 << 10)) as f64,
+        "{held} bytes counted of {answered} answers of {value_bytes} bytes"
+    );
+    // Refused once the count reached the limit, unless the server stopped reading the
+    // connection first (its socket full: h2 reads no more frames while it cannot write).
+    assert!(
+        refused > 0.0 || answered + refused < CALLS as f64,
+        "{answered} answered, none refused"
+    );
     gate.set_shut(false);
     let mut ok = 0;
     for call in calls {
@@ -1517,6 +1538,55 @@ async fn answers_handed_to_http2_count_until_the_socket_takes_them() {
         .metric_when("cube_answer_bytes_held ", Duration::from_secs(10), |v| {
             v == 0.0
         })
+        .await
+        .expect("answers sent stop counting");
+}
+
+/// An answer counts whole until the socket has taken all of it, since every piece of it keeps
+/// the whole message's buffer: a client whose windows let through all but the last byte of
+/// each answer of a 1 MiB Read (and reads its socket) gets 3 of them before a refusal under a
+/// 4 MiB `--max-connection-send-bytes`, not 16 held with only their last pieces counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_short_of_its_last_byte_counts_whole() {
+    use prost::Message;
+    let server =
+        TestServer::start_with(cubed(), &["--max-connection-send-bytes", "4194304"]).unwrap();
+    let big = vec![7u8; 1 << 20];
+    let mut other = server.cells(&server.demo).await.unwrap();
+    other.write(write(1, 0, 0, &big)).await.unwrap();
+    let answer = other.read(read(1, 0, 0)).await.unwrap().into_inner();
+    let answer_bytes = u32::try_from(5 + answer.encoded_len()).unwrap();
+    let mut short = windowed_connection(&server, answer_bytes - 1, 1 << 30).await;
+    let mut answers = Vec::new();
+    let mut refusal = None;
+    for _ in 0..16 {
+        let answer = unread_call(&mut short, "/cube.v1.Cells/Read", &read(1, 0, 0)).await;
+        match header_status(&answer) {
+            Some(status) => {
+                refusal = Some(status);
+                break;
+            }
+            None => answers.push(answer),
+        }
+    }
+    assert_eq!(answers.len(), 3, "then {refusal:?}");
+    let (code, message) = refusal.unwrap();
+    assert_eq!(
+        code,
+        (Code::ResourceExhausted as i32).to_string(),
+        "{message}"
+    );
+    let read_at_last: Vec<cube_api::v1::ReadResponse> =
+        tokio::time::timeout(std::time::Duration::from_secs(30), read_all(answers))
+            .await
+            .expect("the held answers were not sent once read");
+    assert!(read_at_last.iter().all(|r| r.value == big));
+    server
+        .metric_when(
+            "cube_answer_bytes_held ",
+            std::time::Duration::from_secs(10),
+            |v| v == 0.0,
+        )
         .await
         .expect("answers sent stop counting");
 }

@@ -2305,6 +2305,41 @@ mod tests {
         );
     }
 
+    /// A compare-and-delete repeated after it took effect is a version mismatch naming the
+    /// missing cell (as cells.proto and protocol.md's "Retrying" tell clients), and changes
+    /// nothing; expecting version 0 of a missing cell deletes nothing and succeeds.
+    #[test]
+    fn a_repeated_compare_and_delete_names_the_missing_cell() {
+        let mut h = Harness::new(fresh(16));
+        h.run(write(C, b"a")).unwrap();
+        let del = |expected_version| Command::Delete {
+            coord: C,
+            expected_version: Some(expected_version),
+        };
+        assert_eq!(
+            h.run(del(1)),
+            Ok(Reply::Deleted {
+                existed: true,
+                seq: 2
+            })
+        );
+        match h.run(del(1)) {
+            Err(StoreError::FailedPrecondition(m)) => assert_eq!(
+                m,
+                "version mismatch: expected 1, the cell is at version 0 (no cell)"
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            h.run(del(0)),
+            Ok(Reply::Deleted {
+                existed: false,
+                seq: 0
+            })
+        );
+        assert_eq!(h.run(Command::Read { coord: C }), Ok(Reply::Read(None)));
+    }
+
     fn link(from: Coord, to: Coord, label: &str) -> Command {
         Command::Link {
             from,

@@ -346,6 +346,7 @@ pub async fn run(
             max_message_bytes: config.max_message_bytes,
             max_connection_receive_bytes: config.max_connection_receive_bytes,
             max_connection_send_bytes: config.max_connection_send_bytes,
+            max_value_bytes: config.max_value_bytes,
             skew_ms: config.skew_ms,
             replay_capacity: config.replay_capacity,
             replay_floors: Some(data.replay_floors()),

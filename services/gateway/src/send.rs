@@ -23,9 +23,15 @@
 //!   would take the count over the limit is replaced by RESOURCE_EXHAUSTED, unless nothing else
 //!   of the connection is held (so any answer can be sent to a client that reads);
 //! - a unary `cube.v1` call arriving while its connection's count is over the limit is
-//!   answered RESOURCE_EXHAUSTED at once, before its handler runs: a change's answer (small, but
-//!   `Cells.Run` returns its program) is never replaced after the change was made, so the
-//!   calls that would add to the count are refused before they run instead.
+//!   answered RESOURCE_EXHAUSTED at once, before its handler runs: a change's answer is never
+//!   replaced after the change was made, so the calls that would add to the count are refused
+//!   before they run instead;
+//! - a `Cells.Run`, whose answer returns its program (up to `--max-value-bytes`), reserves room
+//!   for the largest answer when it arrives, checked and counted in one step, and is refused
+//!   before it runs if that room would take the count over the limit (unless nothing is held);
+//!   its answer takes the room's place. Without it, Runs in progress at once all passed the
+//!   look at the count before any of their answers was in it. Other changes answer a few
+//!   bytes, which may take the count a little past the limit.
 //!
 //! Streamed pages (`Cells.Region`, `Tenant.Audit`) have their own bound (`--page-read-secs`),
 //! and the services outside `cube.v1` (health, reflection) answer a few KiB; neither is counted.
@@ -95,12 +101,16 @@ enum Kind {
     Read,
     /// Counted; its answer is always sent (the call may have made a change).
     Change,
+    /// A change whose answer is as large as a program (`Cells.Run`): counted as [`Kind::Change`],
+    /// with room for the largest answer reserved when it arrives.
+    Run,
 }
 
 fn kind(path: &str) -> Kind {
     match path {
         "/cube.v1.Cells/Region" | "/cube.v1.Tenant/Audit" => Kind::Uncounted,
         "/cube.v1.Cells/Read" | "/cube.v1.Cells/Walk" | "/cube.v1.Tenant/Stats" => Kind::Read,
+        "/cube.v1.Cells/Run" => Kind::Run,
         p if p.starts_with("/cube.v1.") => Kind::Change,
         _ => Kind::Uncounted,
     }
@@ -112,16 +122,32 @@ fn refuses(held: usize, n: usize, limit: usize) -> bool {
     held > 0 && held.saturating_add(n) > limit
 }
 
+/// Room held against a connection's count for an answer not made yet (a `Run`'s), given back
+/// when dropped.
+pub struct Reservation {
+    sending: Arc<Sending>,
+    bytes: usize,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.sending.bytes.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
 /// The layer (see the module doc).
 #[derive(Debug, Clone, Copy)]
 pub struct SendLayer {
     limit: usize,
+    run_answer: usize,
 }
 
 impl SendLayer {
-    /// `limit`: `--max-connection-send-bytes`.
-    pub fn new(limit: usize) -> SendLayer {
-        SendLayer { limit }
+    /// `limit`: `--max-connection-send-bytes`; `run_answer`: the largest `Cells.Run` answer
+    /// (a program of `--max-value-bytes` and a few bytes more), reserved for each `Run` in
+    /// progress.
+    pub fn new(limit: usize, run_answer: usize) -> SendLayer {
+        SendLayer { limit, run_answer }
     }
 }
 
@@ -132,6 +158,7 @@ impl<S> tower::Layer<S> for SendLayer {
         SendService {
             inner,
             limit: self.limit,
+            run_answer: self.run_answer,
         }
     }
 }
@@ -140,6 +167,7 @@ impl<S> tower::Layer<S> for SendLayer {
 pub struct SendService<S> {
     inner: S,
     limit: usize,
+    run_answer: usize,
 }
 
 impl<S, B> tower::Service<http::Request<B>> for SendService<S>
@@ -162,16 +190,41 @@ where
             (Kind::Uncounted, _) | (_, None) => None,
             (_, Some(conn)) => Some(Arc::clone(&conn.sending)),
         };
+        let mut reserved = None;
         if let Some(sending) = &sending {
-            let held = sending.bytes.load(Ordering::Acquire);
-            if held > self.limit {
+            // A Run's answer is always sent, and many Runs in progress at once would all pass
+            // a look at the count before any of their answers is in it: each reserves room for
+            // the largest answer first (checked and counted in one step), which its answer
+            // replaces.
+            let refused = if kind == Kind::Run {
+                let (limit, n) = (self.limit, self.run_answer);
+                match sending
+                    .bytes
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
+                        (!refuses(now, n, limit)).then(|| now + n)
+                    }) {
+                    Ok(_) => {
+                        reserved = Some(Reservation {
+                            sending: Arc::clone(sending),
+                            bytes: n,
+                        });
+                        None
+                    }
+                    Err(now) => Some((now, Refusal::RunAnswer(n))),
+                }
+            } else {
+                let now = sending.bytes.load(Ordering::Acquire);
+                (now > self.limit).then_some((now, Refusal::Past))
+            };
+            if let Some((held, why)) = refused {
                 cube_metrics::ANSWER_SEND_REFUSED.inc();
-                return Answering::Refused(Some(over_limit(held, self.limit, false).into_http()));
+                return Answering::Refused(Some(over_limit(held, self.limit, why).into_http()));
             }
         }
         Answering::Called {
             inner: self.inner.call(req),
             counted: sending.map(|s| (s, kind == Kind::Read, self.limit)),
+            reserved,
         }
     }
 }
@@ -185,6 +238,8 @@ pub enum Answering<F> {
         /// Its connection's count, whether the call only reads, and the limit; `None`: the
         /// answer is not counted.
         counted: Option<(Arc<Sending>, bool, usize)>,
+        /// Room held for its answer until the answer is in hand (a `Run`'s).
+        reserved: Option<Reservation>,
     },
 }
 
@@ -195,14 +250,20 @@ where
     type Output = Result<http::Response<Body>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let (inner, counted) = match self.get_mut() {
+        let (inner, counted, reserved) = match self.get_mut() {
             Answering::Refused(answer) => {
                 // Taken once; a future polled again after it was ready need not be ready again.
                 return answer.take().map_or(Poll::Pending, |a| Poll::Ready(Ok(a)));
             }
-            Answering::Called { inner, counted } => (inner, counted),
+            Answering::Called {
+                inner,
+                counted,
+                reserved,
+            } => (inner, counted, reserved),
         };
         let response = ready!(Pin::new(inner).poll(cx))?;
+        // The answer is in hand: from here it is counted as what it is.
+        drop(reserved.take());
         let Some((sending, reads_only, limit)) = counted.take() else {
             return Poll::Ready(Ok(response));
         };
@@ -223,7 +284,9 @@ where
                 Ok(data) => {
                     if let Err(now) = held.hold(data, reads_only.then_some(limit)) {
                         cube_metrics::ANSWER_SEND_REFUSED.inc();
-                        return Poll::Ready(Ok(over_limit(now, limit, true).into_http()));
+                        return Poll::Ready(
+                            Ok(over_limit(now, limit, Refusal::Answer).into_http()),
+                        );
                     }
                 }
                 Err(frame) => held.next = Some(Ok(frame)),
@@ -236,12 +299,26 @@ where
     }
 }
 
+/// Why a call is refused (see [`over_limit`]).
+#[derive(Debug, Clone, Copy)]
+enum Refusal {
+    /// A read's answer would take the count over the limit; the call ran, changing nothing.
+    Answer,
+    /// The count is over the limit when the call arrives; it does not run.
+    Past,
+    /// A Run's largest answer (the bytes given) would take the count over; it does not run.
+    RunAnswer(usize),
+}
+
 /// What a call is answered when its connection holds too much it has not read.
-fn over_limit(held: usize, limit: usize, read: bool) -> Status {
-    let (what, outcome) = if read {
-        ("this answer would take it past", "answered")
-    } else {
-        ("that is past", "run")
+fn over_limit(held: usize, limit: usize, why: Refusal) -> Status {
+    let (what, outcome) = match why {
+        Refusal::Answer => ("this answer would take it past".to_string(), "answered"),
+        Refusal::Past => ("that is past".to_string(), "run"),
+        Refusal::RunAnswer(n) => (
+            format!("a Run's answer (up to {n} bytes: its program) could take it past"),
+            "run",
+        ),
     };
     Status::resource_exhausted(format!(
         "this connection's client has not yet read {held} bytes of answers to its earlier calls \
@@ -358,7 +435,7 @@ mod tests {
         assert_eq!(kind("/cube.v1.Cells/Walk"), Kind::Read);
         assert_eq!(kind("/cube.v1.Tenant/Stats"), Kind::Read);
         assert_eq!(kind("/cube.v1.Cells/Write"), Kind::Change);
-        assert_eq!(kind("/cube.v1.Cells/Run"), Kind::Change);
+        assert_eq!(kind("/cube.v1.Cells/Run"), Kind::Run);
         assert_eq!(kind("/cube.v1.Access/Grant"), Kind::Change);
         assert_eq!(kind("/cube.v1.Cells/Region"), Kind::Uncounted);
         assert_eq!(kind("/cube.v1.Tenant/Audit"), Kind::Uncounted);
@@ -455,6 +532,38 @@ mod tests {
         assert_eq!(b.hold(Bytes::from(vec![0u8; 1]), Some(4)), Ok(()));
         assert_eq!(sending.bytes.load(Ordering::Acquire), 4);
         drop((b, c));
+        assert_eq!(sending.bytes.load(Ordering::Acquire), 0);
+    }
+
+    /// A Run reserves room for its largest answer when it arrives, refused when that could pass
+    /// the limit; the room is given back when the call is dropped before it answers.
+    #[tokio::test]
+    async fn a_run_reserves_room_for_its_answer_until_it_answers_or_is_dropped() {
+        use tower::{Layer, Service};
+        let registry = Arc::new(crate::connection::ConnectionRegistry::default());
+        let conn = registry.open(None);
+        let sending = Arc::clone(&conn.sending);
+        let never = tower::service_fn(|_: http::Request<()>| {
+            futures::future::pending::<Result<http::Response<Body>, Status>>()
+        });
+        let mut service = SendLayer::new(100, 40).layer(never);
+        let run = || {
+            let mut req = http::Request::new(());
+            *req.uri_mut() = http::Uri::from_static("/cube.v1.Cells/Run");
+            req.extensions_mut().insert(conn.clone());
+            req
+        };
+        let first = service.call(run());
+        let second = service.call(run());
+        assert_eq!(sending.bytes.load(Ordering::Acquire), 80);
+        let Answering::Refused(Some(refused)) = service.call(run()) else {
+            panic!("a third Run fitted under the limit");
+        };
+        assert_eq!(refused.headers()["grpc-status"], "8");
+        assert_eq!(sending.bytes.load(Ordering::Acquire), 80);
+        drop(first);
+        assert_eq!(sending.bytes.load(Ordering::Acquire), 40);
+        drop(second);
         assert_eq!(sending.bytes.load(Ordering::Acquire), 0);
     }
 

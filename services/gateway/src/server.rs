@@ -66,6 +66,10 @@ pub const WALK_MESSAGE_BYTES: usize =
 /// the wire until the service refuses more than three.
 pub const ACCESS_MESSAGE_BYTES: usize = OPEN_MESSAGE_BYTES;
 
+/// A `Cells.Run` answer beyond its program: the program's tag and length, the run count, and
+/// the gRPC message prefix (21 bytes at most; rounded up).
+const RUN_ANSWER_OVERHEAD: usize = 64;
+
 /// Limits and auth settings of the network listener.
 #[derive(Debug, Clone)]
 pub struct GatewayConfig {
@@ -78,6 +82,9 @@ pub struct GatewayConfig {
     /// Bytes of unary answers one connection's client may leave unread before its calls are
     /// refused (`crate::send`); at least [`crate::MIN_CONNECTION_SEND_BYTES`].
     pub max_connection_send_bytes: usize,
+    /// Largest cell value or program (`--max-value-bytes`): what a `Cells.Run` answer may
+    /// return, reserved against the send limit for each `Run` in progress (`crate::send`).
+    pub max_value_bytes: usize,
     /// Allowed distance between a signed call's timestamp and the server clock.
     pub skew_ms: i64,
     /// Nonces remembered by the replay cache at most.
@@ -307,7 +314,10 @@ impl Gateway {
                         self.config.max_connection_receive_bytes,
                         largest_request_message(max),
                     ))
-                    .layer(SendLayer::new(self.config.max_connection_send_bytes)),
+                    .layer(SendLayer::new(
+                        self.config.max_connection_send_bytes,
+                        self.config.max_value_bytes + RUN_ANSWER_OVERHEAD,
+                    )),
             )
             .add_service(oversize::DecodeRefusals(health))
             .add_service(reflection_v1)

@@ -1269,11 +1269,12 @@ async fn unread_answers_are_held_to_the_connection_send_limit() {
     );
 }
 
-/// A change's answer is sent whatever it holds (`Cells.Run` returns its program, 1 MiB here),
-/// so past `--max-connection-send-bytes` of unread answers the connection's next call is
-/// refused before it runs: its run is not counted.
+/// A `Run` reserves room for its answer (its program: up to `--max-value-bytes`) when it
+/// arrives, and one whose answer could take its connection past `--max-connection-send-bytes`
+/// is refused before it runs: on a connection that reads none of its answers, three Runs of a
+/// 1 MiB program fit under 4 MiB and the fourth is not run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn past_the_send_limit_a_call_is_refused_before_it_runs() {
+async fn a_run_whose_answer_could_pass_the_send_limit_is_refused_before_it_runs() {
     use cube_api::v1::{ProgRequest, RunRequest, RunResponse};
     let server =
         TestServer::start_with(cubed(), &["--max-connection-send-bytes", "4194304"]).unwrap();
@@ -1292,7 +1293,7 @@ async fn past_the_send_limit_a_call_is_refused_before_it_runs() {
     };
     let mut hog = narrow_connection(&server).await;
     let mut answers = Vec::new();
-    for _ in 0..4 {
+    for _ in 0..3 {
         let answer = unread_call(&mut hog, "/cube.v1.Cells/Run", &run).await;
         assert_eq!(
             header_status(&answer),
@@ -1301,13 +1302,17 @@ async fn past_the_send_limit_a_call_is_refused_before_it_runs() {
         );
         answers.push(answer);
     }
-    // Over 4 MiB held now: four answers of just over 1 MiB, none of whose 64 KiB pieces went
-    // out whole through the window of 65,535 bytes.
+    // Three answers of just over 1 MiB held (none of their 64 KiB pieces went out whole through
+    // the window of 65,535 bytes), and room for a fourth would pass 4 MiB.
     let refused = unread_call(&mut hog, "/cube.v1.Cells/Run", &run).await;
-    let (code, message) = header_status(&refused).expect("a call past the limit was run");
+    let (code, message) = header_status(&refused).expect("a Run past the limit was run");
     assert_eq!(
         code,
         (Code::ResourceExhausted as i32).to_string(),
+        "{message}"
+    );
+    assert!(
+        message.contains("a Run's answer (up to 1048640 bytes"),
         "{message}"
     );
     assert!(message.contains("was not run"), "{message}");
@@ -1317,10 +1322,77 @@ async fn past_the_send_limit_a_call_is_refused_before_it_runs() {
             .expect("the held answers were not sent once read");
     let mut counts: Vec<u64> = runs.iter().map(|r| r.run_count).collect();
     counts.sort();
-    assert_eq!(counts, [1, 2, 3, 4]);
+    assert_eq!(counts, [1, 2, 3]);
     assert!(runs.iter().all(|r| r.program == program));
     let next = other.run(run).await.unwrap().into_inner();
-    assert_eq!(next.run_count, 5, "the refused call was run");
+    assert_eq!(next.run_count, 4, "the refused call was run");
+}
+
+/// A change's answer is always sent, so small ones can take a connection's count past
+/// `--max-connection-send-bytes`; from then on its calls are refused before they run. Here the
+/// limit leaves 60 bytes over three unread Run answers, and Writes (whose answers are a few
+/// bytes each) follow until one is refused: it wrote nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_send_limit_a_call_is_refused_before_it_runs() {
+    use cube_api::v1::{ProgRequest, RunRequest, RunResponse};
+    use prost::Message;
+    let program = vec![3u8; 1 << 20];
+    let run_answer = 5 + RunResponse {
+        program: program.clone(),
+        run_count: 1,
+    }
+    .encoded_len();
+    let limit = 3 * run_answer + 60;
+    let server = TestServer::start_with(
+        cubed(),
+        &["--max-connection-send-bytes", &limit.to_string()],
+    )
+    .unwrap();
+    let mut other = server.cells(&server.demo).await.unwrap();
+    other
+        .prog(ProgRequest {
+            coord: coord(1, 0, 0),
+            program,
+        })
+        .await
+        .unwrap();
+    let run = RunRequest {
+        coord: coord(1, 0, 0),
+        input: vec![],
+    };
+    let mut hog = narrow_connection(&server).await;
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        let answer = unread_call(&mut hog, "/cube.v1.Cells/Run", &run).await;
+        assert_eq!(header_status(&answer), None, "a Run was refused");
+        answers.push(answer);
+    }
+    let mut refused = None;
+    for x in 2..40 {
+        let answer = unread_call(&mut hog, "/cube.v1.Cells/Write", &write(x, 0, 0, b"v")).await;
+        if let Some(status) = header_status(&answer) {
+            refused = Some((x, status));
+            break;
+        }
+        answers.push(answer);
+    }
+    let (x, (code, message)) = refused.expect("no call was refused past the limit");
+    assert!(
+        x > 2,
+        "refused before any small answer took the count past the limit"
+    );
+    assert_eq!(
+        code,
+        (Code::ResourceExhausted as i32).to_string(),
+        "{message}"
+    );
+    assert!(message.contains("that is past"), "{message}");
+    assert!(message.contains("was not run"), "{message}");
+    drop(answers);
+    let cell = other.read(read(x, 0, 0)).await.unwrap().into_inner();
+    assert!(!cell.found, "the refused Write was made");
+    let cell = other.read(read(x - 1, 0, 0)).await.unwrap().into_inner();
+    assert!(cell.found, "the Write before it was not made");
 }
 
 /// Reads of a client's socket that can be held shut: a client that opened large windows and
@@ -1589,4 +1661,64 @@ async fn an_answer_short_of_its_last_byte_counts_whole() {
         )
         .await
         .expect("answers sent stop counting");
+}
+
+/// `Run`s in progress at once on one connection reserve room for their answers (a program each)
+/// before they run: 16 Runs of a 1 MiB program sent at once on a connection that reads no
+/// answer, under a 4 MiB `--max-connection-send-bytes`, are run 3 times and the rest refused
+/// before they run (without the reservation each passed a look at the count made before any
+/// answer was in it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_in_progress_at_once_reserve_room_for_their_answers() {
+    use cube_api::v1::{ProgRequest, RunRequest, RunResponse};
+    let server =
+        TestServer::start_with(cubed(), &["--max-connection-send-bytes", "4194304"]).unwrap();
+    let program = vec![3u8; 1 << 20];
+    let mut other = server.cells(&server.demo).await.unwrap();
+    other
+        .prog(ProgRequest {
+            coord: coord(1, 0, 0),
+            program: program.clone(),
+        })
+        .await
+        .unwrap();
+    let run = RunRequest {
+        coord: coord(1, 0, 0),
+        input: vec![],
+    };
+    let hog = narrow_connection(&server).await;
+    let calls: Vec<_> = (0..16)
+        .map(|_| {
+            let (mut hog, run) = (hog.clone(), run.clone());
+            tokio::spawn(async move { unread_call(&mut hog, "/cube.v1.Cells/Run", &run).await })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for call in calls {
+        let answer = call.await.unwrap();
+        match header_status(&answer) {
+            Some((code, message)) => {
+                assert_eq!(
+                    code,
+                    (Code::ResourceExhausted as i32).to_string(),
+                    "{message}"
+                );
+                assert!(message.contains("was not run"), "{message}");
+            }
+            None => answers.push(answer),
+        }
+    }
+    assert_eq!(answers.len(), 3, "Runs run");
+    let runs: Vec<RunResponse> =
+        tokio::time::timeout(std::time::Duration::from_secs(30), read_all(answers))
+            .await
+            .expect("the held answers were not sent once read");
+    let mut counts: Vec<u64> = runs.iter().map(|r| r.run_count).collect();
+    counts.sort();
+    assert_eq!(counts, [1, 2, 3]);
+    assert_eq!(
+        other.run(run).await.unwrap().into_inner().run_count,
+        4,
+        "a refused Run was run"
+    );
 }

@@ -28,7 +28,7 @@ pub use error::ApiError;
 pub use principal::{AuthModel, Principal};
 pub use receive::OPEN_CALLS_PER_CONNECTION;
 pub use replay::{ReplayCache, ReplayError};
-pub use send::MIN_CONNECTION_SEND_BYTES;
+pub use send::{MIN_CONNECTION_SEND_BYTES, RUN_ANSWER_OVERHEAD};
 pub use server::{
     ACCESS_MESSAGE_BYTES, Gateway, GatewayConfig, MAX_LOCAL_ERROR_RESETS, OPEN_MESSAGE_BYTES,
     ServeError, WALK_MESSAGE_BYTES, min_connection_receive_bytes,

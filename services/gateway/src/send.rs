@@ -52,14 +52,22 @@ use crate::connection::ConnInfo;
 /// Largest piece of an answer handed to hyper at once (see the module doc).
 pub const PIECE_BYTES: usize = 64 * 1024;
 
+/// A `Cells.Run` answer beyond its program: the program's tag and length, the run count, and
+/// the gRPC message prefix (22 bytes at most, for a program of 2^28 bytes; rounded up).
+pub const RUN_ANSWER_OVERHEAD: usize = 64;
+
 /// The least `--max-connection-send-bytes` can be.
 pub const MIN_CONNECTION_SEND_BYTES: usize = PIECE_BYTES;
 
 /// What one connection's unary answers hold (see the module doc).
 #[derive(Debug, Default)]
 pub struct Sending {
-    /// Bytes of encoded answers not yet written to the socket.
+    /// Bytes of encoded answers not yet written to the socket, and of room held for the
+    /// answers of `Run`s in progress.
     pub bytes: AtomicUsize,
+    /// Of `bytes`, the room held for `Run`s in progress (for refusals' messages; decisions read
+    /// `bytes` alone).
+    pub reserved: AtomicUsize,
 }
 
 impl Sending {
@@ -131,6 +139,9 @@ pub struct Reservation {
 
 impl Drop for Reservation {
     fn drop(&mut self) {
+        self.sending
+            .reserved
+            .fetch_sub(self.bytes, Ordering::AcqRel);
         self.sending.bytes.fetch_sub(self.bytes, Ordering::AcqRel);
     }
 }
@@ -204,6 +215,7 @@ where
                         (!refuses(now, n, limit)).then(|| now + n)
                     }) {
                     Ok(_) => {
+                        sending.reserved.fetch_add(n, Ordering::AcqRel);
                         reserved = Some(Reservation {
                             sending: Arc::clone(sending),
                             bytes: n,
@@ -218,7 +230,10 @@ where
             };
             if let Some((held, why)) = refused {
                 cube_metrics::ANSWER_SEND_REFUSED.inc();
-                return Answering::Refused(Some(over_limit(held, self.limit, why).into_http()));
+                let reserved = sending.reserved.load(Ordering::Acquire);
+                return Answering::Refused(Some(
+                    over_limit(held, reserved, self.limit, why).into_http(),
+                ));
             }
         }
         Answering::Called {
@@ -262,8 +277,9 @@ where
             } => (inner, counted, reserved),
         };
         let response = ready!(Pin::new(inner).poll(cx))?;
-        // The answer is in hand: from here it is counted as what it is.
-        drop(reserved.take());
+        // Kept until the answer's message is counted in its place (an answer with no message,
+        // an error, gives it back on return).
+        let reserved = reserved.take();
         let Some((sending, reads_only, limit)) = counted.take() else {
             return Poll::Ready(Ok(response));
         };
@@ -278,15 +294,16 @@ where
             Poll::Ready(frame) => Some(frame),
             Poll::Pending => None,
         };
-        let mut held = HeldAnswer::new(body, sending);
+        let mut held = HeldAnswer::new(body, sending, reserved);
         match first {
             Some(Some(Ok(frame))) => match frame.into_data() {
                 Ok(data) => {
                     if let Err(now) = held.hold(data, reads_only.then_some(limit)) {
                         cube_metrics::ANSWER_SEND_REFUSED.inc();
-                        return Poll::Ready(
-                            Ok(over_limit(now, limit, Refusal::Answer).into_http()),
-                        );
+                        let reserved = held.sending.reserved.load(Ordering::Acquire);
+                        return Poll::Ready(Ok(
+                            over_limit(now, reserved, limit, Refusal::Answer).into_http()
+                        ));
                     }
                 }
                 Err(frame) => held.next = Some(Ok(frame)),
@@ -311,7 +328,7 @@ enum Refusal {
 }
 
 /// What a call is answered when its connection holds too much it has not read.
-fn over_limit(held: usize, limit: usize, why: Refusal) -> Status {
+fn over_limit(held: usize, reserved: usize, limit: usize, why: Refusal) -> Status {
     let (what, outcome) = match why {
         Refusal::Answer => ("this answer would take it past".to_string(), "answered"),
         Refusal::Past => ("that is past".to_string(), "run"),
@@ -320,9 +337,14 @@ fn over_limit(held: usize, limit: usize, why: Refusal) -> Status {
             "run",
         ),
     };
+    let runs = if reserved > 0 {
+        format!(", {reserved} of them room held for the answers of its Runs in progress")
+    } else {
+        String::new()
+    };
     Status::resource_exhausted(format!(
         "this connection's client has not yet read {held} bytes of answers to its earlier calls \
-         (HTTP/2 flow control), and {what} the server's limit of {limit} bytes \
+         (HTTP/2 flow control{runs}), and {what} the server's limit of {limit} bytes \
          (--max-connection-send-bytes); read those answers before making more large calls on \
          this connection (this call was not {outcome})"
     ))
@@ -339,16 +361,19 @@ struct HeldAnswer {
     /// `body` has ended.
     done: bool,
     sending: Arc<Sending>,
+    /// Room held for this answer (a `Run`'s) until its message is counted in its place.
+    reserved: Option<Reservation>,
 }
 
 impl HeldAnswer {
-    fn new(body: Body, sending: Arc<Sending>) -> HeldAnswer {
+    fn new(body: Body, sending: Arc<Sending>, reserved: Option<Reservation>) -> HeldAnswer {
         HeldAnswer {
             body,
             piece: Bytes::new(),
             next: None,
             done: false,
             sending,
+            reserved,
         }
     }
 
@@ -375,6 +400,8 @@ impl HeldAnswer {
             bytes: data,
             sending: Arc::clone(&self.sending),
         });
+        // Counted now: the room held for it goes (after, so the count never dips between).
+        self.reserved = None;
         Ok(())
     }
 
@@ -474,7 +501,7 @@ mod tests {
         let message: Bytes = (0..(PIECE_BYTES * 5 / 2)).map(|i| i as u8).collect();
         let sending = Arc::new(Sending::default());
         let counted = || sending.bytes.load(Ordering::Acquire);
-        let mut held = HeldAnswer::new(frames(&[], true), Arc::clone(&sending));
+        let mut held = HeldAnswer::new(frames(&[], true), Arc::clone(&sending), None);
         held.hold(message.clone(), None).unwrap();
         assert_eq!(counted(), message.len());
         let mut pieces = Vec::new();
@@ -507,7 +534,7 @@ mod tests {
 
         // Dropped part-way: what was never handed on goes with the body, and the message stops
         // counting with the last piece handed on.
-        let mut held = HeldAnswer::new(frames(&[], true), Arc::clone(&sending));
+        let mut held = HeldAnswer::new(frames(&[], true), Arc::clone(&sending), None);
         held.hold(message.clone(), None).unwrap();
         let piece = held.frame().await.unwrap().unwrap();
         drop(held);
@@ -521,7 +548,7 @@ mod tests {
     #[test]
     fn a_read_answer_is_held_only_within_the_limit() {
         let sending = Arc::new(Sending::default());
-        let held = || HeldAnswer::new(frames(&[], true), Arc::clone(&sending));
+        let held = || HeldAnswer::new(frames(&[], true), Arc::clone(&sending), None);
         let (mut a, mut b, mut c) = (held(), held(), held());
         assert_eq!(a.hold(Bytes::from(vec![0u8; 10]), Some(4)), Ok(()));
         assert_eq!(b.hold(Bytes::from(vec![0u8; 1]), Some(4)), Err(10));
@@ -567,14 +594,53 @@ mod tests {
         assert_eq!(sending.bytes.load(Ordering::Acquire), 0);
     }
 
+    /// A Run's answer takes its reservation's place with no moment between in which neither
+    /// counts (tonic encodes the message when its body is first polled: the room is still held
+    /// then), and from then on the count is the answer's length.
+    #[tokio::test]
+    async fn a_runs_answer_takes_the_place_of_its_reservation() {
+        use tower::{Layer, Service};
+        let registry = Arc::new(crate::connection::ConnectionRegistry::default());
+        let conn = registry.open(None);
+        let sending = Arc::clone(&conn.sending);
+        let seen = Arc::clone(&sending);
+        let answering = tower::service_fn(move |_: http::Request<()>| {
+            let seen = Arc::clone(&seen);
+            let message = futures::stream::once(async move {
+                assert_eq!(
+                    seen.bytes.load(Ordering::Acquire),
+                    40,
+                    "the room was given back before the answer was counted"
+                );
+                Ok::<_, Status>(Frame::data(Bytes::from(vec![1u8; 30])))
+            });
+            let body = Body::new(http_body_util::StreamBody::new(message));
+            futures::future::ready(Ok::<_, Status>(http::Response::new(body)))
+        });
+        let mut service = SendLayer::new(100, 40).layer(answering);
+        let mut req = http::Request::new(());
+        *req.uri_mut() = http::Uri::from_static("/cube.v1.Cells/Run");
+        req.extensions_mut().insert(conn.clone());
+        let answer = service.call(req).await.unwrap();
+        assert_eq!(sending.bytes.load(Ordering::Acquire), 30);
+        assert_eq!(sending.reserved.load(Ordering::Acquire), 0);
+        let data = answer.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(data.len(), 30);
+        drop(data);
+        assert_eq!(sending.bytes.load(Ordering::Acquire), 0);
+    }
+
     /// A body whose later frames carry messages (not a unary answer's) has them held too.
     #[tokio::test]
     async fn later_messages_are_held_as_they_come() {
         let sending = Arc::new(Sending::default());
         let a = Bytes::from(vec![1u8; PIECE_BYTES + 1]);
         let b = Bytes::from(vec![2u8; 3]);
-        let mut held =
-            HeldAnswer::new(frames(&[a.clone(), b.clone()], false), Arc::clone(&sending));
+        let mut held = HeldAnswer::new(
+            frames(&[a.clone(), b.clone()], false),
+            Arc::clone(&sending),
+            None,
+        );
         let mut out = Vec::new();
         while let Some(frame) = held.frame().await {
             out.extend_from_slice(&frame.unwrap().into_data().unwrap());

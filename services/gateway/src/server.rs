@@ -66,10 +66,6 @@ pub const WALK_MESSAGE_BYTES: usize =
 /// the wire until the service refuses more than three.
 pub const ACCESS_MESSAGE_BYTES: usize = OPEN_MESSAGE_BYTES;
 
-/// A `Cells.Run` answer beyond its program: the program's tag and length, the run count, and
-/// the gRPC message prefix (21 bytes at most; rounded up).
-const RUN_ANSWER_OVERHEAD: usize = 64;
-
 /// Limits and auth settings of the network listener.
 #[derive(Debug, Clone)]
 pub struct GatewayConfig {
@@ -316,7 +312,7 @@ impl Gateway {
                     ))
                     .layer(SendLayer::new(
                         self.config.max_connection_send_bytes,
-                        self.config.max_value_bytes + RUN_ANSWER_OVERHEAD,
+                        self.config.max_value_bytes + crate::send::RUN_ANSWER_OVERHEAD,
                     )),
             )
             .add_service(oversize::DecodeRefusals(health))

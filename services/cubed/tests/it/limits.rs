@@ -1330,8 +1330,9 @@ async fn a_run_whose_answer_could_pass_the_send_limit_is_refused_before_it_runs(
 
 /// A change's answer is always sent, so small ones can take a connection's count past
 /// `--max-connection-send-bytes`; from then on its calls are refused before they run. Here the
-/// limit leaves 60 bytes over three unread Run answers, and Writes (whose answers are a few
-/// bytes each) follow until one is refused: it wrote nothing.
+/// limit just lets a third Run reserve its room (two answers and the largest Run answer) over
+/// two unread Run answers, leaving a few dozen bytes once its answer is in, and Writes (whose
+/// answers are a few bytes each) follow until one is refused: it wrote nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_the_send_limit_a_call_is_refused_before_it_runs() {
     use cube_api::v1::{ProgRequest, RunRequest, RunResponse};
@@ -1342,7 +1343,7 @@ async fn past_the_send_limit_a_call_is_refused_before_it_runs() {
         run_count: 1,
     }
     .encoded_len();
-    let limit = 3 * run_answer + 60;
+    let limit = 2 * run_answer + (1 << 20) + cube_gateway::RUN_ANSWER_OVERHEAD;
     let server = TestServer::start_with(
         cubed(),
         &["--max-connection-send-bytes", &limit.to_string()],

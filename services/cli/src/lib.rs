@@ -1,4 +1,5 @@
-//! What `cubed` and `cubec` share on the command line: how an error reaches the user.
+//! What `cubed` and `cubec` share on the command line: how an error reaches the user, and which
+//! signals the process was started with ignored.
 
 /// The error and its causes, `: `-separated like `{:#}`, but without a cause that only repeats
 /// the one before it (tonic's and hyper's transport errors wrap an error with the same text:
@@ -72,9 +73,36 @@ fn find_arg<'a>(command: &'a clap::Command, long: &str) -> Option<&'a clap::Arg>
         })
 }
 
+/// Whether the signal numbered `signal` was ignored when the process started (inherited from
+/// its parent, as `nohup` does for SIGHUP), from the kernel's `SigIgn` mask in
+/// /proc/self/status (the workspace has no `unsafe` for `sigaction`). Ask before installing a
+/// handler for it, which replaces the inherited disposition.
+pub fn ignored_at_start(signal: i32) -> bool {
+    let Ok(bit) = u32::try_from(signal - 1) else {
+        return false;
+    };
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let mask = status.lines().find_map(|l| l.strip_prefix("SigIgn:"))?;
+            u64::from_str_radix(mask.trim(), 16).ok()
+        })
+        .is_some_and(|mask| bit < 64 && mask & (1 << bit) != 0)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::error_chain;
+    use super::{error_chain, ignored_at_start};
+
+    #[test]
+    fn signals_ignored_at_start_are_known() {
+        // Every Rust program ignores SIGPIPE (13); SIGKILL (9) cannot be ignored. (Whether
+        // SIGHUP is depends on how the tests were started: `nohup` ignores it.)
+        assert!(ignored_at_start(13));
+        assert!(!ignored_at_start(9));
+        assert!(!ignored_at_start(0), "no signal 0");
+        assert!(!ignored_at_start(99), "past the mask");
+    }
 
     #[test]
     fn an_os_error_is_printed_without_its_number() {

@@ -79,7 +79,7 @@ fn bind_grpc(addr: std::net::SocketAddr) -> anyhow::Result<tokio::net::TcpSocket
     bound.map_err(|e| listen_error("--listen", addr, &e))
 }
 
-/// Bind the configured address and serve until SIGTERM or SIGINT.
+/// Bind the configured address and serve until SIGTERM, SIGINT or SIGHUP.
 pub async fn run_until_signal(config: ServeConfig) -> anyhow::Result<()> {
     let listener = bind_grpc(config.listen)?;
     use tokio::signal::unix::{SignalKind, signal};
@@ -88,6 +88,14 @@ pub async fn run_until_signal(config: ServeConfig) -> anyhow::Result<()> {
     // which SIGTERM still killed the process outright).
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    // SIGHUP (the terminal that started the server closed) stops it as SIGTERM does: its
+    // default action ended the process with nothing synced, closed or removed. Unless it was
+    // ignored at start (`nohup`): then it stays ignored.
+    let mut hup = if cube_cli::ignored_at_start(nix::sys::signal::Signal::SIGHUP as i32) {
+        None
+    } else {
+        Some(signal(SignalKind::hangup()).context("installing the SIGHUP handler")?)
+    };
     let stop = CancellationToken::new();
     let hurry = CancellationToken::new();
     let (on_signal, on_second) = (stop.clone(), hurry.clone());
@@ -96,6 +104,12 @@ pub async fn run_until_signal(config: ServeConfig) -> anyhow::Result<()> {
             let which = tokio::select! {
                 _ = term.recv() => "SIGTERM",
                 _ = int.recv() => "SIGINT",
+                Some(()) = async {
+                    match hup.as_mut() {
+                        Some(hup) => hup.recv().await,
+                        None => std::future::pending().await,
+                    }
+                } => "SIGHUP",
             };
             match count {
                 1 => {

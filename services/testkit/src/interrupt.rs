@@ -352,16 +352,9 @@ pub fn wait_if_stopping() {
     }
 }
 
-/// Whether `sig` is ignored (inherited from the parent, as `nohup` does for SIGHUP), from the
-/// kernel's `SigIgn` mask in /proc/self/status (the workspace has no `unsafe` for `sigaction`).
+/// Whether `sig` is ignored (inherited from the parent, as `nohup` does for SIGHUP).
 fn ignored(sig: Signal) -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|status| {
-            let mask = status.lines().find_map(|l| l.strip_prefix("SigIgn:"))?;
-            u64::from_str_radix(mask.trim(), 16).ok()
-        })
-        .is_some_and(|mask| mask & (1 << (sig as u32 - 1)) != 0)
+    cube_cli::ignored_at_start(sig as i32)
 }
 
 /// Exit as a process ended by `sig` is reported: 128 + its number.
@@ -374,14 +367,6 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-
-    #[test]
-    fn signals_ignored_at_start_are_known() {
-        // Every Rust program ignores SIGPIPE; SIGKILL cannot be ignored. (Whether SIGHUP is
-        // depends on how the tests were started: `nohup` ignores it.)
-        assert!(ignored(Signal::SIGPIPE));
-        assert!(!ignored(Signal::SIGKILL));
-    }
 
     #[test]
     fn a_directory_is_removed_while_something_keeps_making_directories_in_it() {

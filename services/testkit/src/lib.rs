@@ -215,9 +215,14 @@ impl TestServer {
 
     /// SIGTERM the server and wait for it to exit.
     pub fn sigterm(&mut self) -> anyhow::Result<ExitStatus> {
+        self.stop_with(Signal::SIGTERM)
+    }
+
+    /// Send the server `signal` and wait for it to exit (SIGKILL after 60 s).
+    pub fn stop_with(&mut self, signal: Signal) -> anyhow::Result<ExitStatus> {
         // Registered until reaped: a driver stopped during the drain still kills it.
         let child = self.child.as_mut().context("server is not running")?;
-        kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM)?;
+        kill(Pid::from_raw(child.id() as i32), signal)?;
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
             let child = self.child.as_mut().context("server is not running")?;
@@ -227,7 +232,7 @@ impl TestServer {
             }
             if std::time::Instant::now() > deadline {
                 self.kill9()?;
-                bail!("cubed did not exit within 60 s of SIGTERM");
+                bail!("cubed did not exit within 60 s of {signal}");
             }
             std::thread::sleep(Duration::from_millis(20));
         }

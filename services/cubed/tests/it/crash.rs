@@ -159,6 +159,29 @@ async fn sigterm_during_writes_exits_0_and_loses_nothing() {
     verify(&server, &acked).await;
 }
 
+/// SIGHUP (the terminal that started the server closed) stops the server as SIGTERM does:
+/// calls drained, every tenant synced and closed, the admin socket removed, exit 0; its
+/// default action ended the process at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_stops_the_server_as_sigterm_does() {
+    let mut server = TestServer::start(cubed()).unwrap();
+    let mut c = server.cells(&server.demo).await.unwrap();
+    c.write(write(1, 2, 3, b"kept")).await.unwrap();
+    let exit =
+        tokio::task::block_in_place(|| server.stop_with(nix::sys::signal::Signal::SIGHUP)).unwrap();
+    let log = server.log();
+    assert!(exit.success(), "cubed exited with {exit:?}; log:\n{log}");
+    assert!(log.contains("SIGHUP: shutting down"), "{log}");
+    assert!(log.contains("stopped cleanly"), "{log}");
+    assert!(!server.admin_socket().exists(), "the admin socket was left");
+    tokio::task::block_in_place(|| server.restart()).unwrap();
+    let mut c = server.cells(&server.demo).await.unwrap();
+    assert_eq!(
+        c.read(read(1, 2, 3)).await.unwrap().into_inner().value,
+        b"kept"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn write_then_graceful_restart_then_read() {
     let mut server = TestServer::start(cubed()).unwrap();

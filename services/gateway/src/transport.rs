@@ -299,14 +299,15 @@ pub fn tls(
                             }
                         }
                         None => {
-                            tracing::info!(%remote, %tenant, %key_id, "client certificate for an unknown or revoked key");
                             conn.session().refuse_certificate(&tenant, &key_id);
                             // A failed authentication like any other: it counts against the
-                            // address, and the tenant's trail records it, unless the address is
-                            // throttled already (so one address cannot take the tenant's budget
-                            // of such entries).
+                            // address, and the tenant's trail and the log record it, unless the
+                            // address is throttled already (so one address cannot take the
+                            // tenant's budget of such entries, nor fill the log by reconnecting
+                            // in a loop).
                             let info = Some(conn.info());
                             if auth.check_throttle(info).is_ok() {
+                                tracing::info!(%remote, %tenant, %key_id, "client certificate for an unknown or revoked key");
                                 auth.record_failure(info);
                                 auth.record_failed_auth(
                                     &tenant,

@@ -66,6 +66,33 @@ async fn signed_calls_work_over_tls_and_plaintext_clients_are_not_served() {
     }
 }
 
+/// A revoked key's certificate reconnecting in a loop is logged as long as its address is not
+/// throttled, not once per connection: with `--auth-failure-limit 2`, 12 connections leave at
+/// most 3 log lines (the failure that throttles is the third at most: the refused calls count
+/// too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_certificate_reconnecting_does_not_fill_the_log() {
+    const LINE: &str = "client certificate for an unknown or revoked key";
+    let server =
+        TestServer::start_with(cubed(), &["--tls-dev", "--auth-failure-limit", "2"]).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let (cert, key) = issue_cert(&server, &server.demo.key_id, out.path());
+    let o = server
+        .cli(&["key", "revoke", "demo", &server.demo.key_id])
+        .unwrap();
+    assert!(o.status.success());
+    for _ in 0..12 {
+        let mut c = CellsClient::new(server.tls_channel(Some((&cert, &key))).await.unwrap());
+        assert!(c.read(read(1, 1, 1)).await.is_err());
+    }
+    let logged = server.log().matches(LINE).count();
+    assert!(
+        (1..=3).contains(&logged),
+        "{logged} lines: {}",
+        server.log()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_certificate_authenticates_its_connection_until_the_key_is_revoked() {
     let server = TestServer::start_with(cubed(), &["--tls-dev"]).unwrap();

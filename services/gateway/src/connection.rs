@@ -6,9 +6,11 @@
 //! session ends when the connection closes (the wrapper is dropped) or when its key is revoked.
 //!
 //! The wrapper also enforces the preface deadline: a connection that has not sent the whole
-//! HTTP/2 connection preface within its deadline is closed, so that sockets which connect and
-//! then say nothing (or dribble a few bytes) cannot sit on `--max-connections` places. Once the
-//! preface is in, idle connections are HTTP/2's keepalive's business (`server.rs`).
+//! HTTP/2 client connection preface (the 24-byte magic and the SETTINGS frame that must follow
+//! it, RFC 9113 section 3.4) within its deadline is closed, so that sockets which connect and
+//! then say nothing (or dribble a few bytes, or stop after the magic) cannot sit on
+//! `--max-connections` places. Once the preface is in, idle connections are HTTP/2's
+//! keepalive's business (`server.rs`).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -230,9 +232,17 @@ pub struct CubeConn<IO> {
     _address: Option<crate::transport::AddressSlot>,
 }
 
-/// Length of the HTTP/2 client connection preface, `PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`
-/// (RFC 9113, section 3.4). Every gRPC connection starts with it.
+/// Length of the magic that starts the HTTP/2 client connection preface,
+/// `PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n` (RFC 9113, section 3.4). Every gRPC connection starts
+/// with it, and then a SETTINGS frame.
 const PREFACE_LEN: usize = 24;
+
+/// An HTTP/2 frame header: its payload's length (24 bits), type, flags and stream id.
+const FRAME_HEADER_LEN: usize = 9;
+
+/// The preface's SETTINGS frame counted at most this long (h2's default largest frame): a
+/// longer one is not HTTP/2 a server takes, and h2 closes the connection for it.
+const MAX_SETTINGS_LEN: usize = 16_384;
 
 struct PrefaceDeadline {
     by: tokio::time::Instant,
@@ -240,6 +250,29 @@ struct PrefaceDeadline {
     /// happen outside it).
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
     read: usize,
+    /// The bytes read of the magic and of the SETTINGS frame's header, which says how long the
+    /// whole preface is.
+    head: [u8; PREFACE_LEN + FRAME_HEADER_LEN],
+}
+
+impl PrefaceDeadline {
+    /// Note `bytes`, the next ones read; whether the whole preface is in.
+    fn take(&mut self, bytes: &[u8]) -> bool {
+        let head = self.head.len();
+        if self.read < head {
+            let n = bytes.len().min(head - self.read);
+            self.head[self.read..self.read + n].copy_from_slice(&bytes[..n]);
+        }
+        self.read += bytes.len();
+        self.read >= head && self.read >= head + self.settings_len()
+    }
+
+    /// The length of the SETTINGS frame's payload, from its header (once read).
+    fn settings_len(&self) -> usize {
+        let h = &self.head[PREFACE_LEN..];
+        let len = (usize::from(h[0]) << 16) | (usize::from(h[1]) << 8) | usize::from(h[2]);
+        len.min(MAX_SETTINGS_LEN)
+    }
 }
 
 impl<IO> CubeConn<IO> {
@@ -267,13 +300,14 @@ impl<IO> CubeConn<IO> {
         self
     }
 
-    /// Close the connection (reads fail with `TimedOut`) unless its first [`PREFACE_LEN`] bytes
-    /// arrive within `timeout` from now.
+    /// Close the connection (reads fail with `TimedOut`) unless its whole client preface (the
+    /// magic and its SETTINGS frame) arrives within `timeout` from now.
     pub fn with_preface_deadline(mut self, timeout: Duration) -> CubeConn<IO> {
         self.preface = Some(PrefaceDeadline {
             by: tokio::time::Instant::now() + timeout,
             timer: None,
             read: 0,
+            head: [0; PREFACE_LEN + FRAME_HEADER_LEN],
         });
         self
     }
@@ -322,8 +356,7 @@ impl<IO: AsyncRead + Unpin> AsyncRead for CubeConn<IO> {
         };
         match polled {
             Poll::Ready(Ok(())) => {
-                preface.read += buf.filled().len() - before;
-                if preface.read >= PREFACE_LEN {
+                if preface.take(&buf.filled()[before..]) {
                     this.preface = None;
                 }
                 Poll::Ready(Ok(()))
@@ -391,6 +424,42 @@ mod tests {
             revoked: false,
             prepared: Default::default(),
         })
+    }
+
+    /// The preface is in once the magic and the whole SETTINGS frame its header announces are,
+    /// however the bytes are cut into reads.
+    #[test]
+    fn the_preface_is_the_magic_and_its_settings_frame() {
+        let deadline = || PrefaceDeadline {
+            by: tokio::time::Instant::now(),
+            timer: None,
+            read: 0,
+            head: [0; PREFACE_LEN + FRAME_HEADER_LEN],
+        };
+        let magic = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+        // A SETTINGS frame of one setting (6 bytes).
+        let mut preface = magic.to_vec();
+        preface.extend_from_slice(&[0, 0, 6, 4, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 100]);
+        for cut in 1..preface.len() {
+            let mut p = deadline();
+            let (a, b) = preface.split_at(cut);
+            assert!(!p.take(a), "in after {cut} bytes");
+            assert!(p.take(b), "not in after all of it, cut at {cut}");
+        }
+        let mut p = deadline();
+        assert!(!p.take(magic), "the magic alone");
+        assert!(!p.take(&[0, 0, 6, 4, 0, 0, 0, 0, 0, 0, 3]));
+        assert!(
+            p.take(&[0, 0, 0, 100, 0, 0, 0, 4, 1, 0, 0, 0, 0]),
+            "more than it"
+        );
+        // An empty SETTINGS frame: the header is the end.
+        let mut p = deadline();
+        assert!(p.take(&[magic.as_slice(), &[0, 0, 0, 4, 0, 0, 0, 0, 0]].concat()));
+        // A length past any frame a server takes is counted at the largest one.
+        let mut p = deadline();
+        assert!(!p.take(&[magic.as_slice(), &[0xff, 0xff, 0xff, 4, 0, 0, 0, 0, 0]].concat()));
+        assert!(p.take(&vec![0; MAX_SETTINGS_LEN]));
     }
 
     #[test]

@@ -1077,12 +1077,21 @@ async fn silent_connections_are_closed_and_idle_live_ones_kept() {
     let mut silent = TcpStream::connect(server.addr).await.unwrap();
     let mut partial = TcpStream::connect(server.addr).await.unwrap();
     partial.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+    // The magic alone: a client preface is the magic and a SETTINGS frame.
+    let mut bare = TcpStream::connect(server.addr).await.unwrap();
+    bare.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .unwrap();
     let mut mute = TcpStream::connect(server.addr).await.unwrap();
     // The whole preface and an empty SETTINGS frame; then nothing, not even ACKs.
     mute.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
         .await
         .unwrap();
-    for (name, conn) in [("silent", &mut silent), ("partial", &mut partial)] {
+    for (name, conn) in [
+        ("silent", &mut silent),
+        ("partial", &mut partial),
+        ("bare", &mut bare),
+    ] {
         let (_, closed) = read_until_closed(conn, Duration::from_secs(10))
             .await
             .unwrap_or_else(|| panic!("the {name} connection was not closed"));
@@ -1096,7 +1105,7 @@ async fn silent_connections_are_closed_and_idle_live_ones_kept() {
         server
             .metric("cube_connections_preface_timeouts_total")
             .unwrap_or(0.0)
-            >= 2.0
+            >= 3.0
     );
     // The mute peer got the server's frames, then a PING after 2 s of its silence; unanswered,
     // it ends the connection 2 s later.

@@ -98,6 +98,27 @@ pub fn ensure_ca(data_dir: &Path) -> anyhow::Result<(KeyPair, String)> {
     Ok((key, cert.pem()))
 }
 
+/// That `key` is the key of the CA certificate `pem`, before it signs anything: certificates
+/// signed with another key (a partial restore, a file replaced by hand) fail every TLS
+/// handshake, which the server logs only at debug level. (A server only verifying client
+/// certificates needs `pem` alone, and starts whatever the key.)
+fn check_ca_pair(pem: &str, key: &KeyPair, dir: &Path) -> anyhow::Result<()> {
+    let (_, parsed) = x509_parser::pem::parse_x509_pem(pem.as_bytes())
+        .map_err(|e| anyhow::anyhow!("reading {}: {e}", dir.join(CA_CERT).display()))?;
+    let cert = parsed
+        .parse_x509()
+        .map_err(|e| anyhow::anyhow!("reading {}: {e}", dir.join(CA_CERT).display()))?;
+    anyhow::ensure!(
+        cert.public_key().subject_public_key.data.as_ref() == rcgen::PublicKeyData::der_bytes(key),
+        "{} is not the key of {} (restored from different backups, or one replaced): put back \
+         the pair that belong together, or remove both to make a new certificate authority \
+         (every client certificate issued under the old one is then refused)",
+        dir.join(CA_KEY).display(),
+        dir.join(CA_CERT).display()
+    );
+    Ok(())
+}
+
 /// Paths of the CA certificate clients should trust.
 pub fn ca_cert_path(data_dir: &Path) -> PathBuf {
     tls_dir(data_dir).join(CA_CERT)
@@ -129,6 +150,7 @@ pub fn ensure_dev_server_cert(data_dir: &Path) -> anyhow::Result<(String, String
         .distinguished_name
         .push(DnType::CommonName, "cubed (development)");
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    check_ca_pair(&ca_pem, &ca_key, &dir)?;
     let key = KeyPair::generate()?;
     let issuer = Issuer::new(ca_params()?, ca_key);
     let cert = params.signed_by(&key, &issuer)?;
@@ -145,7 +167,8 @@ pub fn issue_client_cert(
     tenant: &str,
     key_id: &str,
 ) -> anyhow::Result<(String, String)> {
-    let (ca_key, _) = ensure_ca(data_dir)?;
+    let (ca_key, ca_pem) = ensure_ca(data_dir)?;
+    check_ca_pair(&ca_pem, &ca_key, &tls_dir(data_dir))?;
     if !client_certs_issued(data_dir) {
         write_private(
             &data_dir.join(CLIENT_CERTS_ISSUED),
@@ -194,6 +217,27 @@ pub fn write_client_cert(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A CA key that is not the CA certificate's is refused, naming both files, instead of
+    /// signing certificates no handshake accepts.
+    #[test]
+    fn a_ca_key_and_certificate_that_do_not_belong_together_are_refused() {
+        let (one, other) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        ensure_ca(one.path()).unwrap();
+        ensure_ca(other.path()).unwrap();
+        issue_client_cert(one.path(), "t", "k-1").unwrap();
+        fs::copy(
+            tls_dir(other.path()).join(CA_CERT),
+            tls_dir(one.path()).join(CA_CERT),
+        )
+        .unwrap();
+        let e = format!(
+            "{:#}",
+            issue_client_cert(one.path(), "t", "k-1").unwrap_err()
+        );
+        assert!(e.contains("ca.key is not the key of"), "{e}");
+        assert!(e.contains("remove both"), "{e}");
+    }
 
     /// A new CA (the old one's files removed) gets a new development server certificate signed
     /// by it; the same CA keeps the certificate it signed.

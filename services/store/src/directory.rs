@@ -694,8 +694,11 @@ impl OpenContext {
             if core.policy() == wanted {
                 return Ok((core, report));
             }
+            // A core opened read-only on a nearly full disk is poisoned from its open (it takes
+            // no writes); only a poisoning by the close itself means the close failed.
+            let opened_poisoned = core.is_poisoned();
             core.close_here()?;
-            if core.is_poisoned() {
+            if core.is_poisoned() && !opened_poisoned {
                 // Its close failed (its checkpoint, or an fsync removing its log): not reopened
                 // before a restart, as a tenant whose close failed after it served is not.
                 reopen_failed.record(

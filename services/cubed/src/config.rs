@@ -150,14 +150,15 @@ pub enum TenantCommand {
         dir: DataDirArg,
     },
     /// Set a tenant's durability policy: `sync` (acknowledge after fdatasync, the default) or
-    /// `relaxed` (acknowledge before fdatasync; power loss may lose up to --max-delay-ms of writes
-    /// and at most --max-records records). See docs/durability.md.
+    /// `relaxed` (acknowledge before fdatasync; power loss may lose at most --max-records
+    /// records, written within about the last --max-delay-ms). See docs/durability.md.
     Durability {
         name: String,
         #[arg(value_enum)]
         policy: PolicyArg,
-        /// Relaxed only: longest time a write stays acknowledged but not fdatasync'ed (1..=10000;
-        /// default 5).
+        /// Relaxed only: longest a written record waits for its fdatasync (1..=10000; default 5);
+        /// a record acknowledged while the log is held up (a slow fdatasync) waits longer before
+        /// it is written. The count (--max-records) always bounds what can be lost.
         #[arg(long)]
         max_delay_ms: Option<u64>,
         /// Relaxed only: most records acknowledged but not fdatasync'ed (1..=1000000; default

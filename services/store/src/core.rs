@@ -785,10 +785,7 @@ impl<T> TenantCore<T> {
             .checkpoint_seq
             .store(checkpoint_seq, Ordering::Relaxed);
         let policy = config.wal.sync;
-        let window = match policy {
-            SyncPolicy::Always => 0,
-            SyncPolicy::Relaxed { max_records, .. } => max_records,
-        };
+        let window = relaxed_window(&policy);
         let mut core = TenantCore {
             tenant: tenant.to_string(),
             state,
@@ -970,7 +967,20 @@ impl<T> TenantCore<T> {
                 self.publish_pending_rights();
                 false
             }
-            Some((_, _, CatalogEdit::Create { .. } | CatalogEdit::Durability(_))) => false,
+            Some((_, _, CatalogEdit::Durability(policy))) => {
+                // A narrower policy holds from this change on, without waiting for the reopen
+                // that makes it the log's own: the changes logged after it are acknowledged
+                // only as it allows (under `sync`, after their fdatasync), and the syncer syncs
+                // as it says. So a tenant switched back to `sync` while busy (never idle long
+                // enough to be closed and reopened) stops acknowledging before fdatasync at
+                // once. A wider policy waits for the reopen.
+                self.window = self.window.min(relaxed_window(&policy));
+                if let Some(wal) = &self.wal {
+                    wal.narrow_policy(policy);
+                }
+                false
+            }
+            Some((_, _, CatalogEdit::Create { .. })) => false,
         };
         let room = (relaxed_ok && self.waiting.is_empty() && seq <= self.durable + self.window)
             .then(|| self.state.has_room());
@@ -1879,6 +1889,14 @@ pub(crate) fn remove_checkpointed_log(
         }
     }
     Ok(())
+}
+
+/// How many changes past the last fdatasync `policy` acknowledges.
+fn relaxed_window(policy: &SyncPolicy) -> u64 {
+    match policy {
+        SyncPolicy::Always => 0,
+        SyncPolicy::Relaxed { max_records, .. } => *max_records,
+    }
 }
 
 fn shutting_down() -> StoreError {
@@ -4677,6 +4695,56 @@ mod tests {
                 "cell {i}"
             );
         }
+    }
+
+    /// A tenant switched from relaxed back to `sync` stops acknowledging before fdatasync from
+    /// the switch on, before any reopen (a busy tenant is never idle long enough to be closed
+    /// and reopened under its new policy), and its log is synced at once, not at the old
+    /// policy's deadline.
+    #[test]
+    fn a_switch_back_to_sync_holds_before_the_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_catalog, mut config) = tenant_with_catalog(dir.path());
+        config.wal.sync = SyncPolicy::Relaxed {
+            max_delay: Duration::from_secs(10),
+            max_records: 1000,
+        };
+        let mut core = open(dir.path(), &config);
+        assert!(
+            matches!(core.handle(write(1, b"a"), &who(), 1), Some((1, Ok(_)))),
+            "relaxed: acknowledged before its fdatasync"
+        );
+        let set = Command::SetDurability {
+            policy: SyncPolicy::Always,
+        };
+        assert!(core.handle(set, &who(), 2).is_none());
+        let after = core.handle(write(1, b"b"), &who(), 3);
+        assert!(
+            after.is_none(),
+            "acknowledged before its fdatasync after the switch to sync: {after:?}"
+        );
+        let started = Instant::now();
+        let answers = settle(&mut core);
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "synced only at the relaxed deadline ({:?})",
+            started.elapsed()
+        );
+        let tokens: Vec<(u32, bool)> = answers.iter().map(|(t, r)| (*t, r.is_ok())).collect();
+        assert_eq!(tokens, vec![(2, true), (3, true)], "{answers:?}");
+        // With nothing waiting any more, the old window would take the next write at once.
+        let later = core.handle(write(1, b"c"), &who(), 4);
+        assert!(
+            later.is_none(),
+            "acknowledged before its fdatasync after the switch to sync: {later:?}"
+        );
+        let answers = settle(&mut core);
+        assert!(matches!(answers.as_slice(), [(4, Ok(_))]), "{answers:?}");
+        assert_eq!(
+            core.policy(),
+            config.wal.sync,
+            "the log's own policy until the reopen"
+        );
     }
 
     #[test]

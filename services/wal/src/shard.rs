@@ -92,6 +92,26 @@ impl SyncPolicy {
         }
     }
 
+    /// The narrower of the two: `Always` if either is, else the smaller delay and record count.
+    pub fn narrowest(self, other: SyncPolicy) -> SyncPolicy {
+        match (self, other) {
+            (
+                SyncPolicy::Relaxed {
+                    max_delay: a,
+                    max_records: m,
+                },
+                SyncPolicy::Relaxed {
+                    max_delay: b,
+                    max_records: n,
+                },
+            ) => SyncPolicy::Relaxed {
+                max_delay: a.min(b),
+                max_records: m.min(n),
+            },
+            _ => SyncPolicy::Always,
+        }
+    }
+
     /// When `unsynced` becomes due by age; `None` if it never does by itself (nothing unsynced,
     /// or a delay too large to represent).
     fn deadline(self, unsynced: &Unsynced) -> Option<Instant> {
@@ -172,6 +192,9 @@ struct State {
     poisoned: bool,
     /// What poisoned it (set with `poisoned`).
     failure: Option<DurableEvent>,
+    /// The policy the syncer follows: the one the shard was opened with, or a narrower one set
+    /// since ([`WalShard::narrow_policy`]).
+    policy: SyncPolicy,
 }
 
 /// Every segment file of the shard, oldest first; the last one is the active segment. Shared
@@ -335,6 +358,7 @@ impl WalShard {
                 closing: false,
                 poisoned: false,
                 failure: None,
+                policy: options.sync,
             }),
             work: Condvar::new(),
             durable_cv: Condvar::new(),
@@ -362,12 +386,11 @@ impl WalShard {
             }
         }
         let thread_shared = Arc::clone(&shared);
-        let policy = options.sync;
         let syncer = std::thread::Builder::new()
             .name("wal-syncer".into())
             .spawn(move || {
                 let run = std::panic::AssertUnwindSafe(|| {
-                    syncer_loop(&thread_shared, writer, policy, last);
+                    syncer_loop(&thread_shared, writer, last);
                 });
                 if std::panic::catch_unwind(run).is_err() {
                     // A bug (here or in the notify callback). Without this the shard would look
@@ -449,6 +472,23 @@ impl WalShard {
         } else {
             Err(WalError::Poisoned)
         }
+    }
+
+    /// Follow `policy` from now on where it is narrower than the one in force (see
+    /// [`SyncPolicy::narrowest`]): what is written but not synced is synced as soon as the new
+    /// policy says it is due, which under `Always` is at once. A wider policy waits for the
+    /// shard to be opened again under it.
+    pub fn narrow_policy(&self, policy: SyncPolicy) {
+        let mut st = self.shared.lock();
+        st.policy = st.policy.narrowest(policy);
+        drop(st);
+        // A syncer asleep until an old deadline looks again.
+        self.shared.work.notify_one();
+    }
+
+    /// The policy the syncer follows now.
+    pub fn policy(&self) -> SyncPolicy {
+        self.shared.lock().policy
     }
 
     /// Highest durable (fdatasync'ed) sequence number.
@@ -738,13 +778,16 @@ enum Step {
     Exit,
 }
 
-fn syncer_loop(shared: &Shared, mut writer: SegmentWriter, policy: SyncPolicy, mut written: u64) {
+fn syncer_loop(shared: &Shared, mut writer: SegmentWriter, mut written: u64) {
     let mut batch: Vec<u8> = Vec::with_capacity(64 << 10);
     let mut unsynced = Unsynced::default();
+    let mut policy;
     loop {
         let step = {
             let mut st = shared.lock();
             let step = loop {
+                // Read again at every turn: a narrower policy set meanwhile holds at once.
+                policy = st.policy;
                 let now = Instant::now();
                 // Checked before pending records, so a steady stream of appends cannot hold a
                 // relaxed sync off past its deadline.

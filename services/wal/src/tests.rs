@@ -954,6 +954,33 @@ fn relaxed_sync_waits_for_max_records_and_close_syncs_the_rest() {
     assert_records(&seen, 7);
 }
 
+/// A narrower policy set on an open shard holds at once: records written under an hour's
+/// relaxed delay are synced as soon as the shard is narrowed to `Always`, and every later batch
+/// is synced as it is written; a wider policy changes nothing.
+#[test]
+fn a_narrower_policy_holds_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let hour = relaxed(Duration::from_secs(3600), 1_000_000);
+    let (wal, _) = open_recording(dir.path(), hour.clone());
+    append_n(&wal, 3);
+    assert!(
+        eventually(|| wal.written_seq() == 3),
+        "records never written"
+    );
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(wal.durable_seq(), 0, "synced before the deadline");
+    wal.narrow_policy(hour.sync);
+    assert_eq!(wal.policy(), hour.sync, "the same policy changes nothing");
+    wal.narrow_policy(SyncPolicy::Always);
+    assert_eq!(wal.policy(), SyncPolicy::Always);
+    assert!(wait_durable_returns(&wal, 3), "not synced once narrowed");
+    append_n(&wal, 2);
+    assert!(wait_durable_returns(&wal, 5), "a later batch not synced");
+    wal.narrow_policy(hour.sync);
+    assert_eq!(wal.policy(), SyncPolicy::Always, "widened");
+    Arc::try_unwrap(wal).unwrap().close().unwrap();
+}
+
 #[test]
 fn relaxed_sync_across_rotations_replays_everything() {
     let dir = tempfile::tempdir().unwrap();

@@ -38,7 +38,8 @@ pub type Answer<T> = (T, Result<Reply, StoreError>);
 /// Answers of durable changes that the WAL's syncer may send itself, right after the
 /// fdatasync that made them durable, instead of waiting for the tenant's actor to apply them
 /// first (one thread hand-off less per durable write). Only a change whose answer is settled
-/// when it is logged goes here (a cell change under the `sync` policy, not a catalog change):
+/// when it is logged goes here (a cell change under the `sync` policy, or a relaxed one a logged
+/// change narrowed to it; not a catalog change):
 /// what it answers does not depend on its apply.
 ///
 /// Readers that do not go through the actor's mailbox (scans, walks, audit pages, totals) wait
@@ -182,6 +183,9 @@ pub struct SharedStats {
     /// Woken when a group was applied or the tenant failed, for readers waiting until the state
     /// holds what the syncer answered ([`EarlyAnswers`]).
     pub applied: tokio::sync::Notify,
+    /// The durability policy in force as `Tenant.Stats` shows it, once a logged change narrowed
+    /// it since the open (`None`: the one the tenant was opened with).
+    pub narrowed_policy: std::sync::Mutex<Option<Arc<str>>>,
 }
 
 /// Why a reader could not wait until the applied state caught up (see [`EarlyAnswers`]).
@@ -195,6 +199,14 @@ pub enum Lag {
 }
 
 impl SharedStats {
+    /// The policy in force, described, if a change narrowed it since the open.
+    pub fn narrowed_policy(&self) -> Option<Arc<str>> {
+        self.narrowed_policy
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     /// Wait until the tenant's applied state holds every change up to `need` (see
     /// [`EarlyAnswers`]), for at most `patience`; `gone` says whether its actor is gone.
     pub async fn applied_through(
@@ -977,6 +989,14 @@ impl<T> TenantCore<T> {
                 self.window = self.window.min(relaxed_window(&policy));
                 if let Some(wal) = &self.wal {
                     wal.narrow_policy(policy);
+                    let now = describe_policy(&wal.policy());
+                    if now != describe_policy(&self.policy) {
+                        *self
+                            .stats
+                            .narrowed_policy
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner()) = Some(now.into());
+                    }
                 }
                 false
             }
@@ -4745,6 +4765,8 @@ mod tests {
             config.wal.sync,
             "the log's own policy until the reopen"
         );
+        // What Tenant.Stats shows is the policy in force.
+        assert_eq!(core.stats().narrowed_policy().as_deref(), Some("sync"));
     }
 
     #[test]

@@ -260,7 +260,12 @@ impl TenantHandle {
             wal_bytes: self.stats.wal_bytes.load(Ordering::Relaxed),
             last_seq: self.stats.last_seq.load(Ordering::Relaxed),
             checkpoint_seq: self.stats.checkpoint_seq.load(Ordering::Relaxed),
-            durability: self.durability.to_string(),
+            // The policy in force: narrowed since the open by a logged change, if one was.
+            durability: self
+                .stats
+                .narrowed_policy()
+                .unwrap_or_else(|| Arc::clone(&self.durability))
+                .to_string(),
             quota_bytes: self.max_bytes,
         }
     }
@@ -654,7 +659,8 @@ impl OpenContext {
         let notify_failed = Arc::clone(&wal_failed);
         let failed_logs = Arc::clone(&self.failed_logs);
         let notify_name: Arc<str> = tenant.into();
-        // Answers the syncer sends itself (used under the `sync` policy only, see there).
+        // Answers the syncer sends itself (used under the `sync` policy only, or once a logged
+        // change narrowed a relaxed one to it; see there).
         let early: Arc<EarlyAnswers<Responder>> = Arc::new(EarlyAnswers::default());
         let notify_early = Arc::clone(&early);
         let notify = move || -> cube_wal::DurableNotify {

@@ -1137,6 +1137,14 @@ async fn narrow_connection(server: &TestServer) -> Signed {
     windowed_connection(server, 65_535, 65_535).await
 }
 
+/// `channel`, every call signed as the demo tenant.
+fn signing_as_demo(server: &TestServer, channel: tonic::transport::Channel) -> Signed {
+    let creds = &server.demo;
+    let signer =
+        cube_auth::client::CallSigner::new(&creds.tenant, &creds.key_id, creds.secret().unwrap());
+    cube_auth::client::Signing::new(channel, signer)
+}
+
 /// A connection whose HTTP/2 windows are `stream` bytes a stream and `connection` in all,
 /// signing as the demo tenant.
 async fn windowed_connection(server: &TestServer, stream: u32, connection: u32) -> Signed {
@@ -1147,10 +1155,7 @@ async fn windowed_connection(server: &TestServer, stream: u32, connection: u32) 
         .connect()
         .await
         .unwrap();
-    let creds = &server.demo;
-    let signer =
-        cube_auth::client::CallSigner::new(&creds.tenant, &creds.key_id, creds.secret().unwrap());
-    cube_auth::client::Signing::new(channel, signer)
+    signing_as_demo(server, channel)
 }
 
 /// A unary call of `message` to `path` on `signed`: its response once its headers are in, the
@@ -1172,6 +1177,57 @@ async fn unread_call(
     drop(tx);
     signed.ready().await.unwrap();
     signed.call(req).await.unwrap()
+}
+
+/// Up to 16 Reads of cell (1, 0, 0) on `conn`, their answers left unread, until one is refused:
+/// the answers held, and the refusal's status and message.
+async fn reads_until_refused(
+    conn: &mut Signed,
+) -> (
+    Vec<tonic::codegen::http::Response<tonic::body::Body>>,
+    Option<(String, String)>,
+) {
+    let mut answers = Vec::new();
+    for _ in 0..16 {
+        let answer = unread_call(conn, "/cube.v1.Cells/Read", &read(1, 0, 0)).await;
+        if let Some(status) = header_status(&answer) {
+            return (answers, Some(status));
+        }
+        answers.push(answer);
+    }
+    (answers, None)
+}
+
+/// That a refusal in a response's headers ([`header_status`]) is RESOURCE_EXHAUSTED and says
+/// each of `words`.
+fn assert_exhausted(code: &str, message: &str, words: &[&str]) {
+    assert_eq!(
+        code,
+        (Code::ResourceExhausted as i32).to_string(),
+        "{message}"
+    );
+    for word in words {
+        assert!(message.contains(word), "{message}");
+    }
+}
+
+/// The run counts of held `Run` answers read at last, in order, each answer checked to return
+/// `program`.
+async fn run_counts(
+    answers: Vec<tonic::codegen::http::Response<tonic::body::Body>>,
+    program: &[u8],
+) -> Vec<u64> {
+    let runs: Vec<cube_api::v1::RunResponse> =
+        tokio::time::timeout(std::time::Duration::from_secs(30), read_all(answers))
+            .await
+            .expect("the held answers were not sent once read");
+    assert!(
+        runs.iter().all(|r| r.program == program),
+        "a program changed"
+    );
+    let mut counts: Vec<u64> = runs.iter().map(|r| r.run_count).collect();
+    counts.sort();
+    counts
 }
 
 /// The grpc-status a response carries in its headers (a refusal), if any.
@@ -1221,18 +1277,7 @@ async fn unread_answers_are_held_to_the_connection_send_limit() {
     let mut other = server.cells(&server.demo).await.unwrap();
     other.write(write(1, 0, 0, &big)).await.unwrap();
     let mut hog = narrow_connection(&server).await;
-    let mut answers = Vec::new();
-    let mut refusal = None;
-    for _ in 0..16 {
-        let answer = unread_call(&mut hog, "/cube.v1.Cells/Read", &read(1, 0, 0)).await;
-        match header_status(&answer) {
-            Some(status) => {
-                refusal = Some(status);
-                break;
-            }
-            None => answers.push(answer),
-        }
-    }
+    let (answers, refusal) = reads_until_refused(&mut hog).await;
     // 3 answers of just over 1 MiB fit, and count whole: what went out in the window of 65,535
     // bytes is less than a piece, and a piece counts until the socket has taken all of it.
     assert_eq!(
@@ -1242,13 +1287,11 @@ async fn unread_answers_are_held_to_the_connection_send_limit() {
         answers.len()
     );
     let (code, message) = refusal.expect("every Read was answered: nothing held them back");
-    assert_eq!(
-        code,
-        (Code::ResourceExhausted as i32).to_string(),
-        "{message}"
+    assert_exhausted(
+        &code,
+        &message,
+        &["--max-connection-send-bytes", "not answered"],
     );
-    assert!(message.contains("--max-connection-send-bytes"), "{message}");
-    assert!(message.contains("not answered"), "{message}");
     assert_eq!(server.metric("cube_answer_send_refused_total"), Some(1.0));
     let now = server.metric(held).unwrap();
     assert!(
@@ -1278,28 +1321,40 @@ async fn unread_answers_are_held_to_the_connection_send_limit() {
     );
 }
 
+/// A server started with `--max-connection-send-bytes limit` whose demo tenant has a program of
+/// 1 MiB at (1, 0, 0): the server, a client on a connection of its own, the program, and a Run
+/// of it.
+async fn a_program_to_run(
+    limit: usize,
+) -> (TestServer, SignedCells, Vec<u8>, cube_api::v1::RunRequest) {
+    let server = TestServer::start_with(
+        cubed(),
+        &["--max-connection-send-bytes", &limit.to_string()],
+    )
+    .unwrap();
+    let program = vec![3u8; 1 << 20];
+    let mut other = server.cells(&server.demo).await.unwrap();
+    other
+        .prog(cube_api::v1::ProgRequest {
+            coord: coord(1, 0, 0),
+            program: program.clone(),
+        })
+        .await
+        .unwrap();
+    let run = cube_api::v1::RunRequest {
+        coord: coord(1, 0, 0),
+        input: vec![],
+    };
+    (server, other, program, run)
+}
+
 /// A `Run` reserves room for its answer (its program: up to `--max-value-bytes`) when it
 /// arrives, and one whose answer could take its connection past `--max-connection-send-bytes`
 /// is refused before it runs: on a connection that reads none of its answers, three Runs of a
 /// 1 MiB program fit under 4 MiB and the fourth is not run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_whose_answer_could_pass_the_send_limit_is_refused_before_it_runs() {
-    use cube_api::v1::{ProgRequest, RunRequest, RunResponse};
-    let server =
-        TestServer::start_with(cubed(), &["--max-connection-send-bytes", "4194304"]).unwrap();
-    let program = vec![3u8; 1 << 20];
-    let mut other = server.cells(&server.demo).await.unwrap();
-    other
-        .prog(ProgRequest {
-            coord: coord(1, 0, 0),
-            program: program.clone(),
-        })
-        .await
-        .unwrap();
-    let run = RunRequest {
-        coord: coord(1, 0, 0),
-        input: vec![],
-    };
+    let (server, mut other, program, run) = a_program_to_run(4 << 20).await;
     let mut hog = narrow_connection(&server).await;
     let mut answers = Vec::new();
     for _ in 0..3 {
@@ -1315,24 +1370,12 @@ async fn a_run_whose_answer_could_pass_the_send_limit_is_refused_before_it_runs(
     // the window of 65,535 bytes), and room for a fourth would pass 4 MiB.
     let refused = unread_call(&mut hog, "/cube.v1.Cells/Run", &run).await;
     let (code, message) = header_status(&refused).expect("a Run past the limit was run");
-    assert_eq!(
-        code,
-        (Code::ResourceExhausted as i32).to_string(),
-        "{message}"
+    assert_exhausted(
+        &code,
+        &message,
+        &["a Run's answer (up to 1048640 bytes", "was not run"],
     );
-    assert!(
-        message.contains("a Run's answer (up to 1048640 bytes"),
-        "{message}"
-    );
-    assert!(message.contains("was not run"), "{message}");
-    let runs: Vec<RunResponse> =
-        tokio::time::timeout(std::time::Duration::from_secs(30), read_all(answers))
-            .await
-            .expect("the held answers were not sent once read");
-    let mut counts: Vec<u64> = runs.iter().map(|r| r.run_count).collect();
-    counts.sort();
-    assert_eq!(counts, [1, 2, 3]);
-    assert!(runs.iter().all(|r| r.program == program));
+    assert_eq!(run_counts(answers, &program).await, [1, 2, 3]);
     let next = other.run(run).await.unwrap().into_inner();
     assert_eq!(next.run_count, 4, "the refused call was run");
 }
@@ -1344,32 +1387,15 @@ async fn a_run_whose_answer_could_pass_the_send_limit_is_refused_before_it_runs(
 /// answers are a few bytes each) follow until one is refused: it wrote nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_the_send_limit_a_call_is_refused_before_it_runs() {
-    use cube_api::v1::{ProgRequest, RunRequest, RunResponse};
+    use cube_api::v1::RunResponse;
     use prost::Message;
-    let program = vec![3u8; 1 << 20];
     let run_answer = 5 + RunResponse {
-        program: program.clone(),
+        program: vec![3u8; 1 << 20],
         run_count: 1,
     }
     .encoded_len();
     let limit = 2 * run_answer + (1 << 20) + cube_gateway::RUN_ANSWER_OVERHEAD;
-    let server = TestServer::start_with(
-        cubed(),
-        &["--max-connection-send-bytes", &limit.to_string()],
-    )
-    .unwrap();
-    let mut other = server.cells(&server.demo).await.unwrap();
-    other
-        .prog(ProgRequest {
-            coord: coord(1, 0, 0),
-            program,
-        })
-        .await
-        .unwrap();
-    let run = RunRequest {
-        coord: coord(1, 0, 0),
-        input: vec![],
-    };
+    let (server, mut other, _, run) = a_program_to_run(limit).await;
     let mut hog = narrow_connection(&server).await;
     let mut answers = Vec::new();
     for _ in 0..3 {
@@ -1391,13 +1417,7 @@ async fn past_the_send_limit_a_call_is_refused_before_it_runs() {
         x > 2,
         "refused before any small answer took the count past the limit"
     );
-    assert_eq!(
-        code,
-        (Code::ResourceExhausted as i32).to_string(),
-        "{message}"
-    );
-    assert!(message.contains("that is past"), "{message}");
-    assert!(message.contains("was not run"), "{message}");
+    assert_exhausted(&code, &message, &["that is past", "was not run"]);
     drop(answers);
     let cell = other.read(read(x, 0, 0)).await.unwrap().into_inner();
     assert!(!cell.found, "the refused Write was made");
@@ -1506,10 +1526,7 @@ async fn wide_connection(server: &TestServer, gate: std::sync::Arc<ReadGate>) ->
         }))
         .await
         .unwrap();
-    let creds = &server.demo;
-    let signer =
-        cube_auth::client::CallSigner::new(&creds.tenant, &creds.key_id, creds.secret().unwrap());
-    cube_auth::client::Signing::new(channel, signer)
+    signing_as_demo(server, channel)
 }
 
 /// What was handed to HTTP/2 counts until the socket has taken it: a client that opens wide
@@ -1639,25 +1656,10 @@ async fn an_answer_short_of_its_last_byte_counts_whole() {
     let answer = other.read(read(1, 0, 0)).await.unwrap().into_inner();
     let answer_bytes = u32::try_from(5 + answer.encoded_len()).unwrap();
     let mut short = windowed_connection(&server, answer_bytes - 1, 1 << 30).await;
-    let mut answers = Vec::new();
-    let mut refusal = None;
-    for _ in 0..16 {
-        let answer = unread_call(&mut short, "/cube.v1.Cells/Read", &read(1, 0, 0)).await;
-        match header_status(&answer) {
-            Some(status) => {
-                refusal = Some(status);
-                break;
-            }
-            None => answers.push(answer),
-        }
-    }
+    let (answers, refusal) = reads_until_refused(&mut short).await;
     assert_eq!(answers.len(), 3, "then {refusal:?}");
     let (code, message) = refusal.unwrap();
-    assert_eq!(
-        code,
-        (Code::ResourceExhausted as i32).to_string(),
-        "{message}"
-    );
+    assert_exhausted(&code, &message, &["--max-connection-send-bytes"]);
     let read_at_last: Vec<cube_api::v1::ReadResponse> =
         tokio::time::timeout(std::time::Duration::from_secs(30), read_all(answers))
             .await
@@ -1680,22 +1682,7 @@ async fn an_answer_short_of_its_last_byte_counts_whole() {
 /// answer was in it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_in_progress_at_once_reserve_room_for_their_answers() {
-    use cube_api::v1::{ProgRequest, RunRequest, RunResponse};
-    let server =
-        TestServer::start_with(cubed(), &["--max-connection-send-bytes", "4194304"]).unwrap();
-    let program = vec![3u8; 1 << 20];
-    let mut other = server.cells(&server.demo).await.unwrap();
-    other
-        .prog(ProgRequest {
-            coord: coord(1, 0, 0),
-            program: program.clone(),
-        })
-        .await
-        .unwrap();
-    let run = RunRequest {
-        coord: coord(1, 0, 0),
-        input: vec![],
-    };
+    let (server, mut other, program, run) = a_program_to_run(4 << 20).await;
     let hog = narrow_connection(&server).await;
     let calls: Vec<_> = (0..16)
         .map(|_| {
@@ -1707,25 +1694,12 @@ async fn runs_in_progress_at_once_reserve_room_for_their_answers() {
     for call in calls {
         let answer = call.await.unwrap();
         match header_status(&answer) {
-            Some((code, message)) => {
-                assert_eq!(
-                    code,
-                    (Code::ResourceExhausted as i32).to_string(),
-                    "{message}"
-                );
-                assert!(message.contains("was not run"), "{message}");
-            }
+            Some((code, message)) => assert_exhausted(&code, &message, &["was not run"]),
             None => answers.push(answer),
         }
     }
     assert_eq!(answers.len(), 3, "Runs run");
-    let runs: Vec<RunResponse> =
-        tokio::time::timeout(std::time::Duration::from_secs(30), read_all(answers))
-            .await
-            .expect("the held answers were not sent once read");
-    let mut counts: Vec<u64> = runs.iter().map(|r| r.run_count).collect();
-    counts.sort();
-    assert_eq!(counts, [1, 2, 3]);
+    assert_eq!(run_counts(answers, &program).await, [1, 2, 3]);
     assert_eq!(
         other.run(run).await.unwrap().into_inner().run_count,
         4,

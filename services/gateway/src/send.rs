@@ -71,6 +71,20 @@ pub struct Sending {
 }
 
 impl Sending {
+    /// Room for an answer of `n` bytes not made yet, if [`refuses`] lets it under `limit`
+    /// (checked and counted in one step); else the count found.
+    fn reserve(self: &Arc<Self>, n: usize, limit: usize) -> Result<Reservation, usize> {
+        self.bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
+                (!refuses(now, n, limit)).then(|| now + n)
+            })?;
+        self.reserved.fetch_add(n, Ordering::AcqRel);
+        Ok(Reservation {
+            sending: Arc::clone(self),
+            bytes: n,
+        })
+    }
+
     fn release(&self, n: usize) {
         if n > 0 {
             self.bytes.fetch_sub(n, Ordering::AcqRel);
@@ -208,21 +222,12 @@ where
             // the largest answer first (checked and counted in one step), which its answer
             // replaces.
             let refused = if kind == Kind::Run {
-                let (limit, n) = (self.limit, self.run_answer);
-                match sending
-                    .bytes
-                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
-                        (!refuses(now, n, limit)).then(|| now + n)
-                    }) {
-                    Ok(_) => {
-                        sending.reserved.fetch_add(n, Ordering::AcqRel);
-                        reserved = Some(Reservation {
-                            sending: Arc::clone(sending),
-                            bytes: n,
-                        });
+                match sending.reserve(self.run_answer, self.limit) {
+                    Ok(room) => {
+                        reserved = Some(room);
                         None
                     }
-                    Err(now) => Some((now, Refusal::RunAnswer(n))),
+                    Err(now) => Some((now, Refusal::RunAnswer(self.run_answer))),
                 }
             } else {
                 let now = sending.bytes.load(Ordering::Acquire);

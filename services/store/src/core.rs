@@ -985,17 +985,18 @@ impl<T> TenantCore<T> {
                 // only as it allows (under `sync`, after their fdatasync), and the syncer syncs
                 // as it says. So a tenant switched back to `sync` while busy (never idle long
                 // enough to be closed and reopened) stops acknowledging before fdatasync at
-                // once. A wider policy waits for the reopen.
-                self.window = self.window.min(relaxed_window(&policy));
+                // once. A wider policy waits for the reopen. (The log is open: the append above
+                // succeeded.)
                 if let Some(wal) = &self.wal {
-                    wal.narrow_policy(policy);
-                    let now = describe_policy(&wal.policy());
-                    if now != describe_policy(&self.policy) {
+                    let now = wal.narrow_policy(policy);
+                    self.window = relaxed_window(&now);
+                    if now != self.policy {
                         *self
                             .stats
                             .narrowed_policy
                             .lock()
-                            .unwrap_or_else(|p| p.into_inner()) = Some(now.into());
+                            .unwrap_or_else(|p| p.into_inner()) =
+                            Some(describe_policy(&now).into());
                     }
                 }
                 false

@@ -477,18 +477,15 @@ impl WalShard {
     /// Follow `policy` from now on where it is narrower than the one in force (see
     /// [`SyncPolicy::narrowest`]): what is written but not synced is synced as soon as the new
     /// policy says it is due, which under `Always` is at once. A wider policy waits for the
-    /// shard to be opened again under it.
-    pub fn narrow_policy(&self, policy: SyncPolicy) {
+    /// shard to be opened again under it. Returns the policy in force now.
+    pub fn narrow_policy(&self, policy: SyncPolicy) -> SyncPolicy {
         let mut st = self.shared.lock();
         st.policy = st.policy.narrowest(policy);
+        let now = st.policy;
         drop(st);
         // A syncer asleep until an old deadline looks again.
         self.shared.work.notify_one();
-    }
-
-    /// The policy the syncer follows now.
-    pub fn policy(&self) -> SyncPolicy {
-        self.shared.lock().policy
+        now
     }
 
     /// Highest durable (fdatasync'ed) sequence number.

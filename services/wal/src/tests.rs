@@ -969,15 +969,16 @@ fn a_narrower_policy_holds_at_once() {
     );
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(wal.durable_seq(), 0, "synced before the deadline");
-    wal.narrow_policy(hour.sync);
-    assert_eq!(wal.policy(), hour.sync, "the same policy changes nothing");
-    wal.narrow_policy(SyncPolicy::Always);
-    assert_eq!(wal.policy(), SyncPolicy::Always);
+    assert_eq!(
+        wal.narrow_policy(hour.sync),
+        hour.sync,
+        "the same policy changes nothing"
+    );
+    assert_eq!(wal.narrow_policy(SyncPolicy::Always), SyncPolicy::Always);
     assert!(wait_durable_returns(&wal, 3), "not synced once narrowed");
     append_n(&wal, 2);
     assert!(wait_durable_returns(&wal, 5), "a later batch not synced");
-    wal.narrow_policy(hour.sync);
-    assert_eq!(wal.policy(), SyncPolicy::Always, "widened");
+    assert_eq!(wal.narrow_policy(hour.sync), SyncPolicy::Always, "widened");
     Arc::try_unwrap(wal).unwrap().close().unwrap();
 }
 

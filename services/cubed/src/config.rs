@@ -346,7 +346,8 @@ pub struct ServeArgs {
     pub mailbox_capacity: usize,
     /// Bytes of values, programs and inputs one tenant's requests in flight may carry before
     /// callers get RESOURCE_EXHAUSTED (each is held in a few copies until it is answered); at
-    /// least --max-value-bytes.
+    /// least --max-value-bytes. Also bounds, in log bytes, a relaxed tenant's changes
+    /// acknowledged before their fdatasync.
     #[arg(long, env = "CUBE_MAX_IN_FLIGHT_BYTES", default_value_t = DEFAULT_MAX_IN_FLIGHT_BYTES)]
     pub max_in_flight_bytes: usize,
     /// Threads running tenant actors (default: one per 4 CPUs, at least 1; on 2 cores one actor

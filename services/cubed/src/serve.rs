@@ -312,6 +312,9 @@ pub async fn run(
                     },
                     // A value plus its coordinates and framing always fits.
                     max_record: config.max_value_bytes + 4096,
+                    // A relaxed tenant's acknowledged-but-unsynced changes are held to the
+                    // bytes its requests in flight may carry (see `TenantCore`).
+                    max_unsynced_bytes: config.max_in_flight_bytes as u64,
                     ..WalOptions::default()
                 },
                 limits: StateLimits {

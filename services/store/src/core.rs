@@ -1003,8 +1003,11 @@ impl<T> TenantCore<T> {
             }
             Some((_, _, CatalogEdit::Create { .. })) => false,
         };
-        let room = (relaxed_ok && self.waiting.is_empty() && seq <= self.durable + self.window)
-            .then(|| self.state.has_room());
+        let room = (relaxed_ok
+            && self.waiting.is_empty()
+            && seq <= self.durable + self.window
+            && self.unsynced_within_bound())
+        .then(|| self.state.has_room());
         if matches!(room, Some(Ok(false))) {
             // Queued below, and applied when there is room (the actor asks again shortly).
             self.hold(cube_metrics::ApplyHold::StateStore);
@@ -1041,6 +1044,19 @@ impl<T> TenantCore<T> {
             answer,
         });
         None
+    }
+
+    /// Whether the log's unsynced bytes (every change appended past its last fdatasync, the one
+    /// being decided included) are within its byte bound, so a relaxed tenant may acknowledge
+    /// them before their fdatasync: the relaxed window is `max_records` changes *and* at most
+    /// `max_unsynced_bytes` (the server's `--max-in-flight-bytes`). Past it, changes wait for
+    /// their fdatasync as under `sync`, and their requests stay counted in flight, so a tenant
+    /// writing large values, or one whose disk stalls, holds no more than that in acknowledged
+    /// but unsynced changes (the log's syncer syncs as soon as its written bytes reach it).
+    fn unsynced_within_bound(&self) -> bool {
+        self.wal
+            .as_ref()
+            .is_some_and(|w| w.unsynced_bytes() <= w.max_unsynced_bytes())
     }
 
     /// An answer decided without a record of its own. It may rest on changes still waiting for
@@ -1111,7 +1127,12 @@ impl<T> TenantCore<T> {
                 }
                 // Inside the relaxed window, except a catalog change: that waits for its own
                 // fdatasync, and everything after it waits behind it.
-                let (durable, limit) = (self.durable, self.durable + self.window);
+                let durable = self.durable;
+                let limit = if self.unsynced_within_bound() {
+                    durable + self.window
+                } else {
+                    durable
+                };
                 let n = self
                     .waiting
                     .iter()
@@ -4801,6 +4822,53 @@ mod tests {
             describe_policy(&config.wal.sync),
             "relaxed(max_delay_ms=3600000, max_records=3)"
         );
+    }
+
+    /// The relaxed window is bounded in bytes too: a change that would take the log's unsynced
+    /// bytes past `max_unsynced_bytes` waits for its fdatasync (which the bound triggers at
+    /// once), however many records and however long the policy allows.
+    #[test]
+    fn relaxed_policy_acks_no_more_unsynced_bytes_than_its_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = config();
+        config.wal.sync = SyncPolicy::Relaxed {
+            max_delay: Duration::from_secs(3600),
+            max_records: 1000,
+        };
+        config.wal.max_unsynced_bytes = 4096;
+        let mut core = open(dir.path(), &config);
+        let value = vec![5u8; 1100];
+        for i in 1..=3u32 {
+            let answer = core.handle(write(1, &value), &who(), i);
+            assert!(
+                matches!(answer, Some((t, Ok(Reply::Written { .. }))) if t == i),
+                "{answer:?}"
+            );
+        }
+        let wal = core.wal.as_ref().unwrap();
+        assert_eq!(wal.durable_seq(), 0);
+        assert!(wal.unsynced_bytes() <= 4096);
+        // A fourth would hold more than 4096 bytes acknowledged and unsynced: it waits.
+        assert!(core.handle(write(1, &value), &who(), 4).is_none());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while core.wal.as_ref().unwrap().durable_seq() < 4 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!(
+            core.wal.as_ref().unwrap().durable_seq(),
+            4,
+            "the bound did not sync"
+        );
+        let answers = core.on_durable(DurableEvent::Durable(4));
+        assert!(
+            matches!(answers.as_slice(), [(4, Ok(Reply::Written { seq: 4, .. }))]),
+            "{answers:?}"
+        );
+        // Synced, the window is open again.
+        assert!(matches!(
+            core.handle(write(1, &value), &who(), 5),
+            Some((5, Ok(_)))
+        ));
     }
 
     /// An answer that rests on a change still waiting for its fsync goes out only after that

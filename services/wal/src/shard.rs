@@ -73,8 +73,9 @@ pub enum SyncPolicy {
 }
 
 impl SyncPolicy {
-    /// Whether `unsynced` must be fdatasync'ed now.
-    fn due(self, unsynced: &Unsynced, now: Instant) -> bool {
+    /// Whether `unsynced` must be fdatasync'ed now; `max_bytes` is the shard's
+    /// [`WalOptions::max_unsynced_bytes`].
+    fn due(self, unsynced: &Unsynced, now: Instant, max_bytes: u64) -> bool {
         if unsynced.records == 0 {
             return false;
         }
@@ -85,6 +86,7 @@ impl SyncPolicy {
                 max_records,
             } => {
                 unsynced.records >= max_records
+                    || unsynced.bytes >= max_bytes
                     || unsynced
                         .since
                         .is_none_or(|t| now.saturating_duration_since(t) >= max_delay)
@@ -132,6 +134,11 @@ pub struct WalOptions {
     pub max_record: usize,
     /// When records are fdatasync'ed.
     pub sync: SyncPolicy,
+    /// Under [`SyncPolicy::Relaxed`], written-but-unsynced bytes (records as framed) that
+    /// trigger an fdatasync at once, whatever the policy's delay and record count: with
+    /// [`WalShard::unsynced_bytes`], what bounds the memory and the loss window of a caller
+    /// acknowledging before fdatasync when values are large or the disk stalls.
+    pub max_unsynced_bytes: u64,
 }
 
 impl Default for WalOptions {
@@ -140,6 +147,7 @@ impl Default for WalOptions {
             segments: SegmentSizing::default(),
             max_record: 4 << 20,
             sync: SyncPolicy::Always,
+            max_unsynced_bytes: 64 << 20,
         }
     }
 }
@@ -149,6 +157,7 @@ pub struct WalShard {
     shared: Arc<Shared>,
     syncer: Option<JoinHandle<()>>,
     max_record: usize,
+    max_unsynced_bytes: u64,
 }
 
 impl std::fmt::Debug for WalShard {
@@ -195,6 +204,10 @@ struct State {
     /// The policy the syncer follows: the one the shard was opened with, or a narrower one set
     /// since ([`WalShard::narrow_policy`]).
     policy: SyncPolicy,
+    /// Bytes (records as framed) appended since the shard was opened, and of them those
+    /// fdatasync'ed: [`WalShard::unsynced_bytes`] is the difference.
+    appended_bytes: u64,
+    durable_bytes: u64,
 }
 
 /// Every segment file of the shard, oldest first; the last one is the active segment. Shared
@@ -318,7 +331,7 @@ impl WalShard {
                 .map_err(WalError::io("syncing the recovered last segment"))?;
             sync_dir(dir).map_err(WalError::io("syncing the wal directory"))?;
         }
-        let max_record = options.max_record;
+        let (max_record, max_unsynced_bytes) = (options.max_record, options.max_unsynced_bytes);
         let table = Arc::new(Mutex::new(SegmentTable::new(
             resume.segments.iter().map(|(name, _, size)| (*name, *size)),
         )));
@@ -359,6 +372,8 @@ impl WalShard {
                 poisoned: false,
                 failure: None,
                 policy: options.sync,
+                appended_bytes: 0,
+                durable_bytes: 0,
             }),
             work: Condvar::new(),
             durable_cv: Condvar::new(),
@@ -390,7 +405,7 @@ impl WalShard {
             .name("wal-syncer".into())
             .spawn(move || {
                 let run = std::panic::AssertUnwindSafe(|| {
-                    syncer_loop(&thread_shared, writer, last);
+                    syncer_loop(&thread_shared, writer, last, max_unsynced_bytes);
                 });
                 if std::panic::catch_unwind(run).is_err() {
                     // A bug (here or in the notify callback). Without this the shard would look
@@ -414,6 +429,7 @@ impl WalShard {
                 shared,
                 syncer: Some(syncer),
                 max_record,
+                max_unsynced_bytes,
             },
             report,
         ))
@@ -446,7 +462,9 @@ impl WalShard {
         st.last_appended = seq;
         let position = st.pending_records;
         st.pending_records += 1;
+        let before = st.pending.len();
         record::encode(&mut st.pending, seq, position, payload);
+        st.appended_bytes += (st.pending.len() - before) as u64;
         if st.syncer_idle {
             st.syncer_idle = false;
             self.shared.work.notify_one();
@@ -486,6 +504,18 @@ impl WalShard {
         // A syncer asleep until an old deadline looks again.
         self.shared.work.notify_one();
         now
+    }
+
+    /// Bytes appended (records as framed) and not yet fdatasync'ed, whether still queued for
+    /// the syncer or written to the page cache.
+    pub fn unsynced_bytes(&self) -> u64 {
+        let st = self.shared.lock();
+        st.appended_bytes - st.durable_bytes
+    }
+
+    /// The shard's [`WalOptions::max_unsynced_bytes`].
+    pub fn max_unsynced_bytes(&self) -> u64 {
+        self.max_unsynced_bytes
     }
 
     /// Highest durable (fdatasync'ed) sequence number.
@@ -761,6 +791,8 @@ impl Shared {
 #[derive(Debug, Default)]
 struct Unsynced {
     records: u64,
+    /// Their bytes, as framed.
+    bytes: u64,
     /// When the oldest of them was written.
     since: Option<Instant>,
 }
@@ -775,9 +807,11 @@ enum Step {
     Exit,
 }
 
-fn syncer_loop(shared: &Shared, mut writer: SegmentWriter, mut written: u64) {
+fn syncer_loop(shared: &Shared, mut writer: SegmentWriter, mut written: u64, max_bytes: u64) {
     let mut batch: Vec<u8> = Vec::with_capacity(64 << 10);
     let mut unsynced = Unsynced::default();
+    // Bytes written since the open (as `State::appended_bytes` counts them).
+    let mut written_bytes = 0u64;
     let mut policy;
     loop {
         let step = {
@@ -788,7 +822,7 @@ fn syncer_loop(shared: &Shared, mut writer: SegmentWriter, mut written: u64) {
                 let now = Instant::now();
                 // Checked before pending records, so a steady stream of appends cannot hold a
                 // relaxed sync off past its deadline.
-                if policy.due(&unsynced, now) {
+                if policy.due(&unsynced, now, max_bytes) {
                     break Step::Sync;
                 }
                 if !st.pending.is_empty() {
@@ -832,11 +866,13 @@ fn syncer_loop(shared: &Shared, mut writer: SegmentWriter, mut written: u64) {
                     return;
                 }
                 cube_metrics::WAL_BYTES.inc_by(batch.len() as u64);
+                written_bytes += batch.len() as u64;
+                unsynced.bytes += batch.len() as u64;
                 batch.clear();
                 unsynced.records += records;
                 unsynced.since.get_or_insert(started);
                 written = last_seq;
-                if !policy.due(&unsynced, Instant::now()) {
+                if !policy.due(&unsynced, Instant::now(), max_bytes) {
                     // Relaxed and not due yet: only publish how far the file now reaches.
                     shared.lock().written = written;
                     continue;
@@ -862,6 +898,7 @@ fn syncer_loop(shared: &Shared, mut writer: SegmentWriter, mut written: u64) {
         }
         st.written = written;
         st.durable = written;
+        st.durable_bytes = written_bytes;
         if st.durable_waiters > 0 {
             shared.durable_cv.notify_all();
         }

@@ -21,6 +21,7 @@ fn small() -> WalOptions {
         },
         max_record: 64 << 10,
         sync: SyncPolicy::Always,
+        max_unsynced_bytes: 64 << 20,
     }
 }
 
@@ -979,6 +980,38 @@ fn a_narrower_policy_holds_at_once() {
     append_n(&wal, 2);
     assert!(wait_durable_returns(&wal, 5), "a later batch not synced");
     assert_eq!(wal.narrow_policy(hour.sync), SyncPolicy::Always, "widened");
+    Arc::try_unwrap(wal).unwrap().close().unwrap();
+}
+
+/// Under a relaxed policy, written-but-unsynced bytes reaching `max_unsynced_bytes` trigger an
+/// fdatasync however far the delay and record count are: large records cannot pile up unsynced
+/// (and, for a caller that acknowledges before fdatasync, acknowledged) without a bound in
+/// bytes. `unsynced_bytes` counts them until they are synced.
+#[test]
+fn relaxed_sync_at_max_unsynced_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = WalOptions {
+        max_unsynced_bytes: 4096,
+        ..relaxed(Duration::from_secs(3600), 1_000_000)
+    };
+    let (wal, _) = open_recording(dir.path(), opts);
+    let value = vec![7u8; 1100];
+    for _ in 0..3 {
+        wal.append(&value).unwrap();
+    }
+    assert!(
+        eventually(|| wal.written_seq() == 3),
+        "records never written"
+    );
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(wal.durable_seq(), 0, "synced below the byte bound");
+    let three = wal.unsynced_bytes();
+    assert!((3300..4096).contains(&three), "{three}");
+    // The fourth passes 4096 bytes.
+    wal.append(&value).unwrap();
+    assert!(wait_durable_returns(&wal, 4), "the byte bound did not sync");
+    assert_eq!(wal.unsynced_bytes(), 0);
+    assert_eq!(wal.max_unsynced_bytes(), 4096);
     Arc::try_unwrap(wal).unwrap().close().unwrap();
 }
 

@@ -9,6 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+
+use crate::config::DataDirArg;
 use cube_api::v1::admin_client::AdminClient;
 use cube_api::v1::{
     CreateKeyRequest, CreateTenantRequest, ListTenantsRequest, RelaxedDurability, RevokeKeyRequest,
@@ -41,34 +43,35 @@ enum Outcome {
     },
 }
 
-pub async fn create_tenant(data_dir: &Path, name: &str) -> anyhow::Result<()> {
-    print(execute(data_dir, Op::CreateTenant(name)).await?)
+pub async fn create_tenant(dir: &DataDirArg, name: &str) -> anyhow::Result<()> {
+    print(execute(dir, Op::CreateTenant(name)).await?)
 }
 
-pub async fn create_key(data_dir: &Path, tenant: &str) -> anyhow::Result<()> {
-    print(execute(data_dir, Op::CreateKey(tenant)).await?)
+pub async fn create_key(dir: &DataDirArg, tenant: &str) -> anyhow::Result<()> {
+    print(execute(dir, Op::CreateKey(tenant)).await?)
 }
 
-pub async fn revoke_key(data_dir: &Path, tenant: &str, key_id: &str) -> anyhow::Result<()> {
-    print(execute(data_dir, Op::RevokeKey(tenant, key_id)).await?)
+pub async fn revoke_key(dir: &DataDirArg, tenant: &str, key_id: &str) -> anyhow::Result<()> {
+    print(execute(dir, Op::RevokeKey(tenant, key_id)).await?)
 }
 
 pub async fn set_durability(
-    data_dir: &Path,
+    dir: &DataDirArg,
     tenant: &str,
     policy: SyncPolicy,
 ) -> anyhow::Result<()> {
-    print(execute(data_dir, Op::SetDurability(tenant, policy)).await?)
+    print(execute(dir, Op::SetDurability(tenant, policy)).await?)
 }
 
 /// `cubed key cert`: a client certificate for an active key, written into `out`.
 pub async fn key_cert(
-    data_dir: &Path,
+    dir: &DataDirArg,
     tenant: &str,
     key_id: &str,
     out: &Path,
 ) -> anyhow::Result<()> {
-    let Outcome::Active(true) = execute(data_dir, Op::KeyIsActive(tenant, key_id)).await? else {
+    let data_dir = &dir.data_dir;
+    let Outcome::Active(true) = execute(dir, Op::KeyIsActive(tenant, key_id)).await? else {
         bail!("tenant '{tenant}' has no active key '{key_id}'");
     };
     // The CA's files are written (and created, the first time) by this process.
@@ -132,7 +135,8 @@ fn print(outcome: Outcome) -> anyhow::Result<()> {
 /// while it opens one tenant.
 const LOCKED_CATALOG_WAIT: Duration = Duration::from_secs(60);
 
-async fn execute(data_dir: &Path, op: Op<'_>) -> anyhow::Result<Outcome> {
+async fn execute(dir: &DataDirArg, op: Op<'_>) -> anyhow::Result<Outcome> {
+    let data_dir = &dir.data_dir;
     let data = DataDir::new(data_dir);
     if let Op::CreateTenant(name) = op {
         // Before anything is created: a bad name must not leave a new data directory behind.
@@ -157,8 +161,8 @@ async fn execute(data_dir: &Path, op: Op<'_>) -> anyhow::Result<Outcome> {
     let deadline = std::time::Instant::now() + LOCKED_CATALOG_WAIT;
     let mut told = false;
     loop {
-        if let Ok(client) = connect(socket.clone()).await {
-            return remote(client, &op).await;
+        if let Some(client) = connect(socket.clone(), dir.admin_timeout()).await? {
+            return answered(remote(client, &op), dir.admin_timeout(), &op).await;
         }
         // No server answers: this process writes the files itself.
         check_owner(data_dir)?;
@@ -304,15 +308,13 @@ async fn remote(mut client: AdminClient<Channel>, op: &Op<'_>) -> anyhow::Result
             endpoint: None,
         }))
     };
-    let status_msg = |s: tonic::Status| anyhow::anyhow!("{}", s.message().to_owned());
     match op {
         Op::CreateTenant(name) => {
             let r = client
                 .create_tenant(CreateTenantRequest {
                     name: name.to_string(),
                 })
-                .await
-                .map_err(status_msg)?;
+                .await?;
             creds(r.into_inner().credentials)
         }
         Op::CreateKey(tenant) => {
@@ -320,8 +322,7 @@ async fn remote(mut client: AdminClient<Channel>, op: &Op<'_>) -> anyhow::Result
                 .create_key(CreateKeyRequest {
                     tenant: tenant.to_string(),
                 })
-                .await
-                .map_err(status_msg)?;
+                .await?;
             creds(r.into_inner().credentials)
         }
         Op::RevokeKey(tenant, key_id) => {
@@ -329,14 +330,11 @@ async fn remote(mut client: AdminClient<Channel>, op: &Op<'_>) -> anyhow::Result
                 tenant: tenant.to_string(),
                 key_id: key_id.to_string(),
             };
-            let r = client.revoke_key(req).await.map_err(status_msg)?;
+            let r = client.revoke_key(req).await?;
             Ok(Outcome::Revoked(r.into_inner().revoked))
         }
         Op::KeyIsActive(tenant, key_id) => {
-            let r = client
-                .list_tenants(ListTenantsRequest {})
-                .await
-                .map_err(status_msg)?;
+            let r = client.list_tenants(ListTenantsRequest {}).await?;
             let tenants = r.into_inner().tenants;
             let Some(t) = tenants.iter().find(|t| t.name == *tenant) else {
                 bail!("no tenant named '{tenant}'");
@@ -361,8 +359,7 @@ async fn remote(mut client: AdminClient<Channel>, op: &Op<'_>) -> anyhow::Result
                     tenant: tenant.to_string(),
                     relaxed,
                 })
-                .await
-                .map_err(status_msg)?
+                .await?
                 .into_inner();
             Ok(Outcome::Durability {
                 durability: r.durability,
@@ -372,19 +369,67 @@ async fn remote(mut client: AdminClient<Channel>, op: &Op<'_>) -> anyhow::Result
     }
 }
 
-/// A client of the admin service on the Unix socket at `path`.
-async fn connect(path: PathBuf) -> anyhow::Result<AdminClient<Channel>> {
+/// A client of the admin service on the Unix socket at `path`; `None` if no server listens
+/// there (no socket, or one left by a server that is gone), so the command works offline.
+/// `Err` if a connection was taken but not set up within `timeout`: a server is there and
+/// holds the catalog, but does not answer.
+async fn connect(path: PathBuf, timeout: Duration) -> anyhow::Result<Option<AdminClient<Channel>>> {
     if !path.exists() {
-        bail!("no admin socket");
+        return Ok(None);
     }
     // The URI is required by the API but unused: the connector always dials the socket.
-    let channel = Endpoint::try_from("http://admin.sock")?
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
-        }))
-        .await?;
-    Ok(AdminClient::new(channel))
+    let endpoint = Endpoint::try_from("http://admin.sock")?;
+    let connecting = endpoint.connect_with_connector(tower::service_fn(move |_: Uri| {
+        let path = path.clone();
+        async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
+    }));
+    match tokio::time::timeout(timeout, connecting).await {
+        Ok(Ok(channel)) => Ok(Some(AdminClient::new(channel))),
+        Ok(Err(_)) => Ok(None),
+        Err(_) => Err(no_answer(timeout, "set up the connection")),
+    }
+}
+
+/// `call`'s outcome, or an error saying what is known if the server did not answer within
+/// `timeout` or closed the connection first (a server stopped with SIGSTOP or hung, or one
+/// stopping: its admin socket takes connections for a few seconds after it stopped serving).
+async fn answered(
+    call: impl std::future::Future<Output = anyhow::Result<Outcome>>,
+    timeout: Duration,
+    op: &Op<'_>,
+) -> anyhow::Result<Outcome> {
+    let unknown = match op {
+        Op::KeyIsActive(..) => "",
+        _ => " The change may or may not have been made: check before repeating it.",
+    };
+    match tokio::time::timeout(timeout, call).await {
+        Ok(Ok(outcome)) => Ok(outcome),
+        Ok(Err(e)) => match e.downcast_ref::<tonic::Status>() {
+            // Not the server's own answer: the connection failed under the call.
+            Some(status) if is_transport_failure(status) => bail!(
+                "the server on the admin socket closed the connection before answering (is it \
+                 stopping?).{unknown} Retry once it has stopped or restarted."
+            ),
+            // The server's answer, whose message is written for the user.
+            Some(status) => bail!("{}", status.message()),
+            None => Err(e),
+        },
+        Err(_) => Err(anyhow::anyhow!("{}{unknown}", no_answer(timeout, "answer"))),
+    }
+}
+
+fn no_answer(timeout: Duration, what: &str) -> anyhow::Error {
+    anyhow::anyhow!(
+        "the server on the admin socket did not {what} within {} s: it may be stopped \
+         (SIGSTOP), overloaded or hung (raise --admin-timeout-secs to wait longer).",
+        timeout.as_secs()
+    )
+}
+
+/// Whether `status` is the client's report of a failed connection rather than an answer of
+/// the server (whose statuses carry no source error).
+fn is_transport_failure(status: &tonic::Status) -> bool {
+    std::error::Error::source(status).is_some()
 }
 
 #[cfg(test)]

@@ -212,6 +212,16 @@ pub struct DataDirArg {
     /// unless --data-dir or CUBE_DATA_DIR is given; its other keys are the server's own.
     #[arg(long, env = "CUBE_CONFIG")]
     pub config: Option<PathBuf>,
+    /// With the server running: how long to wait for its answer on the admin socket before
+    /// giving up (a stopped or hung server); the change may then have been made or not.
+    #[arg(long, env = "CUBE_ADMIN_TIMEOUT_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=86400))]
+    pub admin_timeout_secs: u64,
+}
+
+impl DataDirArg {
+    pub fn admin_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.admin_timeout_secs)
+    }
 }
 
 impl Command {

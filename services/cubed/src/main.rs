@@ -99,7 +99,7 @@ fn run() -> anyhow::Result<()> {
             None => serve::run_until_signal(cli.serve.validate()?).await,
             Some(Command::Serve(args)) => serve::run_until_signal(args.validate()?).await,
             Some(Command::Tenant(TenantCommand::Create { name, dir })) => {
-                admin_cli::create_tenant(&dir.data_dir, &name).await
+                admin_cli::create_tenant(&dir, &name).await
             }
             Some(Command::Tenant(TenantCommand::Durability {
                 name,
@@ -125,22 +125,22 @@ fn run() -> anyhow::Result<()> {
                         max_records: max_records.unwrap_or(RELAXED_DEFAULT_MAX_RECORDS),
                     },
                 };
-                admin_cli::set_durability(&dir.data_dir, &name, policy).await
+                admin_cli::set_durability(&dir, &name, policy).await
             }
             Some(Command::Key(KeyCommand::Create { tenant, dir })) => {
-                admin_cli::create_key(&dir.data_dir, &tenant).await
+                admin_cli::create_key(&dir, &tenant).await
             }
             Some(Command::Key(KeyCommand::Cert {
                 tenant,
                 key_id,
                 dir,
                 out,
-            })) => admin_cli::key_cert(&dir.data_dir, &tenant, &key_id, &out).await,
+            })) => admin_cli::key_cert(&dir, &tenant, &key_id, &out).await,
             Some(Command::Key(KeyCommand::Revoke {
                 tenant,
                 key_id,
                 dir,
-            })) => admin_cli::revoke_key(&dir.data_dir, &tenant, &key_id).await,
+            })) => admin_cli::revoke_key(&dir, &tenant, &key_id).await,
         }
     })
 }

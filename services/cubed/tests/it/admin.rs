@@ -938,3 +938,90 @@ fn a_command_waits_for_a_catalog_held_while_no_server_answers() {
     );
     parse(&out);
 }
+
+/// `cubed ARGS --data-dir DIR` with `env`, killed (and the test failed) if it has not exited
+/// within 20 s.
+fn within_20_s(
+    args: &[&str],
+    data_dir: &std::path::Path,
+    env: &[(&str, &str)],
+) -> std::process::Output {
+    let mut child = std::process::Command::new(cubed())
+        .args(args)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "`cubed {args:?}` still waiting after 20 s: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// A server that takes admin-socket connections but never answers (stopped with SIGSTOP, or
+/// hung) fails a `tenant`/`key` command after `--admin-timeout-secs`, saying what is known,
+/// instead of leaving it waiting for good; one that closes them unanswered (a server stopping)
+/// fails it with a message that says so, not a transport error.
+#[test]
+fn a_command_facing_an_admin_socket_that_does_not_answer_gives_up_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    parse(&offline(&["tenant", "create", "acme"], &data));
+    let socket = cube_store::DataDir::new(&data).admin_socket();
+    for answers in ["never", "by closing"] {
+        let _ = std::fs::remove_file(&socket);
+        let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let never = answers == "never";
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { continue };
+                if never {
+                    held.push(conn);
+                    continue;
+                }
+                // Closed once the call's request came (HTTP/2 preface, SETTINGS, HEADERS, ...):
+                // the command's connection was set up, and it waits for the answer.
+                let mut got = 0;
+                let mut buf = [0u8; 4096];
+                while got < 100 {
+                    match std::io::Read::read(&mut conn, &mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => got += n,
+                    }
+                }
+            }
+        });
+        let started = std::time::Instant::now();
+        let out = within_20_s(
+            &["key", "create", "acme"],
+            &data,
+            &[("CUBE_ADMIN_TIMEOUT_SECS", "1")],
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{answers}: {stderr}");
+        assert!(
+            stderr.contains("the server on the admin socket"),
+            "{answers}: {stderr}"
+        );
+        if never {
+            assert!(stderr.contains("did not answer within 1 s"), "{stderr}");
+            assert!(started.elapsed() >= std::time::Duration::from_secs(1));
+        } else {
+            assert!(stderr.contains("closed the connection"), "{stderr}");
+        }
+        assert!(stderr.contains("may or may not have been made"), "{stderr}");
+    }
+}

@@ -264,6 +264,10 @@ fn now_ms() -> u64 {
 }
 
 fn new_key_id() -> String {
+    #[cfg(test)]
+    if let Some(id) = tests::NEXT_KEY_IDS.with(|ids| ids.borrow_mut().pop_front()) {
+        return id;
+    }
     format!("k-{}", hex::encode(rand::random::<[u8; 6]>()))
 }
 
@@ -737,7 +741,9 @@ impl Catalog {
     pub fn create_key(&self, tenant: &str) -> Result<Arc<KeyInfo>, StoreError> {
         let st = self.lock_changes();
         self.require_tenant(tenant)?;
-        let info = Arc::new(fresh_key(tenant, vec![Capability::Read, Capability::Write]));
+        let info = Arc::new(unused_key(tenant, |id| {
+            self.current_key(&st, tenant, id).is_some()
+        }));
         self.commit(st, vec![key_op(&info)?], &[&info])?;
         Ok(info)
     }
@@ -913,7 +919,7 @@ impl Catalog {
     /// tenant's log records it, and [`Catalog::apply_logged_key_creation`] adds it.
     pub fn draft_key(&self, tenant: &str) -> Result<KeyInfo, StoreError> {
         self.require_tenant(tenant)?;
-        Ok(fresh_key(tenant, vec![Capability::Read, Capability::Write]))
+        Ok(unused_key(tenant, |id| self.key(tenant, id).is_some()))
     }
 
     /// Add `key`, as a record of its tenant's WAL says (`Admin.CreateKey`, `cubed key create`):
@@ -1217,6 +1223,21 @@ fn fresh_key(tenant: &str, capabilities: Vec<Capability>) -> KeyInfo {
     }
 }
 
+/// A new key for `tenant` (read and write) whose id is not `taken`. 48 random bits make a
+/// collision all but impossible, but one would not be harmless: the new key's record would
+/// overwrite the old key (journal), or be skipped as a replay when applied from the tenant's
+/// log, its caller holding a secret that works nowhere. (Two creations logged at once and not
+/// yet applied are not checked against each other.)
+fn unused_key(tenant: &str, taken: impl Fn(&str) -> bool) -> KeyInfo {
+    loop {
+        let key = fresh_key(tenant, vec![Capability::Read, Capability::Write]);
+        if !taken(&key.key_id) {
+            return key;
+        }
+        tracing::warn!(tenant, key_id = %key.key_id, "a new key id was taken already; drawing another");
+    }
+}
+
 fn rand_secret() -> [u8; 32] {
     use rand::RngCore;
     let mut s = [0u8; 32];
@@ -1338,6 +1359,36 @@ fn decode_key(name: &[u8], value: &[u8]) -> Result<KeyInfo, String> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    thread_local! {
+        /// Key ids [`new_key_id`] hands out on this thread before random ones.
+        pub(crate) static NEXT_KEY_IDS: std::cell::RefCell<std::collections::VecDeque<String>> =
+            std::cell::RefCell::default();
+    }
+
+    /// A new key whose random id is one the tenant has already gets another: through the
+    /// journal (`create_key`) and as drafted for the tenant's log (`draft_key`).
+    #[test]
+    fn a_new_key_never_takes_an_existing_keys_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Catalog::open(&dir.path().join("catalog")).unwrap();
+        let first = c.create_tenant("acme").unwrap();
+        NEXT_KEY_IDS.with(|ids| {
+            ids.borrow_mut().extend([
+                first.key_id.clone(),
+                "k-000000000001".to_string(),
+                first.key_id.clone(),
+                "k-000000000002".to_string(),
+            ]);
+        });
+        let created = c.create_key("acme").unwrap();
+        assert_eq!(created.key_id, "k-000000000001");
+        let drafted = c.draft_key("acme").unwrap();
+        assert_eq!(drafted.key_id, "k-000000000002");
+        let kept = c.key("acme", &first.key_id).unwrap();
+        assert_eq!(kept.secret, first.secret, "the first key was overwritten");
+        assert!(kept.capabilities.contains(&Capability::Admin));
+    }
 
     #[test]
     fn tenant_names_follow_the_contract() {

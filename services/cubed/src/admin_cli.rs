@@ -400,7 +400,23 @@ async fn answered(
 ) -> anyhow::Result<Outcome> {
     let unknown = match op {
         Op::KeyIsActive(..) => "",
-        _ => " The change may or may not have been made: check before repeating it.",
+        Op::CreateTenant(_) => {
+            " The tenant may or may not have been created: repeat the command; if it says the \
+             tenant exists, this one created it and its first key's secret is lost (`cubed key \
+             create` gives another key)."
+        }
+        Op::CreateKey(_) => {
+            " A key may or may not have been created: repeat the command (a key created \
+             unanswered has a secret nobody holds)."
+        }
+        Op::RevokeKey(..) => {
+            " The key may or may not have been revoked: repeat the command (it answers \
+             {\"revoked\":false} if it was)."
+        }
+        Op::SetDurability(..) => {
+            " The policy may or may not have been set: repeat the command (setting it again is \
+             harmless)."
+        }
     };
     match tokio::time::timeout(timeout, call).await {
         Ok(Ok(outcome)) => Ok(outcome),
@@ -427,9 +443,12 @@ fn no_answer(timeout: Duration, what: &str) -> anyhow::Error {
 }
 
 /// Whether `status` is the client's report of a failed connection rather than an answer of
-/// the server (whose statuses carry no source error).
+/// the server: the client's carry the failure as their source (the server's, read from its
+/// headers, carry none), or, for a stream ended without a final status (an HTTP/2 reset that
+/// hyper takes for a clean end), say that no `grpc-status` came, which every answer of the
+/// server has.
 fn is_transport_failure(status: &tonic::Status) -> bool {
-    std::error::Error::source(status).is_some()
+    std::error::Error::source(status).is_some() || status.message().contains("grpc-status")
 }
 
 #[cfg(test)]

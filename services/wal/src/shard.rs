@@ -56,8 +56,9 @@ pub enum SyncPolicy {
     /// Write every batch to the segment file as soon as it is there, so a process crash
     /// (kill -9) loses nothing the syncer has written, but fdatasync only when the oldest
     /// written-but-unsynced record was written `max_delay` ago, when at least `max_records`
-    /// records are unsynced, when a segment is sealed, or at close. A power failure can lose what
-    /// was not yet synced: about `max_delay` or `max_records` worth of records.
+    /// records or [`WalOptions::max_unsynced_bytes`] bytes are unsynced, when a segment is
+    /// sealed, or at close. A power failure can lose what was not yet synced: about `max_delay`,
+    /// and at most `max_records` and `max_unsynced_bytes`, worth of records.
     ///
     /// `Durable` events, [`WalShard::durable_seq`] and [`WalShard::wait_durable`] still mean
     /// "fdatasync'ed", so they advance only at those syncs; [`WalShard::written_seq`] tells how
@@ -506,8 +507,9 @@ impl WalShard {
         now
     }
 
-    /// Bytes appended (records as framed) and not yet fdatasync'ed, whether still queued for
-    /// the syncer or written to the page cache.
+    /// Bytes appended (records as framed) and not yet reported durable, whether still queued
+    /// for the syncer or written to the page cache (a sealed segment's sync at a rotation
+    /// counts only once the syncer's next sync reports them).
     pub fn unsynced_bytes(&self) -> u64 {
         let st = self.shared.lock();
         st.appended_bytes - st.durable_bytes

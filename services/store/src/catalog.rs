@@ -959,7 +959,8 @@ impl Catalog {
     /// them at the next open's replay: an older record (the key's creation, say) must not put
     /// the key's older value back once the log holding the newer one is deleted. Once the
     /// journal is past [`RESET_AT`] since its snapshot it starts over instead (sled flushed,
-    /// its files fsynced, then a snapshot of the whole catalog), as a journaled change does.
+    /// its files fsynced, then a snapshot of the whole catalog), as a journaled change does;
+    /// if it cannot (without a failed sync), the values are restated in the growing journal.
     /// Cost: one journal write and fdatasync, whatever the catalog's size; before 2026-12-05
     /// every call started the journal over, reading the whole catalog for its snapshot (~2 µs
     /// a tenant, under the change lock). A failure is an error (the caller's checkpoint fails
@@ -972,10 +973,15 @@ impl Catalog {
         // trusted before a restart, so the checkpoint fails and keeps its log.
         self.refuse_if_failed()?;
         if st.journal.since_snapshot() >= RESET_AT {
-            return match self.flush_and_restart(&mut st)? {
-                Ok(()) => Ok(()),
-                Err(why) => Err(storage("sync itself", why)),
-            };
+            match self.flush_and_restart(&mut st)? {
+                Ok(()) => return Ok(()),
+                // No sync failed: the journal keeps growing (as after a change's start-over,
+                // `start_over`) and the logged changes are restated in it below. Failing here
+                // failed the caller's checkpoint, which poisons its tenant for good.
+                Err(why) => {
+                    tracing::warn!(error = %why, "catalog: its journal keeps growing");
+                }
+            }
         }
         // Journaled changes not synced yet first: the values restated below then hold no change
         // whose sync could still fail and be undone in sled.
@@ -1995,6 +2001,42 @@ pub(crate) mod tests {
         for k in &keys {
             assert!(c.key("acme", &k.key_id).is_some());
         }
+    }
+
+    /// A checkpoint's `make_durable` past `RESET_AT` whose journal cannot start over (a full
+    /// disk refuses the new file) restates the logged changes in the growing journal instead of
+    /// failing (which failed the checkpoint and poisoned its tenant until a restart).
+    #[test]
+    fn make_durable_restates_logged_changes_when_the_journal_cannot_start_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("catalog");
+        let blocker = path.with_extension("journal-new");
+        let revoked = {
+            let c = Catalog::open(&path).unwrap();
+            let first = c.create_tenant("acme").unwrap();
+            // Every start-over fails: its new file cannot be created.
+            std::fs::create_dir(&blocker).unwrap();
+            let mut i = 0u32;
+            while c.lock_changes().journal.since_snapshot() < RESET_AT {
+                let write = [Capability::Write];
+                let (grant, revoke): (&[Capability], &[Capability]) = if i.is_multiple_of(2) {
+                    (&[], &write)
+                } else {
+                    (&write, &[])
+                };
+                c.change_capabilities("acme", &first.key_id, grant, revoke)
+                    .unwrap();
+                i += 1;
+            }
+            let key = c.create_key("acme").unwrap();
+            assert!(c.apply_logged_revocation("acme", &key.key_id).unwrap());
+            c.make_durable().unwrap();
+            assert!(c.lock_changes().logged.is_empty());
+            key
+        };
+        std::fs::remove_dir(&blocker).unwrap();
+        let c = reopen(&path);
+        assert!(c.key("acme", &revoked.key_id).unwrap().revoked);
     }
 
     /// Past `RESET_AT` bytes the journal starts over (after a sled flush), and nothing is lost.

@@ -37,8 +37,33 @@ fn hex_secret(s: &[u8; 32]) -> String {
 }
 
 impl AdminService {
+    /// Run the catalog change `f` on the blocking pool. A change waits for the catalog's change
+    /// lock and its journal's fdatasync, and every ~1 MiB of journal for a start-over (sled
+    /// flushed and fsynced, a snapshot of the whole catalog: milliseconds, tens of them for a
+    /// large catalog); none of that may hold one of the runtime's workers, which every
+    /// connection's calls share.
+    async fn change_catalog<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Catalog) -> Result<T, cube_store::StoreError> + Send + 'static,
+    ) -> Result<T, Status> {
+        let catalog = Arc::clone(self.catalog_arc()?);
+        match tokio::task::spawn_blocking(move || f(&catalog)).await {
+            Ok(result) => result.map_err(|e| ApiError::from(e).into()),
+            Err(e) => {
+                tracing::error!(error = %e, "a catalog change panicked");
+                Err(Status::internal(
+                    "the catalog change failed unexpectedly; see the server log",
+                ))
+            }
+        }
+    }
+
     fn catalog(&self) -> Result<&Catalog, Status> {
-        self.catalog.as_deref().ok_or_else(|| {
+        self.catalog_arc().map(|c| &**c)
+    }
+
+    fn catalog_arc(&self) -> Result<&Arc<Catalog>, Status> {
+        self.catalog.as_ref().ok_or_else(|| {
             ApiError::PermissionDenied(
                 "Admin is served only on the local admin socket; run `cubed tenant create` / `cubed key create` on the server host".into(),
             )
@@ -53,10 +78,8 @@ impl Admin for AdminService {
         &self,
         req: Request<v1::CreateTenantRequest>,
     ) -> Result<Response<v1::CreateTenantResponse>, Status> {
-        let key = self
-            .catalog()?
-            .create_tenant(&req.into_inner().name)
-            .map_err(ApiError::from)?;
+        let name = req.into_inner().name;
+        let key = self.change_catalog(move |c| c.create_tenant(&name)).await?;
         // The tenant's first open logs its `tenant.create` entry as the first record of its log.
         if let Some(directory) = &self.directory
             && let Err(e) = directory.get(&key.tenant).await
@@ -75,7 +98,7 @@ impl Admin for AdminService {
         let tenant = req.into_inner().tenant;
         let catalog = self.catalog()?;
         let Some(directory) = &self.directory else {
-            let key = catalog.create_key(&tenant).map_err(ApiError::from)?;
+            let key = self.change_catalog(move |c| c.create_key(&tenant)).await?;
             return Ok(Response::new(v1::CreateKeyResponse {
                 credentials: Some(credentials(&key)),
             }));
@@ -118,16 +141,18 @@ impl Admin for AdminService {
                     Ok(other) => return Err(super::cells::unexpected(&other)),
                     Err(e) if e.revocation_goes_to_catalog() => {
                         tracing::error!(tenant = %r.tenant, key = %r.key_id, error = %e, "the tenant's log could not take the revocation; revoking through the catalog, without an audit entry");
-                        catalog
-                            .revoke_key(&r.tenant, &r.key_id)
-                            .map_err(ApiError::from)?
+                        let (tenant, key_id) = (r.tenant.clone(), r.key_id.clone());
+                        self.change_catalog(move |c| c.revoke_key(&tenant, &key_id))
+                            .await?
                     }
                     Err(e) => return Err(ApiError::from(e).into()),
                 }
             }
-            None => catalog
-                .revoke_key(&r.tenant, &r.key_id)
-                .map_err(ApiError::from)?,
+            None => {
+                let (tenant, key_id) = (r.tenant.clone(), r.key_id.clone());
+                self.change_catalog(move |c| c.revoke_key(&tenant, &key_id))
+                    .await?
+            }
         };
         // Sessions are ended again for a key already revoked: ending none costs nothing.
         let ended = self
@@ -171,18 +196,18 @@ impl Admin for AdminService {
                     Ok(other) => return Err(super::cells::unexpected(&other)),
                     Err(e) if e.durability_goes_to_catalog() => {
                         tracing::error!(tenant = %r.tenant, error = %e, "the tenant's log could not take the durability change; setting it through the catalog, without an audit entry");
-                        catalog
-                            .set_durability(&r.tenant, policy)
-                            .map_err(ApiError::from)?;
+                        let tenant = r.tenant.clone();
+                        self.change_catalog(move |c| c.set_durability(&tenant, policy))
+                            .await?;
                     }
                     Err(e) => return Err(ApiError::from(e).into()),
                 }
                 directory.close_tenant(&r.tenant).await
             }
             None => {
-                catalog
-                    .set_durability(&r.tenant, policy)
-                    .map_err(ApiError::from)?;
+                let tenant = r.tenant.clone();
+                self.change_catalog(move |c| c.set_durability(&tenant, policy))
+                    .await?;
                 false
             }
         };

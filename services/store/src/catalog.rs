@@ -257,6 +257,18 @@ fn storage(op: &str, e: impl std::fmt::Display) -> StoreError {
     ))
 }
 
+/// A failure after the change's record was written to the journal: the next open may apply it
+/// (the record may reach the disk all the same), so the caller must not take the refusal for
+/// "not done". The catalog refuses changes from then on (`failed`).
+fn unknown_outcome(op: &str, e: impl std::fmt::Display) -> StoreError {
+    tracing::error!(op, error = %e, "catalog storage error after a change was journaled");
+    StoreError::Unavailable(format!(
+        "the tenant catalog could not {op}, so the outcome of this change is unknown: it may be \
+         in force after the server restarts (check then); catalog changes are refused until \
+         that restart; see the server log"
+    ))
+}
+
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -416,14 +428,14 @@ impl Catalog {
             Err(e) => {
                 // In the journal already: as for a failed insert below.
                 self.failed.store(true, Ordering::Release);
-                return Err(storage("read the values a change replaces", e));
+                return Err(unknown_outcome("read the values a change replaces", e));
             }
         };
         if let Err(e) = insert_ops(&self.tenants, &self.keys, ops.iter().cloned()) {
             // In the journal, so the next open applies it; this process can no longer keep
             // sled in step.
             self.failed.store(true, Ordering::Release);
-            return Err(storage("apply a change", e));
+            return Err(unknown_outcome("apply a change", e));
         }
         for k in keys {
             st.pending
@@ -529,12 +541,7 @@ impl Catalog {
             tracing::error!(error = %e, "catalog: fdatasync of its journal failed; catalog changes refused until restart");
             // The record may be on disk all the same, and the next open would apply it: the
             // caller must not take the refusal for "not done".
-            return Err(StoreError::Unavailable(
-                "the tenant catalog could not sync its journal, so the outcome of this change is \
-                 unknown: it may be in force after the server restarts (check then); catalog \
-                 changes are refused until that restart; see the server log"
-                    .into(),
-            ));
+            return Err(unknown_outcome("sync its journal", e));
         }
         s.synced = target;
         Ok(target)

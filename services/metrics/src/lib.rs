@@ -323,12 +323,23 @@ pub static TENANTS_UNAVAILABLE: LazyLock<IntGauge> = LazyLock::new(|| {
     )
 });
 
-/// Time to flush a tenant's state store (a checkpoint).
+/// Failed opens of a tenant, each retry counted: unlike [`TENANTS_UNAVAILABLE`], which counts
+/// a failed open only until it is forgotten (1 to 30 s), this keeps the evidence for an alert.
+pub static TENANT_OPEN_FAILURES: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "cube_tenant_open_failures_total",
+        "Opens of a tenant that failed (a corrupt or unreadable WAL or state store, a failed sync while opening); each retry counted.",
+    )
+});
+
+/// Time to flush a tenant's state store (a checkpoint). Long buckets: a checkpoint waits for
+/// every sealed memtable to be flushed, a backlog that can take as long as a state store's
+/// 30-s stall.
 pub static CHECKPOINT_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
     histogram(
         "cube_checkpoint_seconds",
         "Time to flush a tenant's state store at a checkpoint.",
-        fine_buckets(),
+        long_buckets(),
     )
 });
 /// WAL segments deleted because a checkpoint covers them.
@@ -424,6 +435,7 @@ pub fn init() {
         &*RECOVERY_SECONDS,
         &*RECOVERY_TRUNCATED_BYTES,
         &*TENANTS_UNAVAILABLE,
+        &*TENANT_OPEN_FAILURES,
         &*CHECKPOINT_SECONDS,
         &*WAL_SEGMENTS_DELETED,
         &*WAL_SEGMENTS_RECYCLED,
@@ -518,6 +530,22 @@ mod tests {
         assert!(
             text.contains("le=\"0.00001\""),
             "the finest bucket is 10 µs"
+        );
+    }
+
+    /// A checkpoint waiting 20 s for its state store's flush backlog falls in a bucket of its
+    /// own, not only in `+Inf` past 10.5 s.
+    #[test]
+    fn a_checkpoint_waiting_for_a_flush_backlog_is_resolved_past_ten_seconds() {
+        CHECKPOINT_SECONDS.observe(20.0);
+        let text = render();
+        assert!(
+            text.contains("cube_checkpoint_seconds_bucket{le=\"41.94304\"} 1"),
+            "{}",
+            text.lines()
+                .filter(|l| l.starts_with("cube_checkpoint_seconds_bucket"))
+                .collect::<Vec<_>>()
+                .join("\n")
         );
     }
 

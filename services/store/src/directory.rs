@@ -997,6 +997,7 @@ impl TenantDirectory {
                         }
                         Err(_) => {
                             cube_metrics::TENANTS_UNAVAILABLE.inc();
+                            cube_metrics::TENANT_OPEN_FAILURES.inc();
                             let now = Instant::now();
                             let (n, last) = failures.entry(name).or_insert((0, now));
                             if now.duration_since(*last) >= OPEN_FAILURES_FORGOTTEN {

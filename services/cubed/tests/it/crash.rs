@@ -327,6 +327,19 @@ async fn corrupt_tenant_refuses_to_open_while_others_keep_serving() {
     let r = d.read(read(1, 1, 1)).await.unwrap().into_inner();
     assert_eq!(r.value, b"demo-data");
     d.write(write(2, 2, 2, b"still writable")).await.unwrap();
+    // The failed open stays counted for an alert after the server forgot it (1 s later), when
+    // `cube_tenants_unavailable` is back to 0.
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    let (_, text) = cube_testkit::admin_get(server.admin_addr, "/metrics").unwrap();
+    assert_eq!(
+        cube_testkit::metric_sample(&text, "cube_tenant_open_failures_total"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        cube_testkit::metric_sample(&text, "cube_tenants_unavailable"),
+        Some(0.0)
+    );
 }
 
 /// `cubed ARGS`, which must succeed: (stdout, stderr).

@@ -616,6 +616,16 @@ async fn disk_full_round(
     if refused == 0 {
         problems.push("the full disk never refused a write".to_string());
     }
+    // With the guard, its refusal must be what stopped the writes, not ENOSPC (which refuses
+    // with the same codes, as round 2 shows): a guard that never saw the disk low passes the
+    // checks above all the same.
+    if guard.is_some() && !log_before.contains("data directory nearly full; refusing writes") {
+        problems.push(
+            "the free-space guard never refused writes (no \"data directory nearly full\" in \
+             the server log): the writes ran into ENOSPC instead"
+                .into(),
+        );
+    }
     if !odd.is_empty() {
         problems.push(format!("writes were refused with other codes: {odd:?}"));
     }

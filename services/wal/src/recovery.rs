@@ -16,9 +16,16 @@
 //!   in that batch was acknowledged, since a batch is acknowledged only once its fdatasync
 //!   returns, and the next batch is written only after that (under the relaxed policy several writes can be
 //!   unsynced at once, and a record of a later batch there is corruption, as below).
-//! - An invalid record followed by a valid one of a later batch, a sealed segment whose records
-//!   stop before the next segment's first seq, or a gap in sequence numbers is corruption:
-//!   [`WalError::Corrupt`], and the shard stays closed.
+//! - Under the relaxed policy, valid records of later batches after such a lost sector are the
+//!   same power cut over several unsynced writes, when the first missing record lies within
+//!   the policy's `max_records` of the last surviving batch's start: when that batch was
+//!   written, fewer than `max_records` records before it were unsynced (the syncer syncs before
+//!   it writes more), so anything earlier was durable and a hole there is damage. The tail is
+//!   cut from the first missing record, as the policy allows (its acknowledged records inside
+//!   the window may be lost), and said in a warning.
+//! - An invalid record followed by a valid one of a later batch (but as above), a sealed
+//!   segment whose records stop before the next segment's first seq, or a gap in sequence
+//!   numbers is corruption: [`WalError::Corrupt`], and the shard stays closed.
 //! - An oldest segment that starts after the record following `start_after` (the caller's
 //!   checkpoint) is [`WalError::StateBehindLog`]: the records in between are in neither the
 //!   caller's state nor the log, and the shard stays closed.
@@ -61,10 +68,13 @@ pub(crate) struct Resume {
     pub checkpoint_ahead: bool,
 }
 
+/// `relaxed_window`: the `max_records` of the relaxed policy the log is opened under, `None`
+/// under `sync` (see the module doc).
 pub(crate) fn recover(
     dir: &Path,
     start_after: u64,
     visit: &mut ReplayVisitor<'_>,
+    relaxed_window: Option<u64>,
 ) -> Result<(Resume, RecoveryReport), WalError> {
     let listed = list_segments(dir).map_err(WalError::io("listing segments"))?;
     let listed = drop_empty_twins(listed)?;
@@ -168,9 +178,21 @@ pub(crate) fn recover(
                 ),
             ));
         } else {
-            match after_end_of_data(&data, pos, exp, segment.salt) {
+            match after_end_of_data(&data, pos, exp, segment.salt, relaxed_window) {
                 AfterEnd::Nothing => false,
                 AfterEnd::TornWrite => true,
+                AfterEnd::UnsyncedTail { newest } => {
+                    tracing::warn!(
+                        segment = %name,
+                        offset = pos,
+                        first_lost = exp,
+                        newest_found = newest,
+                        "a power cut left a hole in the log's unsynced tail (relaxed durability): \
+                         cutting it from the hole; changes acknowledged inside the relaxed window \
+                         from there on are lost"
+                    );
+                    true
+                }
                 AfterEnd::LaterBatch { off, seq } => {
                     return Err(corrupt(
                         &name,
@@ -271,12 +293,26 @@ enum AfterEnd {
     Nothing,
     /// Valid records of later seqs, every one of the batch that should have held `exp`.
     TornWrite,
+    /// Under the relaxed policy, valid records of later batches too, after a lost sector and
+    /// within the policy's window: unsynced writes a power cut left with a hole (module doc).
+    /// `newest`: the last valid seq found.
+    UnsyncedTail { newest: u64 },
     /// A valid record that is not: the first one found.
     LaterBatch { off: usize, seq: u64 },
 }
 
-fn after_end_of_data(data: &[u8], end: usize, exp: u64, salt: u32) -> AfterEnd {
+fn after_end_of_data(
+    data: &[u8],
+    end: usize,
+    exp: u64,
+    salt: u32,
+    relaxed_window: Option<u64>,
+) -> AfterEnd {
     let mut first = None;
+    // Under `relaxed`: the first valid record of a later batch, and the start of the newest
+    // batch found (an upper bound: a saturated position understates how early it began).
+    let mut later = None;
+    let mut newest = (exp, exp);
     let mut from = end;
     // Built at the first candidate: most tails (zeros, old records of a recycled segment) have
     // none.
@@ -288,18 +324,31 @@ fn after_end_of_data(data: &[u8], end: usize, exp: u64, salt: u32) -> AfterEnd {
         // at least) and its batch began at or before exp. A batch position that saturated
         // understates how early the batch began, which can only make this answer "no".
         let fits = seq > exp && (off - end) as u64 >= (seq - exp).saturating_mul(HEADER_LEN as u64);
-        if !fits || seq.saturating_sub(position) > exp {
+        if !fits || (seq.saturating_sub(position) > exp && relaxed_window.is_none()) {
             return AfterEnd::LaterBatch { off, seq };
         }
+        if seq.saturating_sub(position) > exp {
+            later.get_or_insert((off, seq));
+        }
         first.get_or_insert((off, seq));
+        newest = (seq, seq.saturating_sub(position));
         from = off + total - 1;
     }
-    match first {
-        None => AfterEnd::Nothing,
-        Some((off, _)) if lost_sector_signature(data, end, off) => AfterEnd::TornWrite,
+    match (first, later) {
+        (None, _) => AfterEnd::Nothing,
         // Damage inside acknowledged data (a flipped bit, say) can leave the same records
         // behind; without the mark of a lost write it is not cut.
-        Some((off, seq)) => AfterEnd::LaterBatch { off, seq },
+        (Some((off, seq)), _) if !lost_sector_signature(data, end, off) => {
+            let (off, seq) = later.unwrap_or((off, seq));
+            AfterEnd::LaterBatch { off, seq }
+        }
+        (Some(_), None) => AfterEnd::TornWrite,
+        (Some(_), Some((off, seq))) => match relaxed_window {
+            Some(window) if exp.saturating_add(window) > newest.1 => {
+                AfterEnd::UnsyncedTail { newest: newest.0 }
+            }
+            _ => AfterEnd::LaterBatch { off, seq },
+        },
     }
 }
 

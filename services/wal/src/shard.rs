@@ -315,7 +315,11 @@ impl WalShard {
         notify: &mut Option<DurableNotify>,
     ) -> Result<(WalShard, RecoveryReport), WalError> {
         create_dir_durably(dir)?;
-        let (mut resume, report) = recover(dir, start_after, visit)?;
+        let relaxed_window = match options.sync {
+            SyncPolicy::Always => None,
+            SyncPolicy::Relaxed { max_records, .. } => Some(max_records),
+        };
+        let (mut resume, report) = recover(dir, start_after, visit, relaxed_window)?;
         // What a killed process wrote but did not fsync (its last batch; a segment whose name it
         // had not synced yet) survives in the page cache only, yet from here on it is treated as
         // durable: the caller serves reads from the replayed records and the relaxed window

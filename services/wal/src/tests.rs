@@ -1327,6 +1327,57 @@ fn a_damaged_record_followed_by_a_later_batch_is_corruption() {
     assert_eq!(report.torn_tails, 1);
 }
 
+/// Under the relaxed policy several writes are unsynced at once, and a power cut can keep a
+/// later one and lose an earlier one: records of later batches after a lost sector, within the
+/// policy's window of the newest batch's start, are the unsynced tail, cut from the hole (the
+/// policy allows losing them). Out of the window, or without the mark of a lost sector, it is
+/// still corruption; under `sync` it always is (`a_damaged_record_followed_by_a_later_batch_is_corruption`).
+#[test]
+fn a_relaxed_logs_unsynced_tail_with_a_hole_is_cut_within_its_window() {
+    let hour = Duration::from_secs(3600);
+    let dir = tempfile::tempdir().unwrap();
+    // Batches 1, 2, 3..=6, 7..=8 and 9; record 4's sector never reached the disk.
+    let lost_4 = || {
+        handmade_log(
+            dir.path(),
+            &[1..=1, 2..=2, 3..=6, 7..=8, 9..=9],
+            offset_of(4)..offset_of(5),
+        )
+    };
+    lost_4();
+    let (wal, seen, report) = open(dir.path(), relaxed(hour, 6)).unwrap();
+    assert_eq!(seqs_checked(&seen), vec![1, 2, 3]);
+    assert_eq!(report.torn_tails, 1);
+    assert_eq!(report.truncated_bytes, offset_of(10) - offset_of(4));
+    assert_eq!(wal.next_seq(), 4);
+    // Appending carries on from the hole (the close syncs them: the delay is an hour).
+    append_n(&wal, 3);
+    wal.close().unwrap();
+    let (_, seen, report) = open(dir.path(), small()).unwrap();
+    assert_eq!(seqs_checked(&seen), vec![1, 2, 3, 4, 5, 6]);
+    assert_eq!(report.torn_tails, 0);
+
+    // The newest batch starts at 9: with max_records 5, records before 9 - 5 + 1 = 5 were
+    // synced when it was written, so a hole at 4 is damage, not a power cut.
+    lost_4();
+    let seg = only_segment(dir.path());
+    let before = fs::read(&seg).unwrap();
+    expect_corrupt(
+        open(dir.path(), relaxed(hour, 5)),
+        "followed by valid record 7",
+    );
+    assert_eq!(fs::read(&seg).unwrap(), before, "nothing cut");
+    // Under `sync` it is corruption whatever the distance.
+    expect_corrupt(open(dir.path(), small()), "followed by valid record 7");
+    // A flipped byte in record 4 (no lost sector) is damage under `relaxed` too.
+    handmade_log(dir.path(), &[1..=1, 2..=2, 3..=6, 7..=8, 9..=9], 0..0);
+    damage(dir.path(), 1, offset_of(4) + 20);
+    expect_corrupt(
+        open(dir.path(), relaxed(hour, 1000)),
+        "followed by valid record 7",
+    );
+}
+
 #[test]
 fn an_unsalted_segment_from_before_salts_is_read_then_sealed() {
     // A log written before segment names carried a salt: records with plain CRCs, `<seq>.wal`.

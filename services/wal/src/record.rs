@@ -31,7 +31,7 @@ pub(crate) const MAX_SEQ: u64 = (1 << SEQ_BITS) - 1;
 pub(crate) const POLY: u32 = 0x82F6_3B78;
 
 /// The largest batch position stored; a record further into its batch stores this.
-const MAX_POSITION: u64 = u16::MAX as u64;
+pub(crate) const MAX_POSITION: u64 = u16::MAX as u64;
 
 /// Append one framed record to `buf`, unsalted (see [`seal`]): sequence number `seq` (at most
 /// [`MAX_SEQ`]), `position` records after the first of its batch.

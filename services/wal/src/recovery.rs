@@ -17,12 +17,14 @@
 //!   returns, and the next batch is written only after that (under the relaxed policy several writes can be
 //!   unsynced at once, and a record of a later batch there is corruption, as below).
 //! - Under the relaxed policy, valid records of later batches after such a lost sector are the
-//!   same power cut over several unsynced writes, when the first missing record lies within
-//!   the policy's `max_records` of the last surviving batch's start: when that batch was
-//!   written, fewer than `max_records` records before it were unsynced (the syncer syncs before
-//!   it writes more), so anything earlier was durable and a hole there is damage. The tail is
-//!   cut from the first missing record, as the policy allows (its acknowledged records inside
-//!   the window may be lost), and said in a warning.
+//!   same power cut over several unsynced writes, when the batch of the first missing record
+//!   began within the policy's `max_records` of the newest surviving batch's start: when that
+//!   batch was written, fewer than `max_records` records before it were unsynced (the syncer
+//!   syncs before it writes more), and a missing record's whole batch was unsynced with it, so
+//!   a hole whose batch began further back was durable: damage, refused. The tail is cut from
+//!   the first missing record, as the policy allows (its acknowledged records inside the window
+//!   may be lost), and said in a warning. The window is the narrower of the policy the log is
+//!   opened under and the one it last ran under (see `crate::shard`).
 //! - An invalid record followed by a valid one of a later batch (but as above), a sealed
 //!   segment whose records stop before the next segment's first seq, or a gap in sequence
 //!   numbers is corruption: [`WalError::Corrupt`], and the shard stays closed.
@@ -120,14 +122,18 @@ pub(crate) fn recover(
         let data = read_from_disk(path)?;
         let mut pos = 0usize;
         let mut exp = *first_seq;
+        // Where the batch of the record before `exp` in this segment began (0: unknown, its
+        // position saturated), for the relaxed policy's window.
+        let mut prev_batch_start = None;
         let at_end_marker = loop {
             match record::decode(&data[pos..], segment.salt) {
                 Frame::Record {
                     seq,
+                    position,
                     payload,
                     total,
-                    ..
                 } if seq == exp => {
+                    prev_batch_start = Some(batch_start(seq, position));
                     if seq > start_after {
                         visit(seq, payload).map_err(|detail| WalError::Replay { seq, detail })?;
                         report.records_replayed += 1;
@@ -178,7 +184,11 @@ pub(crate) fn recover(
                 ),
             ));
         } else {
-            match after_end_of_data(&data, pos, exp, segment.salt, relaxed_window) {
+            let relaxed = relaxed_window.map(|window| Relaxed {
+                window,
+                prev_batch_start,
+            });
+            match after_end_of_data(&data, pos, exp, segment.salt, relaxed) {
                 AfterEnd::Nothing => false,
                 AfterEnd::TornWrite => true,
                 AfterEnd::UnsyncedTail { newest } => {
@@ -301,18 +311,40 @@ enum AfterEnd {
     LaterBatch { off: usize, seq: u64 },
 }
 
+/// Where the batch of record `seq` at batch `position` began, as a lower bound: 0 when its
+/// position saturated (how far back is unknown).
+fn batch_start(seq: u64, position: u64) -> u64 {
+    if position >= record::MAX_POSITION {
+        0
+    } else {
+        seq.saturating_sub(position)
+    }
+}
+
+/// What [`after_end_of_data`] needs under the relaxed policy.
+struct Relaxed {
+    /// The policy's `max_records`.
+    window: u64,
+    /// Where the batch of the record before the end of data began, if it is in this segment
+    /// ([`batch_start`]).
+    prev_batch_start: Option<u64>,
+}
+
 fn after_end_of_data(
     data: &[u8],
     end: usize,
     exp: u64,
     salt: u32,
-    relaxed_window: Option<u64>,
+    relaxed: Option<Relaxed>,
 ) -> AfterEnd {
+    let relaxed_window = relaxed.as_ref().map(|r| r.window);
     let mut first = None;
-    // Under `relaxed`: the first valid record of a later batch, and the start of the newest
-    // batch found (an upper bound: a saturated position understates how early it began).
+    // Under `relaxed`: the first valid record of a later batch; the newest record found and
+    // where its batch began (an upper bound: a saturated position understates how early);
+    // where the batch of `exp` began, if a record of it is found (a lower bound, 0 if unknown).
     let mut later = None;
     let mut newest = (exp, exp);
+    let mut hole_batch: Option<u64> = None;
     let mut from = end;
     // Built at the first candidate: most tails (zeros, old records of a recycled segment) have
     // none.
@@ -328,12 +360,29 @@ fn after_end_of_data(
             return AfterEnd::LaterBatch { off, seq };
         }
         if seq.saturating_sub(position) > exp {
+            // Records found must rise: one that does not is no record of this write (a frame
+            // planted in a value of an unsalted segment, say).
+            if first.is_some() && seq <= newest.0 {
+                return AfterEnd::LaterBatch { off, seq };
+            }
             later.get_or_insert((off, seq));
+        } else {
+            let start = batch_start(seq, position);
+            hole_batch = Some(hole_batch.map_or(start, |b: u64| b.min(start)));
         }
         first.get_or_insert((off, seq));
         newest = (seq, seq.saturating_sub(position));
         from = off + total - 1;
     }
+    // Where the batch of the first missing record began: from a record of that batch found
+    // after the hole, else no later than `exp` and, if the record before the hole was of the
+    // same batch, where that began (taken either way: the earlier bound refuses more).
+    let hole_batch = hole_batch.unwrap_or_else(|| {
+        relaxed
+            .as_ref()
+            .and_then(|r| r.prev_batch_start)
+            .map_or(exp, |prev| prev.min(exp))
+    });
     match (first, later) {
         (None, _) => AfterEnd::Nothing,
         // Damage inside acknowledged data (a flipped bit, say) can leave the same records
@@ -344,7 +393,9 @@ fn after_end_of_data(
         }
         (Some(_), None) => AfterEnd::TornWrite,
         (Some(_), Some((off, seq))) => match relaxed_window {
-            Some(window) if exp.saturating_add(window) > newest.1 => {
+            // The missing record's whole batch was unsynced with it; fewer than `window`
+            // records before the newest batch were.
+            Some(window) if hole_batch.saturating_add(window) > newest.1 => {
                 AfterEnd::UnsyncedTail { newest: newest.0 }
             }
             _ => AfterEnd::LaterBatch { off, seq },

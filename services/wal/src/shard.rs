@@ -315,9 +315,13 @@ impl WalShard {
         notify: &mut Option<DurableNotify>,
     ) -> Result<(WalShard, RecoveryReport), WalError> {
         create_dir_durably(dir)?;
-        let relaxed_window = match options.sync {
-            SyncPolicy::Always => None,
-            SyncPolicy::Relaxed { max_records, .. } => Some(max_records),
+        // The window within which recovery may cut a hole a power cut left across unsynced
+        // batches: the narrower of the policy opening the log and the one it last ran under
+        // (a policy widened since, while the tenant stayed open under the old one, must not
+        // widen the cut), none if either is `sync` or the latter is unknown.
+        let relaxed_window = match (options.sync, ran_under(dir)) {
+            (SyncPolicy::Relaxed { max_records, .. }, Some(ran)) => Some(max_records.min(ran)),
+            _ => None,
         };
         let (mut resume, report) = recover(dir, start_after, visit, relaxed_window)?;
         // What a killed process wrote but did not fsync (its last batch; a segment whose name it
@@ -336,6 +340,8 @@ impl WalShard {
                 .map_err(WalError::io("syncing the recovered last segment"))?;
             sync_dir(dir).map_err(WalError::io("syncing the wal directory"))?;
         }
+        // Before anything is written under it.
+        record_ran_under(dir, options.sync)?;
         let (max_record, max_unsynced_bytes) = (options.max_record, options.max_unsynced_bytes);
         let table = Arc::new(Mutex::new(SegmentTable::new(
             resume.segments.iter().map(|(name, _, size)| (*name, *size)),
@@ -503,9 +509,13 @@ impl WalShard {
     /// shard to be opened again under it. Returns the policy in force now.
     pub fn narrow_policy(&self, policy: SyncPolicy) -> SyncPolicy {
         let mut st = self.shared.lock();
+        let before = st.policy;
         st.policy = st.policy.narrowest(policy);
         let now = st.policy;
         drop(st);
+        if now != before {
+            self.shared.forget_ran_under();
+        }
         // A syncer asleep until an old deadline looks again.
         self.shared.work.notify_one();
         now
@@ -619,6 +629,61 @@ impl WalShard {
     }
 }
 
+/// The file in a shard's directory that names the `max_records` of the relaxed policy the log
+/// runs under (absent under `sync`): recovery cuts a hole a power cut left across unsynced
+/// batches only within the narrower of it and the opening policy (`crate::recovery`).
+pub(crate) const RAN_UNDER: &str = "relaxed-window";
+
+/// The `max_records` [`RAN_UNDER`] names in `dir`; `None` if the log ran under `sync`, was last
+/// opened by a build that kept no such file, or the file cannot be read.
+fn ran_under(dir: &Path) -> Option<u64> {
+    fs::read_to_string(dir.join(RAN_UNDER))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Make [`RAN_UNDER`] name `policy`, durably, at an open (before the syncer runs). A file that
+/// cannot be written (a full disk) is removed instead, so that no stale, wider window stays;
+/// only a failed fsync of the directory fails the open, as any failed sync of an open does.
+fn record_ran_under(dir: &Path, policy: SyncPolicy) -> Result<(), WalError> {
+    let path = dir.join(RAN_UNDER);
+    let remove = |path: &Path| match fs::remove_file(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    };
+    let changed = match policy {
+        SyncPolicy::Relaxed { max_records, .. } => {
+            let tmp = dir.join(format!("{RAN_UNDER}.tmp"));
+            let written = (|| {
+                let file = File::create(&tmp)?;
+                file.write_all_at(format!("{max_records}\n").as_bytes(), 0)?;
+                file.sync_all()?;
+                fs::rename(&tmp, &path)
+            })();
+            match written {
+                Ok(()) => Ok(true),
+                Err(e) => {
+                    tracing::warn!(dir = %dir.display(), error = %e, "could not record the wal's policy; a recovery will cut no hole across its unsynced batches");
+                    let _ = fs::remove_file(&tmp);
+                    remove(&path)
+                }
+            }
+        }
+        SyncPolicy::Always => remove(&path),
+    };
+    match changed {
+        Ok(false) => Ok(()),
+        Ok(true) => sync_dir(dir).map_err(WalError::io("syncing the wal directory")),
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "could not remove the wal's policy file; a recovery may cut a hole in its unsynced tail by the policy it names");
+            Ok(())
+        }
+    }
+}
+
 /// fsync `dir` after a change to its entries, from the syncer. Failing to open it (no descriptor
 /// left, say) is a failed write, which leaves the shard reopenable; only a failed fsync poisons
 /// it for good.
@@ -692,6 +757,31 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding this lock leaves only plain data behind; keep going.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The log now runs under a narrower policy than [`RAN_UNDER`] names: remove the file (a
+    /// recovery then cuts no hole across batches, as under `sync`), before anything is written
+    /// under the narrower policy's promises. Its removal is made durable under the directory's
+    /// fsync lock, and a failed fsync poisons the shard as any failed directory fsync does
+    /// ([`DirSync`]).
+    fn forget_ran_under(&self) {
+        match fs::remove_file(self.dir.join(RAN_UNDER)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+            Err(e) => {
+                tracing::warn!(dir = %self.dir.display(), error = %e, "could not remove the wal's policy file; a recovery may cut a hole in its unsynced tail by the wider policy it names");
+                return;
+            }
+        }
+        let mut failed = lock_dir_sync(&self.dir_sync);
+        if let Err(e) =
+            sync_dir_after_removal(&self.dir, "syncing wal directory after a policy change")
+            && e.is_failed_sync()
+        {
+            *failed = true;
+            drop(failed);
+            poison(self, &e);
+        }
     }
 
     /// See [`WalShard::delete_segments_through`].

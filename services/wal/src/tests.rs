@@ -975,7 +975,11 @@ fn a_narrower_policy_holds_at_once() {
         hour.sync,
         "the same policy changes nothing"
     );
+    // The log records the policy it runs under for its recovery, and forgets it once narrowed.
+    let ran_under = dir.path().join(crate::shard::RAN_UNDER);
+    assert_eq!(fs::read_to_string(&ran_under).unwrap(), "1000000\n");
     assert_eq!(wal.narrow_policy(SyncPolicy::Always), SyncPolicy::Always);
+    assert!(!ran_under.exists());
     assert!(wait_durable_returns(&wal, 3), "not synced once narrowed");
     append_n(&wal, 2);
     assert!(wait_durable_returns(&wal, 5), "a later batch not synced");
@@ -1328,23 +1332,40 @@ fn a_damaged_record_followed_by_a_later_batch_is_corruption() {
 }
 
 /// Under the relaxed policy several writes are unsynced at once, and a power cut can keep a
-/// later one and lose an earlier one: records of later batches after a lost sector, within the
-/// policy's window of the newest batch's start, are the unsynced tail, cut from the hole (the
-/// policy allows losing them). Out of the window, or without the mark of a lost sector, it is
-/// still corruption; under `sync` it always is (`a_damaged_record_followed_by_a_later_batch_is_corruption`).
+/// later one and lose an earlier one: records of later batches after a lost sector are the
+/// unsynced tail, cut from the hole (the policy allows losing them), when the lost record's
+/// batch began within the policy's window of the newest batch's start (fewer than
+/// `max_records` records before that batch were unsynced when it was written, and a lost
+/// record's whole batch was unsynced with it). Further back, or without the mark of a lost
+/// sector, it is still corruption; under `sync` it always is
+/// (`a_damaged_record_followed_by_a_later_batch_is_corruption`).
 #[test]
 fn a_relaxed_logs_unsynced_tail_with_a_hole_is_cut_within_its_window() {
     let hour = Duration::from_secs(3600);
     let dir = tempfile::tempdir().unwrap();
-    // Batches 1, 2, 3..=6, 7..=8 and 9; record 4's sector never reached the disk.
+    // Batches 1..=3, 4..=5, 6..=8 and 9; record 4's sector never reached the disk. Its batch
+    // began at 4 (record 5 says so), the newest at 9: unsynced together only if fewer than
+    // max_records records before 9 could be, so with max_records 6 and not 5.
+    // The log ran under a relaxed policy of 1000 records (the opening policy is narrower).
+    let ran_relaxed = || fs::write(dir.path().join(crate::shard::RAN_UNDER), "1000\n").unwrap();
     let lost_4 = || {
         handmade_log(
             dir.path(),
-            &[1..=1, 2..=2, 3..=6, 7..=8, 9..=9],
+            &[1..=3, 4..=5, 6..=8, 9..=9],
             offset_of(4)..offset_of(5),
-        )
+        );
+        ran_relaxed();
     };
     lost_4();
+    let seg = only_segment(dir.path());
+    let before = fs::read(&seg).unwrap();
+    expect_corrupt(
+        open(dir.path(), relaxed(hour, 5)),
+        "followed by valid record 6",
+    );
+    assert_eq!(fs::read(&seg).unwrap(), before, "nothing cut");
+    // Under `sync` it is corruption whatever the distance.
+    expect_corrupt(open(dir.path(), small()), "followed by valid record 6");
     let (wal, seen, report) = open(dir.path(), relaxed(hour, 6)).unwrap();
     assert_eq!(seqs_checked(&seen), vec![1, 2, 3]);
     assert_eq!(report.torn_tails, 1);
@@ -1357,20 +1378,40 @@ fn a_relaxed_logs_unsynced_tail_with_a_hole_is_cut_within_its_window() {
     assert_eq!(seqs_checked(&seen), vec![1, 2, 3, 4, 5, 6]);
     assert_eq!(report.torn_tails, 0);
 
-    // The newest batch starts at 9: with max_records 5, records before 9 - 5 + 1 = 5 were
-    // synced when it was written, so a hole at 4 is damage, not a power cut.
-    lost_4();
-    let seg = only_segment(dir.path());
-    let before = fs::read(&seg).unwrap();
+    // The lost record's batch, not the record, counts: record 4 of a batch that began at 3
+    // (batches 1, 2, 3..=6, 7..=8, 9) was synced with 3..=6 once 6 records were unsynced
+    // under max_records 6, so losing it is damage; under max_records 7 it may not have been.
+    let lost_4_of_3 = || {
+        handmade_log(
+            dir.path(),
+            &[1..=1, 2..=2, 3..=6, 7..=8, 9..=9],
+            offset_of(4)..offset_of(5),
+        );
+        ran_relaxed();
+    };
+    lost_4_of_3();
     expect_corrupt(
-        open(dir.path(), relaxed(hour, 5)),
+        open(dir.path(), relaxed(hour, 6)),
         "followed by valid record 7",
     );
-    assert_eq!(fs::read(&seg).unwrap(), before, "nothing cut");
-    // Under `sync` it is corruption whatever the distance.
-    expect_corrupt(open(dir.path(), small()), "followed by valid record 7");
+    let (_, seen, _) = open(dir.path(), relaxed(hour, 7)).unwrap();
+    assert_eq!(seqs_checked(&seen), vec![1, 2, 3]);
+    // The policy the log ran under bounds the cut too: one that ran under 6 records (or under
+    // `sync`: no file), opened under a policy widened since, is refused.
+    lost_4_of_3();
+    fs::write(dir.path().join(crate::shard::RAN_UNDER), "6\n").unwrap();
+    expect_corrupt(
+        open(dir.path(), relaxed(hour, 1000)),
+        "followed by valid record 7",
+    );
+    fs::remove_file(dir.path().join(crate::shard::RAN_UNDER)).unwrap();
+    expect_corrupt(
+        open(dir.path(), relaxed(hour, 1000)),
+        "followed by valid record 7",
+    );
     // A flipped byte in record 4 (no lost sector) is damage under `relaxed` too.
     handmade_log(dir.path(), &[1..=1, 2..=2, 3..=6, 7..=8, 9..=9], 0..0);
+    ran_relaxed();
     damage(dir.path(), 1, offset_of(4) + 20);
     expect_corrupt(
         open(dir.path(), relaxed(hour, 1000)),

@@ -277,12 +277,17 @@ def load_stubs(proto_dir: Optional[str | os.PathLike] = None) -> SimpleNamespace
 
 
 def target_of(endpoint: str) -> tuple[str, bool]:
-    """'http://127.0.0.1:50051' -> ('127.0.0.1:50051', False); https -> TLS."""
+    """'http://127.0.0.1:50051' -> ('127.0.0.1:50051', False); https -> TLS.
+
+    An endpoint without a scheme is refused (as cubec does): taking it for plaintext would send
+    signed calls unencrypted to a server the user meant to reach over TLS."""
     if endpoint.startswith("http://"):
         return endpoint[len("http://"):].rstrip("/"), False
     if endpoint.startswith("https://"):
         return endpoint[len("https://"):].rstrip("/"), True
-    return endpoint.rstrip("/"), False
+    raise ValueError(
+        f"--endpoint must start with http:// (plaintext) or https:// (TLS), got {endpoint!r}"
+    )
 
 
 def open_channel(
@@ -294,6 +299,13 @@ def open_channel(
     None trusts the system's roots. global_pool: grpcio's default instead, where channels to one
     target with the same options may share a connection (only for showing that they do)."""
     target, tls = target_of(endpoint)
+    if ca and not tls:
+        # The user asked for the server's certificate to be checked: going on in plaintext
+        # would drop that without a word.
+        raise ValueError(
+            f"--ca names the roots to check an https:// server against, but {endpoint!r} is "
+            "plaintext (http://): use the server's https:// endpoint, or leave out --ca"
+        )
     base = [o for o in CHANNEL_OPTIONS if not global_pool or o[0] != "grpc.use_local_subchannel_pool"]
     options = base + list(extra_options)
     if tls:

@@ -112,6 +112,12 @@ CUBE_TENANT=demo CUBE_KEY_ID=k-000000000000 CUBE_SECRET=00 expect_err \
   "credentials: the environment beside --credentials is refused" ValueError \
   "--credentials and CUBE_TENANT, CUBE_KEY_ID, CUBE_SECRET both given" --credentials "$DEMO" read 1 1 1
 
+# 2c. no silent plaintext: an endpoint without a scheme, and --ca beside an http:// endpoint
+expect_err "an endpoint without a scheme is refused" ValueError "must start with http:// (plaintext) or https://" \
+  --credentials "$DEMO" --endpoint 127.0.0.1:1 read 1 1 1
+expect_err "--ca beside a plaintext endpoint is refused" ValueError "but '$ENDPOINT' is plaintext" \
+  --credentials "$DEMO" --ca "$DEMO" read 1 1 1
+
 # 3-4. per-call signing
 # seq 2: demo's log starts with its tenant.create event.
 expect_out "per-call: write (1,-2,3)" '{"seq":2,"version":1}' \

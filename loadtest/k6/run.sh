@@ -151,9 +151,19 @@ else
   bad "call.js: server saw $((S2 - S1)) signed calls, $((H2 - H1)) handshakes (want 0), $((C2 - C1)) per-connection calls (want 0)"
 fi
 
-# 3. The thresholds can fail: call.js with a secret one bit off must cross them (exit 99, not a
-# script error). Last, because the failures get 127.0.0.1 throttled for 30 s.
+# 3. The thresholds can fail. First an op k6 cannot make, which throws (here: a method the
+# server lacks, so nothing is sent): it must count as a failed op, so the run crosses its
+# thresholds (an exception used to end the iteration unseen). Then call.js with a secret one bit
+# off must cross them (exit 99, not a script error): last, because the failures get 127.0.0.1
+# throttled for 30 s.
 if [[ "${CUBE_K6_NEGATIVE:-1}" != "0" ]]; then
+  K6_VUS=1 K6_DURATION=1s CUBE_MIX=stats=1 CUBE_STATS_METHOD=cube.v1.Tenant/NoSuchMethod run_k6 throws call.js
+  if [[ $RC -eq 99 ]]; then
+    ok "call.js whose op throws (a method the server lacks): thresholds crossed (k6 exit 99)"
+  else
+    bad "call.js whose op throws: k6 exited $RC, want 99"
+    tail -n 40 "$TMP/throws.log"
+  fi
   BAD_SECRET="$("$PY" -c 'import json,sys; print(format(int(json.load(open(sys.argv[1]))["secret"],16)^1,"064x"))' "$CUBE_CREDENTIALS")"
   K6_VUS=1 K6_DURATION=2s CUBE_SECRET="$BAD_SECRET" run_k6 negative call.js
   if [[ -s "$TMP/negative.json" ]]; then echo "negative: $(summary "$TMP/negative.json")"; fi

@@ -37,8 +37,10 @@ impl CallSigner {
             tenant: tenant.into(),
             key_id: key_id.into(),
             key: PreparedKey::new(&secret),
-            // Tenant names and key ids are ASCII by construction; a bad one is simply not sent
-            // and the server answers UNAUTHENTICATED.
+            // Tenant names and key ids are ASCII by construction. Another one is not sent (a
+            // control character) or sent as bytes the server cannot read (non-ASCII): either way
+            // the server answers UNAUTHENTICATED, as for an unsigned call. cubec checks them
+            // before it connects.
             tenant_header: HeaderValue::from_str(tenant).ok(),
             key_header: HeaderValue::from_str(key_id).ok(),
         }

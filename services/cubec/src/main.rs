@@ -214,6 +214,7 @@ fn load_credentials(path: Option<&PathBuf>) -> anyhow::Result<Credentials> {
             endpoint: None,
         };
         creds.secret().context("CUBE_SECRET")?;
+        check_ids(&creds, "CUBE_TENANT", "CUBE_KEY_ID")?;
         return Ok(creds);
     }
     let path = path
@@ -227,7 +228,37 @@ fn load_credentials(path: Option<&PathBuf>) -> anyhow::Result<Credentials> {
     creds
         .secret()
         .with_context(|| format!("the secret in {}", path.display()))?;
+    let (tenant, key_id) = (
+        format!("the tenant in {}", path.display()),
+        format!("the key_id in {}", path.display()),
+    );
+    check_ids(&creds, &tenant, &key_id)?;
     Ok(creds)
+}
+
+/// A tenant name and key id a server could take: a tenant name is `[a-z0-9][a-z0-9-]{0,62}`
+/// (docs/protocol.md), a key id printable ASCII. Anything else (a non-ASCII letter, a stray
+/// control character from a paste) would be sent as a header the server cannot read, or not
+/// at all, and the call refused as unsigned ("missing credentials"), pointing at the wrong
+/// cause, and counted against this address's failed authentications.
+fn check_ids(creds: &Credentials, tenant_from: &str, key_from: &str) -> anyhow::Result<()> {
+    let t = creds.tenant.as_bytes();
+    let tenant_ok = (1..=63).contains(&t.len())
+        && t[0] != b'-'
+        && t.iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-');
+    anyhow::ensure!(
+        tenant_ok,
+        "{tenant_from} ({:?}) is not a tenant name: 1 to 63 characters of a-z, 0-9 and -, not \
+         starting with -",
+        creds.tenant
+    );
+    anyhow::ensure!(
+        !creds.key_id.is_empty() && creds.key_id.bytes().all(|b| b.is_ascii_graphic()),
+        "{key_from} ({:?}) is not a key id: printable ASCII, as `cubed key create` prints it",
+        creds.key_id
+    );
+    Ok(())
 }
 
 /// The credentials in `path`; `advice` (what to do instead) goes into the error, so that each

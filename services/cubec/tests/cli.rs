@@ -134,6 +134,28 @@ fn a_malformed_secret_is_refused_before_connecting() {
         err.starts_with("cubec: error: CUBE_SECRET: ") && !err.contains("connect"),
         "{err}"
     );
+    // A tenant name or key id no server could take is refused before connecting, naming where
+    // it came from (it used to be sent, or dropped, and refused as an unsigned call).
+    for (tenant, key_id, named) in [
+        ("démo", "k-1", "CUBE_TENANT"),
+        ("demo", "k-1\u{7}", "CUBE_KEY_ID"),
+    ] {
+        let o = run(
+            dir.path(),
+            &[
+                ("CUBE_TENANT", tenant),
+                ("CUBE_KEY_ID", key_id),
+                ("CUBE_SECRET", &"ab".repeat(32)),
+            ],
+            &["--endpoint", "http://127.0.0.1:1", "read", "1", "2", "3"],
+        );
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(
+            err.starts_with(&format!("cubec: error: {named} (")) && !err.contains("connect"),
+            "{err}"
+        );
+    }
     // Empty variables are named as such (an empty tenant and key id were taken as given).
     let o = run(
         dir.path(),

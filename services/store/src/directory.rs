@@ -350,6 +350,12 @@ fn offline(
 ) -> Result<Option<Result<Reply, StoreError>>, StoreError> {
     let config = CoreConfig {
         catalog: Some(Arc::clone(catalog)),
+        // The tenant's policy, as the server opens it: recovery then cuts a hole a power cut
+        // left in a relaxed log's unsynced tail as the server would (cube_wal's recovery).
+        wal: cube_wal::WalOptions {
+            sync: catalog.durability(tenant).unwrap_or_default(),
+            ..cube_wal::WalOptions::default()
+        },
         // The server's --audit-retention is not known here, and may be longer than the
         // default: an offline command expires no audit entry (the server's next apply expires
         // what its own retention says).

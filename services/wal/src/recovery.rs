@@ -359,19 +359,19 @@ fn after_end_of_data(
         if !fits || (seq.saturating_sub(position) > exp && relaxed_window.is_none()) {
             return AfterEnd::LaterBatch { off, seq };
         }
+        // Under `relaxed`, records found must rise: one that does not is no record of this
+        // write (a frame planted in a value of an unsalted segment, say).
+        if relaxed_window.is_some() && first.is_some() && seq <= newest.0 {
+            return AfterEnd::LaterBatch { off, seq };
+        }
         if seq.saturating_sub(position) > exp {
-            // Records found must rise: one that does not is no record of this write (a frame
-            // planted in a value of an unsalted segment, say).
-            if first.is_some() && seq <= newest.0 {
-                return AfterEnd::LaterBatch { off, seq };
-            }
             later.get_or_insert((off, seq));
         } else {
             let start = batch_start(seq, position);
             hole_batch = Some(hole_batch.map_or(start, |b: u64| b.min(start)));
         }
         first.get_or_insert((off, seq));
-        newest = (seq, seq.saturating_sub(position));
+        newest = (seq, newest.1.max(seq.saturating_sub(position)));
         from = off + total - 1;
     }
     // Where the batch of the first missing record began: from a record of that batch found

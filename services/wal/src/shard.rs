@@ -209,6 +209,9 @@ struct State {
     /// fdatasync'ed: [`WalShard::unsynced_bytes`] is the difference.
     appended_bytes: u64,
     durable_bytes: u64,
+    /// A window for [`RAN_UNDER`] the syncer is to record before its next write (a narrowed
+    /// policy's; `Some(None)`: remove the file).
+    ran_under_update: Option<Option<u64>>,
 }
 
 /// Every segment file of the shard, oldest first; the last one is the active segment. Shared
@@ -385,6 +388,7 @@ impl WalShard {
                 policy: options.sync,
                 appended_bytes: 0,
                 durable_bytes: 0,
+                ran_under_update: None,
             }),
             work: Condvar::new(),
             durable_cv: Condvar::new(),
@@ -512,10 +516,11 @@ impl WalShard {
         let before = st.policy;
         st.policy = st.policy.narrowest(policy);
         let now = st.policy;
-        drop(st);
-        if now != before {
-            self.shared.forget_ran_under();
+        if window_of(now) != window_of(before) {
+            // The syncer records it ([`RAN_UNDER`]) before its next write.
+            st.ran_under_update = Some(window_of(now));
         }
+        drop(st);
         // A syncer asleep until an old deadline looks again.
         self.shared.work.notify_one();
         now
@@ -644,42 +649,91 @@ fn ran_under(dir: &Path) -> Option<u64> {
         .ok()
 }
 
-/// Make [`RAN_UNDER`] name `policy`, durably, at an open (before the syncer runs). A file that
-/// cannot be written (a full disk) is removed instead, so that no stale, wider window stays;
-/// only a failed fsync of the directory fails the open, as any failed sync of an open does.
-fn record_ran_under(dir: &Path, policy: SyncPolicy) -> Result<(), WalError> {
+/// The relaxed window `policy` gives recovery: its `max_records`, none under `sync`.
+fn window_of(policy: SyncPolicy) -> Option<u64> {
+    match policy {
+        SyncPolicy::Always => None,
+        SyncPolicy::Relaxed { max_records, .. } => Some(max_records),
+    }
+}
+
+/// Make [`RAN_UNDER`] in `dir` name `window` (`None`: no file), unless it already does; returns
+/// whether the directory's entries changed (the caller makes that durable its own way). A file
+/// that cannot be written (a full disk) is removed instead, so that no stale, wider window
+/// stays; an error only if that fails too.
+fn set_ran_under(dir: &Path, window: Option<u64>) -> std::io::Result<bool> {
+    if ran_under(dir) == window {
+        return Ok(false);
+    }
     let path = dir.join(RAN_UNDER);
-    let remove = |path: &Path| match fs::remove_file(path) {
+    let remove = || match fs::remove_file(&path) {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(e),
     };
-    let changed = match policy {
-        SyncPolicy::Relaxed { max_records, .. } => {
-            let tmp = dir.join(format!("{RAN_UNDER}.tmp"));
-            let written = (|| {
-                let file = File::create(&tmp)?;
-                file.write_all_at(format!("{max_records}\n").as_bytes(), 0)?;
-                file.sync_all()?;
-                fs::rename(&tmp, &path)
-            })();
-            match written {
-                Ok(()) => Ok(true),
-                Err(e) => {
-                    tracing::warn!(dir = %dir.display(), error = %e, "could not record the wal's policy; a recovery will cut no hole across its unsynced batches");
-                    let _ = fs::remove_file(&tmp);
-                    remove(&path)
-                }
-            }
-        }
-        SyncPolicy::Always => remove(&path),
+    let Some(max_records) = window else {
+        return remove();
     };
-    match changed {
+    let tmp = dir.join(format!("{RAN_UNDER}.tmp"));
+    let written = (|| {
+        let file = File::create(&tmp)?;
+        file.write_all_at(format!("{max_records}\n").as_bytes(), 0)?;
+        file.sync_all()?;
+        fs::rename(&tmp, &path)
+    })();
+    match written {
+        Ok(()) => Ok(true),
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "could not record the wal's policy; a recovery will cut no hole across its unsynced batches");
+            let _ = fs::remove_file(&tmp);
+            remove()
+        }
+    }
+}
+
+/// [`set_ran_under`] for the policy an open runs the log under, before the syncer starts. Only
+/// a failed fsync of the directory fails the open, as any failed sync of an open does.
+fn record_ran_under(dir: &Path, policy: SyncPolicy) -> Result<(), WalError> {
+    match set_ran_under(dir, window_of(policy)) {
         Ok(false) => Ok(()),
         Ok(true) => sync_dir(dir).map_err(WalError::io("syncing the wal directory")),
         Err(e) => {
             tracing::warn!(dir = %dir.display(), error = %e, "could not remove the wal's policy file; a recovery may cut a hole in its unsynced tail by the policy it names");
             Ok(())
+        }
+    }
+}
+
+/// [`set_ran_under`] for a policy narrowed on the open log, from the syncer before its next
+/// write (not on the caller's thread: the actor must not wait for a directory fsync). Made
+/// durable under the directory's fsync lock; a failed fsync poisons the shard as any failed
+/// directory fsync does ([`DirSync`]). Returns false if it did.
+fn update_ran_under(shared: &Shared, window: Option<u64>) -> bool {
+    let warn = |e: &dyn std::fmt::Display| {
+        tracing::warn!(dir = %shared.dir.display(), error = %e, "could not record the wal's narrowed policy; a recovery may cut a hole in its unsynced tail by the wider one");
+    };
+    match set_ran_under(&shared.dir, window) {
+        Ok(false) => true,
+        Ok(true) => {
+            let mut failed = lock_dir_sync(&shared.dir_sync);
+            match sync_dir_after_removal(&shared.dir, "syncing wal directory after a policy change")
+            {
+                Ok(()) => true,
+                Err(e) if e.is_failed_sync() => {
+                    *failed = true;
+                    drop(failed);
+                    poison(shared, &e);
+                    false
+                }
+                Err(e) => {
+                    warn(&e);
+                    true
+                }
+            }
+        }
+        Err(e) => {
+            warn(&e);
+            true
         }
     }
 }
@@ -757,31 +811,6 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding this lock leaves only plain data behind; keep going.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The log now runs under a narrower policy than [`RAN_UNDER`] names: remove the file (a
-    /// recovery then cuts no hole across batches, as under `sync`), before anything is written
-    /// under the narrower policy's promises. Its removal is made durable under the directory's
-    /// fsync lock, and a failed fsync poisons the shard as any failed directory fsync does
-    /// ([`DirSync`]).
-    fn forget_ran_under(&self) {
-        match fs::remove_file(self.dir.join(RAN_UNDER)) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
-            Err(e) => {
-                tracing::warn!(dir = %self.dir.display(), error = %e, "could not remove the wal's policy file; a recovery may cut a hole in its unsynced tail by the wider policy it names");
-                return;
-            }
-        }
-        let mut failed = lock_dir_sync(&self.dir_sync);
-        if let Err(e) =
-            sync_dir_after_removal(&self.dir, "syncing wal directory after a policy change")
-            && e.is_failed_sync()
-        {
-            *failed = true;
-            drop(failed);
-            poison(self, &e);
-        }
     }
 
     /// See [`WalShard::delete_segments_through`].
@@ -901,6 +930,8 @@ enum Step {
     Sync,
     /// Closing, and everything is durable.
     Exit,
+    /// Record a narrowed policy's window ([`update_ran_under`]).
+    RanUnder(Option<u64>),
 }
 
 fn syncer_loop(shared: &Shared, mut writer: SegmentWriter, mut written: u64, max_bytes: u64) {
@@ -915,6 +946,9 @@ fn syncer_loop(shared: &Shared, mut writer: SegmentWriter, mut written: u64, max
             let step = loop {
                 // Read again at every turn: a narrower policy set meanwhile holds at once.
                 policy = st.policy;
+                if let Some(window) = st.ran_under_update.take() {
+                    break Step::RanUnder(window);
+                }
                 let now = Instant::now();
                 // Checked before pending records, so a steady stream of appends cannot hold a
                 // relaxed sync off past its deadline.
@@ -953,6 +987,12 @@ fn syncer_loop(shared: &Shared, mut writer: SegmentWriter, mut written: u64, max
         let started = Instant::now();
         match step {
             Step::Exit => return,
+            Step::RanUnder(window) => {
+                if update_ran_under(shared, window) {
+                    continue;
+                }
+                return;
+            }
             Step::Sync => {}
             Step::Write(last_seq) => {
                 let records = count_records(&batch);

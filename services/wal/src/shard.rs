@@ -323,7 +323,7 @@ impl WalShard {
         // (a policy widened since, while the tenant stayed open under the old one, must not
         // widen the cut), none if either is `sync` or the latter is unknown.
         let relaxed_window = match (options.sync, ran_under(dir)) {
-            (SyncPolicy::Relaxed { max_records, .. }, Some(ran)) => Some(max_records.min(ran)),
+            (SyncPolicy::Relaxed { max_records, .. }, Ok(Some(ran))) => Some(max_records.min(ran)),
             _ => None,
         };
         let (mut resume, report) = recover(dir, start_after, visit, relaxed_window)?;
@@ -639,14 +639,15 @@ impl WalShard {
 /// batches only within the narrower of it and the opening policy (`crate::recovery`).
 pub(crate) const RAN_UNDER: &str = "relaxed-window";
 
-/// The `max_records` [`RAN_UNDER`] names in `dir`; `None` if the log ran under `sync`, was last
-/// opened by a build that kept no such file, or the file cannot be read.
-fn ran_under(dir: &Path) -> Option<u64> {
-    fs::read_to_string(dir.join(RAN_UNDER))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
+/// The `max_records` [`RAN_UNDER`] names in `dir`: `Ok(None)` if there is no such file (the
+/// log ran under `sync`, or was last opened by a build that kept none) or it holds no number;
+/// an error if it cannot be read (recovery then takes no window).
+fn ran_under(dir: &Path) -> std::io::Result<Option<u64>> {
+    match fs::read_to_string(dir.join(RAN_UNDER)) {
+        Ok(text) => Ok(text.trim().parse().ok()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// The relaxed window `policy` gives recovery: its `max_records`, none under `sync`.
@@ -662,7 +663,11 @@ fn window_of(policy: SyncPolicy) -> Option<u64> {
 /// that cannot be written (a full disk) is removed instead, so that no stale, wider window
 /// stays; an error only if that fails too.
 fn set_ran_under(dir: &Path, window: Option<u64>) -> std::io::Result<bool> {
-    if ran_under(dir) == window {
+    // Skipped only when the file is known to name it already (absent for `None`): a file that
+    // could not be read may name a wider window, and is replaced or removed.
+    if ran_under(dir).is_ok_and(|now| now == window)
+        && (window.is_some() || !dir.join(RAN_UNDER).exists())
+    {
         return Ok(false);
     }
     let path = dir.join(RAN_UNDER);
@@ -716,8 +721,15 @@ fn update_ran_under(shared: &Shared, window: Option<u64>) -> bool {
         Ok(false) => true,
         Ok(true) => {
             let mut failed = lock_dir_sync(&shared.dir_sync);
-            match sync_dir_after_removal(&shared.dir, "syncing wal directory after a policy change")
-            {
+            // After a failed fsync of the directory, a later one vouches for nothing.
+            let synced = if *failed {
+                Err(WalError::io("syncing wal directory after a policy change")(
+                    std::io::Error::other("an earlier fsync of the wal directory failed"),
+                ))
+            } else {
+                sync_dir_after_removal(&shared.dir, "syncing wal directory after a policy change")
+            };
+            match synced {
                 Ok(()) => true,
                 Err(e) if e.is_failed_sync() => {
                     *failed = true;
@@ -946,8 +958,15 @@ fn syncer_loop(shared: &Shared, mut writer: SegmentWriter, mut written: u64, max
             let step = loop {
                 // Read again at every turn: a narrower policy set meanwhile holds at once.
                 policy = st.policy;
-                if let Some(window) = st.ran_under_update.take() {
-                    break Step::RanUnder(window);
+                if st.ran_under_update.is_some() {
+                    // What was written under the wider window is synced first: recovery takes
+                    // the file's window as a bound on what was unsynced at each write.
+                    if unsynced.records > 0 {
+                        break Step::Sync;
+                    }
+                    if let Some(window) = st.ran_under_update.take() {
+                        break Step::RanUnder(window);
+                    }
                 }
                 let now = Instant::now();
                 // Checked before pending records, so a steady stream of appends cannot hold a

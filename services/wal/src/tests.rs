@@ -990,6 +990,13 @@ fn a_narrower_policy_holds_at_once() {
         eventually(|| fs::read_to_string(&ran_under).is_ok_and(|t| t == "500\n")),
         "the narrowed window was not recorded"
     );
+    // Only once what was written under the wider window is synced: recovery takes the file's
+    // window as a bound on what was unsynced.
+    assert_eq!(
+        wal.durable_seq(),
+        3,
+        "recorded before the wider window's tail was synced"
+    );
     assert_eq!(wal.narrow_policy(SyncPolicy::Always), SyncPolicy::Always);
     assert!(
         eventually(|| !ran_under.exists()),

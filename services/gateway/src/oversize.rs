@@ -2,7 +2,9 @@
 //! OUT_OF_RANGE and tonic's own text. The contract (`CONTRACT.md`: "value over the limit →
 //! INVALID_ARGUMENT") and the value limit itself answer INVALID_ARGUMENT, so this layer turns
 //! that refusal into INVALID_ARGUMENT with a message naming the server's limit. Every other
-//! response passes through untouched.
+//! response passes through untouched. So does tonic's INTERNAL for a unary or
+//! server-streaming request whose body ended with no message: the caller's fault too, answered
+//! INVALID_ARGUMENT.
 //!
 //! [`DecodeRefusals`] wraps the health service alone: it turns tonic's INTERNAL for a request
 //! that is not valid protobuf into INVALID_ARGUMENT. Cube's own services decode through
@@ -39,6 +41,24 @@ fn too_large(limit: usize, max: usize) -> Status {
         "the request message is over this server's limit of {limit} bytes per message \
          (--max-message-bytes); a cell's value must also fit --max-value-bytes"
     ))
+}
+
+/// How tonic words its refusal of a unary or server-streaming request whose body held no
+/// message (`tonic::server::grpc`), as INTERNAL.
+const TONIC_NO_MESSAGE: &str = "Missing request message.";
+
+/// Whether `headers` carry tonic's INTERNAL for a request with no message (trailers-only).
+fn no_message_refusal(headers: &http::HeaderMap) -> bool {
+    Status::from_header_map(headers)
+        .is_some_and(|s| s.code() == Code::Internal && s.message() == TONIC_NO_MESSAGE)
+}
+
+/// The INVALID_ARGUMENT that replaces it.
+fn no_message() -> Status {
+    Status::invalid_argument(
+        "the request carried no message: a call to this method sends exactly one (an empty \
+         message is 5 bytes: a 0 flag and a 0 length)",
+    )
 }
 
 /// How prost words a message it could not decode; tonic's codec answers it as INTERNAL.
@@ -87,6 +107,7 @@ pub fn layer(
             Some(limit) => {
                 too_large(limit.unwrap_or(max_message_bytes), max_message_bytes).into_http()
             }
+            None if no_message_refusal(resp.headers()) => no_message().into_http(),
             None => resp,
         }
     })
@@ -154,6 +175,22 @@ mod tests {
         }
         // A success carries no status in its headers.
         assert_eq!(oversize_refusal(&http::HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn only_tonics_missing_message_refusal_is_recognised() {
+        let tonic_refusal = Status::internal(TONIC_NO_MESSAGE);
+        assert!(no_message_refusal(
+            tonic_refusal.into_http::<Body>().headers()
+        ));
+        for other in [
+            Status::internal("Missing request message"),
+            Status::invalid_argument(TONIC_NO_MESSAGE),
+            Status::internal("the read failed on the server"),
+        ] {
+            assert!(!no_message_refusal(other.into_http::<Body>().headers()));
+        }
+        assert!(!no_message_refusal(&http::HeaderMap::new()));
     }
 
     #[test]

@@ -332,6 +332,22 @@ async fn a_malformed_request_is_invalid_argument() {
     );
 }
 
+/// A signed unary call whose body ends with no message is the caller's error: INVALID_ARGUMENT,
+/// not tonic's INTERNAL "Missing request message.".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_with_no_request_message_is_invalid_argument() {
+    use tower::Service;
+    let server = TestServer::start(cubed()).unwrap();
+    let mut signed = signing_as_demo(&server, server.channel().await.unwrap());
+    let (tx, req) = stalled_request("/cube.v1.Cells/Read");
+    drop(tx);
+    tower::ServiceExt::ready(&mut signed).await.unwrap();
+    let answer = signed.call(req).await.unwrap();
+    let (code, message) = header_status(&answer).expect("a trailers-only refusal");
+    assert_eq!(code, "3", "{message}");
+    assert!(message.contains("no message"), "{message}");
+}
+
 /// `HealthCheckRequest` as the wire sees it, with `service` (tag 1, a string) sent as bytes.
 #[derive(Clone, PartialEq, prost::Message)]
 struct RawHealthCheckRequest {

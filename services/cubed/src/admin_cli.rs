@@ -161,8 +161,11 @@ async fn execute(dir: &DataDirArg, op: Op<'_>) -> anyhow::Result<Outcome> {
     let deadline = std::time::Instant::now() + LOCKED_CATALOG_WAIT;
     let mut told = false;
     loop {
-        if let Some(client) = connect(socket.clone(), dir.admin_timeout()).await? {
-            return answered(remote(client, &op), dir.admin_timeout(), &op).await;
+        // One deadline for setting up the connection and the answer.
+        let timeout = dir.admin_timeout();
+        let answer_by = tokio::time::Instant::now() + timeout;
+        if let Some(client) = connect(socket.clone(), answer_by, timeout).await? {
+            return answered(remote(client, &op), answer_by, timeout, &op).await;
         }
         // No server answers: this process writes the files itself.
         check_owner(data_dir)?;
@@ -371,9 +374,13 @@ async fn remote(mut client: AdminClient<Channel>, op: &Op<'_>) -> anyhow::Result
 
 /// A client of the admin service on the Unix socket at `path`; `None` if no server listens
 /// there (no socket, or one left by a server that is gone), so the command works offline.
-/// `Err` if a connection was taken but not set up within `timeout`: a server is there and
-/// holds the catalog, but does not answer.
-async fn connect(path: PathBuf, timeout: Duration) -> anyhow::Result<Option<AdminClient<Channel>>> {
+/// `Err` if a connection was taken but not set up by `deadline` (`timeout` from the start): a
+/// server is there and holds the catalog, but does not answer.
+async fn connect(
+    path: PathBuf,
+    deadline: tokio::time::Instant,
+    timeout: Duration,
+) -> anyhow::Result<Option<AdminClient<Channel>>> {
     if !path.exists() {
         return Ok(None);
     }
@@ -383,18 +390,19 @@ async fn connect(path: PathBuf, timeout: Duration) -> anyhow::Result<Option<Admi
         let path = path.clone();
         async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
     }));
-    match tokio::time::timeout(timeout, connecting).await {
+    match tokio::time::timeout_at(deadline, connecting).await {
         Ok(Ok(channel)) => Ok(Some(AdminClient::new(channel))),
         Ok(Err(_)) => Ok(None),
         Err(_) => Err(no_answer(timeout, "set up the connection")),
     }
 }
 
-/// `call`'s outcome, or an error saying what is known if the server did not answer within
-/// `timeout` or closed the connection first (a server stopped with SIGSTOP or hung, or one
+/// `call`'s outcome, or an error saying what is known if the server did not answer by
+/// `deadline` (`timeout` from the start) or closed the connection first (a server stopped with SIGSTOP or hung, or one
 /// stopping: its admin socket takes connections for a few seconds after it stopped serving).
 async fn answered(
     call: impl std::future::Future<Output = anyhow::Result<Outcome>>,
+    deadline: tokio::time::Instant,
     timeout: Duration,
     op: &Op<'_>,
 ) -> anyhow::Result<Outcome> {
@@ -418,7 +426,7 @@ async fn answered(
              harmless)."
         }
     };
-    match tokio::time::timeout(timeout, call).await {
+    match tokio::time::timeout_at(deadline, call).await {
         Ok(Ok(outcome)) => Ok(outcome),
         Ok(Err(e)) => match e.downcast_ref::<tonic::Status>() {
             // Not the server's own answer: the connection failed under the call.

@@ -797,7 +797,7 @@ impl<T> TenantCore<T> {
             .checkpoint_seq
             .store(checkpoint_seq, Ordering::Relaxed);
         let policy = config.wal.sync;
-        let window = relaxed_window(&policy);
+        let window = policy.unsynced_records().unwrap_or(0);
         let mut core = TenantCore {
             tenant: tenant.to_string(),
             state,
@@ -989,7 +989,7 @@ impl<T> TenantCore<T> {
                 // succeeded.)
                 if let Some(wal) = &self.wal {
                     let now = wal.narrow_policy(policy);
-                    self.window = relaxed_window(&now);
+                    self.window = now.unsynced_records().unwrap_or(0);
                     if now != self.policy {
                         *self
                             .stats
@@ -1128,7 +1128,8 @@ impl<T> TenantCore<T> {
                 // Inside the relaxed window, except a catalog change: that waits for its own
                 // fdatasync, and everything after it waits behind it.
                 let durable = self.durable;
-                let limit = if self.unsynced_within_bound() {
+                // (Under `sync` the window is empty: no look at the log's byte count.)
+                let limit = if self.window > 0 && self.unsynced_within_bound() {
                     durable + self.window
                 } else {
                     durable
@@ -1931,14 +1932,6 @@ pub(crate) fn remove_checkpointed_log(
         }
     }
     Ok(())
-}
-
-/// How many changes past the last fdatasync `policy` acknowledges.
-fn relaxed_window(policy: &SyncPolicy) -> u64 {
-    match policy {
-        SyncPolicy::Always => 0,
-        SyncPolicy::Relaxed { max_records, .. } => *max_records,
-    }
 }
 
 fn shutting_down() -> StoreError {

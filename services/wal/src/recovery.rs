@@ -337,7 +337,6 @@ fn after_end_of_data(
     salt: u32,
     relaxed: Option<Relaxed>,
 ) -> AfterEnd {
-    let relaxed_window = relaxed.as_ref().map(|r| r.window);
     let mut first = None;
     // Under `relaxed`: the first valid record of a later batch; the newest record found and
     // where its batch began (an upper bound: a saturated position understates how early);
@@ -356,12 +355,12 @@ fn after_end_of_data(
         // at least) and its batch began at or before exp. A batch position that saturated
         // understates how early the batch began, which can only make this answer "no".
         let fits = seq > exp && (off - end) as u64 >= (seq - exp).saturating_mul(HEADER_LEN as u64);
-        if !fits || (seq.saturating_sub(position) > exp && relaxed_window.is_none()) {
+        if !fits || (seq.saturating_sub(position) > exp && relaxed.is_none()) {
             return AfterEnd::LaterBatch { off, seq };
         }
         // Under `relaxed`, records found must rise: one that does not is no record of this
         // write (a frame planted in a value of an unsalted segment, say).
-        if relaxed_window.is_some() && first.is_some() && seq <= newest.0 {
+        if relaxed.is_some() && first.is_some() && seq <= newest.0 {
             return AfterEnd::LaterBatch { off, seq };
         }
         if seq.saturating_sub(position) > exp {
@@ -374,15 +373,6 @@ fn after_end_of_data(
         newest = (seq, newest.1.max(seq.saturating_sub(position)));
         from = off + total - 1;
     }
-    // Where the batch of the first missing record began: from a record of that batch found
-    // after the hole, else no later than `exp` and, if the record before the hole was of the
-    // same batch, where that began (taken either way: the earlier bound refuses more).
-    let hole_batch = hole_batch.unwrap_or_else(|| {
-        relaxed
-            .as_ref()
-            .and_then(|r| r.prev_batch_start)
-            .map_or(exp, |prev| prev.min(exp))
-    });
     match (first, later) {
         (None, _) => AfterEnd::Nothing,
         // Damage inside acknowledged data (a flipped bit, say) can leave the same records
@@ -392,14 +382,23 @@ fn after_end_of_data(
             AfterEnd::LaterBatch { off, seq }
         }
         (Some(_), None) => AfterEnd::TornWrite,
-        (Some(_), Some((off, seq))) => match relaxed_window {
-            // The missing record's whole batch was unsynced with it; fewer than `window`
-            // records before the newest batch were.
-            Some(window) if hole_batch.saturating_add(window) > newest.1 => {
+        (Some(_), Some((off, seq))) => {
+            // Where the batch of the first missing record began: from a record of that batch
+            // found after the hole, else no later than `exp` and, if the record before the hole
+            // was of the same batch, where that began (taken either way: the earlier bound
+            // refuses more). That whole batch was unsynced with the missing record; fewer than
+            // `window` records before the newest batch were.
+            let within = relaxed.is_some_and(|r| {
+                let hole_batch = hole_batch
+                    .unwrap_or_else(|| r.prev_batch_start.map_or(exp, |prev| prev.min(exp)));
+                hole_batch.saturating_add(r.window) > newest.1
+            });
+            if within {
                 AfterEnd::UnsyncedTail { newest: newest.0 }
+            } else {
+                AfterEnd::LaterBatch { off, seq }
             }
-            _ => AfterEnd::LaterBatch { off, seq },
-        },
+        }
     }
 }
 

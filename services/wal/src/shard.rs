@@ -95,6 +95,14 @@ impl SyncPolicy {
         }
     }
 
+    /// How many records it lets stay unsynced (`max_records`); `None` under `Always`.
+    pub fn unsynced_records(self) -> Option<u64> {
+        match self {
+            SyncPolicy::Always => None,
+            SyncPolicy::Relaxed { max_records, .. } => Some(max_records),
+        }
+    }
+
     /// The narrower of the two: `Always` if either is, else the smaller delay and record count.
     pub fn narrowest(self, other: SyncPolicy) -> SyncPolicy {
         match (self, other) {
@@ -322,8 +330,8 @@ impl WalShard {
         // batches: the narrower of the policy opening the log and the one it last ran under
         // (a policy widened since, while the tenant stayed open under the old one, must not
         // widen the cut), none if either is `sync` or the latter is unknown.
-        let relaxed_window = match (options.sync, ran_under(dir)) {
-            (SyncPolicy::Relaxed { max_records, .. }, Ok(Some(ran))) => Some(max_records.min(ran)),
+        let relaxed_window = match (options.sync.unsynced_records(), ran_under(dir)) {
+            (Some(max_records), Ok(Some(ran))) => Some(max_records.min(ran)),
             _ => None,
         };
         let (mut resume, report) = recover(dir, start_after, visit, relaxed_window)?;
@@ -516,9 +524,9 @@ impl WalShard {
         let before = st.policy;
         st.policy = st.policy.narrowest(policy);
         let now = st.policy;
-        if window_of(now) != window_of(before) {
+        if now.unsynced_records() != before.unsynced_records() {
             // The syncer records it ([`RAN_UNDER`]) before its next write.
-            st.ran_under_update = Some(window_of(now));
+            st.ran_under_update = Some(now.unsynced_records());
         }
         drop(st);
         // A syncer asleep until an old deadline looks again.
@@ -650,26 +658,11 @@ fn ran_under(dir: &Path) -> std::io::Result<Option<u64>> {
     }
 }
 
-/// The relaxed window `policy` gives recovery: its `max_records`, none under `sync`.
-fn window_of(policy: SyncPolicy) -> Option<u64> {
-    match policy {
-        SyncPolicy::Always => None,
-        SyncPolicy::Relaxed { max_records, .. } => Some(max_records),
-    }
-}
-
 /// Make [`RAN_UNDER`] in `dir` name `window` (`None`: no file), unless it already does; returns
 /// whether the directory's entries changed (the caller makes that durable its own way). A file
 /// that cannot be written (a full disk) is removed instead, so that no stale, wider window
 /// stays; an error only if that fails too.
 fn set_ran_under(dir: &Path, window: Option<u64>) -> std::io::Result<bool> {
-    // Skipped only when the file is known to name it already (absent for `None`): a file that
-    // could not be read may name a wider window, and is replaced or removed.
-    if ran_under(dir).is_ok_and(|now| now == window)
-        && (window.is_some() || !dir.join(RAN_UNDER).exists())
-    {
-        return Ok(false);
-    }
     let path = dir.join(RAN_UNDER);
     let remove = || match fs::remove_file(&path) {
         Ok(()) => Ok(true),
@@ -679,6 +672,11 @@ fn set_ran_under(dir: &Path, window: Option<u64>) -> std::io::Result<bool> {
     let Some(max_records) = window else {
         return remove();
     };
+    // Kept only when it is known to name the window already: one that could not be read may
+    // name a wider one, and is replaced.
+    if ran_under(dir).is_ok_and(|now| now == window) {
+        return Ok(false);
+    }
     let tmp = dir.join(format!("{RAN_UNDER}.tmp"));
     let written = (|| {
         let file = File::create(&tmp)?;
@@ -699,7 +697,7 @@ fn set_ran_under(dir: &Path, window: Option<u64>) -> std::io::Result<bool> {
 /// [`set_ran_under`] for the policy an open runs the log under, before the syncer starts. Only
 /// a failed fsync of the directory fails the open, as any failed sync of an open does.
 fn record_ran_under(dir: &Path, policy: SyncPolicy) -> Result<(), WalError> {
-    match set_ran_under(dir, window_of(policy)) {
+    match set_ran_under(dir, policy.unsynced_records()) {
         Ok(false) => Ok(()),
         Ok(true) => sync_dir(dir).map_err(WalError::io("syncing the wal directory")),
         Err(e) => {

@@ -261,7 +261,7 @@ fn storage(op: &str, e: impl std::fmt::Display) -> StoreError {
 /// (the record may reach the disk all the same), so the caller must not take the refusal for
 /// "not done". The catalog refuses changes from then on (`failed`).
 fn unknown_outcome(op: &str, e: impl std::fmt::Display) -> StoreError {
-    tracing::error!(op, error = %e, "catalog storage error after a change was journaled");
+    tracing::error!(op, error = %e, "catalog storage error after a change was journaled; catalog changes refused until restart");
     StoreError::Unavailable(format!(
         "the tenant catalog could not {op}, so the outcome of this change is unknown: it may be \
          in force after the server restarts (check then); catalog changes are refused until \
@@ -538,7 +538,6 @@ impl Catalog {
             // After a failed fdatasync the file's state is unknown (and the page cache may claim
             // otherwise): never trust it again in this process.
             self.failed.store(true, Ordering::Release);
-            tracing::error!(error = %e, "catalog: fdatasync of its journal failed; catalog changes refused until restart");
             // The record may be on disk all the same, and the next open would apply it: the
             // caller must not take the refusal for "not done".
             return Err(unknown_outcome("sync its journal", e));

@@ -244,8 +244,25 @@ struct SegmentTable {
 /// actor reads the table (`wal_bytes`) and must not wait for a directory fsync.
 type DirSync = Arc<Mutex<bool>>;
 
-fn lock_dir_sync(dir_sync: &Mutex<bool>) -> MutexGuard<'_, bool> {
-    dir_sync.lock().unwrap_or_else(|p| p.into_inner())
+/// Run `sync`, an fsync of the WAL directory, under its fsync lock ([`DirSync`]): refused
+/// without trying after an earlier failed one (a later fsync vouches for nothing), and a failed
+/// one ([`WalError::is_failed_sync`]) recorded for the next. The caller poisons the shard on a
+/// failed sync.
+fn sync_dir_locked(
+    dir_sync: &Mutex<bool>,
+    sync: impl FnOnce() -> Result<(), WalError>,
+) -> Result<(), WalError> {
+    let mut failed = dir_sync.lock().unwrap_or_else(|p| p.into_inner());
+    if *failed {
+        return Err(WalError::io("syncing wal directory")(
+            std::io::Error::other("an earlier fsync of the wal directory failed"),
+        ));
+    }
+    let synced = sync();
+    if synced.as_ref().is_err_and(WalError::is_failed_sync) {
+        *failed = true;
+    }
+    synced
 }
 
 impl SegmentTable {
@@ -718,20 +735,12 @@ fn update_ran_under(shared: &Shared, window: Option<u64>) -> bool {
     match set_ran_under(&shared.dir, window) {
         Ok(false) => true,
         Ok(true) => {
-            let mut failed = lock_dir_sync(&shared.dir_sync);
-            // After a failed fsync of the directory, a later one vouches for nothing.
-            let synced = if *failed {
-                Err(WalError::io("syncing wal directory after a policy change")(
-                    std::io::Error::other("an earlier fsync of the wal directory failed"),
-                ))
-            } else {
+            let synced = sync_dir_locked(&shared.dir_sync, || {
                 sync_dir_after_removal(&shared.dir, "syncing wal directory after a policy change")
-            };
+            });
             match synced {
                 Ok(()) => true,
                 Err(e) if e.is_failed_sync() => {
-                    *failed = true;
-                    drop(failed);
                     poison(shared, &e);
                     false
                 }
@@ -873,15 +882,9 @@ impl Shared {
             // the syncer's failed fdatasync, the shard accepts nothing more and its owner hears
             // `Poisoned` (the tenant is not reopened before a restart), whoever called this (a
             // checkpoint, an open). Under the directory's fsync lock: see [`DirSync`].
-            let synced = {
-                let mut failed = lock_dir_sync(&self.dir_sync);
-                let synced =
-                    sync_dir_after_removal(&self.dir, "syncing wal directory after deletion");
-                if synced.as_ref().is_err_and(WalError::is_failed_sync) {
-                    *failed = true;
-                }
-                synced
-            };
+            let synced = sync_dir_locked(&self.dir_sync, || {
+                sync_dir_after_removal(&self.dir, "syncing wal directory after deletion")
+            });
             if let Err(e) = synced {
                 if e.is_failed_sync() {
                     crate::failpoint::injected_poison_delay(&self.dir);
@@ -1235,19 +1238,8 @@ impl SegmentWriter {
                 size,
             ),
         };
-        {
-            // Under the directory's fsync lock, as a deletion's fsync of it is ([`DirSync`]).
-            let failed = lock_dir_sync(&self.dir_sync);
-            if *failed {
-                return Err(WalError::io("syncing wal directory")(
-                    std::io::Error::other(
-                        "an earlier fsync of the wal directory (after deleting checkpointed \
-                     segments) failed",
-                    ),
-                ));
-            }
-            sync_dir_entries(&self.dir)?;
-        }
+        // Under the directory's fsync lock, as a deletion's fsync of it is ([`DirSync`]).
+        sync_dir_locked(&self.dir_sync, || sync_dir_entries(&self.dir))?;
         if let Some(old) = replaced {
             // Only once the replacement is durably named, so that a failure or crash before
             // never leaves the log without its last segment. A crash between leaves both, and

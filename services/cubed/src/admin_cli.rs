@@ -496,6 +496,117 @@ mod tests {
         }
     }
 
+    /// A relaxed tenant whose log a power cut left with a lost sector in its unsynced tail: the
+    /// offline commands open it under the tenant's policy, as the server does, so recovery cuts
+    /// the tail at the hole (changes inside the relaxed window, which the tenant chose to risk)
+    /// instead of refusing the tenant as corrupt, which it does under `sync`.
+    #[test]
+    fn offline_commands_open_a_relaxed_log_under_its_policy() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = DataDir::new(dir.path());
+        let catalog = Arc::new(Catalog::open(&data.catalog()).unwrap());
+        catalog.create_tenant("acme").unwrap();
+        open_offline(&data, &catalog, "acme").unwrap();
+        let policy = SyncPolicy::Relaxed {
+            max_delay: Duration::from_secs(10),
+            max_records: 1000,
+        };
+        catalog.set_durability("acme", policy).unwrap();
+        let open_under = |sync: SyncPolicy| {
+            let config = CoreConfig {
+                catalog: Some(Arc::clone(&catalog)),
+                wal: cube_wal::WalOptions {
+                    sync,
+                    ..cube_wal::WalOptions::default()
+                },
+                ..CoreConfig::default()
+            };
+            TenantCore::<u32>::open(
+                "acme",
+                &data.tenant_wal("acme"),
+                &data.tenant_state("acme"),
+                &config,
+                None,
+            )
+        };
+        let coord = |i: u8| cube_store::Coord {
+            x: i32::from(i),
+            y: 0,
+            z: 0,
+        };
+        let value = |i: u8| vec![0xA0 + i; 2048];
+        let (mut core, _) = open_under(policy).unwrap();
+        let caller = Caller {
+            principal: OPERATOR.to_string(),
+            ts_ms: 1,
+        };
+        let wal_holding = |i: u8| {
+            std::fs::read_dir(data.tenant_wal("acme"))
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .filter(|p| p.extension().is_some_and(|e| e == "wal"))
+                // A spare segment may be renamed while this reads.
+                .find(|p| {
+                    std::fs::read(p)
+                        .is_ok_and(|b| b.windows(2048).any(|w| w == value(i).as_slice()))
+                })
+        };
+        for i in 0..10 {
+            if i == 8 {
+                // Writes 8 and 9 in a later batch than write 4: its hole is not in the last
+                // batch (which `sync` would cut too, as never acknowledged).
+                let start = std::time::Instant::now();
+                while wal_holding(7).is_none() {
+                    assert!(
+                        start.elapsed() < Duration::from_secs(10),
+                        "write 7 not written"
+                    );
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+            let write = Command::Write {
+                coord: coord(i),
+                value: value(i),
+                expected_version: None,
+            };
+            // Applied before its fsync (the relaxed window): answered at once.
+            assert!(matches!(
+                core.handle(write, &caller, u32::from(i)),
+                Some((_, Ok(_)))
+            ));
+        }
+        // Every record reaches the file; nothing is applied to the state store or checkpointed.
+        core.take_wal().unwrap().close().unwrap();
+        drop(core);
+        // The power cut: one 512-byte sector inside write 4's value never reached the disk.
+        let segment = wal_holding(4).expect("a segment holds write 4");
+        let mut bytes = std::fs::read(&segment).unwrap();
+        let at = bytes
+            .windows(2048)
+            .position(|w| w == value(4).as_slice())
+            .unwrap();
+        let sector = at.next_multiple_of(512);
+        bytes[sector..sector + 512].fill(0);
+        std::fs::write(&segment, &bytes).unwrap();
+
+        // Under `sync` a hole before valid records is damage: the tenant does not open.
+        let refused = open_under(SyncPolicy::default())
+            .err()
+            .expect("refused under sync");
+        assert!(
+            matches!(refused, cube_store::StoreError::DataLoss(_)),
+            "{refused:?}"
+        );
+        assert_eq!(std::fs::read(&segment).unwrap(), bytes, "nothing cut");
+        // Offline, under the tenant's policy: the tail is cut at the hole.
+        open_offline(&data, &catalog, "acme").unwrap();
+        let (core, _) = open_under(SyncPolicy::default()).unwrap();
+        for i in 0..10 {
+            let cell = core.state().read(&coord(i)).unwrap();
+            assert_eq!(cell.map(|c| c.value), (i < 4).then(|| value(i)), "cell {i}");
+        }
+    }
+
     /// A server applied a key creation and a revocation through the tenant's log, then crashed
     /// before the catalog's files saw either: the offline commands must see both.
     #[test]

@@ -590,9 +590,9 @@ mod tests {
         std::fs::write(&segment, &bytes).unwrap();
 
         // Under `sync` a hole before valid records is damage: the tenant does not open.
-        let refused = open_under(SyncPolicy::default())
-            .err()
-            .expect("refused under sync");
+        let Err(refused) = open_under(SyncPolicy::default()) else {
+            panic!("opened under sync")
+        };
         assert!(
             matches!(refused, cube_store::StoreError::DataLoss(_)),
             "{refused:?}"

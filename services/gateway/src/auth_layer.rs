@@ -168,6 +168,15 @@ pub(crate) fn active_key(
 }
 
 /// Whether `path` needs a per-call signature.
+/// The refusal of a throttled peer with `left` of its cool-down to run: the seconds rounded up,
+/// so that a client waiting as long as it says is not refused again.
+fn throttled(left: Duration) -> Status {
+    Status::resource_exhausted(format!(
+        "too many failed authentications from this address; retry in {} s",
+        left.as_millis().div_ceil(1000).max(1)
+    ))
+}
+
 fn needs_signature(path: &str) -> bool {
     path.starts_with("/cube.v1.") && !path.starts_with("/cube.v1.Auth/")
 }
@@ -308,12 +317,7 @@ impl Authenticator {
         };
         self.failures
             .check(ip, std::time::Instant::now())
-            .map_err(|left| {
-                Status::resource_exhausted(format!(
-                    "too many failed authentications from this address; retry in {} s",
-                    left.as_secs().max(1)
-                ))
-            })
+            .map_err(throttled)
     }
 
     /// Count a failed authentication against the peer of `conn`.
@@ -408,6 +412,13 @@ impl Authenticator {
                 .key(&session_key.tenant, &session_key.key_id)
                 .filter(|k| !k.revoked && !conn.is_some_and(|c| c.session.revoked()))
                 .ok_or_else(|| {
+                    // A revocation whose sessions were not ended (its tenant's log took it, but
+                    // the answer that ends them was lost) ends this one now: its next calls
+                    // are throttled as any unauthenticated call is ([`Self::authenticate`]).
+                    if let Some(c) = conn {
+                        c.session
+                            .end_if_key(&session_key.tenant, &session_key.key_id);
+                    }
                     // In the revoked key's tenant's trail, whatever tenant an (unsigned) header
                     // names; that key's, not the session's as it is now: a Hello finishing on
                     // this connection meanwhile may have bound another key.
@@ -1214,6 +1225,44 @@ mod tests {
         assert!(futures::poll!(&mut call).is_pending());
         tokio::time::sleep(limit * 4).await;
         assert!(futures::poll!(&mut call).is_pending());
+    }
+
+    /// The cool-down left is said in whole seconds rounded up: waiting that long is enough.
+    #[test]
+    fn a_throttled_peer_is_told_to_wait_at_least_the_cool_down_left() {
+        for (left_ms, said) in [(29_900, 30), (30_000, 30), (1, 1), (0, 1), (1_001, 2)] {
+            let status = throttled(Duration::from_millis(left_ms));
+            assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+            assert!(
+                status.message().ends_with(&format!("retry in {said} s")),
+                "{left_ms} ms: {}",
+                status.message()
+            );
+        }
+    }
+
+    /// A session whose key the catalog revoked without ending the session (the revocation's
+    /// answer lost after its tenant's log took it) is ended by its next call, so the calls
+    /// after it are throttled as any unauthenticated call is, not exempt as a session's.
+    #[test]
+    fn a_session_of_a_key_revoked_behind_its_back_is_ended_and_then_throttled() {
+        let (_dir, auth) = authenticator();
+        let key = auth.catalog.create_tenant("t").unwrap();
+        let registry = Arc::new(crate::connection::ConnectionRegistry::default());
+        let conn = registry.open(Some("10.1.2.3:4000".parse().unwrap()));
+        conn.session.authenticate(Arc::clone(&key));
+        let call = || auth.authenticate("/cube.v1.Cells/Read", &HeaderMap::new(), Some(&conn));
+        assert!(call().unwrap().is_some(), "the session authenticates");
+        assert!(auth.catalog.revoke_key("t", &key.key_id).unwrap());
+        for _ in 0..=FailureLimits::default().max_failures {
+            auth.record_failure(Some(&conn));
+        }
+        let first = call().unwrap_err();
+        assert_eq!(first.code(), tonic::Code::Unauthenticated);
+        assert_eq!(first.message(), SESSION_KEY_REVOKED);
+        assert!(conn.session.revoked(), "the session was ended");
+        let next = call().unwrap_err();
+        assert_eq!(next.code(), tonic::Code::ResourceExhausted, "{next:?}");
     }
 
     #[test]

@@ -568,7 +568,6 @@ impl ReplayCache {
             .clock
             .as_ref()
             .map_or(now_ms, |clock| now_ms.min(clock.covered()));
-        // The nonce stays remembered if this fails: the client signs again anyway.
         // This call's own floor covers it after a restart; the clock mark need not (a graceful
         // stop's mark at this call's stamp would refuse every key's calls until the clock
         // reached it). A floor the rewrite dropped is covered by the mark instead: it was at or
@@ -581,14 +580,44 @@ impl ReplayCache {
                         clock.note(floor);
                     }
                 })
-                .map_err(|e| match e {
-                    RecordError::Busy => ReplayError::TooFarAhead,
-                    RecordError::Io(e) => {
-                        tracing::error!(error = %e, "the replay floors file could not be written");
-                        ReplayError::Unrecorded
+                .map_err(|e| {
+                    // Refused, so never accepted: its nonce is forgotten (and its room among
+                    // the calls ahead given back), so the same signed call may come again. A
+                    // gRPC retry policy resends it as it was, and would be told its nonce was
+                    // used, and counted as a failed authentication.
+                    self.forget_ahead(fp, ts_ms, tag);
+                    match e {
+                        RecordError::Busy => ReplayError::TooFarAhead,
+                        RecordError::Io(e) => {
+                            tracing::error!(error = %e, "the replay floors file could not be written");
+                            ReplayError::Unrecorded
+                        }
                     }
                 }),
         }
+    }
+
+    /// Undo [`Self::check_and_insert`]'s taking of the far-ahead call `fp` stamped `ts_ms` of
+    /// the tenant tagged `tag`, where that call is refused after all.
+    fn forget_ahead(&self, fp: u64, ts_ms: i64, tag: u64) {
+        let mut shard = self.shards[shard_of(fp)]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let held = shard.ahead.len();
+        shard
+            .ahead
+            .retain(|Reverse(entry)| *entry != (ts_ms, fp, tag));
+        if shard.ahead.len() < held {
+            if let Some(n) = shard.ahead_by_tenant.get_mut(&tag) {
+                *n -= 1;
+                if *n == 0 {
+                    shard.ahead_by_tenant.remove(&tag);
+                }
+            }
+            shard.seen.remove(&fp);
+        }
+        // Otherwise it fell due meanwhile and joined the ordinary entries: it stays remembered
+        // until it expires, as they are.
     }
 
     /// Nonces currently remembered.
@@ -1136,6 +1165,11 @@ mod tests {
         }
         assert_eq!(call("a", 100), Err(ReplayError::TooFarAhead));
         assert_eq!(call("b", 200), Ok(()));
+        // The refused call was not taken: sent again as it was once the budget is back (a
+        // retry), it is accepted, not refused as a replay.
+        let again = || c.check_and_insert(("a", "k"), 100, now + 5_000 + 100 * step, now + 1_000);
+        assert_eq!(again(), Ok(()));
+        assert_eq!(again(), Err(ReplayError::Replayed));
     }
 
     /// A floor exactly one past the start watermark is kept: the previous server may have

@@ -143,18 +143,23 @@ impl FailureLimiter {
             if full_until.is_some_and(|u| now < u) {
                 return;
             }
-            // Forget peers whose window and block are over; if that frees nothing, forget the
-            // unblocked ones (blocked peers stay blocked).
+            // Forget peers whose window and block are over. A count still running is not
+            // forgotten to make room: two addresses failing in turn would each wipe the
+            // other's, so that neither was ever blocked, at two scans of the table per failure.
             peers.retain(|_, p| {
                 p.blocked_until.is_some_and(|u| u > now) || now - p.window_start < limits.window
             });
             if peers.len() >= limits.max_peers {
-                peers.retain(|_, p| p.blocked_until.is_some_and(|u| u > now));
-            }
-            if peers.len() >= limits.max_peers {
-                // Every tracked address is in cool-down: the bound holds, and no new address is
-                // tracked (nor the map scanned again) until the first block ends.
-                *full_until = peers.values().filter_map(|p| p.blocked_until).min();
+                // Every tracked address is counting or in cool-down: the bound holds, and no new
+                // address is tracked (nor the map scanned again) until the first window or block
+                // ends.
+                *full_until = peers
+                    .values()
+                    .map(|p| match p.blocked_until {
+                        Some(until) if until > now => until,
+                        _ => p.window_start + limits.window,
+                    })
+                    .min();
                 return;
             }
             *full_until = None;
@@ -267,6 +272,32 @@ mod tests {
         }
         let mapped: IpAddr = "::ffff:10.0.0.7".parse().unwrap();
         assert!(l.check(mapped, t).is_err());
+    }
+
+    /// With one place left, two addresses failing in turn do not wipe each other's count: the
+    /// one tracked is blocked, and the table is not scanned again for every failure.
+    #[test]
+    fn addresses_failing_in_turn_do_not_wipe_each_others_count() {
+        let l = limiter();
+        let t = Instant::now();
+        for i in 0..3u8 {
+            for _ in 0..4 {
+                l.record_failure(IpAddr::from([10, 0, 0, i]), t);
+            }
+        }
+        let (x, y) = (IpAddr::from([10, 0, 1, 1]), IpAddr::from([10, 0, 1, 2]));
+        for _ in 0..5 {
+            l.record_failure(x, t);
+            l.record_failure(y, t);
+        }
+        assert!(l.check(x, t).is_err(), "the tracked address is blocked");
+        assert_eq!(l.peers.lock().unwrap().len(), 4);
+        // Once a window or block ends, a place frees up for a new address.
+        let later = t + Duration::from_secs(31);
+        for _ in 0..4 {
+            l.record_failure(y, later);
+        }
+        assert!(l.check(y, later).is_err());
     }
 
     #[test]

@@ -326,9 +326,11 @@ pub async fn run(
                 checkpoint: config.checkpoint,
                 state_cache_bytes: config.state_cache_bytes,
                 space: Some(space),
-                // Each tenant gets the directory's catalog and janitor when it opens.
+                // Each tenant gets the directory's catalog, janitor and record of lost
+                // acknowledged changes when it opens.
                 catalog: None,
                 janitor: None,
+                lost_acknowledged: None,
             },
             mailbox_capacity: config.mailbox_capacity,
             max_in_flight_bytes: config.max_in_flight_bytes,
@@ -500,8 +502,8 @@ pub async fn run(
         // Each failure was logged as it happened; a supervisor sees the exit status too.
         anyhow::bail!(
             "stopped, but the close of {} tenant(s) failed (final fdatasync or checkpoint, at \
-             this stop or at an earlier close, or their log failed while open; see the errors \
-             above): {}. Their logs are kept and replayed at the next start; a tenant under the \
+             this stop or at an earlier close, or their log failed while open, or lost changes \
+             acknowledged under the relaxed policy; see the errors above): {}. Their logs are kept and replayed at the next start; a tenant under the \
              relaxed policy may have lost changes acknowledged inside its window",
             failed.len(),
             failed.join(", ")

@@ -141,6 +141,29 @@ pub struct CoreConfig {
     /// directory's janitor closes it at once and its next call reopens it, instead of within
     /// its next round (about a second). Set by the directory for the tenants it opens.
     pub janitor: Option<Arc<tokio::sync::Notify>>,
+    /// Told of a tenant that lost changes it had acknowledged (a relaxed one whose log failed
+    /// a write before writing them), so that the server's stop reports it. Set by the directory.
+    pub lost_acknowledged: Option<Arc<LostAcknowledged>>,
+}
+
+/// The tenants that lost acknowledged changes since the server started: see
+/// [`CoreConfig::lost_acknowledged`].
+#[derive(Debug, Default)]
+pub struct LostAcknowledged(std::sync::Mutex<std::collections::BTreeSet<String>>);
+
+impl LostAcknowledged {
+    fn record(&self, tenant: &str) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(tenant.to_string());
+    }
+
+    /// Every tenant recorded, in order.
+    pub fn tenants(&self) -> Vec<String> {
+        let set = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        set.iter().cloned().collect()
+    }
 }
 
 impl Default for CoreConfig {
@@ -153,6 +176,7 @@ impl Default for CoreConfig {
             space: None,
             catalog: None,
             janitor: None,
+            lost_acknowledged: None,
         }
     }
 }
@@ -457,6 +481,8 @@ pub struct TenantCore<T> {
     catalog: Option<Arc<Catalog>>,
     /// See [`CoreConfig::janitor`].
     janitor: Option<Arc<tokio::sync::Notify>>,
+    /// See [`CoreConfig::lost_acknowledged`].
+    lost_acknowledged: Option<Arc<LostAcknowledged>>,
     /// Per key, the capability set of its newest logged but unapplied change, with that
     /// change's seq: the next change of the key starts from it.
     pending_caps: HashMap<String, (u64, Vec<Capability>)>,
@@ -818,6 +844,7 @@ impl<T> TenantCore<T> {
             scratch: Vec::with_capacity(256),
             catalog: config.catalog.clone(),
             janitor: config.janitor.clone(),
+            lost_acknowledged: config.lost_acknowledged.clone(),
             pending_caps: HashMap::new(),
             unappliable: None,
             pending_revokes: HashSet::new(),
@@ -1245,6 +1272,9 @@ impl<T> TenantCore<T> {
                 }
             }
             DurableEvent::Poisoned | DurableEvent::WriteFailed { .. } => {
+                if matches!(event, DurableEvent::WriteFailed { .. }) {
+                    self.note_lost_acknowledged();
+                }
                 self.poison_after(event);
                 let err = self.poisoned_error();
                 self.fail_all_waiting(&err)
@@ -1654,6 +1684,29 @@ impl<T> TenantCore<T> {
         tracing::error!(tenant = %self.tenant, error = %e, "an fsync failed; tenant poisoned until the server restarts");
         self.stats.sync_failed.store(true, Ordering::Relaxed);
         self.poison();
+    }
+
+    /// After a failed write of the log, which drops the records it had not written: under a
+    /// relaxed policy some of them may have been acknowledged (inside the window), and are lost.
+    /// Logged, and told to [`CoreConfig::lost_acknowledged`] for the server's stop to report.
+    fn note_lost_acknowledged(&self) {
+        let Some(wal) = &self.wal else {
+            return;
+        };
+        let acknowledged = self.stats.last_seq.load(Ordering::Acquire);
+        let written = wal.written_seq();
+        if acknowledged <= written {
+            return;
+        }
+        tracing::error!(
+            tenant = %self.tenant,
+            written,
+            acknowledged,
+            "a failed write of the tenant's log lost changes acknowledged inside its relaxed durability window (records after the last one written)"
+        );
+        if let Some(lost) = &self.lost_acknowledged {
+            lost.record(&self.tenant);
+        }
     }
 
     /// Poisoned for good (a failed fsync, a failed checkpoint).
@@ -3917,7 +3970,10 @@ mod tests {
                 if m.contains("acknowledged inside the tenant's relaxed durability window may be lost")),
             "{refused:?}"
         );
-        directory.shutdown().await;
+        // The stop reports the tenant (it used to say every tenant closed cleanly): the write
+        // that met the failure was acknowledged before it was written, or the refused one
+        // says it may have been.
+        assert_eq!(directory.shutdown().await, vec!["t".to_string()]);
     }
 
     /// A change the syncer acknowledged whose apply then failed: reads refuse to serve the state

@@ -808,6 +808,8 @@ pub struct TenantDirectory {
     /// Woken by a tenant poisoned reopenable ([`CoreConfig::janitor`]), so that the janitor
     /// closes it at once rather than at its next round.
     janitor_wake: Arc<tokio::sync::Notify>,
+    /// Tenants that lost acknowledged changes ([`CoreConfig::lost_acknowledged`]).
+    lost_acknowledged: Arc<crate::LostAcknowledged>,
 }
 
 impl std::fmt::Debug for TenantDirectory {
@@ -876,6 +878,7 @@ impl TenantDirectory {
             scan_places: ScanPlaces::default(),
             open_failures: Arc::default(),
             janitor_wake: Arc::default(),
+            lost_acknowledged: Arc::default(),
         })
     }
 
@@ -1027,6 +1030,7 @@ impl TenantDirectory {
             data_dir: self.config.data_dir.clone(),
             core: CoreConfig {
                 janitor: Some(Arc::clone(&self.janitor_wake)),
+                lost_acknowledged: Some(Arc::clone(&self.lost_acknowledged)),
                 ..self.config.core.clone()
             },
             catalog: self.catalog.clone(),
@@ -1489,6 +1493,9 @@ impl TenantDirectory {
         // A passivation's failed close (a tenant no longer open) counts too: it used to end
         // in "stopped cleanly" and exit code 0.
         failed.extend(self.failed_logs.tenants());
+        // So does a relaxed tenant whose failed log write lost changes it had acknowledged
+        // (reopened since, it is no failed log; it used to end in "stopped cleanly").
+        failed.extend(self.lost_acknowledged.tenants());
         failed.sort();
         failed.dedup();
         failed

@@ -32,7 +32,8 @@ pub use backend::{
 };
 pub use catalog::{Capability, Catalog, CatalogOpenError, KeyInfo, validate_tenant_name};
 pub use core::{
-    CheckpointPolicy, CoreConfig, EarlyAnswers, TenantCore, check_key_id, describe_policy,
+    CheckpointPolicy, CoreConfig, EarlyAnswers, LostAcknowledged, TenantCore, check_key_id,
+    describe_policy,
 };
 pub use cube_wal::SyncPolicy;
 pub use directory::{

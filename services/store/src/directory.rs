@@ -709,7 +709,14 @@ impl OpenContext {
             // A core opened read-only on a nearly full disk is poisoned from its open (it takes
             // no writes); only a poisoning by the close itself means the close failed.
             let opened_poisoned = core.is_poisoned();
-            core.close_here()?;
+            let closed = core.close_here();
+            // Not the core the directory will hold (or count as a failed open): its count in
+            // `cube_tenants_unavailable` (poisoned at its open, or by this close) goes with it,
+            // else the gauge stayed one up for good.
+            if core.is_poisoned() {
+                cube_metrics::TENANTS_UNAVAILABLE.dec();
+            }
+            closed?;
             if core.is_poisoned() && !opened_poisoned {
                 // Its close failed (its checkpoint, or an fsync removing its log): not reopened
                 // before a restart, as a tenant whose close failed after it served is not.

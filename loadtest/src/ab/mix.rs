@@ -118,6 +118,17 @@ impl Mix {
         if weights.is_empty() {
             bail!("the mix {s:?} has no group with a weight above 0");
         }
+        // `pick` draws from their sum.
+        if weights
+            .iter()
+            .try_fold(0u32, |sum, (_, w)| sum.checked_add(*w))
+            .is_none()
+        {
+            bail!(
+                "the weights of the mix {s:?} add up to more than {}: use smaller ones (only their ratios count)",
+                u32::MAX
+            );
+        }
         weights.sort();
         Ok(Mix {
             name: s.into(),
@@ -173,6 +184,13 @@ mod tests {
         assert!(Mix::parse("seal=0").is_err());
         assert!(Mix::parse("seal=1,seal=2").is_err());
         assert!(Mix::parse("seal").is_err());
+        // Weights whose sum overflows (it wrapped to 0, and `pick` panicked, or to 1, and
+        // dropped a group from the mix).
+        let e = Mix::parse("audit=4294967295,seal=1")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("add up to more than"), "{e}");
+        assert!(Mix::parse("audit=4294967294,seal=1").is_ok());
     }
 
     #[test]

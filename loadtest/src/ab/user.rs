@@ -105,6 +105,15 @@ fn window_index(since_start: Duration, windows: usize) -> usize {
     ((since_start.as_nanos() / WINDOW.as_nanos()) as usize).min(windows.saturating_sub(1))
 }
 
+/// `outcome`, or a timeout if it is a success answered after `deadline`: a success is one
+/// answered within the per-op timeout, by the report's definition.
+fn past_timeout(outcome: Outcome, answered: Instant, deadline: Instant) -> Outcome {
+    match outcome {
+        Outcome::Ok if answered > deadline => Outcome::Failed("timeout".into()),
+        other => other,
+    }
+}
+
 /// The outcome class of one rpc.
 #[derive(Debug)]
 enum Outcome {
@@ -891,6 +900,9 @@ pub async fn run_user(ctx: Arc<RunCtx>, index: usize, conn: Option<Clients>) -> 
                 .unwrap_or_else(|_| Outcome::Failed("timeout".into()))
             };
             let answered = user.answered.take().unwrap_or_else(Instant::now);
+            // `timeout_at` polls the op before its timer, so an answer that came just past the
+            // timeout (the timer's millisecond, a late wake-up) is still `Ok`: a timeout too.
+            let outcome = past_timeout(outcome, answered, begin + ctx.op_timeout);
             if matches!(outcome, Outcome::Skipped) {
                 // Nothing was sent: the slot goes to the next op, so the offered rate holds.
                 if let Some(iv) = ctx.interval {
@@ -1230,6 +1242,25 @@ async fn check_chain(c: &mut Cells, x: i32, len: i32, unknown: bool) -> Vec<Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An answer that came after the per-op timeout is a timeout, however the timer raced it.
+    #[test]
+    fn a_success_answered_past_the_timeout_is_a_timeout() {
+        let deadline = Instant::now();
+        let late = deadline + Duration::from_micros(1);
+        assert!(matches!(
+            past_timeout(Outcome::Ok, late, deadline),
+            Outcome::Failed(c) if c == "timeout"
+        ));
+        assert!(matches!(
+            past_timeout(Outcome::Ok, deadline, deadline),
+            Outcome::Ok
+        ));
+        assert!(matches!(
+            past_timeout(Outcome::Failed("unavailable".into()), late, deadline),
+            Outcome::Failed(c) if c == "unavailable"
+        ));
+    }
 
     /// The texts tonic and rustls gave when TLS was on one side only (a helper's black-box
     /// run, 2026-12-03), and one that has nothing to do with TLS.

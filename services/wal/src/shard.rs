@@ -342,6 +342,12 @@ impl WalShard {
         visit: &mut ReplayVisitor<'_>,
         notify: &mut Option<DurableNotify>,
     ) -> Result<(WalShard, RecoveryReport), WalError> {
+        // A frame's length field is 32 bits: a larger payload is refused by `append`
+        // (`RecordTooLarge`), whatever the options ask, not framed with a wrong length.
+        let options = WalOptions {
+            max_record: options.max_record.min(u32::MAX as usize),
+            ..options
+        };
         create_dir_durably(dir)?;
         // The window within which recovery may cut a hole a power cut left across unsynced
         // batches: the narrower of the policy opening the log and the one it last ran under

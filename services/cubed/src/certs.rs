@@ -124,9 +124,14 @@ pub fn ca_cert_path(data_dir: &Path) -> PathBuf {
     tls_dir(data_dir).join(CA_CERT)
 }
 
-/// A server certificate for localhost / 127.0.0.1 / ::1 signed by the CA (for `--tls-dev`),
-/// created on first use. Returns (cert chain PEM, key PEM).
-pub fn ensure_dev_server_cert(data_dir: &Path) -> anyhow::Result<(String, String)> {
+/// A server certificate for localhost / 127.0.0.1 / ::1, and `listen` if it is another (not a
+/// wildcard) address, signed by the CA (for `--tls-dev`), created on first use and made again
+/// for a `listen` it does not name: dev-credentials.json names that address, and a client
+/// checks the certificate against it. Returns (cert chain PEM, key PEM).
+pub fn ensure_dev_server_cert(
+    data_dir: &Path,
+    listen: std::net::IpAddr,
+) -> anyhow::Result<(String, String)> {
     let dir = tls_dir(data_dir);
     let (cert_path, key_path) = (dir.join(SERVER_CERT), dir.join(SERVER_KEY));
     let (ca_key, ca_pem) = ensure_ca(data_dir)?;
@@ -136,16 +141,23 @@ pub fn ensure_dev_server_cert(data_dir: &Path) -> anyhow::Result<(String, String
         // The chain ends with the CA that signed it: one made by an earlier CA (its files
         // removed to replace it, or a partial restore) is made again, else clients trusting the
         // new ca.pem would refuse the server.
-        if chain.ends_with(&ca_pem) {
+        if !chain.ends_with(&ca_pem) {
+            tracing::warn!(dir = %dir.display(), "the development server certificate was signed by an earlier CA: making a new one");
+        } else if !names_ip(&chain, listen) {
+            tracing::info!(dir = %dir.display(), %listen, "the development server certificate does not name the listen address: making a new one that does");
+        } else {
             return Ok((chain, fs::read_to_string(&key_path)?));
         }
-        tracing::warn!(dir = %dir.display(), "the development server certificate was signed by an earlier CA: making a new one");
     }
-    let mut params = CertificateParams::new(vec![
+    let mut names = vec![
         "localhost".to_string(),
         "127.0.0.1".to_string(),
         "::1".to_string(),
-    ])?;
+    ];
+    if needs_own_name(listen) {
+        names.push(listen.to_string());
+    }
+    let mut params = CertificateParams::new(names)?;
     params
         .distinguished_name
         .push(DnType::CommonName, "cubed (development)");
@@ -159,6 +171,39 @@ pub fn ensure_dev_server_cert(data_dir: &Path) -> anyhow::Result<(String, String
     write_private(&key_path, &key.serialize_pem())?;
     write_private(&cert_path, &chain)?;
     Ok((chain, key.serialize_pem()))
+}
+
+/// Whether the development certificate must name `ip` besides localhost, 127.0.0.1 and ::1:
+/// clients are pointed at it (a wildcard address is given to them as 127.0.0.1 or ::1).
+fn needs_own_name(ip: std::net::IpAddr) -> bool {
+    !ip.is_unspecified()
+        && ip != std::net::Ipv4Addr::LOCALHOST
+        && ip != std::net::Ipv6Addr::LOCALHOST
+}
+
+/// Whether the first certificate of `chain` names `ip`, or `ip` needs no name of its own.
+fn names_ip(chain: &str, ip: std::net::IpAddr) -> bool {
+    if !needs_own_name(ip) {
+        return true;
+    }
+    let Ok((_, pem)) = x509_parser::pem::parse_x509_pem(chain.as_bytes()) else {
+        return false;
+    };
+    let Ok(cert) = pem.parse_x509() else {
+        return false;
+    };
+    let octets = match ip {
+        std::net::IpAddr::V4(v4) => v4.octets().to_vec(),
+        std::net::IpAddr::V6(v6) => v6.octets().to_vec(),
+    };
+    cert.subject_alternative_name()
+        .ok()
+        .flatten()
+        .is_some_and(|san| {
+            san.value.general_names.iter().any(|name| {
+                matches!(name, x509_parser::extensions::GeneralName::IPAddress(a) if *a == octets.as_slice())
+            })
+        })
 }
 
 /// A client certificate for `tenant/key_id`, signed by the CA. Returns (cert PEM, key PEM).
@@ -244,13 +289,14 @@ mod tests {
     #[test]
     fn the_dev_server_certificate_follows_its_ca() {
         let dir = tempfile::tempdir().unwrap();
-        let (first, _) = ensure_dev_server_cert(dir.path()).unwrap();
-        let (again, _) = ensure_dev_server_cert(dir.path()).unwrap();
+        let local = std::net::IpAddr::from([127, 0, 0, 1]);
+        let (first, _) = ensure_dev_server_cert(dir.path(), local).unwrap();
+        let (again, _) = ensure_dev_server_cert(dir.path(), local).unwrap();
         assert_eq!(first, again);
         let tls = tls_dir(dir.path());
         fs::remove_file(tls.join(CA_CERT)).unwrap();
         fs::remove_file(tls.join(CA_KEY)).unwrap();
-        let (renewed, _) = ensure_dev_server_cert(dir.path()).unwrap();
+        let (renewed, _) = ensure_dev_server_cert(dir.path(), local).unwrap();
         let ca = fs::read_to_string(tls.join(CA_CERT)).unwrap();
         assert_ne!(renewed, first);
         assert!(
@@ -258,5 +304,25 @@ mod tests {
             "the chain does not end with the new CA"
         );
         assert!(!first.ends_with(&ca));
+    }
+
+    /// A listen address other than 127.0.0.1, ::1 or a wildcard is named by the development
+    /// certificate (dev-credentials.json points clients at it): one made without it is made
+    /// again; a wildcard or the usual loopback keeps the one there.
+    #[test]
+    fn the_dev_server_certificate_names_the_listen_address() {
+        let dir = tempfile::tempdir().unwrap();
+        let other = std::net::IpAddr::from([127, 0, 0, 2]);
+        let (first, _) = ensure_dev_server_cert(dir.path(), "0.0.0.0".parse().unwrap()).unwrap();
+        assert!(!names_ip(&first, other));
+        let (named, _) = ensure_dev_server_cert(dir.path(), other).unwrap();
+        assert_ne!(named, first);
+        assert!(names_ip(&named, other));
+        let v6: std::net::IpAddr = "fd00::7".parse().unwrap();
+        assert!(!names_ip(&named, v6));
+        let (kept, _) = ensure_dev_server_cert(dir.path(), "::".parse().unwrap()).unwrap();
+        assert_eq!(kept, named);
+        let (named_v6, _) = ensure_dev_server_cert(dir.path(), v6).unwrap();
+        assert!(names_ip(&named_v6, v6));
     }
 }

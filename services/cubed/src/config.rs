@@ -28,6 +28,12 @@ pub const DEFAULT_AUTH_FAILURE_COOLDOWN_SECS: u64 = 30;
 pub const DEFAULT_MAX_METADATA_BYTES: u32 = 16 << 10;
 /// Smallest `--max-metadata-bytes` accepted.
 pub const MIN_METADATA_BYTES: u32 = 1 << 10;
+/// Largest `--max-metadata-bytes` accepted: HTTP/2 buffers a header list up to it before the
+/// call is authenticated, on every connection.
+pub const MAX_METADATA_BYTES: u32 = 1 << 20;
+/// Largest `--wal-segment-max-bytes` accepted: a segment is zero-filled whole when it is made,
+/// and a tenant's open reads its log's last segment into memory whole.
+pub const MAX_WAL_SEGMENT_BYTES: u64 = 1 << 30;
 pub const DEFAULT_AUDIT_RETENTION: usize = 100_000;
 pub const DEFAULT_CHECKPOINT_BYTES: u64 = 64 << 20;
 pub const DEFAULT_CHECKPOINT_SECS: u64 = 60;
@@ -88,6 +94,8 @@ pub const DEFAULT_KEEPALIVE_SECS: u64 = 60;
 pub const DEFAULT_CALL_TIMEOUT_MS: u64 = 0;
 /// Largest `--call-timeout-ms` accepted (a day).
 pub const MAX_CALL_TIMEOUT_MS: u64 = 86_400_000;
+/// Smallest `--call-timeout-ms` accepted other than 0.
+pub const MIN_CALL_TIMEOUT_MS: u64 = 100;
 /// Largest `--keepalive-secs` accepted (a day).
 pub const MAX_KEEPALIVE_SECS: u64 = 86_400;
 /// Largest `--auth-failure-cooldown-secs`, `--idle-secs` and `--checkpoint-secs` accepted (a
@@ -595,8 +603,8 @@ impl ServeArgs {
             "--replay-capacity must be at least 16"
         );
         anyhow::ensure!(
-            self.wal_segment_max_bytes >= 256 << 10,
-            "--wal-segment-max-bytes must be at least 256 KiB"
+            (256 << 10..=MAX_WAL_SEGMENT_BYTES).contains(&self.wal_segment_max_bytes),
+            "--wal-segment-max-bytes must be between 256 KiB and 1 GiB ({MAX_WAL_SEGMENT_BYTES})"
         );
         let threads = self
             .actor_threads
@@ -654,15 +662,19 @@ impl ServeArgs {
             self.keepalive_secs <= MAX_KEEPALIVE_SECS,
             "--keepalive-secs must be at most {MAX_KEEPALIVE_SECS} (0 turns PINGs off)"
         );
+        // Below 100 ms it is most likely seconds meant as milliseconds: durable changes would
+        // be answered DEADLINE_EXCEEDED while they may still be applied.
         anyhow::ensure!(
-            self.call_timeout_ms <= MAX_CALL_TIMEOUT_MS,
-            "--call-timeout-ms must be at most {MAX_CALL_TIMEOUT_MS} (0 turns the limit off)"
+            self.call_timeout_ms == 0
+                || (MIN_CALL_TIMEOUT_MS..=MAX_CALL_TIMEOUT_MS).contains(&self.call_timeout_ms),
+            "--call-timeout-ms must be 0 (no limit) or between {MIN_CALL_TIMEOUT_MS} and \
+             {MAX_CALL_TIMEOUT_MS} (it is in milliseconds)"
         );
         // A signed call's five headers and gRPC's own take ~400 bytes; below this, every call
         // would be refused by a server that says it is ready.
         anyhow::ensure!(
-            self.max_metadata_bytes >= MIN_METADATA_BYTES,
-            "--max-metadata-bytes must be at least {MIN_METADATA_BYTES}"
+            (MIN_METADATA_BYTES..=MAX_METADATA_BYTES).contains(&self.max_metadata_bytes),
+            "--max-metadata-bytes must be between {MIN_METADATA_BYTES} and {MAX_METADATA_BYTES}"
         );
         // Each named alone: a message naming two flags left the user to find which was wrong.
         for (flag, value) in [
@@ -920,6 +932,60 @@ pub fn parse_with_config(argv: Vec<std::ffi::OsString>) -> anyhow::Result<Cli> {
     }
     // The command line and the environment parsed above, so what fails now is the file's.
     parse(&argv).map_err(|e| config_file_error(&e, path))
+}
+
+/// `e`, a refusal by [`ServeArgs::validate`] naming a flag first, with where that flag's value
+/// came from when not from the command line `argv`: its `CUBE_*` environment variable, or the
+/// `--config` file. (A value out of range was reported as `--skew-secs must be ...` alone, to an
+/// operator whose command line has no such flag.)
+pub fn naming_the_source(e: anyhow::Error, argv: &[std::ffi::OsString]) -> anyhow::Error {
+    use clap::CommandFactory;
+    let text = e.to_string();
+    let Some(long) = text.split_whitespace().find_map(|w| {
+        w.strip_prefix("--")
+            .map(|w| w.trim_end_matches(|c: char| !c.is_ascii_alphanumeric()))
+            .filter(|w| !w.is_empty())
+    }) else {
+        return e;
+    };
+    let given = |flag: &str| {
+        argv.iter()
+            .filter_map(|a| a.to_str())
+            .any(|a| a == flag || a.strip_prefix(flag).is_some_and(|r| r.starts_with('=')))
+    };
+    let flag = format!("--{long}");
+    if given(&flag) {
+        return e;
+    }
+    let command = Cli::command();
+    let var = command
+        .get_arguments()
+        .find(|a| a.get_long() == Some(long))
+        .and_then(|a| a.get_env())
+        .and_then(|v| v.to_str())
+        .map(str::to_string);
+    if let Some(var) = var.filter(|v| std::env::var_os(v).is_some()) {
+        return anyhow::anyhow!(
+            "{text} (the value of {flag} came from the environment variable {var})"
+        );
+    }
+    // Else it came from the file, if one was given (on the command line, or as CUBE_CONFIG).
+    let on_line = argv
+        .iter()
+        .filter_map(|a| a.to_str())
+        .skip_while(|a| *a != "--config")
+        .nth(1)
+        .map(str::to_string)
+        .or_else(|| {
+            argv.iter()
+                .filter_map(|a| a.to_str())
+                .find_map(|a| a.strip_prefix("--config=").map(str::to_string))
+        });
+    let file = on_line.or_else(|| std::env::var("CUBE_CONFIG").ok());
+    match file {
+        Some(file) => anyhow::anyhow!("{text} (the value of {flag} came from --config {file})"),
+        None => e,
+    }
 }
 
 /// A clap error about what the config file gave, as one line that names the file and the key
@@ -1203,6 +1269,28 @@ mod config_file_tests {
         let small = ["--max-value-bytes", "1", "--max-connection-send-bytes"];
         assert!(serve(&[&small[..], &["65536"]].concat()).is_err());
         serve(&[&small[..], &["65537"]].concat()).unwrap();
+        // Sizes and times accepted but harmful: a segment of many GiB zero-filled and read
+        // whole at every open, a header list of GiB buffered before authentication, a call
+        // limit of milliseconds meant as seconds.
+        for (flag, value) in [
+            ("--wal-segment-max-bytes", "1073741825"),
+            ("--wal-segment-max-bytes", "262143"),
+            ("--max-metadata-bytes", "1048577"),
+            ("--max-metadata-bytes", "4294967295"),
+            ("--call-timeout-ms", "5"),
+            ("--call-timeout-ms", "99"),
+        ] {
+            let err = serve(&[flag, value]).unwrap_err();
+            assert!(err.to_string().contains(flag), "{flag} {value}: {err}");
+        }
+        for (flag, value) in [
+            ("--wal-segment-max-bytes", "1073741824"),
+            ("--max-metadata-bytes", "1048576"),
+            ("--call-timeout-ms", "100"),
+            ("--call-timeout-ms", "0"),
+        ] {
+            serve(&[flag, value]).unwrap();
+        }
         let config = serve(&["--drain-secs", "0"]).unwrap();
         assert_eq!(config.drain, std::time::Duration::ZERO);
         let config = serve(&[]).unwrap();

@@ -53,7 +53,13 @@ fn allocator_settings() {
 }
 
 fn run() -> anyhow::Result<()> {
-    let cli = cubed::config::parse_with_config(std::env::args_os().collect())?;
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let cli = cubed::config::parse_with_config(argv.clone())?;
+    let validated = |serve: cubed::config::ServeArgs| {
+        serve
+            .validate()
+            .map_err(|e| cubed::config::naming_the_source(e, &argv))
+    };
     // The server logs at info; the one-shot commands (tenant, key) print their answer on stdout
     // and only warnings and errors on stderr, unless RUST_LOG says otherwise.
     let default_filter = match cli.command {
@@ -96,8 +102,8 @@ fn run() -> anyhow::Result<()> {
         .build()?;
     runtime.block_on(async move {
         match cli.command {
-            None => serve::run_until_signal(cli.serve.validate()?).await,
-            Some(Command::Serve(args)) => serve::run_until_signal(args.validate()?).await,
+            None => serve::run_until_signal(validated(cli.serve)?).await,
+            Some(Command::Serve(args)) => serve::run_until_signal(validated(args)?).await,
             Some(Command::Tenant(TenantCommand::Create { name, dir })) => {
                 admin_cli::create_tenant(&dir, &name).await
             }

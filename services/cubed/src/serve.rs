@@ -284,7 +284,7 @@ pub async fn run(
     // Before the demo tenant and crash recovery: a --tls-dev certificate that cannot be made
     // stops the start with nothing else changed.
     let had_ca = certs::has_ca(data.root());
-    let tls_files = tls_settings(&config.tls, tls_files, data.root())?;
+    let tls_files = tls_settings(&config.tls, tls_files, data.root(), config.listen.ip())?;
     if tls_files.is_some() && !had_ca && certs::client_certs_issued(data.root()) {
         // Certificates `cubed key cert` issued under another CA (a data directory restored
         // without its tls/, say) fail their TLS handshake from now on, with nothing on the
@@ -383,7 +383,8 @@ pub async fn run(
             scan_limits: config.scan_limits,
         },
     )
-    .context("configuring TLS");
+    // Its errors say what failed: TLS, the replay protection's files, reflection.
+    .context("setting up the gRPC gateway");
     // A socket left by a crashed server; the catalog lock proves no server owns it now.
     let _ = fs::remove_file(&socket_path);
     let started = gateway.and_then(|gateway| {
@@ -546,11 +547,12 @@ fn tls_settings(
     choice: &TlsChoice,
     files: Option<(Vec<u8>, Vec<u8>)>,
     data_dir: &Path,
+    listen: std::net::IpAddr,
 ) -> anyhow::Result<Option<TlsSettings>> {
     let (cert_chain_pem, key_pem) = match files {
         Some(files) => files,
         None if *choice == TlsChoice::Dev => {
-            let (chain, key) = certs::ensure_dev_server_cert(data_dir)?;
+            let (chain, key) = certs::ensure_dev_server_cert(data_dir, listen)?;
             (chain.into_bytes(), key.into_bytes())
         }
         None => return Ok(None),
@@ -580,7 +582,7 @@ fn prepare_data_dir(root: &Path) -> anyhow::Result<()> {
 /// The endpoint a client on this machine reaches the server at, for the dev credentials: the
 /// bound address, except that a wildcard one (0.0.0.0, ::) becomes the loopback address of its
 /// family. A client cannot connect to a wildcard over TLS: the `--tls-dev` certificate names
-/// only localhost, 127.0.0.1 and ::1.
+/// localhost, 127.0.0.1 and ::1, and the listen address if it is another.
 fn client_endpoint(tls: &TlsChoice, mut addr: std::net::SocketAddr) -> String {
     use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
     if addr.ip().is_unspecified() {

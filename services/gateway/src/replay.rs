@@ -158,7 +158,12 @@ impl Floors {
         let text = match std::fs::read_to_string(&path) {
             Ok(text) => text,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-            Err(e) => return Err(e),
+            Err(e) => {
+                return Err(std::io::Error::new(
+                    e.kind(),
+                    format!("reading {}: {e}", path.display()),
+                ));
+            }
         };
         let mut inherited = FloorMap::new();
         let mut dropped = None;

@@ -103,23 +103,29 @@ impl ClockMark {
     /// if there was no file). A file with no valid slot is an error: it is refused rather than
     /// served without the protection.
     pub(crate) fn open(path: PathBuf) -> io::Result<(ClockMark, Option<i64>)> {
+        // Every error names the file.
+        let naming = |what: &str| {
+            let path = path.display().to_string();
+            let what = what.to_string();
+            move |e: io::Error| io::Error::new(e.kind(), format!("{what} {path}: {e}"))
+        };
         if !path.exists() {
             // Made whole or not at all (a crash cannot leave a file with no valid slot), with
             // both slots allocated, holding a mark that covers nothing.
             let mut blank = vec![0u8; SLOT as usize + RECORD];
             blank[..RECORD].copy_from_slice(&encode(0, i64::MIN));
             blank[SLOT as usize..].copy_from_slice(&encode(0, i64::MIN));
-            cube_wal::replace_file_durably(&path, &blank)?;
+            cube_wal::replace_file_durably(&path, &blank).map_err(naming("creating"))?;
         }
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .open(&path)
-            .map_err(|e| io::Error::new(e.kind(), format!("opening {}: {e}", path.display())))?;
+            .map_err(naming("opening"))?;
         let mut inherited;
         let (next, seq);
         {
-            let bytes = std::fs::read(&path)?;
+            let bytes = std::fs::read(&path).map_err(naming("reading"))?;
             let slots = [0, SLOT as usize].map(|at| bytes.get(at..at + RECORD).and_then(decode));
             let last = slots.iter().flatten().copied().max();
             inherited = last.map(|(_, mark)| mark);

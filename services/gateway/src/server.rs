@@ -128,7 +128,9 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
     #[error("TLS: {0}")]
     Tls(#[from] TlsError),
-    #[error("reading the replay floors file: {0}")]
+    /// The replay protection's files in the data directory (`replay-floors`, `replay-clock`);
+    /// the error names the file.
+    #[error("opening the replay protection's files: {0}")]
     ReplayFloors(std::io::Error),
 }
 

@@ -250,6 +250,52 @@ fn a_refused_value_from_the_environment_names_its_variable() {
     assert!(!dir.path().join("data").exists());
 }
 
+/// A value in range for its type but refused by the server's own checks names where it came
+/// from too: its variable, or the `--config` file (it said `--skew-secs must be between 1 and
+/// 3600` alone, to an operator whose command line had no such flag).
+#[test]
+fn a_value_out_of_range_names_the_variable_or_file_it_came_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |extra: &[&str], env: Option<(&str, &str)>| {
+        let mut cmd = std::process::Command::new(cubed());
+        cmd.args(["serve", "--admin-listen", "127.0.0.1:0"])
+            .args(extra)
+            .arg("--data-dir")
+            .arg(dir.path().join("data"));
+        if let Some((k, v)) = env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let stderr = run(&[], Some(("CUBE_SKEW_SECS", "0")));
+    assert!(
+        stderr.contains("--skew-secs must be between 1 and")
+            && stderr.contains(
+                "(the value of --skew-secs came from the environment variable CUBE_SKEW_SECS)"
+            ),
+        "{stderr}"
+    );
+    let file = dir.path().join("cubed.toml");
+    std::fs::write(&file, "skew-secs = 0\n").unwrap();
+    let file = file.to_str().unwrap();
+    let stderr = run(&["--config", file], None);
+    assert!(
+        stderr.contains(&format!(
+            "(the value of --skew-secs came from --config {file})"
+        )),
+        "{stderr}"
+    );
+    // On the command line: nothing to add.
+    let stderr = run(&["--skew-secs", "0"], Some(("CUBE_SKEW_SECS", "0")));
+    assert!(
+        stderr.contains("--skew-secs must be between") && !stderr.contains("came from"),
+        "{stderr}"
+    );
+    assert!(!dir.path().join("data").exists());
+}
+
 /// With `serve` given, the environment fills only `serve`'s flags: a variable that the
 /// command line overrides is not parsed (before, clap also read it into the unused top-level
 /// copy of the flags and refused it there), and a switch variable set to false is off (before,

@@ -118,6 +118,23 @@ async fn after_the_clock_steps_back_calls_up_to_the_previous_servers_mark_stay_r
     );
 }
 
+/// A clock mark file with no valid slot stops the start, and the error names that file: it
+/// used to be reported as "configuring TLS" on a plaintext server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spoiled_replay_clock_mark_stops_the_start_and_is_named() {
+    let mut server = TestServer::start(cubed()).unwrap();
+    assert!(server.sigterm().unwrap().success());
+    let path = server.data_dir().join("replay-clock");
+    std::fs::write(&path, vec![0xff; 4096 + 24]).unwrap();
+    let stderr = crate::tls::refused_start(&server.data_dir(), &[]);
+    assert!(
+        stderr.contains("replay-clock holds no valid clock mark")
+            && stderr.contains("replay protection")
+            && !stderr.contains("configuring TLS"),
+        "{stderr}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_bad_credential_is_unauthenticated() {
     let server = TestServer::start(cubed()).unwrap();

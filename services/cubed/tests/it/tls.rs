@@ -201,7 +201,7 @@ fn plaintext_on_a_non_loopback_address_needs_an_explicit_flag() {
 }
 
 /// `cubed serve` on `data_dir` with `args`, expected to refuse to start: its stderr.
-fn refused_start(data_dir: &std::path::Path, args: &[&str]) -> String {
+pub(crate) fn refused_start(data_dir: &std::path::Path, args: &[&str]) -> String {
     let out = std::process::Command::new(cubed())
         .args([
             "serve",

@@ -81,6 +81,7 @@ fn bind_grpc(addr: std::net::SocketAddr) -> anyhow::Result<tokio::net::TcpSocket
 
 /// Bind the configured address and serve until SIGTERM, SIGINT or SIGHUP.
 pub async fn run_until_signal(config: ServeConfig) -> anyhow::Result<()> {
+    warn_if_connections_can_take_the_files(config.max_connections);
     let listener = bind_grpc(config.listen)?;
     use tokio::signal::unix::{SignalKind, signal};
     // Installed here, before anything else starts: a signal arriving from now on stops the
@@ -577,6 +578,26 @@ fn prepare_data_dir(root: &Path) -> anyhow::Result<()> {
     fs::set_permissions(root, fs::Permissions::from_mode(0o700))
         .with_context(|| format!("securing the data directory {}", root.display()))?;
     Ok(())
+}
+
+/// `--max-connections` is what keeps clients from taking the descriptors the tenants' logs
+/// and state stores need; its default is half the open-file limit (at least 64). A larger one
+/// given on purpose is allowed, and warned about.
+fn warn_if_connections_can_take_the_files(max_connections: usize) {
+    use nix::sys::resource::{Resource, getrlimit};
+    let Ok((soft, _)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return;
+    };
+    if max_connections as u64 > (soft / 2).max(64) {
+        tracing::warn!(
+            max_connections,
+            open_file_limit = soft,
+            "--max-connections is more than half the open-file limit: clients may take the file \
+             descriptors the tenants' logs and state stores need, and a flush or WAL rotation \
+             that finds none left fails its tenant; raise the limit (docs/operations.md) or \
+             lower --max-connections"
+        );
+    }
 }
 
 /// The endpoint a client on this machine reaches the server at, for the dev credentials: the

@@ -296,6 +296,45 @@ fn a_value_out_of_range_names_the_variable_or_file_it_came_from() {
     assert!(!dir.path().join("data").exists());
 }
 
+/// A `--max-connections` above half the open-file limit is warned about at start: clients could
+/// take the descriptors the tenants need (the default never is).
+#[test]
+fn more_connections_than_half_the_open_files_are_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    // A file where the data directory should be stops the start right after the warning.
+    let file = dir.path().join("not-a-dir");
+    std::fs::write(&file, "").unwrap();
+    let run = |max: &str| {
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg("ulimit -S -n 1024 && ulimit -H -n 1024 && exec \"$0\" \"$@\"")
+            .arg(cubed())
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--admin-listen",
+                "127.0.0.1:0",
+            ])
+            .args(["--max-connections", max, "--data-dir"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let stderr = run("100000");
+    assert!(
+        stderr.contains("--max-connections is more than half the open-file limit"),
+        "{stderr}"
+    );
+    let stderr = run("512");
+    assert!(
+        !stderr.contains("more than half the open-file limit"),
+        "{stderr}"
+    );
+}
+
 /// With `serve` given, the environment fills only `serve`'s flags: a variable that the
 /// command line overrides is not parsed (before, clap also read it into the unused top-level
 /// copy of the flags and refused it there), and a switch variable set to false is off (before,

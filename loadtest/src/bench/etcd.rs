@@ -40,7 +40,18 @@ const QUOTA_BACKEND_BYTES: u64 = 8 << 30;
 /// (`--max-txn-ops`); bulk Txns stay under both.
 const TXN_BYTES: usize = 1_400_000;
 const MAX_TXN_OPS: usize = 128;
+/// Keys per Range page at most; fewer for large values ([`page_for`]).
 const PAGE: i64 = 10_000;
+/// What one Range page may hold, well inside the client's 64 MiB decoding limit.
+const PAGE_BYTES: usize = 32 << 20;
+
+/// Keys per Range page for values of `value_bytes`: pages of 10,000 keys of 8 KiB values came
+/// to ~82 MB, which the client refused to decode, failing etcd's scans.
+fn page_for(value_bytes: usize) -> i64 {
+    i64::try_from(PAGE_BYTES / (value_bytes + 64))
+        .unwrap_or(PAGE)
+        .clamp(1, PAGE)
+}
 const SCAN_LOAD_CLIENTS: usize = 16;
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -267,6 +278,7 @@ async fn measure(
     load("etcd scan load", writers, grid.cells, per_txn, 1).await?;
     let load_seconds = t.elapsed().as_secs_f64();
     let mut kv = connect(&endpoint, 1).await?.remove(0);
+    let page = page_for(s.value_bytes);
     let (mut full, mut part) = (Rates::default(), Rates::default());
     for _ in 0..s.scan_rounds {
         let bar = progress::rows("etcd Range (all)", grid.cells);
@@ -274,7 +286,7 @@ async fn measure(
         let n = within(
             SCAN_TIMEOUT,
             "etcd Range (all)",
-            range_count(&mut kv, b"s/".to_vec(), b"s0".to_vec(), &bar),
+            range_count(&mut kv, b"s/".to_vec(), b"s0".to_vec(), page, &bar),
         )
         .await?;
         full.push("etcd Range (all)", n, grid.cells, t.elapsed())?;
@@ -284,7 +296,7 @@ async fn measure(
         let n = within(
             SCAN_TIMEOUT,
             "etcd Range (1%)",
-            range_count(&mut kv, key("s/", 0), key("s/", grid.box_rows), &bar),
+            range_count(&mut kv, key("s/", 0), key("s/", grid.box_rows), page, &bar),
         )
         .await?;
         part.push("etcd Range (1%)", n, grid.box_rows, t.elapsed())?;
@@ -293,7 +305,7 @@ async fn measure(
     out.scans.push(ScanResult::new(
         SYSTEM,
         format!(
-            "linearizable Range over the prefix s/ and over [s/0, s/{}), pages of {PAGE}",
+            "linearizable Range over the prefix s/ and over [s/0, s/{}), pages of {page}",
             grid.box_rows
         ),
         load_seconds,
@@ -310,6 +322,7 @@ async fn range_count(
     kv: &mut Kv,
     mut key: Vec<u8>,
     end: Vec<u8>,
+    page: i64,
     bar: &ProgressBar,
 ) -> anyhow::Result<u64> {
     let mut n = 0u64;
@@ -318,7 +331,7 @@ async fn range_count(
             .range(RangeRequest {
                 key,
                 range_end: end.clone(),
-                limit: PAGE,
+                limit: page,
                 ..Default::default()
             })
             .await?
@@ -332,5 +345,25 @@ async fn range_count(
             }
             _ => return Ok(n),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A page of large values stays within what the client decodes; small ones keep 10,000.
+    #[test]
+    fn range_pages_fit_the_clients_decoding_limit() {
+        assert_eq!(page_for(100), PAGE);
+        for value_bytes in [8192, 1 << 20, 64 << 20] {
+            let page = page_for(value_bytes);
+            assert!(page >= 1, "{value_bytes}");
+            assert!(
+                page as usize * (value_bytes + 64) <= PAGE_BYTES.max(value_bytes + 64),
+                "{value_bytes}: {page}"
+            );
+        }
+        assert_eq!(page_for(8192), 4064);
     }
 }

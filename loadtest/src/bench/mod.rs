@@ -67,6 +67,10 @@ pub struct BenchArgs {
     /// temp dir). All systems share it, so they all run on the same disk.
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// Run even where `--dir` is on a memory file system (tmpfs, ramfs), whose fdatasync makes
+    /// nothing durable: every durable rate would be measured without a disk.
+    #[arg(long)]
+    allow_memory_fs: bool,
     /// Systems to measure, comma-separated (a subset runs without etcd or Redis installed).
     #[arg(
         long,
@@ -135,6 +139,8 @@ pub struct Settings {
     pub scan_cells: u64,
     pub scan_rounds: usize,
     pub dir: PathBuf,
+    /// `--allow-memory-fs`.
+    pub allow_memory_fs: bool,
     pub cubed: PathBuf,
     pub etcd_bin: Option<PathBuf>,
     pub redis_bin: Option<PathBuf>,
@@ -162,8 +168,9 @@ impl Settings {
         let warmup = args
             .warmup
             .unwrap_or(if q { QUICK_WARMUP } else { DEFAULT_WARMUP });
-        if !(seconds > 0.0 && warmup >= 0.0) {
-            bail!("--seconds must be > 0 and --warmup >= 0");
+        // At most a day each: `Duration::from_secs_f64` panicked on `inf`.
+        if !(seconds > 0.0 && seconds <= 86_400.0 && (0.0..=86_400.0).contains(&warmup)) {
+            bail!("--seconds must be > 0 and --warmup >= 0, each at most 86400");
         }
         let bulk_value_bytes = usize::try_from(args.bulk_value_bytes)?;
         if bulk_value_bytes == 0 || args.value_bytes == 0 || args.bulk_clients == 0 {
@@ -209,6 +216,7 @@ impl Settings {
             }),
             scan_rounds: args.scan_rounds.max(1),
             dir: args.dir.unwrap_or_else(std::env::temp_dir),
+            allow_memory_fs: args.allow_memory_fs,
             cubed,
             etcd_bin,
             redis_bin,
@@ -349,6 +357,11 @@ fn remove_data(dir: &Path) {
     }
 }
 
+/// Whether a file system of type `fstype` lives in memory.
+fn is_memory_fs(fstype: &str) -> bool {
+    matches!(fstype, "tmpfs" | "ramfs")
+}
+
 pub async fn run(args: BenchArgs, default_cubed: PathBuf) -> anyhow::Result<()> {
     let s = Settings::from_args(args, default_cubed)?;
     std::fs::create_dir_all(&s.dir).with_context(|| format!("creating {}", s.dir.display()))?;
@@ -358,6 +371,16 @@ pub async fn run(args: BenchArgs, default_cubed: PathBuf) -> anyhow::Result<()> 
         .with_context(|| format!("creating a temporary directory in {}", s.dir.display()))?;
     let _root_registered = cube_testkit::interrupt::dir(root.path());
     let machine = crate::machine::Machine::probe(root.path());
+    if is_memory_fs(&machine.fs.fstype) && !s.allow_memory_fs {
+        bail!(
+            "{} is on {} ({}), a memory file system: fdatasync makes nothing durable there, so \
+             every durable rate would be measured without a disk. Point --dir at the disk to \
+             measure (or pass --allow-memory-fs to measure it anyway)",
+            s.dir.display(),
+            machine.fs.fstype,
+            machine.fs.mount_point
+        );
+    }
     eprintln!(
         "data under {} on {} ({}, mounted at {}); {:.1} GiB free",
         root.path().display(),
@@ -459,6 +482,44 @@ mod tests {
         assert!(parse_bytes("lots").is_err());
         assert!(parse_bytes("0").is_err());
         assert!(parse_bytes("5 parsecs").is_err());
+    }
+
+    fn settings(argv: &[&str]) -> anyhow::Result<Settings> {
+        #[derive(clap::Parser)]
+        struct Wrap {
+            #[command(flatten)]
+            args: BenchArgs,
+        }
+        let argv = std::iter::once("bench").chain(argv.iter().copied());
+        let args = <Wrap as clap::Parser>::try_parse_from(argv)?.args;
+        Settings::from_args(args, PathBuf::from("/nonexistent/cubed"))
+    }
+
+    /// Phase lengths are finite and at most a day (`inf` panicked in `Duration`).
+    #[test]
+    fn phase_lengths_are_checked() {
+        for bad in [
+            &["--seconds", "inf"][..],
+            &["--seconds", "1e30"],
+            &["--seconds", "0"],
+            &["--warmup", "inf"],
+            &["--warmup=-1"],
+        ] {
+            let argv = [&["--peers", "disk"][..], bad].concat();
+            let e = settings(&argv).err().map(|e| e.to_string());
+            assert!(
+                e.as_deref()
+                    .is_some_and(|e| e.contains("--seconds must be > 0")),
+                "{bad:?}: {e:?}"
+            );
+        }
+        settings(&["--peers", "disk", "--seconds", "86400", "--warmup", "0"]).unwrap();
+    }
+
+    #[test]
+    fn memory_file_systems_are_told_apart() {
+        assert!(is_memory_fs("tmpfs") && is_memory_fs("ramfs"));
+        assert!(!is_memory_fs("ext4") && !is_memory_fs("xfs") && !is_memory_fs("overlay"));
     }
 
     #[test]

@@ -48,6 +48,8 @@ pub fn free_port() -> anyhow::Result<u16> {
 
 /// Times a peer is started on newly picked ports when a port was taken before it could bind.
 const PORT_ATTEMPTS: u32 = 3;
+/// Longest one readiness probe may take ([`PeerProcess::wait_ready`]).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Run `start` (which picks its ports with [`free_port`]) again, up to [`PORT_ATTEMPTS`] times
 /// in all, while it fails because the peer could not bind a port (`address already in use`
@@ -130,7 +132,8 @@ impl PeerProcess {
         lines[lines.len().saturating_sub(20)..].join("\n")
     }
 
-    /// Retry `probe` until it succeeds, the process dies, or `timeout` passes.
+    /// Retry `probe` until it succeeds, the process dies, or `timeout` passes (each probe given
+    /// at most [`PROBE_TIMEOUT`]).
     pub async fn wait_ready<F, Fut>(
         &mut self,
         timeout: Duration,
@@ -143,7 +146,12 @@ impl PeerProcess {
         let deadline = Instant::now() + timeout;
         loop {
             self.check_alive()?;
-            match probe().await {
+            // Each probe bounded too: one the port's squatter accepts and never answers would
+            // otherwise hold the bench for good.
+            let probed = tokio::time::timeout(PROBE_TIMEOUT, probe())
+                .await
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("no answer within {PROBE_TIMEOUT:?}")));
+            match probed {
                 Ok(()) => return Ok(()),
                 Err(e) if Instant::now() > deadline => {
                     bail!(
@@ -161,6 +169,32 @@ impl PeerProcess {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A probe that never answers (a squatter on the peer's port that accepts and says
+    /// nothing) does not hold the bench past the readiness timeout: it hung for good.
+    #[tokio::test]
+    async fn a_probe_that_never_answers_ends_at_the_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cmd = Command::new("sleep");
+        cmd.arg("30");
+        let mut peer = PeerProcess::spawn("peer", cmd, dir.path().join("log")).unwrap();
+        let started = Instant::now();
+        let waited = peer
+            .wait_ready(Duration::from_millis(500), || {
+                std::future::pending::<anyhow::Result<()>>()
+            })
+            .await;
+        let e = waited.unwrap_err().to_string();
+        assert!(
+            e.contains("not ready after") && e.contains("no answer within"),
+            "{e}"
+        );
+        assert!(
+            started.elapsed() < PROBE_TIMEOUT * 3,
+            "{:?}",
+            started.elapsed()
+        );
+    }
 
     #[tokio::test]
     async fn a_peer_that_lost_its_port_is_started_again_and_other_failures_are_not_retried() {

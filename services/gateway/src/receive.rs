@@ -22,11 +22,13 @@
 //!
 //! Calls the auth layer refuses never get here (it answers them without reading their bodies);
 //! the services open to everyone (the handshake, health, reflection) do, with messages of at
-//! most 16 KiB. Their request bodies are also held to [`OPEN_CALLS_PER_CONNECTION`] at once per
-//! connection, from the call's start until its body ends: a caller that has not authenticated
-//! cannot make the server keep a thousand part-sent messages (and tonic's buffer for each) on
-//! one connection. A call past that count is answered RESOURCE_EXHAUSTED at once, by this layer
-//! itself (its service never runs).
+//! most 16 KiB. They are also held to [`OPEN_CALLS_PER_CONNECTION`] at once per connection,
+//! from the call's start until both its request body and its answer have ended: a caller that
+//! has not authenticated cannot make the server keep a thousand part-sent messages (and tonic's
+//! buffer for each) on one connection, nor a thousand answers it does not read (a reflection
+//! stream whose client's window is closed holds its answers in the server's memory; counted
+//! only until its request ended, one connection could hold ~100 MB of them). A call past that
+//! count is answered RESOURCE_EXHAUSTED at once, by this layer itself (its service never runs).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -103,12 +105,13 @@ pub struct Receive<S> {
 impl<S> tower::Service<http::Request<Body>> for Receive<S>
 where
     S: tower::Service<http::Request<Body>, Response = http::Response<Body>>,
+    S::Future: Unpin,
 {
     type Response = http::Response<Body>;
     type Error = S::Error;
     type Future = futures::future::Either<
         std::future::Ready<Result<http::Response<Body>, S::Error>>,
-        S::Future,
+        Answered<S::Future>,
     >;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
@@ -122,14 +125,17 @@ where
             .get::<ConnInfo>()
             .map(|c| Arc::clone(&c.receiving))
         else {
-            return futures::future::Either::Right(self.inner.call(req));
+            return futures::future::Either::Right(Answered {
+                inner: self.inner.call(req),
+                slot: None,
+            });
         };
         // The auth layer, outside this one, has put a principal on every call it authenticated;
         // one without needs no authentication.
-        let open = if req.extensions().get::<Principal>().is_some() {
-            OpenCall::No
+        let slot = if req.extensions().get::<Principal>().is_some() {
+            None
         } else if take_open_call(&receiving.open_calls) {
-            OpenCall::Counted
+            Some(Arc::new(OpenSlot(Arc::clone(&receiving))))
         } else {
             // Answered here, not by failing the call's body: a streaming service (reflection)
             // has sent its response headers before it reads the body, and tonic-reflection
@@ -140,10 +146,72 @@ where
             )));
         };
         let limits = self.limits;
-        futures::future::Either::Right(
-            self.inner
+        let open = slot.clone();
+        futures::future::Either::Right(Answered {
+            inner: self
+                .inner
                 .call(req.map(|body| Body::new(Counted::new(body, receiving, limits, open)))),
-        )
+            slot,
+        })
+    }
+}
+
+/// The future of [`Receive`]: the wrapped service's, whose answer's body holds the call's
+/// [`OpenSlot`], if it has one, until it is dropped.
+pub struct Answered<F> {
+    inner: F,
+    slot: Option<Arc<OpenSlot>>,
+}
+
+impl<F, E> std::future::Future for Answered<F>
+where
+    F: std::future::Future<Output = Result<http::Response<Body>, E>> + Unpin,
+{
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let response = std::task::ready!(Pin::new(&mut this.inner).poll(cx))?;
+        Poll::Ready(Ok(match this.slot.take() {
+            None => response,
+            Some(slot) => response.map(|body| Body::new(Holding { body, _slot: slot })),
+        }))
+    }
+}
+
+/// One of a connection's [`OPEN_CALLS_PER_CONNECTION`] places, given back when the last of its
+/// call's request body and answer lets go of it.
+pub struct OpenSlot(Arc<Receiving>);
+
+impl Drop for OpenSlot {
+    fn drop(&mut self) {
+        self.0.open_calls.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// An answer's body holding its call's [`OpenSlot`].
+struct Holding {
+    body: Body,
+    _slot: Arc<OpenSlot>,
+}
+
+impl HttpBody for Holding {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -156,22 +224,14 @@ fn take_open_call(open_calls: &AtomicUsize) -> bool {
         .is_ok()
 }
 
-/// Whether a call counts against [`OPEN_CALLS_PER_CONNECTION`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum OpenCall {
-    /// An authenticated call, or an open one whose body has ended.
-    No,
-    /// An open call, counted until its body ends.
-    Counted,
-}
-
 /// A request body whose messages count against its connection's [`ConnInfo::receiving`] (see
 /// the module doc).
 struct Counted {
     body: Body,
     receiving: Arc<Receiving>,
     limits: Limits,
-    open: OpenCall,
+    /// An open call's place, let go of when the body ends (its answer may hold it longer).
+    open: Option<Arc<OpenSlot>>,
     /// What the message being received counts for (0 between messages, or for one not counted).
     held: usize,
     /// What the body's first message counts for once it has arrived, until the body ends.
@@ -188,7 +248,12 @@ struct Counted {
 }
 
 impl Counted {
-    fn new(body: Body, receiving: Arc<Receiving>, limits: Limits, open: OpenCall) -> Counted {
+    fn new(
+        body: Body,
+        receiving: Arc<Receiving>,
+        limits: Limits,
+        open: Option<Arc<OpenSlot>>,
+    ) -> Counted {
         Counted {
             body,
             receiving,
@@ -243,9 +308,7 @@ impl Counted {
     fn release_all(&mut self) {
         let n = std::mem::take(&mut self.held) + std::mem::take(&mut self.kept);
         self.give_back(n);
-        if std::mem::replace(&mut self.open, OpenCall::No) == OpenCall::Counted {
-            self.receiving.open_calls.fetch_sub(1, Ordering::AcqRel);
-        }
+        self.open = None;
     }
 
     /// Follow the messages through `data`: count each at its prefix, release it at its end.
@@ -349,8 +412,8 @@ fn over_limit(limit: usize) -> Status {
 fn too_many_open_calls() -> Status {
     Status::resource_exhausted(format!(
         "this connection already has {OPEN_CALLS_PER_CONNECTION} calls open that need no \
-         authentication (handshake, health, reflection) whose requests have not ended; end \
-         those first, or use another connection"
+         authentication (handshake, health, reflection) whose requests or answers have not \
+         ended; end those first (read their answers), or use another connection"
     ))
 }
 
@@ -386,7 +449,7 @@ mod tests {
             Body::new(http_body_util::StreamBody::new(tokio_stream::iter(frames))),
             Arc::clone(receiving),
             limits,
-            OpenCall::No,
+            None,
         )
     }
 

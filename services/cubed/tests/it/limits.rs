@@ -1072,6 +1072,59 @@ async fn unauthenticated_calls_with_unended_requests_are_held_per_connection() {
     HealthClient::new(channel).check(check()).await.unwrap();
 }
 
+/// An open call's place is held until its answer has ended too, not only its request: a
+/// stranger's streams whose answers stay unread (a reflection stream behind a closed window, or
+/// health Watch streams here, whose requests end at once) are held to
+/// `OPEN_CALLS_PER_CONNECTION` per connection; they used to free their places as soon as their
+/// requests ended, so one connection could hold a thousand answers in the server's memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unauthenticated_streams_hold_their_place_until_their_answer_ends() {
+    use std::time::Duration;
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
+    let server = TestServer::start(cubed()).unwrap();
+    let channel = server.channel().await.unwrap();
+    let check = || HealthCheckRequest {
+        service: String::new(),
+    };
+    let mut watches = Vec::new();
+    for _ in 0..cube_gateway::OPEN_CALLS_PER_CONNECTION {
+        let mut stream = HealthClient::new(channel.clone())
+            .watch(check())
+            .await
+            .unwrap()
+            .into_inner();
+        // The first status arrives; the stream stays open for the next.
+        stream.message().await.unwrap().unwrap();
+        watches.push(stream);
+    }
+    let refused = HealthClient::new(channel.clone())
+        .check(check())
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    // Another connection is served; this one again once the answers have ended.
+    HealthClient::new(server.channel().await.unwrap())
+        .check(check())
+        .await
+        .unwrap();
+    drop(watches);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match HealthClient::new(channel.clone()).check(check()).await {
+            Ok(_) => break,
+            Err(e) if e.code() == Code::ResourceExhausted => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "places never given back"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+}
+
 /// A connection that sends no HTTP/2 preface, or only part of it, within
 /// `--preface-timeout-ms` is closed (and counted); one that sent it is kept past that deadline.
 /// A peer that then never answers the keepalive PING is disconnected, while a real client,

@@ -33,8 +33,16 @@
 //!   look at the count before any of their answers was in it. Other changes answer a few
 //!   bytes, which may take the count a little past the limit.
 //!
-//! Streamed pages (`Cells.Region`, `Tenant.Audit`) have their own bound (`--page-read-secs`),
-//! and the services outside `cube.v1` (health, reflection) answer a few KiB; neither is counted.
+//! - a streamed page (`Cells.Region`, `Tenant.Audit`) counts each message the same way, and the
+//!   call is refused before it runs if it arrives while the count is over the limit, as a
+//!   change is; a message of a page under way is never replaced. The page's scan place has its
+//!   own bound (`--page-read-secs`), but what the page handed to HTTP/2 before that stays until
+//!   the stream goes: uncounted, streams left unread behind a closed window could hold any
+//!   amount of it (until 2026-12-06).
+//!
+//! The services outside `cube.v1` (health, reflection) answer a few KiB and are not counted;
+//! those a caller without credentials keeps open are held per connection instead
+//! ([`crate::receive`]).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -117,11 +125,12 @@ impl Drop for CountedMessage {
 /// How a method's answers are counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
-    /// Not counted: streamed pages, and the services outside `cube.v1`.
+    /// Not counted: the services outside `cube.v1`.
     Uncounted,
     /// Counted; its answer may be replaced by a refusal (the call changed nothing).
     Read,
-    /// Counted; its answer is always sent (the call may have made a change).
+    /// Counted; its answer is always sent (the call may have made a change, or it is a page
+    /// streamed in messages, none of which is replaced once the page is under way).
     Change,
     /// A change whose answer is as large as a program (`Cells.Run`): counted as [`Kind::Change`],
     /// with room for the largest answer reserved when it arrives.
@@ -130,7 +139,6 @@ enum Kind {
 
 fn kind(path: &str) -> Kind {
     match path {
-        "/cube.v1.Cells/Region" | "/cube.v1.Tenant/Audit" => Kind::Uncounted,
         "/cube.v1.Cells/Read" | "/cube.v1.Cells/Walk" | "/cube.v1.Tenant/Stats" => Kind::Read,
         "/cube.v1.Cells/Run" => Kind::Run,
         p if p.starts_with("/cube.v1.") => Kind::Change,
@@ -462,15 +470,15 @@ mod tests {
     use http_body_util::BodyExt;
 
     #[test]
-    fn only_cube_v1_unary_answers_count_and_only_reads_are_replaced() {
+    fn only_cube_v1_answers_count_and_only_unary_reads_are_replaced() {
         assert_eq!(kind("/cube.v1.Cells/Read"), Kind::Read);
         assert_eq!(kind("/cube.v1.Cells/Walk"), Kind::Read);
         assert_eq!(kind("/cube.v1.Tenant/Stats"), Kind::Read);
         assert_eq!(kind("/cube.v1.Cells/Write"), Kind::Change);
         assert_eq!(kind("/cube.v1.Cells/Run"), Kind::Run);
         assert_eq!(kind("/cube.v1.Access/Grant"), Kind::Change);
-        assert_eq!(kind("/cube.v1.Cells/Region"), Kind::Uncounted);
-        assert_eq!(kind("/cube.v1.Tenant/Audit"), Kind::Uncounted);
+        assert_eq!(kind("/cube.v1.Cells/Region"), Kind::Change);
+        assert_eq!(kind("/cube.v1.Tenant/Audit"), Kind::Change);
         assert_eq!(kind("/grpc.health.v1.Health/Check"), Kind::Uncounted);
     }
 

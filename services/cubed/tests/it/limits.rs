@@ -1390,6 +1390,80 @@ async fn unread_answers_are_held_to_the_connection_send_limit() {
     );
 }
 
+/// Streamed pages count against `--max-connection-send-bytes` too (4 MiB here): Region streams
+/// of 1-MiB cells left unread behind 64-KiB windows each hold a cell handed to HTTP/2, so once
+/// those pass the limit a call on the connection is refused before it runs, while another
+/// connection is served; the pages are whole when read at last. Before, they were not counted:
+/// a connection's 1,024 streams could keep a GiB of cells in the server's memory, the scan
+/// places' read limit freeing the places but not what the streams held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unread_pages_are_held_to_the_connection_send_limit() {
+    use std::time::Duration;
+    let server =
+        TestServer::start_with(cubed(), &["--max-connection-send-bytes", "4194304"]).unwrap();
+    let held = "cube_answer_bytes_held ";
+    // A page reads at most 4 MiB of cells: these three make one whole page.
+    const CELLS: i32 = 3;
+    let mut c = server.cells(&server.demo).await.unwrap();
+    for x in 0..CELLS {
+        c.write(write(x, 0, 0, &vec![x as u8; 1 << 20]))
+            .await
+            .unwrap();
+    }
+    let region = || RegionRequest {
+        min: coord(0, 0, 0),
+        max: coord(CELLS - 1, 0, 0),
+        limit: 0,
+        page_token: vec![],
+    };
+    let mut hog = cube_api::v1::cells_client::CellsClient::new(narrow_connection(&server).await);
+    let mut unread = Vec::new();
+    let refused = loop {
+        assert!(
+            unread.len() < 30,
+            "{} pages unread, none refused",
+            unread.len()
+        );
+        match hog.region(region()).await {
+            Ok(page) => unread.push(page.into_inner()),
+            Err(status) => break status,
+        }
+        // What the page handed on is counted as it goes: wait for it to pass the limit, or
+        // to settle below it.
+        let _ = server
+            .metric_when(held, Duration::from_millis(500), |v| v > 4194304.0)
+            .await;
+    };
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused.message().contains("--max-connection-send-bytes"),
+        "{}",
+        refused.message()
+    );
+    assert!(unread.len() >= 2, "refused after {} pages", unread.len());
+    let now = server.metric(held).unwrap();
+    assert!(now > 4194304.0, "{now} bytes held");
+    // Another connection is served.
+    let mut other = server.cells(&server.demo).await.unwrap();
+    assert_eq!(page_cells(&mut other, region()).await, CELLS as usize);
+    // Read at last, side by side, every page is whole; then nothing is held.
+    let pages = futures::future::join_all(unread.into_iter().map(|mut s| async move {
+        let mut cells = 0;
+        while s.message().await.unwrap().is_some() {
+            cells += 1;
+        }
+        cells
+    }));
+    let pages = tokio::time::timeout(Duration::from_secs(30), pages)
+        .await
+        .expect("the held pages were not sent once read");
+    assert!(pages.iter().all(|n| *n == CELLS as usize), "{pages:?}");
+    server
+        .metric_when(held, Duration::from_secs(10), |v| v == 0.0)
+        .await
+        .expect("pages sent stop counting");
+}
+
 /// A server started with `--max-connection-send-bytes limit` whose demo tenant has a program of
 /// 1 MiB at (1, 0, 0): the server, a client on a connection of its own, the program, and a Run
 /// of it.

@@ -301,6 +301,11 @@ where
             return Poll::Ready(Ok(response));
         }
         let (parts, mut body) = response.into_parts();
+        // A streamed page's: each piece the client takes counts as progress.
+        let progress = parts
+            .extensions
+            .get::<crate::services::PageProgress>()
+            .cloned();
         // tonic encodes a unary answer's message when its body is first polled, and has it
         // ready then; anything else is handed on as it comes.
         let first = match Pin::new(&mut body).poll_frame(cx) {
@@ -308,6 +313,7 @@ where
             Poll::Pending => None,
         };
         let mut held = HeldAnswer::new(body, sending, reserved);
+        held.progress = progress;
         match first {
             Some(Some(Ok(frame))) => match frame.into_data() {
                 Ok(data) => {
@@ -376,6 +382,8 @@ struct HeldAnswer {
     sending: Arc<Sending>,
     /// Room held for this answer (a `Run`'s) until its message is counted in its place.
     reserved: Option<Reservation>,
+    /// A streamed page's progress, touched at every piece handed on.
+    progress: Option<crate::services::PageProgress>,
 }
 
 impl HeldAnswer {
@@ -387,6 +395,7 @@ impl HeldAnswer {
             done: false,
             sending,
             reserved,
+            progress: None,
         }
     }
 
@@ -420,6 +429,9 @@ impl HeldAnswer {
 
     /// The next piece of what is held (the message counts until every piece is dropped).
     fn take_piece(&mut self) -> Bytes {
+        if let Some(progress) = &self.progress {
+            progress.touch();
+        }
         self.piece.split_to(self.piece.len().min(PIECE_BYTES))
     }
 }

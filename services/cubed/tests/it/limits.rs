@@ -902,6 +902,49 @@ async fn a_slow_reader_that_keeps_reading_gets_its_whole_page() {
     assert_eq!(server.metric("cube_scan_pages_expired_total"), Some(0.0));
 }
 
+/// Progress is counted by the piece, not by the cell: a client reading a page of 512-KiB
+/// cells at ~128 KiB/s behind 64-KiB windows (4 s a cell, past `--page-read-secs 2`) gets all
+/// of it. It was cut off with ABORTED: the server saw progress only when it took the next cell.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_reader_of_large_cells_gets_its_whole_page() {
+    use http_body_util::BodyExt;
+    let server = TestServer::start_with(cubed(), &["--page-read-secs", "2"]).unwrap();
+    let mut c = server.cells(&server.demo).await.unwrap();
+    for x in 0..3 {
+        c.write(write(x, 2, 0, &vec![x as u8; 512 << 10]))
+            .await
+            .unwrap();
+    }
+    let mut slow = narrow_connection(&server).await;
+    let req = RegionRequest {
+        min: coord(0, 2, 0),
+        max: coord(2, 2, 0),
+        limit: 0,
+        page_token: vec![],
+    };
+    let mut body = unread_call(&mut slow, "/cube.v1.Cells/Region", &req)
+        .await
+        .into_body();
+    let started = std::time::Instant::now();
+    let (mut bytes, mut trailers) = (0, None);
+    while let Some(frame) = body.frame().await {
+        match frame.unwrap().into_data() {
+            Ok(data) => {
+                bytes += data.len();
+                // ~128 KiB/s: 125 ms for each 16 KiB.
+                let pause = 125 * data.len() as u64 / (16 << 10);
+                tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+            }
+            Err(frame) => trailers = frame.into_trailers().ok(),
+        }
+    }
+    let trailers = trailers.expect("the page ended without trailers");
+    assert_eq!(trailers["grpc-status"], "0", "{trailers:?}");
+    assert!(bytes > 3 * (512 << 10), "{bytes} bytes");
+    assert!(started.elapsed() >= std::time::Duration::from_secs(8));
+    assert_eq!(server.metric("cube_scan_pages_expired_total"), Some(0.0));
+}
+
 /// Read `stream` until the server closes it (or `within` passes: then `None`); returns the
 /// bytes read and when the close came.
 async fn read_until_closed(

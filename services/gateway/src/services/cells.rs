@@ -143,11 +143,8 @@ impl Cells for CellsService {
                 })
             })
             .collect();
-        let mut response = Response::new(Held::new(
-            tokio_stream::iter(cells),
-            permit,
-            self.limits.page_read,
-        ));
+        let mut response =
+            Held::new(tokio_stream::iter(cells), permit, self.limits.page_read).into_response();
         if let Some(next) = page.next_token {
             response
                 .metadata_mut()

@@ -89,20 +89,44 @@ fn still_reads(directory: &TenantDirectory, principal: &Principal) -> Result<(),
     Ok(())
 }
 
+/// When a page's client last took something of it: an item from the page, or a piece of an item
+/// (an answer's message goes to HTTP/2 in 64 KiB pieces, each taken only as the client's window
+/// lets it: `crate::send`, which finds this in the response's extensions). Counted by the piece,
+/// a slow reader of large cells is not taken for one that stopped: a 1 MiB cell read at under
+/// 35 KiB/s took longer than the 30-s limit to count once.
+#[derive(Debug, Clone)]
+pub(crate) struct PageProgress(Arc<Mutex<tokio::time::Instant>>);
+
+impl PageProgress {
+    fn new(at: tokio::time::Instant) -> PageProgress {
+        PageProgress(Arc::new(Mutex::new(at)))
+    }
+
+    /// The client took something now.
+    pub(crate) fn touch(&self) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = tokio::time::Instant::now();
+    }
+
+    fn last(&self) -> tokio::time::Instant {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 /// A streamed page and the scan place it holds.
 struct Page<S> {
     /// `None` once the page is sent, or dropped unread.
     items: Option<S>,
     permit: ScanPermit,
-    /// When the client last took an item (or the page was built).
-    progress: tokio::time::Instant,
+    /// When the client last took something of it (or the page was built).
+    progress: PageProgress,
     /// The page was dropped for not being read in time: the stream ends with an error.
     expired: bool,
 }
 
 /// A response stream holding its tenant's scan place until the page is sent in full (or the
 /// stream is gone), as long as it keeps moving: the page it serves is built in full and stays in
-/// memory until then. A page whose stream takes no item for `idle_limit`
+/// memory until then. A page whose client takes nothing of it ([`PageProgress`]: an item, or
+/// a piece of one) for `idle_limit`
 /// ([`ScanLimits::page_read`](super::ScanLimits)), because its client does not read (HTTP/2 flow
 /// control stops the server from sending more than the client's window), is dropped by a
 /// watchdog, which frees its place; the stream, if it is ever read again, ends with ABORTED
@@ -111,16 +135,18 @@ struct Page<S> {
 /// long as its connection lives.
 pub(crate) struct Held<S> {
     page: Arc<Mutex<Page<S>>>,
+    progress: PageProgress,
     watchdog: tokio::task::AbortHandle,
 }
 
 impl<S: Stream + Unpin + Send + 'static> Held<S> {
     pub(crate) fn new(items: S, permit: ScanPermit, idle_limit: Duration) -> Held<S> {
         let built = tokio::time::Instant::now();
+        let progress = PageProgress::new(built);
         let page = Arc::new(Mutex::new(Page {
             items: Some(items),
             permit,
-            progress: built,
+            progress: progress.clone(),
             expired: false,
         }));
         let weak = Arc::downgrade(&page);
@@ -136,8 +162,9 @@ impl<S: Stream + Unpin + Send + 'static> Held<S> {
                 let Some(items) = &page.items else {
                     return;
                 };
-                if page.progress + idle_limit > tokio::time::Instant::now() {
-                    due = page.progress + idle_limit;
+                let last = page.progress.last();
+                if last + idle_limit > tokio::time::Instant::now() {
+                    due = last + idle_limit;
                     continue;
                 }
                 // Every item already handed to the transport: the page is sent, only its end
@@ -154,7 +181,20 @@ impl<S: Stream + Unpin + Send + 'static> Held<S> {
             }
         })
         .abort_handle();
-        Held { page, watchdog }
+        Held {
+            page,
+            progress,
+            watchdog,
+        }
+    }
+
+    /// A response streaming this page, its [`PageProgress`] in the extensions for the pieces'
+    /// count.
+    pub(crate) fn into_response(self) -> tonic::Response<Held<S>> {
+        let progress = self.progress.clone();
+        let mut response = tonic::Response::new(self);
+        response.extensions_mut().insert(progress);
+        response
     }
 }
 
@@ -181,7 +221,7 @@ impl<T, S: Stream<Item = Result<T, Status>> + Unpin> Stream for Held<S> {
         };
         let next = Pin::new(items).poll_next(cx);
         match next {
-            Poll::Ready(Some(_)) => page.progress = tokio::time::Instant::now(),
+            Poll::Ready(Some(_)) => page.progress.touch(),
             Poll::Ready(None) => {
                 // Sent in full: the place is free at once, not when the client has read the end.
                 page.items = None;

@@ -120,11 +120,7 @@ impl Tenant for TenantService {
                 })
             })
             .collect::<Vec<_>>();
-        Ok(Response::new(Held::new(
-            tokio_stream::iter(entries),
-            permit,
-            self.page_read,
-        )))
+        Ok(Held::new(tokio_stream::iter(entries), permit, self.page_read).into_response())
     }
 }
 
@@ -216,11 +212,7 @@ impl ServerStreamingService<v1::AuditRequest> for AuditPages {
                 .into_iter()
                 .map(|e| Ok(PreEncoded(e.bytes)))
                 .collect::<Vec<_>>();
-            Ok(Response::new(Held::new(
-                tokio_stream::iter(entries),
-                permit,
-                service.page_read,
-            )))
+            Ok(Held::new(tokio_stream::iter(entries), permit, service.page_read).into_response())
         })
     }
 }

@@ -143,16 +143,24 @@ impl FailureLimiter {
             if full_until.is_some_and(|u| now < u) {
                 return;
             }
-            // Forget peers whose window and block are over. A count still running is not
-            // forgotten to make room: two addresses failing in turn would each wipe the
-            // other's, so that neither was ever blocked, at two scans of the table per failure.
+            // Forget peers whose window and block are over; if that frees nothing, those with
+            // fewer than half the failures that block (a table filled with one failure from
+            // each of many addresses must not stop new ones from being counted). Those close
+            // to a block, and those blocked, are kept: a newcomer does not wipe them.
             peers.retain(|_, p| {
                 p.blocked_until.is_some_and(|u| u > now) || now - p.window_start < limits.window
             });
             if peers.len() >= limits.max_peers {
-                // Every tracked address is counting or in cool-down: the bound holds, and no new
-                // address is tracked (nor the map scanned again) until the first window or block
-                // ends.
+                peers.retain(|_, p| {
+                    p.blocked_until.is_some_and(|u| u > now)
+                        || p.failures.saturating_mul(2) >= limits.max_failures
+                });
+            }
+            let before = limits.max_peers;
+            if peers.len() >= limits.max_peers {
+                // Every tracked address is in cool-down or close to it: the bound holds, and no
+                // new address is tracked (nor the map scanned again) until the first window or
+                // block ends.
                 *full_until = peers
                     .values()
                     .map(|p| match p.blocked_until {
@@ -162,7 +170,12 @@ impl FailureLimiter {
                     .min();
                 return;
             }
-            *full_until = None;
+            // A pass that freed only a few places (the others in cool-down or close to it) is
+            // not made again for every failure: the next newcomers wait a second. Two addresses
+            // failing in turn into the last place cost a scan of the table a second, not two a
+            // failure.
+            *full_until = (before - peers.len() < (limits.max_peers / 100).max(2))
+                .then(|| now + std::time::Duration::from_secs(1));
         }
         let peer = peers.entry(ip).or_insert(Peer {
             window_start: now,
@@ -274,10 +287,41 @@ mod tests {
         assert!(l.check(mapped, t).is_err());
     }
 
-    /// With one place left, two addresses failing in turn do not wipe each other's count: the
-    /// one tracked is blocked, and the table is not scanned again for every failure.
+    /// A table full of addresses with a failure each does not stop a new address from being
+    /// counted and blocked (filling it cost one failure per address and window); addresses
+    /// close to a block are not forgotten to make room for it.
     #[test]
-    fn addresses_failing_in_turn_do_not_wipe_each_others_count() {
+    fn a_full_table_makes_room_from_its_lightest_counts() {
+        let l = limiter();
+        let t = Instant::now();
+        let (heavy, light) = (IpAddr::from([10, 0, 0, 1]), IpAddr::from([10, 0, 0, 2]));
+        l.record_failure(heavy, t);
+        l.record_failure(heavy, t);
+        for ip in [
+            light,
+            IpAddr::from([10, 0, 0, 3]),
+            IpAddr::from([10, 0, 0, 4]),
+        ] {
+            l.record_failure(ip, t);
+        }
+        assert_eq!(l.peers.lock().unwrap().len(), 4);
+        let newcomer = IpAddr::from([10, 0, 1, 1]);
+        for _ in 0..4 {
+            l.record_failure(newcomer, t);
+        }
+        assert!(l.check(newcomer, t).is_err(), "the newcomer is counted");
+        // The address two failures in was kept: two more block it.
+        l.record_failure(heavy, t);
+        l.record_failure(heavy, t);
+        assert!(l.check(heavy, t).is_err(), "its count was wiped");
+        assert!(!l.peers.lock().unwrap().contains_key(&light));
+    }
+
+    /// With one place left among blocked addresses, two addresses failing in turn do not make
+    /// the table scanned for every failure: after a pass that freed a place, newcomers wait a
+    /// second.
+    #[test]
+    fn the_last_place_is_not_fought_over_at_every_failure() {
         let l = limiter();
         let t = Instant::now();
         for i in 0..3u8 {
@@ -286,18 +330,18 @@ mod tests {
             }
         }
         let (x, y) = (IpAddr::from([10, 0, 1, 1]), IpAddr::from([10, 0, 1, 2]));
-        for _ in 0..5 {
+        l.record_failure(x, t);
+        l.record_failure(y, t);
+        assert!(l.full_until.lock().unwrap().is_some_and(|u| u > t));
+        for _ in 0..3 {
             l.record_failure(x, t);
             l.record_failure(y, t);
         }
-        assert!(l.check(x, t).is_err(), "the tracked address is blocked");
         assert_eq!(l.peers.lock().unwrap().len(), 4);
-        // Once a window or block ends, a place frees up for a new address.
-        let later = t + Duration::from_secs(31);
-        for _ in 0..4 {
-            l.record_failure(y, later);
-        }
-        assert!(l.check(y, later).is_err());
+        assert!(
+            l.check(y, t).is_err() ^ l.check(x, t).is_err(),
+            "one of them is counted and blocked"
+        );
     }
 
     #[test]

@@ -941,50 +941,63 @@ pub fn parse_with_config(argv: Vec<std::ffi::OsString>) -> anyhow::Result<Cli> {
 pub fn naming_the_source(e: anyhow::Error, argv: &[std::ffi::OsString]) -> anyhow::Error {
     use clap::CommandFactory;
     let text = e.to_string();
-    let Some(long) = text.split_whitespace().find_map(|w| {
-        w.strip_prefix("--")
-            .map(|w| w.trim_end_matches(|c: char| !c.is_ascii_alphanumeric()))
-            .filter(|w| !w.is_empty())
+    // The flag the message starts with, if it is one (`--tls-cert/--tls-key …` names none).
+    let Some(long) = text.strip_prefix("--").and_then(|rest| {
+        let word = rest
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+            .next()?;
+        Some(word.trim_end_matches('-'))
     }) else {
         return e;
     };
+    let command = Cli::command();
+    let Some(arg) = command.get_arguments().find(|a| a.get_long() == Some(long)) else {
+        return e;
+    };
+    let flag = format!("--{long}");
     let given = |flag: &str| {
         argv.iter()
             .filter_map(|a| a.to_str())
             .any(|a| a == flag || a.strip_prefix(flag).is_some_and(|r| r.starts_with('=')))
     };
-    let flag = format!("--{long}");
     if given(&flag) {
         return e;
     }
-    let command = Cli::command();
-    let var = command
-        .get_arguments()
-        .find(|a| a.get_long() == Some(long))
-        .and_then(|a| a.get_env())
+    if let Some(var) = arg
+        .get_env()
         .and_then(|v| v.to_str())
-        .map(str::to_string);
-    if let Some(var) = var.filter(|v| std::env::var_os(v).is_some()) {
+        .filter(|v| std::env::var_os(v).is_some())
+    {
         return anyhow::anyhow!(
             "{text} (the value of {flag} came from the environment variable {var})"
         );
     }
-    // Else it came from the file, if one was given (on the command line, or as CUBE_CONFIG).
+    // Else from the file, if one was given (on the command line, or as CUBE_CONFIG) and it
+    // sets that key; else it is the default.
     let on_line = argv
         .iter()
         .filter_map(|a| a.to_str())
         .skip_while(|a| *a != "--config")
         .nth(1)
-        .map(str::to_string)
+        .map(|f| format!("--config {f}"))
         .or_else(|| {
             argv.iter()
                 .filter_map(|a| a.to_str())
-                .find_map(|a| a.strip_prefix("--config=").map(str::to_string))
+                .find_map(|a| a.strip_prefix("--config="))
+                .map(|f| format!("--config {f}"))
         });
-    let file = on_line.or_else(|| std::env::var("CUBE_CONFIG").ok());
-    match file {
-        Some(file) => anyhow::anyhow!("{text} (the value of {flag} came from --config {file})"),
-        None => e,
+    let (file, named) = match on_line {
+        Some(named) => (named["--config ".len()..].to_string(), named),
+        None => match std::env::var("CUBE_CONFIG") {
+            Ok(f) => (f.clone(), format!("the file CUBE_CONFIG names, {f}")),
+            Err(_) => return e,
+        },
+    };
+    match read_config_table(std::path::Path::new(&file)) {
+        Ok(table) if table.contains_key(long) => {
+            anyhow::anyhow!("{text} (the value of {flag} came from {named})")
+        }
+        _ => e,
     }
 }
 

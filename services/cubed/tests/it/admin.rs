@@ -287,6 +287,23 @@ fn a_value_out_of_range_names_the_variable_or_file_it_came_from() {
         )),
         "{stderr}"
     );
+    let stderr = run(&[], Some(("CUBE_CONFIG", file)));
+    assert!(
+        stderr.contains(&format!(
+            "(the value of --skew-secs came from the file CUBE_CONFIG names, {file})"
+        )),
+        "{stderr}"
+    );
+    // A default refused beside a value given is no file's: a file that does not set it is not
+    // named.
+    let other = dir.path().join("other.toml");
+    std::fs::write(&other, "idle-secs = 60\n").unwrap();
+    let other = other.to_str().unwrap();
+    let stderr = run(&["--config", other, "--max-value-bytes", "134217728"], None);
+    assert!(
+        stderr.contains("--max-in-flight-bytes") && !stderr.contains("came from"),
+        "{stderr}"
+    );
     // On the command line: nothing to add.
     let stderr = run(&["--skew-secs", "0"], Some(("CUBE_SKEW_SECS", "0")));
     assert!(

@@ -167,16 +167,16 @@ pub(crate) fn active_key(
         })
 }
 
-/// Whether `path` needs a per-call signature.
 /// The refusal of a throttled peer with `left` of its cool-down to run: the seconds rounded up,
 /// so that a client waiting as long as it says is not refused again.
 fn throttled(left: Duration) -> Status {
     Status::resource_exhausted(format!(
         "too many failed authentications from this address; retry in {} s",
-        left.as_millis().div_ceil(1000).max(1)
+        left.as_nanos().div_ceil(1_000_000_000).max(1)
     ))
 }
 
+/// Whether `path` needs a per-call signature.
 fn needs_signature(path: &str) -> bool {
     path.starts_with("/cube.v1.") && !path.starts_with("/cube.v1.Auth/")
 }
@@ -1230,12 +1230,19 @@ mod tests {
     /// The cool-down left is said in whole seconds rounded up: waiting that long is enough.
     #[test]
     fn a_throttled_peer_is_told_to_wait_at_least_the_cool_down_left() {
-        for (left_ms, said) in [(29_900, 30), (30_000, 30), (1, 1), (0, 1), (1_001, 2)] {
-            let status = throttled(Duration::from_millis(left_ms));
+        for (left_us, said) in [
+            (29_900_000, 30),
+            (30_000_000, 30),
+            (1_000, 1),
+            (0, 1),
+            (1_001_000, 2),
+            (1_000_400, 2),
+        ] {
+            let status = throttled(Duration::from_micros(left_us));
             assert_eq!(status.code(), tonic::Code::ResourceExhausted);
             assert!(
                 status.message().ends_with(&format!("retry in {said} s")),
-                "{left_ms} ms: {}",
+                "{left_us} µs: {}",
                 status.message()
             );
         }

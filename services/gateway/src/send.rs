@@ -1,5 +1,5 @@
-//! The unary answers a connection's client has not read yet, held to
-//! `--max-connection-send-bytes`.
+//! The answers (unary ones, and streamed pages' messages) a connection's client has not read
+//! yet, held to `--max-connection-send-bytes`.
 //!
 //! hyper takes a unary answer's whole encoded message from tonic as soon as the handler has
 //! returned, and keeps it until HTTP/2 flow control lets it go out: a client that keeps its

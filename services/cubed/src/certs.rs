@@ -71,25 +71,62 @@ fn lock_tls_dir(dir: &Path) -> anyhow::Result<nix::fcntl::Flock<fs::File>> {
         .map_err(|(_, e)| anyhow::anyhow!("locking {}: {e}", dir.display()))
 }
 
-/// Whether the data directory has its CA already (both files).
+/// Whether the data directory has its CA already: its certificate, or its key (from which
+/// [`ensure_ca`] makes the certificate again).
 pub fn has_ca(data_dir: &Path) -> bool {
     let dir = tls_dir(data_dir);
-    dir.join(CA_CERT).exists() && dir.join(CA_KEY).exists()
+    dir.join(CA_CERT).exists() || dir.join(CA_KEY).exists()
 }
 
-/// The CA key and certificate PEM, created on first use.
+/// The CA certificate PEM, to verify client certificates with: `ca.pem` alone where it is
+/// there (`ca.key` may be kept elsewhere: only issuing needs it), else [`ensure_ca`]'s.
+pub fn ca_cert_pem(data_dir: &Path) -> anyhow::Result<String> {
+    let path = tls_dir(data_dir).join(CA_CERT);
+    match fs::read_to_string(&path) {
+        Ok(pem) => Ok(pem),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            ensure_ca(data_dir).map(|(_, pem)| pem)
+        }
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+}
+
+/// The CA key and certificate PEM, created on first use. A certificate missing beside its key
+/// (a crash between the two writes, a partial restore) is made again from the key: the
+/// certificates it signed stay valid. A key missing beside its certificate is an error: a new
+/// CA would replace the certificate every client certificate issued so far is checked against
+/// (until 2026-12-06 it did, at the next start with TLS).
 pub fn ensure_ca(data_dir: &Path) -> anyhow::Result<(KeyPair, String)> {
     let dir = tls_dir(data_dir);
     fs::create_dir_all(&dir)?;
     let _lock = lock_tls_dir(&dir)?;
     let (cert_path, key_path) = (dir.join(CA_CERT), dir.join(CA_KEY));
-    // The key goes first, the certificate last: a CA whose certificate is missing was never
-    // used, and is made again whole.
-    if has_ca(data_dir) {
-        let key =
-            KeyPair::from_pem(&fs::read_to_string(&key_path)?).context("reading the CA key")?;
-        return Ok((key, fs::read_to_string(&cert_path)?));
+    match (key_path.exists(), cert_path.exists()) {
+        (true, true) => {
+            let key =
+                KeyPair::from_pem(&fs::read_to_string(&key_path)?).context("reading the CA key")?;
+            return Ok((key, fs::read_to_string(&cert_path)?));
+        }
+        (true, false) => {
+            let key =
+                KeyPair::from_pem(&fs::read_to_string(&key_path)?).context("reading the CA key")?;
+            let cert = ca_params()?.self_signed(&key)?;
+            write_private(&cert_path, &cert.pem())?;
+            tracing::warn!(dir = %dir.display(), "the certificate authority's ca.pem was missing: made again from its ca.key (the certificates it signed stay valid)");
+            return Ok((key, cert.pem()));
+        }
+        (false, true) => anyhow::bail!(
+            "{} is there without its key {}: put the key back to issue certificates with it \
+             (a server only verifying client certificates needs ca.pem alone, but a new \
+             certificate must be signed), or remove {} too to make a new certificate authority \
+             (every client certificate issued under the old one is then refused)",
+            cert_path.display(),
+            key_path.display(),
+            cert_path.display()
+        ),
+        (false, false) => {}
     }
+    // The key goes first, the certificate last.
     let key = KeyPair::generate()?;
     let cert = ca_params()?.self_signed(&key)?;
     write_private(&key_path, &key.serialize_pem())?;
@@ -134,21 +171,26 @@ pub fn ensure_dev_server_cert(
 ) -> anyhow::Result<(String, String)> {
     let dir = tls_dir(data_dir);
     let (cert_path, key_path) = (dir.join(SERVER_CERT), dir.join(SERVER_KEY));
-    let (ca_key, ca_pem) = ensure_ca(data_dir)?;
-    let _lock = lock_tls_dir(&dir)?;
-    if cert_path.exists() && key_path.exists() {
-        let chain = fs::read_to_string(&cert_path)?;
-        // The chain ends with the CA that signed it: one made by an earlier CA (its files
-        // removed to replace it, or a partial restore) is made again, else clients trusting the
-        // new ca.pem would refuse the server.
-        if !chain.ends_with(&ca_pem) {
-            tracing::warn!(dir = %dir.display(), "the development server certificate was signed by an earlier CA: making a new one");
-        } else if !names_ip(&chain, listen) {
-            tracing::info!(dir = %dir.display(), %listen, "the development server certificate does not name the listen address: making a new one that does");
-        } else {
-            return Ok((chain, fs::read_to_string(&key_path)?));
+    // The CA's key only if a certificate must be made: one already made serves without it.
+    let ca_pem = ca_cert_pem(data_dir)?;
+    {
+        let _lock = lock_tls_dir(&dir)?;
+        if cert_path.exists() && key_path.exists() {
+            let chain = fs::read_to_string(&cert_path)?;
+            // The chain ends with the CA that signed it: one made by an earlier CA (its files
+            // removed to replace it, or a partial restore) is made again, else clients trusting
+            // the new ca.pem would refuse the server.
+            if !chain.ends_with(&ca_pem) {
+                tracing::warn!(dir = %dir.display(), "the development server certificate was signed by an earlier CA: making a new one");
+            } else if !names_ip(&chain, listen) {
+                tracing::info!(dir = %dir.display(), %listen, "the development server certificate does not name the listen address: making a new one that does");
+            } else {
+                return Ok((chain, fs::read_to_string(&key_path)?));
+            }
         }
     }
+    let (ca_key, ca_pem) = ensure_ca(data_dir)?;
+    let _lock = lock_tls_dir(&dir)?;
     let mut names = vec![
         "localhost".to_string(),
         "127.0.0.1".to_string(),
@@ -304,6 +346,41 @@ mod tests {
             "the chain does not end with the new CA"
         );
         assert!(!first.ends_with(&ca));
+    }
+
+    /// A CA whose key was taken away (kept offline, a partial restore) is not replaced: its
+    /// certificate still verifies, issuing says what is missing, and a development server
+    /// certificate made before still serves. One whose certificate is missing is made again
+    /// from its key, which the certificates it signed were signed with. (A missing key made a
+    /// new CA, overwriting the ca.pem every issued client certificate is checked against.)
+    #[test]
+    fn a_ca_missing_one_of_its_files_is_not_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let local = std::net::IpAddr::from([127, 0, 0, 1]);
+        let (key, pem) = ensure_ca(d).unwrap();
+        let (server_chain, _) = ensure_dev_server_cert(d, local).unwrap();
+        issue_client_cert(d, "t", "k-1").unwrap();
+        let tls = tls_dir(d);
+        let ca_key = fs::read_to_string(tls.join(CA_KEY)).unwrap();
+        fs::remove_file(tls.join(CA_KEY)).unwrap();
+        assert!(has_ca(d));
+        let Err(err) = ensure_ca(d) else {
+            panic!("a CA made anew")
+        };
+        let err = err.to_string();
+        assert!(err.contains("without its key"), "{err}");
+        assert_eq!(fs::read_to_string(ca_cert_path(d)).unwrap(), pem);
+        assert_eq!(ca_cert_pem(d).unwrap(), pem);
+        assert_eq!(ensure_dev_server_cert(d, local).unwrap().0, server_chain);
+        assert!(issue_client_cert(d, "t", "k-2").is_err());
+        // The key back and the certificate gone: made again from the key.
+        fs::write(tls.join(CA_KEY), &ca_key).unwrap();
+        fs::remove_file(tls.join(CA_CERT)).unwrap();
+        let (again, rebuilt) = ensure_ca(d).unwrap();
+        assert_eq!(again.public_key_pem(), key.public_key_pem());
+        check_ca_pair(&rebuilt, &again, &tls).unwrap();
+        assert_eq!(fs::read_to_string(ca_cert_path(d)).unwrap(), rebuilt);
     }
 
     /// A listen address other than 127.0.0.1, ::1 or a wildcard is named by the development

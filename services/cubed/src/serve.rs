@@ -558,7 +558,8 @@ fn tls_settings(
         }
         None => return Ok(None),
     };
-    let (_, ca_pem) = certs::ensure_ca(data_dir)?;
+    // `ca.pem` alone serves to verify client certificates (its key may be kept elsewhere).
+    let ca_pem = certs::ca_cert_pem(data_dir)?;
     Ok(Some(TlsSettings {
         cert_chain_pem,
         key_pem,

@@ -72,13 +72,19 @@ pub fn verify_audit_chain<'a>(
                     "the first entry does not start from the genesis hash".into(),
                 ));
             }
-            Some(p) if e.seq != p.seq + 1 => {
+            Some(p) if p.seq.checked_add(1) != Some(e.seq) => {
                 return Err((e.seq, format!("follows seq {} (entries missing)", p.seq)));
             }
             Some(p) if e.prev_hash != p.hash => {
                 return Err((e.seq, "prev_hash is not the previous entry's hash".into()));
             }
             _ => {}
+        }
+        // Both are SHA-256 digests: `prev_hash` enters the hash without a length, so a longer
+        // one (in a run's first entry, taken on the server's word) could absorb the start of
+        // the canonical string.
+        if e.prev_hash.len() != 32 || e.hash.len() != 32 {
+            return Err((e.seq, "a hash that is not 32 bytes (malformed)".into()));
         }
         // The canonical string separates fields by line breaks: only the last, `detail`, may
         // hold one (the server writes none into the others), else an entry's fields could be
@@ -130,6 +136,39 @@ mod tests {
             hex::encode(h2),
             "21ffbde86c14b71bad3404f36086bc541b410dea9e08f5f0f7b1a6e03c5a3b31"
         );
+    }
+
+    /// A link past `u64::MAX` does not wrap around to seq 0 (a panic in a debug build, a chain
+    /// accepted in a release one), and hashes are 32 bytes: a first entry's `prev_hash` of
+    /// another length, with a hash made over it, was accepted.
+    #[test]
+    fn seqs_do_not_wrap_and_hashes_are_32_bytes() {
+        let link = |seq: u64, prev: &[u8]| {
+            let hash = audit_hash(prev, seq, 1, "t/k", "write", "x");
+            (seq, prev.to_vec(), hash.to_vec())
+        };
+        let (s1, p1, h1) = link(u64::MAX, &[7u8; 32]);
+        let (s2, p2, h2) = link(0, &h1);
+        fn as_link((seq, prev, hash): &(u64, Vec<u8>, Vec<u8>)) -> AuditLink<'_> {
+            AuditLink {
+                seq: *seq,
+                ts_ms: 1,
+                principal: "t/k",
+                op: "write",
+                detail: "x",
+                prev_hash: prev,
+                hash,
+            }
+        }
+        let (a, b) = ((s1, p1, h1.clone()), (s2, p2, h2));
+        assert_eq!(
+            verify_audit_chain([as_link(&a), as_link(&b)]).map_err(|e| e.0),
+            Err(0)
+        );
+        let short = link(2, &[7u8; 31]);
+        let err = verify_audit_chain([as_link(&short)]).unwrap_err();
+        assert!(err.1.contains("not 32 bytes"), "{err:?}");
+        assert_eq!(verify_audit_chain([as_link(&link(2, &[7u8; 32]))]), Ok(1));
     }
 
     #[test]

@@ -1034,7 +1034,18 @@ where
                 break;
             };
             // A server that does not move forward (or sends the last seq there is) would have
-            // this loop read the same pages for ever.
+            // this loop read the same pages for ever. An entry again, or one out of order, is
+            // a broken trail (exit 3), not a failure to check it.
+            if e.seq < next && !out.is_empty() {
+                return Err(BrokenChain {
+                    seq: e.seq,
+                    why: format!(
+                        "duplicated or out of order: it came after entry {}",
+                        next - 1
+                    ),
+                }
+                .into());
+            }
             anyhow::ensure!(
                 e.seq >= next && e.seq < u64::MAX,
                 "the server sent audit entry {} where entries from {next} on were asked for",
@@ -1336,6 +1347,76 @@ mod tests {
                 futures::stream::once(async move { Ok(first) }).chain(futures::stream::pending());
             Ok(tonic::Response::new(Box::pin(stream)))
         }
+    }
+
+    /// A Tenant service whose audit stream sends entries 1, 2, 2, 3 and ends.
+    struct RepeatingAudit;
+
+    #[tonic::async_trait]
+    impl cube_api::v1::tenant_server::Tenant for RepeatingAudit {
+        async fn stats(
+            &self,
+            _: tonic::Request<cube_api::v1::StatsRequest>,
+        ) -> Result<tonic::Response<cube_api::v1::StatsResponse>, tonic::Status> {
+            Err(tonic::Status::unimplemented("not in this test"))
+        }
+
+        type AuditStream = std::pin::Pin<
+            Box<dyn futures::Stream<Item = Result<AuditEntry, tonic::Status>> + Send>,
+        >;
+
+        async fn audit(
+            &self,
+            req: tonic::Request<AuditRequest>,
+        ) -> Result<tonic::Response<Self::AuditStream>, tonic::Status> {
+            let entry = |seq| {
+                Ok(AuditEntry {
+                    seq,
+                    ..AuditEntry::default()
+                })
+            };
+            let entries = if req.get_ref().from_seq <= 1 {
+                vec![entry(1), entry(2), entry(2), entry(3)]
+            } else {
+                Vec::new()
+            };
+            Ok(tonic::Response::new(Box::pin(futures::stream::iter(
+                entries,
+            ))))
+        }
+    }
+
+    /// An entry sent twice (or out of order) is a broken trail, exit 3, naming it: it was a
+    /// failure to check (exit 1), which a script alerting on 3 missed.
+    #[tokio::test]
+    async fn an_audit_entry_sent_twice_is_a_broken_chain() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(cube_api::v1::tenant_server::TenantServer::new(
+                    RepeatingAudit,
+                ))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        let channel = Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut tenant = TenantClient::new(channel);
+        let err = fetch_audit(&mut tenant, 0, None, None)
+            .await
+            .expect_err("a repeated entry was taken");
+        let broken = err
+            .downcast_ref::<BrokenChain>()
+            .unwrap_or_else(|| panic!("not a broken chain: {err}"));
+        assert_eq!(broken.seq, 2, "{broken}");
+        assert!(
+            broken.why.contains("duplicated or out of order"),
+            "{broken}"
+        );
+        server.abort();
     }
 
     #[tokio::test]

@@ -1318,42 +1318,15 @@ mod tests {
         );
     }
 
-    /// A Tenant service whose audit stream sends one entry and then nothing, never ending.
-    struct StallingAudit;
-
-    #[tonic::async_trait]
-    impl cube_api::v1::tenant_server::Tenant for StallingAudit {
-        async fn stats(
-            &self,
-            _: tonic::Request<cube_api::v1::StatsRequest>,
-        ) -> Result<tonic::Response<cube_api::v1::StatsResponse>, tonic::Status> {
-            Err(tonic::Status::unimplemented("not in this test"))
-        }
-
-        type AuditStream = std::pin::Pin<
-            Box<dyn futures::Stream<Item = Result<AuditEntry, tonic::Status>> + Send>,
-        >;
-
-        async fn audit(
-            &self,
-            _: tonic::Request<AuditRequest>,
-        ) -> Result<tonic::Response<Self::AuditStream>, tonic::Status> {
-            use futures::StreamExt as _;
-            let first = AuditEntry {
-                seq: 0,
-                ..AuditEntry::default()
-            };
-            let stream =
-                futures::stream::once(async move { Ok(first) }).chain(futures::stream::pending());
-            Ok(tonic::Response::new(Box::pin(stream)))
-        }
+    /// A Tenant service whose audit stream sends the entries of these seqs from the first page
+    /// (none after it), then ends, or, with `stall`, sends nothing more and never ends.
+    struct ScriptedAudit {
+        seqs: &'static [u64],
+        stall: bool,
     }
 
-    /// A Tenant service whose audit stream sends entries 1, 2, 2, 3 and ends.
-    struct RepeatingAudit;
-
     #[tonic::async_trait]
-    impl cube_api::v1::tenant_server::Tenant for RepeatingAudit {
+    impl cube_api::v1::tenant_server::Tenant for ScriptedAudit {
         async fn stats(
             &self,
             _: tonic::Request<cube_api::v1::StatsRequest>,
@@ -1369,42 +1342,58 @@ mod tests {
             &self,
             req: tonic::Request<AuditRequest>,
         ) -> Result<tonic::Response<Self::AuditStream>, tonic::Status> {
-            let entry = |seq| {
-                Ok(AuditEntry {
-                    seq,
-                    ..AuditEntry::default()
+            use futures::StreamExt as _;
+            let first_page = req.get_ref().from_seq <= self.seqs.first().copied().unwrap_or(0);
+            let entries: Vec<_> = if first_page { self.seqs } else { &[] }
+                .iter()
+                .map(|&seq| {
+                    Ok(AuditEntry {
+                        seq,
+                        ..AuditEntry::default()
+                    })
                 })
-            };
-            let entries = if req.get_ref().from_seq <= 1 {
-                vec![entry(1), entry(2), entry(2), entry(3)]
+                .collect();
+            let sent = futures::stream::iter(entries);
+            Ok(tonic::Response::new(if self.stall {
+                Box::pin(sent.chain(futures::stream::pending()))
             } else {
-                Vec::new()
-            };
-            Ok(tonic::Response::new(Box::pin(futures::stream::iter(
-                entries,
-            ))))
+                Box::pin(sent)
+            }))
         }
+    }
+
+    /// `audit` served on a loopback port: a client of it, and the server's task.
+    async fn serve_audit(
+        audit: ScriptedAudit,
+    ) -> (
+        TenantClient<tonic::transport::Channel>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .add_service(cube_api::v1::tenant_server::TenantServer::new(audit))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+                .await;
+        });
+        let channel = Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        (TenantClient::new(channel), server)
     }
 
     /// An entry sent twice (or out of order) is a broken trail, exit 3, naming it: it was a
     /// failure to check (exit 1), which a script alerting on 3 missed.
     #[tokio::test]
     async fn an_audit_entry_sent_twice_is_a_broken_chain() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let server = tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(cube_api::v1::tenant_server::TenantServer::new(
-                    RepeatingAudit,
-                ))
-                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-        );
-        let channel = Endpoint::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        let mut tenant = TenantClient::new(channel);
+        let (mut tenant, server) = serve_audit(ScriptedAudit {
+            seqs: &[1, 2, 2, 3],
+            stall: false,
+        })
+        .await;
         let err = fetch_audit(&mut tenant, 0, None, None)
             .await
             .expect_err("a repeated entry was taken");
@@ -1421,21 +1410,11 @@ mod tests {
 
     #[tokio::test]
     async fn an_audit_stream_that_stops_sending_ends_after_the_timeout() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let server = tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(cube_api::v1::tenant_server::TenantServer::new(
-                    StallingAudit,
-                ))
-                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-        );
-        let channel = Endpoint::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        let mut tenant = TenantClient::new(channel);
+        let (mut tenant, server) = serve_audit(ScriptedAudit {
+            seqs: &[0],
+            stall: true,
+        })
+        .await;
         // Long enough that a loaded machine delivers the first entry within it.
         let wait = std::time::Duration::from_secs(2);
         let started = std::time::Instant::now();

@@ -101,21 +101,19 @@ pub fn ensure_ca(data_dir: &Path) -> anyhow::Result<(KeyPair, String)> {
     fs::create_dir_all(&dir)?;
     let _lock = lock_tls_dir(&dir)?;
     let (cert_path, key_path) = (dir.join(CA_CERT), dir.join(CA_KEY));
-    match (key_path.exists(), cert_path.exists()) {
-        (true, true) => {
-            let key =
-                KeyPair::from_pem(&fs::read_to_string(&key_path)?).context("reading the CA key")?;
+    if key_path.exists() {
+        let key =
+            KeyPair::from_pem(&fs::read_to_string(&key_path)?).context("reading the CA key")?;
+        if cert_path.exists() {
             return Ok((key, fs::read_to_string(&cert_path)?));
         }
-        (true, false) => {
-            let key =
-                KeyPair::from_pem(&fs::read_to_string(&key_path)?).context("reading the CA key")?;
-            let cert = ca_params()?.self_signed(&key)?;
-            write_private(&cert_path, &cert.pem())?;
-            tracing::warn!(dir = %dir.display(), "the certificate authority's ca.pem was missing: made again from its ca.key (the certificates it signed stay valid)");
-            return Ok((key, cert.pem()));
-        }
-        (false, true) => anyhow::bail!(
+        let cert = ca_params()?.self_signed(&key)?;
+        write_private(&cert_path, &cert.pem())?;
+        tracing::warn!(dir = %dir.display(), "the certificate authority's ca.pem was missing: made again from its ca.key (the certificates it signed stay valid)");
+        return Ok((key, cert.pem()));
+    }
+    if cert_path.exists() {
+        anyhow::bail!(
             "{} is there without its key {}: put the key back to issue certificates with it \
              (a server only verifying client certificates needs ca.pem alone, but a new \
              certificate must be signed), or remove {} too to make a new certificate authority \
@@ -123,8 +121,7 @@ pub fn ensure_ca(data_dir: &Path) -> anyhow::Result<(KeyPair, String)> {
             cert_path.display(),
             key_path.display(),
             cert_path.display()
-        ),
-        (false, false) => {}
+        );
     }
     // The key goes first, the certificate last.
     let key = KeyPair::generate()?;

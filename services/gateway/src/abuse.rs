@@ -156,7 +156,6 @@ impl FailureLimiter {
                         || p.failures.saturating_mul(2) >= limits.max_failures
                 });
             }
-            let before = limits.max_peers;
             if peers.len() >= limits.max_peers {
                 // Every tracked address is in cool-down or close to it: the bound holds, and no
                 // new address is tracked (nor the map scanned again) until the first window or
@@ -174,7 +173,8 @@ impl FailureLimiter {
             // not made again for every failure: the next newcomers wait a second. Two addresses
             // failing in turn into the last place cost a scan of the table a second, not two a
             // failure.
-            *full_until = (before - peers.len() < (limits.max_peers / 100).max(2))
+            let freed = limits.max_peers - peers.len();
+            *full_until = (freed < (limits.max_peers / 100).max(2))
                 .then(|| now + std::time::Duration::from_secs(1));
         }
         let peer = peers.entry(ip).or_insert(Peer {

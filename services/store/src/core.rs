@@ -143,26 +143,31 @@ pub struct CoreConfig {
     pub janitor: Option<Arc<tokio::sync::Notify>>,
     /// Told of a tenant that lost changes it had acknowledged (a relaxed one whose log failed
     /// a write before writing them), so that the server's stop reports it. Set by the directory.
-    pub lost_acknowledged: Option<Arc<LostAcknowledged>>,
+    pub lost_acknowledged: Option<Arc<TenantSet>>,
 }
 
-/// The tenants that lost acknowledged changes since the server started: see
-/// [`CoreConfig::lost_acknowledged`].
+/// A set of tenant names shared between threads (tenants whose log failed, or that lost
+/// acknowledged changes, since the server started).
 #[derive(Debug, Default)]
-pub struct LostAcknowledged(std::sync::Mutex<std::collections::BTreeSet<String>>);
+pub struct TenantSet(std::sync::Mutex<std::collections::BTreeSet<String>>);
 
-impl LostAcknowledged {
-    fn record(&self, tenant: &str) {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(tenant.to_string());
+impl TenantSet {
+    /// Add `tenant`; whether it was not there yet.
+    pub fn insert(&self, tenant: &str) -> bool {
+        self.lock().insert(tenant.to_string())
     }
 
-    /// Every tenant recorded, in order.
+    pub fn contains(&self, tenant: &str) -> bool {
+        self.lock().contains(tenant)
+    }
+
+    /// Every tenant in it, in order.
     pub fn tenants(&self) -> Vec<String> {
-        let set = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        set.iter().cloned().collect()
+        self.lock().iter().cloned().collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeSet<String>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -482,7 +487,7 @@ pub struct TenantCore<T> {
     /// See [`CoreConfig::janitor`].
     janitor: Option<Arc<tokio::sync::Notify>>,
     /// See [`CoreConfig::lost_acknowledged`].
-    lost_acknowledged: Option<Arc<LostAcknowledged>>,
+    lost_acknowledged: Option<Arc<TenantSet>>,
     /// Per key, the capability set of its newest logged but unapplied change, with that
     /// change's seq: the next change of the key starts from it.
     pending_caps: HashMap<String, (u64, Vec<Capability>)>,
@@ -1705,7 +1710,7 @@ impl<T> TenantCore<T> {
             "a failed write of the tenant's log lost changes acknowledged inside its relaxed durability window (records after the last one written)"
         );
         if let Some(lost) = &self.lost_acknowledged {
-            lost.record(&self.tenant);
+            lost.insert(&self.tenant);
         }
     }
 

@@ -13,7 +13,7 @@
 //! other, SeqCst), so a caller either sees the retirement and retries on a fresh open, or the
 //! passivator sees the caller and leaves the tenant alone.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::time::{Duration, Instant};
@@ -465,13 +465,12 @@ const CRASHED_CALL: &str = "The outcome of this call is unknown: a change it had
 /// pages whose fsync failed as if they were durable. Recorded by the syncer's report itself, so
 /// before the failed close lets go of the tenant's files and any reopen could start.
 #[derive(Debug, Default)]
-struct FailedLogs(Mutex<HashSet<String>>);
+struct FailedLogs(crate::TenantSet);
 
 impl FailedLogs {
     /// `tenant` failed for good because `cause`.
     fn record(&self, tenant: &str, cause: &str) {
-        let mut set = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if set.insert(tenant.to_string()) {
+        if self.0.insert(tenant) {
             tracing::error!(
                 tenant,
                 "{cause}: it stays unavailable until the server restarts"
@@ -481,14 +480,12 @@ impl FailedLogs {
 
     /// Every tenant whose log failed for good since the start.
     fn tenants(&self) -> Vec<String> {
-        let set = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        set.iter().cloned().collect()
+        self.0.tenants()
     }
 
     /// The error an open of `tenant` fails with, if its log failed.
     fn refusal(&self, tenant: &str) -> Option<StoreError> {
-        let set = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        set.contains(tenant).then(|| log_failed(tenant))
+        self.0.contains(tenant).then(|| log_failed(tenant))
     }
 }
 
@@ -816,7 +813,7 @@ pub struct TenantDirectory {
     /// closes it at once rather than at its next round.
     janitor_wake: Arc<tokio::sync::Notify>,
     /// Tenants that lost acknowledged changes ([`CoreConfig::lost_acknowledged`]).
-    lost_acknowledged: Arc<crate::LostAcknowledged>,
+    lost_acknowledged: Arc<crate::TenantSet>,
 }
 
 impl std::fmt::Debug for TenantDirectory {

@@ -32,7 +32,7 @@ pub use backend::{
 };
 pub use catalog::{Capability, Catalog, CatalogOpenError, KeyInfo, validate_tenant_name};
 pub use core::{
-    CheckpointPolicy, CoreConfig, EarlyAnswers, LostAcknowledged, TenantCore, check_key_id,
+    CheckpointPolicy, CoreConfig, EarlyAnswers, TenantCore, TenantSet, check_key_id,
     describe_policy,
 };
 pub use cube_wal::SyncPolicy;

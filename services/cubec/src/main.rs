@@ -8,7 +8,7 @@ use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use cube_api::v1::cells_client::CellsClient;
 use cube_api::v1::tenant_client::TenantClient;
-use cube_api::v1::{AuditEntry, AuditRequest, StatsRequest};
+use cube_api::v1::{AuditEntry, AuditRequest, StatsRequest, TenantTotals};
 use cube_api::v1::{Coord, DeleteRequest, ReadRequest, WriteRequest};
 use cube_auth::Credentials;
 use cube_auth::client::{CallSigner, HandshakeError, Signing};
@@ -517,12 +517,36 @@ async fn calls(cli: Cli, creds: Option<&Credentials>, channel: Channel) -> anyho
             AuditCmd::Verify => {
                 const ATTEMPTS: usize = 3;
                 for attempt in 1..=ATTEMPTS {
+                    // The trail's head first: the trail read after it must reach it (the chain
+                    // alone cannot show its newest entries removed).
+                    let head = tenant
+                        .stats(StatsRequest { coord: None })
+                        .await
+                        .map_err(status)?
+                        .into_inner()
+                        .totals
+                        .unwrap_or_default();
                     let entries = fetch_audit(&mut tenant, 0, None, wait).await?;
                     let (seq, why) = match cube_auth::client::verify_audit_entries(&entries) {
-                        Ok(_) => {
-                            out(serde_json::json!({ "ok": true, "entries": entries.len() }));
-                            return Ok(());
-                        }
+                        Ok(_) => match reaches_head(&entries, &head)? {
+                            true => {
+                                let last = entries.last();
+                                out(serde_json::json!({
+                                    "ok": true,
+                                    "entries": entries.len(),
+                                    "last_seq": last.map_or(0, |e| e.seq),
+                                    "last_hash": last.map(|e| hex(&e.hash)),
+                                }));
+                                return Ok(());
+                            }
+                            // Retention expired the head's entry while the pages were read.
+                            false if attempt < ATTEMPTS => continue,
+                            false => anyhow::bail!(
+                                "the trail expired entries faster than it could be read \
+                                 ({ATTEMPTS} attempts): retry when it is quieter, or raise the \
+                                 server's --audit-retention"
+                            ),
+                        },
                         Err(broken) => broken,
                     };
                     // Retention removing entries while the pages were read leaves a gap that
@@ -570,6 +594,8 @@ async fn calls(cli: Cli, creds: Option<&Credentials>, channel: Channel) -> anyho
             "last_seq": t.last_seq,
             "checkpoint_seq": t.checkpoint_seq,
             "durability": t.durability,
+            "audit_last_seq": t.audit_last_seq,
+            "audit_last_hash": hex(&t.audit_last_hash),
         }));
         return Ok(());
     }
@@ -982,6 +1008,39 @@ fn tls_config(cli: &Cli, ca: &CaFile) -> anyhow::Result<tonic::transport::Client
     Ok(tls)
 }
 
+/// Whether a verified trail reaches the head `Tenant.Stats` gave before it was read (false:
+/// retention expired the head's entry while the trail was read; read it again). A trail that ends before the head lost its
+/// newest entries, and one whose entry at the head has another hash is not the trail the
+/// head was taken from: both are broken chains.
+fn reaches_head(entries: &[AuditEntry], head: &TenantTotals) -> Result<bool, BrokenChain> {
+    let end = entries.last().map_or(0, |e| e.seq);
+    if end < head.audit_last_seq {
+        return Err(BrokenChain {
+            seq: end + 1,
+            why: format!(
+                "the trail ends at seq {end}, but Tenant.Stats gave entry {} as its newest \
+                 before it was read: the newest entries are missing",
+                head.audit_last_seq
+            ),
+        });
+    }
+    if head.audit_last_seq == 0 {
+        // An empty trail when the head was read (a server older than the head's fields says
+        // 0 too): nothing it can be checked against.
+        return Ok(true);
+    }
+    match entries.iter().find(|e| e.seq == head.audit_last_seq) {
+        Some(e) if e.hash != head.audit_last_hash => Err(BrokenChain {
+            seq: e.seq,
+            why: "its hash is not the one Tenant.Stats gave for this entry, the trail's \
+                  newest, before the trail was read"
+                .into(),
+        }),
+        Some(_) => Ok(true),
+        None => Ok(false),
+    }
+}
+
 /// Entries from `from` on: `limit` of them, or (None) all, page by page; each entry within
 /// `wait` of the one before.
 async fn fetch_audit<T>(
@@ -1231,6 +1290,44 @@ fn check_hyphen_value(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The trail's head from Tenant.Stats catches what the chain cannot: its newest entries
+    /// missing, or another trail served than the head was taken from; an entry at the head
+    /// that retention expired while the trail was read is read again, not a break.
+    #[test]
+    fn a_trail_short_of_its_head_is_a_broken_chain() {
+        let trail = |seqs: std::ops::RangeInclusive<u64>| -> Vec<AuditEntry> {
+            seqs.map(|seq| AuditEntry {
+                seq,
+                hash: vec![seq as u8; 32],
+                ..AuditEntry::default()
+            })
+            .collect()
+        };
+        let head = |seq: u64, hash: u8| TenantTotals {
+            audit_last_seq: seq,
+            audit_last_hash: vec![hash; 32],
+            ..TenantTotals::default()
+        };
+        let cut = reaches_head(&trail(1..=5), &head(7, 7)).unwrap_err();
+        assert_eq!(cut.seq, 6, "{cut}");
+        assert!(cut.why.contains("ends at seq 5"), "{cut}");
+        let empty = reaches_head(&[], &head(3, 3)).unwrap_err();
+        assert_eq!(empty.seq, 1, "{empty}");
+        let other = reaches_head(&trail(1..=9), &head(7, 70)).unwrap_err();
+        assert_eq!(other.seq, 7, "{other}");
+        // Entries written after the head was read are fine.
+        assert_eq!(reaches_head(&trail(1..=9), &head(7, 7)).ok(), Some(true));
+        assert_eq!(reaches_head(&trail(4..=7), &head(7, 7)).ok(), Some(true));
+        // The head's entry expired before the trail was read.
+        assert_eq!(reaches_head(&trail(8..=20), &head(7, 7)).ok(), Some(false));
+        // No entry when the head was read, or a server without the head's fields.
+        assert_eq!(reaches_head(&[], &head(0, 0)).ok(), Some(true));
+        assert_eq!(
+            reaches_head(&trail(1..=2), &TenantTotals::default()).ok(),
+            Some(true)
+        );
+    }
 
     /// DATA_LOSS from Audit (docs/protocol.md: "the audit trail is missing entries A to B: …")
     /// is a broken chain at A, exit code 3; other codes stay failures to check.

@@ -259,6 +259,9 @@ fn stats_prints_the_totals_and_the_quota() {
     assert_eq!(s["quota_bytes"], 1000);
     assert_eq!(s["durability"], "sync");
     assert!(s["last_seq"].as_u64().unwrap() >= 2, "{s}");
+    // The audit trail's head: demo's creation, then the write.
+    assert_eq!(s["audit_last_seq"], 2);
+    assert_eq!(s["audit_last_hash"].as_str().unwrap().len(), 64, "{s}");
     let o = run(
         dir.path(),
         &[],
@@ -1152,9 +1155,22 @@ fn audit_verify_names_the_first_broken_link() {
     }
     let verify = ["--credentials", c, "audit", "verify"];
     let ok = json(&run(dir.path(), &[], &verify));
-    // demo's creation, then the four writes.
-    assert_eq!(ok, serde_json::json!({ "ok": true, "entries": 5 }));
+    // demo's creation, then the four writes; the newest entry is the anchor to keep.
     let list = run(dir.path(), &[], &["--credentials", c, "audit", "list"]);
+    let newest: serde_json::Value = serde_json::from_str(
+        String::from_utf8_lossy(&list.stdout)
+            .lines()
+            .last()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(newest["seq"], 5);
+    assert_eq!(
+        ok,
+        serde_json::json!({
+            "ok": true, "entries": 5, "last_seq": 5, "last_hash": newest["hash"]
+        })
+    );
     let victim = String::from_utf8_lossy(&list.stdout)
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())

@@ -40,7 +40,7 @@ pub use directory::{
     DirectoryConfig, LogStats, OPERATOR, TenantDirectory, TenantHandle, open_offline, run_offline,
 };
 pub use error::{StoreError, clipped};
-pub use keys::Totals;
+pub use keys::{AuditHead, Totals};
 pub use layout::DataDir;
 pub use space::SpaceGuard;
 pub use state::{

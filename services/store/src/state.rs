@@ -906,10 +906,14 @@ impl StateReader {
         Ok(out)
     }
 
-    /// The applied totals and the applied WAL seq.
-    pub fn totals(&self) -> Result<(Totals, u64), StoreError> {
-        let (totals, applied, _) = load_meta(&*self.store).map_err(|e| storage_error(&e))?;
-        Ok((totals, applied))
+    /// The applied totals and the head of the applied audit trail, read together (from one
+    /// snapshot where the store has one): a client reading the trail after them finds every
+    /// entry up to that head (`Tenant.Stats`'s `audit_last_seq`).
+    pub fn totals(&self) -> Result<(Totals, AuditHead), StoreError> {
+        let snapshot = self.store.snapshot();
+        let state = snapshot.as_deref().unwrap_or(&*self.store);
+        let (totals, _, head) = load_meta(state).map_err(|e| storage_error(&e))?;
+        Ok((totals, head))
     }
 }
 

@@ -103,6 +103,10 @@ async fn changes_and_security_events_form_a_verifiable_chain() {
         entries[7].detail
     );
     assert_eq!(verify_audit_entries(&entries), Ok(8));
+    // Stats names the trail's head, so a reader can tell that it got the newest entries.
+    let totals = crate::totals(&server).await;
+    assert_eq!(totals.audit_last_seq, 8);
+    assert_eq!(totals.audit_last_hash, entries[7].hash);
     // Paging continues exactly where a page stopped.
     let page = trail(&server, 3, 2).await;
     assert_eq!(page.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![3, 4]);

@@ -80,7 +80,7 @@ impl Tenant for TenantService {
             .check_rights(&principal.key.key_id, Capability::Read)
             .map_err(ApiError::from)?;
         tenant.caught_up().await.map_err(ApiError::from)?;
-        let (totals, _) = tenant.reader().totals().map_err(ApiError::from)?;
+        let (totals, audit_head) = tenant.reader().totals().map_err(ApiError::from)?;
         let log = tenant.log_stats();
         Ok(Response::new(v1::StatsResponse {
             totals: Some(v1::TenantTotals {
@@ -95,6 +95,8 @@ impl Tenant for TenantService {
                 durability: log.durability,
                 stored_bytes: totals.stored_bytes,
                 quota_bytes: log.quota_bytes,
+                audit_last_seq: audit_head.next_seq.saturating_sub(1),
+                audit_last_hash: audit_head.hash,
             }),
             cell: None,
         }))

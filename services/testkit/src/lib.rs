@@ -204,11 +204,19 @@ impl TestServer {
         self.child.as_ref().map(interrupt::ChildProcess::id)
     }
 
-    /// SIGKILL the server and reap it.
+    /// SIGKILL the server and reap it. An error if it had already exited by itself: a crash
+    /// (or a stop) that the kill would hide, and that a crash test must not take for its own
+    /// kill.
     pub fn kill9(&mut self) -> anyhow::Result<()> {
         if let Some(mut child) = self.child.take() {
             child.kill()?;
-            child.wait()?;
+            let status = child.wait()?;
+            anyhow::ensure!(
+                std::os::unix::process::ExitStatusExt::signal(&status)
+                    == Some(Signal::SIGKILL as i32),
+                "the server had exited by itself ({status}) before it was killed; log:\n{}",
+                self.log()
+            );
         }
         Ok(())
     }

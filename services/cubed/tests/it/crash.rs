@@ -117,6 +117,27 @@ async fn first_ack(acked: &[Arc<AtomicU64>]) {
     }
 }
 
+/// A crash test's kill -9 of a server that had already exited by itself is an error: it
+/// reaped the exit unseen, so a crash (here a stop behind the test's back) passed for the
+/// test's own kill.
+#[test]
+fn killing_a_server_that_exited_by_itself_is_an_error() {
+    let mut server = TestServer::start(cubed()).unwrap();
+    signal_term(&server);
+    // Its last words, then its exit (a zombie until the kill reaps it).
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !server.log().contains("stopped cleanly") {
+        assert!(std::time::Instant::now() < deadline, "{}", server.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let err = server
+        .kill9()
+        .expect_err("a server that had stopped was taken as killed");
+    assert!(err.to_string().contains("exited by itself"), "{err}");
+    assert!(err.to_string().contains("exit status: 0"), "{err}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acked_writes_survive_kill_9_at_a_random_moment() {
     let mut server = TestServer::start(cubed()).unwrap();

@@ -144,16 +144,17 @@ fn run(cli: &Cli, rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         reports.push(r);
     }
     println!(
-        "| scenario | rounds | acknowledged | found whole | missing | corrupt | holes | result |"
+        "| scenario | rounds | acknowledged | found whole | missing | corrupt | overwrites lost \
+         | holes | result |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---|");
     for r in &reports {
         let last = r.rounds.last().map(|x| &x.verified);
         let sum = |f: fn(&durability::Verification) -> u64| {
             r.rounds.iter().map(|x| f(&x.verified)).sum::<u64>()
         };
         println!(
-            "| {} {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.name,
             r.title,
             r.rounds.len(),
@@ -161,6 +162,7 @@ fn run(cli: &Cli, rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
             last.map_or(0, |v| v.found_acked),
             sum(|v| v.missing),
             sum(|v| v.corrupt),
+            sum(|v| v.stale),
             sum(|v| v.holes),
             match (&r.skipped, r.ok) {
                 (Some(why), _) => format!("skipped: {why}"),

@@ -33,9 +33,13 @@ const Z: i32 = 7;
 
 type Cells = CellsClient<Signing<Channel>>;
 
-/// How many records of each writer were acknowledged.
+/// How many records of each writer were acknowledged, and which writing phase acknowledged
+/// each.
 pub struct Ledger {
     acked: Vec<AtomicU64>,
+    /// Per writer, the first seq each phase wrote (ascending): the phase of an acknowledged
+    /// record is the last one that began at or below its seq.
+    phases: std::sync::Mutex<Vec<Vec<(u64, u32)>>>,
     pub value_bytes: usize,
 }
 
@@ -43,8 +47,29 @@ impl Ledger {
     pub fn new(writers: usize, value_bytes: usize) -> Ledger {
         Ledger {
             acked: (0..writers).map(|_| AtomicU64::new(0)).collect(),
+            phases: std::sync::Mutex::new(vec![Vec::new(); writers]),
             value_bytes: value_bytes.max(record::MIN_LEN),
         }
+    }
+
+    /// Begin a writing phase: its number, written into every record it writes.
+    fn begin_phase(&self) -> u32 {
+        let mut phases = self.phases.lock().unwrap_or_else(|e| e.into_inner());
+        let phase = phases.first().map_or(0, |p| p.len() as u32);
+        for (w, p) in phases.iter_mut().enumerate() {
+            p.push((self.acked[w].load(Ordering::SeqCst), phase));
+        }
+        phase
+    }
+
+    /// The phase that wrote writer `w`'s acknowledged record `seq`.
+    fn phase_of(&self, w: usize, seq: u64) -> Option<u32> {
+        let phases = self.phases.lock().unwrap_or_else(|e| e.into_inner());
+        phases[w]
+            .iter()
+            .rev()
+            .find(|&&(first, _)| first <= seq)
+            .map(|&(_, phase)| phase)
     }
 
     pub fn total(&self) -> u64 {
@@ -59,8 +84,15 @@ impl Ledger {
     }
 
     /// Written after every phase: the record of what was acknowledged lives outside the server.
+    /// `{"acked": [count per writer], "phases": [per writer, [first seq, phase] per phase]}`.
     pub fn save(&self, path: &Path) -> anyhow::Result<()> {
-        std::fs::write(path, serde_json::to_vec(&self.counts())?)?;
+        let phases = self
+            .phases
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let saved = serde_json::json!({ "acked": self.counts(), "phases": phases });
+        std::fs::write(path, serde_json::to_vec(&saved)?)?;
         Ok(())
     }
 }
@@ -133,6 +165,7 @@ pub async fn write(
     );
     let started = Instant::now();
     let before = ledger.total();
+    let phase = ledger.begin_phase();
     let mut tasks = Vec::new();
     for (w, mut c) in clients.into_iter().enumerate() {
         let (ledger, until) = (ledger.clone(), until.clone());
@@ -154,7 +187,7 @@ pub async fn write(
                         y: seq as i32,
                         z: Z,
                     }),
-                    value: record::encode(w as u32, seq, ledger.value_bytes),
+                    value: record::encode(w as u32, seq, phase, ledger.value_bytes),
                     expected_version: None,
                 };
                 // A write stuck for this long is a failure, not a reason to hang the run.
@@ -221,6 +254,10 @@ pub struct Verification {
     pub missing: u64,
     pub corrupt: u64,
     pub misplaced: u64,
+    /// Acknowledged records found whole but as an earlier, unacknowledged write of theirs (a
+    /// write in flight at a cut, written again by the next phase): the acknowledged overwrite
+    /// was lost.
+    pub stale: u64,
     /// Sequence numbers absent below a present one.
     pub holes: u64,
     /// Records beyond the acknowledged ones (at most one per writer: its write in flight).
@@ -285,9 +322,18 @@ pub async fn verify(server: &TestServer, ledger: &Ledger) -> anyhow::Result<Veri
     };
     for (w, acked) in ledger.counts().into_iter().enumerate() {
         v.acked += acked;
-        let (col, versions) = column(&mut c, w as i32)
-            .await
-            .with_context(|| format!("reading writer {w}'s records back"))?;
+        // UNAVAILABLE asks for a retry (a tenant still applying its replayed log, or
+        // reopening): that is no failure of the run.
+        let started = Instant::now();
+        let (col, versions) = loop {
+            match column(&mut c, w as i32).await {
+                Err(e) if e.code() == Code::Unavailable && started.elapsed() < REOPEN_PATIENCE => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                other => break other,
+            }
+        }
+        .with_context(|| format!("reading writer {w}'s records back"))?;
         v.cell_versions += versions;
         for seq in 0..acked {
             match col.get(&(seq as i32)) {
@@ -298,8 +344,25 @@ pub async fn verify(server: &TestServer, ledger: &Ledger) -> anyhow::Result<Veri
                         format!("writer {w}: acknowledged record {seq} is missing"),
                     );
                 }
-                Some(value) => match record::check(value, w as u32, seq, ledger.value_bytes) {
+                Some(value) => match record::check(
+                    value,
+                    w as u32,
+                    seq,
+                    ledger.phase_of(w, seq),
+                    ledger.value_bytes,
+                ) {
                     record::Check::Good => v.found_acked += 1,
+                    record::Check::OtherPhase { phase } => {
+                        v.stale += 1;
+                        note(
+                            &mut v,
+                            format!(
+                                "writer {w}: record {seq} is the write of phase {phase}, not the \
+                                 acknowledged one of phase {:?} (an overwrite lost)",
+                                ledger.phase_of(w, seq)
+                            ),
+                        );
+                    }
                     record::Check::Corrupt => {
                         v.corrupt += 1;
                         note(&mut v, format!("writer {w}: record {seq} fails its CRC"));
@@ -337,7 +400,7 @@ pub async fn verify(server: &TestServer, ledger: &Ledger) -> anyhow::Result<Veri
             }
         }
         for y in &beyond {
-            if record::check(&col[y], w as u32, *y as u64, ledger.value_bytes)
+            if record::check(&col[y], w as u32, *y as u64, None, ledger.value_bytes)
                 != record::Check::Good
             {
                 v.corrupt += 1;
@@ -357,6 +420,7 @@ pub async fn verify(server: &TestServer, ledger: &Ledger) -> anyhow::Result<Veri
         && v.missing == 0
         && v.corrupt == 0
         && v.misplaced == 0
+        && v.stale == 0
         && v.holes == 0
         && v.excess_in_flight == 0;
     Ok(v)
@@ -368,28 +432,18 @@ pub async fn verify(server: &TestServer, ledger: &Ledger) -> anyhow::Result<Veri
 /// (each write is logged with its entry, so a crash leaves both or neither; a cell's version
 /// counts the writes applied to it).
 async fn check_audit(server: &TestServer, v: &mut Verification) -> anyhow::Result<()> {
-    const PAGE: u32 = 1000;
     let mut tenant = TenantClient::new(server.signed(&server.demo).await?);
-    let mut entries = Vec::new();
-    let mut next = 0;
-    loop {
-        let mut page = tenant
-            .audit(AuditRequest {
-                from_seq: next,
-                limit: PAGE,
-            })
-            .await
-            .context("reading the audit trail")?
-            .into_inner();
-        let before = entries.len();
-        while let Some(e) = page.message().await.context("reading the audit trail")? {
-            next = e.seq + 1;
-            entries.push(e);
-        }
-        if entries.len() == before {
-            break;
+    // Read again from the start on UNAVAILABLE, as for the records.
+    let started = Instant::now();
+    let entries = loop {
+        match trail(&mut tenant).await {
+            Err(e) if e.code() == Code::Unavailable && started.elapsed() < REOPEN_PATIENCE => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            other => break other,
         }
     }
+    .context("reading the audit trail")?;
     v.audit_entries = entries.len() as u64;
     v.audit_writes = entries.iter().filter(|e| e.op == "write").count() as u64;
     v.audit_problem = match cube_auth::client::verify_audit_entries(&entries) {
@@ -405,6 +459,32 @@ async fn check_audit(server: &TestServer, v: &mut Verification) -> anyhow::Resul
         Ok(_) => None,
     };
     Ok(())
+}
+
+/// The tenant's whole audit trail, page by page.
+async fn trail(
+    tenant: &mut TenantClient<Signing<Channel>>,
+) -> Result<Vec<cube_api::v1::AuditEntry>, tonic::Status> {
+    const PAGE: u32 = 1000;
+    let mut entries = Vec::new();
+    let mut next = 0;
+    loop {
+        let mut page = tenant
+            .audit(AuditRequest {
+                from_seq: next,
+                limit: PAGE,
+            })
+            .await?
+            .into_inner();
+        let before = entries.len();
+        while let Some(e) = page.message().await? {
+            next = e.seq + 1;
+            entries.push(e);
+        }
+        if entries.len() == before {
+            return Ok(entries);
+        }
+    }
 }
 
 /// `--audit-retention` of every server the harness starts: more entries than any run writes, so
@@ -529,7 +609,13 @@ pub async fn spot_read(
             out.longest_wait = out.longest_wait.max(started.elapsed());
         }
         if r.found
-            && record::check(&r.value, w as u32, seq, ledger.value_bytes) == record::Check::Good
+            && record::check(
+                &r.value,
+                w as u32,
+                seq,
+                ledger.phase_of(w, seq),
+                ledger.value_bytes,
+            ) == record::Check::Good
         {
             out.good += 1;
         } else {
@@ -555,3 +641,27 @@ pub fn cubed_default() -> PathBuf {
 }
 
 pub mod scenarios;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An acknowledged record's phase is the last one that began at or below it: a phase that
+    /// acknowledged nothing for a writer hands its seq on to the next.
+    #[test]
+    fn each_acknowledged_record_belongs_to_the_phase_that_acknowledged_it() {
+        let ledger = Ledger::new(2, 64);
+        assert_eq!(ledger.begin_phase(), 0);
+        ledger.acked[0].store(5, Ordering::SeqCst);
+        assert_eq!(ledger.begin_phase(), 1);
+        // Phase 1 acknowledged nothing for writer 0 (its write of record 5 was cut off).
+        assert_eq!(ledger.begin_phase(), 2);
+        ledger.acked[0].store(9, Ordering::SeqCst);
+        ledger.acked[1].store(1, Ordering::SeqCst);
+        assert_eq!(ledger.phase_of(0, 0), Some(0));
+        assert_eq!(ledger.phase_of(0, 4), Some(0));
+        assert_eq!(ledger.phase_of(0, 5), Some(2));
+        assert_eq!(ledger.phase_of(0, 8), Some(2));
+        assert_eq!(ledger.phase_of(1, 0), Some(2));
+    }
+}

@@ -624,7 +624,8 @@ fn client_endpoint(tls: &TlsChoice, mut addr: std::net::SocketAddr) -> String {
 /// On the first start of an empty data directory create tenant `demo` and dev-credentials.json;
 /// on later starts keep that file's endpoint current. A first start stopped between the two (a
 /// crash) leaves a catalog of tenant `demo` alone with its one key and no file: the file is
-/// written then from the catalog's key.
+/// written then from the catalog's key. Only then: a `demo` whose first key was revoked and
+/// another made (rotation) keeps its file deleted, and the new key's secret off the disk.
 fn ensure_demo(catalog: &Catalog, data: &DataDir, endpoint: &str) -> anyhow::Result<()> {
     let path = data.dev_credentials();
     let endpoint = endpoint.to_string();
@@ -642,6 +643,7 @@ fn ensure_demo(catalog: &Catalog, data: &DataDir, endpoint: &str) -> anyhow::Res
     } else if let ([(tenant, keys)], false) = (tenants.as_slice(), path.exists())
         && tenant == DEMO_TENANT
         && let [key_id] = keys.as_slice()
+        && catalog.key_count(DEMO_TENANT) == 1
         && let Some(key) = catalog.key(DEMO_TENANT, key_id)
     {
         tracing::info!(path = %path.display(), "wrote the dev credentials of tenant 'demo' again: the file was missing");

@@ -696,6 +696,12 @@ impl Catalog {
         ids
     }
 
+    /// How many keys `tenant` has had: its active and its revoked ones.
+    pub fn key_count(&self, tenant: &str) -> usize {
+        let cache = self.cache.read().unwrap_or_else(|p| p.into_inner());
+        cache.get(tenant).map_or(0, |keys| keys.len())
+    }
+
     /// Whether `tenant` has any key in the in-memory copy (no disk access: for hot paths).
     pub fn has_tenant(&self, tenant: &str) -> bool {
         self.cache

@@ -183,6 +183,39 @@ fn the_cli_creates_a_data_directory_only_its_owner_can_read() {
     assert!(checked > 5, "{checked}");
 }
 
+/// A `demo` whose first key was revoked and another made (rotation) does not get its deleted
+/// credentials file written again at the next start: that wrote the new key's secret to disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_demo_keys_secret_is_not_written_again() {
+    let mut server = TestServer::start(cubed()).unwrap();
+    let path = server.data_dir().join("dev-credentials.json");
+    let first = server.demo.key_id.clone();
+    let out = server.cli(&["key", "create", "demo"]).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = server.cli(&["key", "revoke", "demo", &first]).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stopped = tokio::task::block_in_place(|| server.sigterm()).unwrap();
+    assert!(stopped.success(), "{}", server.log());
+    std::fs::remove_file(&path).unwrap();
+    // The server becomes ready; the harness then fails to read the demo credentials it expects.
+    let restarted = tokio::task::block_in_place(|| server.restart());
+    let err = restarted.expect_err("the server wrote the rotated key's secret to disk");
+    assert!(
+        format!("{err:#}").contains("No such file"),
+        "{err:#}\n{}",
+        server.log()
+    );
+    assert!(!path.exists());
+}
+
 /// A first start interrupted between creating tenant `demo` and writing its credentials file
 /// leaves the catalog with `demo` alone and no file: the next start writes the file from the
 /// catalog's key. Once the operator has other tenants, a missing file stays missing.

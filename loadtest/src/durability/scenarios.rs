@@ -96,10 +96,13 @@ fn progress(name: &str, round: &Round) {
         v.stale,
         v.holes,
         v.beyond_acked,
-        if round.write.stopped.is_empty() {
+        if round.write.stopped.is_empty() && round.write.in_flight_at_stop == 0 {
             String::new()
         } else {
-            format!(", cut off by the stop {:?}", round.write.stopped)
+            format!(
+                ", {} in flight at the stop, ended by it {:?}",
+                round.write.in_flight_at_stop, round.write.stopped
+            )
         },
         v.audit_entries,
         v.audit_writes,
@@ -600,6 +603,15 @@ async fn disk_full_round(
          {READ_PASSES_WHILE_FULL} passes 1.5 s apart{reopening}",
         reads.good
     ));
+    // Then every record, as after the restart: the spot reads see each writer's newest record
+    // only, and a restart's replay would fill a gap the full disk left in what is served.
+    let while_full = verify(&server, &ledger).await.with_context(|| {
+        format!(
+            "{label}: reading every record back while the disk was full; the server log ended \
+             with:\n{}",
+            log_tail(&server.log(), 20)
+        )
+    })?;
     // Free the space; writers retry refused records until they get through.
     std::fs::remove_file(&ballast)?;
     let before = ledger.total();
@@ -618,6 +630,9 @@ async fn disk_full_round(
     )
     .await?;
     let resumed = ledger.total() - before;
+    let after_resuming = verify(&server, &ledger)
+        .await
+        .with_context(|| format!("{label}: reading every record back after writes resumed"))?;
     notes.push(format!(
         "{label}: space freed: {resumed} records acknowledged in {:.1} s ({} refusals while resuming)",
         resumed_at.elapsed().as_secs_f64(),
@@ -660,6 +675,17 @@ async fn disk_full_round(
     if resumed == 0 {
         problems.push("writes did not resume after space was freed".into());
     }
+    for (when, v) in [
+        ("while the disk was full", &while_full),
+        ("after writes resumed, before the restart", &after_resuming),
+    ] {
+        if !v.ok {
+            problems.push(format!(
+                "reading every record back {when} ({} of {} acknowledged found whole): {:?}",
+                v.found_acked, v.acked, v.problems
+            ));
+        }
+    }
     if !status.success() {
         problems.push(format!("SIGTERM exit status {status}"));
     }
@@ -679,6 +705,7 @@ async fn disk_full_round(
             acked_this_phase: w1.acked_this_phase + w2.acked_this_phase + w3.acked_this_phase,
             refused: w2.refused,
             stopped: w3.stopped,
+            in_flight_at_stop: w3.in_flight_at_stop,
             seconds: w1.seconds + w2.seconds + w3.seconds,
         },
         verified,

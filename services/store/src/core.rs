@@ -380,6 +380,14 @@ pub(crate) fn key_of<'p>(tenant: &str, principal: &'p str) -> Option<&'p str> {
         .and_then(|rest| rest.strip_prefix('/'))
 }
 
+/// A relaxed policy's `max_delay` (`None` under sync).
+fn relaxed_delay(policy: &SyncPolicy) -> Option<Duration> {
+    match policy {
+        SyncPolicy::Always => None,
+        SyncPolicy::Relaxed { max_delay, .. } => Some(*max_delay),
+    }
+}
+
 /// The durability policy as Stats shows it.
 pub fn describe_policy(p: &SyncPolicy) -> String {
     match p {
@@ -473,6 +481,14 @@ pub struct TenantCore<T> {
     durable: u64,
     /// Records that may be acknowledged beyond `durable` (0 = policy sync).
     window: u64,
+    /// The relaxed policy's `max_delay` in force (narrowed with the window; `None` under sync).
+    max_delay: Option<Duration>,
+    /// Changes acknowledged before their fdatasync and not reported durable yet, in buckets of
+    /// about a millisecond: (first seq of the bucket, when it was acknowledged). See
+    /// [`TenantCore::early_acks_within_delay`].
+    early_acked: VecDeque<(u64, Instant)>,
+    /// The newest seq in `early_acked`'s last bucket.
+    last_early_acked: u64,
     policy: SyncPolicy,
     checkpoint: CheckpointPolicy,
     checkpoint_seq: u64,
@@ -830,6 +846,9 @@ impl<T> TenantCore<T> {
         let policy = config.wal.sync;
         let window = policy.unsynced_records().unwrap_or(0);
         let mut core = TenantCore {
+            max_delay: relaxed_delay(&policy),
+            early_acked: VecDeque::new(),
+            last_early_acked: 0,
             tenant: tenant.to_string(),
             state,
             wal: Some(wal),
@@ -1022,6 +1041,7 @@ impl<T> TenantCore<T> {
                 if let Some(wal) = &self.wal {
                     let now = wal.narrow_policy(policy);
                     self.window = now.unsynced_records().unwrap_or(0);
+                    self.max_delay = relaxed_delay(&now);
                     if now != self.policy {
                         *self
                             .stats
@@ -1038,7 +1058,8 @@ impl<T> TenantCore<T> {
         let room = (relaxed_ok
             && self.waiting.is_empty()
             && seq <= self.durable + self.window
-            && self.unsynced_within_bound())
+            && self.unsynced_within_bound()
+            && self.early_acks_within_delay())
         .then(|| self.state.has_room());
         if matches!(room, Some(Ok(false))) {
             // Queued below, and applied when there is room (the actor asks again shortly).
@@ -1052,6 +1073,7 @@ impl<T> TenantCore<T> {
             };
             return Some(match self.state.apply_hinted(vec![(seq, op)], hints) {
                 Ok(()) => {
+                    self.note_early_ack(seq);
                     self.stats.last_seq.store(seq, Ordering::Relaxed);
                     (token, Ok(Prepared::seal(reply, seq)))
                 }
@@ -1089,6 +1111,47 @@ impl<T> TenantCore<T> {
         self.wal
             .as_ref()
             .is_some_and(|w| w.unsynced_bytes() <= w.max_unsynced_bytes())
+    }
+
+    /// Whether the oldest change acknowledged before its fdatasync, and not reported durable
+    /// since, was acknowledged less than the policy's `max_delay` ago. Past that the syncer is
+    /// held up (a slow fdatasync, a rotation waiting for its next segment), and changes wait
+    /// for their fdatasync as under `sync`: every change a power cut can lose was acknowledged
+    /// within one `max_delay` of the oldest of them. Until 2026-12-06 the time bound counted
+    /// only from the syncer's write, and a held-up syncer let acknowledgements go on for as
+    /// long as it was held (within the record and byte bounds).
+    fn early_acks_within_delay(&self) -> bool {
+        match (self.max_delay, self.early_acked.front()) {
+            (Some(delay), Some(&(_, at))) => at.elapsed() < delay,
+            _ => true,
+        }
+    }
+
+    /// Record `seq` as acknowledged before its fdatasync, now.
+    fn note_early_ack(&mut self, seq: u64) {
+        let now = Instant::now();
+        // Buckets of ~1 ms, each dated by its first change: older than any change in it, so
+        // the bound errs towards waiting, and at most ~10,000 of them for the largest delay.
+        if self
+            .early_acked
+            .back()
+            .is_none_or(|&(_, at)| now.duration_since(at) >= Duration::from_millis(1))
+        {
+            self.early_acked.push_back((seq, now));
+        }
+        self.last_early_acked = seq;
+    }
+
+    /// Forget the early acknowledgements up to `durable`.
+    fn forget_early_acks(&mut self, durable: u64) {
+        if self.last_early_acked <= durable {
+            self.early_acked.clear();
+            return;
+        }
+        // A bucket is wholly durable once the next one starts at most one past `durable`.
+        while self.early_acked.len() >= 2 && self.early_acked[1].0 <= durable + 1 {
+            self.early_acked.pop_front();
+        }
     }
 
     /// An answer decided without a record of its own. It may rest on changes still waiting for
@@ -1146,6 +1209,7 @@ impl<T> TenantCore<T> {
         match event {
             DurableEvent::Durable(upto) => {
                 self.durable = self.durable.max(upto);
+                self.forget_early_acks(self.durable);
                 if self.is_poisoned() {
                     // A group failed to apply (or the tenant failed otherwise): nothing behind
                     // it may be applied over the gap, so its waiting callers get the error too.
@@ -4923,6 +4987,44 @@ mod tests {
             core.handle(write(1, &value), &who(), 5),
             Some((5, Ok(_)))
         ));
+    }
+
+    /// The relaxed window is bounded in time at the acknowledgement too: once the oldest
+    /// change acknowledged before its fdatasync is older than `max_delay` and still not
+    /// reported durable (a held-up syncer), changes wait for their fdatasync as under `sync`.
+    #[test]
+    fn relaxed_policy_stops_acknowledging_early_past_its_delay() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = config();
+        config.wal.sync = SyncPolicy::Relaxed {
+            max_delay: Duration::from_millis(200),
+            max_records: 1000,
+        };
+        let mut core = open(dir.path(), &config);
+        assert!(matches!(
+            core.handle(write(1, b"a"), &who(), 1),
+            Some((1, Ok(_)))
+        ));
+        assert!(matches!(
+            core.handle(write(2, b"b"), &who(), 2),
+            Some((2, Ok(_)))
+        ));
+        // No durable report reaches the core (as while its syncer is held up).
+        std::thread::sleep(Duration::from_millis(300));
+        let late = core.handle(write(3, b"c"), &who(), 3);
+        assert!(late.is_none(), "acknowledged past the delay: {late:?}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while core.wal.as_ref().unwrap().durable_seq() < 3 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let answers = core.on_durable(DurableEvent::Durable(3));
+        assert!(matches!(answers.as_slice(), [(3, Ok(_))]), "{answers:?}");
+        // Synced, changes are acknowledged early again.
+        assert!(matches!(
+            core.handle(write(4, b"d"), &who(), 4),
+            Some((4, Ok(_)))
+        ));
+        assert_eq!(core.early_acked.len(), 1);
     }
 
     /// An answer that rests on a change still waiting for its fsync goes out only after that

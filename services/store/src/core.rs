@@ -1114,15 +1114,19 @@ impl<T> TenantCore<T> {
     }
 
     /// Whether the oldest change acknowledged before its fdatasync, and not reported durable
-    /// since, was acknowledged less than the policy's `max_delay` ago. Past that the syncer is
-    /// held up (a slow fdatasync, a rotation waiting for its next segment), and changes wait
-    /// for their fdatasync as under `sync`: every change a power cut can lose was acknowledged
-    /// within one `max_delay` of the oldest of them. Until 2026-12-06 the time bound counted
-    /// only from the syncer's write, and a held-up syncer let acknowledgements go on for as
-    /// long as it was held (within the record and byte bounds).
+    /// since, was acknowledged less than twice the policy's `max_delay` ago: one `max_delay`
+    /// for the syncer's own deadline (it syncs once its oldest unsynced write is that old), one
+    /// for that write, the fdatasync and its report. Past that the syncer is held up (a slow
+    /// fdatasync, a rotation waiting for its next segment), and changes wait for their
+    /// fdatasync as under `sync`: every change a power cut can lose was acknowledged within
+    /// 2 × `max_delay` of the oldest of them. (With the bound at one `max_delay`, a healthy
+    /// tenant stalled at every sync: its oldest acknowledgement is older than that when the
+    /// syncer's deadline starts the fdatasync.) Until 2026-12-06 the time bound counted only
+    /// from the syncer's write, and a held-up syncer let acknowledgements go on for as long as
+    /// it was held (within the record and byte bounds).
     fn early_acks_within_delay(&self) -> bool {
         match (self.max_delay, self.early_acked.front()) {
-            (Some(delay), Some(&(_, at))) => at.elapsed() < delay,
+            (Some(delay), Some(&(_, at))) => at.elapsed() < delay.saturating_mul(2),
             _ => true,
         }
     }
@@ -1225,7 +1229,10 @@ impl<T> TenantCore<T> {
                 // fdatasync, and everything after it waits behind it.
                 let durable = self.durable;
                 // (Under `sync` the window is empty: no look at the log's byte count.)
-                let limit = if self.window > 0 && self.unsynced_within_bound() {
+                let limit = if self.window > 0
+                    && self.unsynced_within_bound()
+                    && self.early_acks_within_delay()
+                {
                     durable + self.window
                 } else {
                     durable
@@ -1260,6 +1267,18 @@ impl<T> TenantCore<T> {
                     }
                     Err(e) => Some(e),
                 };
+                // Changes past `durable` answered now count as acknowledged early, as in
+                // `handle` (seqs ascend: the first of them opens a bucket, the last closes it).
+                if let Some(first) = self
+                    .waiting
+                    .iter()
+                    .take(n)
+                    .map(|w| w.seq)
+                    .find(|&seq| seq > durable)
+                {
+                    self.note_early_ack(first);
+                    self.last_early_acked = self.waiting[n - 1].seq;
+                }
                 let injected = self
                     .wal
                     .as_ref()
@@ -5009,8 +5028,9 @@ mod tests {
             core.handle(write(2, b"b"), &who(), 2),
             Some((2, Ok(_)))
         ));
-        // No durable report reaches the core (as while its syncer is held up).
-        std::thread::sleep(Duration::from_millis(300));
+        // No durable report reaches the core (as while its syncer is held up) for longer than
+        // twice the delay.
+        std::thread::sleep(Duration::from_millis(450));
         let late = core.handle(write(3, b"c"), &who(), 3);
         assert!(late.is_none(), "acknowledged past the delay: {late:?}");
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -5025,6 +5045,17 @@ mod tests {
             Some((4, Ok(_)))
         ));
         assert_eq!(core.early_acked.len(), 1);
+        // A durable report that does not reach the oldest early acknowledgement releases no
+        // waiting change past its fdatasync once the delay is passed, and a change it does
+        // release early counts as acknowledged early (the report path held no time bound).
+        std::thread::sleep(Duration::from_millis(450));
+        assert!(core.handle(write(5, b"e"), &who(), 5).is_none());
+        assert!(core.on_durable(DurableEvent::Durable(3)).is_empty());
+        let answers = core.on_durable(DurableEvent::Durable(4));
+        assert!(matches!(answers.as_slice(), [(5, Ok(_))]), "{answers:?}");
+        assert_eq!(core.early_acked.len(), 1, "{:?}", core.early_acked);
+        std::thread::sleep(Duration::from_millis(450));
+        assert!(core.handle(write(6, b"f"), &who(), 6).is_none());
     }
 
     /// An answer that rests on a change still waiting for its fsync goes out only after that

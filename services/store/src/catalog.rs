@@ -430,6 +430,8 @@ impl Catalog {
         let written = self.written.load(Ordering::Acquire);
         let unsynced = written.saturating_sub(self.synced_at.load(Ordering::Acquire));
         if unsynced > 0 && unsynced + payload_bytes(&ops) as u64 > LARGEST_RESTATEMENT as u64 {
+            // Counted as a catalog sync (the change lock is held through it), as above.
+            let _sync = SyncUnderWay::new(&self.syncs);
             // Nothing of this change is written yet: a failed sync refuses it plainly.
             if let Err(e) = self.sync_to(written) {
                 self.refuse_if_failed()?;
@@ -713,6 +715,12 @@ impl Catalog {
     /// NOT_FOUND unless `tenant` exists (a creation still waiting for its fdatasync is waited
     /// for: see [`Catalog::tenant_exists_durably`]).
     pub fn require_tenant(&self, tenant: &str) -> Result<(), StoreError> {
+        // A tenant with a published key was created durably (a key is published only once its
+        // record is): no need for the change lock, which async handlers must not wait for
+        // behind a journal start-over or an fdatasync.
+        if self.has_tenant(tenant) {
+            return Ok(());
+        }
         self.require_tenant_locked(&mut self.lock_changes(), tenant)
     }
 
@@ -761,7 +769,15 @@ impl Catalog {
         if !self.tenant_exists(tenant)? {
             return Ok(false);
         }
-        self.settle_unsynced(st, Tree::Tenants, tenant.as_bytes())?;
+        // The caller's own change is not written: its failure is no unknown outcome of it.
+        self.settle_unsynced(st, Tree::Tenants, tenant.as_bytes())
+            .map_err(|_| {
+                StoreError::Unavailable(format!(
+                    "tenant '{tenant}' is being created, and its creation could not be made \
+                     durable (it may be in force after the server restarts: check then); \
+                     catalog changes are refused until that restart; see the server log"
+                ))
+            })?;
         Ok(true)
     }
 
@@ -782,6 +798,9 @@ impl Catalog {
             .find(|u| u.ops.iter().any(|op| op.tree == tree && op.key == key))
             .map(|u| u.end);
         if let Some(end) = unsynced {
+            // Counted as a catalog sync: a tenant's actor holds its catalog changes rather than
+            // wait for the change lock held meanwhile.
+            let _sync = SyncUnderWay::new(&self.syncs);
             let synced = self.sync_to(end)?;
             self.settle(st, synced);
         }
@@ -851,7 +870,15 @@ impl Catalog {
         if current.revoked {
             // "Already revoked" only once that revocation is durable: a repeat of a command
             // whose sync is slow was told so at once, and the revocation could still fail.
-            self.settle_unsynced(&mut st, Tree::Keys, key_name(tenant, key_id).as_bytes())?;
+            self.settle_unsynced(&mut st, Tree::Keys, key_name(tenant, key_id).as_bytes())
+                .map_err(|_| {
+                    StoreError::Unavailable(
+                        "the key's revocation, made just before, could not be made durable (it \
+                         may be in force after the server restarts: check then); catalog \
+                         changes are refused until that restart; see the server log"
+                            .into(),
+                    )
+                })?;
             return Ok(false);
         }
         let mut info = (*current).clone();
@@ -1596,6 +1623,25 @@ pub(crate) mod tests {
             .open("/dev/null")
             .unwrap();
         c.sync.lock().unwrap().file = Arc::new(null);
+    }
+
+    /// A tenant created durably is found without the change lock, which async handlers must
+    /// not wait for (a start-over or an fdatasync can hold it).
+    #[test]
+    fn a_durable_tenant_is_found_without_the_change_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Arc::new(Catalog::open(&dir.path().join("catalog")).unwrap());
+        c.create_tenant("acme").unwrap();
+        let held = c.lock_changes();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let finder = {
+            let c = Arc::clone(&c);
+            std::thread::spawn(move || tx.send(c.require_tenant("acme").is_ok()).unwrap())
+        };
+        let found = rx.recv_timeout(std::time::Duration::from_secs(5));
+        drop(held);
+        finder.join().unwrap();
+        assert_eq!(found, Ok(true));
     }
 
     /// A repeated revocation, or a second creation of a tenant, answers "already" only once

@@ -590,11 +590,14 @@ fn parse_canonical_ts(text: &str) -> Option<i64> {
 }
 
 /// A call whose answer has not come back yet; dropped unanswered, it is counted as handled with
-/// CANCELLED, so `grpc_server_started_total` and `grpc_server_handled_total` stay paired.
+/// CANCELLED (or DEADLINE_EXCEEDED, once the client's `grpc-timeout` has run out: tonic drops
+/// the call then), so `grpc_server_started_total` and `grpc_server_handled_total` stay paired.
 struct Unanswered {
     labels: RpcLabels,
     auth: &'static str,
     started: Instant,
+    /// The client's `grpc-timeout`, if it sent one.
+    deadline: Option<Duration>,
 }
 
 impl Unanswered {
@@ -612,8 +615,17 @@ impl Unanswered {
 
 impl Drop for Unanswered {
     fn drop(&mut self) {
-        self.labels
-            .handled(tonic::Code::Cancelled as i32, self.auth, self.started);
+        // tonic's timer for the client's deadline started before this layer's clock: a drop
+        // within a millisecond of the deadline is its expiry, not a client's reset.
+        let expired = self
+            .deadline
+            .is_some_and(|d| self.started.elapsed() + Duration::from_millis(1) >= d);
+        let code = if expired {
+            tonic::Code::DeadlineExceeded
+        } else {
+            tonic::Code::Cancelled
+        };
+        self.labels.handled(code as i32, self.auth, self.started);
     }
 }
 
@@ -789,6 +801,7 @@ impl<S> Authenticated<S> {
             labels,
             auth: "none",
             started,
+            deadline: client_timeout(req.headers()),
         });
         let counted = MarkWait(false);
         Box::pin(async move {
@@ -867,17 +880,20 @@ impl<S> Authenticated<S> {
                 }
                 // tonic holds the call to the client's own deadline; ours only when it is
                 // shorter (or the client sent none), so a call needs one timer at most.
-                let limit = self.call_timeout.filter(|ours| {
-                    client_timeout(req.headers()).is_none_or(|theirs| theirs > *ours)
-                });
+                let theirs = client_timeout(req.headers());
+                let limit = self
+                    .call_timeout
+                    .filter(|ours| theirs.is_none_or(|theirs| theirs > *ours));
                 let fut = self.inner.call(req);
                 // Counted as CANCELLED if the call's future is dropped before the answer, even
-                // unpolled: a `grpc-timeout` that expired (tonic's timeout, outside this layer,
-                // drops the call and answers CANCELLED) or a client that reset the stream.
+                // unpolled (a client that reset the stream), or as DEADLINE_EXCEEDED when its
+                // `grpc-timeout` expired (tonic's timeout, outside this layer, drops the call
+                // and answers CANCELLED "Timeout expired").
                 let mut unanswered = metrics.then(|| Unanswered {
                     labels,
                     auth,
                     started,
+                    deadline: theirs,
                 });
                 Box::pin(async move {
                     let resp = match limit {
@@ -986,6 +1002,33 @@ mod tests {
         assert!(futures::poll!(&mut call).is_pending());
         drop(call);
         assert_eq!(cancelled(), before + 1);
+    }
+
+    /// A call dropped once its client's `grpc-timeout` has run out (tonic's timer, outside the
+    /// layer, drops it) is counted as DEADLINE_EXCEEDED, not as a client's cancel.
+    #[tokio::test]
+    async fn a_call_dropped_at_its_deadline_is_counted_as_deadline_exceeded() {
+        let (_dir, auth) = authenticator();
+        let mut svc = AuthLayer::new(auth, None).layer(never());
+        let count = |code: &str| {
+            cube_metrics::GRPC_HANDLED
+                .with_label_values(&["unary", "grpc.health.v1.Health", "Check", code, "none"])
+                .get()
+        };
+        let before = (count("DeadlineExceeded"), count("Canceled"));
+        let req = http::Request::builder()
+            .uri("/grpc.health.v1.Health/Check")
+            .header("grpc-timeout", "20m")
+            .body(())
+            .unwrap();
+        let mut call = svc.call(req);
+        assert!(futures::poll!(&mut call).is_pending());
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        drop(call);
+        assert_eq!(
+            (count("DeadlineExceeded"), count("Canceled")),
+            (before.0 + 1, before.1)
+        );
     }
 
     /// A service that answers every call at once (OK).

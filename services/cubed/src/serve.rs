@@ -442,32 +442,44 @@ pub async fn run(
         }
         Some(Err(e)) => Err(e),
         Some(Ok(listener)) => {
-            ready.set(true);
-            // Not `println!`: a closed stdout (a supervisor that stopped reading) must not panic
-            // a server that recovered its tenants and is about to serve them.
-            let announced = writeln!(
-                std::io::stdout().lock(),
+            let ready_line = format!(
                 "cubed ready: grpc={addr} tls={tls} admin={admin_addr} data_dir={}",
                 data.root().display()
-            )
-            .and_then(|()| std::io::stdout().flush());
-            if let Err(e) = announced {
-                tracing::warn!(error = %e, "the ready line could not be written to stdout");
-            }
-            tracing::info!(%addr, data_dir = %data.root().display(), "serving");
+            );
+            let data_root = data.root().display().to_string();
             let stop_gateway = stop.clone();
             let not_ready = ready.clone();
             let draining = CancellationToken::new();
             let drain_begins = draining.clone();
-            let serving = gateway.serve(listener, async move {
-                tokio::select! {
-                    () = shutdown => {},
-                    () = stop_gateway.cancelled() => {},
-                }
-                // Load balancers stop sending new work while the calls in flight drain.
-                not_ready.set(false);
-                drain_begins.cancel();
-            });
+            let now_ready = ready.clone();
+            let serving = gateway.serve(
+                listener,
+                async move {
+                    tokio::select! {
+                        () = shutdown => {},
+                        () = stop_gateway.cancelled() => {},
+                    }
+                    // Load balancers stop sending new work while the calls in flight drain.
+                    not_ready.set(false);
+                    drain_begins.cancel();
+                },
+                // Ready (and the ready line printed) once the accept loop starts, not when the
+                // port listens: the replay clock mark's first renewal (an fdatasync) comes
+                // between, and a stalled disk had /readyz send traffic to a server not taking
+                // connections (until 2026-12-06). The stop above runs only inside the loop,
+                // after this.
+                move || {
+                    now_ready.set(true);
+                    // Not `println!`: a closed stdout (a supervisor that stopped reading) must
+                    // not panic a server that recovered its tenants and is about to serve them.
+                    let announced = writeln!(std::io::stdout().lock(), "{ready_line}")
+                        .and_then(|()| std::io::stdout().flush());
+                    if let Err(e) = announced {
+                        tracing::warn!(error = %e, "the ready line could not be written to stdout");
+                    }
+                    tracing::info!(%addr, data_dir = %data_root, "serving");
+                },
+            );
             // tonic waits for every connection to close, which a client holding a stream open
             // (Health.Watch ends only with the server) never does: the wait is bounded. Connections
             // still open then were sent GOAWAY (no new calls); their calls may still be answered

@@ -209,11 +209,14 @@ impl Gateway {
     }
 
     /// Serve gRPC on `listener` until `shutdown` resolves, then stop accepting and wait for the
-    /// calls in flight. Closing the tenants is the caller's next step.
+    /// calls in flight. `accepting` runs once everything before the accept loop is done (the
+    /// replay clock mark's first renewal among it, an fdatasync), as the loop starts: where a
+    /// readiness flag is set. Closing the tenants is the caller's next step.
     pub async fn serve(
         &self,
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send,
+        accepting: impl FnOnce() + Send,
     ) -> Result<(), ServeError> {
         let (health_reporter, health) = tonic_health::server::health_reporter();
         health_reporter
@@ -348,8 +351,9 @@ impl Gateway {
                 })
                 .max_decoding_message_size(OPEN_MESSAGE_BYTES),
             )
-            .serve_with_incoming_shutdown(incoming, stopping)
-            .await;
+            .serve_with_incoming_shutdown(incoming, stopping);
+        accepting();
+        let served = served.await;
         drop(acceptor_task);
         drop(renewer);
         served?;

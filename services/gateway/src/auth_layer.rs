@@ -629,6 +629,47 @@ impl Drop for Unanswered {
     }
 }
 
+/// A streaming call's answer, counted when its trailers (its status) pass, or as the stream's
+/// error; dropped before either, its [`Unanswered`] counts it CANCELLED. (Until 2026-12-06 a
+/// stream was counted at its response headers, as `OK` whatever its trailers said: a Region
+/// page cut off with ABORTED, or an Audit page answering DATA_LOSS, counted as a success.)
+struct Finishing {
+    body: Body,
+    unanswered: Option<Unanswered>,
+}
+
+impl http_body::Body for Finishing {
+    type Data = bytes::Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, Status>>> {
+        let frame = std::task::ready!(Pin::new(&mut self.body).poll_frame(cx));
+        let status = match &frame {
+            Some(Ok(f)) => f.trailers_ref().map(status_of),
+            Some(Err(e)) => Some(e.code() as i32),
+            // The end without trailers: no status was sent.
+            None => Some(tonic::Code::Unknown as i32),
+        };
+        if let Some(status) = status
+            && let Some(u) = self.unanswered.take()
+        {
+            u.answered(status);
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
 /// Tower layer running [`Authenticator`] before the wrapped service, and holding each call to
 /// the server's deadline.
 #[derive(Debug, Clone)]
@@ -909,6 +950,17 @@ impl<S> Authenticated<S> {
                         }
                     };
                     if let Some(u) = unanswered.take() {
+                        if u.labels.streams() && !resp.headers().contains_key("grpc-status") {
+                            // A stream's status comes in its trailers, after its messages:
+                            // counted (and timed) when they pass, CANCELLED if its body is
+                            // dropped first.
+                            return Ok(resp.map(|body| {
+                                Body::new(Finishing {
+                                    body,
+                                    unanswered: Some(u),
+                                })
+                            }));
+                        }
                         u.answered(status_of(resp.headers()));
                     }
                     Ok(resp)
@@ -1028,6 +1080,70 @@ mod tests {
         assert_eq!(
             (count("DeadlineExceeded"), count("Canceled")),
             (before.0 + 1, before.1)
+        );
+    }
+
+    /// A streaming call is counted with the status of its trailers, when they pass (it was
+    /// counted OK at its headers), and as CANCELLED if its body is dropped before them.
+    #[tokio::test]
+    async fn a_stream_is_counted_with_the_status_in_its_trailers() {
+        use http_body_util::BodyExt;
+        let stream_with = |status: &'static str| {
+            tower::service_fn(move |_: http::Request<()>| {
+                let mut trailers = HeaderMap::new();
+                trailers.insert("grpc-status", status.parse().unwrap());
+                let frames = vec![
+                    Ok::<_, Status>(http_body::Frame::data(bytes::Bytes::from_static(b"m"))),
+                    Ok(http_body::Frame::trailers(trailers)),
+                ];
+                let body = Body::new(http_body_util::StreamBody::new(futures::stream::iter(
+                    frames,
+                )));
+                std::future::ready(Ok::<_, Infallible>(http::Response::new(body)))
+            })
+        };
+        let count = |code: &str| {
+            cube_metrics::GRPC_HANDLED
+                .with_label_values(&[
+                    "bidi_stream",
+                    "grpc.reflection.v1alpha.ServerReflection",
+                    "ServerReflectionInfo",
+                    code,
+                    "none",
+                ])
+                .get()
+        };
+        // A method no other test here counts (the counters are the process's).
+        let watch = || {
+            http::Request::builder()
+                .uri("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo")
+                .body(())
+                .unwrap()
+        };
+        let (_dir, auth) = authenticator();
+        let before = (count("OK"), count("Aborted"), count("Canceled"));
+        let mut svc = AuthLayer::new(Arc::clone(&auth), None).layer(stream_with("10"));
+        let resp = svc.call(watch()).await.unwrap();
+        // Not counted at the headers.
+        assert_eq!((count("OK"), count("Aborted")), (before.0, before.1));
+        let trailers = resp
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .trailers()
+            .cloned();
+        assert_eq!(trailers.unwrap()["grpc-status"], "10");
+        assert_eq!(
+            (count("OK"), count("Aborted"), count("Canceled")),
+            (before.0, before.1 + 1, before.2)
+        );
+        // Dropped unread: given up by its client.
+        let mut svc = AuthLayer::new(auth, None).layer(stream_with("0"));
+        drop(svc.call(watch()).await.unwrap());
+        assert_eq!(
+            (count("OK"), count("Aborted"), count("Canceled")),
+            (before.0, before.1 + 1, before.2 + 1)
         );
     }
 

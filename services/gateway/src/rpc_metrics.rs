@@ -102,6 +102,11 @@ impl RpcLabels {
         }
     }
 
+    /// Whether the method streams its answer (its status comes in the trailers).
+    pub(crate) fn streams(&self) -> bool {
+        self.grpc_type != "unary" && self.grpc_type != "unknown"
+    }
+
     pub(crate) fn started(&self) {
         RESOLVED.started[self.index]
             .get_or_init(|| {

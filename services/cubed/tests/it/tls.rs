@@ -66,6 +66,39 @@ async fn signed_calls_work_over_tls_and_plaintext_clients_are_not_served() {
     }
 }
 
+/// The TLS listener speaks TLS 1.3 only: under TLS 1.2 a client certificate crosses the wire in
+/// clear, and with it the tenant and key id in its subject, to anyone watching.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tls_listener_refuses_tls_1_2() {
+    use rustls_pki_types::pem::PemObject;
+    use tokio_rustls::rustls;
+    let server = TestServer::start_with(cubed(), &["--tls-dev"]).unwrap();
+    let ca = std::fs::read(server.data_dir().join("tls").join("ca.pem")).unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pki_types::CertificateDer::pem_slice_iter(&ca) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let handshake = |version: &'static rustls::SupportedProtocolVersion| {
+        let mut config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_protocol_versions(&[version])
+        .unwrap()
+        .with_root_certificates(roots.clone())
+        .with_no_client_auth();
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+        let addr = server.addr;
+        async move {
+            let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+            connector.connect(name, tcp).await.map(drop)
+        }
+    };
+    assert!(handshake(&rustls::version::TLS13).await.is_ok());
+    assert!(handshake(&rustls::version::TLS12).await.is_err());
+}
+
 /// A revoked key's certificate reconnecting in a loop is logged as long as its address is not
 /// throttled, not once per connection: with `--auth-failure-limit 2`, 12 connections leave at
 /// most 3 log lines (the failure that throttles is the third at most: the refused calls count

@@ -293,6 +293,13 @@ pub fn write_client_cert(
     })?;
     let cert_path = out.join(format!("{tenant}.{key_id}.crt.pem"));
     let key_path = out.join(format!("{tenant}.{key_id}.key.pem"));
+    // The pair under an exclusive lock on the directory: two runs for one key into one --out
+    // could otherwise leave one's certificate beside the other's key, a pair no handshake
+    // accepts.
+    let dir =
+        fs::File::open(out).with_context(|| format!("--out {}: cannot open it", out.display()))?;
+    let _lock = nix::fcntl::Flock::lock(dir, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| anyhow::anyhow!("--out {}: cannot lock it: {e}", out.display()))?;
     write_private(&cert_path, cert)?;
     write_private(&key_path, key)?;
     Ok((cert_path, key_path))
@@ -301,6 +308,37 @@ pub fn write_client_cert(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A certificate pair is written under an exclusive lock on its --out directory: a second
+    /// writer into it waits, so two runs for one key cannot mix their files.
+    #[test]
+    fn a_certificate_pair_is_written_under_a_lock_on_its_directory() {
+        let out = tempfile::tempdir().unwrap();
+        let held = nix::fcntl::Flock::lock(
+            fs::File::open(out.path()).unwrap(),
+            nix::fcntl::FlockArg::LockExclusive,
+        )
+        .map_err(|(_, e)| e)
+        .unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let dir = out.path().to_path_buf();
+        let writer = std::thread::spawn(move || {
+            tx.send(write_client_cert(&dir, "t", "k-1", "CERT", "KEY").is_ok())
+                .unwrap();
+        });
+        let early = rx.recv_timeout(std::time::Duration::from_millis(300));
+        assert!(early.is_err(), "written while the directory was locked");
+        drop(held);
+        assert_eq!(
+            rx.recv_timeout(std::time::Duration::from_secs(10)),
+            Ok(true)
+        );
+        writer.join().unwrap();
+        assert_eq!(
+            fs::read_to_string(out.path().join("t.k-1.key.pem")).unwrap(),
+            "KEY"
+        );
+    }
 
     /// A CA key that is not the CA certificate's is refused, naming both files, instead of
     /// signing certificates no handshake accepts.

@@ -632,8 +632,12 @@ def _load_creds(args) -> Credentials:
     if empty:
         raise ValueError(f"{', '.join(empty)} set but empty: give a value, or unset it")
     given = [v for k, v in names if env[k] is not None]
+    # CUBE_CREDENTIALS stands for --credentials, as for cubec (it was ignored, and the default
+    # file, perhaps another server's, was read instead).
+    if not args.credentials and os.environ.get("CUBE_CREDENTIALS"):
+        args.credentials = os.environ["CUBE_CREDENTIALS"]
     if given and args.credentials:
-        raise ValueError(f"--credentials and {', '.join(given)} both given: use one of them")
+        raise ValueError(f"--credentials (or CUBE_CREDENTIALS) and {', '.join(given)} both given: use one of them")
     if given and len(given) < len(names):
         missing = [v for k, v in names if not env[k]]
         raise ValueError(f"{', '.join(given)} set without {', '.join(missing)}: set all three, or none")
@@ -646,7 +650,10 @@ def _load_creds(args) -> Credentials:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="cube_client.py", description="Cube client (docs/protocol.md) in Python")
-    p.add_argument("--credentials", help=f"credentials JSON (default: $CUBE_TENANT/KEY_ID/SECRET, else {DEFAULT_CREDENTIALS})")
+    p.add_argument(
+        "--credentials",
+        help=f"credentials JSON (default: $CUBE_CREDENTIALS, else $CUBE_TENANT/KEY_ID/SECRET, else {DEFAULT_CREDENTIALS})",
+    )
     p.add_argument("--endpoint", help="e.g. http://127.0.0.1:50051 (default: the credentials' endpoint)")
     p.add_argument(
         "--ca", metavar="FILE", help="CA certificate (PEM) to trust for an https:// endpoint (default: the system's roots)"

@@ -41,6 +41,9 @@ fi
 
 # --- server ----------------------------------------------------------------------------------
 start_cubed pyclient
+# The caller's own credentials must not stand in for the ones each check passes (the client
+# refuses CUBE_TENANT & co. beside --credentials, and reads CUBE_CREDENTIALS for it).
+unset CUBE_TENANT CUBE_KEY_ID CUBE_SECRET CUBE_CREDENTIALS CUBE_PROTO_DIR
 ENDPOINT="http://$ADDR"
 DEMO="$DATA/dev-credentials.json"
 echo "cubed ready on $ENDPOINT (pid $SERVER_PID)"
@@ -110,7 +113,10 @@ CUBE_TENANT= CUBE_KEY_ID= CUBE_SECRET= expect_err "credentials: empty variables 
   "CUBE_TENANT, CUBE_KEY_ID, CUBE_SECRET set but empty" read 1 1 1
 CUBE_TENANT=demo CUBE_KEY_ID=k-000000000000 CUBE_SECRET=00 expect_err \
   "credentials: the environment beside --credentials is refused" ValueError \
-  "--credentials and CUBE_TENANT, CUBE_KEY_ID, CUBE_SECRET both given" --credentials "$DEMO" read 1 1 1
+  "--credentials (or CUBE_CREDENTIALS) and CUBE_TENANT, CUBE_KEY_ID, CUBE_SECRET both given" --credentials "$DEMO" read 1 1 1
+# CUBE_CREDENTIALS stands for --credentials (it was ignored, and ./cube-data's file read instead)
+CUBE_CREDENTIALS="$TMP/no-such-credentials.json" expect_err "credentials: CUBE_CREDENTIALS is read" \
+  FileNotFoundError "no-such-credentials.json" read 1 1 1
 
 # 2c. no silent plaintext: an endpoint without a scheme, and --ca beside an http:// endpoint
 expect_err "an endpoint without a scheme is refused" ValueError "must start with http:// (plaintext) or https://" \
@@ -159,7 +165,8 @@ if "$CUBED" tenant create acme --data-dir "$DATA" >"$ACME" 2>"$TMP/tenant.err" &
   "$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["tenant"]=="acme" and len(d["secret"])==64' "$ACME" 2>/dev/null; then
   ok "cubed tenant create acme (server running)"
 else
-  bad "cubed tenant create acme (server running)" "stdout: $(cat "$ACME")" "stderr: $(cat "$TMP/tenant.err")"
+  # Not stdout: it holds the new key's secret.
+  bad "cubed tenant create acme (server running)" "stderr: $(cat "$TMP/tenant.err")"
 fi
 
 # 12-17. tenant isolation: same coordinate, separate data, keys not interchangeable

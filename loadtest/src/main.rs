@@ -71,6 +71,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    // Server flags given as CUBE_* variables reach the servers this tool starts.
+    cube_testkit::inherit_cube_env();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -27,6 +27,30 @@ pub type SignedCells = CellsClient<Signing<Channel>>;
 /// through a box").
 pub const NEXT_PAGE_TOKEN: &str = "x-cube-next-page-token-bin";
 
+/// Whether servers and commands started here see this process's `CUBE_*` variables (cubed
+/// reads each as a flag). Off unless [`inherit_cube_env`] was called: a test's server must not
+/// take a developer's `CUBE_NO_DEMO`, `CUBE_AUTH_MODE` or `CUBE_CONFIG` for its own.
+static INHERIT_CUBE_ENV: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Let the servers and commands this process starts see its `CUBE_*` variables: for the load
+/// and durability tools, whose users set server flags that way (`CUBE_CALL_TIMEOUT_MS=… cube-load
+/// bench`).
+pub fn inherit_cube_env() {
+    INHERIT_CUBE_ENV.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// `command` without this process's `CUBE_*` variables, unless [`inherit_cube_env`] was called.
+fn cube_env_cleared(command: &mut Command) -> &mut Command {
+    if !INHERIT_CUBE_ENV.load(std::sync::atomic::Ordering::Relaxed) {
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("CUBE_") {
+                command.env_remove(name);
+            }
+        }
+    }
+    command
+}
+
 /// Every cell of the inclusive box `[min, max]`, following Region's page tokens, `page` cells
 /// per call; over any connection, as [`region_for_each`].
 pub async fn region_all<T>(
@@ -147,7 +171,7 @@ impl TestServer {
         self.starts += 1;
         let log = fs::File::create(self.log_path())?;
         let mut command = Command::new(&self.bin);
-        command
+        cube_env_cleared(&mut command)
             .arg("serve")
             .arg("--data-dir")
             .arg(self.data_dir())
@@ -496,7 +520,7 @@ impl TestServer {
     /// [`interrupt`] while it runs).
     pub fn cli(&self, args: &[&str]) -> anyhow::Result<Output> {
         Ok(interrupt::ChildProcess::output(
-            Command::new(&self.bin)
+            cube_env_cleared(&mut Command::new(&self.bin))
                 .args(args)
                 .arg("--data-dir")
                 .arg(self.data_dir()),

@@ -26,7 +26,8 @@ const DEFAULT_CREDENTIALS: &str = "./cube-data/dev-credentials.json";
     version,
     after_help = "Exit status: 0 done, 1 failed (connection, refusal, bad credentials), 2 usage \
                   error, 3 `audit verify` found the audit chain broken (or `audit list` met \
-                  entries missing from the server's trail)."
+                  entries missing from the server's trail, or one sent twice or out of \
+                  order)."
 )]
 struct Cli {
     /// Server address; default: the credentials file's endpoint, else http://127.0.0.1:50051
@@ -362,6 +363,25 @@ async fn run() -> anyhow::Result<()> {
     // A client certificate authenticates the connection: no key material is needed besides it.
     let creds = match &cli.cert {
         Some(_) => {
+            // Key material named beside the certificate would be silently unused, and the
+            // calls made as the certificate's key: refused, as a file beside the variables is.
+            let named: Vec<&str> = ["CUBE_TENANT", "CUBE_KEY_ID", "CUBE_SECRET"]
+                .into_iter()
+                .filter(|v| std::env::var_os(v).is_some())
+                .collect();
+            anyhow::ensure!(
+                named.is_empty(),
+                "{} name a key, but --cert authenticates the connection as the key its \
+                 certificate names: unset them, or leave out --cert and --key",
+                named.join(", ")
+            );
+            if let Some(file) = &cli.credentials {
+                eprintln!(
+                    "cubec: note: the key in {} is not used: the client certificate \
+                     authenticates the connection (only the file's endpoint is)",
+                    file.display()
+                );
+            }
             anyhow::ensure!(
                 cli.auth.is_none(),
                 "--cert authenticates the connection itself: {}",
@@ -401,6 +421,13 @@ async fn run() -> anyhow::Result<()> {
             if cli.ca_from_env { "CUBE_CA" } else { "--ca" },
             target.endpoint,
             target.origin
+        );
+    }
+    if !target.tls && cli.tls_server_name.is_some() {
+        eprintln!(
+            "cubec: note: --tls-server-name is not used: {} (from {}) is plaintext; use \
+             https:// for TLS",
+            target.endpoint, target.origin
         );
     }
     let mut ep = Endpoint::from_shared(target.endpoint.clone())
@@ -489,6 +516,11 @@ async fn calls(cli: Cli, creds: Option<&Credentials>, channel: Channel) -> anyho
             cube_auth::client::handshake(channel.clone(), creds)
                 .await
                 .map_err(|e| match e {
+                    // A status with a source was made by the client (a timeout, a broken
+                    // connection): no refusal.
+                    HandshakeError::Refused(s) if std::error::Error::source(&s).is_some() => {
+                        status(s)
+                    }
                     HandshakeError::Refused(s) => status(s).context("handshake refused"),
                     other => anyhow::Error::new(other).context("handshake"),
                 })?;
@@ -1210,8 +1242,9 @@ fn status(s: tonic::Status) -> anyhow::Error {
         if c.downcast_ref::<tonic::TimeoutExpired>().is_some() {
             return anyhow::anyhow!(
                 "no answer within --timeout-secs ({} s): the server took the connection but \
-                 did not answer in time (stopped or overloaded?); raise --timeout-secs for a \
-                 slow call, 0 for no limit",
+                 did not answer in time (stopped or overloaded?); a change it was sent (write, \
+                 delete, ...) may still have been applied: read before retrying it; raise \
+                 --timeout-secs for a slow call, 0 for no limit",
                 TIMEOUT_SECS.load(std::sync::atomic::Ordering::Relaxed)
             );
         }

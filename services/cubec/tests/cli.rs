@@ -309,6 +309,13 @@ fn a_ca_for_a_plaintext_endpoint_is_named_as_unused() {
     let o = run(dir.path(), &[("CUBE_CA", "ca.pem")], &args);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stderr(&o), note("CUBE_CA"));
+    let o = run(
+        dir.path(),
+        &[],
+        &[&["--tls-server-name", "cube.example"][..], &args].concat(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stderr(&o), note("--tls-server-name"));
     // Without a CA, nothing is said.
     let o = run(dir.path(), &[], &args);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -341,6 +348,26 @@ fn a_client_certificate_needs_https_and_no_auth_model() {
     let o = run(dir.path(), &[("CUBE_AUTH", "call")], &mtls(https, &[]));
     assert!(!o.status.success());
     assert!(stderr(&o).contains("unset CUBE_AUTH"), "{}", stderr(&o));
+    // A key named in the environment beside a certificate would go unused, and the calls be
+    // made as the certificate's key without a word: refused (they were made).
+    let o = run(
+        dir.path(),
+        &[
+            ("CUBE_TENANT", "acme"),
+            ("CUBE_KEY_ID", "k-1"),
+            ("CUBE_SECRET", "00"),
+        ],
+        &mtls(https, &[]),
+    );
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains(
+            "CUBE_TENANT, CUBE_KEY_ID, CUBE_SECRET name a key, but --cert authenticates the \
+             connection as the key its certificate names"
+        ),
+        "{}",
+        stderr(&o)
+    );
     let o = run(dir.path(), &[("CUBE_AUTH", "")], &["read", "1", "2", "3"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(
@@ -1111,7 +1138,25 @@ fn a_server_that_does_not_answer_ends_the_command_after_the_timeout() {
         let started = std::time::Instant::now();
         let o = run(dir.path(), &env, &read);
         let took = started.elapsed();
+        // The handshake's call timed out too: no answer, not a refusal (it said "handshake
+        // refused").
+        let handshake = run(
+            dir.path(),
+            &env,
+            &[&["--auth", "connection"][..], &read].concat(),
+        );
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+        assert_eq!(
+            handshake.status.code(),
+            Some(1),
+            "tls {tls}: {}",
+            stderr(&handshake)
+        );
+        assert!(
+            stderr(&handshake).starts_with("cubec: error: no answer within --timeout-secs"),
+            "tls {tls}: {}",
+            stderr(&handshake)
+        );
         assert_eq!(o.status.code(), Some(1), "tls {tls}: {}", stderr(&o));
         assert!(
             stderr(&o).starts_with("cubec: error: no answer within --timeout-secs"),

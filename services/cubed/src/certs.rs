@@ -295,11 +295,21 @@ pub fn write_client_cert(
     let key_path = out.join(format!("{tenant}.{key_id}.key.pem"));
     // The pair under an exclusive lock on the directory: two runs for one key into one --out
     // could otherwise leave one's certificate beside the other's key, a pair no handshake
-    // accepts.
+    // accepts. A file system that cannot lock a directory (NFS) gets the pair unlocked, with a
+    // warning: the lock only guards against a race the user makes.
     let dir =
         fs::File::open(out).with_context(|| format!("--out {}: cannot open it", out.display()))?;
-    let _lock = nix::fcntl::Flock::lock(dir, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| anyhow::anyhow!("--out {}: cannot lock it: {e}", out.display()))?;
+    let _lock = match nix::fcntl::Flock::lock(dir, nix::fcntl::FlockArg::LockExclusive) {
+        Ok(lock) => Some(lock),
+        Err((_, e)) => {
+            eprintln!(
+                "cubed: warning: --out {} cannot be locked ({e}): writing the pair without the \
+                 lock; do not run two `key cert` for one key into it at once",
+                out.display()
+            );
+            None
+        }
+    };
     write_private(&cert_path, cert)?;
     write_private(&key_path, key)?;
     Ok((cert_path, key_path))

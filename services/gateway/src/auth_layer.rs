@@ -615,11 +615,14 @@ impl Unanswered {
 
 impl Drop for Unanswered {
     fn drop(&mut self) {
-        // tonic's timer for the client's deadline started before this layer's clock: a drop
-        // within a millisecond of the deadline is its expiry, not a client's reset.
+        // tonic's timer for the client's deadline starts after this layer's clock (it calls
+        // the service first), so its expiry is seen at `d` or later. A client gives up at its
+        // own deadline, which it counted from the send: its reset arrives a little before `d`
+        // by this clock, and is the deadline all the same. A drop within a twentieth of the
+        // deadline (1 ms at least) is counted as its expiry.
         let expired = self
             .deadline
-            .is_some_and(|d| self.started.elapsed() + Duration::from_millis(1) >= d);
+            .is_some_and(|d| self.started.elapsed() + (d / 20).max(Duration::from_millis(1)) >= d);
         let code = if expired {
             tonic::Code::DeadlineExceeded
         } else {
@@ -1088,14 +1091,22 @@ mod tests {
     #[tokio::test]
     async fn a_stream_is_counted_with_the_status_in_its_trailers() {
         use http_body_util::BodyExt;
-        let stream_with = |status: &'static str| {
+        // One message, then `end`: trailers with that grpc-status, an error ("error"), or
+        // nothing ("none").
+        let stream_with = |end: &'static str| {
             tower::service_fn(move |_: http::Request<()>| {
-                let mut trailers = HeaderMap::new();
-                trailers.insert("grpc-status", status.parse().unwrap());
-                let frames = vec![
-                    Ok::<_, Status>(http_body::Frame::data(bytes::Bytes::from_static(b"m"))),
-                    Ok(http_body::Frame::trailers(trailers)),
-                ];
+                let mut frames = vec![Ok::<_, Status>(http_body::Frame::data(
+                    bytes::Bytes::from_static(b"m"),
+                ))];
+                match end {
+                    "error" => frames.push(Err(Status::unavailable("gone"))),
+                    "none" => {}
+                    status => {
+                        let mut trailers = HeaderMap::new();
+                        trailers.insert("grpc-status", status.parse().unwrap());
+                        frames.push(Ok(http_body::Frame::trailers(trailers)));
+                    }
+                }
                 let body = Body::new(http_body_util::StreamBody::new(futures::stream::iter(
                     frames,
                 )));
@@ -1139,11 +1150,22 @@ mod tests {
             (before.0, before.1 + 1, before.2)
         );
         // Dropped unread: given up by its client.
-        let mut svc = AuthLayer::new(auth, None).layer(stream_with("0"));
+        let mut svc = AuthLayer::new(Arc::clone(&auth), None).layer(stream_with("0"));
         drop(svc.call(watch()).await.unwrap());
         assert_eq!(
             (count("OK"), count("Aborted"), count("Canceled")),
             (before.0, before.1 + 1, before.2 + 1)
+        );
+        // An error in the stream is counted with its code; an end without trailers (no status
+        // sent) as Unknown.
+        let before = (count("Unavailable"), count("Unknown"));
+        for end in ["error", "none"] {
+            let mut svc = AuthLayer::new(Arc::clone(&auth), None).layer(stream_with(end));
+            let _ = svc.call(watch()).await.unwrap().into_body().collect().await;
+        }
+        assert_eq!(
+            (count("Unavailable"), count("Unknown")),
+            (before.0 + 1, before.1 + 1)
         );
     }
 

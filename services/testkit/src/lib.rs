@@ -39,6 +39,14 @@ pub fn inherit_cube_env() {
     INHERIT_CUBE_ENV.store(true, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// A command for `program` (cubed, or a shell that runs it) without this process's `CUBE_*`
+/// variables, as the servers started here: for tests that start cubed themselves.
+pub fn command(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut command = Command::new(program);
+    cube_env_cleared(&mut command);
+    command
+}
+
 /// `command` without this process's `CUBE_*` variables, unless [`inherit_cube_env`] was called.
 fn cube_env_cleared(command: &mut Command) -> &mut Command {
     if !INHERIT_CUBE_ENV.load(std::sync::atomic::Ordering::Relaxed) {

@@ -152,7 +152,7 @@ fn the_cli_creates_a_data_directory_only_its_owner_can_read() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("fresh");
     // Through a shell that sets the usual umask first, whatever this process's is.
-    let out = std::process::Command::new("sh")
+    let out = cube_testkit::command("sh")
         .args(["-c", "umask 022; exec \"$0\" \"$@\""])
         .arg(crate::cubed())
         .args(["tenant", "create", "acme", "--data-dir"])
@@ -256,7 +256,7 @@ async fn missing_demo_credentials_are_written_again_from_the_catalog() {
 fn a_refused_value_from_the_environment_names_its_variable() {
     let dir = tempfile::tempdir().unwrap();
     let run = |extra: &[&str]| {
-        let mut cmd = std::process::Command::new(cubed());
+        let mut cmd = cube_testkit::command(cubed());
         cmd.args(["serve", "--admin-listen", "127.0.0.1:0"])
             .args(extra)
             .arg("--data-dir")
@@ -290,7 +290,7 @@ fn a_refused_value_from_the_environment_names_its_variable() {
 fn a_value_out_of_range_names_the_variable_or_file_it_came_from() {
     let dir = tempfile::tempdir().unwrap();
     let run = |extra: &[&str], env: Option<(&str, &str)>| {
-        let mut cmd = std::process::Command::new(cubed());
+        let mut cmd = cube_testkit::command(cubed());
         cmd.args(["serve", "--admin-listen", "127.0.0.1:0"])
             .args(extra)
             .arg("--data-dir")
@@ -355,7 +355,7 @@ fn more_connections_than_half_the_open_files_are_warned_about() {
     let file = dir.path().join("not-a-dir");
     std::fs::write(&file, "").unwrap();
     let run = |max: &str| {
-        let out = std::process::Command::new("sh")
+        let out = cube_testkit::command("sh")
             .arg("-c")
             .arg("ulimit -S -n 1024 && ulimit -H -n 1024 && exec \"$0\" \"$@\"")
             .arg(cubed())
@@ -396,7 +396,7 @@ fn serve_reads_the_environment_into_its_own_flags_only() {
     let file = dir.path().join("cubed.toml");
     std::fs::write(&file, "tls-key = \"/k.pem\"\n").unwrap();
     let run = |env: (&str, &str), extra: &[&str]| {
-        let out = std::process::Command::new(cubed())
+        let out = cube_testkit::command(cubed())
             .args([
                 "serve",
                 "--admin-listen",
@@ -447,7 +447,7 @@ fn serve_reads_the_environment_into_its_own_flags_only() {
 }
 
 fn serve_on(data_dir: &std::path::Path) -> std::process::Command {
-    let mut cmd = std::process::Command::new(cubed());
+    let mut cmd = cube_testkit::command(cubed());
     cmd.args([
         "serve",
         "--listen",
@@ -687,7 +687,7 @@ impl StartingBesideHeldCatalog {
             .port();
         let logs = tempfile::tempdir().unwrap();
         let log = logs.path().join("stderr");
-        let child = std::process::Command::new(cubed())
+        let child = cube_testkit::command(cubed())
             .args(["serve", "--admin-listen", "127.0.0.1:0", "--listen"])
             .arg(format!("127.0.0.1:{port}"))
             .arg("--data-dir")
@@ -794,7 +794,7 @@ async fn a_third_signal_ends_a_stop_that_cannot_close_its_tenants() {
 
 /// `cubed ARGS...` in no server's presence: its output.
 fn offline(args: &[&str], data_dir: &std::path::Path) -> std::process::Output {
-    std::process::Command::new(cubed())
+    cube_testkit::command(cubed())
         .args(args)
         .arg("--data-dir")
         .arg(data_dir)
@@ -819,7 +819,7 @@ fn the_servers_settings_in_the_environment_do_not_stop_offline_commands() {
             &["tenant", "create", &tenant][..],
             &["key", "create", &tenant],
         ] {
-            let out = std::process::Command::new(cubed())
+            let out = cube_testkit::command(cubed())
                 .args(args)
                 .arg("--data-dir")
                 .arg(dir.path())
@@ -833,7 +833,7 @@ fn the_servers_settings_in_the_environment_do_not_stop_offline_commands() {
             );
         }
     }
-    let serve = std::process::Command::new(cubed())
+    let serve = cube_testkit::command(cubed())
         .arg("--data-dir")
         .arg(dir.path())
         .env("CUBE_IDLE_SECS", "soon")
@@ -855,7 +855,7 @@ fn ready_under_ulimit(
     stderr: std::process::Stdio,
 ) -> std::process::Child {
     use std::io::BufRead;
-    let mut child = std::process::Command::new("sh")
+    let mut child = cube_testkit::command("sh")
         .arg("-c")
         .arg(format!(
             "ulimit {limits} && exec \"$0\" serve --data-dir \"$1\" --listen 127.0.0.1:0 \
@@ -1081,7 +1081,7 @@ fn within_20_s(
     data_dir: &std::path::Path,
     env: &[(&str, &str)],
 ) -> std::process::Output {
-    let mut child = std::process::Command::new(cubed())
+    let mut child = cube_testkit::command(cubed())
         .args(args)
         .arg("--data-dir")
         .arg(data_dir)

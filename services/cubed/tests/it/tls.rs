@@ -223,7 +223,7 @@ async fn a_client_certificate_authenticates_its_connection_until_the_key_is_revo
 #[test]
 fn plaintext_on_a_non_loopback_address_needs_an_explicit_flag() {
     let dir = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(cubed())
+    let out = cube_testkit::command(cubed())
         .args(["serve", "--listen", "0.0.0.0:0", "--data-dir"])
         .arg(dir.path())
         .output()
@@ -235,7 +235,7 @@ fn plaintext_on_a_non_loopback_address_needs_an_explicit_flag() {
 
 /// `cubed serve` on `data_dir` with `args`, expected to refuse to start: its stderr.
 pub(crate) fn refused_start(data_dir: &std::path::Path, args: &[&str]) -> String {
-    let out = std::process::Command::new(cubed())
+    let out = cube_testkit::command(cubed())
         .args([
             "serve",
             "--listen",
@@ -312,7 +312,7 @@ fn a_start_that_cannot_serve_changes_nothing_in_the_data_dir() {
     // bound after the demo tenant and its credentials, which named a port never served).
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let admin = taken.local_addr().unwrap().to_string();
-    let out = std::process::Command::new(cubed())
+    let out = cube_testkit::command(cubed())
         .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", &admin])
         .arg("--data-dir")
         .arg(&data)

@@ -159,14 +159,14 @@ pub enum TenantCommand {
     },
     /// Set a tenant's durability policy: `sync` (acknowledge after fdatasync, the default) or
     /// `relaxed` (acknowledge before fdatasync; power loss may lose at most --max-records
-    /// records, written within about the last --max-delay-ms). See docs/durability.md.
+    /// records, acknowledged within 2 x --max-delay-ms of each other). See docs/durability.md.
     Durability {
         name: String,
         #[arg(value_enum)]
         policy: PolicyArg,
         /// Relaxed only: longest a written record waits for its fdatasync (1..=10000; default 5);
-        /// a record acknowledged while the log is held up (a slow fdatasync) waits longer before
-        /// it is written. The count (--max-records) always bounds what can be lost.
+        /// once the oldest change acknowledged before its fdatasync is twice that old, changes
+        /// wait for their fdatasync. The count (--max-records) always bounds what can be lost.
         #[arg(long)]
         max_delay_ms: Option<u64>,
         /// Relaxed only: most records acknowledged but not fdatasync'ed (1..=1000000; default

@@ -5009,7 +5009,7 @@ mod tests {
     }
 
     /// The relaxed window is bounded in time at the acknowledgement too: once the oldest
-    /// change acknowledged before its fdatasync is older than `max_delay` and still not
+    /// change acknowledged before its fdatasync is older than 2 x `max_delay` and still not
     /// reported durable (a held-up syncer), changes wait for their fdatasync as under `sync`.
     #[test]
     fn relaxed_policy_stops_acknowledging_early_past_its_delay() {

@@ -551,13 +551,7 @@ async fn calls(cli: Cli, creds: Option<&Credentials>, channel: Channel) -> anyho
                 for attempt in 1..=ATTEMPTS {
                     // The trail's head first: the trail read after it must reach it (the chain
                     // alone cannot show its newest entries removed).
-                    let head = tenant
-                        .stats(StatsRequest { coord: None })
-                        .await
-                        .map_err(status)?
-                        .into_inner()
-                        .totals
-                        .unwrap_or_default();
+                    let head = totals(&mut tenant).await?;
                     let entries = fetch_audit(&mut tenant, 0, None, wait).await?;
                     let (seq, why) = match cube_auth::client::verify_audit_entries(&entries) {
                         Ok(_) => match reaches_head(&entries, &head)? {
@@ -573,11 +567,7 @@ async fn calls(cli: Cli, creds: Option<&Credentials>, channel: Channel) -> anyho
                             }
                             // Retention expired the head's entry while the pages were read.
                             false if attempt < ATTEMPTS => continue,
-                            false => anyhow::bail!(
-                                "the trail expired entries faster than it could be read \
-                                 ({ATTEMPTS} attempts): retry when it is quieter, or raise the \
-                                 server's --audit-retention"
-                            ),
+                            false => return Err(expiring_too_fast(ATTEMPTS)),
                         },
                         Err(broken) => broken,
                     };
@@ -595,11 +585,7 @@ async fn calls(cli: Cli, creds: Option<&Credentials>, channel: Channel) -> anyho
                         return Err(BrokenChain { seq, why }.into());
                     }
                     if attempt == ATTEMPTS {
-                        anyhow::bail!(
-                            "the trail expired entries faster than it could be read ({ATTEMPTS} \
-                             attempts): retry when it is quieter, or raise the server's \
-                             --audit-retention"
-                        );
+                        return Err(expiring_too_fast(ATTEMPTS));
                     }
                 }
                 Ok(())
@@ -607,13 +593,7 @@ async fn calls(cli: Cli, creds: Option<&Credentials>, channel: Channel) -> anyho
         };
     }
     if let Cmd::Stats = &cli.command {
-        let t = TenantClient::new(transport)
-            .stats(StatsRequest { coord: None })
-            .await
-            .map_err(status)?
-            .into_inner()
-            .totals
-            .unwrap_or_default();
+        let t = totals(&mut TenantClient::new(transport)).await?;
         out(serde_json::json!({
             "cells": t.cells,
             "edges": t.edges,
@@ -1038,6 +1018,32 @@ fn tls_config(cli: &Cli, ca: &CaFile) -> anyhow::Result<tonic::transport::Client
         tls = tls.identity(Identity::from_pem(cert, key));
     }
     Ok(tls)
+}
+
+/// The tenant's totals (`Tenant.Stats` without a coordinate).
+async fn totals<T>(tenant: &mut TenantClient<T>) -> anyhow::Result<TenantTotals>
+where
+    T: tonic::client::GrpcService<tonic::body::Body>,
+    T::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    T::ResponseBody: tonic::codegen::Body<Data = tonic::codegen::Bytes> + Send + 'static,
+    <T::ResponseBody as tonic::codegen::Body>::Error:
+        Into<Box<dyn std::error::Error + Send + Sync>> + Send,
+{
+    Ok(tenant
+        .stats(StatsRequest { coord: None })
+        .await
+        .map_err(status)?
+        .into_inner()
+        .totals
+        .unwrap_or_default())
+}
+
+/// `audit verify` gave up: retention expired entries under it on every attempt.
+fn expiring_too_fast(attempts: usize) -> anyhow::Error {
+    anyhow::anyhow!(
+        "the trail expired entries faster than it could be read ({attempts} attempts): retry \
+         when it is quieter, or raise the server's --audit-retention"
+    )
 }
 
 /// Whether a verified trail reaches the head `Tenant.Stats` gave before it was read (false:

@@ -1021,14 +1021,7 @@ fn tls_config(cli: &Cli, ca: &CaFile) -> anyhow::Result<tonic::transport::Client
 }
 
 /// The tenant's totals (`Tenant.Stats` without a coordinate).
-async fn totals<T>(tenant: &mut TenantClient<T>) -> anyhow::Result<TenantTotals>
-where
-    T: tonic::client::GrpcService<tonic::body::Body>,
-    T::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    T::ResponseBody: tonic::codegen::Body<Data = tonic::codegen::Bytes> + Send + 'static,
-    <T::ResponseBody as tonic::codegen::Body>::Error:
-        Into<Box<dyn std::error::Error + Send + Sync>> + Send,
-{
+async fn totals(tenant: &mut TenantClient<Signing<Channel>>) -> anyhow::Result<TenantTotals> {
     Ok(tenant
         .stats(StatsRequest { coord: None })
         .await

@@ -136,6 +136,9 @@ enum RecordError {
     Io(std::io::Error),
 }
 
+/// Far-ahead calls that may wait at once for another's floor write (see [`Floors::record`]).
+const FLOOR_WAITERS: usize = 4;
+
 /// The floors of future-stamped calls, kept in a file across restarts (see the module docs).
 #[derive(Debug)]
 struct Floors {
@@ -146,6 +149,9 @@ struct Floors {
     inherited_max: i64,
     /// Held by the thread writing the file, across its two fsyncs: one writer at a time.
     recorded: Mutex<Recorded>,
+    /// Calls waiting for `recorded` (each on a thread of its own, handed off by
+    /// `block_in_place`): at most [`FLOOR_WAITERS`]; more are refused at once as busy.
+    waiting: std::sync::atomic::AtomicUsize,
     /// The floors the file holds, replaced after each write: a call whose floor is recorded
     /// reads it here and never waits for a write.
     floors: RwLock<FloorMap>,
@@ -200,6 +206,7 @@ impl Floors {
         let floors = Floors {
             path,
             recorded: Mutex::new(Recorded::default()),
+            waiting: Default::default(),
             floors: RwLock::new(inherited.clone()),
             inherited,
             inherited_max,
@@ -232,12 +239,24 @@ impl Floors {
             return Ok(());
         }
         // Waited for off the worker thread too when another call is writing (two fsyncs): a
-        // burst of far-ahead calls must not park every worker on this lock.
+        // burst of far-ahead calls must not park every worker on this lock. And by a few calls
+        // at most: each waiter holds a thread of the blocking pool (block_in_place hands its
+        // worker to a new one), so a key holder opening hundreds of connections, each sending
+        // one far-ahead call, took the whole pool and stalled the server until the write
+        // ended (until 2026-12-06). The others are refused as busy, which the client retries.
         let mut recorded = match self.recorded.try_lock() {
             Ok(recorded) => recorded,
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => {
-                off_worker(|| self.recorded.lock().unwrap_or_else(|p| p.into_inner()))
+                use std::sync::atomic::Ordering;
+                if self.waiting.fetch_add(1, Ordering::AcqRel) >= FLOOR_WAITERS {
+                    self.waiting.fetch_sub(1, Ordering::AcqRel);
+                    return Err(RecordError::Busy);
+                }
+                let recorded =
+                    off_worker(|| self.recorded.lock().unwrap_or_else(|p| p.into_inner()));
+                self.waiting.fetch_sub(1, Ordering::AcqRel);
+                recorded
             }
         };
         // Written meanwhile by the thread this one waited for?
@@ -1151,6 +1170,41 @@ mod tests {
         }
         assert_eq!(call(100, now), Err(ReplayError::TooFarAhead));
         assert_eq!(call(101, now + 1_000), Ok(()));
+    }
+
+    /// While a floor write is under way, a few far-ahead calls wait for it and the rest are
+    /// refused at once as busy (retryable): each waiter holds a thread, and hundreds of them
+    /// took the runtime's whole blocking pool.
+    #[test]
+    fn few_far_ahead_calls_wait_for_a_floor_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("replay-floors");
+        let c = std::sync::Arc::new(ReplayCache::with_floors(16 * 4096, 300_000, 0, path).unwrap());
+        let now = 1_000_000;
+        let writing = c.floors.as_ref().unwrap().recorded.lock().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let callers: Vec<_> = (0..FLOOR_WAITERS as i64 + 4)
+            .map(|i| {
+                let (c, tx) = (std::sync::Arc::clone(&c), tx.clone());
+                std::thread::spawn(move || {
+                    let key = format!("k{i}");
+                    let tenant = ["a", "b", "c", "d"][i as usize % 4];
+                    let r = c.check_and_insert((tenant, &key), i as u128, now + 5_000, now);
+                    tx.send(r).unwrap();
+                })
+            })
+            .collect();
+        let mut early = Vec::new();
+        while let Ok(r) = rx.recv_timeout(std::time::Duration::from_millis(500)) {
+            early.push(r);
+        }
+        assert_eq!(early, vec![Err(ReplayError::TooFarAhead); 4], "{early:?}");
+        drop(writing);
+        for caller in callers {
+            caller.join().unwrap();
+        }
+        let waited: Vec<_> = rx.try_iter().collect();
+        assert_eq!(waited, vec![Ok(()); FLOOR_WAITERS], "{waited:?}");
     }
 
     /// One tenant's keys cannot spend the floors file's writes of every tenant: past its share

@@ -183,8 +183,11 @@ impl Gateway {
             tracing::warn!(
                 behind_ms = behind,
                 "the server clock is behind the replay clock mark a previous server left: it \
-                 stepped backwards. Signed calls stamped before the mark are refused as too old \
-                 until the clock passes it (about {} s); per-connection handshakes are not affected",
+                 stepped backwards, or ran ahead while that server ran. Signed calls stamped \
+                 before the mark are refused as too old until the clock passes it (about {} s); \
+                 per-connection handshakes are not affected. If the clock ran ahead and was set \
+                 right, see docs/operations.md (\"A clock that ran ahead\") before deleting \
+                 replay-clock",
                 behind / 1000
             );
         }

@@ -1023,6 +1023,60 @@ mod tests {
         );
     }
 
+    /// A compaction that fails on a damaged input block leaves none of the files it wrote:
+    /// they were left until the next open, and each retry (at every flush) left more, until
+    /// the disk was full (vendored lsm-tree's `discard_segments`).
+    #[test]
+    fn a_failed_compaction_leaves_no_files_behind() {
+        let root = tempfile::tempdir().unwrap();
+        let value = |i: u32| format!("value-{i:06}-").repeat(8).into_bytes();
+        {
+            let f = fjall(root.path());
+            for run in 0..4u32 {
+                f.apply(
+                    (run * 250..(run + 1) * 250)
+                        .map(|i| BatchOp::Put(format!("k{i:06}").into_bytes(), value(i)))
+                        .collect(),
+                )
+                .unwrap();
+                f.flush().unwrap();
+            }
+        }
+        let needle = value(500);
+        let mut damaged = false;
+        for entry in walk(root.path()) {
+            let Ok(mut bytes) = std::fs::read(&entry) else {
+                continue;
+            };
+            if let Some(at) = bytes.windows(needle.len()).position(|w| w == needle) {
+                bytes[at + 3] ^= 0x20;
+                std::fs::write(&entry, &bytes).unwrap();
+                damaged = true;
+            }
+        }
+        assert!(damaged, "no segment file holds the value");
+        let f = fjall(root.path());
+        let part = &f.open.as_ref().unwrap().part;
+        let segment_files = || {
+            walk(root.path())
+                .into_iter()
+                .filter(|p| p.parent().is_some_and(|d| d.ends_with("segments")))
+                .count()
+        };
+        let before = segment_files();
+        assert_eq!(before, part.segment_count());
+        for _ in 0..3 {
+            // The merge meets the damaged block and gives up (fjall logs it).
+            let _ = part.major_compact();
+        }
+        assert_eq!(
+            segment_files(),
+            before,
+            "files left behind by failed merges"
+        );
+        assert_eq!(part.segment_count(), before);
+    }
+
     /// Every file under `dir`.
     fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
         let mut files = Vec::new();

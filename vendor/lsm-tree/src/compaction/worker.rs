@@ -321,6 +321,7 @@ fn merge_segments(
                     .expect("lock is poisoned")
                     .show_segments(payload.segment_ids.iter().copied());
 
+                discard_segments(&segments_base_folder, segment_writer.created_segment_ids());
                 return Ok(());
             }
         };
@@ -342,15 +343,18 @@ fn merge_segments(
                 .expect("lock is poisoned")
                 .show_segments(payload.segment_ids.iter().copied());
 
+            discard_segments(&segments_base_folder, segment_writer.created_segment_ids());
             return Ok(());
         }
 
         if idx % 1_000_000 == 0 && opts.stop_signal.is_stopped() {
             log::debug!("compactor: stopping amidst compaction because of stop signal");
+            discard_segments(&segments_base_folder, segment_writer.created_segment_ids());
             return Ok(());
         }
     }
 
+    let created_ids = segment_writer.created_segment_ids().to_vec();
     let writer_results = match segment_writer.finish() {
         Ok(v) => v,
         Err(e) => {
@@ -362,6 +366,7 @@ fn merge_segments(
                 .expect("lock is poisoned")
                 .show_segments(payload.segment_ids.iter().copied());
 
+            discard_segments(&segments_base_folder, &created_ids);
             return Ok(());
         }
     };
@@ -439,6 +444,7 @@ fn merge_segments(
                 .expect("lock is poisoned")
                 .show_segments(payload.segment_ids.iter().copied());
 
+            discard_segments(&segments_base_folder, &created_ids);
             return Ok(());
         }
     };
@@ -549,6 +555,25 @@ fn drop_segments(
     log::trace!("Dropped {} segments", segment_ids.len());
 
     Ok(())
+}
+
+/// CUBE PATCH: remove the segment files a failed (or stopped) compaction wrote, which are in no
+/// manifest. Upstream left them until the next open's cleanup, and retried the merge at every
+/// flush: on a disk filling up (ENOSPC) or with a damaged input block, each retry left another
+/// set of them, until the disk was full. Best effort: a file that cannot be removed now is
+/// removed by that cleanup.
+fn discard_segments(folder: &std::path::Path, ids: &[crate::segment::meta::SegmentId]) {
+    for id in ids {
+        let path = folder.join(id.to_string());
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => log::warn!("compactor: could not remove {}: {e:?}", path.display()),
+        }
+    }
+    if let Err(e) = crate::file::fsync_directory(folder) {
+        log::warn!("compactor: could not sync {}: {e:?}", folder.display());
+    }
 }
 
 #[cfg(test)]

@@ -26,6 +26,10 @@ pub struct MultiWriter {
     segment_id_generator: Arc<AtomicU64>,
     current_segment_id: u64,
 
+    /// CUBE PATCH: the ids of every segment file this writer created, so a compaction that
+    /// fails can remove them (upstream left them behind until the next open).
+    created: Vec<u64>,
+
     pub writer: Writer,
 
     pub compression: CompressionType,
@@ -58,6 +62,7 @@ impl MultiWriter {
             opts,
             segment_id_generator,
             current_segment_id,
+            created: vec![current_segment_id],
             writer,
 
             compression: CompressionType::None,
@@ -108,6 +113,7 @@ impl MultiWriter {
 
         new_writer = new_writer.use_bloom_policy(self.bloom_policy);
 
+        self.created.push(new_segment_id);
         let mut old_writer = std::mem::replace(&mut self.writer, new_writer);
 
         if let Some(result) = old_writer.finish()? {
@@ -115,6 +121,12 @@ impl MultiWriter {
         }
 
         Ok(())
+    }
+
+    /// CUBE PATCH: the ids of the segment files this writer created (finished or not).
+    #[must_use]
+    pub fn created_segment_ids(&self) -> &[u64] {
+        &self.created
     }
 
     /// Writes an item

@@ -826,12 +826,19 @@ pub fn migrate_sled_state(dir: &Path, cache_bytes: u64) -> Result<bool, BackendE
             SledBackend::is_locked,
         )?;
         let to = FjallBackend::open(&tmp, cache_bytes)?;
+        // Batches of at most 4096 pairs and 16 MiB: by count alone, 4096 values of 1 MiB made
+        // a 4-GiB batch, held twice in memory, and past 4 GiB fjall's 32-bit memtable size
+        // wrapped and its write-buffer accounting never drained (the open spun for ever).
+        const MIGRATION_BATCH_BYTES: usize = 16 << 20;
         let mut batch = Vec::with_capacity(4096);
+        let mut batch_bytes = 0;
         for pair in from.range(b"", b"\xff") {
             let (k, v) = pair?;
+            batch_bytes += k.len() + v.len();
             batch.push(BatchOp::Put(k, v));
-            if batch.len() == 4096 {
+            if batch.len() == 4096 || batch_bytes >= MIGRATION_BATCH_BYTES {
                 to.apply(std::mem::take(&mut batch))?;
+                batch_bytes = 0;
             }
         }
         to.apply(batch)?;

@@ -993,32 +993,7 @@ mod tests {
     #[test]
     fn a_damaged_block_is_an_error_not_data() {
         let root = tempfile::tempdir().unwrap();
-        let value = |i: u32| format!("value-{i:06}-").repeat(8).into_bytes();
-        {
-            let f = fjall(root.path());
-            f.apply(
-                (0..1000u32)
-                    .map(|i| BatchOp::Put(format!("k{i:06}").into_bytes(), value(i)))
-                    .collect(),
-            )
-            .unwrap();
-            f.flush().unwrap();
-        }
-        // The segment file holding key 500's value: one of its bytes flipped.
-        let needle = value(500);
-        let mut damaged = false;
-        for entry in walk(root.path()) {
-            // (Some files are mapped or locked by nothing now; one that cannot be read is skipped.)
-            let Ok(mut bytes) = std::fs::read(&entry) else {
-                continue;
-            };
-            if let Some(at) = bytes.windows(needle.len()).position(|w| w == needle) {
-                bytes[at + 3] ^= 0x20;
-                std::fs::write(&entry, &bytes).unwrap();
-                damaged = true;
-            }
-        }
-        assert!(damaged, "no segment file holds the value");
+        damaged_store(root.path(), 1);
         let f = fjall(root.path());
         assert!(
             f.get(b"k000500").is_err(),
@@ -1036,32 +1011,7 @@ mod tests {
     #[test]
     fn a_failed_compaction_leaves_no_files_behind() {
         let root = tempfile::tempdir().unwrap();
-        let value = |i: u32| format!("value-{i:06}-").repeat(8).into_bytes();
-        {
-            let f = fjall(root.path());
-            for run in 0..4u32 {
-                f.apply(
-                    (run * 250..(run + 1) * 250)
-                        .map(|i| BatchOp::Put(format!("k{i:06}").into_bytes(), value(i)))
-                        .collect(),
-                )
-                .unwrap();
-                f.flush().unwrap();
-            }
-        }
-        let needle = value(500);
-        let mut damaged = false;
-        for entry in walk(root.path()) {
-            let Ok(mut bytes) = std::fs::read(&entry) else {
-                continue;
-            };
-            if let Some(at) = bytes.windows(needle.len()).position(|w| w == needle) {
-                bytes[at + 3] ^= 0x20;
-                std::fs::write(&entry, &bytes).unwrap();
-                damaged = true;
-            }
-        }
-        assert!(damaged, "no segment file holds the value");
+        damaged_store(root.path(), 4);
         let f = fjall(root.path());
         let part = &f.open.as_ref().unwrap().part;
         let segment_files = || {
@@ -1082,6 +1032,39 @@ mod tests {
             "files left behind by failed merges"
         );
         assert_eq!(part.segment_count(), before);
+    }
+
+    /// A state store at `dir` of keys `k000000`..`k000999`, written in `runs` flushed runs, with
+    /// a byte of key 500's value flipped in the segment file holding it.
+    fn damaged_store(dir: &Path, runs: u32) {
+        let value = |i: u32| format!("value-{i:06}-").repeat(8).into_bytes();
+        {
+            let f = fjall(dir);
+            let per_run = 1000 / runs;
+            for run in 0..runs {
+                f.apply(
+                    (run * per_run..(run + 1) * per_run)
+                        .map(|i| BatchOp::Put(format!("k{i:06}").into_bytes(), value(i)))
+                        .collect(),
+                )
+                .unwrap();
+                f.flush().unwrap();
+            }
+        }
+        let needle = value(500);
+        let mut damaged = false;
+        for entry in walk(dir) {
+            // (Some files are mapped or locked by nothing now; one that cannot be read is skipped.)
+            let Ok(mut bytes) = std::fs::read(&entry) else {
+                continue;
+            };
+            if let Some(at) = bytes.windows(needle.len()).position(|w| w == needle) {
+                bytes[at + 3] ^= 0x20;
+                std::fs::write(&entry, &bytes).unwrap();
+                damaged = true;
+            }
+        }
+        assert!(damaged, "no segment file holds the value");
     }
 
     /// Every file under `dir`.

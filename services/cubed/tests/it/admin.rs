@@ -188,7 +188,6 @@ fn the_cli_creates_a_data_directory_only_its_owner_can_read() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rotated_demo_keys_secret_is_not_written_again() {
     let mut server = TestServer::start(cubed()).unwrap();
-    let path = server.data_dir().join("dev-credentials.json");
     let first = server.demo.key_id.clone();
     let out = server.cli(&["key", "create", "demo"]).unwrap();
     assert!(
@@ -204,10 +203,20 @@ async fn a_rotated_demo_keys_secret_is_not_written_again() {
     );
     let stopped = tokio::task::block_in_place(|| server.sigterm()).unwrap();
     assert!(stopped.success(), "{}", server.log());
+    restart_without_credentials(
+        &mut server,
+        "the server wrote the rotated key's secret to disk",
+    );
+}
+
+/// Remove `server`'s stopped data directory's dev-credentials.json and start it again: the
+/// start must not write the file (`why` if it did). The server becomes ready; the harness then
+/// fails to read the demo credentials it expects.
+fn restart_without_credentials(server: &mut TestServer, why: &str) {
+    let path = server.data_dir().join("dev-credentials.json");
     std::fs::remove_file(&path).unwrap();
-    // The server becomes ready; the harness then fails to read the demo credentials it expects.
     let restarted = tokio::task::block_in_place(|| server.restart());
-    let err = restarted.expect_err("the server wrote the rotated key's secret to disk");
+    let err = restarted.expect_err(why);
     assert!(
         format!("{err:#}").contains("No such file"),
         "{err:#}\n{}",
@@ -237,16 +246,7 @@ async fn missing_demo_credentials_are_written_again_from_the_catalog() {
 
     server.create_tenant("acme").unwrap();
     tokio::task::block_in_place(|| server.kill9()).unwrap();
-    std::fs::remove_file(&path).unwrap();
-    // The server becomes ready; the harness then fails to read the demo credentials it expects.
-    let restarted = tokio::task::block_in_place(|| server.restart());
-    let err = restarted.expect_err("the server wrote the file again");
-    assert!(
-        format!("{err:#}").contains("No such file"),
-        "{err:#}\n{}",
-        server.log()
-    );
-    assert!(!path.exists());
+    restart_without_credentials(&mut server, "the server wrote the file again");
 }
 
 /// `cubed serve` on free loopback ports with its data in `data_dir`, not started yet.

@@ -14,6 +14,13 @@ use cube_auth::Credentials;
 use cube_auth::client::{CallSigner, HandshakeError, Signing};
 use tonic::transport::{Channel, Endpoint};
 
+mod deadline;
+use deadline::{Bounded, NoAnswer};
+
+/// What cubec's clients call through: the connection, every call bounded by `--timeout-secs`,
+/// signed in the per-call model.
+type Transport = Signing<Bounded<Channel>>;
+
 const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:50051";
 /// The default address when a client certificate (so TLS) is given.
 const DEFAULT_TLS_ENDPOINT: &str = "https://127.0.0.1:50051";
@@ -434,11 +441,12 @@ async fn run() -> anyhow::Result<()> {
         .with_context(|| format!("bad endpoint {}", target.endpoint))?;
     // An unreachable address, or a server that takes the connection and never answers (stopped,
     // say), ends the command instead of hanging it. The connect is bounded as a whole (tonic's
-    // connect timeout covers TCP only, not the TLS handshake); each call until its answer starts.
+    // connect timeout covers TCP only, not the TLS handshake), and so is each call, its answer
+    // included (`deadline`); a reconnect between two calls is bounded by both.
     let limit = cli.time_limit();
     TIMEOUT_SECS.store(cli.timeout_secs, std::sync::atomic::Ordering::Relaxed);
     if let Some(limit) = limit {
-        ep = ep.timeout(limit);
+        ep = ep.connect_timeout(limit);
     }
     if target.tls {
         let config = tls_config(&cli, &target.ca)?;
@@ -489,6 +497,7 @@ async fn run() -> anyhow::Result<()> {
         Ok(channel) => channel,
         Err(e) => return Err(target.connect_error(e).await),
     };
+    let channel = Bounded::new(channel, limit);
     let result = calls(cli, creds.as_ref(), channel).await;
     // A call that failed in the connection, not with the server's answer, is explained here,
     // where the endpoint is known.
@@ -501,7 +510,11 @@ async fn run() -> anyhow::Result<()> {
 }
 
 /// The calls of `cli`'s command over `channel`.
-async fn calls(cli: Cli, creds: Option<&Credentials>, channel: Channel) -> anyhow::Result<()> {
+async fn calls(
+    cli: Cli,
+    creds: Option<&Credentials>,
+    channel: Bounded<Channel>,
+) -> anyhow::Result<()> {
     let transport = match (creds, cli.auth.unwrap_or(AuthModel::Call)) {
         // The client certificate already authenticates the connection.
         (None, _) => Signing::passthrough(channel),
@@ -1021,7 +1034,7 @@ fn tls_config(cli: &Cli, ca: &CaFile) -> anyhow::Result<tonic::transport::Client
 }
 
 /// The tenant's totals (`Tenant.Stats` without a coordinate).
-async fn totals(tenant: &mut TenantClient<Signing<Channel>>) -> anyhow::Result<TenantTotals> {
+async fn totals(tenant: &mut TenantClient<Transport>) -> anyhow::Result<TenantTotals> {
     Ok(tenant
         .stats(StatsRequest { coord: None })
         .await
@@ -1238,7 +1251,11 @@ fn status(s: tonic::Status) -> anyhow::Error {
     // lands here, reading its bytes as a broken HTTP/2 frame ("frame with invalid size").
     let mut cause = std::error::Error::source(&s);
     while let Some(c) = cause {
-        if c.downcast_ref::<tonic::TimeoutExpired>().is_some() {
+        // Ours (`deadline`), or tonic's: its channel holds a call to the `grpc-timeout` it
+        // carries until the answer's head, and the two expire together.
+        if c.downcast_ref::<NoAnswer>().is_some()
+            || c.downcast_ref::<tonic::TimeoutExpired>().is_some()
+        {
             return anyhow::anyhow!(
                 "no answer within --timeout-secs ({} s): the server took the connection but \
                  did not answer in time (stopped or overloaded?); a change it was sent (write, \
@@ -1491,13 +1508,12 @@ mod tests {
         }
     }
 
-    /// `audit` served on a loopback port: a client of it, and the server's task.
+    /// `audit` served on a loopback port: a client of it, its calls bounded by `limit` as
+    /// cubec's are, and the server's task.
     async fn serve_audit(
         audit: ScriptedAudit,
-    ) -> (
-        TenantClient<tonic::transport::Channel>,
-        tokio::task::JoinHandle<()>,
-    ) {
+        limit: Option<std::time::Duration>,
+    ) -> (TenantClient<Bounded<Channel>>, tokio::task::JoinHandle<()>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let server = tokio::spawn(async move {
@@ -1511,17 +1527,20 @@ mod tests {
             .connect()
             .await
             .unwrap();
-        (TenantClient::new(channel), server)
+        (TenantClient::new(Bounded::new(channel, limit)), server)
     }
 
     /// An entry sent twice (or out of order) is a broken trail, exit 3, naming it: it was a
     /// failure to check (exit 1), which a script alerting on 3 missed.
     #[tokio::test]
     async fn an_audit_entry_sent_twice_is_a_broken_chain() {
-        let (mut tenant, server) = serve_audit(ScriptedAudit {
-            seqs: &[1, 2, 2, 3],
-            stall: false,
-        })
+        let (mut tenant, server) = serve_audit(
+            ScriptedAudit {
+                seqs: &[1, 2, 2, 3],
+                stall: false,
+            },
+            None,
+        )
         .await;
         let err = fetch_audit(&mut tenant, 0, None, None)
             .await
@@ -1537,12 +1556,17 @@ mod tests {
         server.abort();
     }
 
+    /// Each entry of the stream gets its own limit, the call as a whole none: a call limit
+    /// shorter than the entries' would end it first, with another message.
     #[tokio::test]
     async fn an_audit_stream_that_stops_sending_ends_after_the_timeout() {
-        let (mut tenant, server) = serve_audit(ScriptedAudit {
-            seqs: &[0],
-            stall: true,
-        })
+        let (mut tenant, server) = serve_audit(
+            ScriptedAudit {
+                seqs: &[0],
+                stall: true,
+            },
+            Some(std::time::Duration::from_secs(1)),
+        )
         .await;
         // Long enough that a loaded machine delivers the first entry within it.
         let wait = std::time::Duration::from_secs(2);

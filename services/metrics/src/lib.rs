@@ -363,6 +363,17 @@ pub static TENANTS_PASSIVATED: LazyLock<IntCounter> = LazyLock::new(|| {
         "Tenants closed for idleness or by the open-tenant cap (woken again by their next call).",
     )
 });
+/// Merges of a tenant state store's sorted runs that failed (a full disk, a damaged block in
+/// an input run, a failed manifest write). The merge is retried later; meanwhile the tenant's
+/// level 0 grows, so a steady rise is what an alert should catch (the log says
+/// `Compaction failed` with the cause).
+pub static STATE_COMPACTIONS_FAILED: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "cube_state_compactions_failed_total",
+        "Merges of a tenant state store's sorted runs that failed (full disk, damaged block, failed manifest write); each is retried later.",
+    )
+});
+
 /// Tenant actors closed after they stopped on a panic (an internal error).
 pub static TENANT_ACTOR_CRASHES: LazyLock<IntCounter> = LazyLock::new(|| {
     counter(
@@ -441,6 +452,7 @@ pub fn init() {
         &*WAL_SEGMENTS_RECYCLED,
         &*TENANTS_PASSIVATED,
         &*TENANT_ACTOR_CRASHES,
+        &*STATE_COMPACTIONS_FAILED,
     );
     let _ = (
         &*CHANGE_MAILBOX,

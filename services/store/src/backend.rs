@@ -321,6 +321,8 @@ impl FjallBackend {
         cache_bytes: u64,
         compaction_workers: usize,
     ) -> Result<FjallBackend, BackendError> {
+        // Failed merges counted in a metric; the first open sets it for the process.
+        let _ = fjall::compaction::ON_FAILURE.set(|| cube_metrics::STATE_COMPACTIONS_FAILED.inc());
         std::fs::create_dir_all(dir).map_err(fjall_err)?;
         let lock = std::fs::File::options()
             .create(true)
@@ -1007,7 +1009,8 @@ mod tests {
 
     /// A compaction that fails on a damaged input block leaves none of the files it wrote:
     /// they were left until the next open, and each retry (at every flush) left more, until
-    /// the disk was full (vendored lsm-tree's `discard_segments`).
+    /// the disk was full (vendored lsm-tree's `discard_segments`). Each failure is counted in
+    /// `cube_state_compactions_failed_total` (it was in the log only).
     #[test]
     fn a_failed_compaction_leaves_no_files_behind() {
         let root = tempfile::tempdir().unwrap();
@@ -1022,10 +1025,18 @@ mod tests {
         };
         let before = segment_files();
         assert_eq!(before, part.segment_count());
+        let failures = || cube_metrics::STATE_COMPACTIONS_FAILED.get();
+        let failed_before = failures();
         for _ in 0..3 {
             // The merge meets the damaged block and gives up (fjall logs it).
             let _ = part.major_compact();
         }
+        // Counted for the operator (other tests may add theirs: at least these three).
+        assert!(
+            failures() >= failed_before + 3,
+            "{} failed merges counted, 3 expected",
+            failures() - failed_before
+        );
         assert_eq!(
             segment_files(),
             before,

@@ -8,7 +8,7 @@ pub(crate) mod worker;
 use std::sync::Arc;
 
 pub use lsm_tree::compaction::{
-    Fifo, Leveled, Levelled, SizeTiered, SLOW_RUNS_TO_MERGE, SLOW_RUN_MIN_GAP,
+    Fifo, Leveled, Levelled, SizeTiered, ON_FAILURE, SLOW_RUNS_TO_MERGE, SLOW_RUN_MIN_GAP,
 };
 
 /// Compaction strategy

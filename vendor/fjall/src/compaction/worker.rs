@@ -35,6 +35,7 @@ pub fn run(
         .compact(strategy.inner(), snapshot_tracker.get_seqno_safe_to_gc())
     {
         log::error!("Compaction failed: {e:?}");
+        lsm_tree::compaction::note_failure(); // CUBE PATCH
         return Err(e.into());
     }
 

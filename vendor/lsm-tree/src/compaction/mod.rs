@@ -19,6 +19,18 @@ pub use leveled::Strategy as Leveled;
 pub use tiered::Strategy as SizeTiered;
 pub use tiered::{SLOW_RUNS_TO_MERGE, SLOW_RUN_MIN_GAP};
 
+/// CUBE PATCH: called after each compaction that failed (one whose failure is logged as
+/// "Compaction failed", here or by the caller it returns the error to), once the embedding
+/// program has set it: the failures are otherwise seen only in the log.
+pub static ON_FAILURE: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+
+/// CUBE PATCH: counts a failed compaction ([`ON_FAILURE`]).
+pub fn note_failure() {
+    if let Some(hook) = ON_FAILURE.get() {
+        hook();
+    }
+}
+
 use crate::{config::Config, level_manifest::LevelManifest, segment::meta::SegmentId, HashSet};
 
 /// Alias for `Leveled`

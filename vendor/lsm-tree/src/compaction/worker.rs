@@ -273,6 +273,7 @@ fn merge_segments(
         Ok(v) => v,
         Err(e) => {
             log::error!("Compaction failed: {e:?}");
+            super::note_failure(); // CUBE PATCH
 
             // IMPORTANT: Show the segments again, because compaction failed
             opts.levels
@@ -314,6 +315,7 @@ fn merge_segments(
             Ok(v) => v,
             Err(e) => {
                 log::error!("Compaction failed: {e:?}");
+                super::note_failure(); // CUBE PATCH
 
                 // IMPORTANT: Show the segments again, because compaction failed
                 opts.levels
@@ -336,6 +338,7 @@ fn merge_segments(
 
         if let Err(e) = segment_writer.write(item) {
             log::error!("Compaction failed: {e:?}");
+            super::note_failure(); // CUBE PATCH
 
             // IMPORTANT: Show the segments again, because compaction failed
             opts.levels
@@ -359,6 +362,7 @@ fn merge_segments(
         Ok(v) => v,
         Err(e) => {
             log::error!("Compaction failed: {e:?}");
+            super::note_failure(); // CUBE PATCH
 
             // IMPORTANT: Show the segments again, because compaction failed
             opts.levels
@@ -437,6 +441,7 @@ fn merge_segments(
         Ok(v) => v,
         Err(e) => {
             log::error!("Compaction failed: {e:?}");
+            super::note_failure(); // CUBE PATCH
 
             // IMPORTANT: Show the segments again, because compaction failed
             opts.levels

@@ -41,7 +41,8 @@ impl AdminService {
     /// lock and its journal's fdatasync, and every ~1 MiB of journal for a start-over (sled
     /// flushed and fsynced, a snapshot of the whole catalog: milliseconds, tens of them for a
     /// large catalog); none of that may hold one of the runtime's workers, which every
-    /// connection's calls share.
+    /// connection's calls share. Lookups that may take the change lock (a tenant or key not
+    /// yet known durable, the list read from sled) run here too.
     async fn change_catalog<T: Send + 'static>(
         &self,
         f: impl FnOnce(&Catalog) -> Result<T, cube_store::StoreError> + Send + 'static,
@@ -96,14 +97,15 @@ impl Admin for AdminService {
         req: Request<v1::CreateKeyRequest>,
     ) -> Result<Response<v1::CreateKeyResponse>, Status> {
         let tenant = req.into_inner().tenant;
-        let catalog = self.catalog()?;
         let Some(directory) = &self.directory else {
             let key = self.change_catalog(move |c| c.create_key(&tenant)).await?;
             return Ok(Response::new(v1::CreateKeyResponse {
                 credentials: Some(credentials(&key)),
             }));
         };
-        catalog.require_tenant(&tenant).map_err(ApiError::from)?;
+        let name = tenant.clone();
+        self.change_catalog(move |c| c.require_tenant(&name))
+            .await?;
         // One record of the tenant's log holds the new key and its audit entry.
         match directory
             .call(&tenant, Command::CreateKey, OPERATOR)
@@ -126,10 +128,9 @@ impl Admin for AdminService {
         req: Request<v1::RevokeKeyRequest>,
     ) -> Result<Response<v1::RevokeKeyResponse>, Status> {
         let r = req.into_inner();
-        let catalog = self.catalog()?;
-        catalog
-            .require_key(&r.tenant, &r.key_id)
-            .map_err(ApiError::from)?;
+        let (tenant, key_id) = (r.tenant.clone(), r.key_id.clone());
+        self.change_catalog(move |c| c.require_key(&tenant, &key_id))
+            .await?;
         let revoked = match &self.directory {
             // One record of the tenant's log holds the revocation and its audit entry.
             Some(directory) => {
@@ -182,10 +183,12 @@ impl Admin for AdminService {
         // Off the admin socket, refused before anything else: a tenant's key learns nothing of
         // the policy bounds. There, a bad policy is INVALID_ARGUMENT whatever the tenant's
         // state, and before the tenant is opened to be told it.
-        let catalog = self.catalog()?;
+        self.catalog()?;
         let cmd = Command::SetDurability { policy };
         cmd.check_arguments(usize::MAX).map_err(ApiError::from)?;
-        catalog.require_tenant(&r.tenant).map_err(ApiError::from)?;
+        let tenant = r.tenant.clone();
+        self.change_catalog(move |c| c.require_tenant(&tenant))
+            .await?;
         let durability = describe_policy(&policy);
         let applied_now = match &self.directory {
             // One record of the tenant's log holds the new policy and its audit entry; the log
@@ -222,9 +225,8 @@ impl Admin for AdminService {
         _: Request<v1::ListTenantsRequest>,
     ) -> Result<Response<v1::ListTenantsResponse>, Status> {
         let tenants = self
-            .catalog()?
-            .list()
-            .map_err(ApiError::from)?
+            .change_catalog(|c| c.list())
+            .await?
             .into_iter()
             .map(|(name, active_key_ids)| v1::TenantInfo {
                 name,

@@ -123,9 +123,26 @@ impl TenantActor {
         let seq = job.seq;
         let (tx, result) = oneshot::channel();
         self.checkpoint = Some(RunningCheckpoint { seq, result });
+        // Also told to the shared stats: an actor that crashes meanwhile drops the result, and
+        // its close must still learn of a failure (see `SharedStats::checkpoint_running`).
+        let stats = self.core.stats();
+        stats.checkpoint_running.store(true, Ordering::Release);
         // The job's end (or its panic) wakes this; a Shutdown may have taken the result first.
         let ended = tokio::task::spawn_blocking(move || {
-            let _ = tx.send(job.run());
+            /// Marks the job ended even if it panics.
+            struct Ended(Arc<crate::core::SharedStats>);
+            impl Drop for Ended {
+                fn drop(&mut self) {
+                    self.0.checkpoint_running.store(false, Ordering::Release);
+                }
+            }
+            let ended = Ended(stats);
+            let result = job.run();
+            if result.is_err() {
+                ended.0.checkpoint_failed.store(true, Ordering::Release);
+            }
+            let _ = tx.send(result);
+            drop(ended);
         });
         ctx.spawn(ended.into_actor(self).map(move |_, act, _| {
             if let Some(mut running) = act.checkpoint.take_if(|r| r.seq == seq) {
@@ -271,9 +288,14 @@ impl Handler<Shutdown> for TenantActor {
 }
 
 impl TenantActor {
-    /// Whether the close left the tenant as it found it: not poisoned by the close itself.
+    /// Whether the close left the tenant as it found it: not poisoned by the close itself, and
+    /// not poisoned for good at all (a failed checkpoint or an unappliable record while it was
+    /// open, or a failed fsync at this close after a failed write): such a tenant needs the
+    /// restart, which a shutdown must report rather than call the stop clean.
     fn closed_well(&self, poisoned_before: bool) -> bool {
-        poisoned_before || !self.core.is_poisoned()
+        let poisoned = self.core.is_poisoned();
+        let for_good = poisoned && !self.core.stats().reopenable.load(Ordering::Relaxed);
+        !for_good && (poisoned_before || !poisoned)
     }
 
     /// The close proper, once no periodic checkpoint runs: the log's final fdatasync, the
@@ -309,12 +331,11 @@ impl TenantActor {
         ctx.wait(close.into_actor(self).map(move |closed, act, ctx| {
             // A shard stopped by a failed write stays reopenable: reported as such, not as a
             // failed fdatasync, so the close does not refuse the tenant until the restart.
-            let (event, final_seq) = match closed {
-                Ok(Ok(durable)) => (DurableEvent::Durable(durable), Some(durable)),
-                Ok(Err(failure)) => (failure, None),
-                Err(_) => (DurableEvent::Poisoned, None),
+            let (answers, final_seq) = match closed {
+                Ok(closed) => act.core.on_log_closed(closed),
+                Err(_) => (act.core.on_durable(DurableEvent::Poisoned), None),
             };
-            Self::answer(act.core.on_durable(event));
+            Self::answer(answers);
             let job = act.core.begin_checkpoint();
             // Decided here, done on the blocking pool with the checkpoint: removing the covered
             // log costs fsyncs, which must not stall the other tenants of this actor's thread.

@@ -207,6 +207,13 @@ pub struct SharedStats {
     /// Its actor was told to stop (a shutdown or passivation). An actor that is gone without
     /// this stopped because a handler panicked (see `TenantHandle::crashed`).
     pub stopping: std::sync::atomic::AtomicBool,
+    /// A periodic checkpoint's job is running on the blocking pool. It outlives an actor that
+    /// crashed meanwhile (and holds the state store): the close of a crashed tenant waits for
+    /// it and reads `checkpoint_failed`, since the job's result went with the actor.
+    pub checkpoint_running: std::sync::atomic::AtomicBool,
+    /// A periodic checkpoint's job failed (also reported to the actor, which poisons the
+    /// tenant for good; see `checkpoint_running` for when that report is lost).
+    pub checkpoint_failed: std::sync::atomic::AtomicBool,
     /// Key revocations and capability changes logged but not applied yet.
     pub pending_rights: PendingRights,
     /// Woken when a group was applied or the tenant failed, for readers waiting until the state
@@ -504,6 +511,8 @@ pub struct TenantCore<T> {
     janitor: Option<Arc<tokio::sync::Notify>>,
     /// See [`CoreConfig::lost_acknowledged`].
     lost_acknowledged: Option<Arc<TenantSet>>,
+    /// This tenant's loss of acknowledged changes was logged and told (once is enough).
+    lost_noted: bool,
     /// Per key, the capability set of its newest logged but unapplied change, with that
     /// change's seq: the next change of the key starts from it.
     pending_caps: HashMap<String, (u64, Vec<Capability>)>,
@@ -869,6 +878,7 @@ impl<T> TenantCore<T> {
             catalog: config.catalog.clone(),
             janitor: config.janitor.clone(),
             lost_acknowledged: config.lost_acknowledged.clone(),
+            lost_noted: false,
             pending_caps: HashMap::new(),
             unappliable: None,
             pending_revokes: HashSet::new(),
@@ -1594,6 +1604,28 @@ impl<T> TenantCore<T> {
         self.wal.take()
     }
 
+    /// The outcome of the close of the shard [`TenantCore::take_wal`] took
+    /// ([`WalShard::close_or_failure`]): the answers it releases, and the final durable seq if
+    /// it closed well. A failed write it reports is checked for acknowledged changes it lost
+    /// (the shard is gone by now, so its written seq comes with the failure).
+    pub fn on_log_closed(
+        &mut self,
+        closed: Result<u64, (DurableEvent, u64)>,
+    ) -> (Vec<Answer<T>>, Option<u64>) {
+        match closed {
+            Ok(durable) => (
+                self.on_durable(DurableEvent::Durable(durable)),
+                Some(durable),
+            ),
+            Err((failure, written)) => {
+                if matches!(failure, DurableEvent::WriteFailed { .. }) {
+                    self.note_lost_acknowledged_after(written);
+                }
+                (self.on_durable(failure), None)
+            }
+        }
+    }
+
     /// Whether a change may be logged now. `creation` (the tenant's creation entry) is not held
     /// to the free-space minimum: one small record, logged once at the first open, without
     /// which the trail would start without its entry 1 for good.
@@ -1777,15 +1809,19 @@ impl<T> TenantCore<T> {
     /// After a failed write of the log, which drops the records it had not written: under a
     /// relaxed policy some of them may have been acknowledged (inside the window), and are lost.
     /// Logged, and told to [`CoreConfig::lost_acknowledged`] for the server's stop to report.
-    fn note_lost_acknowledged(&self) {
-        let Some(wal) = &self.wal else {
-            return;
-        };
+    fn note_lost_acknowledged(&mut self) {
+        if let Some(written) = self.wal.as_ref().map(|wal| wal.written_seq()) {
+            self.note_lost_acknowledged_after(written);
+        }
+    }
+
+    /// [`TenantCore::note_lost_acknowledged`], `written` the last record the log wrote; once.
+    fn note_lost_acknowledged_after(&mut self, written: u64) {
         let acknowledged = self.stats.last_seq.load(Ordering::Acquire);
-        let written = wal.written_seq();
-        if acknowledged <= written {
+        if acknowledged <= written || self.lost_noted {
             return;
         }
+        self.lost_noted = true;
         tracing::error!(
             tenant = %self.tenant,
             written,
@@ -2160,6 +2196,39 @@ mod tests {
         let last = wal.next_seq() - 1;
         wal.wait_durable(last).unwrap();
         core.on_durable(DurableEvent::Durable(last))
+    }
+
+    /// A relaxed tenant's change acknowledged before its record was written, the write then
+    /// failing and first reported by the close (the shard already taken from the core, as a
+    /// passivation takes it): the loss is still logged and told for the stop to report. It was
+    /// checked only while the core held the shard, and went unreported.
+    #[test]
+    fn a_loss_of_acknowledged_changes_first_found_by_the_close_is_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let lost = Arc::new(TenantSet::default());
+        let mut config = config();
+        config.wal.sync = SyncPolicy::Relaxed {
+            max_delay: Duration::from_secs(10),
+            max_records: 1000,
+        };
+        config.lost_acknowledged = Some(Arc::clone(&lost));
+        let mut core = open(dir.path(), &config);
+        cube_wal::failpoint::fail_next_write(&dir.path().join("wal"));
+        let (_, answer) = core
+            .handle(write(1, b"v"), &who(), 1)
+            .expect("answered at once, inside the window");
+        assert!(answer.is_ok(), "{answer:?}");
+        let closed = core.take_wal().unwrap().close_or_failure();
+        assert!(
+            matches!(closed, Err((DurableEvent::WriteFailed { .. }, 0))),
+            "{closed:?}"
+        );
+        let (answers, final_seq) = core.on_log_closed(closed);
+        assert!(answers.is_empty() && final_seq.is_none());
+        assert!(
+            lost.contains("t"),
+            "the lost acknowledgement was not reported"
+        );
     }
 
     #[test]
@@ -3928,6 +3997,46 @@ mod tests {
         closed_and_refused_until_restart(directory, data, &config, &catalog).await;
     }
 
+    /// A periodic checkpoint still running when its tenant's actor crashes (a panic: its
+    /// result goes with the actor), and failing then, leaves the tenant refused until the
+    /// restart. The crashed tenant's close did not wait for it: the next call reopened the
+    /// tenant, waited for the state store's lock, and served on a store whose fsync had failed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_periodic_checkpoint_failing_after_its_tenants_actor_crashed_is_not_lost() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, mut config) = tenant_with_catalog(dir.path());
+        // Every change starts a checkpoint (if none is running).
+        config.checkpoint.every_bytes = 1;
+        let data = crate::DataDir::new(dir.path().join("data"));
+        let directory = test_directory(data.clone(), &config, &catalog);
+        directory.call("t", write(0, b"v"), "t/k").await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let log = directory.get("t").await.unwrap().log_stats();
+            if log.last_seq == log.checkpoint_seq {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{log:?}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // The checkpoint the next change starts takes 1 s to fail its fsync; the actor crashes
+        // while it runs.
+        cube_wal::failpoint::fail_next_fdatasync_after(
+            &data.tenant_state("t"),
+            Duration::from_secs(1),
+        );
+        directory.call("t", write(1, b"kept"), "t/k").await.unwrap();
+        crash(&directory, false).await;
+        directory.close_failed().await;
+        for _ in 0..2 {
+            let refused = directory.call("t", write(2, b"v"), "t/k").await;
+            assert_refused_until_restart(&refused);
+        }
+        directory.shutdown().await;
+        drop(directory);
+        restart_finds_kept(data, &config, &catalog).await;
+    }
+
     /// Shutdown names the tenants whose close failed (here its final checkpoint's fsync), so
     /// that the server does not report a clean stop; a clean close names none.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -3943,6 +4052,35 @@ mod tests {
         let again = test_directory(data, &config, &catalog);
         again.call("t", write(2, b"v"), "t/k").await.unwrap();
         assert!(again.shutdown().await.is_empty());
+    }
+
+    /// A tenant poisoned for good while open (a periodic checkpoint's fsync failed) is named by
+    /// the shutdown too: it needs the restart, and the stop was reported clean (exit 0).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shutdown_names_a_tenant_poisoned_for_good_while_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, mut config) = tenant_with_catalog(dir.path());
+        // Every change starts a checkpoint (if none is running).
+        config.checkpoint.every_bytes = 1;
+        let data = crate::DataDir::new(dir.path().join("data"));
+        let directory = test_directory(data.clone(), &config, &catalog);
+        // Open (its open syncs the state store) before the fsync is made to fail.
+        directory.call("t", write(0, b"v"), "t/k").await.unwrap();
+        cube_wal::failpoint::fail_next_fdatasync(&data.tenant_state("t"));
+        directory.call("t", write(1, b"kept"), "t/k").await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let answer = directory.call("t", write(2, b"v"), "t/k").await;
+            if answer.is_err() {
+                assert_refused_until_restart(&answer);
+                break;
+            }
+            assert!(Instant::now() < deadline, "no checkpoint failed");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(directory.shutdown().await, ["t"]);
+        drop(directory);
+        restart_finds_kept(data, &config, &catalog).await;
     }
 
     /// A passivation whose removal of the checkpointed log fails an fsync (the directory's)

@@ -1277,6 +1277,22 @@ impl TenantDirectory {
                     let (tx, rx) = oneshot::channel();
                     h.addr.do_send(Shutdown { done: tx });
                     let _ = rx.await;
+                    // A crashed actor's periodic checkpoint may still run (it holds the state
+                    // store), and its result went with the actor: waited for here, and a
+                    // failed one refuses the tenant until the restart, as it would have.
+                    let mut checkpoint_failed = false;
+                    if crashed {
+                        while h.stats.checkpoint_running.load(Ordering::Acquire) {
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                        checkpoint_failed = h.stats.checkpoint_failed.load(Ordering::Acquire);
+                    }
+                    if checkpoint_failed {
+                        failed_logs.record(
+                            &name,
+                            "a checkpoint failed while the tenant's actor was stopping after a panic",
+                        );
+                    }
                     // Poisoned for good by the close itself (its final checkpoint failed; a
                     // failed fdatasync of the log is in `failed_logs` already): refused until
                     // the restart, as after a failed checkpoint while open, since the state

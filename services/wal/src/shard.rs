@@ -640,11 +640,16 @@ impl WalShard {
         self.shutdown()
     }
 
-    /// [`WalShard::close`], failing with what stopped the shard: a failed write leaves it
-    /// reopenable, a failed fdatasync does not.
-    pub fn close_or_failure(mut self) -> Result<u64, DurableEvent> {
-        self.shutdown()
-            .map_err(|_| self.failure().unwrap_or(DurableEvent::Poisoned))
+    /// [`WalShard::close`], failing with what stopped the shard (a failed write leaves it
+    /// reopenable, a failed fdatasync does not) and the last sequence number it wrote: under a
+    /// relaxed policy, changes acknowledged after that one are lost.
+    pub fn close_or_failure(mut self) -> Result<u64, (DurableEvent, u64)> {
+        self.shutdown().map_err(|_| {
+            (
+                self.failure().unwrap_or(DurableEvent::Poisoned),
+                self.written_seq(),
+            )
+        })
     }
 
     fn shutdown(&mut self) -> Result<u64, WalError> {

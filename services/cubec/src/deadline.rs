@@ -68,7 +68,11 @@ where
     }
 
     fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
-        let Some(limit) = self.limit else {
+        // A limit past what the clock can add (`--timeout-secs` near u64::MAX) is none.
+        let deadline = self
+            .limit
+            .and_then(|limit| Some((limit, Instant::now().checked_add(limit)?)));
+        let Some((limit, deadline)) = deadline else {
             let answer = self.inner.call(req);
             return Box::pin(async move {
                 Ok(answer.await.map_err(Into::into)?.map(|body| BoundedBody {
@@ -82,7 +86,6 @@ where
             req.headers_mut()
                 .insert("grpc-timeout", grpc_timeout(limit));
         }
-        let deadline = Instant::now() + limit;
         let answer = self.inner.call(req);
         Box::pin(async move {
             let head = tokio::time::timeout_at(deadline, answer)
@@ -137,6 +140,26 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A limit the clock cannot add is no limit, not a panic (`Instant + Duration` panics on
+    /// overflow).
+    #[tokio::test]
+    async fn a_limit_past_the_clocks_range_is_none() {
+        let mut bounded = Bounded::new(
+            tower::service_fn(|_: http::Request<()>| async {
+                Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Empty::<
+                    tonic::codegen::Bytes,
+                >::new()))
+            }),
+            Some(Duration::from_secs(u64::MAX)),
+        );
+        let req = http::Request::builder()
+            .uri("/cube.v1.Cells/Read")
+            .body(())
+            .unwrap();
+        let answer = tower::Service::call(&mut bounded, req).await.unwrap();
+        assert!(answer.body().deadline.is_none());
+    }
 
     #[test]
     fn grpc_timeout_is_whole_seconds_within_eight_digits() {

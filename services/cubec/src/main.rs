@@ -67,8 +67,9 @@ struct Cli {
     /// once.
     #[arg(long, env = "CUBE_AUTH", value_enum, global = true)]
     auth: Option<AuthModel>,
-    /// Seconds to wait for the connection, for each call's answer and for each entry of a
-    /// streamed answer (0: no limit).
+    /// Seconds to wait for the connection, for each call's whole answer (sent to the server
+    /// as the call's grpc-timeout), and for a streamed answer's head and each of its entries
+    /// (0: no limit).
     #[arg(long, env = "CUBE_TIMEOUT_SECS", global = true, default_value_t = DEFAULT_TIMEOUT_SECS)]
     timeout_secs: u64,
     #[command(subcommand)]
@@ -441,8 +442,9 @@ async fn run() -> anyhow::Result<()> {
         .with_context(|| format!("bad endpoint {}", target.endpoint))?;
     // An unreachable address, or a server that takes the connection and never answers (stopped,
     // say), ends the command instead of hanging it. The connect is bounded as a whole (tonic's
-    // connect timeout covers TCP only, not the TLS handshake), and so is each call, its answer
-    // included (`deadline`); a reconnect between two calls is bounded by both.
+    // connect timeout covers TCP only, not the TLS handshake), and so is each unary call, its
+    // answer included, and a streamed answer's head (`deadline`; its entries in `fetch_audit`);
+    // a reconnect between two calls is bounded by both.
     let limit = cli.time_limit();
     TIMEOUT_SECS.store(cli.timeout_secs, std::sync::atomic::Ordering::Relaxed);
     if let Some(limit) = limit {
@@ -1258,7 +1260,7 @@ fn status(s: tonic::Status) -> anyhow::Error {
         {
             return anyhow::anyhow!(
                 "no answer within --timeout-secs ({} s): the server took the connection but \
-                 did not answer in time (stopped or overloaded?); a change it was sent (write, \
+                 did not answer in time, or stopped sending its answer (stopped or overloaded?); a change it was sent (write, \
                  delete, ...) may still have been applied: read before retrying it; raise \
                  --timeout-secs for a slow call, 0 for no limit",
                 TIMEOUT_SECS.load(std::sync::atomic::Ordering::Relaxed)

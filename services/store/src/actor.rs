@@ -129,10 +129,14 @@ impl TenantActor {
         stats.checkpoint_running.store(true, Ordering::Release);
         // The job's end (or its panic) wakes this; a Shutdown may have taken the result first.
         let ended = tokio::task::spawn_blocking(move || {
-            /// Marks the job ended even if it panics.
+            /// Marks the job ended even if it panics, a panic as a failure (as the actor
+            /// takes it).
             struct Ended(Arc<crate::core::SharedStats>);
             impl Drop for Ended {
                 fn drop(&mut self) {
+                    if std::thread::panicking() {
+                        self.0.checkpoint_failed.store(true, Ordering::Release);
+                    }
                     self.0.checkpoint_running.store(false, Ordering::Release);
                 }
             }

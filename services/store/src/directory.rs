@@ -1276,12 +1276,14 @@ impl TenantDirectory {
                     let crashed = h.crashed();
                     let (tx, rx) = oneshot::channel();
                     h.addr.do_send(Shutdown { done: tx });
-                    let _ = rx.await;
+                    // No answer: the actor died before it closed (a panic after the check
+                    // above, which can lag the panic by a moment).
+                    let gone = rx.await.is_err();
                     // A crashed actor's periodic checkpoint may still run (it holds the state
                     // store), and its result went with the actor: waited for here, and a
                     // failed one refuses the tenant until the restart, as it would have.
                     let mut checkpoint_failed = false;
-                    if crashed {
+                    if crashed || gone {
                         while h.stats.checkpoint_running.load(Ordering::Acquire) {
                             tokio::time::sleep(Duration::from_millis(5)).await;
                         }

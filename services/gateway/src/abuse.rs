@@ -94,12 +94,20 @@ pub struct FailureLimiter {
     full_until: Mutex<Option<Instant>>,
 }
 
-/// What a peer is counted as: its IPv4 address, or its IPv6 /64.
+/// What a peer is counted as: its IPv4 address, or its IPv6 /64. An IPv6 address that carries
+/// an IPv4 client's address (IPv4-mapped, or translated through the well-known NAT64 prefix
+/// `64:ff9b::/96` of RFC 6052) is that IPv4 address: masked to its /64, every IPv4 client
+/// behind one translator would share one budget, and one of them could throttle all.
 pub(crate) fn peer_key(ip: IpAddr) -> IpAddr {
+    /// `64:ff9b::/96`.
+    const NAT64: u128 = 0x0064_ff9b_u128 << 96;
     match ip {
         IpAddr::V4(_) => ip,
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
             Some(v4) => IpAddr::V4(v4),
+            None if u128::from(v6) >> 32 == NAT64 >> 32 => {
+                IpAddr::V4(std::net::Ipv4Addr::from(u128::from(v6) as u32))
+            }
             None => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
         },
     }
@@ -285,6 +293,15 @@ mod tests {
         }
         let mapped: IpAddr = "::ffff:10.0.0.7".parse().unwrap();
         assert!(l.check(mapped, t).is_err());
+        // So is one translated through NAT64's well-known prefix: IPv4 clients behind one
+        // translator are told apart (they shared the prefix's /64).
+        assert!(l.check("64:ff9b::10.0.0.7".parse().unwrap(), t).is_err());
+        assert!(l.check("64:ff9b::10.0.0.8".parse().unwrap(), t).is_ok());
+        for _ in 0..4 {
+            l.record_failure("64:ff9b::10.0.0.9".parse().unwrap(), t);
+        }
+        assert!(l.check("64:ff9b::10.0.0.10".parse().unwrap(), t).is_ok());
+        assert!(l.check("10.0.0.9".parse().unwrap(), t).is_err());
     }
 
     /// A table full of addresses with a failure each does not stop a new address from being

@@ -142,6 +142,18 @@ pub(crate) fn recover(
                     exp += 1;
                     pos += total;
                 }
+                // A whole record under this segment's salt (so written in its present life), but
+                // not the one that belongs here: a gap in the log or a misplaced write, never a
+                // torn one (which leaves zeros or old bytes). Cutting it would drop a record the
+                // writer wrote and may have acknowledged. (In an unsalted segment of an old
+                // build such a frame may be a leftover of the file's earlier life: cut as before.)
+                Frame::Record { seq, .. } if segment.salt != 0 => {
+                    return Err(corrupt(
+                        &name,
+                        pos as u64,
+                        format!("record {seq} where record {exp} belongs: a gap in the log"),
+                    ));
+                }
                 Frame::End => break true,
                 // Fewer bytes than a header left (the writer had no room for its end marker):
                 // no record fits there, so this is the end, whatever old bytes remain.

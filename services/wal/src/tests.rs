@@ -1286,6 +1286,19 @@ fn handmade_log(
     fs::write(dir.join(name.file_name()), data).unwrap();
 }
 
+/// A whole record where another belongs (record 4 right after 2) is a gap, refused: it was cut
+/// as a torn tail, dropping a record the writer had written.
+#[test]
+fn a_whole_record_where_another_belongs_is_refused_not_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    handmade_log(dir.path(), &[1..=1, 2..=2, 4..=4], 0..0);
+    expect_corrupt(open(dir.path(), small()), "record 4 where record 3 belongs");
+    // The same with a later record after it (the batch of 4..=5).
+    let dir = tempfile::tempdir().unwrap();
+    handmade_log(dir.path(), &[1..=1, 2..=2, 4..=5], 0..0);
+    expect_corrupt(open(dir.path(), small()), "record 4 where record 3 belongs");
+}
+
 /// A power cut during a batch's fdatasync can leave its later pages on disk and an earlier one
 /// not (nothing orders them). Those later records are of the batch that should have held the
 /// first missing one, so none of it was acknowledged: it is cut as a torn tail, and the log

@@ -580,7 +580,27 @@ fn tls_settings(
 }
 
 fn prepare_data_dir(root: &Path) -> anyhow::Result<()> {
+    prepare_data_dir_as(root, nix::unistd::geteuid().as_raw())
+}
+
+/// [`prepare_data_dir`] for a process running as user id `euid`. A data directory owned by
+/// another user is refused: run as root (`sudo cubed serve`), the server would leave root-owned
+/// files (the catalog's journal at its first start-over, WAL segments, checkpoints) that the
+/// server, run again as the directory's owner, could not open. (Another user than root cannot
+/// take it over anyway: securing its mode below would fail.)
+fn prepare_data_dir_as(root: &Path, euid: u32) -> anyhow::Result<()> {
+    use std::os::unix::fs::MetadataExt;
     crate::config::check_data_dir(root)?;
+    if let Ok(meta) = fs::metadata(root) {
+        let owner = meta.uid();
+        anyhow::ensure!(
+            owner == euid,
+            "the data directory {} belongs to user id {owner}, and this server runs as user id \
+             {euid}: files it wrote there would not be readable by the server run as their \
+             owner; run it as that user (for example `sudo -u '#{owner}' cubed serve ...`)",
+            root.display()
+        );
+    }
     if !root.exists() {
         // A mistyped --data-dir starts an empty server: say so where the operator looks.
         tracing::info!(dir = %root.display(), "no data directory there yet: creating a new, empty one");
@@ -687,6 +707,32 @@ fn write_private_json(path: &Path, value: &impl serde::Serialize) -> anyhow::Res
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A data directory of another user is refused, untouched (`sudo cubed serve` left
+    /// root-owned files the server, run again as the owner, could not open); its owner's is
+    /// taken, and a new one is made.
+    #[test]
+    fn a_data_directory_of_another_user_is_refused() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("data");
+        fs::create_dir(&root).unwrap();
+        fs::set_permissions(&root, fs::Permissions::from_mode(0o755)).unwrap();
+        let owner = fs::metadata(&root).unwrap().uid();
+        let other = owner.wrapping_add(1);
+        let e = prepare_data_dir_as(&root, other).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("belongs to user id {owner}")) && e.contains("sudo -u"),
+            "{e}"
+        );
+        let mode = fs::metadata(&root).unwrap().mode() & 0o777;
+        assert_eq!(mode, 0o755, "the refused directory was changed");
+        prepare_data_dir_as(&root, owner).unwrap();
+        assert_eq!(fs::metadata(&root).unwrap().mode() & 0o777, 0o700);
+        let fresh = dir.path().join("fresh");
+        prepare_data_dir_as(&fresh, other).unwrap();
+        assert!(fresh.is_dir());
+    }
 
     #[test]
     fn the_dev_credentials_name_loopback_for_a_wildcard_listen_address() {

@@ -136,7 +136,7 @@ pub async fn run_until_signal(config: ServeConfig) -> anyhow::Result<()> {
             }
         }
     });
-    run(config, listener, stop.cancelled_owned(), hurry).await
+    run(config, listener, stop, hurry).await
 }
 
 /// The exit status of a stop cut short by a third signal.
@@ -224,17 +224,17 @@ async fn open_catalog(
     }
 }
 
-/// Serve on `listener` ([`bind_grpc`]; it listens once the server is ready) until `shutdown`
-/// resolves, wait up to `config.drain` (or until `hurry`) for the calls in flight; return once
+/// Serve on `listener` ([`bind_grpc`]; it listens once the server is ready) until `requested`
+/// (a stop) is cancelled, wait up to `config.drain` (or until `hurry`) for the calls in flight; return once
 /// every tenant is closed.
 pub async fn run(
     config: ServeConfig,
     listener: tokio::net::TcpSocket,
-    shutdown: impl Future<Output = ()> + Send,
+    requested: CancellationToken,
     hurry: CancellationToken,
 ) -> anyhow::Result<()> {
     // Polled from here on: a stop asked for during start-up is honoured before the ready line.
-    let mut shutdown = Box::pin(shutdown);
+    let mut shutdown = Box::pin(requested.clone().cancelled_owned());
     let data = DataDir::new(&config.data_dir);
     // Checked before anything is written: a data directory whose socket cannot be bound could
     // never be served.
@@ -452,6 +452,7 @@ pub async fn run(
             let draining = CancellationToken::new();
             let drain_begins = draining.clone();
             let now_ready = ready.clone();
+            let stop_asked = requested.clone();
             let serving = gateway.serve(
                 listener,
                 async move {
@@ -467,8 +468,13 @@ pub async fn run(
                 // port listens: the replay clock mark's first renewal (an fdatasync) comes
                 // between, and a stalled disk had /readyz send traffic to a server not taking
                 // connections (until 2026-12-06). The stop above runs only inside the loop,
-                // after this.
+                // after this: a stop asked for since the port began to listen (during the
+                // renewal, which a stalled disk can make last) is honoured here too, never
+                // announced ready.
                 move || {
+                    if stop_asked.is_cancelled() {
+                        return;
+                    }
                     now_ready.set(true);
                     // Not `println!`: a closed stdout (a supervisor that stopped reading) must
                     // not panic a server that recovered its tenants and is about to serve them.

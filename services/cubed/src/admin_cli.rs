@@ -74,8 +74,9 @@ pub async fn key_cert(
     let Outcome::Active(true) = execute(dir, Op::KeyIsActive(tenant, key_id)).await? else {
         bail!("tenant '{tenant}' has no active key '{key_id}'");
     };
-    // The CA's files are written (and created, the first time) by this process.
-    check_owner(data_dir)?;
+    // The CA's files are written (and created, the first time) by this process, also while a
+    // server runs: no "while the server runs" in its refusal.
+    check_owner_as(data_dir, nix::unistd::geteuid().as_raw(), false)?;
     let (cert, key) = crate::certs::issue_client_cert(data_dir, tenant, key_id)?;
     let (cert_path, key_path) = crate::certs::write_client_cert(out, tenant, key_id, &cert, &key)?;
     let ca = crate::certs::ca_cert_path(data_dir);
@@ -90,10 +91,12 @@ pub async fn key_cert(
 /// say, `sudo cubed key create` would belong to root, and the server, running as the
 /// directory's owner, could not open them at its next start (nor a later command as that user).
 fn check_owner(data_dir: &Path) -> anyhow::Result<()> {
-    check_owner_as(data_dir, nix::unistd::geteuid().as_raw())
+    check_owner_as(data_dir, nix::unistd::geteuid().as_raw(), true)
 }
 
-fn check_owner_as(data_dir: &Path, euid: u32) -> anyhow::Result<()> {
+/// `server_would_do`: whether the running server could make the change instead (it writes no
+/// certificate files, for one).
+fn check_owner_as(data_dir: &Path, euid: u32, server_would_do: bool) -> anyhow::Result<()> {
     use std::os::unix::fs::MetadataExt;
     let Ok(meta) = std::fs::metadata(data_dir) else {
         return Ok(()); // created by this command, as its user
@@ -103,9 +106,13 @@ fn check_owner_as(data_dir: &Path, euid: u32) -> anyhow::Result<()> {
         owner == euid,
         "{} belongs to user id {owner}, and this command runs as user id {euid}: files it \
          created there would not be readable by the server running as their owner; run it as \
-         that user (for example `sudo -u '#{owner}' cubed ...`), or while the server runs (it \
-         then makes the change itself)",
-        data_dir.display()
+         that user (for example `sudo -u '#{owner}' cubed ...`){}",
+        data_dir.display(),
+        if server_would_do {
+            ", or while the server runs (it then makes the change itself)"
+        } else {
+            ""
+        }
     );
     Ok(())
 }
@@ -475,16 +482,23 @@ mod tests {
         use std::os::unix::fs::MetadataExt;
         let dir = tempfile::tempdir().unwrap();
         let owner = std::fs::metadata(dir.path()).unwrap().uid();
-        check_owner_as(dir.path(), owner).unwrap();
-        check_owner_as(&dir.path().join("new"), owner + 1).unwrap();
-        let refused = check_owner_as(dir.path(), owner + 1)
+        check_owner_as(dir.path(), owner, true).unwrap();
+        check_owner_as(&dir.path().join("new"), owner + 1, true).unwrap();
+        let refused = check_owner_as(dir.path(), owner + 1, true)
             .unwrap_err()
             .to_string();
         assert!(
             refused.contains(&format!("belongs to user id {owner}"))
-                && refused.contains(&format!("runs as user id {}", owner + 1)),
+                && refused.contains(&format!("runs as user id {}", owner + 1))
+                && refused.contains("while the server runs"),
             "{refused}"
         );
+        // key cert writes its files itself, also beside a running server: not told to run it
+        // "while the server runs", which it had just done.
+        let refused = check_owner_as(dir.path(), owner + 1, false)
+            .unwrap_err()
+            .to_string();
+        assert!(!refused.contains("while the server runs"), "{refused}");
     }
 
     fn copy_dir(from: &Path, to: &Path) {

@@ -3966,25 +3966,9 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_periodic_checkpoint_failing_during_its_tenants_close_is_not_lost() {
         let dir = tempfile::tempdir().unwrap();
-        let (catalog, mut config) = tenant_with_catalog(dir.path());
-        // Every change starts a checkpoint (if none is running).
-        config.checkpoint.every_bytes = 1;
-        let data = crate::DataDir::new(dir.path().join("data"));
-        let directory = test_directory(data.clone(), &config, &catalog);
-        directory.call("t", write(0, b"v"), "t/k").await.unwrap();
-        // (applied, checkpointed) seqs, once `ready` holds for them.
-        let seqs_when = async |ready: &dyn Fn(u64, u64) -> bool| {
-            let deadline = Instant::now() + Duration::from_secs(20);
-            loop {
-                let log = directory.get("t").await.unwrap().log_stats();
-                if ready(log.last_seq, log.checkpoint_seq) {
-                    return (log.last_seq, log.checkpoint_seq);
-                }
-                assert!(Instant::now() < deadline, "{log:?}");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        };
-        let (first, _) = seqs_when(&|applied, checkpointed| applied == checkpointed).await;
+        let (catalog, config, data, directory) = checkpointing_tenant(dir.path()).await;
+        let (first, _) =
+            seqs_when(&directory, &|applied, checkpointed| applied == checkpointed).await;
         // The checkpoint the next change starts takes 1 s to fail its fsync; the close comes
         // while it runs.
         cube_wal::failpoint::fail_next_fdatasync_after(
@@ -3992,9 +3976,43 @@ mod tests {
             Duration::from_secs(1),
         );
         directory.call("t", write(1, b"kept"), "t/k").await.unwrap();
-        let (_, checkpointed) = seqs_when(&|applied, _| applied > first).await;
+        let (_, checkpointed) = seqs_when(&directory, &|applied, _| applied > first).await;
         assert_eq!(checkpointed, first, "the checkpoint did not wait");
         closed_and_refused_until_restart(directory, data, &config, &catalog).await;
+    }
+
+    /// Tenant `t` in a directory over `dir`, every change of which starts a checkpoint (if none
+    /// is running), open and written once (cell 0): its catalog, config, data and directory.
+    async fn checkpointing_tenant(
+        dir: &Path,
+    ) -> (
+        Arc<Catalog>,
+        CoreConfig,
+        crate::DataDir,
+        crate::TenantDirectory,
+    ) {
+        let (catalog, mut config) = tenant_with_catalog(dir);
+        config.checkpoint.every_bytes = 1;
+        let data = crate::DataDir::new(dir.join("data"));
+        let directory = test_directory(data.clone(), &config, &catalog);
+        directory.call("t", write(0, b"v"), "t/k").await.unwrap();
+        (catalog, config, data, directory)
+    }
+
+    /// Tenant `t`'s (applied, checkpointed) seqs, once `ready` holds for them (at most 20 s).
+    async fn seqs_when(
+        directory: &crate::TenantDirectory,
+        ready: &dyn Fn(u64, u64) -> bool,
+    ) -> (u64, u64) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let log = directory.get("t").await.unwrap().log_stats();
+            if ready(log.last_seq, log.checkpoint_seq) {
+                return (log.last_seq, log.checkpoint_seq);
+            }
+            assert!(Instant::now() < deadline, "{log:?}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// A periodic checkpoint still running when its tenant's actor crashes (a panic: its
@@ -4004,21 +4022,8 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_periodic_checkpoint_failing_after_its_tenants_actor_crashed_is_not_lost() {
         let dir = tempfile::tempdir().unwrap();
-        let (catalog, mut config) = tenant_with_catalog(dir.path());
-        // Every change starts a checkpoint (if none is running).
-        config.checkpoint.every_bytes = 1;
-        let data = crate::DataDir::new(dir.path().join("data"));
-        let directory = test_directory(data.clone(), &config, &catalog);
-        directory.call("t", write(0, b"v"), "t/k").await.unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let log = directory.get("t").await.unwrap().log_stats();
-            if log.last_seq == log.checkpoint_seq {
-                break;
-            }
-            assert!(Instant::now() < deadline, "{log:?}");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let (catalog, config, data, directory) = checkpointing_tenant(dir.path()).await;
+        seqs_when(&directory, &|applied, checkpointed| applied == checkpointed).await;
         // The checkpoint the next change starts takes 1 s to fail its fsync; the actor crashes
         // while it runs.
         cube_wal::failpoint::fail_next_fdatasync_after(
@@ -4059,13 +4064,8 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn shutdown_names_a_tenant_poisoned_for_good_while_open() {
         let dir = tempfile::tempdir().unwrap();
-        let (catalog, mut config) = tenant_with_catalog(dir.path());
-        // Every change starts a checkpoint (if none is running).
-        config.checkpoint.every_bytes = 1;
-        let data = crate::DataDir::new(dir.path().join("data"));
-        let directory = test_directory(data.clone(), &config, &catalog);
         // Open (its open syncs the state store) before the fsync is made to fail.
-        directory.call("t", write(0, b"v"), "t/k").await.unwrap();
+        let (catalog, config, data, directory) = checkpointing_tenant(dir.path()).await;
         cube_wal::failpoint::fail_next_fdatasync(&data.tenant_state("t"));
         directory.call("t", write(1, b"kept"), "t/k").await.unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);

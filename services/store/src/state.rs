@@ -2833,6 +2833,47 @@ mod tests {
         assert_eq!(h.s.totals().runs, 5);
     }
 
+    /// A program run five times, then deleted, stored again and run once, all of the latter in
+    /// one batch: the new cell's count starts again at 1 and its telemetry holds only its own
+    /// run (the delete removes the old cell's records, the batch's run adds one), and the
+    /// tenant's counted bytes match a recount.
+    #[test]
+    fn a_cell_deleted_and_made_again_in_one_batch_keeps_only_its_own_runs() {
+        let mut h = Harness::new(fresh(16));
+        let prog = || Command::Prog {
+            coord: C,
+            program: b"prog".to_vec(),
+        };
+        let run = |i: u8| Command::Run {
+            coord: C,
+            input: vec![i],
+        };
+        h.run(prog()).unwrap();
+        for i in 1..=5u8 {
+            h.submit(run(i)).unwrap();
+        }
+        h.flush();
+        h.submit(Command::Delete {
+            coord: C,
+            expected_version: None,
+        })
+        .unwrap();
+        h.submit(prog()).unwrap();
+        assert_eq!(
+            h.submit(run(9)),
+            Ok(Reply::Ran {
+                program: b"prog".to_vec(),
+                run_count: 1
+            })
+        );
+        h.flush();
+        let (count, recent) = h.s.reader().runs(C, 10).unwrap().unwrap();
+        assert_eq!(count, 1);
+        let digests: Vec<_> = recent.iter().map(|r| r.input_digest.clone()).collect();
+        assert_eq!(digests, vec![Sha256::digest([9u8]).to_vec()]);
+        assert_eq!(h.s.totals().stored_bytes, recount(&*h.s.backend()));
+    }
+
     #[test]
     fn changes_in_one_batch_chain_their_audit_entries_and_retention_holds() {
         let mut h = Harness::new(fresh_with(16, 3));

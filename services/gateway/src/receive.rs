@@ -16,7 +16,10 @@
 //! tonic decodes a unary request's message and then reads on to the end of the body before the
 //! handler runs, so a client that sends a whole message and never ends its stream keeps it in
 //! memory. Any later message of the body (a stream's; a unary call's extra ones, which tonic
-//! throws away) counts until its last byte has passed. A message declared larger than the
+//! throws away) counts from its prefix until its last byte has passed, and after that for as
+//! much as it is larger than every message before it: tonic's buffer keeps the room of the
+//! body's largest message until the body ends (a client that sent a small message, then one of
+//! 4 MiB, and never ended its stream held 4 MiB with some 25 bytes counted). A message declared larger than the
 //! largest any method takes (`--max-message-bytes`, or 16 KiB) is not counted: tonic refuses
 //! it on its prefix (INVALID_ARGUMENT, `crate::oversize`) without setting anything aside.
 //!
@@ -234,10 +237,9 @@ struct Counted {
     open: Option<Arc<OpenSlot>>,
     /// What the message being received counts for (0 between messages, or for one not counted).
     held: usize,
-    /// What the body's first message counts for once it has arrived, until the body ends.
+    /// What the largest message of the body counts for once it has arrived, until the body
+    /// ends.
     kept: usize,
-    /// The body's first message has arrived (whether it was counted or not).
-    first_arrived: bool,
     /// Bytes of the message being received still to come after its prefix.
     remaining: usize,
     /// The next prefix, as far as it has arrived.
@@ -261,7 +263,6 @@ impl Counted {
             open,
             held: 0,
             kept: 0,
-            first_arrived: false,
             remaining: 0,
             prefix: [0; PREFIX_LEN],
             prefix_seen: 0,
@@ -292,16 +293,16 @@ impl Counted {
         }
     }
 
-    /// The message being received has arrived: the body's first one stays counted until the
-    /// body ends, a later one no longer counts.
+    /// The message being received has arrived: the body's largest so far stays counted until
+    /// the body ends, the rest no longer counts. tonic reserves room for each message's declared
+    /// length in one buffer, which keeps the room of the largest until the request stream ends
+    /// (it only advances past a decoded message), also for a unary call's extra messages, which
+    /// it reads on to the end and throws away.
     fn arrived(&mut self) {
         let held = std::mem::take(&mut self.held);
-        if self.first_arrived {
-            self.give_back(held);
-        } else {
-            self.first_arrived = true;
-            self.kept = held;
-        }
+        let kept = self.kept.max(held);
+        self.give_back(self.kept + held - kept);
+        self.kept = kept;
     }
 
     /// The body has ended, failed or been dropped: nothing of it counts any more.
@@ -508,6 +509,21 @@ mod tests {
         // The first stays counted until the end; each later one from its prefix to its end.
         assert_eq!(seen, [405, 810, 810, 405]);
         assert_eq!(now(&receiving), 0, "the body's end gives back the first");
+        // A small message, then a larger one (a unary call's extra message, which tonic reads
+        // and throws away but whose room its buffer keeps): the larger counts until the end.
+        let mut growing = message(10);
+        growing.extend(message(400));
+        let mut body = counted(&receiving, &growing, &[15, 405]);
+        body.frame().await.unwrap().unwrap();
+        assert_eq!(now(&receiving), 15);
+        body.frame().await.unwrap().unwrap();
+        assert_eq!(
+            now(&receiving),
+            405,
+            "the larger message's room was given back"
+        );
+        assert!(body.frame().await.is_none());
+        assert_eq!(now(&receiving), 0);
         // Declared over the message limit: tonic refuses it on its prefix; nothing is counted.
         let mut big = vec![0u8];
         big.extend_from_slice(&5000u32.to_be_bytes());

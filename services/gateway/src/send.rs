@@ -35,10 +35,16 @@
 //!
 //! - a streamed page (`Cells.Region`, `Tenant.Audit`) counts each message the same way, and the
 //!   call is refused before it runs if it arrives while the count is over the limit, as a
-//!   change is; a message of a page under way is never replaced. The page's scan place has its
-//!   own bound (`--page-read-secs`), but what the page handed to HTTP/2 before that stays until
-//!   the stream goes: uncounted, streams left unread behind a closed window could hold any
-//!   amount of it (until 2026-12-06).
+//!   change is; and again when its answer comes, as a read's is, by its first message (or, if
+//!   that is not ready, if the count is over the limit): a page may have waited for one of its
+//!   tenant's scan places meanwhile, while other pages filled the count (until 2026-12-06 a
+//!   burst of pages all passed the first check, and each freed place let another run: about a
+//!   GiB held after a quarter of an hour on a connection limited to 64 MiB). A message of a
+//!   page under way is never replaced, so each page in progress can add up to its own size (at
+//!   most 4 MiB) past the limit. The page's scan place has its own bound (`--page-read-secs`),
+//!   but what the page handed to HTTP/2 before that stays until the stream goes: uncounted,
+//!   streams left unread behind a closed window could hold any amount of it (until
+//!   2026-12-06).
 //!
 //! The services outside `cube.v1` (health, reflection) answer a few KiB and are not counted;
 //! those a caller without credentials keeps open are held per connection instead
@@ -135,12 +141,18 @@ enum Kind {
     /// A change whose answer is as large as a program (`Cells.Run`): counted as [`Kind::Change`],
     /// with room for the largest answer reserved when it arrives.
     Run,
+    /// A streamed page (`Cells.Region`, `Tenant.Audit`): checked again when its answer comes
+    /// (it may have waited for one of its tenant's scan places meanwhile, while other pages
+    /// filled the count), and refused then as a read's answer is, by its first message; once
+    /// under way, never cut.
+    Page,
 }
 
 fn kind(path: &str) -> Kind {
     match path {
         "/cube.v1.Cells/Read" | "/cube.v1.Cells/Walk" | "/cube.v1.Tenant/Stats" => Kind::Read,
         "/cube.v1.Cells/Run" => Kind::Run,
+        "/cube.v1.Cells/Region" | "/cube.v1.Tenant/Audit" => Kind::Page,
         p if p.starts_with("/cube.v1.") => Kind::Change,
         _ => Kind::Uncounted,
     }
@@ -251,7 +263,7 @@ where
         }
         Answering::Called {
             inner: self.inner.call(req),
-            counted: sending.map(|s| (s, kind == Kind::Read, self.limit)),
+            counted: sending.map(|s| (s, matches!(kind, Kind::Read | Kind::Page), self.limit)),
             reserved,
         }
     }
@@ -263,8 +275,8 @@ pub enum Answering<F> {
     Refused(Option<http::Response<Body>>),
     Called {
         inner: F,
-        /// Its connection's count, whether the call only reads, and the limit; `None`: the
-        /// answer is not counted.
+        /// Its connection's count, whether the call only reads (a read or a page: its answer
+        /// may be refused), and the limit; `None`: the answer is not counted.
         counted: Option<(Arc<Sending>, bool, usize)>,
         /// Room held for its answer until the answer is in hand (a `Run`'s).
         reserved: Option<Reservation>,
@@ -329,6 +341,19 @@ where
             },
             Some(Some(Err(e))) => held.next = Some(Err(e)),
             Some(None) => held.done = true,
+            // A page whose first message is not ready: refused if the count is past the
+            // limit already (it would not have started then), as its message cannot be
+            // weighed before its headers go.
+            None if reads_only => {
+                let now = held.sending.bytes.load(Ordering::Acquire);
+                if now > limit {
+                    cube_metrics::ANSWER_SEND_REFUSED.inc();
+                    let reserved = held.sending.reserved.load(Ordering::Acquire);
+                    return Poll::Ready(Ok(
+                        over_limit(now, reserved, limit, Refusal::Past).into_http()
+                    ));
+                }
+            }
             None => {}
         }
         Poll::Ready(Ok(http::Response::from_parts(parts, Body::new(held))))
@@ -482,15 +507,15 @@ mod tests {
     use http_body_util::BodyExt;
 
     #[test]
-    fn only_cube_v1_answers_count_and_only_unary_reads_are_replaced() {
+    fn only_cube_v1_answers_count_and_only_reads_and_pages_are_replaced() {
         assert_eq!(kind("/cube.v1.Cells/Read"), Kind::Read);
         assert_eq!(kind("/cube.v1.Cells/Walk"), Kind::Read);
         assert_eq!(kind("/cube.v1.Tenant/Stats"), Kind::Read);
         assert_eq!(kind("/cube.v1.Cells/Write"), Kind::Change);
         assert_eq!(kind("/cube.v1.Cells/Run"), Kind::Run);
         assert_eq!(kind("/cube.v1.Access/Grant"), Kind::Change);
-        assert_eq!(kind("/cube.v1.Cells/Region"), Kind::Change);
-        assert_eq!(kind("/cube.v1.Tenant/Audit"), Kind::Change);
+        assert_eq!(kind("/cube.v1.Cells/Region"), Kind::Page);
+        assert_eq!(kind("/cube.v1.Tenant/Audit"), Kind::Page);
         assert_eq!(kind("/grpc.health.v1.Health/Check"), Kind::Uncounted);
     }
 

@@ -1435,8 +1435,9 @@ async fn unread_answers_are_held_to_the_connection_send_limit() {
 
 /// Streamed pages count against `--max-connection-send-bytes` too (4 MiB here): Region streams
 /// of 1-MiB cells left unread behind 64-KiB windows each hold a cell handed to HTTP/2, so once
-/// those pass the limit a call on the connection is refused before it runs, while another
-/// connection is served; the pages are whole when read at last. Before, they were not counted:
+/// another page's first cell would take them past the limit that page is refused (before
+/// 2026-12-06 only once the count had passed it), while another connection is served; the
+/// pages are whole when read at last. Before, they were not counted:
 /// a connection's 1,024 streams could keep a GiB of cells in the server's memory, the scan
 /// places' read limit freeing the places but not what the streams held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1471,10 +1472,10 @@ async fn unread_pages_are_held_to_the_connection_send_limit() {
             Ok(page) => unread.push(page.into_inner()),
             Err(status) => break status,
         }
-        // What the page handed on is counted as it goes: wait for it to pass the limit, or
-        // to settle below it.
+        // What the page handed on is counted as it goes: wait for its first cell to be.
+        let counted = 1_048_576.0 * unread.len() as f64;
         let _ = server
-            .metric_when(held, Duration::from_millis(500), |v| v > 4194304.0)
+            .metric_when(held, Duration::from_millis(500), |v| v >= counted)
             .await;
     };
     assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
@@ -1485,7 +1486,11 @@ async fn unread_pages_are_held_to_the_connection_send_limit() {
     );
     assert!(unread.len() >= 2, "refused after {} pages", unread.len());
     let now = server.metric(held).unwrap();
-    assert!(now > 4194304.0, "{now} bytes held");
+    assert!(
+        now > 2097152.0 && now <= 4194304.0,
+        "{now} bytes held by {} pages",
+        unread.len()
+    );
     // Another connection is served.
     let mut other = server.cells(&server.demo).await.unwrap();
     assert_eq!(page_cells(&mut other, region()).await, CELLS as usize);
@@ -1501,6 +1506,62 @@ async fn unread_pages_are_held_to_the_connection_send_limit() {
         .await
         .expect("the held pages were not sent once read");
     assert!(pages.iter().all(|n| *n == CELLS as usize), "{pages:?}");
+    server
+        .metric_when(held, Duration::from_secs(10), |v| v == 0.0)
+        .await
+        .expect("pages sent stop counting");
+}
+
+/// Pages sent at once all pass the look at the count when they arrive (nothing is held yet);
+/// each is weighed again when its answer comes, so those past the limit are refused then.
+/// (Each used to be counted unchecked once under way: twelve unread one-cell pages of 1 MiB
+/// held 12 MiB on a connection limited to 4.)
+#[tokio::test]
+async fn pages_sent_at_once_are_weighed_again_when_their_answers_come() {
+    use std::time::Duration;
+    let server =
+        TestServer::start_with(cubed(), &["--max-connection-send-bytes", "4194304"]).unwrap();
+    let held = "cube_answer_bytes_held ";
+    let mut c = server.cells(&server.demo).await.unwrap();
+    c.write(write(0, 0, 0, &vec![7u8; 1 << 20])).await.unwrap();
+    let region = || RegionRequest {
+        min: coord(0, 0, 0),
+        max: coord(0, 0, 0),
+        limit: 0,
+        page_token: vec![],
+    };
+    let hog = cube_api::v1::cells_client::CellsClient::new(narrow_connection(&server).await);
+    let answers = futures::future::join_all((0..12).map(|_| {
+        let mut hog = hog.clone();
+        async move { hog.region(region()).await }
+    }))
+    .await;
+    let refused: Vec<_> = answers.iter().filter_map(|a| a.as_ref().err()).collect();
+    assert!(!refused.is_empty(), "none of 12 pages of 1 MiB was refused");
+    for status in &refused {
+        assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+        assert!(
+            status.message().contains("--max-connection-send-bytes"),
+            "{}",
+            status.message()
+        );
+    }
+    let now = server.metric(held).unwrap();
+    assert!(now <= (4194304 + (64 << 10)) as f64, "{now} bytes held");
+    // The pages that were sent are whole when read, side by side (the connection's window
+    // is shared: unread streams would hold it); then nothing is held.
+    let pages = futures::future::join_all(answers.into_iter().flatten().map(|answer| async move {
+        let mut stream = answer.into_inner();
+        let mut cells = 0;
+        while stream.message().await.unwrap().is_some() {
+            cells += 1;
+        }
+        cells
+    }));
+    let pages = tokio::time::timeout(Duration::from_secs(30), pages)
+        .await
+        .expect("the held pages were not sent once read");
+    assert!(pages.iter().all(|n| *n == 1), "{pages:?}");
     server
         .metric_when(held, Duration::from_secs(10), |v| v == 0.0)
         .await

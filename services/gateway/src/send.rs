@@ -85,6 +85,13 @@ pub struct Sending {
 }
 
 impl Sending {
+    /// The refusal of a call (counted) whose connection holds `held` bytes: see [`over_limit`].
+    fn refusal(&self, held: usize, limit: usize, why: Refusal) -> http::Response<Body> {
+        cube_metrics::ANSWER_SEND_REFUSED.inc();
+        let reserved = self.reserved.load(Ordering::Acquire);
+        over_limit(held, reserved, limit, why).into_http()
+    }
+
     /// Room for an answer of `n` bytes not made yet, if [`refuses`] lets it under `limit`
     /// (checked and counted in one step); else the count found.
     fn reserve(self: &Arc<Self>, n: usize, limit: usize) -> Result<Reservation, usize> {
@@ -254,11 +261,7 @@ where
                 (now > self.limit).then_some((now, Refusal::Past))
             };
             if let Some((held, why)) = refused {
-                cube_metrics::ANSWER_SEND_REFUSED.inc();
-                let reserved = sending.reserved.load(Ordering::Acquire);
-                return Answering::Refused(Some(
-                    over_limit(held, reserved, self.limit, why).into_http(),
-                ));
+                return Answering::Refused(Some(sending.refusal(held, self.limit, why)));
             }
         }
         Answering::Called {
@@ -330,11 +333,7 @@ where
             Some(Some(Ok(frame))) => match frame.into_data() {
                 Ok(data) => {
                     if let Err(now) = held.hold(data, reads_only.then_some(limit)) {
-                        cube_metrics::ANSWER_SEND_REFUSED.inc();
-                        let reserved = held.sending.reserved.load(Ordering::Acquire);
-                        return Poll::Ready(Ok(
-                            over_limit(now, reserved, limit, Refusal::Answer).into_http()
-                        ));
+                        return Poll::Ready(Ok(held.sending.refusal(now, limit, Refusal::Answer)));
                     }
                 }
                 Err(frame) => held.next = Some(Ok(frame)),
@@ -347,11 +346,7 @@ where
             None if reads_only => {
                 let now = held.sending.bytes.load(Ordering::Acquire);
                 if now > limit {
-                    cube_metrics::ANSWER_SEND_REFUSED.inc();
-                    let reserved = held.sending.reserved.load(Ordering::Acquire);
-                    return Poll::Ready(Ok(
-                        over_limit(now, reserved, limit, Refusal::Past).into_http()
-                    ));
+                    return Poll::Ready(Ok(held.sending.refusal(now, limit, Refusal::Past)));
                 }
             }
             None => {}

@@ -2,7 +2,9 @@
 # Proves that deploy/ is real: the Prometheus config and alert rules pass promtool, a live cubed's
 # /metrics passes `promtool check metrics`, and every query of every Grafana dashboard in
 # deploy/grafana/dashboards/ and every alert rule's expression (its threshold taken off) returns
-# data from a real Prometheus scraping a real cubed under load.
+# data from a real Prometheus, run with the shipped deploy/prometheus/prometheus.yml (its target
+# and intervals replaced), scraping a real cubed under load; and every metric and label name those
+# expressions use is one that cubed exports.
 #
 #   bash deploy/check-dashboards.sh          # from anywhere; uses target/debug/{cubed,cubec}
 #   CUBED=... CUBEC=... bash deploy/check-dashboards.sh
@@ -168,22 +170,29 @@ json.dump(creds, open(sys.argv[2], "w"))
 EOF
 
 # --- 5. prometheus -----------------------------------------------------------------------------
-# The shipped alert rules are loaded too, so that section 7 can check them against real data.
+# The shipped deploy/prometheus/prometheus.yml with only its target (cubed:9464, the compose
+# service) replaced by this cubed's admin address and every interval set to 1 s, so that its job
+# name, metrics_path and rule_files are the ones checked: a wrong metrics_path or job name fails
+# the wait for the first scrape below, which selects job="cubed" as the alert rules do, and a
+# rule_files entry that does not name alerts.yml (copied next to the config, where the relative
+# path finds it) loads no rule, which section 7b fails on. The shipped rules are so loaded too,
+# so that section 7b can check them against real data.
 cp deploy/prometheus/alerts.yml "$TMP/alerts.yml"
-cat >"$TMP/prometheus.yml" <<EOF
-global:
-  scrape_interval: 1s
-  scrape_timeout: 1s
-  evaluation_interval: 1s
-rule_files:
-  - alerts.yml
-scrape_configs:
-  - job_name: cubed
-    scrape_interval: 1s
-    metrics_path: /metrics
-    static_configs:
-      - targets: ['$ADMIN']
+python3 - deploy/prometheus/prometheus.yml "$TMP/prometheus.yml" "$ADMIN" <<'EOF' ||
+import re, sys
+src, dst, admin = sys.argv[1:]
+text = open(src).read()
+text, n = re.subn(r"""^(\s*-\s*)(['"]?)cubed:9464\2[ \t]*$""", lambda m: m.group(1) + admin,
+                  text, flags=re.M)
+if n != 1:
+    sys.exit("%s: %d scrape targets cubed:9464, expected one" % (src, n))
+text, n = re.subn(r"^(\s*(?:scrape_interval|scrape_timeout|evaluation_interval):[ \t]*)\S+",
+                  lambda m: m.group(1) + "1s", text, flags=re.M)
+if n == 0:
+    sys.exit("%s: no scrape_interval or evaluation_interval" % src)
+open(dst, "w").write(text)
 EOF
+    die "cannot make a Prometheus configuration from deploy/prometheus/prometheus.yml"
 free_port() {
     python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
@@ -242,7 +251,16 @@ for ((i = 0; i < 100; i++)); do
     fi
     sleep 0.1
 done
-[ "$scraped" = 1 ] || die "prometheus does not scrape cubed at $ADMIN"
+if [ "$scraped" = 0 ]; then
+    # What prometheus made of the shipped scrape job: its name, URL and last error.
+    curl -sS --max-time 10 "$PROM/api/v1/targets" | python3 -c '
+import json, sys
+for t in json.load(sys.stdin)["data"]["activeTargets"]:
+    print("   target job=%s %s: %s %s" % (t["labels"].get("job"), t["scrapeUrl"], t["health"],
+                                        t.get("lastError") or ""))
+' >&2 || true
+    die "prometheus does not scrape cubed at $ADMIN as job \"cubed\" (deploy/prometheus/prometheus.yml: job_name, metrics_path)"
+fi
 
 # --- 6. load in both auth models -----------------------------------------------------------------
 cubec() { # AUTH CREDENTIALS ARGS...
@@ -366,6 +384,8 @@ def panels(ps):
 
 n = 0
 manifest = open(os.path.join(out_dir, "manifest"), "w")
+# The expressions as written (Grafana variables and all), for the name check of section 7c.
+names = open(os.path.join(out_dir, "names.tsv"), "w")
 for path in sys.argv[3:]:
     name = os.path.splitext(os.path.basename(path))[0]
     dash = json.load(open(path))
@@ -402,7 +422,10 @@ for path in sys.argv[3:]:
             title = " ".join(str(p.get("title") or "(untitled)").split())
             ref = t.get("refId") or "?"
             manifest.write("%03d\t%s\t%s [%s]\n" % (n, name, title, ref))
+            names.write("%s: %s [%s]\t%s\n" % (name, title, ref,
+                                                 re.sub(r"[\t\r\n]", " ", t["expr"] or "")))
 manifest.close()
+names.close()
 if n == 0:
     sys.exit("no panel target with an expr in " + " ".join(sys.argv[3:]))
 EOF
@@ -441,23 +464,29 @@ done <"$TMP/queries/manifest"
 # --- 7b. every alert rule's expression, without its threshold --------------------------------
 # `promtool check rules` checks syntax only: an alert on a misspelt metric or label value would
 # pass it and never fire. So each rule, as this Prometheus loaded it, must evaluate without error
-# and, with its final comparison against a number taken off (`... > 0.05`, `... == 0`), return
-# data from the cubed it scrapes.
+# and, with a final `or absent(...)` (which returns nothing while cubed is scraped) and then its
+# final comparison against a number taken off (`... > 0.05`, `... == 0`), return data from the
+# cubed it scrapes. (An `or vector(0)` returns data whatever the metric is called: section 7c
+# checks the names.)
+: >"$TMP/alert-names.tsv"
 curl -sS --max-time 10 "$PROM/api/v1/rules" | python3 -c '
 import json, re, sys
 r = json.load(sys.stdin)
 if r.get("status") != "success":
     sys.exit("rules api: %s" % r.get("error"))
+absent = re.compile(r"\s+or\s+absent\((?:[^()]|\([^()]*\))*\)$")
 threshold = re.compile(r"\s*(==|!=|>=|<=|>|<)\s*(bool\s+)?[0-9.eE+\-*\s]+$")
 one_line = lambda text: " ".join(str(text).split())
+names = open(sys.argv[1], "w")
 for g in r["data"]["groups"]:
     for rule in g["rules"]:
         if rule.get("type") != "alerting":
             continue
         print("%s\t%s\t%s\t%s" % (rule["name"], rule.get("health", "?"),
                                     one_line(rule.get("lastError") or "-"),
-                                    threshold.sub("", one_line(rule["query"]))))
-' >"$TMP/rules.tsv" || fail "read the loaded alert rules from $PROM/api/v1/rules"
+                                    threshold.sub("", absent.sub("", one_line(rule["query"])))))
+        names.write("alert %s\t%s\n" % (rule["name"], one_line(rule["query"])))
+' "$TMP/alert-names.tsv" >"$TMP/rules.tsv" || fail "read the loaded alert rules from $PROM/api/v1/rules"
 expected=$(grep -c '^ *- alert: ' deploy/prometheus/alerts.yml || true)
 [ "$expected" -gt 0 ] || fail "deploy/prometheus/alerts.yml holds no alert rule"
 loaded=$(wc -l <"$TMP/rules.tsv")
@@ -474,6 +503,258 @@ while IFS=$'\t' read -r name health err expr; do
     fi
     expect_data "alert $name, its threshold taken off" "$expr"
 done <"$TMP/rules.tsv"
+
+# --- 7c. every metric and label name, against the scrape of section 4 ---------------------------
+# A query that returns data can still hold a typo: in one half of an `or` whose other half has
+# data, in a `!=` or `!~` matcher on a misspelt label (which every series matches), in a
+# `by (...)` label that no series has. So every metric name and every label name in a matcher or
+# in a by/without/on/ignoring/group_left/group_right list, of every dashboard query (as written,
+# Grafana variables skipped) and every alert rule, must be exported by cubed: a metric as a series
+# name of the scrape (a histogram x as x_bucket, x_sum, x_count; `up` and Prometheus' other
+# scrape series too), a label on some series of the metric it selects (in a list: of the metrics
+# it aggregates, or of the whole expression) or one of job, instance, le, __name__.
+cat >"$TMP/names.py" <<'EOF'
+# names.py METRICS_TXT EXPRS_TSV...: every metric and label name that the expressions use (one
+# "LABEL<TAB>EXPR" a line) must be exported in METRICS_TXT (a /metrics scrape). A query that returns
+# data can still hold a typo: one half of an `or` whose other half has data, a `!=`/`!~` matcher
+# on a misspelt label (which matches every series), a `by (...)` label no series has. Prints
+# "names<TAB>N expressions ..." and exits 0, or one "LABEL<TAB>PROBLEM<TAB>EXPR" line per problem
+# and exits 1.
+import re
+import sys
+
+# Labels Prometheus adds or uses itself.
+BUILTIN_LABELS = {"job", "instance", "le", "__name__"}
+# Series Prometheus records for each target.
+SYNTHETIC = ("up", "scrape_duration_seconds", "scrape_samples_scraped",
+             "scrape_samples_post_metric_relabeling", "scrape_series_added")
+AGGREGATIONS = {"sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "count_values",
+                "bottomk", "topk", "quantile", "limitk", "limit_ratio"}
+FUNCTIONS = AGGREGATIONS | {
+    "abs", "absent", "absent_over_time", "acos", "acosh", "asin", "asinh", "atan", "atanh",
+    "avg_over_time", "ceil", "changes", "clamp", "clamp_max", "clamp_min", "cos", "cosh",
+    "count_over_time", "day_of_month", "day_of_week", "day_of_year", "days_in_month", "deg",
+    "delta", "deriv", "double_exponential_smoothing", "end", "exp", "floor", "histogram_avg",
+    "histogram_count", "histogram_fraction", "histogram_quantile", "histogram_stddev",
+    "histogram_stdvar", "histogram_sum", "holt_winters", "hour", "idelta", "increase", "info",
+    "irate", "label_join", "label_replace", "last_over_time", "ln", "log10", "log2",
+    "mad_over_time", "max_over_time", "min_over_time", "minute", "month", "pi",
+    "predict_linear", "present_over_time", "quantile_over_time", "rad", "rate", "resets",
+    "round", "scalar", "sgn", "sin", "sinh", "sort", "sort_by_label", "sort_by_label_desc",
+    "sort_desc", "sqrt", "start", "stddev_over_time", "stdvar_over_time", "sum_over_time", "tan",
+    "tanh", "time", "timestamp", "vector", "year",
+}
+# Keywords followed by a list of label names.
+LABEL_LISTS = {"by", "without", "on", "ignoring", "group_left", "group_right"}
+KEYWORDS = LABEL_LISTS | {"or", "and", "unless", "offset", "bool", "atan2"}
+# Functions that make a label: the index of the argument that names it.
+MAKES_LABEL = {"label_replace": 1, "label_join": 1, "count_values": 0}
+
+TOKEN = re.compile(r"""
+    (?P<space>\s+)
+  | (?P<comment>\#[^\n]*)
+  | (?P<var>\$\{[^}]*\}|\[\[\w+(?::\w+)?\]\]|\$\w+)
+  | (?P<string>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`)
+  | (?P<range>\[(?:[^\[\]]|\[\[\w+(?::\w+)?\]\])*\])      # [5m], [5m:1m], [[[interval]]]
+  | (?P<number>(?:0[xX][0-9a-fA-F]+|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)[a-zA-Z0-9]*)
+  | (?P<ident>[a-zA-Z_:][a-zA-Z0-9_:]*)
+  | (?P<op>=~|!~|!=|==|>=|<=|[-+*/%^<>=,(){}@])
+""", re.X)
+
+
+def tokenize(expr):
+    toks, pos = [], 0
+    while pos < len(expr):
+        m = TOKEN.match(expr, pos)
+        if not m:
+            raise ValueError("cannot read %r at offset %d" % (expr[pos:pos + 20], pos))
+        pos = m.end()
+        kind = m.lastgroup
+        if kind in ("space", "comment"):
+            continue
+        text = m.group()
+        if kind == "ident" and text.lower() in ("inf", "nan"):
+            kind = "number"
+        toks.append((kind, text))
+    return toks
+
+
+def read_metrics(path):
+    """Series name -> label names seen on it (a family without series: no label names)."""
+    labels = {}
+    sample = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+[-+]?(?:[0-9.]|Inf|NaN)")
+    label = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"(?:[^"\\]|\\.)*"')
+    suffixes = {"histogram": ("_bucket", "_sum", "_count"),
+                "gaugehistogram": ("_bucket", "_gsum", "_gcount"),
+                "summary": ("", "_sum", "_count")}
+    for line in open(path):
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("#"):
+            parts = line.split()
+            if len(parts) >= 4 and parts[1] == "TYPE":
+                name, kind = parts[2], parts[3]
+                names = [name + s for s in suffixes.get(kind, ("",))]
+                if kind == "counter" and not name.endswith("_total"):  # OpenMetrics
+                    names.append(name + "_total")
+                for n in names:
+                    labels.setdefault(n, set())
+            continue
+        m = sample.match(line)
+        if not m:
+            raise ValueError("%s: cannot read the line %r" % (path, line))
+        labels.setdefault(m.group(1), set()).update(label.findall(m.group(2) or ""))
+    for n in SYNTHETIC:
+        labels.setdefault(n, set())
+    return labels
+
+
+def check(expr, exported):
+    """The problems of one expression, in order, each once."""
+    toks = tokenize(expr)
+    text = lambda i: toks[i][1] if 0 <= i < len(toks) else None
+    match, stack = {}, []
+    for i, (kind, t) in enumerate(toks):
+        if kind == "op" and t in "({":
+            stack.append(i)
+        elif kind == "op" and t in ")}":
+            if not stack or text(stack[-1]) != {")": "(", "}": "{"}[t]:
+                raise ValueError("unbalanced %r" % t)
+            j = stack.pop()
+            match[i], match[j] = j, i
+    if stack:
+        raise ValueError("unbalanced %r" % text(stack[-1]))
+
+    problems = []
+    selectors = []   # (token index, metric name or None)
+    clauses = []     # (keyword, [label names], first, last token index of its scope)
+    made = set()     # labels made by label_replace, label_join, count_values
+    i = 0
+    while i < len(toks):
+        kind, t = toks[i]
+        word = t.lower() if kind == "ident" else None
+        if word in LABEL_LISTS:
+            if text(i + 1) != "(":
+                i += 1       # group_left without labels
+                continue
+            end = match[i + 1]
+            names = [toks[k][1] for k in range(i + 2, end) if toks[k][0] == "ident"]
+            lo, hi = 0, len(toks) - 1    # on, ignoring, group_*: both sides of the operator
+            if word in ("by", "without"):
+                if i > 0 and toks[i - 1][0] == "ident" and text(end + 1) == "(":   # sum by (x) (...)
+                    lo, hi = end + 1, match[end + 1]
+                elif text(i - 1) == ")":                                # sum(...) by (x)
+                    lo, hi = match[i - 1], i - 1
+            clauses.append((word, names, lo, hi))
+            i = end + 1
+        elif word in KEYWORDS:
+            i += 1
+        elif word in AGGREGATIONS and (text(i + 1) or "").lower() in ("by", "without"):
+            i += 1           # sum by (...) (...)
+        elif kind == "ident" and text(i + 1) == "(":
+            if t not in FUNCTIONS and word not in AGGREGATIONS:
+                problems.append("unknown function %s()" % t)
+            elif word in MAKES_LABEL:
+                arg, depth = 0, 0
+                for k in range(i + 2, match[i + 1]):
+                    if text(k) in ("(", "{"):
+                        depth += 1
+                    elif text(k) in (")", "}"):
+                        depth -= 1
+                    elif depth == 0 and text(k) == ",":
+                        arg += 1
+                    elif depth == 0 and arg == MAKES_LABEL[word] and toks[k][0] == "string":
+                        made.add(toks[k][1][1:-1])
+            i += 1
+        elif kind == "ident" or (kind == "op" and t == "{"):
+            name = t if kind == "ident" else None
+            start = i + 1 if kind == "ident" else i
+            matchers = []
+            if text(start) == "{":
+                end = match[start]
+                k = start + 1
+                while k < end:
+                    if toks[k][0] == "ident":
+                        matchers.append((toks[k][1], text(k + 1), toks[k + 2] if k + 2 < end else None))
+                        k += 3
+                    else:
+                        k += 1
+                i = end + 1
+            else:
+                i += 1
+            for label, op, value in matchers:
+                if label == "__name__" and op == "=" and value and value[0] == "string":
+                    name = value[1][1:-1]
+            if name is not None and name not in exported:
+                problems.append("unknown metric %s: cubed exports no such series" % name)
+                selectors.append((i - 1, name))
+                continue
+            selectors.append((i - 1, name))
+            have = exported[name] if name else set().union(*exported.values())
+            for label, _op, _value in matchers:
+                if label not in have and label not in BUILTIN_LABELS:
+                    problems.append("unknown label %s in %s{...}: no series of %s has it"
+                                    % (label, name or "", name or "any metric"))
+        else:
+            i += 1
+
+    for keyword, names, lo, hi in clauses:
+        metrics = {n for k, n in selectors if lo <= k <= hi}
+        if not metrics or any(n is not None and n not in exported for n in metrics):
+            continue     # nothing to check against, or an unknown metric (already reported)
+        have = set().union(*(exported[n] if n else set().union(*exported.values())
+                             for n in metrics))
+        for label in names:
+            if label not in have and label not in BUILTIN_LABELS and label not in made:
+                problems.append("unknown label %s in %s (...): no series of %s has it"
+                                % (label, keyword, ", ".join(sorted(n or "{...}" for n in metrics))))
+    return list(dict.fromkeys(problems))
+
+
+def main():
+    try:
+        exported = read_metrics(sys.argv[1])
+    except (OSError, ValueError) as e:
+        sys.exit("names\t%s\t" % e)
+    if not set(exported) - set(SYNTHETIC):
+        sys.exit("names\t%s holds no metric\t" % sys.argv[1])
+    n = bad = 0
+    for path in sys.argv[2:]:
+        for line in open(path):
+            line = line.rstrip("\n")
+            if not line:
+                continue
+            label, _, expr = line.partition("\t")
+            n += 1
+            try:
+                problems = check(expr, exported)
+            except (ValueError, IndexError, KeyError) as e:
+                problems = ["cannot read the expression: %s" % e]
+            for p in problems:
+                print("%s\t%s\t%s" % (label, p, expr))
+            bad += bool(problems)
+    if n == 0:
+        sys.exit("names\tno expression to check in %s\t" % " ".join(sys.argv[2:]))
+    if bad:
+        sys.exit(1)
+    print("names\t%d expressions use only metrics and labels that cubed exports (%d series names)"
+          % (n, len(exported)))
+
+
+main()
+EOF
+if [ ! -s "$TMP/metrics.txt" ]; then
+    fail "names: no scrape of /metrics to check the names against (section 4)"
+elif out=$(python3 "$TMP/names.py" "$TMP/metrics.txt" "$TMP/queries/names.tsv" \
+    "$TMP/alert-names.tsv" 2>&1); then
+    ok "names: $(cut -f 2 <<<"$out")"
+else
+    while IFS=$'\t' read -r label problem expr; do
+        fail "$label: $problem"
+        [ -z "$expr" ] || echo "       $expr"
+    done <<<"$out"
+fi
 
 # --- 8. shut down (the trap does the same on any other exit) -----------------------------------
 stop_prometheus

@@ -16,6 +16,8 @@ BIN=${2:-target/release/cube-durability}
 [ -x "$BIN" ] || { echo "no $BIN: cargo build --release -p cubed -p cube-load" >&2; exit 1; }
 BASE=$(mktemp -d /tmp/cube-interrupt.XXXXXX)
 trap 'rm -rf "$BASE"' EXIT
+# The run under way, if any (see the trap below).
+pid=
 # Job control: a background job of a non-interactive shell would otherwise start with SIGINT
 # ignored, which the harness rightly leaves alone.
 set -m
@@ -39,6 +41,12 @@ sweep() {
     fi
     find "$BASE" -mindepth 1 -maxdepth 1 -exec rm -rf {} +
 }
+# However this script ends (a time bound's SIGTERM too: the runs are in process groups of their
+# own, so a signal to this script's group does not reach them), the run under way is stopped and
+# what it left is undone before its directory goes.
+trap '[ -n "$pid" ] && kill -KILL "$pid" 2>/dev/null; sweep 2>/dev/null; rm -rf "$BASE"' EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
 
 # A signal this shell was started with ignored (SIGHUP under nohup, SIGINT in a background job
 # of a non-interactive shell) stays ignored in the harness, which rightly leaves it alone: not
@@ -69,6 +77,7 @@ for i in $(seq 1 "$N"); do
     kill -s "$sig" "$pid" 2>/dev/null || true
     rc=0
     wait "$pid" || rc=$?
+    pid=
     # A loop device detached by the harness may still be listed for a moment (udev probing
     # it): when that is all that is left, looked at again for up to 5 s.
     left=$(leftovers)

@@ -1747,9 +1747,19 @@ pub(crate) mod tests {
                 std::thread::spawn(move || c.create_tenant(&format!("t{i}")).map(drop))
             })
             .collect();
-        // Every creator has written its record, or is held up behind the bound.
-        std::thread::sleep(std::time::Duration::from_millis(500));
-        let unsynced = c.written.load(Ordering::Acquire) - from;
+        // Every creator has written its record, or is held up behind the bound: the count of
+        // bytes written has moved and then stood still for half a second.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let (mut seen, mut since) = (from, std::time::Instant::now());
+        while seen == from || since.elapsed() < std::time::Duration::from_millis(500) {
+            assert!(std::time::Instant::now() < deadline, "no creator wrote");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            let now = c.written.load(Ordering::Acquire);
+            if now != seen {
+                (seen, since) = (now, std::time::Instant::now());
+            }
+        }
+        let unsynced = seen - from;
         assert!(
             unsynced > 0 && unsynced <= LARGEST_RESTATEMENT as u64 + 4096,
             "{unsynced} bytes written behind one sync"

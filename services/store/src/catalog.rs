@@ -2023,7 +2023,7 @@ pub(crate) mod tests {
         assert_eq!(c.durability("acme").unwrap(), cube_wal::SyncPolicy::Always);
     }
 
-    fn reopen(path: &Path) -> Catalog {
+    pub(crate) fn reopen(path: &Path) -> Catalog {
         // sled releases a dropped handle's lock on a thread of its own, shortly after the drop.
         crate::backend::open_waiting(
             || Catalog::open(path),

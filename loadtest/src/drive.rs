@@ -99,7 +99,8 @@ pub fn median(mut v: Vec<f64>) -> f64 {
 pub struct Phase {
     pub name: String,
     pub calls: u64,
-    errors: u64,
+    /// Calls that failed within the measured window (not in `calls` or the rates).
+    pub errors: u64,
     seconds: f64,
     pub calls_per_sec: f64,
     p50_us: u64,

@@ -105,7 +105,9 @@ impl CallSigner {
 #[derive(Debug, Clone)]
 pub struct Signing<S> {
     inner: S,
-    signer: Option<CallSigner>,
+    /// Shared: a client is cloned for each call (tonic's way), and a signer's clone copied its
+    /// prepared HMAC states and took four reference counts.
+    signer: Option<Arc<CallSigner>>,
     names_sent: Arc<AtomicBool>,
 }
 
@@ -113,7 +115,7 @@ impl<S> Signing<S> {
     pub fn new(inner: S, signer: CallSigner) -> Signing<S> {
         Signing {
             inner,
-            signer: Some(signer),
+            signer: Some(Arc::new(signer)),
             names_sent: Arc::default(),
         }
     }

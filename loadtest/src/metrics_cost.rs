@@ -10,7 +10,7 @@ use cube_auth::client::{CallSigner, Signing};
 use cube_testkit::TestServer;
 use tonic::transport::Channel;
 
-use crate::drive::{RunArgs, connect, coord, median, phase};
+use crate::drive::{LoadShape, Phase, RunArgs, connect, coord, median, phase};
 
 #[derive(Debug, Args)]
 pub struct MetricsCostArgs {
@@ -25,6 +25,33 @@ pub struct MetricsCostArgs {
 }
 
 type Client = CellsClient<Signing<Channel>>;
+
+/// One phase of `op` against each server, the one with metrics first if `on_first`: (on, off).
+async fn on_and_off<F, Fut>(
+    name: &str,
+    on_first: bool,
+    (c_on, c_off): (&[Client], &[Client]),
+    shape: &LoadShape,
+    op: F,
+) -> (Phase, Phase)
+where
+    F: Fn(Client, usize, u64) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = bool> + Send,
+{
+    let (on_name, off_name) = (
+        format!("{name}, metrics on"),
+        format!("{name}, metrics off"),
+    );
+    let on = || phase(&on_name, c_on, shape, op.clone());
+    let off = || phase(&off_name, c_off, shape, op.clone());
+    if on_first {
+        let on = on().await;
+        (on, off().await)
+    } else {
+        let off = off().await;
+        (on().await, off)
+    }
+}
 
 async fn clients(server: &TestServer, n: usize) -> anyhow::Result<Vec<Client>> {
     let signer = CallSigner::new(
@@ -66,11 +93,16 @@ pub async fn run(args: MetricsCostArgs, default_cubed: PathBuf) -> anyhow::Resul
     let (mut w_ratios, mut r_ratios) = (Vec::new(), Vec::new());
     println!("| round | Write on/s | Write off/s | on ÷ off | Read on/s | Read off/s | on ÷ off |");
     println!("|---:|---:|---:|---:|---:|---:|---:|");
+    let mut failed = 0;
     for round in 1..=args.run.rounds {
-        let w_on = phase("Write, metrics on", &c_on, &shape, write).await;
-        let w_off = phase("Write, metrics off", &c_off, &shape, write).await;
-        let r_on = phase("Read, metrics on", &c_on, &shape, read).await;
-        let r_off = phase("Read, metrics off", &c_off, &shape, read).await;
+        // Which server goes first alternates (on, off in odd rounds; off, on in even ones), so
+        // neither a drift of the machine's speed within a round nor the background work one
+        // server's writes leave behind always lands on the same side.
+        let on_first = round % 2 == 1;
+        let sides = (&c_on[..], &c_off[..]);
+        let (w_on, w_off) = on_and_off("Write", on_first, sides, &shape, write).await;
+        let (r_on, r_off) = on_and_off("Read", on_first, sides, &shape, read).await;
+        failed += w_on.errors + w_off.errors + r_on.errors + r_off.errors;
         let (w, r) = (
             w_on.calls_per_sec / w_off.calls_per_sec,
             r_on.calls_per_sec / r_off.calls_per_sec,
@@ -87,6 +119,11 @@ pub async fn run(args: MetricsCostArgs, default_cubed: PathBuf) -> anyhow::Resul
             100.0 * r
         );
     }
+    anyhow::ensure!(
+        failed == 0,
+        "{failed} calls failed in the measured rounds (their errors are above): the rates count \
+         successful calls only, so these rounds do not measure what metrics cost"
+    );
     println!();
     println!(
         "Target: metrics on within 5% of off → Write {:.1}%, Read {:.1}% (median of {} rounds)",

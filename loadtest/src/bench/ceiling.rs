@@ -17,9 +17,18 @@ use crate::echo::pb::echo_client::EchoClient;
 
 pub const SYSTEM: &str = "echo";
 
-struct EchoCell {
+pub struct EchoCell {
     client: EchoClient<Channel>,
     reply_bytes: u32,
+}
+
+/// One client of `echo` (its own connection) whose read-shaped calls ask for `value_bytes`.
+pub async fn read_client(echo: &EchoChild, value_bytes: usize) -> anyhow::Result<EchoCell> {
+    let ch = crate::drive::connect(&echo.addr.to_string(), 1).await?;
+    Ok(EchoCell {
+        client: EchoClient::new(ch.into_iter().next().expect("one connection")),
+        reply_bytes: value_bytes as u32,
+    })
 }
 
 impl SingleCell for EchoCell {

@@ -301,9 +301,20 @@ pub struct Results {
     pub single: Vec<SinglePhase>,
     pub bulk: Vec<BulkResult>,
     pub scans: Vec<ScanResult>,
+    /// 1-client reads of Cube and of the echo in alternating rounds (when both peers run): what
+    /// the 1-client latency target is judged on.
+    pub read_p50_rounds: Vec<P50Round>,
     /// Parts that failed, with their error: reported, never silently dropped.
     pub failures: Vec<(String, String)>,
     pub targets: Vec<report::Target>,
+}
+
+/// One round of [`Results::read_p50_rounds`]: a short 1-client read phase of each.
+#[derive(Debug, Clone, Serialize)]
+pub struct P50Round {
+    pub echo_first: bool,
+    pub cube: SinglePhase,
+    pub echo: SinglePhase,
 }
 
 /// The settings as reported (flags resolved).
@@ -420,6 +431,7 @@ pub async fn run(args: BenchArgs, default_cubed: PathBuf) -> anyhow::Result<()> 
         single: Vec::new(),
         bulk: Vec::new(),
         scans: Vec::new(),
+        read_p50_rounds: Vec::new(),
         failures: Vec::new(),
         targets: Vec::new(),
     };

@@ -277,9 +277,6 @@ pub async fn run(
     // With --min-free-bytes 0 the guard refuses nothing but still reports it.
     let space = SpaceGuard::new(data.root().to_path_buf(), config.min_free_bytes);
     space.start(SPACE_CHECK_EVERY);
-    // Before the catalog is opened (which creates it): whether this is the data directory's
-    // first start, the only one that makes tenant `demo`.
-    let first_start = !data.catalog().exists();
     let Some(catalog) = open_catalog(&data, &mut shutdown).await? else {
         tracing::info!("stop requested during start-up: not serving");
         return Ok(());
@@ -303,12 +300,9 @@ pub async fn run(
     }
     let addr = listener.local_addr().context("reading the bound address")?;
     if config.demo {
-        ensure_demo(
-            &catalog,
-            &data,
-            &client_endpoint(&config.tls, addr),
-            first_start,
-        )?;
+        ensure_demo(&catalog, &data, &client_endpoint(&config.tls, addr))?;
+    } else {
+        decline_demo(&catalog, &data)?;
     }
     let directory = Arc::new(TenantDirectory::new(
         DirectoryConfig {
@@ -667,21 +661,32 @@ fn client_endpoint(tls: &TlsChoice, mut addr: std::net::SocketAddr) -> String {
     format!("{scheme}://{addr}")
 }
 
-/// On the first start of an empty data directory (`first_start`: it had no catalog) create
-/// tenant `demo` and dev-credentials.json; on later starts keep that file's endpoint current.
-/// A later start that finds no tenants makes none: the directory was first started with
-/// `--no-demo` (or its tenants were made and removed), and a start that forgot the flag must
-/// not add a tenant with every capability and its secret on disk. A first start stopped
-/// between the two (a crash) leaves a catalog of tenant `demo` alone with its one key and no
-/// file: the file is written then from the catalog's key. Only then: a `demo` whose first key
-/// was revoked and another made (rotation) keeps its file deleted, and the new key's secret
-/// off the disk.
-fn ensure_demo(
-    catalog: &Catalog,
-    data: &DataDir,
-    endpoint: &str,
-    first_start: bool,
-) -> anyhow::Result<()> {
+/// A start with `--no-demo` that finds no tenants leaves a note of it (`demo-declined`), so that
+/// a later start without the flag makes no tenant with every capability and its secret on disk
+/// that nobody asked for. (No tenant can be removed, so a catalog without tenants is one whose
+/// first start declined `demo`, or one whose first start ended before it got to it.)
+fn decline_demo(catalog: &Catalog, data: &DataDir) -> anyhow::Result<()> {
+    let path = data.demo_declined();
+    if catalog.list()?.is_empty() && !path.exists() {
+        cube_wal::replace_file_durably(
+            &path,
+            b"tenant 'demo' declined: a start with --no-demo found no tenants here, so no start \
+              makes it (remove this file to have the next start without --no-demo make it)\n",
+        )
+        .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// On the first start of an empty data directory create tenant `demo` and dev-credentials.json;
+/// on later starts keep that file's endpoint current. A catalog without tenants gets `demo`
+/// unless a start with `--no-demo` declined it ([`decline_demo`]): a first start that ended
+/// before it made `demo` (a failed start, a crash) leaves such a catalog too. A first start
+/// stopped between the two (a crash) leaves a catalog of tenant `demo` alone with its one key
+/// and no file: the file is written then from the catalog's key. Only then: a `demo` whose
+/// first key was revoked and another made (rotation) keeps its file deleted, and the new key's
+/// secret off the disk.
+fn ensure_demo(catalog: &Catalog, data: &DataDir, endpoint: &str) -> anyhow::Result<()> {
     let path = data.dev_credentials();
     let endpoint = endpoint.to_string();
     let tenants = catalog.list()?;
@@ -692,10 +697,11 @@ fn ensure_demo(
         endpoint: Some(endpoint.clone()),
     };
     let creds = if tenants.is_empty() {
-        if !first_start {
+        if data.demo_declined().exists() {
             tracing::info!(
-                "no tenants, and not this data directory's first start: tenant 'demo' is made on \
-                 the first start only (`cubed tenant create NAME` makes a tenant)"
+                path = %data.demo_declined().display(),
+                "no tenants, and a start with --no-demo declined tenant 'demo' here: none made \
+                 (`cubed tenant create NAME` makes a tenant)"
             );
             return Ok(());
         }

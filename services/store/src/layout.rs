@@ -69,6 +69,12 @@ impl DataDir {
     pub fn dev_credentials(&self) -> PathBuf {
         self.root.join("dev-credentials.json")
     }
+
+    /// Present when a start with `--no-demo` found no tenants: later starts without the flag
+    /// make no demo tenant either (`cubed/src/serve.rs`, `ensure_demo`).
+    pub fn demo_declined(&self) -> PathBuf {
+        self.root.join("demo-declined")
+    }
 }
 
 #[cfg(test)]

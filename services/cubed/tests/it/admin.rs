@@ -277,6 +277,18 @@ fn a_later_start_without_no_demo_makes_no_demo_tenant() {
     );
 }
 
+/// A first start that ended after it opened (so made) the catalog but before it made `demo`
+/// (here: the catalog made and left empty) is followed by a start that makes `demo`.
+#[test]
+fn a_catalog_left_empty_by_a_first_start_still_gets_demo() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    drop(cube_store::Catalog::open(&cube_store::DataDir::new(&data).catalog()).unwrap());
+    let server = TestServer::start_at(cubed(), &data, &[]).unwrap();
+    assert_eq!(server.demo.tenant, "demo");
+}
+
 /// clap names the flag of a refused value; when the value came from a `CUBE_*` variable, cubed
 /// also names the variable (the flag was not on the command line at all).
 #[test]

@@ -13,8 +13,9 @@
 #   PYTHON        interpreter used to create that venv (default: python3)
 #   K6_VUS        VUs per run (default 4)           K6_DURATION  per run (default 5s)
 #   CUBE_P99_MS   p99 threshold in ms (default 500: generous, a debug build on 2 cores)
-#   CUBE_K6_NEGATIVE=0  skip the last steps, which prove the thresholds can fail (a run with a
-#                       wrong secret, and one against a port nobody listens on, must exit 99)
+#   CUBE_K6_NEGATIVE=0  skip the last steps, which prove the thresholds can fail (a run whose op
+#                       throws, one with a wrong secret, and one against a port nobody listens
+#                       on, must exit 99)
 # Anything else the scripts read (CUBE_MIX, CUBE_CELLS, CUBE_TIMEOUT, ...) is passed through, except
 # CUBE_TENANT, CUBE_KEY_ID and CUBE_SECRET: the runs use the fresh server's dev-credentials.json.
 # The server gets no CUBE_* variable at all (loadtest/lib/cubed.sh).
@@ -154,8 +155,8 @@ fi
 # 3. The thresholds can fail. First an op k6 cannot make, which throws (here: a method the
 # server lacks, so nothing is sent): it must count as a failed op, so the run crosses its
 # thresholds (an exception used to end the iteration unseen). Then call.js with a secret one bit
-# off must cross them (exit 99, not a script error): last, because the failures get 127.0.0.1
-# throttled for 30 s.
+# off must cross them (exit 99, not a script error): after the runs that need the server, because
+# the failures get 127.0.0.1 throttled for 30 s (step 4's closed port is not throttled).
 if [[ "${CUBE_K6_NEGATIVE:-1}" != "0" ]]; then
   K6_VUS=1 K6_DURATION=1s CUBE_MIX=stats=1 CUBE_STATS_METHOD=cube.v1.Tenant/NoSuchMethod run_k6 throws call.js
   if [[ $RC -eq 99 ]]; then

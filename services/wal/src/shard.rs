@@ -1122,14 +1122,19 @@ fn write_with_end_marker(file: &File, data: &[u8], offset: u64, room: u64) -> st
         }
     };
     if done < with_marker {
-        // A short write: finish both parts with plain writes.
-        let mut all = Vec::with_capacity(with_marker - done);
-        all.extend_from_slice(data.get(done..).unwrap_or_default());
-        let marker_from = done.saturating_sub(data.len());
-        all.extend_from_slice(&record::END_MARKER[marker_from..]);
-        file.write_all_at(&all, offset + done as u64)?;
+        finish_short_write(file, data, offset, done)?;
     }
     Ok(())
+}
+
+/// A write of `data` and the end marker at `offset` of which only the first `done` bytes
+/// reached the file (a short `pwritev`): the rest of both parts, with plain writes.
+fn finish_short_write(file: &File, data: &[u8], offset: u64, done: usize) -> std::io::Result<()> {
+    let mut all = Vec::with_capacity(data.len() + record::HEADER_LEN - done);
+    all.extend_from_slice(data.get(done..).unwrap_or_default());
+    let marker_from = done.saturating_sub(data.len());
+    all.extend_from_slice(&record::END_MARKER[marker_from..]);
+    file.write_all_at(&all, offset + done as u64)
 }
 
 /// A pre-zeroed spare segment: its path, its file and its size.
@@ -1423,5 +1428,46 @@ impl SegmentWriter {
             a.dirty = false;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// However far a short `pwritev` got (inside the data, at its end, inside the marker), the
+    /// file ends up with the whole data and the whole end marker after it, and nothing else
+    /// changed.
+    #[test]
+    fn a_short_write_is_finished_whole_marker_included() {
+        let data: Vec<u8> = (1..=40).collect();
+        let offset = 7u64;
+        let whole = [&data[..], &record::END_MARKER[..]].concat();
+        for done in [0, 1, 39, 40, 41, whole.len() - 1] {
+            let dir = tempfile::tempdir().unwrap();
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(dir.path().join("seg"))
+                .unwrap();
+            // Not zeros: a marker byte left unwritten would show.
+            let len = offset as usize + whole.len() + 5;
+            file.write_all_at(&vec![0xEE; len], 0).unwrap();
+            // What the short pwritev wrote.
+            file.write_all_at(&whole[..done], offset).unwrap();
+            finish_short_write(&file, &data, offset, done).unwrap();
+            let got = std::fs::read(dir.path().join("seg")).unwrap();
+            let at = offset as usize;
+            assert_eq!(&got[at..at + whole.len()], &whole[..], "done = {done}");
+            assert!(
+                got[..at]
+                    .iter()
+                    .chain(&got[at + whole.len()..])
+                    .all(|&b| b == 0xEE),
+                "done = {done}: bytes outside the write changed"
+            );
+        }
     }
 }

@@ -661,35 +661,39 @@ fn signing_vs_handshake(call: &RunReport, conn: &RunReport) -> String {
                 "their 10-s windows ranged over {clo:.0}–{chi:.0} (`call`) and {nlo:.0}–{nhi:.0} ops/s (`connection`)"
             );
             let (n, m) = (cw.len(), nw.len());
-            // The counts that carry the finding, each said as what it is.
-            let why = |call_side: Option<String>, conn_side: Option<String>| {
-                [call_side, conn_side]
-                    .into_iter()
-                    .flatten()
-                    .collect::<Vec<_>>()
-                    .join(", and ")
+            // Apart one way: most of `call`'s windows beyond all of `connection`'s, or most of
+            // `connection`'s beyond all of `call`'s the other way; the counts that make it
+            // most, each said as what it is.
+            let apart = |call_n: usize, call_beyond: &str, conn_n: usize, conn_beyond: &str| {
+                let parts: Vec<String> = [
+                    most(call_n, &cw).then(|| {
+                        format!("{call_n} of `call`'s {n} 10-s windows were {call_beyond}")
+                    }),
+                    most(conn_n, &nw)
+                        .then(|| format!("{conn_n} of `connection`'s {m} were {conn_beyond}")),
+                ]
+                .into_iter()
+                .flatten()
+                .collect();
+                (!parts.is_empty()).then(|| parts.join(", and "))
             };
-            if most(call_below, &cw) || most(conn_above, &nw) {
-                let reason = why(
-                    most(call_below, &cw).then(|| {
-                        format!("{call_below} of `call`'s {n} 10-s windows were below `connection`'s slowest")
-                    }),
-                    most(conn_above, &nw).then(|| {
-                        format!("{conn_above} of `connection`'s {m} were above `call`'s fastest")
-                    }),
-                );
+            let slower = apart(
+                call_below,
+                "below `connection`'s slowest",
+                conn_above,
+                "above `call`'s fastest",
+            );
+            let faster = apart(
+                call_above,
+                "above `connection`'s fastest",
+                conn_below,
+                "below `call`'s slowest",
+            );
+            if let Some(reason) = slower {
                 format!(
                     "`call` was slower beyond the runs' own variation: {reason} ({spread}): verifying a signature on every call cost throughput in this run; {auth_cost}."
                 )
-            } else if most(call_above, &cw) || most(conn_below, &nw) {
-                let reason = why(
-                    most(call_above, &cw).then(|| {
-                        format!("{call_above} of `call`'s {n} 10-s windows were above `connection`'s fastest")
-                    }),
-                    most(conn_below, &nw).then(|| {
-                        format!("{conn_below} of `connection`'s {m} were below `call`'s slowest")
-                    }),
-                );
+            } else if let Some(reason) = faster {
                 format!(
                     "`call` was faster beyond the runs' own variation: {reason} ({spread}): signing every call cost nothing this run could measure."
                 )

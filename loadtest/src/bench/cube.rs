@@ -125,29 +125,19 @@ async fn alternate_with_echo(
     };
     for round in 0..ECHO_ROUNDS {
         let echo_first = round % 2 == 0;
-        let mut cube_phase = None;
-        if !echo_first {
-            let (conns, p) = closed_loop(SYSTEM, Op::Read, cube, window, Arc::clone(value)).await;
-            (cube, cube_phase) = (conns, Some(p));
+        let (cube_phase, echo_phase);
+        let echo_system = super::ceiling::SYSTEM;
+        if echo_first {
+            (echo, echo_phase) =
+                closed_loop(echo_system, Op::Read, echo, window, Arc::clone(value)).await;
+            (cube, cube_phase) =
+                closed_loop(SYSTEM, Op::Read, cube, window, Arc::clone(value)).await;
+        } else {
+            (cube, cube_phase) =
+                closed_loop(SYSTEM, Op::Read, cube, window, Arc::clone(value)).await;
+            (echo, echo_phase) =
+                closed_loop(echo_system, Op::Read, echo, window, Arc::clone(value)).await;
         }
-        let (conns, echo_phase) = closed_loop(
-            super::ceiling::SYSTEM,
-            Op::Read,
-            echo,
-            window,
-            Arc::clone(value),
-        )
-        .await;
-        echo = conns;
-        let cube_phase = match cube_phase {
-            Some(p) => p,
-            None => {
-                let (conns, p) =
-                    closed_loop(SYSTEM, Op::Read, cube, window, Arc::clone(value)).await;
-                cube = conns;
-                p
-            }
-        };
         out.read_p50_rounds.push(P50Round {
             echo_first,
             cube: cube_phase,

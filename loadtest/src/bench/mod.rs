@@ -317,6 +317,12 @@ pub struct P50Round {
     pub echo: SinglePhase,
 }
 
+impl P50Round {
+    pub fn phases(&self) -> [&SinglePhase; 2] {
+        [&self.cube, &self.echo]
+    }
+}
+
 /// The settings as reported (flags resolved).
 #[derive(Debug, Serialize)]
 pub struct SettingsSummary {
@@ -463,12 +469,8 @@ pub async fn run(args: BenchArgs, default_cubed: PathBuf) -> anyhow::Result<()> 
     drop(root);
     // A benchmark whose peer did not run, or whose calls failed, measured something else: say so
     // with the exit status (leave a missing peer out with --peers instead).
-    let failed_calls: u64 = out.single.iter().map(|p| p.errors).sum::<u64>()
-        + out
-            .read_p50_rounds
-            .iter()
-            .map(|r| r.cube.errors + r.echo.errors)
-            .sum::<u64>();
+    let rounds = out.read_p50_rounds.iter().flat_map(P50Round::phases);
+    let failed_calls: u64 = out.single.iter().chain(rounds).map(|p| p.errors).sum();
     if !out.failures.is_empty() || failed_calls > 0 {
         bail!(
             "{} part(s) failed ({}) and {failed_calls} call(s) failed",

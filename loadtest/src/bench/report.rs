@@ -156,7 +156,7 @@ fn alternated_p50_target(rounds: &[super::P50Round]) -> Option<Target> {
     if rounds.is_empty() {
         return None;
     }
-    let phases: Vec<&SinglePhase> = rounds.iter().flat_map(|r| [&r.cube, &r.echo]).collect();
+    let phases: Vec<&SinglePhase> = rounds.iter().flat_map(super::P50Round::phases).collect();
     let ratios: Vec<f64> = rounds
         .iter()
         .filter(|r| r.cube.p50_us > 0 && r.echo.p50_us > 0)

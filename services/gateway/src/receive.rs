@@ -19,8 +19,8 @@
 //! throws away) counts from its prefix until its last byte has passed, and after that for as
 //! much as it is larger than every message before it: tonic's buffer keeps the room of the
 //! body's largest message until the body ends (a client that sent a small message, then one of
-//! 4 MiB, and never ended its stream held 4 MiB with some 25 bytes counted). A message declared larger than the
-//! largest any method takes (`--max-message-bytes`, or 16 KiB) is not counted: tonic refuses
+//! 4 MiB, and never ended its stream held 4 MiB with some 25 bytes counted). A message declared
+//! larger than the largest any method takes (`--max-message-bytes`, or 16 KiB) is not counted: tonic refuses
 //! it on its prefix (INVALID_ARGUMENT, `crate::oversize`) without setting anything aside.
 //!
 //! Calls the auth layer refuses never get here (it answers them without reading their bodies);

@@ -265,11 +265,7 @@ fn a_later_start_without_no_demo_makes_no_demo_tenant() {
         assert!(format!("{err:#}").contains("No such file"), "{err:#}");
     }
     assert!(!data.join("dev-credentials.json").exists());
-    let out = cube_testkit::command(cubed())
-        .args(["key", "create", "demo", "--data-dir"])
-        .arg(&data)
-        .output()
-        .unwrap();
+    let out = offline(&["key", "create", "demo"], &data);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success() && stderr.contains("no tenant named 'demo'"),

@@ -25,9 +25,7 @@ fn too_large(limit: usize, max: usize) -> Status {
     if limit != max {
         // A method with a smaller limit of its own: the handshake, health, reflection and Access
         // (`server::OPEN_MESSAGE_BYTES`), Cells.Walk (`server::WALK_MESSAGE_BYTES`).
-        return Status::invalid_argument(format!(
-            "the request message is over this method's limit of {limit} bytes per message"
-        ));
+        return over_method_limit(limit);
     }
     if limit == crate::OPEN_MESSAGE_BYTES {
         // Either limit: the response does not say which method refused.
@@ -40,6 +38,15 @@ fn too_large(limit: usize, max: usize) -> Status {
     Status::invalid_argument(format!(
         "the request message is over this server's limit of {limit} bytes per message \
          (--max-message-bytes); a cell's value must also fit --max-value-bytes"
+    ))
+}
+
+/// The INVALID_ARGUMENT for a request message over `limit`, a method's own limit below
+/// `--max-message-bytes` (also said by `crate::receive` for a reflection stream, whose own
+/// ending drops tonic's refusal).
+pub(crate) fn over_method_limit(limit: usize) -> Status {
+    Status::invalid_argument(format!(
+        "the request message is over this method's limit of {limit} bytes per message"
     ))
 }
 

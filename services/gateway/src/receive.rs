@@ -34,8 +34,8 @@
 //! count is answered RESOURCE_EXHAUSTED at once, by this layer itself (its service never runs).
 
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -138,7 +138,10 @@ where
         let slot = if req.extensions().get::<Principal>().is_some() {
             None
         } else if take_open_call(&receiving.open_calls) {
-            Some(Arc::new(OpenSlot(Arc::clone(&receiving))))
+            Some(Arc::new(OpenSlot {
+                receiving: Arc::clone(&receiving),
+                refused: OnceLock::new(),
+            }))
         } else {
             // Answered here, not by failing the call's body: a streaming service (reflection)
             // has sent its response headers before it reads the body, and tonic-reflection
@@ -177,25 +180,34 @@ where
         let response = std::task::ready!(Pin::new(&mut this.inner).poll(cx))?;
         Poll::Ready(Ok(match this.slot.take() {
             None => response,
-            Some(slot) => response.map(|body| Body::new(Holding { body, _slot: slot })),
+            Some(slot) => response.map(|body| Body::new(Holding { body, slot })),
         }))
     }
 }
 
 /// One of a connection's [`OPEN_CALLS_PER_CONNECTION`] places, given back when the last of its
 /// call's request body and answer lets go of it.
-pub struct OpenSlot(Arc<Receiving>);
+pub struct OpenSlot {
+    receiving: Arc<Receiving>,
+    /// Why a message of the call's request body was refused, if one was: its answer ends with
+    /// it (see [`Holding`]).
+    refused: OnceLock<Status>,
+}
 
 impl Drop for OpenSlot {
     fn drop(&mut self) {
-        self.0.open_calls.fetch_sub(1, Ordering::AcqRel);
+        self.receiving.open_calls.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
-/// An answer's body holding its call's [`OpenSlot`].
+/// An answer's body holding its call's [`OpenSlot`]. If a message of the call's request body
+/// was refused (by this layer, or by tonic for its size), an answer that would end OK ends with
+/// that refusal instead: a unary service answers the body's error itself, but tonic-reflection
+/// drops a request stream's error and ends its answer OK, which would tell its client that
+/// nothing went wrong.
 struct Holding {
     body: Body,
-    _slot: Arc<OpenSlot>,
+    slot: Arc<OpenSlot>,
 }
 
 impl HttpBody for Holding {
@@ -206,7 +218,18 @@ impl HttpBody for Holding {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled
+            && let Some(trailers) = frame.trailers_ref()
+            && let Some(refused) = self.slot.refused.get()
+            && trailers.get("grpc-status").is_none_or(|code| code == "0")
+        {
+            let mut instead = http::HeaderMap::new();
+            if refused.add_header(&mut instead).is_ok() {
+                return Poll::Ready(Some(Ok(Frame::trailers(instead))));
+            }
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
@@ -335,6 +358,15 @@ impl Counted {
             let [_, a, b, c, d] = self.prefix;
             let len = u32::from_be_bytes([a, b, c, d]) as usize;
             self.remaining = len;
+            if len > crate::OPEN_MESSAGE_BYTES
+                && let Some(open) = &self.open
+            {
+                // tonic refuses it (every open method takes at most this much); the answer
+                // ends with that refusal even where the service drops it (see [`Holding`]).
+                let _ = open.refused.set(crate::oversize::over_method_limit(
+                    crate::OPEN_MESSAGE_BYTES,
+                ));
+            }
             if len <= self.limits.message {
                 let size = PREFIX_LEN + len;
                 if !self.take(size) {
@@ -376,6 +408,9 @@ impl HttpBody for Counted {
                     && let Err(refused) = this.follow(data)
                 {
                     this.refused = true;
+                    if let Some(open) = &this.open {
+                        let _ = open.refused.set(refused.clone());
+                    }
                     this.release_all();
                     return Poll::Ready(Some(Err(refused)));
                 }

@@ -1115,6 +1115,110 @@ async fn unauthenticated_calls_with_unended_requests_are_held_per_connection() {
     HealthClient::new(channel).check(check()).await.unwrap();
 }
 
+/// A reflection stream whose request message does not fit its connection's
+/// `--max-connection-receive-bytes` ends RESOURCE_EXHAUSTED, as a unary call does: the refusal
+/// travels in the request body, which tonic-reflection drops, so the stream used to end OK with
+/// no answer. A stalled health call holds all but a few bytes of the connection's limit here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reflection_stream_over_the_receive_limit_ends_resource_exhausted() {
+    use hyper::body::Frame;
+    use std::time::Duration;
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tower::{Service, ServiceExt};
+    let open = cube_gateway::OPEN_MESSAGE_BYTES;
+    let limit = open + 5 + 6;
+    let server = TestServer::start_with(
+        cubed(),
+        &[
+            "--max-value-bytes",
+            "100",
+            "--max-message-bytes",
+            "1000",
+            "--max-connection-receive-bytes",
+            &limit.to_string(),
+        ],
+    )
+    .unwrap();
+    let list = || ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    // With the connection's count free, the same stream is answered.
+    let mut channel = server.channel().await.unwrap();
+    let mut answers = ServerReflectionClient::new(channel.clone())
+        .server_reflection_info(tokio_stream::iter([list()]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(answers.message().await.unwrap().is_some());
+    assert!(answers.message().await.unwrap().is_none());
+    // A request over the open methods' 16 KiB ends INVALID_ARGUMENT (it too used to end OK).
+    let big = ServerReflectionRequest {
+        host: "h".repeat(open + 1),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let refused = reflection_refusal(&channel, big).await;
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(
+        refused
+            .message()
+            .contains("over this method's limit of 16384 bytes"),
+        "{}",
+        refused.message()
+    );
+
+    let (tx, req) = stalled_request("/grpc.health.v1.Health/Check");
+    channel.ready().await.unwrap();
+    let stalled = tokio::spawn(channel.call(req));
+    tx.send(Ok(Frame::data(grpc_message(open, &[]))))
+        .await
+        .unwrap();
+    server
+        .metric_when(
+            "cube_request_bytes_receiving ",
+            Duration::from_secs(10),
+            |v| v == (open + 5) as f64,
+        )
+        .await
+        .expect("the stalled call is counted");
+    // ListServices("") is 7 bytes with its prefix, one more than is left.
+    let refused = reflection_refusal(&channel, list()).await;
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused.message().contains("--max-connection-receive-bytes"),
+        "{}",
+        refused.message()
+    );
+    stalled.abort();
+    drop(tx);
+}
+
+/// How a reflection stream sending `request` on `channel` ends, which must be an error.
+async fn reflection_refusal(
+    channel: &tonic::transport::Channel,
+    request: tonic_reflection::pb::v1::ServerReflectionRequest,
+) -> tonic::Status {
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    match ServerReflectionClient::new(channel.clone())
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await
+    {
+        Err(status) => status,
+        Ok(response) => {
+            let mut answers = response.into_inner();
+            loop {
+                match answers.message().await {
+                    Ok(Some(_)) => continue,
+                    Ok(None) => panic!("the reflection stream ended OK"),
+                    Err(status) => break status,
+                }
+            }
+        }
+    }
+}
+
 /// An open call's place is held until its answer has ended too, not only its request: a
 /// stranger's streams whose answers stay unread (a reflection stream behind a closed window, or
 /// health Watch streams here, whose requests end at once) are held to

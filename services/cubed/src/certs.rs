@@ -182,7 +182,13 @@ pub fn ensure_dev_server_cert(
             } else if !names_ip(&chain, listen) {
                 tracing::info!(dir = %dir.display(), %listen, "the development server certificate does not name the listen address: making a new one that does");
             } else {
-                return Ok((chain, fs::read_to_string(&key_path)?));
+                let key = fs::read_to_string(&key_path)?;
+                // A key that is not the certificate's (a stop between the two writes below,
+                // when a certificate was made again) would fail every start from here on.
+                if is_key_of(&chain, &key) {
+                    return Ok((chain, key));
+                }
+                tracing::warn!(dir = %dir.display(), "the development server key is not the certificate's: making a new pair");
             }
         }
     }
@@ -210,6 +216,19 @@ pub fn ensure_dev_server_cert(
     write_private(&key_path, &key.serialize_pem())?;
     write_private(&cert_path, &chain)?;
     Ok((chain, key.serialize_pem()))
+}
+
+/// Whether `key_pem` is the key of the first certificate of `chain`.
+fn is_key_of(chain: &str, key_pem: &str) -> bool {
+    let Ok(key) = KeyPair::from_pem(key_pem) else {
+        return false;
+    };
+    let Ok((_, pem)) = x509_parser::pem::parse_x509_pem(chain.as_bytes()) else {
+        return false;
+    };
+    pem.parse_x509().is_ok_and(|cert| {
+        cert.public_key().subject_public_key.data.as_ref() == rcgen::PublicKeyData::der_bytes(&key)
+    })
 }
 
 /// Whether the development certificate must name `ip` besides localhost, 127.0.0.1 and ::1:
@@ -251,6 +270,20 @@ pub fn issue_client_cert(
     tenant: &str,
     key_id: &str,
 ) -> anyhow::Result<(String, String)> {
+    // Not a new CA without a word where certificates were issued under one now gone (a copy
+    // restored without tls/): every certificate issued so far would then fail its handshake.
+    // (A server starting with TLS makes one, with a warning in its log.)
+    anyhow::ensure!(
+        has_ca(data_dir) || !client_certs_issued(data_dir),
+        "client certificates were issued under this data directory's certificate authority, \
+         and its files ({}, {}) are gone: a new one would make every certificate issued so far \
+         fail its TLS handshake. Restore tls/ from the copy this directory came from; or, to \
+         start a new authority on purpose, remove {} and run this again (every earlier client \
+         certificate is then refused)",
+        tls_dir(data_dir).join(CA_CERT).display(),
+        tls_dir(data_dir).join(CA_KEY).display(),
+        data_dir.join(CLIENT_CERTS_ISSUED).display()
+    );
     let (ca_key, ca_pem) = ensure_ca(data_dir)?;
     check_ca_pair(&ca_pem, &ca_key, &tls_dir(data_dir))?;
     if !client_certs_issued(data_dir) {
@@ -426,6 +459,48 @@ mod tests {
         assert_eq!(again.public_key_pem(), key.public_key_pem());
         check_ca_pair(&rebuilt, &again, &tls).unwrap();
         assert_eq!(fs::read_to_string(ca_cert_path(d)).unwrap(), rebuilt);
+    }
+
+    /// A data directory that issued client certificates and lost its CA's files is not given a
+    /// new CA by `key cert` (the earlier certificates would all fail), until its marker is
+    /// removed on purpose; one that never issued any gets its first CA.
+    #[test]
+    fn a_lost_ca_is_not_replaced_by_issuing_a_certificate() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        issue_client_cert(d, "t", "k-1").unwrap();
+        fs::remove_dir_all(tls_dir(d)).unwrap();
+        let e = format!("{:#}", issue_client_cert(d, "t", "k-2").unwrap_err());
+        assert!(
+            e.contains("are gone") && e.contains(CLIENT_CERTS_ISSUED),
+            "{e}"
+        );
+        assert!(!has_ca(d));
+        fs::remove_file(d.join(CLIENT_CERTS_ISSUED)).unwrap();
+        issue_client_cert(d, "t", "k-2").unwrap();
+        assert!(has_ca(d) && client_certs_issued(d));
+    }
+
+    /// A development server key that is not its certificate's (a stop between the two writes
+    /// when the pair was made again) is replaced with a new pair, not served: the start would
+    /// fail on it every time.
+    #[test]
+    fn a_dev_server_key_that_is_not_its_certificates_is_made_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let local = std::net::IpAddr::from([127, 0, 0, 1]);
+        let (first, _) = ensure_dev_server_cert(dir.path(), local).unwrap();
+        let stray = KeyPair::generate().unwrap().serialize_pem();
+        fs::write(tls_dir(dir.path()).join(SERVER_KEY), &stray).unwrap();
+        let (chain, key) = ensure_dev_server_cert(dir.path(), local).unwrap();
+        assert_ne!(chain, first);
+        assert!(is_key_of(&chain, &key));
+        assert!(!is_key_of(&first, &stray));
+        cube_gateway::server_config(&cube_gateway::TlsSettings {
+            cert_chain_pem: chain.into_bytes(),
+            key_pem: key.into_bytes(),
+            client_ca_pem: None,
+        })
+        .unwrap();
     }
 
     /// A listen address other than 127.0.0.1, ::1 or a wildcard is named by the development

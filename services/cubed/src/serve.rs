@@ -557,7 +557,47 @@ fn read_tls_files(choice: &TlsChoice) -> anyhow::Result<Option<(Vec<u8>, Vec<u8>
             key.display()
         )
     })?;
+    check_validity(&settings.cert_chain_pem, now_secs())
+        .with_context(|| format!("--tls-cert {}", cert.display()))?;
     Ok(Some((settings.cert_chain_pem, settings.key_pem)))
+}
+
+/// Seconds since the Unix epoch.
+fn now_secs() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// A server certificate due to expire within this many seconds is named at start.
+const CERT_EXPIRY_WARNING_SECS: i64 = 14 * 24 * 3600;
+
+/// That the chain's first certificate is valid at `now` (seconds since the epoch): one expired
+/// or not valid yet would be refused by every client's TLS handshake, which the server only
+/// logs at debug level, so it stops the start instead. One expiring within
+/// [`CERT_EXPIRY_WARNING_SECS`] is named in a warning: the file is read at start only, so a
+/// renewed certificate takes a restart.
+fn check_validity(chain_pem: &[u8], now: i64) -> anyhow::Result<()> {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(chain_pem)
+        .map_err(|e| anyhow::anyhow!("reading its first certificate: {e}"))?;
+    let leaf = pem
+        .parse_x509()
+        .map_err(|e| anyhow::anyhow!("reading its first certificate: {e}"))?;
+    let validity = leaf.validity();
+    let (from, to) = (validity.not_before, validity.not_after);
+    anyhow::ensure!(
+        from.timestamp() <= now,
+        "the certificate is not valid yet: valid from {from} to {to} (check this machine's \
+         clock, or use a certificate valid now)"
+    );
+    anyhow::ensure!(
+        now <= to.timestamp(),
+        "the certificate expired: valid from {from} to {to}; renew it and start again"
+    );
+    if to.timestamp() - now < CERT_EXPIRY_WARNING_SECS {
+        tracing::warn!(expires = %to, "the TLS certificate expires within 14 days: renew it and restart cubed (the file is read at start only)");
+    }
+    Ok(())
 }
 
 /// Certificate material for the listener: the files read by [`read_tls_files`], or under
@@ -743,6 +783,25 @@ fn write_private_json(path: &Path, value: &impl serde::Serialize) -> anyhow::Res
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A server certificate is refused at start outside its validity, naming the dates.
+    #[test]
+    fn a_certificate_expired_or_not_valid_yet_stops_the_start() {
+        let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+        params.not_before = rcgen::date_time_ymd(2030, 1, 1);
+        params.not_after = rcgen::date_time_ymd(2031, 1, 1);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let pem = params.self_signed(&key).unwrap().pem();
+        let day = 24 * 3600;
+        let (from, to) = (1_893_456_000, 1_924_992_000); // 2030-01-01, 2031-01-01
+        let early = check_validity(pem.as_bytes(), from - day).unwrap_err();
+        assert!(early.to_string().contains("not valid yet"), "{early}");
+        let late = check_validity(pem.as_bytes(), to + day).unwrap_err();
+        assert!(late.to_string().contains("expired"), "{late}");
+        assert!(late.to_string().contains("2031"), "{late}");
+        check_validity(pem.as_bytes(), from).unwrap();
+        check_validity(pem.as_bytes(), to - day).unwrap();
+    }
 
     /// A data directory of another user is refused, untouched (`sudo cubed serve` left
     /// root-owned files the server, run again as the owner, could not open); its owner's is

@@ -34,6 +34,10 @@ impl std::fmt::Debug for TlsSettings {
 pub enum TlsError {
     #[error("no certificate found in the certificate file")]
     NoCertificate,
+    /// A block of the certificate file that does not read as a certificate (a chain cut short
+    /// when copied, say): refused rather than served without it.
+    #[error("cannot read the certificate file: {0}")]
+    Cert(String),
     #[error("cannot read the private key: {0}")]
     Key(String),
     #[error("cannot read the client CA: {0}")]
@@ -60,10 +64,9 @@ impl From<rustls::Error> for TlsError {
 /// Build the rustls server configuration.
 pub fn server_config(settings: &TlsSettings) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let certs: Vec<CertificateDer<'static>> =
-        CertificateDer::pem_slice_iter(&settings.cert_chain_pem)
-            .filter_map(Result::ok)
-            .collect();
+    let certs = CertificateDer::pem_slice_iter(&settings.cert_chain_pem)
+        .collect::<Result<Vec<CertificateDer<'static>>, _>>()
+        .map_err(|e| TlsError::Cert(e.to_string()))?;
     if certs.is_empty() {
         return Err(TlsError::NoCertificate);
     }

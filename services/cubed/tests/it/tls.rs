@@ -233,9 +233,12 @@ fn plaintext_on_a_non_loopback_address_needs_an_explicit_flag() {
     assert!(stderr.contains("refusing to serve plaintext"), "{stderr}");
 }
 
-/// `cubed serve` on `data_dir` with `args`, expected to refuse to start: its stderr.
+/// `cubed serve` on `data_dir` with `args`, expected to refuse to start: its stderr. A server
+/// that starts instead is stopped after a minute and the test fails (rather than waiting for it
+/// for ever).
 pub(crate) fn refused_start(data_dir: &std::path::Path, args: &[&str]) -> String {
-    let out = cube_testkit::command(cubed())
+    use std::io::Read;
+    let mut child = cube_testkit::command(cubed())
         .args([
             "serve",
             "--listen",
@@ -246,10 +249,33 @@ pub(crate) fn refused_start(data_dir: &std::path::Path, args: &[&str]) -> String
         .args(args)
         .arg("--data-dir")
         .arg(data_dir)
-        .output()
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .unwrap();
-    assert!(!out.status.success());
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    let mut stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        stderr.read_to_string(&mut text).map(|_| text)
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "cubed serve {args:?} was to refuse to start and still ran after 60 s: {}",
+                reader.join().unwrap().unwrap_or_default()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let stderr = reader.join().unwrap().unwrap();
+    assert!(!status.success(), "{stderr}");
+    stderr
 }
 
 #[test]
@@ -305,6 +331,42 @@ fn a_start_that_cannot_serve_changes_nothing_in_the_data_dir() {
     assert!(
         stderr.contains("the private key does not belong to the certificate")
             && !stderr.contains("KeyMismatch"),
+        "{stderr}"
+    );
+    assert!(!data.exists());
+    // A chain whose second certificate was cut short when copied: refused, not served
+    // without it (clients lacking the intermediate would fail).
+    let (leaf, leaf_key) = (dir.path().join("leaf.pem"), dir.path().join("leaf.key"));
+    std::fs::write(
+        &leaf,
+        format!(
+            "{}-----BEGIN CERTIFICATE-----\nMIIB!!\n-----END CERTIFICATE-----\n",
+            one.cert.pem()
+        ),
+    )
+    .unwrap();
+    std::fs::write(&leaf_key, one.signing_key.serialize_pem()).unwrap();
+    let pair = [
+        "--tls-cert",
+        leaf.to_str().unwrap(),
+        "--tls-key",
+        leaf_key.to_str().unwrap(),
+    ];
+    let stderr = refused_start(&data, &pair);
+    assert!(
+        stderr.contains("cannot read the certificate file"),
+        "{stderr}"
+    );
+    assert!(!data.exists());
+    // An expired certificate: refused, with its dates.
+    let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    params.not_before = rcgen::date_time_ymd(2001, 1, 1);
+    params.not_after = rcgen::date_time_ymd(2002, 1, 1);
+    let expired = params.self_signed(&one.signing_key).unwrap();
+    std::fs::write(&leaf, expired.pem()).unwrap();
+    let stderr = refused_start(&data, &pair);
+    assert!(
+        stderr.contains("the certificate expired") && stderr.contains("2002"),
         "{stderr}"
     );
     assert!(!data.exists());

@@ -80,20 +80,24 @@ pub async fn key_cert(
     let (cert, key) = crate::certs::issue_client_cert(data_dir, tenant, key_id)?;
     let (cert_path, key_path) = crate::certs::write_client_cert(out, tenant, key_id, &cert, &key)?;
     let ca = crate::certs::ca_cert_path(data_dir);
-    println!(
-        "{}",
-        serde_json::json!({ "cert": cert_path, "key": key_path, "ca": ca })
-    );
-    Ok(())
+    let line = serde_json::json!({
+        "cert": cert_path.to_string_lossy(),
+        "key": key_path.to_string_lossy(),
+        "ca": ca.to_string_lossy(),
+    });
+    emit(&line.to_string()).map_err(|e| {
+        anyhow::anyhow!(
+            "the certificate was written to {} and its key to {}, but this answer could not be \
+             written to standard output ({e})",
+            cert_path.display(),
+            key_path.display()
+        )
+    })
 }
 
 /// Refuse to write into `data_dir` as another user than its owner: files created there by,
 /// say, `sudo cubed key create` would belong to root, and the server, running as the
 /// directory's owner, could not open them at its next start (nor a later command as that user).
-fn check_owner(data_dir: &Path) -> anyhow::Result<()> {
-    check_owner_as(data_dir, nix::unistd::geteuid().as_raw(), true)
-}
-
 /// `server_would_do`: whether the running server could make the change instead (it writes no
 /// certificate files, for one).
 fn check_owner_as(data_dir: &Path, euid: u32, server_would_do: bool) -> anyhow::Result<()> {
@@ -117,23 +121,46 @@ fn check_owner_as(data_dir: &Path, euid: u32, server_would_do: bool) -> anyhow::
     Ok(())
 }
 
+/// Print a made change's answer. A failed write (a closed pipe, a full disk) is an error that
+/// says the change was made, and for a new key how to get rid of it: its secret is printed
+/// nowhere else. (`println!` panicked on it, exit code 101 and no word of the key.)
 fn print(outcome: Outcome) -> anyhow::Result<()> {
-    match outcome {
-        Outcome::Active(a) => println!("{{\"active\":{a}}}"),
+    let line = match &outcome {
+        Outcome::Active(a) => format!("{{\"active\":{a}}}"),
         Outcome::Durability {
             durability,
             applied_now,
-        } => println!(
-            "{}",
-            serde_json::json!({ "durability": durability, "applied_now": applied_now })
-        ),
-        Outcome::Credentials(c) => println!("{}", serde_json::to_string(&c)?),
-        Outcome::Revoked(true) => println!("{{\"revoked\":true}}"),
-        Outcome::Revoked(false) => {
-            println!("{{\"revoked\":false,\"note\":\"the key was already revoked\"}}")
+        } => {
+            serde_json::json!({ "durability": durability, "applied_now": applied_now }).to_string()
         }
-    }
-    Ok(())
+        Outcome::Credentials(c) => serde_json::to_string(c)?,
+        Outcome::Revoked(true) => "{\"revoked\":true}".to_string(),
+        Outcome::Revoked(false) => {
+            "{\"revoked\":false,\"note\":\"the key was already revoked\"}".to_string()
+        }
+    };
+    emit(&line).map_err(|e| match &outcome {
+        Outcome::Credentials(c) => anyhow::anyhow!(
+            "key {} of tenant '{}' was made, but the answer holding its secret could not be \
+             written to standard output ({e}), and the secret is shown nowhere else: revoke it \
+             (`cubed key revoke {} {}`) and make another",
+            c.key_id,
+            c.tenant,
+            c.tenant,
+            c.key_id
+        ),
+        _ => anyhow::anyhow!(
+            "the change was made, but its answer could not be written to standard output ({e})"
+        ),
+    })
+}
+
+/// `line` and a newline on standard output, flushed.
+fn emit(line: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}")?;
+    out.flush()
 }
 
 /// How long a command waits for a catalog that is locked while no server answers on the admin
@@ -174,8 +201,13 @@ async fn execute(dir: &DataDirArg, op: Op<'_>) -> anyhow::Result<Outcome> {
         if let Some(client) = connect(socket.clone(), answer_by, timeout).await? {
             return answered(remote(client, &op), answer_by, timeout, &op).await;
         }
-        // No server answers: this process writes the files itself.
-        check_owner(data_dir)?;
+        // No server answers: this process writes the files itself. (`key cert` asks the server
+        // whether the key is active, but writes the certificate files itself either way.)
+        check_owner_as(
+            data_dir,
+            nix::unistd::geteuid().as_raw(),
+            !matches!(op, Op::KeyIsActive(..)),
+        )?;
         match Catalog::open(&data.catalog()) {
             Ok(catalog) => {
                 crate::holder::record(&data, crate::holder::Role::Command);

@@ -14,7 +14,6 @@ use cube_store::{Catalog, TenantDirectory};
 use crate::replay::{AHEAD_MS, ReplayCache};
 use crate::replay_clock::{LEASE_MS, RENEW_EVERY};
 use tokio::net::{TcpListener, UnixListener};
-use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::Server;
 
 use crate::abuse::FailureLimits;
@@ -445,7 +444,7 @@ impl Gateway {
         };
         Server::builder()
             .add_service(AdminServer::new(admin))
-            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+            .serve_with_incoming_shutdown(admin_connections(listener), shutdown)
             .await?;
         Ok(())
     }
@@ -454,6 +453,33 @@ impl Gateway {
     pub fn connections(&self) -> &Arc<ConnectionRegistry> {
         &self.connections
     }
+}
+
+/// The admin socket's connections. A failed accept (no file descriptor left, say) is logged at
+/// most once a second and tried again after [`crate::transport::ACCEPT_RETRY`]: tonic's own
+/// loop over a listener's stream tries again at once, which spun a core for as long as the
+/// condition lasted (with an operator's command waiting in the backlog).
+fn admin_connections(
+    listener: UnixListener,
+) -> impl futures::Stream<Item = std::io::Result<tokio::net::UnixStream>> {
+    futures::stream::unfold(
+        (listener, None::<std::time::Instant>),
+        |(listener, mut warned)| async move {
+            loop {
+                match listener.accept().await {
+                    Ok((stream, _)) => return Some((Ok(stream), (listener, warned))),
+                    Err(e) => {
+                        let now = std::time::Instant::now();
+                        if warned.is_none_or(|t| now.duration_since(t).as_secs() >= 1) {
+                            warned = Some(now);
+                            tracing::warn!(error = %e, "the admin socket could not accept a connection; retrying shortly");
+                        }
+                        tokio::time::sleep(crate::transport::ACCEPT_RETRY).await;
+                    }
+                }
+            }
+        },
+    )
 }
 
 /// Renew the replay cache's clock mark every [`RENEW_EVERY`] until aborted: a renewal that

@@ -39,7 +39,7 @@ pub type Incoming = Pin<Box<dyn Stream<Item = io::Result<CubeConn<Transport>>> +
 
 /// How long the accept loop waits after a failed accept (no file descriptor left, say) before
 /// it tries again: retrying at once would spin a core while the condition lasts.
-const ACCEPT_RETRY: Duration = Duration::from_millis(50);
+pub(crate) const ACCEPT_RETRY: Duration = Duration::from_millis(50);
 
 /// What the accept loop enforces.
 #[derive(Debug, Clone, Copy)]

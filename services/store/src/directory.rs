@@ -394,7 +394,10 @@ fn offline(
             take(t, r);
         }
     }
-    for (t, r) in core.close_here()? {
+    // The changes are in the log once handled: a log that cannot be synced at the close leaves
+    // their outcome unknown (the next open replays what reached the file), as the server says
+    // of a change whose batch failed.
+    for (t, r) in core.close_here().map_err(|e| e.outcome_unknown())? {
         take(t, r);
     }
     Ok(answer)

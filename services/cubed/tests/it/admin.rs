@@ -1203,3 +1203,34 @@ fn a_command_facing_an_admin_socket_that_does_not_answer_gives_up_and_says_why()
         );
     }
 }
+
+/// A new key whose answer cannot be written (its reader gone: a closed pipe) is an error that
+/// names the key and says to revoke it, with exit code 1 (it was a panic, exit code 101, with
+/// no word of the key). (A closed standard output, `>&-`, is /dev/null to a Rust program: the
+/// standard library opens it so at start.)
+#[test]
+fn a_new_keys_answer_that_cannot_be_written_is_an_error_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    parse(&offline(&["tenant", "create", "acme"], &data));
+    let mut child = cube_testkit::command(cubed())
+        .args(["key", "create", "acme", "--data-dir"])
+        .arg(&data)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("cubed: error:")
+            && stderr.contains("of tenant 'acme' was made")
+            && stderr.contains("cubed key revoke acme k-"),
+        "{stderr}"
+    );
+    // Made all the same: the first key and this one.
+    let catalog = cube_store::Catalog::open(&cube_store::DataDir::new(&data).catalog()).unwrap();
+    assert_eq!(catalog.key_count("acme"), 2);
+}

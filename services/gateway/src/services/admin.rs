@@ -82,10 +82,17 @@ impl Admin for AdminService {
         let name = req.into_inner().name;
         let key = self.change_catalog(move |c| c.create_tenant(&name)).await?;
         // The tenant's first open logs its `tenant.create` entry as the first record of its log.
-        if let Some(directory) = &self.directory
-            && let Err(e) = directory.get(&key.tenant).await
-        {
-            tracing::error!(tenant = %key.tenant, error = %e, "the new tenant could not be opened; its first open will log its creation");
+        // Opened after the answer, not before: at --max-open-tenants the open first closes
+        // others (each with a final fdatasync and checkpoint), which must not hold back the only
+        // copy of the first key's secret past the caller's deadline. Any later call opens it
+        // too, and logs the entry then.
+        if let Some(directory) = &self.directory {
+            let (directory, tenant) = (Arc::clone(directory), key.tenant.clone());
+            tokio::spawn(async move {
+                if let Err(e) = directory.get(&tenant).await {
+                    tracing::error!(%tenant, error = %e, "the new tenant could not be opened; its first open will log its creation");
+                }
+            });
         }
         Ok(Response::new(v1::CreateTenantResponse {
             credentials: Some(credentials(&key)),

@@ -423,11 +423,39 @@ async fn connect(
     if !path.exists() {
         return Ok(None);
     }
-    // The URI is required by the API but unused: the connector always dials the socket.
+    // Only a socket nobody listens on (or gone since) means no server: any other failure (a
+    // path too long to dial, no permission) would send the command to the catalog a running
+    // server holds, to wait there for a minute and fail with the wrong reason.
+    let first = match tokio::time::timeout_at(deadline, dial(&path)).await {
+        Err(_) => return Err(no_answer(timeout, "set up the connection")),
+        Ok(Err(e))
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+            ) =>
+        {
+            return Ok(None);
+        }
+        Ok(Err(e)) => bail!(
+            "cannot connect to the server's admin socket {}: {e}",
+            path.display()
+        ),
+        Ok(Ok(stream)) => stream,
+    };
+    let first = std::sync::Mutex::new(Some(first));
+    // The URI is required by the API but unused: the connector always dials the socket (the
+    // first time, the connection made above).
     let endpoint = Endpoint::try_from("http://admin.sock")?;
     let connecting = endpoint.connect_with_connector(tower::service_fn(move |_: Uri| {
         let path = path.clone();
-        async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
+        let ready = first.lock().ok().and_then(|mut f| f.take());
+        async move {
+            let stream = match ready {
+                Some(stream) => stream,
+                None => dial(&path).await?,
+            };
+            Ok::<_, std::io::Error>(TokioIo::new(stream))
+        }
     }));
     match tokio::time::timeout_at(deadline, connecting).await {
         // The local server's answers are trusted, and ListTenants names every tenant: past
@@ -437,6 +465,26 @@ async fn connect(
         )),
         Ok(Err(_)) => Ok(None),
         Err(_) => Err(no_answer(timeout, "set up the connection")),
+    }
+}
+
+/// A connection to the Unix socket at `path`. A path too long for a socket address (a server
+/// started with a shorter spelling of the data directory, say a relative one) is dialled
+/// through the directory's descriptor, `/proc/self/fd/N/<name>`.
+async fn dial(path: &Path) -> std::io::Result<UnixStream> {
+    use std::os::fd::AsRawFd;
+    match UnixStream::connect(path).await {
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
+            let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+                return Err(e);
+            };
+            let dir = std::fs::File::open(dir)?;
+            let short = Path::new("/proc/self/fd")
+                .join(dir.as_raw_fd().to_string())
+                .join(name);
+            UnixStream::connect(short).await
+        }
+        dialled => dialled,
     }
 }
 

@@ -1234,3 +1234,55 @@ fn a_new_keys_answer_that_cannot_be_written_is_an_error_naming_the_key() {
     let catalog = cube_store::Catalog::open(&cube_store::DataDir::new(&data).catalog()).unwrap();
     assert_eq!(catalog.key_count("acme"), 2);
 }
+
+/// A command names the data directory by a path too long for a Unix socket address, while the
+/// server, started with a shorter (relative) spelling, serves its admin socket: the command
+/// reaches it through the directory's descriptor. (It took the failed connect for "no server",
+/// then waited a minute on the catalog the server held and failed with the wrong reason.)
+#[test]
+fn a_command_reaches_the_server_through_a_data_directory_path_too_long_for_a_socket() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let deep = dir.path().join("d".repeat(60)).join("e".repeat(60));
+    std::fs::create_dir_all(&deep).unwrap();
+    let data = deep.join("data");
+    assert!(data.join("admin.sock").as_os_str().len() >= 108);
+    let mut server = cube_testkit::command("sh")
+        .arg("-c")
+        .arg(
+            "cd \"$1\" && exec \"$0\" serve --data-dir data --listen 127.0.0.1:0 \
+             --admin-listen 127.0.0.1:0",
+        )
+        .arg(cubed())
+        .arg(&deep)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = server.stdout.take().unwrap();
+    let ready = std::io::BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .any(|line| line.contains("cubed ready"));
+    assert!(ready, "cubed did not become ready");
+    let out = cube_testkit::command(cubed())
+        .args([
+            "key",
+            "create",
+            "demo",
+            "--admin-timeout-secs",
+            "20",
+            "--data-dir",
+        ])
+        .arg(&data)
+        .output()
+        .unwrap();
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(parse(&out).tenant, "demo");
+}

@@ -894,15 +894,26 @@ fn ready_under_ulimit(
     dir: &std::path::Path,
     stderr: std::process::Stdio,
 ) -> std::process::Child {
+    ready_by_shell(&format!("ulimit {limits}"), "\"$1\"", dir, stderr)
+}
+
+/// `cubed serve --data-dir DATA_DIR` started by a shell after `SETUP`, `$1` being `arg` in
+/// both, its stderr to `stderr`, once its ready line came.
+fn ready_by_shell(
+    setup: &str,
+    data_dir: &str,
+    arg: &std::path::Path,
+    stderr: std::process::Stdio,
+) -> std::process::Child {
     use std::io::BufRead;
     let mut child = cube_testkit::command("sh")
         .arg("-c")
         .arg(format!(
-            "ulimit {limits} && exec \"$0\" serve --data-dir \"$1\" --listen 127.0.0.1:0 \
+            "{setup} && exec \"$0\" serve --data-dir {data_dir} --listen 127.0.0.1:0 \
              --admin-listen 127.0.0.1:0"
         ))
         .arg(cubed())
-        .arg(dir)
+        .arg(arg)
         .stdout(std::process::Stdio::piped())
         .stderr(stderr)
         .spawn()
@@ -1241,30 +1252,13 @@ fn a_new_keys_answer_that_cannot_be_written_is_an_error_naming_the_key() {
 /// then waited a minute on the catalog the server held and failed with the wrong reason.)
 #[test]
 fn a_command_reaches_the_server_through_a_data_directory_path_too_long_for_a_socket() {
-    use std::io::BufRead;
     let dir = tempfile::tempdir().unwrap();
     let deep = dir.path().join("d".repeat(60)).join("e".repeat(60));
     std::fs::create_dir_all(&deep).unwrap();
     let data = deep.join("data");
     assert!(data.join("admin.sock").as_os_str().len() >= 108);
-    let mut server = cube_testkit::command("sh")
-        .arg("-c")
-        .arg(
-            "cd \"$1\" && exec \"$0\" serve --data-dir data --listen 127.0.0.1:0 \
-             --admin-listen 127.0.0.1:0",
-        )
-        .arg(cubed())
-        .arg(&deep)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = server.stdout.take().unwrap();
-    let ready = std::io::BufReader::new(stdout)
-        .lines()
-        .map_while(Result::ok)
-        .any(|line| line.contains("cubed ready"));
-    assert!(ready, "cubed did not become ready");
+    // The server's spelling: relative to its working directory.
+    let mut server = ready_by_shell("cd \"$1\"", "data", &deep, std::process::Stdio::null());
     let out = cube_testkit::command(cubed())
         .args([
             "key",

@@ -138,8 +138,9 @@ else
 fi
 
 # --- 3. cubed ----------------------------------------------------------------------------------
+# With TLS (--tls-dev), so that the TLS series the alert rules use exist.
 : >"$TMP/cubed.log"
-"$CUBED" serve --data-dir "$TMP/data" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 \
+"$CUBED" serve --data-dir "$TMP/data" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 --tls-dev \
     >"$TMP/cubed.log" 2>&1 </dev/null &
 CUBED_PID=$!
 ready=""
@@ -266,7 +267,8 @@ fi
 cubec() { # AUTH CREDENTIALS ARGS...
     local auth=$1 creds=$2
     shift 2
-    "$CUBEC" --credentials "$creds" --endpoint "http://$GRPC" --auth "$auth" "$@"
+    "$CUBEC" --credentials "$creds" --endpoint "https://$GRPC" --ca "$TMP/data/tls/ca.pem" \
+        --auth "$auth" "$@"
 }
 # Write, read, overwrite, read, delete, read (not found), audit list; counts calls that fail.
 load_loop() { # AUTH ID

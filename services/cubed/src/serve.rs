@@ -23,6 +23,7 @@ use cube_wal::{SegmentSizing, WalOptions};
 const SPACE_CHECK_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
 use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
+use x509_parser::time::ASN1Time;
 
 use crate::admin_http::{self, Readiness};
 use crate::certs;
@@ -286,6 +287,19 @@ pub async fn run(
     // stops the start with nothing else changed.
     let had_ca = certs::has_ca(data.root());
     let tls_files = tls_settings(&config.tls, tls_files, data.root(), config.listen.ip())?;
+    // Served for as long as `run` is: the certificate's expiry on /metrics, and in the log
+    // when it comes close while the server runs (the file is read at start only).
+    let _expiry_watch = match &tls_files {
+        Some(settings) => {
+            let (_, not_after) = leaf_validity(&settings.cert_chain_pem)
+                .context("reading the TLS certificate's validity")?;
+            cube_metrics::TLS_CERTIFICATE_EXPIRY.set(not_after.timestamp());
+            Some(tokio_util::task::AbortOnDropHandle::new(tokio::spawn(
+                watch_certificate_expiry(not_after),
+            )))
+        }
+        None => None,
+    };
     if tls_files.is_some() && !had_ca && certs::client_certs_issued(data.root()) {
         // Certificates `cubed key cert` issued under another CA (a data directory restored
         // without its tls/, say) fail their TLS handshake from now on, with nothing on the
@@ -569,22 +583,16 @@ fn now_secs() -> i64 {
         .map_or(0, |d| d.as_secs() as i64)
 }
 
-/// A server certificate due to expire within this many seconds is named at start.
+/// A server certificate due to expire within this many seconds is warned about, at start and
+/// once a day while the server runs.
 const CERT_EXPIRY_WARNING_SECS: i64 = 14 * 24 * 3600;
 
 /// That the chain's first certificate is valid at `now` (seconds since the epoch): one expired
-/// or not valid yet would be refused by every client's TLS handshake, which the server only
-/// logs at debug level, so it stops the start instead. One expiring within
-/// [`CERT_EXPIRY_WARNING_SECS`] is named in a warning: the file is read at start only, so a
-/// renewed certificate takes a restart.
+/// or not valid yet would be refused by every client's TLS handshake, so it stops the start
+/// instead. One expiring within [`CERT_EXPIRY_WARNING_SECS`] is named in a warning: the file
+/// is read at start only, so a renewed certificate takes a restart.
 fn check_validity(chain_pem: &[u8], now: i64) -> anyhow::Result<()> {
-    let (_, pem) = x509_parser::pem::parse_x509_pem(chain_pem)
-        .map_err(|e| anyhow::anyhow!("reading its first certificate: {e}"))?;
-    let leaf = pem
-        .parse_x509()
-        .map_err(|e| anyhow::anyhow!("reading its first certificate: {e}"))?;
-    let validity = leaf.validity();
-    let (from, to) = (validity.not_before, validity.not_after);
+    let (from, to) = leaf_validity(chain_pem)?;
     anyhow::ensure!(
         from.timestamp() <= now,
         "the certificate is not valid yet: valid from {from} to {to} (check this machine's \
@@ -595,9 +603,53 @@ fn check_validity(chain_pem: &[u8], now: i64) -> anyhow::Result<()> {
         "the certificate expired: valid from {from} to {to}; renew it and start again"
     );
     if to.timestamp() - now < CERT_EXPIRY_WARNING_SECS {
-        tracing::warn!(expires = %to, "the TLS certificate expires within 14 days: renew it and restart cubed (the file is read at start only)");
+        warn_expires_soon(to);
     }
     Ok(())
+}
+
+/// The validity of the chain's first certificate: (not before, not after).
+fn leaf_validity(chain_pem: &[u8]) -> anyhow::Result<(ASN1Time, ASN1Time)> {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(chain_pem)
+        .map_err(|e| anyhow::anyhow!("reading its first certificate: {e}"))?;
+    let leaf = pem
+        .parse_x509()
+        .map_err(|e| anyhow::anyhow!("reading its first certificate: {e}"))?;
+    let validity = leaf.validity();
+    Ok((validity.not_before, validity.not_after))
+}
+
+fn warn_expires_soon(not_after: ASN1Time) {
+    tracing::warn!(expires = %not_after, "the TLS certificate expires within 14 days: renew it and restart cubed (the file is read at start only)");
+}
+
+/// How often a running server looks at its certificate's expiry.
+const CERT_EXPIRY_CHECK_EVERY: Duration = Duration::from_secs(3600);
+
+/// Until aborted: every [`CERT_EXPIRY_CHECK_EVERY`], a warning once a day while the served
+/// certificate expires within 14 days, and an error every check once it has expired (every
+/// client's handshake then fails: `cube_tls_handshake_failures_total{reason=
+/// "certificate_rejected"}`). The start already said so if it was close then.
+async fn watch_certificate_expiry(not_after: ASN1Time) {
+    let daily = cube_gateway::WarnEvery::new(Duration::from_secs(24 * 3600));
+    let mut every = tokio::time::interval_at(
+        tokio::time::Instant::now() + CERT_EXPIRY_CHECK_EVERY,
+        CERT_EXPIRY_CHECK_EVERY,
+    );
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    if not_after.timestamp() - now_secs() < CERT_EXPIRY_WARNING_SECS {
+        // Warned at start: the next warning a day from now.
+        let _ = daily.due();
+    }
+    loop {
+        every.tick().await;
+        let left = not_after.timestamp() - now_secs();
+        if left < 0 {
+            tracing::error!(expired = %not_after, "the TLS certificate has expired: clients refuse every new connection; renew it and restart cubed");
+        } else if left < CERT_EXPIRY_WARNING_SECS && daily.due() {
+            warn_expires_soon(not_after);
+        }
+    }
 }
 
 /// Certificate material for the listener: the files read by [`read_tls_files`], or under

@@ -35,4 +35,4 @@ pub use server::{
 };
 pub use services::cells::{NEXT_PAGE_TOKEN_HEADER, ScanLimits};
 pub use tls::{TlsError, TlsSettings, client_identity, server_config};
-pub use transport::{AddressCounts, AddressSlot};
+pub use transport::{AddressCounts, AddressSlot, WarnEvery};

@@ -462,24 +462,20 @@ impl Gateway {
 fn admin_connections(
     listener: UnixListener,
 ) -> impl futures::Stream<Item = std::io::Result<tokio::net::UnixStream>> {
-    futures::stream::unfold(
-        (listener, None::<std::time::Instant>),
-        |(listener, mut warned)| async move {
-            loop {
-                match listener.accept().await {
-                    Ok((stream, _)) => return Some((Ok(stream), (listener, warned))),
-                    Err(e) => {
-                        let now = std::time::Instant::now();
-                        if warned.is_none_or(|t| now.duration_since(t).as_secs() >= 1) {
-                            warned = Some(now);
-                            tracing::warn!(error = %e, "the admin socket could not accept a connection; retrying shortly");
-                        }
-                        tokio::time::sleep(crate::transport::ACCEPT_RETRY).await;
+    let warnings = crate::transport::WarnEvery::new(std::time::Duration::from_secs(1));
+    futures::stream::unfold((listener, warnings), |(listener, warnings)| async move {
+        loop {
+            match listener.accept().await {
+                Ok((stream, _)) => return Some((Ok(stream), (listener, warnings))),
+                Err(e) => {
+                    if warnings.due() {
+                        tracing::warn!(error = %e, "the admin socket could not accept a connection; retrying shortly");
                     }
+                    tokio::time::sleep(crate::transport::ACCEPT_RETRY).await;
                 }
             }
-        },
-    )
+        }
+    })
 }
 
 /// Renew the replay cache's clock mark every [`RENEW_EVERY`] until aborted: a renewal that

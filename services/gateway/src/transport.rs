@@ -16,6 +16,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use crate::auth_layer::Authenticator;
+use cube_metrics::TlsHandshakeFailure;
 use futures::Stream;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -40,6 +41,78 @@ pub type Incoming = Pin<Box<dyn Stream<Item = io::Result<CubeConn<Transport>>> +
 /// How long the accept loop waits after a failed accept (no file descriptor left, say) before
 /// it tries again: retrying at once would spin a core while the condition lasts.
 pub(crate) const ACCEPT_RETRY: Duration = Duration::from_millis(50);
+
+/// At most one warning per period: a condition met on every connection (a failed accept, a
+/// certificate clients refuse) is logged once in a while, not once per connection.
+pub struct WarnEvery {
+    every: Duration,
+    last: Mutex<Option<Instant>>,
+}
+
+impl WarnEvery {
+    pub const fn new(every: Duration) -> WarnEvery {
+        WarnEvery {
+            every,
+            last: Mutex::new(None),
+        }
+    }
+
+    /// Whether a warning may be logged now; if so, the period starts again.
+    pub fn due(&self) -> bool {
+        let now = Instant::now();
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_some_and(|t| now.duration_since(t) < self.every) {
+            return false;
+        }
+        *last = Some(now);
+        true
+    }
+}
+
+/// Clients refusing the server's certificate are warned about at most this often.
+static CERTIFICATE_REJECTED: WarnEvery = WarnEvery::new(Duration::from_secs(60));
+
+/// Count a TLS handshake that failed, and say why where the server's operator can act on it
+/// (logged first: once it is counted, its line is in the log).
+fn handshake_failed(
+    remote: SocketAddr,
+    failure: TlsHandshakeFailure,
+    error: &dyn std::fmt::Display,
+) {
+    if failure == TlsHandshakeFailure::CertificateRejected && CERTIFICATE_REJECTED.due() {
+        tracing::warn!(
+            %remote,
+            %error,
+            "a client refused this server's TLS certificate: check that it is valid now, names \
+             the address clients dial, and chains to a CA they trust (counted in \
+             cube_tls_handshake_failures_total; logged at most once a minute)"
+        );
+    } else {
+        tracing::debug!(%remote, %error, reason = failure.label(), "TLS handshake failed");
+    }
+    failure.counter().inc();
+}
+
+/// Why a TLS handshake failed, from the error tokio-rustls gave (a rustls error wrapped in an
+/// I/O error; a bare I/O error is the connection failing).
+fn classify_handshake_error(e: &io::Error) -> TlsHandshakeFailure {
+    use tokio_rustls::rustls::{AlertDescription as A, Error as E};
+    match e.get_ref().and_then(|inner| inner.downcast_ref::<E>()) {
+        Some(E::AlertReceived(
+            A::BadCertificate
+            | A::UnsupportedCertificate
+            | A::CertificateRevoked
+            | A::CertificateExpired
+            | A::CertificateUnknown
+            | A::UnknownCA,
+        )) => TlsHandshakeFailure::CertificateRejected,
+        Some(E::InvalidCertificate(_) | E::NoCertificatesPresented) => {
+            TlsHandshakeFailure::ClientCertificate
+        }
+        Some(_) => TlsHandshakeFailure::Protocol,
+        None => TlsHandshakeFailure::Closed,
+    }
+}
 
 /// What the accept loop enforces.
 #[derive(Debug, Clone, Copy)]
@@ -129,7 +202,7 @@ struct Gate {
     by_address: Arc<AddressCounts>,
     /// TLS handshakes under way (not in the registry yet).
     handshaking: Arc<AtomicUsize>,
-    last_warning: Option<Instant>,
+    warnings: WarnEvery,
 }
 
 impl Gate {
@@ -139,17 +212,12 @@ impl Gate {
             limits,
             by_address: Arc::default(),
             handshaking: Arc::default(),
-            last_warning: None,
+            warnings: WarnEvery::new(Duration::from_secs(1)),
         }
     }
 
-    fn warn(&mut self, what: &str, detail: &dyn std::fmt::Display) {
-        let now = Instant::now();
-        if self
-            .last_warning
-            .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1))
-        {
-            self.last_warning = Some(now);
+    fn warn(&self, what: &str, detail: &dyn std::fmt::Display) {
+        if self.warnings.due() {
             tracing::warn!(%detail, "{what}");
         }
     }
@@ -264,11 +332,11 @@ pub fn tls(
                     match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                         Ok(Ok(tls)) => tls,
                         Ok(Err(e)) => {
-                            tracing::debug!(%remote, error = %e, "TLS handshake failed");
+                            handshake_failed(remote, classify_handshake_error(&e), &e);
                             return;
                         }
                         Err(_) => {
-                            tracing::debug!(%remote, "TLS handshake timed out");
+                            handshake_failed(remote, TlsHandshakeFailure::Timeout, &"timed out");
                             return;
                         }
                     };
@@ -402,6 +470,57 @@ mod tests {
     use super::*;
     use futures::StreamExt as _;
     use tokio::io::AsyncWriteExt as _;
+
+    /// A warning is due once per period: the first at once, then none until the period has
+    /// passed since it.
+    #[test]
+    fn a_warning_is_due_once_per_period() {
+        let hourly = WarnEvery::new(Duration::from_secs(3600));
+        assert!(hourly.due());
+        assert!(!hourly.due());
+        assert!(!hourly.due());
+        let brief = WarnEvery::new(Duration::from_millis(20));
+        assert!(brief.due());
+        assert!(!brief.due());
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(brief.due());
+        assert!(!brief.due());
+    }
+
+    /// Each way a TLS handshake fails is told apart from the error tokio-rustls hands back: a
+    /// rustls error wrapped in an I/O error, or a bare I/O error.
+    #[test]
+    fn failed_handshakes_are_classified_by_their_error() {
+        use tokio_rustls::rustls::{AlertDescription, CertificateError, Error};
+        let wrapped = |e: Error| io::Error::new(io::ErrorKind::InvalidData, e);
+        for alert in [
+            AlertDescription::CertificateExpired,
+            AlertDescription::UnknownCA,
+            AlertDescription::BadCertificate,
+        ] {
+            assert_eq!(
+                classify_handshake_error(&wrapped(Error::AlertReceived(alert))),
+                TlsHandshakeFailure::CertificateRejected,
+                "{alert:?}"
+            );
+        }
+        assert_eq!(
+            classify_handshake_error(&wrapped(Error::InvalidCertificate(
+                CertificateError::UnknownIssuer
+            ))),
+            TlsHandshakeFailure::ClientCertificate
+        );
+        assert_eq!(
+            classify_handshake_error(&wrapped(Error::AlertReceived(
+                AlertDescription::ProtocolVersion
+            ))),
+            TlsHandshakeFailure::Protocol
+        );
+        assert_eq!(
+            classify_handshake_error(&io::Error::from(io::ErrorKind::UnexpectedEof)),
+            TlsHandshakeFailure::Closed
+        );
+    }
 
     /// A peer that stops reading is dropped once what was sent to it has waited
     /// `unacked_timeout`: the server's pending write fails instead of waiting for ever.

@@ -237,6 +237,26 @@ pub static CONNECTIONS_PREFACE_TIMEOUTS: LazyLock<IntCounter> = LazyLock::new(||
          within --preface-timeout-ms of being accepted (of their TLS handshake ending, under TLS).",
     )
 });
+/// TLS handshakes on the gRPC listener that did not complete, by reason.
+pub static TLS_HANDSHAKE_FAILURES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "cube_tls_handshake_failures_total",
+        "TLS handshakes on the gRPC listener that did not complete, by reason \
+         (certificate_rejected: the client refused this server's certificate, an alert such as \
+         certificate_expired or unknown_ca; client_certificate: the client's certificate was \
+         refused; protocol: no TLS 1.3, no h2, or a malformed handshake; timeout: not done \
+         within 10 s; closed: the connection failed or closed mid-handshake).",
+        &["reason"],
+    )
+});
+/// When the served TLS certificate expires. Registered only when the listener speaks TLS.
+pub static TLS_CERTIFICATE_EXPIRY: LazyLock<IntGauge> = LazyLock::new(|| {
+    gauge(
+        "cube_tls_certificate_expiry_timestamp_seconds",
+        "When the TLS certificate the gRPC listener serves expires (its notAfter), in seconds \
+         since the Unix epoch. Absent without TLS. The certificate is read at start only.",
+    )
+});
 /// fdatasync latency of WAL batches.
 pub static WAL_FSYNC_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
     histogram(
@@ -472,6 +492,52 @@ pub fn init() {
     }
     for reason in ApplyHold::ALL {
         let _ = reason.counter();
+    }
+    for reason in TlsHandshakeFailure::ALL {
+        let _ = reason.counter();
+    }
+}
+
+/// Why a TLS handshake did not complete: the `reason` label of
+/// `cube_tls_handshake_failures_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TlsHandshakeFailure {
+    /// The client refused the server's certificate (it sent an alert saying so): expired, not
+    /// issued by a CA the client trusts, or not for the name it dialled. The server's to fix.
+    CertificateRejected,
+    /// The client's certificate (mTLS) was refused: not issued by the data directory's CA,
+    /// expired, or not usable for client authentication.
+    ClientCertificate,
+    /// Any other TLS failure: no TLS 1.3, no HTTP/2 offered, a malformed handshake.
+    Protocol,
+    /// Not done within the handshake's time limit.
+    Timeout,
+    /// The connection failed or was closed before the handshake ended (a port probe, a reset).
+    Closed,
+}
+
+impl TlsHandshakeFailure {
+    pub const ALL: [TlsHandshakeFailure; 5] = [
+        Self::CertificateRejected,
+        Self::ClientCertificate,
+        Self::Protocol,
+        Self::Timeout,
+        Self::Closed,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::CertificateRejected => "certificate_rejected",
+            Self::ClientCertificate => "client_certificate",
+            Self::Protocol => "protocol",
+            Self::Timeout => "timeout",
+            Self::Closed => "closed",
+        }
+    }
+
+    /// This reason's series.
+    pub fn counter(self) -> IntCounter {
+        TLS_HANDSHAKE_FAILURES.with_label_values(&[self.label()])
     }
 }
 

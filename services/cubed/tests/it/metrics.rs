@@ -69,6 +69,11 @@ async fn metrics_count_calls_by_method_code_and_auth_model() {
         "grpc_server_handling_seconds_bucket{auth=\"call\",grpc_code=\"OK\",grpc_method=\"Write\""
     ));
     assert!(metric_sample(&text, "cube_connections_open{auth=\"connection\"}").unwrap() >= 1.0);
+    // Without TLS there is no certificate to expire: no series an expiry alert would fire on.
+    assert_eq!(
+        metric_sample(&text, "cube_tls_certificate_expiry_timestamp_seconds"),
+        None
+    );
 }
 
 /// The admin port takes at most 16 connections from one address and 64 in all; more are closed

@@ -490,3 +490,125 @@ fn a_new_ca_for_a_directory_that_issued_client_certificates_is_warned_about() {
     );
     assert!(second.sigterm().unwrap().success());
 }
+
+/// Failed TLS handshakes are counted by reason on `/metrics`, and a client refusing the
+/// server's certificate (the failure only the server's operator can fix) is logged; the
+/// served certificate's expiry is a gauge an alert can watch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_tls_handshakes_are_counted_by_reason_and_a_refused_certificate_is_logged() {
+    use rustls_pki_types::pem::PemObject;
+    use std::time::Duration;
+    use tokio_rustls::rustls;
+    const REFUSED: &str = "a client refused this server's TLS certificate";
+    let server = TestServer::start_with(cubed(), &["--tls-dev"]).unwrap();
+    let failures =
+        |reason: &str| format!("cube_tls_handshake_failures_total{{reason=\"{reason}\"}}");
+    for reason in [
+        "certificate_rejected",
+        "client_certificate",
+        "protocol",
+        "timeout",
+        "closed",
+    ] {
+        assert_eq!(server.metric(&failures(reason)), Some(0.0), "{reason}");
+    }
+    let served = std::fs::read(server.data_dir().join("tls").join("server.pem")).unwrap();
+    let (_, pem) = x509_parser::pem::parse_x509_pem(&served).unwrap();
+    let not_after = pem.parse_x509().unwrap().validity().not_after.timestamp();
+    assert_eq!(
+        server.metric("cube_tls_certificate_expiry_timestamp_seconds"),
+        Some(not_after as f64)
+    );
+
+    // A client that trusts another CA only: it refuses the server's certificate.
+    let other = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(rustls_pki_types::CertificateDer::from_pem_slice(other.cert.pem().as_bytes()).unwrap())
+        .unwrap();
+    let connect = |version: &'static rustls::SupportedProtocolVersion, roots| {
+        let mut config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_protocol_versions(&[version])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+        let addr = server.addr;
+        async move {
+            let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+            connector.connect(name, tcp).await.map(drop)
+        }
+    };
+    assert!(
+        connect(&rustls::version::TLS13, roots.clone())
+            .await
+            .is_err()
+    );
+    server
+        .metric_when(
+            &failures("certificate_rejected"),
+            Duration::from_secs(10),
+            |v| v == 1.0,
+        )
+        .await
+        .unwrap();
+    assert_eq!(server.log().matches(REFUSED).count(), 1, "{}", server.log());
+    // Logged at most once a minute: a second refusal is counted, not logged.
+    assert!(
+        connect(&rustls::version::TLS13, roots.clone())
+            .await
+            .is_err()
+    );
+    server
+        .metric_when(
+            &failures("certificate_rejected"),
+            Duration::from_secs(10),
+            |v| v == 2.0,
+        )
+        .await
+        .unwrap();
+    assert_eq!(server.log().matches(REFUSED).count(), 1, "{}", server.log());
+
+    // TLS 1.2 only: the server refuses it.
+    let ca = std::fs::read(server.data_dir().join("tls").join("ca.pem")).unwrap();
+    let mut ours = rustls::RootCertStore::empty();
+    for cert in rustls_pki_types::CertificateDer::pem_slice_iter(&ca) {
+        ours.add(cert.unwrap()).unwrap();
+    }
+    assert!(connect(&rustls::version::TLS12, ours).await.is_err());
+    server
+        .metric_when(&failures("protocol"), Duration::from_secs(10), |v| v == 1.0)
+        .await
+        .unwrap();
+
+    // A client certificate the data directory's CA did not issue.
+    let stranger = rcgen::generate_simple_self_signed(vec!["demo".into()]).unwrap();
+    let (cert, key) = (stranger.cert.pem(), stranger.signing_key.serialize_pem());
+    if let Ok(channel) = server.tls_channel(Some((&cert, &key))).await {
+        let mut c = CellsClient::new(channel);
+        assert!(c.read(read(1, 1, 1)).await.is_err());
+    }
+    server
+        .metric_when(
+            &failures("client_certificate"),
+            Duration::from_secs(10),
+            |v| v == 1.0,
+        )
+        .await
+        .unwrap();
+
+    // A connection closed before its handshake.
+    drop(tokio::net::TcpStream::connect(server.addr).await.unwrap());
+    server
+        .metric_when(&failures("closed"), Duration::from_secs(10), |v| v == 1.0)
+        .await
+        .unwrap();
+    // None of these was anything but what it was counted as.
+    assert_eq!(server.metric(&failures("timeout")), Some(0.0));
+    assert_eq!(server.metric(&failures("certificate_rejected")), Some(2.0));
+    assert_eq!(server.log().matches(REFUSED).count(), 1, "{}", server.log());
+}

@@ -579,6 +579,59 @@ fn a_rotation_after_a_failed_directory_fsync_reports_nothing_in_it_durable() {
     );
 }
 
+/// A batch that a rotation splits, whose sealing fdatasync of the full segment fails: none of
+/// it is reported durable, though its first records were written into that segment before the
+/// failure; the shard is poisoned, no new segment is left behind, and a reopen replays a
+/// contiguous log that holds every record reported durable (those of the failed batch it
+/// replays are ones whose callers were told the outcome is unknown).
+#[test]
+fn a_batch_split_by_a_rotation_whose_seal_fails_is_not_reported_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, events) = open_recording(dir.path(), small());
+    write_n(&wal, 3);
+    // Hold the syncer in the next batch's fdatasync, so that what is appended meanwhile is
+    // taken as one batch after it: far more than the active segment's room.
+    crate::failpoint::delay_next_fdatasync(dir.path(), Duration::from_millis(500));
+    let held = wal.append(&payload(wal.next_seq())).unwrap();
+    assert!(eventually(|| crate::failpoint::fdatasync_delay_taken(
+        dir.path()
+    )));
+    crate::failpoint::fail_next_fdatasync(dir.path());
+    let files_before = wal_files(dir.path());
+    assert_eq!(files_before.len(), 1, "{files_before:?}");
+    let mut last = held;
+    for _ in 0..300 {
+        last = wal.append(&payload(wal.next_seq())).unwrap();
+    }
+    assert!(wal.wait_durable(held).is_ok());
+    assert!(wal.wait_durable(last).is_err());
+    assert!(eventually(|| events
+        .lock()
+        .unwrap()
+        .contains(&DurableEvent::Poisoned)));
+    assert_eq!(wal.durable_seq(), held);
+    // The failure was the seal's: the batch's own fdatasync comes after its rotation, which
+    // would have left the next segment in place.
+    assert_eq!(wal_files(dir.path()).len(), 1);
+    let seen = events.lock().unwrap().clone();
+    assert!(
+        seen.iter()
+            .all(|e| !matches!(e, DurableEvent::Durable(s) if *s > held)),
+        "records of the failed batch reported durable: {seen:?}"
+    );
+    match Arc::try_unwrap(wal) {
+        Ok(wal) => drop(wal),
+        Err(_) => panic!("another holder of the shard"),
+    }
+    let (wal, replayed, _) = open(dir.path(), small()).unwrap();
+    let seqs = seqs_checked(&replayed);
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
+    // Every record reported durable, and some of the failed batch: written before the seal.
+    assert!(seqs.len() as u64 > held, "{} replayed", seqs.len());
+    assert!((seqs.len() as u64) < last);
+    wal.close().unwrap();
+}
+
 /// A checkpoint ahead of the log whose covered segments' deletion at open ends in a failed
 /// fsync of the directory fails the open: the shard is poisoned for good, and an open that
 /// went on handed its owner a log that takes nothing (found by review).

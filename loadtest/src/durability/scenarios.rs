@@ -479,8 +479,9 @@ fn refused_as_corrupt_log(e: &anyhow::Error) -> bool {
 /// still work, and once the ballast is removed writes must resume. Then a restart, and
 /// everything acknowledged is verified. The first round runs with the free-space guard
 /// (`--min-free-bytes`), which refuses writes before the disk is full; the second without it
-/// (`--min-free-bytes 0`), so the writes run into ENOSPC themselves (fjall's journal first: the
-/// WAL's segments are preallocated): the tenant is poisoned, closed and reopened once there is
+/// (`--min-free-bytes 0`), so the writes run into ENOSPC themselves (the state store's flushes
+/// and new files first: the WAL's segments are preallocated, and applied batches go to fjall's
+/// memtables without its journal): the tenant is poisoned, closed and reopened once there is
 /// room again.
 pub async fn disk_full(s: &Settings) -> anyhow::Result<ScenarioReport> {
     let mut rep = ScenarioReport::new(

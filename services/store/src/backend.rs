@@ -376,10 +376,26 @@ impl FjallBackend {
         // it; a power cut could then lose the whole partition (docs/durability.md). Synced at
         // every open, not only at the one that created it: a kill -9 or a failed sync between
         // the creation and this sync would otherwise leave it unsynced for good (as would fjall
-        // replacing a partition it found without a manifest). One small fsync per open.
-        std::fs::File::open(dir.join("partitions"))
-            .and_then(|d| d.sync_all())
-            .map_err(|e| BackendError(format!("{DIR_SYNC_FAILED}: {e}")))?;
+        // replacing a partition it found without a manifest). So are the partition's own
+        // directory (its `levels` manifest is replaced by a rename, then the directory synced)
+        // and its `segments/`: a kill -9 between such a rename and its directory's fsync leaves
+        // a manifest this boot reads from the page cache, and an open whose replay has nothing
+        // to flush would otherwise delete the log segments it covers with that manifest not
+        // yet durable. Three small fsyncs per open.
+        for sub in [
+            "partitions",
+            "partitions/state",
+            "partitions/state/segments",
+        ] {
+            match std::fs::File::open(dir.join(sub)) {
+                Ok(d) => d
+                    .sync_all()
+                    .map_err(|e| BackendError(format!("{DIR_SYNC_FAILED}: {e}")))?,
+                // Nothing of the partition's to name (a layout without that level).
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && sub != "partitions" => {}
+                Err(e) => return Err(BackendError(format!("{DIR_SYNC_FAILED}: {e}"))),
+            }
+        }
         Ok(FjallBackend {
             open: Some(OpenKeyspace {
                 part,

@@ -780,9 +780,10 @@ fn sync_dir_entries(dir: &Path) -> Result<(), WalError> {
 
 /// `create_dir_all`, then fsync every directory whose entry list changed, so a new shard's
 /// directory survives power loss before its first acknowledged record. For an existing
-/// directory, its parent and grandparent (`tenants/<tenant>/` and `tenants/` for a tenant's
-/// `wal/` or `state/`) are fsynced instead: a process killed between a creation and those
-/// fsyncs would otherwise leave the entries unsynced for good.
+/// directory, the three directories above it (`tenants/<tenant>/`, `tenants/` and the data
+/// directory, for a tenant's `wal/` or `state/`) are fsynced instead: a process killed between
+/// a creation and those fsyncs would otherwise leave the entries unsynced for good (the first
+/// tenant's creation makes `tenants` itself).
 pub fn create_dir_durably(dir: &Path) -> Result<(), WalError> {
     let mut existing = dir;
     while !existing.exists() {
@@ -792,8 +793,7 @@ pub fn create_dir_durably(dir: &Path) -> Result<(), WalError> {
         }
     }
     if existing == dir {
-        let parent = dir.parent().unwrap_or(Path::new("."));
-        for d in [dir, parent] {
+        for d in dir.ancestors().take(3) {
             sync_parent(d).map_err(WalError::io("syncing the directories above the wal"))?;
         }
         return Ok(());

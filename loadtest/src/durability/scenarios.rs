@@ -280,6 +280,17 @@ pub async fn kill_writing(s: &Settings) -> anyhow::Result<ScenarioReport> {
 /// The control round's relaxed policy: at most this many records acknowledged and not yet
 /// fdatasync'ed, the bound on what its cut may lose...
 const CONTROL_MAX_RECORDS: u64 = 5000;
+
+/// Extra `cubed serve` flags of every second sync round of D: checkpoints every 64 KiB of log
+/// and 256-KiB segments, so that the cut lands among checkpoints' flushes, their deletions of
+/// covered segments and recycled segments' reuse (with the defaults, a checkpoint every 64 MiB
+/// or 60 s, none runs in a round's few seconds of writes).
+const CHECKPOINTING: [&str; 4] = [
+    "--checkpoint-bytes",
+    "65536",
+    "--wal-segment-max-bytes",
+    "262144",
+];
 /// ...and at most this long.
 const CONTROL_MAX_DELAY_MS: u64 = 1000;
 /// Control cuts made until one loses something (writeback may beat a cut to the device).
@@ -306,6 +317,13 @@ pub async fn power_loss(s: &Settings) -> anyhow::Result<ScenarioReport> {
     for i in 0.. {
         let control = i >= s.repeat;
         control_cuts += usize::from(control);
+        let checkpointing = !control && i % 2 == 1;
+        let mut flags = SERVER_FLAGS.to_vec();
+        if checkpointing {
+            flags.extend(CHECKPOINTING);
+        }
+        // The tenant's WAL directory, relative to the data directory (the same on the copy).
+        let wal_dir: Option<PathBuf>;
         let dir = s.work.join(format!("D{i}"));
         fs::make_dir(&dir)?;
         let (image, snap) = (dir.join("disk.img"), dir.join("after-cut.img"));
@@ -314,9 +332,13 @@ pub async fn power_loss(s: &Settings) -> anyhow::Result<ScenarioReport> {
         let w = {
             let live = fs::Mount::ext4_image(&image, 1 << 30, true, &dir.join("live"))?;
             let data = live.dir.join("data");
-            let mut server = tokio::task::block_in_place(|| {
-                TestServer::start_at(&s.cubed, &data, &SERVER_FLAGS)
-            })?;
+            let mut server =
+                tokio::task::block_in_place(|| TestServer::start_at(&s.cubed, &data, &flags))?;
+            wal_dir = server
+                .tenant_wal_dir(&server.demo.tenant)
+                .strip_prefix(&data)
+                .ok()
+                .map(Path::to_path_buf);
             if control {
                 let out = server.cli(&[
                     "tenant",
@@ -348,6 +370,10 @@ pub async fn power_loss(s: &Settings) -> anyhow::Result<ScenarioReport> {
         };
         let after_cut = fs::Mount::ext4_image(&snap, 1 << 30, false, &dir.join("after"))
             .context("mounting the image as it was at the cut")?;
+        // Before a server opens it: the log as the cut left it.
+        let first_segment = wal_dir
+            .as_ref()
+            .and_then(|d| oldest_segment(&after_cut.dir.join("data").join(d)));
         let server = tokio::task::block_in_place(|| {
             TestServer::start_at(&s.cubed, &after_cut.dir.join("data"), &SERVER_FLAGS)
         })?;
@@ -398,14 +424,32 @@ pub async fn power_loss(s: &Settings) -> anyhow::Result<ScenarioReport> {
                 )
             } else {
                 format!(
-                    "round {}: cut {} ms after the first acknowledged write",
+                    "round {}: cut {} ms after the first acknowledged write{}",
                     i + 1,
-                    after.as_millis()
+                    after.as_millis(),
+                    if checkpointing {
+                        format!(
+                            ", checkpoints every 64 KiB of log (256-KiB segments; the oldest \
+                             segment left at the cut starts at seq {})",
+                            first_segment.map_or("-".to_string(), |f| f.to_string())
+                        )
+                    } else {
+                        String::new()
+                    }
                 )
             },
             write: w,
             verified,
         };
+        // A checkpointing round must have cut a log that checkpoints had already shortened:
+        // otherwise it tested what the other rounds do.
+        if checkpointing && first_segment.is_none_or(|first| first <= 1) {
+            round.verified.ok = false;
+            round.verified.problems.push(format!(
+                "no checkpoint had deleted a segment of the log before the cut (its oldest \
+                 segment starts at seq {first_segment:?})"
+            ));
+        }
         let writes_clean = require_clean_writes(&round.write, &mut round.verified)
             & require_stop_mid_write(&round.write, false, &mut round.verified);
         progress("D", &round);
@@ -460,6 +504,19 @@ pub async fn power_loss(s: &Settings) -> anyhow::Result<ScenarioReport> {
         }
     }
     Ok(rep.finish())
+}
+
+/// The first seq of the oldest segment in the WAL directory `dir` (from the segment files'
+/// names, `<first seq, 20 digits>[-<salt>].wal`), if it holds any.
+fn oldest_segment(dir: &Path) -> Option<u64> {
+    std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().into_string().ok()?;
+            let stem = name.strip_suffix(".wal")?;
+            stem.get(..20)?.parse::<u64>().ok()
+        })
+        .min()
 }
 
 /// Whether `e` is the tenant refusing to open because its log needs repair (`DATA_LOSS`,

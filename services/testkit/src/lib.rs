@@ -390,6 +390,11 @@ impl TestServer {
         cube_store::DataDir::new(self.data_dir()).tenant_state(tenant)
     }
 
+    /// The write-ahead-log directory of `tenant` (from the server's layout functions).
+    pub fn tenant_wal_dir(&self, tenant: &str) -> PathBuf {
+        cube_store::DataDir::new(self.data_dir()).tenant_wal(tenant)
+    }
+
     /// What an attacker with disk access would do, on a stopped server: in the first record of
     /// `tenant`'s first WAL segment that holds `find`, write `replace` (as long) over it, fix
     /// the record's CRC so that the WAL's own checks pass, and remove the tenant's state store

@@ -16,6 +16,18 @@ use std::sync::RwLock;
 #[error("{0}")]
 pub struct BackendError(pub String);
 
+/// How a [`BackendError`] for stored data that failed its checks when read begins (a damaged
+/// block, one that does not decompress or decode): no retry reads it.
+const CORRUPT: &str = "the state store's data is damaged";
+
+impl BackendError {
+    /// Whether stored data failed its checks when read (corrupt: DATA_LOSS), as opposed to a
+    /// read that failed (I/O, a poisoned store: worth a retry).
+    pub fn is_corrupt(&self) -> bool {
+        self.0.starts_with(CORRUPT)
+    }
+}
+
 /// One change in an atomic batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BatchOp {
@@ -300,6 +312,30 @@ impl std::fmt::Debug for FjallBackend {
 
 fn fjall_err(e: impl std::fmt::Display) -> BackendError {
     BackendError(e.to_string())
+}
+
+/// A read's error: stored data that failed its checks (the block checksum the vendored
+/// lsm-tree verifies, decompression, decoding) is told apart as corrupt.
+fn read_err(e: impl Into<fjall::Error>) -> BackendError {
+    let e: fjall::Error = e.into();
+    use fjall::LsmError as L;
+    let corrupt = matches!(
+        &e,
+        fjall::Error::Decode(_)
+            | fjall::Error::InvalidVersion(_)
+            | fjall::Error::Storage(
+                L::InvalidChecksum(_)
+                    | L::Decompress(_)
+                    | L::Decode(_)
+                    | L::InvalidVersion(_)
+                    | L::Unrecoverable
+            )
+    );
+    if corrupt {
+        BackendError(format!("{CORRUPT}: {e}"))
+    } else {
+        fjall_err(e)
+    }
 }
 
 /// The message [`FjallBackend::open`] fails with while another handle holds the directory.
@@ -630,7 +666,7 @@ impl StateRead for FjallBackend {
             .ks()
             .part
             .get(key)
-            .map_err(fjall_err)?
+            .map_err(read_err)?
             .map(|v| v.to_vec()))
     }
 
@@ -639,7 +675,7 @@ impl StateRead for FjallBackend {
             self.ks()
                 .part
                 .range(start.to_vec()..end.to_vec())
-                .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())).map_err(fjall_err)),
+                .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())).map_err(read_err)),
         )
     }
 
@@ -648,7 +684,7 @@ impl StateRead for FjallBackend {
             None => Ok(None),
             Some(r) => r
                 .map(|(k, v)| Some((k.to_vec(), v.to_vec())))
-                .map_err(fjall_err),
+                .map_err(read_err),
         }
     }
 }
@@ -662,14 +698,14 @@ struct FjallSnapshot(fjall::Snapshot);
 
 impl StateRead for FjallSnapshot {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError> {
-        Ok(self.0.get(key).map_err(fjall_err)?.map(|v| v.to_vec()))
+        Ok(self.0.get(key).map_err(read_err)?.map(|v| v.to_vec()))
     }
 
     fn range(&self, start: &[u8], end: &[u8]) -> RangeIter<'_> {
         Box::new(
             self.0
                 .range(start.to_vec()..end.to_vec())
-                .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())).map_err(fjall_err)),
+                .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())).map_err(read_err)),
         )
     }
 
@@ -678,7 +714,7 @@ impl StateRead for FjallSnapshot {
             None => Ok(None),
             Some(r) => r
                 .map(|(k, v)| Some((k.to_vec(), v.to_vec())))
-                .map_err(fjall_err),
+                .map_err(read_err),
         }
     }
 }
@@ -936,7 +972,7 @@ impl StateBackend for MemBackend {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// Open, waiting (as `TenantCore` does) for a just-dropped handle to release the lock.
@@ -1013,14 +1049,21 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         damaged_store(root.path(), 1);
         let f = fjall(root.path());
-        assert!(
-            f.get(b"k000500").is_err(),
-            "a damaged block was read as data"
-        );
-        assert!(
-            f.range(b"k", b"l").any(|r| r.is_err()),
-            "a scan read the damaged block as data"
-        );
+        // An error that says so (DATA_LOSS to the caller), not one worth a retry.
+        let e = f
+            .get(b"k000500")
+            .expect_err("a damaged block was read as data");
+        assert!(e.is_corrupt(), "{e}");
+        let e = f
+            .range(b"k", b"l")
+            .find_map(Result::err)
+            .expect("a scan read the damaged block as data");
+        assert!(e.is_corrupt(), "{e}");
+        let snapshot = f.snapshot().unwrap();
+        let e = snapshot
+            .get(b"k000500")
+            .expect_err("a snapshot read the damaged block");
+        assert!(e.is_corrupt(), "{e}");
     }
 
     /// A compaction that fails on a damaged input block leaves none of the files it wrote:
@@ -1059,6 +1102,15 @@ mod tests {
             "files left behind by failed merges"
         );
         assert_eq!(part.segment_count(), before);
+    }
+
+    /// The error of reading a key whose block was damaged on disk, in a new store at `dir` (for
+    /// other modules' tests).
+    pub(crate) fn damaged_read_error(dir: &Path) -> BackendError {
+        damaged_store(dir, 1);
+        fjall(dir)
+            .get(b"k000500")
+            .expect_err("a damaged block was read as data")
     }
 
     /// A state store at `dir` of keys `k000000`..`k000999`, written in `runs` flushed runs, with

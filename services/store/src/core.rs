@@ -610,11 +610,23 @@ fn open_backend(
             sync_failed();
         }
         tracing::error!(tenant, error = %e, "tenant state store failed to open");
+        // fjall's errors do not say ENOSPC; a nearly full disk is the likely cause then.
+        if !FjallBackend::is_failed_sync(&e) && nearly_full(dir) {
+            return no_space_to_open(tenant);
+        }
         StoreError::Unavailable(format!(
             "tenant '{tenant}' is unavailable: its state store could not be opened (see the \
              server log)"
         ))
     })
+}
+
+/// What a tenant's open that failed for lack of disk space answers.
+fn no_space_to_open(tenant: &str) -> StoreError {
+    StoreError::ResourceExhausted(format!(
+        "tenant '{tenant}' cannot be opened now: the server's disk is full. Nothing acknowledged \
+         is lost; retry after space is freed"
+    ))
 }
 
 impl<T> TenantCore<T> {
@@ -2139,6 +2151,9 @@ fn open_error(tenant: &str, e: &WalError) -> StoreError {
             "tenant '{tenant}' is unavailable: write-ahead-log record {seq} cannot be applied; an \
              operator must repair it before it can serve"
         )),
+        // A new tenant's first segment, or a rotation at open, on a full disk: passes once
+        // space is freed (the open is retried), as the write path's refusals say.
+        e if e.is_no_space() => no_space_to_open(tenant),
         _ => StoreError::Unavailable(format!(
             "tenant '{tenant}' is unavailable: its storage could not be opened (see the server log)"
         )),
@@ -2150,6 +2165,31 @@ mod tests {
     use super::*;
     use crate::state::Coord;
     use cube_wal::SegmentSizing;
+
+    /// A tenant's open that failed for lack of space (its first segment on a full disk) says
+    /// so, RESOURCE_EXHAUSTED with retry advice, not a bare UNAVAILABLE; a failed sync stays
+    /// UNAVAILABLE, whatever its cause.
+    #[test]
+    fn an_open_that_found_no_space_is_resource_exhausted() {
+        let full = WalError::Io {
+            op: "creating segment",
+            source: std::io::Error::from_raw_os_error(28),
+        };
+        match open_error("t", &full) {
+            StoreError::ResourceExhausted(m) => {
+                assert!(m.contains("disk is full") && m.contains("retry"), "{m}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let failed_sync = WalError::Io {
+            op: "fdatasync",
+            source: std::io::Error::from_raw_os_error(28),
+        };
+        assert!(matches!(
+            open_error("t", &failed_sync),
+            StoreError::Unavailable(_)
+        ));
+    }
 
     fn config() -> CoreConfig {
         CoreConfig {

@@ -414,6 +414,14 @@ pub enum ApplyError {
 
 fn storage_error(e: &BackendError) -> StoreError {
     tracing::error!(error = %e, "tenant state storage failed");
+    if e.is_corrupt() {
+        // A damaged block: every retry would read it again.
+        return StoreError::DataLoss(
+            "the tenant's stored state is damaged where this call reads (a block failed its \
+             checksum); an operator must repair or restore the tenant (see the server log)"
+                .into(),
+        );
+    }
     StoreError::Unavailable("the tenant's storage failed to read; see the server log".into())
 }
 
@@ -3267,6 +3275,27 @@ mod tests {
     /// at its end) are DATA_LOSS naming them, not a page that starts or ends elsewhere: a
     /// verifier cannot tell such a page from a trail that retention shortened. (Pages restarted
     /// after any gap until 2026-12-05, so a trail whose first chunks were removed verified.)
+    /// A read that met damaged stored data (a block failing its checksum) is DATA_LOSS, which
+    /// no retry mends; any other failed read is UNAVAILABLE. Neither passes the storage's own
+    /// text to the client.
+    #[test]
+    fn a_damaged_block_is_data_loss_and_a_failed_read_unavailable() {
+        let root = tempfile::tempdir().unwrap();
+        let damaged = crate::backend::tests::damaged_read_error(root.path());
+        match storage_error(&damaged) {
+            StoreError::DataLoss(m) => {
+                assert!(m.contains("damaged where this call reads"), "{m}");
+                assert!(!m.contains(&damaged.0), "{m}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let failed = BackendError("Io(Os { code: 5 })".into());
+        match storage_error(&failed) {
+            StoreError::Unavailable(m) => assert!(!m.contains("Os"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
     #[test]
     fn audit_entries_missing_without_expiry_are_data_loss() {
         let mut h = Harness::new(fresh_with(16, 100));

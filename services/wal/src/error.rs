@@ -77,6 +77,11 @@ impl WalError {
         matches!(self, WalError::Io { op, .. } if op.starts_with("fdatasync") || op.starts_with("syncing"))
     }
 
+    /// A write failed for lack of space (ENOSPC) or quota (EDQUOT), not a failed sync.
+    pub fn is_no_space(&self) -> bool {
+        matches!(self, WalError::Io { source, .. } if !self.is_failed_sync() && is_no_space(source))
+    }
+
     pub(crate) fn io(op: &'static str) -> impl FnOnce(io::Error) -> WalError {
         move |source| WalError::Io { op, source }
     }

@@ -116,8 +116,10 @@ impl Tenant for TenantService {
             .map(|e| {
                 v1::AuditEntry::decode(e.bytes.as_ref()).map_err(|err| {
                     tracing::error!(seq = e.seq, error = %err, "a stored audit entry does not decode");
-                    Status::internal(
-                        "an audit entry could not be read on the server (logged there)",
+                    // Corrupt data, as the store says of an entry it cannot decode.
+                    Status::data_loss(
+                        "a stored audit entry this call reads is corrupt and cannot be decoded; \
+                         an operator must repair or restore the tenant (see the server log)",
                     )
                 })
             })

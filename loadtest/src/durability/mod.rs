@@ -339,7 +339,7 @@ pub async fn verify(server: &TestServer, ledger: &Ledger) -> anyhow::Result<Veri
         let started = Instant::now();
         let (col, versions) = loop {
             match column(&mut c, w as i32).await {
-                Err(e) if e.code() == Code::Unavailable && started.elapsed() < REOPEN_PATIENCE => {
+                Err(e) if retry_later(&e) && started.elapsed() < REOPEN_PATIENCE => {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
                 other => break other,
@@ -449,7 +449,7 @@ async fn check_audit(server: &TestServer, v: &mut Verification) -> anyhow::Resul
     let started = Instant::now();
     let entries = loop {
         match trail(&mut tenant).await {
-            Err(e) if e.code() == Code::Unavailable && started.elapsed() < REOPEN_PATIENCE => {
+            Err(e) if retry_later(&e) && started.elapsed() < REOPEN_PATIENCE => {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             other => break other,
@@ -497,6 +497,14 @@ async fn trail(
             return Ok(entries);
         }
     }
+}
+
+/// Whether a read's refusal asks for a retry: UNAVAILABLE (a tenant still applying its
+/// replayed log, or reopening), or RESOURCE_EXHAUSTED from a tenant whose open ran out of disk
+/// space (E, before the ballast is removed).
+fn retry_later(e: &tonic::Status) -> bool {
+    e.code() == Code::Unavailable
+        || e.code() == Code::ResourceExhausted && e.message().contains("cannot be opened now")
 }
 
 /// `--audit-retention` of every server the harness starts: more entries than any run writes, so
@@ -599,7 +607,7 @@ pub async fn spot_read(
         let r = loop {
             match c.read(request).await {
                 Ok(r) => break r.into_inner(),
-                Err(e) if e.code() == Code::Unavailable && started.elapsed() < REOPEN_PATIENCE => {
+                Err(e) if retry_later(&e) && started.elapsed() < REOPEN_PATIENCE => {
                     refused = true;
                     out.first_message
                         .get_or_insert_with(|| e.message().to_string());

@@ -328,7 +328,12 @@ pub async fn power_loss(s: &Settings) -> anyhow::Result<ScenarioReport> {
         fs::make_dir(&dir)?;
         let (image, snap) = (dir.join("disk.img"), dir.join("after-cut.img"));
         let ledger = Arc::new(Ledger::new(s.writers, s.value_bytes));
-        let after = Duration::from_millis(rand::thread_rng().gen_range(500..2500));
+        // A checkpointing round cuts later, so that a checkpoint has run on a slow machine too.
+        let after = Duration::from_millis(rand::thread_rng().gen_range(if checkpointing {
+            1500..3500
+        } else {
+            500..2500
+        }));
         let w = {
             let live = fs::Mount::ext4_image(&image, 1 << 30, true, &dir.join("live"))?;
             let data = live.dir.join("data");
@@ -374,8 +379,9 @@ pub async fn power_loss(s: &Settings) -> anyhow::Result<ScenarioReport> {
         let first_segment = wal_dir
             .as_ref()
             .and_then(|d| oldest_segment(&after_cut.dir.join("data").join(d)));
+        // As configured when cut (the log's segment sizes, the checkpoints).
         let server = tokio::task::block_in_place(|| {
-            TestServer::start_at(&s.cubed, &after_cut.dir.join("data"), &SERVER_FLAGS)
+            TestServer::start_at(&s.cubed, &after_cut.dir.join("data"), &flags)
         })?;
         let verified = match verify(&server, &ledger).await {
             Ok(v) => v,

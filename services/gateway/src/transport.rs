@@ -59,7 +59,11 @@ impl WarnEvery {
 
     /// Whether a warning may be logged now; if so, the period starts again.
     pub fn due(&self) -> bool {
-        let now = Instant::now();
+        self.due_at(Instant::now())
+    }
+
+    /// [`WarnEvery::due`] at `now`.
+    fn due_at(&self, now: Instant) -> bool {
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
         if last.is_some_and(|t| now.duration_since(t) < self.every) {
             return false;
@@ -475,16 +479,15 @@ mod tests {
     /// passed since it.
     #[test]
     fn a_warning_is_due_once_per_period() {
-        let hourly = WarnEvery::new(Duration::from_secs(3600));
-        assert!(hourly.due());
-        assert!(!hourly.due());
-        assert!(!hourly.due());
-        let brief = WarnEvery::new(Duration::from_millis(20));
-        assert!(brief.due());
-        assert!(!brief.due());
-        std::thread::sleep(Duration::from_millis(30));
-        assert!(brief.due());
-        assert!(!brief.due());
+        let every = WarnEvery::new(Duration::from_secs(60));
+        let start = Instant::now();
+        let at = |secs| start + Duration::from_secs(secs);
+        assert!(every.due_at(at(0)));
+        assert!(!every.due_at(at(1)));
+        assert!(!every.due_at(at(59)));
+        assert!(every.due_at(at(60)));
+        assert!(!every.due_at(at(61)));
+        assert!(every.due_at(at(200)));
     }
 
     /// Each way a TLS handshake fails is told apart from the error tokio-rustls hands back: a

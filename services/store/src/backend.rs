@@ -315,22 +315,21 @@ fn fjall_err(e: impl std::fmt::Display) -> BackendError {
 }
 
 /// A read's error: stored data that failed its checks (the block checksum the vendored
-/// lsm-tree verifies, decompression, decoding) is told apart as corrupt.
+/// lsm-tree verifies, decompression, decoding) is told apart as corrupt. A failed read of the
+/// file (EIO) is not, even where it surfaces as a decoding error (a block header is decoded
+/// straight from the file); a block cut short (`UnexpectedEof`) is.
 fn read_err(e: impl Into<fjall::Error>) -> BackendError {
+    use lsm_tree::{DecodeError as D, Error as L};
     let e: fjall::Error = e.into();
-    use fjall::LsmError as L;
-    let corrupt = matches!(
-        &e,
-        fjall::Error::Decode(_)
-            | fjall::Error::InvalidVersion(_)
-            | fjall::Error::Storage(
-                L::InvalidChecksum(_)
-                    | L::Decompress(_)
-                    | L::Decode(_)
-                    | L::InvalidVersion(_)
-                    | L::Unrecoverable
-            )
-    );
+    let damaged = |d: &D| !matches!(d, D::Io(io) if io.kind() != std::io::ErrorKind::UnexpectedEof);
+    let corrupt = match &e {
+        fjall::Error::Decode(d) | fjall::Error::Storage(L::Decode(d)) => damaged(d),
+        fjall::Error::InvalidVersion(_)
+        | fjall::Error::Storage(
+            L::InvalidChecksum(_) | L::Decompress(_) | L::InvalidVersion(_) | L::Unrecoverable,
+        ) => true,
+        _ => false,
+    };
     if corrupt {
         BackendError(format!("{CORRUPT}: {e}"))
     } else {
@@ -429,7 +428,12 @@ impl FjallBackend {
                     .map_err(|e| BackendError(format!("{DIR_SYNC_FAILED}: {e}")))?,
                 // Nothing of the partition's to name (a layout without that level).
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound && sub != "partitions" => {}
-                Err(e) => return Err(BackendError(format!("{DIR_SYNC_FAILED}: {e}"))),
+                // Not a failed sync (no descriptor left, say): an open a retry may get past.
+                Err(e) => {
+                    return Err(BackendError(format!(
+                        "opening the state partition's directory {sub}: {e}"
+                    )));
+                }
             }
         }
         Ok(FjallBackend {

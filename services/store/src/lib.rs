@@ -46,5 +46,5 @@ pub use space::SpaceGuard;
 pub use state::{
     Caller, CellView, Command, Coord, Effect, Hint, MAX_LABEL_BYTES, MAX_WALK_DEPTH,
     MAX_WALK_LABEL_ENTRIES, Prepared, RegionPage, Reply, RunRecord, StateLimits, StateReader,
-    TenantState, check_region, walk_labels,
+    TenantState, check_region, corrupt_message, walk_labels,
 };

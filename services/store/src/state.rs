@@ -429,10 +429,15 @@ fn storage_error(e: &BackendError) -> StoreError {
 /// retry will read (DATA_LOSS), unlike a failed read of the storage (UNAVAILABLE).
 fn corrupt(what: &str, e: &prost::DecodeError) -> StoreError {
     tracing::error!(error = %e, "the tenant's stored {what} does not decode: corrupt data");
-    StoreError::DataLoss(format!(
+    StoreError::DataLoss(corrupt_message(what))
+}
+
+/// What a call is told of a stored `what` (a cell, a run, an audit entry) that does not decode.
+pub fn corrupt_message(what: &str) -> String {
+    format!(
         "a stored {what} this call reads is corrupt and cannot be decoded; an operator must \
          repair or restore the tenant (see the server log)"
-    ))
+    )
 }
 
 /// One page of a Region scan.
@@ -3271,10 +3276,6 @@ mod tests {
         }
     }
 
-    /// Entries gone from the trail that retention did not expire (at its start, in its middle or
-    /// at its end) are DATA_LOSS naming them, not a page that starts or ends elsewhere: a
-    /// verifier cannot tell such a page from a trail that retention shortened. (Pages restarted
-    /// after any gap until 2026-12-05, so a trail whose first chunks were removed verified.)
     /// A read that met damaged stored data (a block failing its checksum) is DATA_LOSS, which
     /// no retry mends; any other failed read is UNAVAILABLE. Neither passes the storage's own
     /// text to the client.
@@ -3296,6 +3297,10 @@ mod tests {
         }
     }
 
+    /// Entries gone from the trail that retention did not expire (at its start, in its middle or
+    /// at its end) are DATA_LOSS naming them, not a page that starts or ends elsewhere: a
+    /// verifier cannot tell such a page from a trail that retention shortened. (Pages restarted
+    /// after any gap until 2026-12-05, so a trail whose first chunks were removed verified.)
     #[test]
     fn audit_entries_missing_without_expiry_are_data_loss() {
         let mut h = Harness::new(fresh_with(16, 100));

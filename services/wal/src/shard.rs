@@ -23,7 +23,7 @@ use crate::record;
 use crate::recovery::{RecoveryReport, recover};
 use crate::segment::{
     RECYCLED_NAME, SegmentName, SegmentSizing, ZeroedError, create_zeroed, spare_path, sync_dir,
-    sync_dir_after_removal, sync_parent,
+    sync_dir_after_removal,
 };
 use crate::{ReplayVisitor, WalError};
 
@@ -794,7 +794,16 @@ pub fn create_dir_durably(dir: &Path) -> Result<(), WalError> {
     }
     if existing == dir {
         for d in dir.ancestors().take(3) {
-            sync_parent(d).map_err(WalError::io("syncing the directories above the wal"))?;
+            let above = match d.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p,
+                _ => Path::new("."),
+            };
+            // Failing to open one (no descriptor left) is a failed write, which a reopen may
+            // retry; only a failed fsync is a failed sync.
+            File::open(above)
+                .map_err(WalError::io("opening the directories above the wal"))?
+                .sync_all()
+                .map_err(WalError::io("syncing the directories above the wal"))?;
         }
         return Ok(());
     }

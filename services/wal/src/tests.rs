@@ -591,7 +591,7 @@ fn a_batch_split_by_a_rotation_whose_seal_fails_is_not_reported_durable() {
     write_n(&wal, 3);
     // Hold the syncer in the next batch's fdatasync, so that what is appended meanwhile is
     // taken as one batch after it: far more than the active segment's room.
-    crate::failpoint::delay_next_fdatasync(dir.path(), Duration::from_millis(500));
+    crate::failpoint::delay_next_fdatasync(dir.path(), Duration::from_secs(2));
     let held = wal.append(&payload(wal.next_seq())).unwrap();
     assert!(eventually(|| crate::failpoint::fdatasync_delay_taken(
         dir.path()

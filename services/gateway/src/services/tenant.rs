@@ -117,10 +117,7 @@ impl Tenant for TenantService {
                 v1::AuditEntry::decode(e.bytes.as_ref()).map_err(|err| {
                     tracing::error!(seq = e.seq, error = %err, "a stored audit entry does not decode");
                     // Corrupt data, as the store says of an entry it cannot decode.
-                    Status::data_loss(
-                        "a stored audit entry this call reads is corrupt and cannot be decoded; \
-                         an operator must repair or restore the tenant (see the server log)",
-                    )
+                    Status::data_loss(cube_store::corrupt_message("audit entry"))
                 })
             })
             .collect::<Vec<_>>();

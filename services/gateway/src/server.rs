@@ -60,9 +60,10 @@ pub fn min_connection_receive_bytes(max_message_bytes: usize) -> usize {
 pub const WALK_MESSAGE_BYTES: usize =
     cube_store::MAX_WALK_LABEL_ENTRIES * (cube_store::MAX_LABEL_BYTES + 2) + 1024;
 
-/// Largest `Access.Grant` / `Access.Revoke` request (a key id and at most three capabilities, a
-/// few hundred bytes): a packed list of capabilities takes 4 bytes in memory for each byte on
-/// the wire until the service refuses more than three.
+/// Largest `Access.Grant` / `Access.Revoke` request (a key id and its list of capabilities,
+/// repeats counted once, a few hundred bytes in any real use): a packed list of capabilities
+/// takes 4 bytes in memory for each byte on the wire while it is decoded, so the bound keeps a
+/// long list of repeats small.
 pub const ACCESS_MESSAGE_BYTES: usize = OPEN_MESSAGE_BYTES;
 
 /// Limits and auth settings of the network listener.

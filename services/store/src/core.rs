@@ -610,8 +610,12 @@ fn open_backend(
             sync_failed();
         }
         tracing::error!(tenant, error = %e, "tenant state store failed to open");
-        // fjall's errors do not say ENOSPC; a nearly full disk is the likely cause then.
-        if !FjallBackend::is_failed_sync(&e) && nearly_full(dir) {
+        // fjall's error text is its Debug form, which names the I/O error's kind: only a
+        // write refused for space or quota is "disk full" (not a held lock, a damaged
+        // manifest, or a failed sync on a nearly full disk).
+        if !FjallBackend::is_failed_sync(&e)
+            && (e.0.contains("StorageFull") || e.0.contains("QuotaExceeded"))
+        {
             return no_space_to_open(tenant);
         }
         StoreError::Unavailable(format!(
@@ -1692,10 +1696,21 @@ impl<T> TenantCore<T> {
                 self.tenant
             )));
         };
-        let mut caps = match self.pending_caps.get(&key_id) {
-            Some((_, caps)) => caps.clone(),
-            None => key.capabilities.clone(),
-        };
+        let mut caps = self.newest_capabilities(&key_id, &key);
+        // Never the tenant's last ADMIN: no call or operator command grants ADMIN back (only a
+        // new tenant's first key is made with it), so the tenant could never change a key's
+        // capabilities again.
+        if revoke.contains(&Capability::Admin)
+            && caps.contains(&Capability::Admin)
+            && !self.another_admin(catalog, &key_id)
+        {
+            return Err(StoreError::FailedPrecondition(format!(
+                "key '{key_id}' holds the last ADMIN capability of tenant '{}': without it no key \
+                 could call Access again, and nothing grants ADMIN back; grant ADMIN to another \
+                 key of the tenant first",
+                self.tenant
+            )));
+        }
         caps.retain(|c| !revoke.contains(c));
         for c in grant {
             if !caps.contains(c) {
@@ -1712,6 +1727,31 @@ impl<T> TenantCore<T> {
         Ok(self
             .state
             .prepare_capabilities(key_id, caps, audit_op, detail, caller))
+    }
+
+    /// A key's capabilities as its newest change left them: a logged change not applied yet,
+    /// or the catalog's.
+    fn newest_capabilities(&self, key_id: &str, key: &crate::catalog::KeyInfo) -> Vec<Capability> {
+        match self.pending_caps.get(key_id) {
+            Some((_, caps)) => caps.clone(),
+            None => key.capabilities.clone(),
+        }
+    }
+
+    /// Whether an active key of this tenant other than `key_id` holds ADMIN, as the newest
+    /// changes (applied or only logged) leave them.
+    fn another_admin(&self, catalog: &crate::Catalog, key_id: &str) -> bool {
+        catalog
+            .active_key_ids(&self.tenant)
+            .into_iter()
+            .filter(|id| id != key_id && !self.pending_revokes.contains(id))
+            .filter_map(|id| catalog.key(&self.tenant, &id).map(|k| (id, k)))
+            .any(|(id, k)| {
+                !k.revoked
+                    && self
+                        .newest_capabilities(&id, &k)
+                        .contains(&Capability::Admin)
+            })
     }
 
     /// Prepare the creation of a key for this tenant (a fresh id and secret).
@@ -2586,6 +2626,11 @@ mod tests {
         let catalog = Arc::new(Catalog::open(&dir.path().join("catalog")).unwrap());
         let key = catalog.create_tenant("t").unwrap();
         assert_eq!(key.capabilities, vec![Read, Write, Admin]);
+        // Another ADMIN key, so that the first may give up its own (the last one may not).
+        let second = catalog.create_key("t").unwrap();
+        catalog
+            .change_capabilities("t", &second.key_id, &[Admin], &[])
+            .unwrap();
         let config = CoreConfig {
             catalog: Some(Arc::clone(&catalog)),
             ..config()

@@ -578,3 +578,58 @@ async fn each_rpc_needs_its_capability_and_sees_only_its_tenant() {
     let totals = totals.into_inner().totals.unwrap();
     assert_eq!((totals.cells, totals.edges, totals.programs), (4, 1, 1));
 }
+
+/// The tenant's last ADMIN key cannot lose ADMIN: nothing grants it back, so the tenant could
+/// never change a key's capabilities again. Once another key holds ADMIN (granted and logged,
+/// whether or not applied yet), the first may give it up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_admin_key_of_a_tenant_keeps_admin() {
+    let server = TestServer::start(cubed()).unwrap();
+    let second = new_key(&server, "demo");
+    let mut admin = AccessClient::new(server.signed(&server.demo).await.unwrap());
+    let revoke_admin = |key_id: &str| RevokeRequest {
+        key_id: key_id.to_string(),
+        capabilities: vec![Capability::Admin as i32],
+    };
+    let e = admin
+        .revoke(revoke_admin(&server.demo.key_id))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("last ADMIN"), "{}", e.message());
+    // Taking other capabilities from it is allowed, and it still holds ADMIN.
+    let caps = admin
+        .revoke(RevokeRequest {
+            key_id: server.demo.key_id.clone(),
+            capabilities: vec![Capability::Write as i32],
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .capabilities;
+    assert_eq!(
+        caps,
+        vec![Capability::Read as i32, Capability::Admin as i32]
+    );
+    admin
+        .grant(GrantRequest {
+            key_id: second.key_id.clone(),
+            capabilities: vec![Capability::Admin as i32],
+        })
+        .await
+        .unwrap();
+    let caps = admin
+        .revoke(revoke_admin(&server.demo.key_id))
+        .await
+        .unwrap()
+        .into_inner()
+        .capabilities;
+    assert_eq!(caps, vec![Capability::Read as i32]);
+    // Now the second key is the last one.
+    let mut second_admin = AccessClient::new(server.signed(&second).await.unwrap());
+    let e = second_admin
+        .revoke(revoke_admin(&second.key_id))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+}

@@ -70,33 +70,45 @@ async fn signed_calls_work_over_tls_and_plaintext_clients_are_not_served() {
 /// clear, and with it the tenant and key id in its subject, to anyone watching.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_tls_listener_refuses_tls_1_2() {
-    use rustls_pki_types::pem::PemObject;
     use tokio_rustls::rustls;
     let server = TestServer::start_with(cubed(), &["--tls-dev"]).unwrap();
+    let roots = ca_roots(&server);
+    let handshake = |version| tls_handshake(server.addr, version, roots.clone());
+    assert!(handshake(&rustls::version::TLS13).await.is_ok());
+    assert!(handshake(&rustls::version::TLS12).await.is_err());
+}
+
+/// The data directory's CA, as the roots a client trusts.
+fn ca_roots(server: &TestServer) -> tokio_rustls::rustls::RootCertStore {
+    use rustls_pki_types::pem::PemObject;
     let ca = std::fs::read(server.data_dir().join("tls").join("ca.pem")).unwrap();
-    let mut roots = rustls::RootCertStore::empty();
+    let mut roots = tokio_rustls::rustls::RootCertStore::empty();
     for cert in rustls_pki_types::CertificateDer::pem_slice_iter(&ca) {
         roots.add(cert.unwrap()).unwrap();
     }
-    let handshake = |version: &'static rustls::SupportedProtocolVersion| {
-        let mut config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_protocol_versions(&[version])
-        .unwrap()
-        .with_root_certificates(roots.clone())
-        .with_no_client_auth();
-        config.alpn_protocols = vec![b"h2".to_vec()];
-        let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
-        let addr = server.addr;
-        async move {
-            let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-            let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
-            connector.connect(name, tcp).await.map(drop)
-        }
-    };
-    assert!(handshake(&rustls::version::TLS13).await.is_ok());
-    assert!(handshake(&rustls::version::TLS12).await.is_err());
+    roots
+}
+
+/// A TLS handshake with `addr` for the name `localhost`, as a rustls client that speaks only
+/// `version`, trusts `roots` and offers `h2`.
+async fn tls_handshake(
+    addr: std::net::SocketAddr,
+    version: &'static tokio_rustls::rustls::SupportedProtocolVersion,
+    roots: tokio_rustls::rustls::RootCertStore,
+) -> std::io::Result<()> {
+    use tokio_rustls::rustls;
+    let mut config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[version])
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+    connector.connect(name, tcp).await.map(drop)
 }
 
 /// A revoked key's certificate reconnecting in a loop is logged as long as its address is not
@@ -526,60 +538,31 @@ async fn failed_tls_handshakes_are_counted_by_reason_and_a_refused_certificate_i
     roots
         .add(rustls_pki_types::CertificateDer::from_pem_slice(other.cert.pem().as_bytes()).unwrap())
         .unwrap();
-    let connect = |version: &'static rustls::SupportedProtocolVersion, roots| {
-        let mut config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_protocol_versions(&[version])
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-        config.alpn_protocols = vec![b"h2".to_vec()];
-        let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
-        let addr = server.addr;
-        async move {
-            let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-            let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
-            connector.connect(name, tcp).await.map(drop)
-        }
-    };
-    assert!(
-        connect(&rustls::version::TLS13, roots.clone())
+    let connect = |version, roots| tls_handshake(server.addr, version, roots);
+    // Logged at most once a minute: the second refusal is counted, not logged.
+    for refused in [1.0, 2.0] {
+        assert!(
+            connect(&rustls::version::TLS13, roots.clone())
+                .await
+                .is_err()
+        );
+        server
+            .metric_when(
+                &failures("certificate_rejected"),
+                Duration::from_secs(10),
+                |v| v == refused,
+            )
             .await
-            .is_err()
-    );
-    server
-        .metric_when(
-            &failures("certificate_rejected"),
-            Duration::from_secs(10),
-            |v| v == 1.0,
-        )
-        .await
-        .unwrap();
-    assert_eq!(server.log().matches(REFUSED).count(), 1, "{}", server.log());
-    // Logged at most once a minute: a second refusal is counted, not logged.
-    assert!(
-        connect(&rustls::version::TLS13, roots.clone())
-            .await
-            .is_err()
-    );
-    server
-        .metric_when(
-            &failures("certificate_rejected"),
-            Duration::from_secs(10),
-            |v| v == 2.0,
-        )
-        .await
-        .unwrap();
-    assert_eq!(server.log().matches(REFUSED).count(), 1, "{}", server.log());
+            .unwrap();
+        assert_eq!(server.log().matches(REFUSED).count(), 1, "{}", server.log());
+    }
 
     // TLS 1.2 only: the server refuses it.
-    let ca = std::fs::read(server.data_dir().join("tls").join("ca.pem")).unwrap();
-    let mut ours = rustls::RootCertStore::empty();
-    for cert in rustls_pki_types::CertificateDer::pem_slice_iter(&ca) {
-        ours.add(cert.unwrap()).unwrap();
-    }
-    assert!(connect(&rustls::version::TLS12, ours).await.is_err());
+    assert!(
+        connect(&rustls::version::TLS12, ca_roots(&server))
+            .await
+            .is_err()
+    );
     server
         .metric_when(&failures("protocol"), Duration::from_secs(10), |v| v == 1.0)
         .await

@@ -20,11 +20,20 @@ pub struct BackendError(pub String);
 /// block, one that does not decompress or decode): no retry reads it.
 const CORRUPT: &str = "the state store's data is damaged";
 
+/// How a [`BackendError`] for a write refused for lack of space or quota (ENOSPC, EDQUOT)
+/// begins.
+const NO_SPACE: &str = "no space left for the state store";
+
 impl BackendError {
     /// Whether stored data failed its checks when read (corrupt: DATA_LOSS), as opposed to a
     /// read that failed (I/O, a poisoned store: worth a retry).
     pub fn is_corrupt(&self) -> bool {
         self.0.starts_with(CORRUPT)
+    }
+
+    /// Whether the store's open failed because a write found no space (or quota) left.
+    pub fn is_no_space(&self) -> bool {
+        self.0.starts_with(NO_SPACE)
     }
 }
 
@@ -314,6 +323,19 @@ fn fjall_err(e: impl std::fmt::Display) -> BackendError {
     BackendError(e.to_string())
 }
 
+/// An error of opening the store, `what` failing: one refused for lack of space is told apart.
+fn open_err(what: &str, e: fjall::Error) -> BackendError {
+    let io = match &e {
+        fjall::Error::Io(io) | fjall::Error::Storage(lsm_tree::Error::Io(io)) => Some(io),
+        _ => None,
+    };
+    if io.is_some_and(cube_wal::is_no_space) {
+        BackendError(format!("{NO_SPACE}: {what}: {e}"))
+    } else {
+        BackendError(format!("{what}: {e}"))
+    }
+}
+
 /// A read's error: stored data that failed its checks (the block checksum the vendored
 /// lsm-tree verifies, decompression, decoding) is told apart as corrupt. A failed read of the
 /// file (EIO) is not, even where it surfaces as a decoding error (a block header is decoded
@@ -380,7 +402,7 @@ impl FjallBackend {
             .max_journaling_size(FJALL_JOURNAL_LIMIT)
             .max_write_buffer_size(FJALL_WRITE_BUFFER_LIMIT)
             .open()
-            .map_err(|e| BackendError(format!("opening state keyspace: {e}")))?;
+            .map_err(|e| open_err("opening state keyspace", e))?;
         let part = keyspace
             .open_partition(
                 "state",
@@ -398,7 +420,7 @@ impl FjallBackend {
                         fjall::compaction::SizeTiered::default(),
                     )),
             )
-            .map_err(|e| BackendError(format!("opening state partition: {e}")))?;
+            .map_err(|e| open_err("opening state partition", e))?;
         // A write that fills the memtable does not seal it (fjall would, on the writer's thread,
         // with two or three fsyncs of its journal files: the thread a tenant's actor shares
         // with other tenants). `has_room` seals it on a thread of its own, `apply` where no
@@ -1051,13 +1073,10 @@ pub(crate) mod tests {
     #[test]
     fn a_damaged_block_is_an_error_not_data() {
         let root = tempfile::tempdir().unwrap();
-        damaged_store(root.path(), 1);
-        let f = fjall(root.path());
         // An error that says so (DATA_LOSS to the caller), not one worth a retry.
-        let e = f
-            .get(b"k000500")
-            .expect_err("a damaged block was read as data");
+        let e = damaged_read_error(root.path());
         assert!(e.is_corrupt(), "{e}");
+        let f = fjall(root.path());
         let e = f
             .range(b"k", b"l")
             .find_map(Result::err)
@@ -1106,6 +1125,18 @@ pub(crate) mod tests {
             "files left behind by failed merges"
         );
         assert_eq!(part.segment_count(), before);
+    }
+
+    /// An open refused for lack of space or quota is told apart (RESOURCE_EXHAUSTED to the
+    /// caller), wherever fjall wraps the I/O error; another I/O error is not.
+    #[test]
+    fn an_open_out_of_space_is_told_apart() {
+        let full = || std::io::Error::from_raw_os_error(28);
+        assert!(open_err("x", fjall::Error::Io(full())).is_no_space());
+        assert!(open_err("x", fjall::Error::Storage(lsm_tree::Error::Io(full()))).is_no_space());
+        let eio = std::io::Error::from_raw_os_error(5);
+        assert!(!open_err("x", fjall::Error::Io(eio)).is_no_space());
+        assert!(!open_err("x", fjall::Error::Poisoned).is_no_space());
     }
 
     /// The error of reading a key whose block was damaged on disk, in a new store at `dir` (for

@@ -610,12 +610,9 @@ fn open_backend(
             sync_failed();
         }
         tracing::error!(tenant, error = %e, "tenant state store failed to open");
-        // fjall's error text is its Debug form, which names the I/O error's kind: only a
-        // write refused for space or quota is "disk full" (not a held lock, a damaged
+        // Only a write refused for space or quota is "disk full" (not a held lock, a damaged
         // manifest, or a failed sync on a nearly full disk).
-        if !FjallBackend::is_failed_sync(&e)
-            && (e.0.contains("StorageFull") || e.0.contains("QuotaExceeded"))
-        {
+        if e.is_no_space() {
             return no_space_to_open(tenant);
         }
         StoreError::Unavailable(format!(

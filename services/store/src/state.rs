@@ -418,7 +418,8 @@ fn storage_error(e: &BackendError) -> StoreError {
         // A damaged block: every retry would read it again.
         return StoreError::DataLoss(
             "the tenant's stored state is damaged where this call reads (a block failed its \
-             checksum); an operator must repair or restore the tenant (see the server log)"
+             checksum or does not decode); an operator must repair or restore the tenant (see \
+             the server log)"
                 .into(),
         );
     }

@@ -88,7 +88,7 @@ impl WalError {
 }
 
 /// The file system is full (ENOSPC) or the quota is used up (EDQUOT).
-pub(crate) fn is_no_space(e: &io::Error) -> bool {
+pub fn is_no_space(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::StorageFull
         || e.kind() == io::ErrorKind::QuotaExceeded
         || matches!(e.raw_os_error(), Some(28 | 122))

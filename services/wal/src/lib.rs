@@ -15,7 +15,7 @@ mod shard;
 #[cfg(test)]
 mod tests;
 
-pub use error::WalError;
+pub use error::{WalError, is_no_space};
 pub use recovery::RecoveryReport;
 pub use segment::{
     SegmentName, SegmentSizing, find_segment, log_may_need_replay, remove_covered_log,

@@ -27,7 +27,8 @@ use tonic::transport::{Channel, Endpoint, Uri};
 
 enum Op<'a> {
     CreateTenant(&'a str),
-    CreateKey(&'a str),
+    /// The tenant, and whether the key gets ADMIN.
+    CreateKey(&'a str, bool),
     RevokeKey(&'a str, &'a str),
     KeyIsActive(&'a str, &'a str),
     SetDurability(&'a str, SyncPolicy),
@@ -35,7 +36,11 @@ enum Op<'a> {
 
 enum Outcome {
     Credentials(Credentials),
-    Revoked(bool),
+    Revoked {
+        revoked: bool,
+        /// The tenant has no active ADMIN key after it.
+        no_admin_left: bool,
+    },
     Active(bool),
     Durability {
         durability: String,
@@ -47,12 +52,25 @@ pub async fn create_tenant(dir: &DataDirArg, name: &str) -> anyhow::Result<()> {
     print(execute(dir, Op::CreateTenant(name)).await?)
 }
 
-pub async fn create_key(dir: &DataDirArg, tenant: &str) -> anyhow::Result<()> {
-    print(execute(dir, Op::CreateKey(tenant)).await?)
+pub async fn create_key(dir: &DataDirArg, tenant: &str, admin: bool) -> anyhow::Result<()> {
+    print(execute(dir, Op::CreateKey(tenant, admin)).await?)
 }
 
 pub async fn revoke_key(dir: &DataDirArg, tenant: &str, key_id: &str) -> anyhow::Result<()> {
-    print(execute(dir, Op::RevokeKey(tenant, key_id)).await?)
+    let outcome = execute(dir, Op::RevokeKey(tenant, key_id)).await?;
+    if let Outcome::Revoked {
+        no_admin_left: true,
+        ..
+    } = outcome
+    {
+        // Allowed (a leaked key must be revocable), but no key of the tenant can change a
+        // key's capabilities until the operator makes an ADMIN key.
+        eprintln!(
+            "cubed: warning: tenant '{tenant}' has no active key with ADMIN now, so none of its \
+             keys can call Access; `cubed key create {tenant} --admin` makes one"
+        );
+    }
+    print(outcome)
 }
 
 pub async fn set_durability(
@@ -134,8 +152,8 @@ fn print(outcome: Outcome) -> anyhow::Result<()> {
             serde_json::json!({ "durability": durability, "applied_now": applied_now }).to_string()
         }
         Outcome::Credentials(c) => serde_json::to_string(c)?,
-        Outcome::Revoked(true) => "{\"revoked\":true}".to_string(),
-        Outcome::Revoked(false) => {
+        Outcome::Revoked { revoked: true, .. } => "{\"revoked\":true}".to_string(),
+        Outcome::Revoked { revoked: false, .. } => {
             "{\"revoked\":false,\"note\":\"the key was already revoked\"}".to_string()
         }
     };
@@ -267,10 +285,11 @@ fn local(data: &DataDir, catalog: &Arc<Catalog>, op: &Op<'_>) -> anyhow::Result<
             }
             Outcome::Credentials(credentials(&key))
         }
-        Op::CreateKey(tenant) => {
+        Op::CreateKey(tenant, admin) => {
             catalog.require_tenant(tenant)?;
             // One record of the tenant's log holds the new key and its audit entry.
-            match run_offline(data, catalog, tenant, OPERATOR, Command::CreateKey)? {
+            let cmd = Command::CreateKey { admin: *admin };
+            match run_offline(data, catalog, tenant, OPERATOR, cmd)? {
                 Reply::KeyCreated { key_id, secret, .. } => Outcome::Credentials(Credentials {
                     tenant: tenant.to_string(),
                     key_id,
@@ -290,14 +309,21 @@ fn local(data: &DataDir, catalog: &Arc<Catalog>, op: &Op<'_>) -> anyhow::Result<
                 key_id: key.to_string(),
             };
             match run_offline(data, catalog, tenant, OPERATOR, cmd) {
-                Ok(Reply::KeyRevoked { revoked, .. }) => Outcome::Revoked(revoked),
+                Ok(Reply::KeyRevoked { revoked, .. }) => Outcome::Revoked {
+                    revoked,
+                    no_admin_left: revoked && !catalog.has_active_admin(tenant),
+                },
                 Ok(other) => bail!("unexpected answer to a key revocation: {other:?}"),
                 Err(e) if e.revocation_goes_to_catalog() => {
                     eprintln!(
                         "cubed: warning: the tenant's log could not take the revocation ({e}); \
                          revoking through the catalog, without an audit entry"
                     );
-                    Outcome::Revoked(catalog.revoke_key(tenant, key)?)
+                    let revoked = catalog.revoke_key(tenant, key)?;
+                    Outcome::Revoked {
+                        revoked,
+                        no_admin_left: revoked && !catalog.has_active_admin(tenant),
+                    }
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -359,10 +385,11 @@ async fn remote(mut client: AdminClient<Channel>, op: &Op<'_>) -> anyhow::Result
                 .await?;
             creds(r.into_inner().credentials)
         }
-        Op::CreateKey(tenant) => {
+        Op::CreateKey(tenant, admin) => {
             let r = client
                 .create_key(CreateKeyRequest {
                     tenant: tenant.to_string(),
+                    admin: *admin,
                 })
                 .await?;
             creds(r.into_inner().credentials)
@@ -373,7 +400,11 @@ async fn remote(mut client: AdminClient<Channel>, op: &Op<'_>) -> anyhow::Result
                 key_id: key_id.to_string(),
             };
             let r = client.revoke_key(req).await?;
-            Ok(Outcome::Revoked(r.into_inner().revoked))
+            let r = r.into_inner();
+            Ok(Outcome::Revoked {
+                revoked: r.revoked,
+                no_admin_left: r.no_admin_left,
+            })
         }
         Op::KeyIsActive(tenant, key_id) => {
             let r = client.list_tenants(ListTenantsRequest {}).await?;
@@ -502,9 +533,9 @@ async fn answered(
         Op::CreateTenant(_) => {
             " The tenant may or may not have been created: repeat the command; if it says the \
              tenant exists, this one created it and its first key's secret is lost (`cubed key \
-             create` gives another key)."
+             create --admin` gives another key with every capability)."
         }
-        Op::CreateKey(_) => {
+        Op::CreateKey(..) => {
             " A key may or may not have been created: repeat the command (a key created \
              unanswered has a secret nobody holds)."
         }
@@ -740,7 +771,10 @@ mod tests {
             principal: OPERATOR.to_string(),
             ts_ms: 1,
         };
-        assert!(core.handle(Command::CreateKey, &caller, 1).is_none());
+        assert!(
+            core.handle(Command::CreateKey { admin: false }, &caller, 1)
+                .is_none()
+        );
         let revoke = Command::RevokeKey {
             key_id: first.key_id.clone(),
         };
@@ -766,7 +800,7 @@ mod tests {
         };
         assert!(active(created), "the created key is active");
         match local(&data, &catalog, &Op::RevokeKey("acme", created)) {
-            Ok(Outcome::Revoked(true)) => {}
+            Ok(Outcome::Revoked { revoked: true, .. }) => {}
             other => panic!("{:?}", other.map(|_| ())),
         }
         assert!(!active(created));

@@ -189,6 +189,10 @@ pub enum KeyCommand {
     /// Create another key for a tenant; prints the same JSON shape as `tenant create`.
     Create {
         tenant: String,
+        /// Give the key ADMIN too (every key has READ and WRITE): how an operator restores a
+        /// tenant whose every ADMIN key was revoked or lost.
+        #[arg(long)]
+        admin: bool,
         #[command(flatten)]
         dir: DataDirArg,
     },

@@ -133,8 +133,8 @@ fn run() -> anyhow::Result<()> {
                 };
                 admin_cli::set_durability(&dir, &name, policy).await
             }
-            Some(Command::Key(KeyCommand::Create { tenant, dir })) => {
-                admin_cli::create_key(&dir, &tenant).await
+            Some(Command::Key(KeyCommand::Create { tenant, admin, dir })) => {
+                admin_cli::create_key(&dir, &tenant, admin).await
             }
             Some(Command::Key(KeyCommand::Cert {
                 tenant,

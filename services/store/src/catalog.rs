@@ -698,6 +698,16 @@ impl Catalog {
         ids
     }
 
+    /// Whether one of `tenant`'s active keys holds ADMIN, as the catalog has it now (a change
+    /// logged by the tenant but not applied yet is not seen).
+    pub fn has_active_admin(&self, tenant: &str) -> bool {
+        let cache = self.cache.read().unwrap_or_else(|p| p.into_inner());
+        cache.get(tenant).is_some_and(|keys| {
+            keys.values()
+                .any(|k| !k.revoked && k.capabilities.contains(&Capability::Admin))
+        })
+    }
+
     /// How many keys `tenant` has had: its active and its revoked ones.
     pub fn key_count(&self, tenant: &str) -> usize {
         let cache = self.cache.read().unwrap_or_else(|p| p.into_inner());
@@ -846,11 +856,12 @@ impl Catalog {
         Ok(info)
     }
 
-    /// Create another key for `tenant` (read and write; admin is granted explicitly).
-    pub fn create_key(&self, tenant: &str) -> Result<Arc<KeyInfo>, StoreError> {
+    /// Create another key for `tenant`: read and write, and admin if `admin` (otherwise
+    /// granted explicitly).
+    pub fn create_key(&self, tenant: &str, admin: bool) -> Result<Arc<KeyInfo>, StoreError> {
         let mut st = self.lock_changes();
         self.require_tenant_locked(&mut st, tenant)?;
-        let info = Arc::new(unused_key(tenant, |id| {
+        let info = Arc::new(unused_key(tenant, admin, |id| {
             self.current_key(&st, tenant, id).is_some()
         }));
         self.commit(st, vec![key_op(&info)?], &[&info])?;
@@ -1037,7 +1048,7 @@ impl Catalog {
 
     /// A new key for `tenant` (read and write; admin is granted explicitly), not stored: the
     /// tenant's log records it, and [`Catalog::apply_logged_key_creation`] adds it.
-    pub fn draft_key(&self, tenant: &str) -> Result<KeyInfo, StoreError> {
+    pub fn draft_key(&self, tenant: &str, admin: bool) -> Result<KeyInfo, StoreError> {
         // Called on the tenant's actor thread, which must not wait for the change lock: sled
         // alone is asked. The tenant's log is open, so its creation was durable before (a
         // published key opened it, or `require_tenant` waited for it).
@@ -1047,7 +1058,9 @@ impl Catalog {
                 clipped(tenant)
             )));
         }
-        Ok(unused_key(tenant, |id| self.key(tenant, id).is_some()))
+        Ok(unused_key(tenant, admin, |id| {
+            self.key(tenant, id).is_some()
+        }))
     }
 
     /// Add `key`, as a record of its tenant's WAL says (`Admin.CreateKey`, `cubed key create`):
@@ -1362,9 +1375,13 @@ fn fresh_key(tenant: &str, capabilities: Vec<Capability>) -> KeyInfo {
 /// overwrite the old key (journal), or be skipped as a replay when applied from the tenant's
 /// log, its caller holding a secret that works nowhere. (Two creations logged at once and not
 /// yet applied are not checked against each other.)
-fn unused_key(tenant: &str, taken: impl Fn(&str) -> bool) -> KeyInfo {
+fn unused_key(tenant: &str, admin: bool, taken: impl Fn(&str) -> bool) -> KeyInfo {
+    let mut capabilities = vec![Capability::Read, Capability::Write];
+    if admin {
+        capabilities.push(Capability::Admin);
+    }
     loop {
-        let key = fresh_key(tenant, vec![Capability::Read, Capability::Write]);
+        let key = fresh_key(tenant, capabilities.clone());
         if !taken(&key.key_id) {
             return key;
         }
@@ -1515,9 +1532,9 @@ pub(crate) mod tests {
                 "k-000000000002".to_string(),
             ]);
         });
-        let created = c.create_key("acme").unwrap();
+        let created = c.create_key("acme", false).unwrap();
         assert_eq!(created.key_id, "k-000000000001");
-        let drafted = c.draft_key("acme").unwrap();
+        let drafted = c.draft_key("acme", false).unwrap();
         assert_eq!(drafted.key_id, "k-000000000002");
         let kept = c.key("acme", &first.key_id).unwrap();
         assert_eq!(kept.secret, first.secret, "the first key was overwritten");
@@ -1604,7 +1621,7 @@ pub(crate) mod tests {
             Err(StoreError::Unavailable(_))
         ));
         assert!(matches!(
-            c.create_key("acme"),
+            c.create_key("acme", false),
             Err(StoreError::Unavailable(_))
         ));
         assert_eq!(c.durability("acme").unwrap(), cube_wal::SyncPolicy::Always);
@@ -1657,7 +1674,7 @@ pub(crate) mod tests {
             let dir = tempfile::tempdir().unwrap();
             let c = Arc::new(Catalog::open(&dir.path().join("catalog")).unwrap());
             c.create_tenant("acme").unwrap();
-            let key = c.create_key("acme").unwrap();
+            let key = c.create_key("acme", false).unwrap();
             let held = c.sync.lock().unwrap();
             let run = |c: &Arc<Catalog>| {
                 let (c, (tx, rx)) = (Arc::clone(c), std::sync::mpsc::channel());
@@ -2056,7 +2073,7 @@ pub(crate) mod tests {
             let c = Catalog::open(&path).unwrap();
             // Journaled: the key records as created.
             let first = c.create_tenant("acme").unwrap();
-            let second = c.create_key("acme").unwrap();
+            let second = c.create_key("acme", false).unwrap();
             assert!(
                 c.apply_logged_capabilities("acme", &first.key_id, &[Capability::Read])
                     .unwrap()
@@ -2089,7 +2106,7 @@ pub(crate) mod tests {
             let c = reopen(&path);
             c.change_capabilities("acme", &first.key_id, &[], &[Capability::Write])
                 .unwrap();
-            let second = c.create_key("acme").unwrap();
+            let second = c.create_key("acme", false).unwrap();
             assert!(c.revoke_key("acme", &second.key_id).unwrap());
             c.set_durability(
                 "acme",
@@ -2154,7 +2171,7 @@ pub(crate) mod tests {
             let c = Catalog::open(&path).unwrap();
             let first = c.create_tenant("acme").unwrap();
             c.create_tenant("other").unwrap();
-            let second = c.create_key("acme").unwrap();
+            let second = c.create_key("acme", false).unwrap();
             assert!(c.revoke_key("acme", &second.key_id).unwrap());
             c.change_capabilities("acme", &first.key_id, &[], &[Capability::Write])
                 .unwrap();
@@ -2192,7 +2209,7 @@ pub(crate) mod tests {
         let (first, second, third) = {
             let c = Catalog::open(&path).unwrap();
             let first = c.create_tenant("acme").unwrap();
-            let second = c.create_key("acme").unwrap();
+            let second = c.create_key("acme", false).unwrap();
             for i in 0..20 {
                 c.create_tenant(&format!("t{i}")).unwrap();
             }
@@ -2203,7 +2220,7 @@ pub(crate) mod tests {
                     .unwrap()
             );
             assert!(c.apply_logged_revocation("acme", &second.key_id).unwrap());
-            let third = c.draft_key("acme").unwrap();
+            let third = c.draft_key("acme", false).unwrap();
             assert!(c.apply_logged_key_creation(&third).unwrap());
             assert!(c.apply_logged_durability("acme", relaxed).unwrap());
             c.make_durable().unwrap();
@@ -2247,7 +2264,9 @@ pub(crate) mod tests {
         let keys: Vec<KeyInfo> = {
             let c = Catalog::open(&path).unwrap();
             c.create_tenant("acme").unwrap();
-            let keys: Vec<KeyInfo> = (0..300).map(|_| c.draft_key("acme").unwrap()).collect();
+            let keys: Vec<KeyInfo> = (0..300)
+                .map(|_| c.draft_key("acme", false).unwrap())
+                .collect();
             for k in &keys {
                 assert!(c.apply_logged_key_creation(k).unwrap());
             }
@@ -2309,7 +2328,7 @@ pub(crate) mod tests {
                     .unwrap();
                 i += 1;
             }
-            let key = c.create_key("acme").unwrap();
+            let key = c.create_key("acme", false).unwrap();
             assert!(c.apply_logged_revocation("acme", &key.key_id).unwrap());
             c.make_durable().unwrap();
             assert!(c.lock_changes().logged.is_empty());
@@ -2374,7 +2393,7 @@ pub(crate) mod tests {
             .map(|_| {
                 let c = Arc::clone(&c);
                 std::thread::spawn(move || {
-                    let key = c.create_key("acme").unwrap().key_id.clone();
+                    let key = c.create_key("acme", false).unwrap().key_id.clone();
                     for i in 0..60u32 {
                         let caps = if i.is_multiple_of(3) {
                             c.change_capabilities("acme", &key, &[], &[Capability::Write])
@@ -2409,7 +2428,7 @@ pub(crate) mod tests {
         let c = Arc::new(Catalog::open(&dir.path().join("catalog")).unwrap());
         c.create_tenant("acme").unwrap();
         for _ in 0..40 {
-            let key = c.create_key("acme").unwrap().key_id.clone();
+            let key = c.create_key("acme", false).unwrap().key_id.clone();
             c.change_capabilities("acme", &key, &[], &[Capability::Write])
                 .unwrap();
             let grants: Vec<_> = [Capability::Write, Capability::Admin]
@@ -2455,10 +2474,10 @@ pub(crate) mod tests {
                 Err(StoreError::AlreadyExists(_))
             ));
             assert!(matches!(
-                c.create_key("nobody"),
+                c.create_key("nobody", false),
                 Err(StoreError::NotFound(_))
             ));
-            let second = c.create_key("acme").unwrap();
+            let second = c.create_key("acme", false).unwrap();
             assert!(!second.has(Capability::Admin));
             assert!(c.revoke_key("acme", &second.key_id).unwrap());
             assert!(!c.revoke_key("acme", &second.key_id).unwrap());

@@ -962,7 +962,7 @@ impl<T> TenantCore<T> {
             // Security events and the operator's own changes need no capability of the caller.
             Command::Event { .. }
             | Command::RevokeKey { .. }
-            | Command::CreateKey
+            | Command::CreateKey { .. }
             | Command::SetDurability { .. } => None,
         };
         match rights_now(
@@ -1011,7 +1011,7 @@ impl<T> TenantCore<T> {
                 revoke,
             } => self.prepare_capabilities(key_id, &grant, &revoke, caller),
             Command::RevokeKey { key_id } => self.prepare_key_revocation(key_id, caller),
-            Command::CreateKey => self.prepare_key_creation(caller),
+            Command::CreateKey { admin } => self.prepare_key_creation(admin, caller),
             Command::SetDurability { policy } => self.prepare_durability(policy, caller),
             cmd => self.state.prepare(cmd, caller),
         };
@@ -1752,13 +1752,13 @@ impl<T> TenantCore<T> {
     }
 
     /// Prepare the creation of a key for this tenant (a fresh id and secret).
-    fn prepare_key_creation(&self, caller: &Caller) -> Result<Prepared, StoreError> {
+    fn prepare_key_creation(&self, admin: bool, caller: &Caller) -> Result<Prepared, StoreError> {
         let Some(catalog) = &self.catalog else {
             return Err(StoreError::FailedPrecondition(
                 "keys cannot be created here: no catalog".into(),
             ));
         };
-        let key = catalog.draft_key(&self.tenant)?;
+        let key = catalog.draft_key(&self.tenant, admin)?;
         Ok(self.state.prepare_key_creation(&key, caller))
     }
 
@@ -2448,7 +2448,7 @@ mod tests {
         );
         assert!(early.take_through(2).is_empty());
         // A capability change is answered by the core, after it reached the catalog.
-        let key = catalog.create_key("t").unwrap();
+        let key = catalog.create_key("t", false).unwrap();
         let grant = caps(&key.key_id, &[], &[Capability::Write]);
         assert!(core.handle(grant, &who(), 3).is_none());
         core.wal.as_ref().unwrap().wait_durable(3).unwrap();
@@ -2624,7 +2624,7 @@ mod tests {
         let key = catalog.create_tenant("t").unwrap();
         assert_eq!(key.capabilities, vec![Read, Write, Admin]);
         // Another ADMIN key, so that the first may give up its own (the last one may not).
-        let second = catalog.create_key("t").unwrap();
+        let second = catalog.create_key("t", false).unwrap();
         catalog
             .change_capabilities("t", &second.key_id, &[Admin], &[])
             .unwrap();
@@ -2766,7 +2766,7 @@ mod tests {
         use Capability::Write;
         let dir = tempfile::tempdir().unwrap();
         let (catalog, config) = tenant_with_catalog(dir.path());
-        let key = catalog.create_key("t").unwrap();
+        let key = catalog.create_key("t", false).unwrap();
         let has_write = || {
             catalog
                 .key("t", &key.key_id)
@@ -2890,8 +2890,8 @@ mod tests {
     fn a_key_whose_revocation_or_lost_capability_is_pending_acts_no_more() {
         let dir = tempfile::tempdir().unwrap();
         let (catalog, config) = tenant_with_catalog(dir.path());
-        let doomed = catalog.create_key("t").unwrap();
-        let demoted = catalog.create_key("t").unwrap();
+        let doomed = catalog.create_key("t", false).unwrap();
+        let demoted = catalog.create_key("t", false).unwrap();
         let as_key = |key_id: &str| Caller {
             principal: format!("t/{key_id}"),
             ts_ms: 1,
@@ -2950,8 +2950,8 @@ mod tests {
     fn catalog_changes_survive_a_crash_after_the_state_store_was_flushed_past_them() {
         let dir = tempfile::tempdir().unwrap();
         let (catalog, config) = tenant_with_catalog(dir.path());
-        let first = catalog.create_key("t").unwrap();
-        let second = catalog.create_key("t").unwrap();
+        let first = catalog.create_key("t", false).unwrap();
+        let second = catalog.create_key("t", false).unwrap();
         snapshot_catalog(&catalog, dir.path());
         let relaxed = SyncPolicy::Relaxed {
             max_delay: Duration::from_millis(20),
@@ -2963,7 +2963,7 @@ mod tests {
             Command::RevokeKey {
                 key_id: second.key_id.clone(),
             },
-            Command::CreateKey,
+            Command::CreateKey { admin: false },
             Command::SetDurability { policy: relaxed },
             write(1, b"after"),
         ];
@@ -3031,7 +3031,7 @@ mod tests {
     fn a_checkpoint_lets_go_only_the_catalog_changes_it_made_durable() {
         let dir = tempfile::tempdir().unwrap();
         let (catalog, config) = tenant_with_catalog(dir.path());
-        let key = catalog.create_key("t").unwrap();
+        let key = catalog.create_key("t", false).unwrap();
         let mut core = open(dir.path(), &config);
         let kept = |core: &TenantCore<u32>| -> Vec<u64> {
             let pending = core.state().catalog_pending().unwrap();
@@ -3045,7 +3045,10 @@ mod tests {
         settle(&mut core);
         assert_eq!(kept(&core), vec![1]);
         let job = core.begin_checkpoint().unwrap();
-        assert!(core.handle(Command::CreateKey, &who(), 3).is_none());
+        assert!(
+            core.handle(Command::CreateKey { admin: false }, &who(), 3)
+                .is_none()
+        );
         settle(&mut core);
         assert_eq!(kept(&core), vec![1, 3]);
         let seq = job.seq;
@@ -4465,8 +4468,8 @@ mod tests {
     async fn a_read_by_a_key_whose_revocation_is_pending_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let (catalog, config) = tenant_with_catalog(dir.path());
-        let doomed = catalog.create_key("t").unwrap();
-        let demoted = catalog.create_key("t").unwrap();
+        let doomed = catalog.create_key("t", false).unwrap();
+        let demoted = catalog.create_key("t", false).unwrap();
         let data = crate::DataDir::new(dir.path().join("data"));
         let directory = Arc::new(test_directory(data.clone(), &config, &catalog));
         directory.call("t", write(1, b"v"), "t/k").await.unwrap();
@@ -4550,8 +4553,8 @@ mod tests {
     async fn a_read_by_a_key_revoked_since_it_was_authenticated_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let (catalog, config) = tenant_with_catalog(dir.path());
-        let doomed = catalog.create_key("t").unwrap();
-        let demoted = catalog.create_key("t").unwrap();
+        let doomed = catalog.create_key("t", false).unwrap();
+        let demoted = catalog.create_key("t", false).unwrap();
         let data = crate::DataDir::new(dir.path().join("data"));
         let directory = Arc::new(test_directory(data, &config, &catalog));
         directory.call("t", write(1, b"v"), "t/k").await.unwrap();
@@ -4664,7 +4667,7 @@ mod tests {
     async fn a_revocation_is_logged_with_its_entry_on_a_nearly_full_disk() {
         let dir = tempfile::tempdir().unwrap();
         let (catalog, mut config) = tenant_with_catalog(dir.path());
-        let doomed = catalog.create_key("t").unwrap();
+        let doomed = catalog.create_key("t", false).unwrap();
         // A minimum no disk meets.
         config.space = Some(crate::SpaceGuard::new(dir.path().to_path_buf(), u64::MAX));
         let data = crate::DataDir::new(dir.path().join("data"));
@@ -4692,7 +4695,7 @@ mod tests {
     async fn an_operators_revocation_is_not_refused_as_busy() {
         let dir = tempfile::tempdir().unwrap();
         let (catalog, config) = tenant_with_catalog(dir.path());
-        let doomed = catalog.create_key("t").unwrap();
+        let doomed = catalog.create_key("t", false).unwrap();
         let data = crate::DataDir::new(dir.path().join("data"));
         let settings = crate::DirectoryConfig {
             mailbox_capacity: 4,
@@ -4819,7 +4822,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let catalog = Arc::new(Catalog::open(&dir.path().join("catalog")).unwrap());
         let first = catalog.create_tenant("t").unwrap();
-        let second = catalog.create_key("t").unwrap();
+        let second = catalog.create_key("t", false).unwrap();
         let config = CoreConfig {
             catalog: Some(Arc::clone(&catalog)),
             ..config()
@@ -4898,7 +4901,10 @@ mod tests {
         let (catalog, config) = tenant_with_catalog(dir.path());
 
         let mut core = open(dir.path(), &config);
-        assert!(core.handle(Command::CreateKey, &who(), 1).is_none());
+        assert!(
+            core.handle(Command::CreateKey { admin: false }, &who(), 1)
+                .is_none()
+        );
         let answers = settle(&mut core);
         let [
             (
@@ -4946,7 +4952,7 @@ mod tests {
         .unwrap()
         .0;
         assert!(matches!(
-            other.handle(Command::CreateKey, &who(), 2),
+            other.handle(Command::CreateKey { admin: false }, &who(), 2),
             Some((2, Err(StoreError::NotFound(_))))
         ));
     }

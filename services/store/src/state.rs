@@ -143,9 +143,11 @@ pub enum Command {
     RevokeKey {
         key_id: String,
     },
-    /// Create a key for the tenant (read and write), likewise one WAL record with its
-    /// `key.create` entry.
-    CreateKey,
+    /// Create a key for the tenant (read and write, and admin if `admin`), likewise one WAL
+    /// record with its `key.create` entry.
+    CreateKey {
+        admin: bool,
+    },
     /// Set the tenant's durability policy: one WAL record with its `durability` entry, applied
     /// to the catalog by the tenant's core. The log runs under it from the tenant's next open.
     SetDurability {
@@ -200,7 +202,7 @@ impl Command {
             Command::Read { .. }
             | Command::Delete { .. }
             | Command::Seal { .. }
-            | Command::CreateKey
+            | Command::CreateKey { .. }
             | Command::SetDurability { .. } => 0,
         }
     }
@@ -1513,7 +1515,7 @@ impl TenantState {
             }
             Command::ChangeCapabilities { .. }
             | Command::RevokeKey { .. }
-            | Command::CreateKey
+            | Command::CreateKey { .. }
             | Command::SetDurability { .. } => {
                 return Err(StoreError::FailedPrecondition(
                     "catalog changes are made by the tenant's core, which has the catalog".into(),
@@ -1578,8 +1580,15 @@ impl TenantState {
         )
     }
 
-    /// Log the creation of `key` (a fresh id and secret) with its `key.create` audit entry.
+    /// Log the creation of `key` (a fresh id and secret) with its `key.create` audit entry,
+    /// whose detail names the key, and its capabilities too when they include ADMIN (the usual
+    /// key, read and write only, is named alone).
     pub(crate) fn prepare_key_creation(&self, key: &crate::KeyInfo, caller: &Caller) -> Prepared {
+        let detail = if key.capabilities.contains(&Capability::Admin) {
+            format!("key={} capabilities={:?}", key.key_id, key.capabilities)
+        } else {
+            format!("key={}", key.key_id)
+        };
         let op = Op::KeyCreate(walop::KeyCreate {
             key_id: key.key_id.clone(),
             secret: key.secret.to_vec(),
@@ -1588,7 +1597,7 @@ impl TenantState {
         self.log(
             op,
             "key.create".to_string(),
-            format!("key={}", key.key_id),
+            detail,
             Reply::KeyCreated {
                 key_id: key.key_id.clone(),
                 secret: cube_auth::Secret::from_bytes(key.secret),
@@ -3988,7 +3997,7 @@ mod tests {
                 Command::Event { .. } => Reply::Recorded { seq: 0 },
                 Command::ChangeCapabilities { .. }
                 | Command::RevokeKey { .. }
-                | Command::CreateKey
+                | Command::CreateKey { .. }
                 | Command::SetDurability { .. } => {
                     return Err("not generated");
                 }

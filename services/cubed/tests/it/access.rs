@@ -633,3 +633,82 @@ async fn the_last_admin_key_of_a_tenant_keeps_admin() {
         .unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
 }
+
+/// The operator may revoke a tenant's last ADMIN key (a leaked key must be revocable), is told
+/// that the tenant has none left, and restores one with `cubed key create --admin`, with the
+/// server running and stopped; the key's `key.create` entry names its capabilities.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_is_warned_of_a_tenant_left_without_admin_and_can_make_an_admin_key() {
+    let mut server = TestServer::start(cubed()).unwrap();
+    let second = new_key(&server, "demo");
+    let revoke = |server: &TestServer, key_id: &str| {
+        let out = server.cli(&["key", "revoke", "demo", key_id]).unwrap();
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "{\"revoked\":true}"
+        );
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let warned = |stderr: &str| {
+        stderr.contains("tenant 'demo' has no active key with ADMIN")
+            && stderr.contains("`cubed key create demo --admin`")
+    };
+    let admin_key = |server: &TestServer| {
+        let out = server.cli(&["key", "create", "demo", "--admin"]).unwrap();
+        assert!(out.status.success(), "{out:?}");
+        serde_json::from_slice::<Credentials>(&out.stdout).unwrap()
+    };
+    let grant_admin = |key_id: &str| GrantRequest {
+        key_id: key_id.to_string(),
+        capabilities: vec![Capability::Admin as i32],
+    };
+
+    // Online: the first key was the tenant's only ADMIN key.
+    let stderr = revoke(&server, &server.demo.key_id);
+    assert!(warned(&stderr), "{stderr}");
+    let mut without = AccessClient::new(server.signed(&second).await.unwrap());
+    let e = without
+        .grant(grant_admin(&second.key_id))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    let restored = admin_key(&server);
+    let mut admin = AccessClient::new(server.signed(&restored).await.unwrap());
+    admin.grant(grant_admin(&second.key_id)).await.unwrap();
+    // Another ADMIN key is left: no warning.
+    let stderr = revoke(&server, &restored.key_id);
+    assert!(!warned(&stderr), "{stderr}");
+
+    // Offline, the same.
+    assert!(
+        tokio::task::block_in_place(|| server.sigterm())
+            .unwrap()
+            .success()
+    );
+    let stderr = tokio::task::block_in_place(|| revoke(&server, &second.key_id));
+    assert!(warned(&stderr), "{stderr}");
+    let offline = tokio::task::block_in_place(|| admin_key(&server));
+    tokio::task::block_in_place(|| server.restart()).unwrap();
+    let third = new_key(&server, "demo");
+    let mut admin = AccessClient::new(server.signed(&offline).await.unwrap());
+    admin.grant(grant_admin(&third.key_id)).await.unwrap();
+
+    let entries = crate::audit::trail_of(&server, &offline, 0, 0).await;
+    let created: Vec<&str> = entries
+        .iter()
+        .filter(|e| e.op == "key.create")
+        .map(|e| e.detail.as_str())
+        .collect();
+    let with_admin =
+        |k: &Credentials| format!("key={} capabilities=[Read, Write, Admin]", k.key_id);
+    assert_eq!(
+        created,
+        vec![
+            format!("key={}", second.key_id),
+            with_admin(&restored),
+            with_admin(&offline),
+            format!("key={}", third.key_id),
+        ]
+    );
+}

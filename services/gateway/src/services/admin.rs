@@ -103,9 +103,11 @@ impl Admin for AdminService {
         &self,
         req: Request<v1::CreateKeyRequest>,
     ) -> Result<Response<v1::CreateKeyResponse>, Status> {
-        let tenant = req.into_inner().tenant;
+        let v1::CreateKeyRequest { tenant, admin } = req.into_inner();
         let Some(directory) = &self.directory else {
-            let key = self.change_catalog(move |c| c.create_key(&tenant)).await?;
+            let key = self
+                .change_catalog(move |c| c.create_key(&tenant, admin))
+                .await?;
             return Ok(Response::new(v1::CreateKeyResponse {
                 credentials: Some(credentials(&key)),
             }));
@@ -115,7 +117,7 @@ impl Admin for AdminService {
             .await?;
         // One record of the tenant's log holds the new key and its audit entry.
         match directory
-            .call(&tenant, Command::CreateKey, OPERATOR)
+            .call(&tenant, Command::CreateKey { admin }, OPERATOR)
             .await
             .map_err(ApiError::from)?
         {
@@ -172,7 +174,15 @@ impl Admin for AdminService {
         } else {
             tracing::info!(tenant = %r.tenant, key = %r.key_id, sessions_ended = ended, "key revocation asked for a key already revoked: nothing changed");
         }
-        Ok(Response::new(v1::RevokeKeyResponse { revoked }))
+        // The revocation is in the catalog: a change is answered once applied.
+        let no_admin_left = revoked && !self.catalog_arc()?.has_active_admin(&r.tenant);
+        if no_admin_left {
+            tracing::warn!(tenant = %r.tenant, "the tenant has no active ADMIN key left: `cubed key create {} --admin` makes one", r.tenant);
+        }
+        Ok(Response::new(v1::RevokeKeyResponse {
+            revoked,
+            no_admin_left,
+        }))
     }
 
     async fn set_durability(

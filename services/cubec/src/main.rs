@@ -86,6 +86,12 @@ const DEFAULT_ORIGIN: &str = "cubec's default";
 static TIMEOUT_SECS: std::sync::atomic::AtomicU64 =
     std::sync::atomic::AtomicU64::new(DEFAULT_TIMEOUT_SECS);
 
+/// Set once cubec's connection is authenticated as a whole (a handshake, or a client
+/// certificate), for the message of a call the server then finds unauthenticated: the
+/// connection was made again under it, and a new connection has no session.
+static CONNECTION_AUTHENTICATED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 impl Cli {
     /// `--timeout-secs` as a limit (None: no limit).
     fn time_limit(&self) -> Option<std::time::Duration> {
@@ -519,7 +525,10 @@ async fn calls(
 ) -> anyhow::Result<()> {
     let transport = match (creds, cli.auth.unwrap_or(AuthModel::Call)) {
         // The client certificate already authenticates the connection.
-        (None, _) => Signing::passthrough(channel),
+        (None, _) => {
+            CONNECTION_AUTHENTICATED.store(true, std::sync::atomic::Ordering::Relaxed);
+            Signing::passthrough(channel)
+        }
         (Some(creds), AuthModel::Call) => {
             let secret = creds.secret().context("the credentials' secret")?;
             Signing::new(
@@ -539,6 +548,7 @@ async fn calls(
                     HandshakeError::Refused(s) => status(s).context("handshake refused"),
                     other => anyhow::Error::new(other).context("handshake"),
                 })?;
+            CONNECTION_AUTHENTICATED.store(true, std::sync::atomic::Ordering::Relaxed);
             Signing::passthrough(channel)
         }
     };
@@ -1274,14 +1284,20 @@ fn status(s: tonic::Status) -> anyhow::Error {
     let mut text = format!("{:?}: {}", s.code(), s.message());
     // A server that takes only per-connection authentication (`--auth-mode connection`) says
     // what any client should do; cubec's way of doing it is a flag.
-    if s.code() == tonic::Code::Unauthenticated
-        && (s
-            .message()
-            .starts_with("this connection is not authenticated")
-            || s.message()
-                .starts_with("this server accepts only per-connection"))
-    {
-        text.push_str(" (with cubec: --auth connection, or a client certificate with --cert)");
+    let connection_refused = s
+        .message()
+        .starts_with("this connection is not authenticated")
+        || s.message()
+            .starts_with("this server accepts only per-connection");
+    if s.code() == tonic::Code::Unauthenticated && connection_refused {
+        if CONNECTION_AUTHENTICATED.load(std::sync::atomic::Ordering::Relaxed) {
+            text.push_str(
+                " (cubec had authenticated its connection: it was made again since, and a new \
+                 connection has no session; run the command again)",
+            );
+        } else {
+            text.push_str(" (with cubec: --auth connection, or a client certificate with --cert)");
+        }
     }
     // Against `--auth-mode call` a client certificate authenticates nothing; cubec sends
     // unsigned calls only with one, so this refusal means a certificate was given.
@@ -1378,6 +1394,20 @@ mod tests {
             reaches_head(&trail(1..=2), &TenantTotals::default()).ok(),
             Some(true)
         );
+    }
+
+    /// A connection cubec authenticated as a whole and the server finds unauthenticated was
+    /// made again: the hint says so instead of suggesting the flag already given. (The unset
+    /// case, the usual hint, is `cli.rs`'s; no other test here reads the flag.)
+    #[test]
+    fn a_lost_session_is_not_answered_with_the_flag_already_given() {
+        CONNECTION_AUTHENTICATED.store(true, std::sync::atomic::Ordering::Relaxed);
+        let e = status(tonic::Status::unauthenticated(
+            "this connection is not authenticated: run Auth.Challenge and Auth.Hello on it first",
+        ));
+        let text = e.to_string();
+        assert!(text.contains("a new connection has no session"), "{text}");
+        assert!(!text.contains("--auth connection"), "{text}");
     }
 
     /// DATA_LOSS from Audit (docs/protocol.md: "the audit trail is missing entries A to B: …")

@@ -810,6 +810,12 @@ fn ensure_demo(catalog: &Catalog, data: &DataDir, endpoint: &str) -> anyhow::Res
         creds_of(&key)
     } else {
         let Ok(text) = fs::read_to_string(&path) else {
+            if !tenants.iter().any(|(tenant, _)| tenant == DEMO_TENANT) {
+                tracing::info!(
+                    "the catalog holds tenants already (made by `cubed tenant create` before \
+                     the first start), so no tenant 'demo' and no dev credentials were made"
+                );
+            }
             return Ok(());
         };
         let Ok(mut creds) = serde_json::from_str::<Credentials>(&text) else {

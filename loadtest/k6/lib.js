@@ -252,8 +252,15 @@ export class CubeVU {
     if (!check(ch, { 'challenge OK': (r) => r.status === grpc.StatusOK })) {
       return this.handshakeFailed('Challenge', ch);
     }
-    const nonceB64 = ch.message.nonce;
-    const nonceHex = bytesToHex(encoding.b64decode(nonceB64, 'std'));
+    const nonceB64 = ch.message.nonce || ''; // proto3 JSON may leave out empty bytes
+    const nonce = encoding.b64decode(nonceB64, 'std');
+    // A Cube server's challenge nonce is 32 bytes; anything else is refused, not signed, as by
+    // cubec and cube_client.py (docs/protocol.md "Security notes").
+    if (!check(nonce, { 'challenge nonce is 32 bytes': (n) => n.byteLength === 32 })) {
+      const why = `the server's challenge nonce is ${nonce.byteLength} bytes, not 32: not a Cube server's challenge`;
+      return this.handshakeFailed('Challenge', { status: ch.status, error: { message: why } });
+    }
+    const nonceHex = bytesToHex(nonce);
     const clientNonce = crypto.randomBytes(16);
     const clientNonceHex = bytesToHex(clientNonce);
     const hello = this.client.invoke('cube.v1.Auth/Hello', {

@@ -29,6 +29,10 @@ CLI (JSON on stdout, "cube_client: error: CODE: message" on stderr and exit stat
     cube_client.py ... conncheck        # checks that the session is bound to one channel
     cube_client.py ... replaycheck      # the same signed call twice: the second is refused
 
+As for cubec, an option left out of the command line is read from its variable: --credentials
+from CUBE_CREDENTIALS, --endpoint from CUBE_ENDPOINT, --ca from CUBE_CA, --auth from CUBE_AUTH,
+--timeout from CUBE_TIMEOUT_SECS; then --endpoint from the credentials file; then the default.
+
 Requires grpcio and grpcio-tools (pip install grpcio grpcio-tools).
 """
 
@@ -70,6 +74,8 @@ SERVER_PREFIX = "CUBE1-SERVER"
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:50051"
 DEFAULT_CREDENTIALS = "cube-data/dev-credentials.json"
+DEFAULT_TIMEOUT_SECS = 10.0
+AUTH_MODELS = ("call", "connection")
 
 # The options every channel gets. A grpcio channel normally draws its subchannels (and so its
 # HTTP/2 connections) from a process-wide pool, so two channels to the same target with the same
@@ -623,6 +629,38 @@ def _show_read(r: dict) -> dict:
     return out
 
 
+def _env_value(name: str) -> Optional[str]:
+    """The variable `name`, None when unset. Set but empty is refused, as cubec refuses it."""
+    value = os.environ.get(name)
+    if value == "":
+        raise ValueError(f"{name} set but empty: give a value, or unset it")
+    return value
+
+
+def _options_from_env(args) -> None:
+    """cubec's precedence for the options it shares with this client: the command line, then the
+    variable (CUBE_ENDPOINT, CUBE_CA, CUBE_AUTH, CUBE_TIMEOUT_SECS), then the default; for
+    --endpoint the credentials file's endpoint comes before the default (in main). Sets
+    args.ca_from_env. (--credentials and CUBE_CREDENTIALS: _load_creds.)"""
+    if args.endpoint is None:
+        args.endpoint = _env_value("CUBE_ENDPOINT")
+    args.ca_from_env = False
+    if args.ca is None:
+        args.ca = _env_value("CUBE_CA")
+        args.ca_from_env = args.ca is not None
+    if args.auth is None:
+        auth = _env_value("CUBE_AUTH")
+        if auth is not None and auth not in AUTH_MODELS:
+            raise ValueError(f"CUBE_AUTH must be {' or '.join(AUTH_MODELS)}, not {auth!r}")
+        args.auth = auth or "call"
+    if args.timeout is None:
+        secs = _env_value("CUBE_TIMEOUT_SECS")
+        if secs is not None and not re.fullmatch(r"[0-9]+", secs):
+            # cubec's --timeout-secs: whole seconds.
+            raise ValueError(f"CUBE_TIMEOUT_SECS must be a whole number of seconds (0: no limit), not {secs!r}")
+        args.timeout = DEFAULT_TIMEOUT_SECS if secs is None else float(secs)
+
+
 def _load_creds(args) -> Credentials:
     # cubec's rule (docs/protocol.md): the three variables all or none, and never beside
     # --credentials; a partial or doubled source is an error, not a silent fallback.
@@ -632,10 +670,9 @@ def _load_creds(args) -> Credentials:
     if empty:
         raise ValueError(f"{', '.join(empty)} set but empty: give a value, or unset it")
     given = [v for k, v in names if env[k] is not None]
-    # CUBE_CREDENTIALS stands for --credentials, as for cubec (it was ignored, and the default
-    # file, perhaps another server's, was read instead).
-    if not args.credentials and os.environ.get("CUBE_CREDENTIALS"):
-        args.credentials = os.environ["CUBE_CREDENTIALS"]
+    # CUBE_CREDENTIALS stands for --credentials, as for cubec.
+    if not args.credentials:
+        args.credentials = _env_value("CUBE_CREDENTIALS")
     if given and args.credentials:
         raise ValueError(f"--credentials (or CUBE_CREDENTIALS) and {', '.join(given)} both given: use one of them")
     if given and len(given) < len(names):
@@ -649,18 +686,38 @@ def _load_creds(args) -> Credentials:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="cube_client.py", description="Cube client (docs/protocol.md) in Python")
+    p = argparse.ArgumentParser(
+        prog="cube_client.py",
+        description="Cube client (docs/protocol.md) in Python",
+        epilog="As for cubec, an option left out of the command line is read from its variable: "
+        "--credentials from CUBE_CREDENTIALS, --endpoint from CUBE_ENDPOINT, --ca from CUBE_CA, "
+        "--auth from CUBE_AUTH, --timeout from CUBE_TIMEOUT_SECS (whole seconds); then --endpoint "
+        "from the credentials file; then the default. A variable set but empty is refused.",
+    )
     p.add_argument(
         "--credentials",
         help=f"credentials JSON (default: $CUBE_CREDENTIALS, else $CUBE_TENANT/KEY_ID/SECRET, else {DEFAULT_CREDENTIALS})",
     )
-    p.add_argument("--endpoint", help="e.g. http://127.0.0.1:50051 (default: the credentials' endpoint)")
     p.add_argument(
-        "--ca", metavar="FILE", help="CA certificate (PEM) to trust for an https:// endpoint (default: the system's roots)"
+        "--endpoint",
+        help="e.g. http://127.0.0.1:50051 (default: $CUBE_ENDPOINT, else the credentials' endpoint, "
+        f"else {DEFAULT_ENDPOINT})",
     )
-    p.add_argument("--auth", choices=("call", "connection"), default="call", help="authentication model (default: call)")
+    p.add_argument(
+        "--ca",
+        metavar="FILE",
+        help="CA certificate (PEM) to trust for an https:// endpoint (default: $CUBE_CA, not used, with a note, "
+        "for an http:// endpoint; else the system's roots)",
+    )
+    p.add_argument("--auth", choices=AUTH_MODELS, help="authentication model (default: $CUBE_AUTH, else call)")
     p.add_argument("--proto-dir", help="directory holding cube/v1/*.proto (default: <repo>/proto)")
-    p.add_argument("--timeout", type=float, default=10.0)
+    p.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECS",
+        help="seconds each call may take, 0 for no limit "
+        f"(default: $CUBE_TIMEOUT_SECS, else {DEFAULT_TIMEOUT_SECS:g})",
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("selfcheck", help="check the published test vectors (no server needed)")
     w = sub.add_parser("write")
@@ -687,8 +744,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 0
         if args.proto_dir:
             os.environ["CUBE_PROTO_DIR"] = args.proto_dir
+        _options_from_env(args)
         creds = _load_creds(args)
         endpoint = args.endpoint or creds.endpoint or DEFAULT_ENDPOINT
+        if args.ca_from_env and endpoint.startswith("http://"):
+            # As cubec: not refused (CUBE_CA may be set for other endpoints), but said, so that
+            # nobody takes these calls for encrypted. An explicit --ca is refused (open_channel).
+            print(
+                f"cube_client: note: CUBE_CA is not used: {endpoint} is plaintext; use https:// for TLS",
+                file=sys.stderr,
+            )
+            args.ca = None
+        timeout = None if args.timeout == 0 else args.timeout
         if args.cmd == "conncheck":
             res = connection_check(creds, endpoint, args.concurrency, ca=args.ca)
             _dump(res)
@@ -697,7 +764,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             res = replay_check(creds, endpoint, ca=args.ca)
             _dump(res)
             return 0 if res["ok"] else 1
-        with CubeClient(creds, endpoint, auth=args.auth, timeout=args.timeout, ca=args.ca) as c:
+        with CubeClient(creds, endpoint, auth=args.auth, timeout=timeout, ca=args.ca) as c:
             if args.cmd == "handshake":
                 _dump({"principal": c.handshake()})
             elif args.cmd == "write":

@@ -42,8 +42,10 @@ fi
 # --- server ----------------------------------------------------------------------------------
 start_cubed pyclient
 # The caller's own credentials must not stand in for the ones each check passes (the client
-# refuses CUBE_TENANT & co. beside --credentials, and reads CUBE_CREDENTIALS for it).
-unset CUBE_TENANT CUBE_KEY_ID CUBE_SECRET CUBE_CREDENTIALS CUBE_PROTO_DIR
+# refuses CUBE_TENANT & co. beside --credentials, and reads CUBE_CREDENTIALS for it), nor its
+# other cubec variables for the options a check leaves out.
+unset CUBE_TENANT CUBE_KEY_ID CUBE_SECRET CUBE_CREDENTIALS CUBE_PROTO_DIR \
+  CUBE_ENDPOINT CUBE_CA CUBE_AUTH CUBE_TIMEOUT_SECS
 ENDPOINT="http://$ADDR"
 DEMO="$DATA/dev-credentials.json"
 echo "cubed ready on $ENDPOINT (pid $SERVER_PID)"
@@ -123,6 +125,26 @@ expect_err "an endpoint without a scheme is refused" ValueError "must start with
   --credentials "$DEMO" --endpoint 127.0.0.1:1 read 1 1 1
 expect_err "--ca beside a plaintext endpoint is refused" ValueError "but '$ENDPOINT' is plaintext" \
   --credentials "$DEMO" --ca "$DEMO" read 1 1 1
+
+# 2d. cubec's variables for the other options: the command line, then the variable, then (the
+#     endpoint) the credentials file
+CUBE_AUTH=bogus expect_err "options: CUBE_AUTH is read" ValueError "CUBE_AUTH must be call or connection" \
+  --credentials "$DEMO" read 1 1 1
+CUBE_AUTH=bogus expect_err "options: --auth comes before CUBE_AUTH" FileNotFoundError "no-such-credentials.json" \
+  --credentials "$TMP/no-such-credentials.json" --auth call read 1 1 1
+CUBE_TIMEOUT_SECS=1.5 expect_err "options: CUBE_TIMEOUT_SECS is read (whole seconds)" ValueError \
+  "CUBE_TIMEOUT_SECS must be a whole number of seconds" --credentials "$DEMO" read 1 1 1
+# Not through client(), which passes --endpoint.
+RC=0
+ERR="$(CUBE_ENDPOINT=127.0.0.1:1 "$PY" "$CLIENT" --credentials "$DEMO" read 1 1 1 2>&1 >/dev/null)" || RC=$?
+if [[ $RC -ne 0 && "$ERR" == *"got '127.0.0.1:1'"* ]]; then
+  ok "options: CUBE_ENDPOINT comes before the credentials file's endpoint"
+else
+  bad "options: CUBE_ENDPOINT comes before the credentials file's endpoint" "rc=$RC" "stderr: $ERR"
+fi
+CUBE_ENDPOINT=127.0.0.1:1 CUBE_CA="$DEMO" expect_out \
+  "options: --endpoint comes before CUBE_ENDPOINT; CUBE_CA beside an http:// endpoint is not used" \
+  '{"found":false,"sealed":false,"value":"","version":0}' --credentials "$DEMO" read 9 9 9
 
 # 3-4. per-call signing
 # seq 2: demo's log starts with its tenant.create event.

@@ -15,6 +15,7 @@ use cube_auth::client::{CallSigner, HandshakeError, Signing};
 use tonic::transport::{Channel, Endpoint};
 
 mod deadline;
+mod load;
 use deadline::{Bounded, NoAnswer};
 
 /// What cubec's clients call through: the connection, every call bounded by `--timeout-secs`,
@@ -159,6 +160,17 @@ enum Cmd {
         /// Delete only if the cell is at this version.
         #[arg(long)]
         expected_version: Option<u64>,
+    },
+    /// Write the cells of a JSON Lines file, one per line: {"x":1,"y":-2,"z":3,"value":"text"}, or
+    /// "value_hex" for any bytes, optionally "expected_version". Prints {"cells", "value_bytes",
+    /// "seconds", "cells_per_s", "busy_retries"}; progress on a terminal. The first failed line
+    /// stops the load, and the error says which prefix of the input is written.
+    Load {
+        /// The file (`-` reads standard input).
+        file: PathBuf,
+        /// Writes in flight at once on the connection (1 to 256).
+        #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=256))]
+        concurrency: u16,
     },
     /// The tenant's audit trail.
     #[command(subcommand)]
@@ -617,6 +629,19 @@ async fn calls(
             }
         };
     }
+    if let Cmd::Load { file, concurrency } = &cli.command {
+        let started = std::time::Instant::now();
+        let loaded = load::load(cells, file, usize::from(*concurrency), status).await?;
+        let seconds = started.elapsed().as_secs_f64();
+        out(serde_json::json!({
+            "cells": loaded.cells,
+            "value_bytes": loaded.value_bytes,
+            "seconds": (seconds * 1000.0).round() / 1000.0,
+            "cells_per_s": (loaded.cells as f64 / seconds.max(1e-9)).round(),
+            "busy_retries": loaded.busy_retries,
+        }));
+        return Ok(());
+    }
     if let Cmd::Stats = &cli.command {
         let t = totals(&mut TenantClient::new(transport)).await?;
         out(serde_json::json!({
@@ -679,7 +704,7 @@ async fn calls(
                 }
             }
         }
-        Cmd::Audit(_) | Cmd::Stats => unreachable!("handled above"),
+        Cmd::Audit(_) | Cmd::Stats | Cmd::Load { .. } => unreachable!("handled above"),
         Cmd::Delete {
             x,
             y,

@@ -1241,3 +1241,169 @@ fn audit_verify_names_the_first_broken_link() {
     );
     assert!(o.stdout.is_empty());
 }
+
+/// `cubec load`: every line of a JSON Lines file is written (text and hex values, blank lines
+/// skipped, standard input too), and the summary counts them.
+#[test]
+fn load_writes_every_line_of_a_file_and_of_standard_input() {
+    let server = TestServer::start(&cubed()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let creds = server.data_dir().join("dev-credentials.json");
+    let c = creds.to_str().unwrap();
+    let mut lines = Vec::new();
+    let mut value_bytes = 0;
+    for i in 0..600i32 {
+        if i == 100 {
+            lines.push(String::new());
+        }
+        if i % 2 == 0 {
+            let v = format!("cell {i}");
+            value_bytes += v.len();
+            lines.push(format!(
+                r#"{{"x":{i},"y":{},"z":{},"value":"{v}"}}"#,
+                -i,
+                i % 7
+            ));
+        } else {
+            let v = [0u8, 255, (i % 256) as u8];
+            value_bytes += v.len();
+            lines.push(format!(
+                r#"{{"x":{i},"y":{},"z":{},"value_hex":"00ff{:02x}"}}"#,
+                -i,
+                i % 7,
+                i % 256
+            ));
+        }
+    }
+    let file = dir.path().join("cells.jsonl");
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let f = file.to_str().unwrap();
+    let o = json(&run(
+        dir.path(),
+        &[],
+        &["--credentials", c, "load", f, "--concurrency", "8"],
+    ));
+    assert_eq!(o["cells"], 600, "{o}");
+    assert_eq!(o["value_bytes"], value_bytes, "{o}");
+    let read = |x: i32, y: i32, z: i32| {
+        json(&run(
+            dir.path(),
+            &[],
+            &[
+                "--credentials",
+                c,
+                "read",
+                &x.to_string(),
+                &y.to_string(),
+                &z.to_string(),
+            ],
+        ))
+    };
+    assert_eq!(read(0, 0, 0)["value"], "cell 0");
+    assert_eq!(read(598, -598, 598 % 7)["value"], "cell 598");
+    assert_eq!(read(301, -301, 301 % 7)["value_hex"], "00ff2d");
+    let stats = json(&run(dir.path(), &[], &["--credentials", c, "stats"]));
+    assert_eq!(stats["cells"], 600);
+
+    let mut child = Command::new(cubec())
+        .current_dir(dir.path())
+        .args(["--credentials", c, "load", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write as _;
+        let mut stdin = child.stdin.take().unwrap();
+        for i in 0..10 {
+            writeln!(stdin, r#"{{"x":{i},"y":7,"z":7,"value":"stdin"}}"#).unwrap();
+        }
+    }
+    let o = json(&child.wait_with_output().unwrap());
+    assert_eq!(o["cells"], 10, "{o}");
+    assert_eq!(read(9, 7, 7)["value"], "stdin");
+}
+
+/// The first line that is not a cell, or whose write is refused, stops the load: nothing after
+/// it is sent, and the error names the line and the written prefix to resume from.
+#[test]
+fn a_failed_line_stops_the_load_and_says_what_is_written() {
+    let server = TestServer::start(&cubed()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let creds = server.data_dir().join("dev-credentials.json");
+    let c = creds.to_str().unwrap();
+    let cells = |n: i32| {
+        json(&run(dir.path(), &[], &["--credentials", c, "stats"]))["cells"]
+            .as_i64()
+            .unwrap()
+            == i64::from(n)
+    };
+
+    let mut lines: Vec<String> = (0..300)
+        .map(|i| format!(r#"{{"x":{i},"y":0,"z":0,"value":"v"}}"#))
+        .collect();
+    lines[199] = r#"{"x":199,"y":0,"z":0,"vlaue":"v"}"#.to_string();
+    let file = dir.path().join("bad line.jsonl");
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    let o = run(
+        dir.path(),
+        &[],
+        &["--credentials", c, "load", file.to_str().unwrap()],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let e = stderr(&o);
+    for part in [
+        "line 200: the load stopped there. Lines 1 to 199 are written, every one durable",
+        "no line after 200 was sent",
+        "Resume with `tail -n +200 '",
+        "bad line.jsonl' | cubec load -`",
+        "not a cell: unknown field `vlaue`",
+    ] {
+        assert!(e.contains(part), "{part:?} not in {e}");
+    }
+    assert!(cells(199));
+
+    // A refused write, one call at a time: lines 1 and 2 written, 4 never sent.
+    let lines = [
+        r#"{"x":1000,"y":0,"z":0,"value":"a"}"#,
+        r#"{"x":1001,"y":0,"z":0,"value":"b"}"#,
+        r#"{"x":1002,"y":0,"z":0,"value":"c","expected_version":5}"#,
+        r#"{"x":1003,"y":0,"z":0,"value":"d"}"#,
+    ];
+    let file = dir.path().join("refused.jsonl");
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    let o = run(
+        dir.path(),
+        &[],
+        &[
+            "--credentials",
+            c,
+            "load",
+            file.to_str().unwrap(),
+            "--concurrency",
+            "1",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("line 3: the load stopped there. Lines 1 to 2"),
+        "{e}"
+    );
+    assert!(e.contains("FailedPrecondition: version mismatch"), "{e}");
+    assert!(cells(201));
+    let o = run(
+        dir.path(),
+        &[],
+        &[
+            "--credentials",
+            c,
+            "load",
+            file.to_str().unwrap(),
+            "--concurrency",
+            "0",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}

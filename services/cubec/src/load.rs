@@ -153,10 +153,13 @@ impl Failure {
                 written.beyond.len()
             )
         };
+        let prefix = match written.prefix {
+            0 => "No line before it is written".to_string(),
+            n => format!("Lines 1 to {n} are written, every one durable"),
+        };
         why.context(format!(
-            "line {line}: the load stopped there. Lines 1 to {} are written, every one durable{later}; \
-             no line after {line} was sent. Resume with {from}",
-            written.prefix
+            "line {line}: the load stopped there. {prefix}{later}; no line after {line} was sent. \
+             Resume with {from}"
         ))
     }
 }
@@ -317,10 +320,9 @@ impl Progress {
     fn new(total: Option<u64>) -> Progress {
         let bar = match total {
             Some(len) => indicatif::ProgressBar::new(len).with_style(
-                indicatif::ProgressStyle::with_template(
-                    "{bar:30} {percent:>3}% of the input  {msg}  eta {eta}",
-                )
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+                // The bar takes what the terminal's width leaves.
+                indicatif::ProgressStyle::with_template("{msg} {wide_bar} {percent:>3}% eta {eta}")
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
             ),
             None => indicatif::ProgressBar::new_spinner().with_style(
                 indicatif::ProgressStyle::with_template("{spinner} {msg}")
@@ -341,7 +343,7 @@ impl Progress {
         self.bar.set_position(read_bytes);
         let secs = self.started.elapsed().as_secs_f64().max(1e-3);
         self.bar.set_message(format!(
-            "{} cells, {:.1} MiB written, {:.0} cells/s",
+            "{} cells, {:.1} MiB, {:.0}/s",
             loaded.cells,
             loaded.value_bytes as f64 / (1 << 20) as f64,
             loaded.cells as f64 / secs
@@ -424,6 +426,44 @@ mod tests {
         ] {
             assert!(!passes_with_time(&other), "{other:?}");
         }
+    }
+
+    #[test]
+    fn a_failure_names_the_written_prefix_and_the_lines_written_past_it() {
+        let first = Failure {
+            line: 1,
+            why: anyhow::anyhow!("not a cell"),
+            written: Written::default(),
+        };
+        let text = format!("{:#}", first.into_error(Path::new("-")));
+        assert!(
+            text.starts_with(
+                "line 1: the load stopped there. No line before it is written; no line after 1 \
+                 was sent. Resume with the input from line 1 on: not a cell"
+            ),
+            "{text}"
+        );
+        let mut written = Written::default();
+        for line in [1, 2, 4, 6] {
+            written.done(line);
+        }
+        let later = Failure {
+            line: 3,
+            why: anyhow::anyhow!("refused"),
+            written,
+        };
+        let text = format!("{:#}", later.into_error(Path::new("in.jsonl")));
+        assert!(
+            text.starts_with(
+                "line 3: the load stopped there. Lines 1 to 2 are written, every one durable (2 \
+                 later lines too,"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("Resume with `tail -n +3 in.jsonl | cubec load -`: refused"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -61,14 +61,37 @@ fn parse_line(text: &str) -> Result<WriteRequest, String> {
     })
 }
 
+/// Hex digits to bytes (a table lookup per digit: a line holds up to twice the largest value).
 fn unhex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
+    const INVALID: u8 = 0xff;
+    const TABLE: [u8; 256] = {
+        let mut t = [INVALID; 256];
+        let mut i = 0;
+        while i < 10 {
+            t[b'0' as usize + i] = i as u8;
+            i += 1;
+        }
+        let mut i = 0;
+        while i < 6 {
+            t[b'a' as usize + i] = 10 + i as u8;
+            t[b'A' as usize + i] = 10 + i as u8;
+            i += 1;
+        }
+        t
+    };
+    let digits = s.as_bytes();
+    if !digits.len().is_multiple_of(2) {
         return None;
     }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
-        .collect()
+    let mut out = Vec::with_capacity(digits.len() / 2);
+    for pair in digits.chunks_exact(2) {
+        let (hi, lo) = (TABLE[usize::from(pair[0])], TABLE[usize::from(pair[1])]);
+        if hi == INVALID || lo == INVALID {
+            return None;
+        }
+        out.push((hi << 4) | lo);
+    }
+    Some(out)
 }
 
 /// What a finished load wrote.

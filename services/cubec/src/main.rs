@@ -1030,7 +1030,9 @@ fn tls_config(cli: &Cli, ca: &CaFile) -> anyhow::Result<tonic::transport::Client
         };
         e.context(format!(
             "an https:// endpoint needs the CA that signed the server's certificate: {scheme}for \
-             `cubed serve --tls-dev` pass --ca DATA_DIR/tls/ca.pem"
+             `cubed serve --tls-dev` pass --ca DATA_DIR/tls/ca.pem; for a certificate from a \
+             public CA (a proxy's, say), the system's bundle, e.g. --ca \
+             /etc/ssl/certs/ca-certificates.crt (cubec trusts no roots it is not given)"
         ))
     })?;
     anyhow::ensure!(

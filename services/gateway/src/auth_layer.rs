@@ -73,6 +73,9 @@ pub struct Authenticator {
     directory: Option<Arc<TenantDirectory>>,
     /// Record per-RPC and auth metrics (off only to measure what they cost).
     pub(crate) metrics: bool,
+    /// The TLS listener takes client certificates (mTLS), a third way to authenticate a
+    /// connection, which a refusal for missing credentials then names.
+    pub(crate) client_certificates: bool,
 }
 
 pub(crate) fn now_ms() -> i64 {
@@ -200,6 +203,7 @@ impl Authenticator {
             failures: FailureLimiter::new(failure_limits),
             directory,
             metrics: true,
+            client_certificates: false,
         }
     }
 
@@ -452,20 +456,26 @@ impl Authenticator {
                 }
             )));
         }
+        let certificate = if self.client_certificates {
+            ", or connect with a client certificate (`cubed key cert`)"
+        } else {
+            ""
+        };
         Err(unauthenticated(match self.mode {
-            AuthMode::Both => {
+            AuthMode::Both => format!(
                 "missing credentials: sign every call with x-cube-tenant, x-cube-key, x-cube-ts, \
                  x-cube-nonce and x-cube-sig, or authenticate the connection with Auth.Challenge \
-                 and Auth.Hello (see docs/protocol.md)"
-            }
+                 and Auth.Hello{certificate} (see docs/protocol.md)"
+            ),
             AuthMode::Call => {
-                "missing credentials: sign every call with x-cube-tenant, x-cube-key, x-cube-ts, \
-                 x-cube-nonce and x-cube-sig (see docs/protocol.md)"
+                "missing credentials: sign every call with x-cube-tenant, x-cube-key, \
+                               x-cube-ts, x-cube-nonce and x-cube-sig (see docs/protocol.md)"
+                    .to_string()
             }
-            AuthMode::Connection => {
-                "this connection is not authenticated: run Auth.Challenge and Auth.Hello on it first \
-                 (see docs/protocol.md)"
-            }
+            AuthMode::Connection => format!(
+                "this connection is not authenticated: run Auth.Challenge and Auth.Hello on it \
+                 first{certificate} (see docs/protocol.md)"
+            ),
         }))
     }
 

@@ -200,6 +200,10 @@ impl Gateway {
             Some(Arc::clone(&directory)),
         );
         auth.metrics = config.metrics;
+        auth.client_certificates = config
+            .tls
+            .as_ref()
+            .is_some_and(|t| t.client_ca_pem.is_some());
         let auth = Arc::new(auth);
         Ok(Gateway {
             directory,

@@ -40,11 +40,17 @@ async fn signed_calls_work_over_tls_and_plaintext_clients_are_not_served() {
         c.read(read(1, 2, 3)).await.unwrap().into_inner().value,
         b"over tls"
     );
-    // A TLS connection without a client certificate and without a signature is not authenticated.
+    // A TLS connection without a client certificate and without a signature is not
+    // authenticated, and told the ways, a client certificate among them.
     let mut bare = CellsClient::new(server.tls_channel(None).await.unwrap());
-    assert_eq!(
-        bare.read(read(1, 2, 3)).await.unwrap_err().code(),
-        Code::Unauthenticated
+    let e = bare.read(read(1, 2, 3)).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unauthenticated);
+    assert!(
+        e.message()
+            .starts_with("missing credentials: sign every call")
+            && e.message()
+                .contains("or connect with a client certificate (`cubed key cert`)"),
+        "{e:?}"
     );
     // A plaintext client gets no service from a TLS listener.
     let plain = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))

@@ -87,11 +87,14 @@ const DEFAULT_ORIGIN: &str = "cubec's default";
 static TIMEOUT_SECS: std::sync::atomic::AtomicU64 =
     std::sync::atomic::AtomicU64::new(DEFAULT_TIMEOUT_SECS);
 
-/// Set once cubec's connection is authenticated as a whole (a handshake, or a client
-/// certificate), for the message of a call the server then finds unauthenticated: the
-/// connection was made again under it, and a new connection has no session.
-static CONNECTION_AUTHENTICATED: std::sync::atomic::AtomicBool =
-    std::sync::atomic::AtomicBool::new(false);
+/// Set once cubec's handshake authenticated its connection, for the message of a call the
+/// server then finds unauthenticated: the connection was made again under it, and a new
+/// connection has no session.
+static HANDSHAKE_DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Set when the connection presents a client certificate, for the message of a call the server
+/// finds unauthenticated anyway: it took no certificate.
+static CERTIFICATE_GIVEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 impl Cli {
     /// `--timeout-secs` as a limit (None: no limit).
@@ -524,7 +527,12 @@ async fn run() -> anyhow::Result<()> {
     if let Err(e) = &result
         && let Some(failure) = e.chain().find_map(|c| c.downcast_ref::<TransportFailure>())
     {
-        return Err(target.transport_failure(failure).await);
+        let explained = target.transport_failure(failure).await;
+        // A stopped load's account of what it wrote stays above the explanation.
+        return Err(match e.downcast_ref::<load::Stopped>() {
+            Some(stopped) => explained.context(stopped.clone()),
+            None => explained,
+        });
     }
     result
 }
@@ -538,7 +546,7 @@ async fn calls(
     let transport = match (creds, cli.auth.unwrap_or(AuthModel::Call)) {
         // The client certificate already authenticates the connection.
         (None, _) => {
-            CONNECTION_AUTHENTICATED.store(true, std::sync::atomic::Ordering::Relaxed);
+            CERTIFICATE_GIVEN.store(true, std::sync::atomic::Ordering::Relaxed);
             Signing::passthrough(channel)
         }
         (Some(creds), AuthModel::Call) => {
@@ -560,7 +568,7 @@ async fn calls(
                     HandshakeError::Refused(s) => status(s).context("handshake refused"),
                     other => anyhow::Error::new(other).context("handshake"),
                 })?;
-            CONNECTION_AUTHENTICATED.store(true, std::sync::atomic::Ordering::Relaxed);
+            HANDSHAKE_DONE.store(true, std::sync::atomic::Ordering::Relaxed);
             Signing::passthrough(channel)
         }
     };
@@ -1311,20 +1319,29 @@ fn status(s: tonic::Status) -> anyhow::Error {
     let mut text = format!("{:?}: {}", s.code(), s.message());
     // A server that takes only per-connection authentication (`--auth-mode connection`) says
     // what any client should do; cubec's way of doing it is a flag.
+    let unauthenticated = s.code() == tonic::Code::Unauthenticated;
     let connection_refused = s
         .message()
         .starts_with("this connection is not authenticated")
         || s.message()
             .starts_with("this server accepts only per-connection");
-    if s.code() == tonic::Code::Unauthenticated && connection_refused {
-        if CONNECTION_AUTHENTICATED.load(std::sync::atomic::Ordering::Relaxed) {
-            text.push_str(
-                " (cubec had authenticated its connection: it was made again since, and a new \
-                 connection has no session; run the command again)",
-            );
-        } else {
-            text.push_str(" (with cubec: --auth connection, or a client certificate with --cert)");
-        }
+    // Refusals that name a connection's authentication (a call-only server's does not).
+    let missing = connection_refused
+        || (s.message().starts_with("missing credentials:") && s.message().contains("Auth.Hello"));
+    let flag = |f: &std::sync::atomic::AtomicBool| f.load(std::sync::atomic::Ordering::Relaxed);
+    if unauthenticated && missing && flag(&CERTIFICATE_GIVEN) {
+        // The certificate of a revoked or unknown key gets a message of its own from the server.
+        text.push_str(
+            " (with cubec: the server took no client certificate: it serves TLS without a \
+             client CA, so --cert authenticates nothing there; give credentials instead)",
+        );
+    } else if unauthenticated && missing && flag(&HANDSHAKE_DONE) {
+        text.push_str(
+            " (cubec had authenticated its connection with a handshake: the connection was made \
+             again since, and a new one has no session; run the command again)",
+        );
+    } else if unauthenticated && connection_refused {
+        text.push_str(" (with cubec: --auth connection, or a client certificate with --cert)");
     }
     // Against `--auth-mode call` a client certificate authenticates nothing; cubec sends
     // unsigned calls only with one, so this refusal means a certificate was given.
@@ -1423,18 +1440,40 @@ mod tests {
         );
     }
 
-    /// A connection cubec authenticated as a whole and the server finds unauthenticated was
-    /// made again: the hint says so instead of suggesting the flag already given. (The unset
-    /// case, the usual hint, is `cli.rs`'s; no other test here reads the flag.)
+    /// A connection cubec authenticated with a handshake and the server finds unauthenticated
+    /// was made again: the hint says so instead of suggesting the flag already given; one with
+    /// a client certificate the server did not take is told that. (The unset case, the usual
+    /// hint, is `cli.rs`'s; no other test here reads the flags.)
     #[test]
     fn a_lost_session_is_not_answered_with_the_flag_already_given() {
-        CONNECTION_AUTHENTICATED.store(true, std::sync::atomic::Ordering::Relaxed);
-        let e = status(tonic::Status::unauthenticated(
+        HANDSHAKE_DONE.store(true, std::sync::atomic::Ordering::Relaxed);
+        for refusal in [
             "this connection is not authenticated: run Auth.Challenge and Auth.Hello on it first",
-        ));
-        let text = e.to_string();
-        assert!(text.contains("a new connection has no session"), "{text}");
-        assert!(!text.contains("--auth connection"), "{text}");
+            "missing credentials: sign every call with x-cube-tenant, x-cube-key, x-cube-ts, \
+             x-cube-nonce and x-cube-sig, or authenticate the connection with Auth.Challenge and \
+             Auth.Hello (see docs/protocol.md)",
+        ] {
+            let text = status(tonic::Status::unauthenticated(refusal)).to_string();
+            assert!(text.contains("a new one has no session"), "{text}");
+            assert!(!text.contains("--auth connection"), "{text}");
+        }
+        CERTIFICATE_GIVEN.store(true, std::sync::atomic::Ordering::Relaxed);
+        let text = status(tonic::Status::unauthenticated(
+            "this connection is not authenticated: run Auth.Challenge and Auth.Hello on it first",
+        ))
+        .to_string();
+        assert!(
+            text.contains("the server took no client certificate"),
+            "{text}"
+        );
+        // A call-only server's refusal keeps its own hint.
+        let text = status(tonic::Status::unauthenticated(
+            "missing credentials: sign every call with x-cube-tenant, x-cube-key, x-cube-ts, \
+             x-cube-nonce and x-cube-sig (see docs/protocol.md)",
+        ))
+        .to_string();
+        assert!(!text.contains("took no client certificate"), "{text}");
+        assert!(text.contains("takes only signed calls"), "{text}");
     }
 
     /// DATA_LOSS from Audit (docs/protocol.md: "the audit trail is missing entries A to B: …")

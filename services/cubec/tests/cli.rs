@@ -1323,6 +1323,32 @@ fn load_writes_every_line_of_a_file_and_of_standard_input() {
     let o = json(&child.wait_with_output().unwrap());
     assert_eq!(o["cells"], 10, "{o}");
     assert_eq!(read(9, 7, 7)["value"], "stdin");
+
+    // Lines for one cell end with the last one's value, however many writes are in flight (the
+    // order of sending is load.rs's unit test's).
+    let same: Vec<String> = (1..=200)
+        .map(|i| format!(r#"{{"x":-1,"y":-1,"z":-1,"value":"{i}"}}"#))
+        .collect();
+    let file = dir.path().join("one-cell.jsonl");
+    std::fs::write(&file, same.join("\n")).unwrap();
+    let o = json(&run(
+        dir.path(),
+        &[],
+        &[
+            "--credentials",
+            c,
+            "load",
+            file.to_str().unwrap(),
+            "--concurrency",
+            "64",
+        ],
+    ));
+    assert_eq!(o["cells"], 200, "{o}");
+    let last = read(-1, -1, -1);
+    assert_eq!(
+        (&last["value"], &last["version"]),
+        (&"200".into(), &200.into())
+    );
 }
 
 /// The first line that is not a cell, or whose write is refused, stops the load: nothing after
@@ -1354,10 +1380,9 @@ fn a_failed_line_stops_the_load_and_says_what_is_written() {
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let e = stderr(&o);
     for part in [
-        "line 200: the load stopped there. Lines 1 to 199 are written, every one durable",
-        "no line after 200 was sent",
-        "Resume with `tail -n +200 '",
-        "bad line.jsonl' | cubec load -`",
+        "line 200: the load stopped there. Acknowledged: lines 1 to 199. Resume with `tail -n \
+         +200 '",
+        "bad line.jsonl' | cubec load -` (with this command's options)",
         "not a cell: unknown field `vlaue`",
     ] {
         assert!(e.contains(part), "{part:?} not in {e}");
@@ -1388,7 +1413,7 @@ fn a_failed_line_stops_the_load_and_says_what_is_written() {
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let e = stderr(&o);
     assert!(
-        e.contains("line 3: the load stopped there. Lines 1 to 2"),
+        e.contains("line 3: the load stopped there. Acknowledged: lines 1 to 2. Resume"),
         "{e}"
     );
     assert!(e.contains("FailedPrecondition: version mismatch"), "{e}");

@@ -311,7 +311,7 @@ fn local(data: &DataDir, catalog: &Arc<Catalog>, op: &Op<'_>) -> anyhow::Result<
             match run_offline(data, catalog, tenant, OPERATOR, cmd) {
                 Ok(Reply::KeyRevoked { revoked, .. }) => Outcome::Revoked {
                     revoked,
-                    no_admin_left: revoked && !catalog.has_active_admin(tenant),
+                    no_admin_left: !catalog.has_active_admin(tenant),
                 },
                 Ok(other) => bail!("unexpected answer to a key revocation: {other:?}"),
                 Err(e) if e.revocation_goes_to_catalog() => {
@@ -322,7 +322,7 @@ fn local(data: &DataDir, catalog: &Arc<Catalog>, op: &Op<'_>) -> anyhow::Result<
                     let revoked = catalog.revoke_key(tenant, key)?;
                     Outcome::Revoked {
                         revoked,
-                        no_admin_left: revoked && !catalog.has_active_admin(tenant),
+                        no_admin_left: !catalog.has_active_admin(tenant),
                     }
                 }
                 Err(e) => return Err(e.into()),
@@ -391,8 +391,19 @@ async fn remote(mut client: AdminClient<Channel>, op: &Op<'_>) -> anyhow::Result
                     tenant: tenant.to_string(),
                     admin: *admin,
                 })
-                .await?;
-            creds(r.into_inner().credentials)
+                .await?
+                .into_inner();
+            let admin_cap = cube_api::v1::Capability::Admin as i32;
+            if *admin && !r.capabilities.contains(&admin_cap) {
+                let key_id = r.credentials.map(|c| c.key_id).unwrap_or_default();
+                bail!(
+                    "the running server made key {key_id} of tenant '{tenant}' without ADMIN: it \
+                     is older than `key create --admin` and ignored it. Its secret is not \
+                     printed: revoke it (`cubed key revoke {tenant} {key_id}`), restart the \
+                     server on this build, and run the command again"
+                );
+            }
+            creds(r.credentials)
         }
         Op::RevokeKey(tenant, key_id) => {
             let req = RevokeKeyRequest {

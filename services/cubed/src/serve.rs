@@ -810,10 +810,13 @@ fn ensure_demo(catalog: &Catalog, data: &DataDir, endpoint: &str) -> anyhow::Res
         creds_of(&key)
     } else {
         let Ok(text) = fs::read_to_string(&path) else {
-            if !tenants.iter().any(|(tenant, _)| tenant == DEMO_TENANT) {
+            if !tenants.iter().any(|(tenant, _)| tenant == DEMO_TENANT)
+                && !data.demo_declined().exists()
+            {
                 tracing::info!(
-                    "the catalog holds tenants already (made by `cubed tenant create` before \
-                     the first start), so no tenant 'demo' and no dev credentials were made"
+                    "no tenant 'demo' and no dev credentials: the first start found the catalog \
+                     holding tenants (made with `cubed tenant create`), and only a start on an \
+                     empty catalog makes them"
                 );
             }
             return Ok(());

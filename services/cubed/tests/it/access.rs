@@ -664,9 +664,18 @@ async fn the_operator_is_warned_of_a_tenant_left_without_admin_and_can_make_an_a
         capabilities: vec![Capability::Admin as i32],
     };
 
-    // Online: the first key was the tenant's only ADMIN key.
+    // Online: the first key was the tenant's only ADMIN key. A repeated revocation (its first
+    // answer lost, say) warns again.
     let stderr = revoke(&server, &server.demo.key_id);
     assert!(warned(&stderr), "{stderr}");
+    let again = server
+        .cli(&["key", "revoke", "demo", &server.demo.key_id])
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&again.stdout).contains("\"revoked\":false"),
+        "{again:?}"
+    );
+    assert!(warned(&String::from_utf8_lossy(&again.stderr)), "{again:?}");
     let mut without = AccessClient::new(server.signed(&second).await.unwrap());
     let e = without
         .grant(grant_admin(&second.key_id))

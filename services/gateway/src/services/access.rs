@@ -44,7 +44,7 @@ fn capabilities(raw: &[i32]) -> Result<Vec<Capability>, ApiError> {
     Ok(caps)
 }
 
-fn to_proto(caps: Vec<Capability>) -> Vec<i32> {
+pub(crate) fn to_proto(caps: Vec<Capability>) -> Vec<i32> {
     caps.into_iter()
         .map(|c| match c {
             Capability::Read => v1::Capability::Read as i32,

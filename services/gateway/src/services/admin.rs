@@ -110,6 +110,7 @@ impl Admin for AdminService {
                 .await?;
             return Ok(Response::new(v1::CreateKeyResponse {
                 credentials: Some(credentials(&key)),
+                capabilities: super::access::to_proto(key.capabilities.clone()),
             }));
         };
         let name = tenant.clone();
@@ -121,12 +122,18 @@ impl Admin for AdminService {
             .await
             .map_err(ApiError::from)?
         {
-            Reply::KeyCreated { key_id, secret, .. } => Ok(Response::new(v1::CreateKeyResponse {
+            Reply::KeyCreated {
+                key_id,
+                secret,
+                capabilities,
+                ..
+            } => Ok(Response::new(v1::CreateKeyResponse {
                 credentials: Some(v1::Credentials {
                     tenant,
                     key_id,
                     secret: secret.to_hex(),
                 }),
+                capabilities: super::access::to_proto(capabilities),
             })),
             other => Err(super::cells::unexpected(&other)),
         }
@@ -174,8 +181,9 @@ impl Admin for AdminService {
         } else {
             tracing::info!(tenant = %r.tenant, key = %r.key_id, sessions_ended = ended, "key revocation asked for a key already revoked: nothing changed");
         }
-        // The revocation is in the catalog: a change is answered once applied.
-        let no_admin_left = revoked && !self.catalog_arc()?.has_active_admin(&r.tenant);
+        // The revocation is in the catalog: a change is answered once applied. Said for a
+        // repeated revocation too (its first answer may have been lost).
+        let no_admin_left = !self.catalog_arc()?.has_active_admin(&r.tenant);
         if no_admin_left {
             tracing::warn!(tenant = %r.tenant, "the tenant has no active ADMIN key left: `cubed key create {} --admin` makes one", r.tenant);
         }

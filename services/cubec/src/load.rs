@@ -45,10 +45,23 @@ struct Line {
     value_hex: Option<String>,
     #[serde(default)]
     expected_version: Option<u64>,
+    /// What `cubec region` prints besides, taken and not restored: a loaded cell gets the
+    /// tenant's next version, unsealed.
+    #[serde(default, rename = "version")]
+    _version: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    sealed: Option<bool>,
+}
+
+/// A line's write, and whether the line says its cell was sealed (which a load does not do).
+#[derive(Debug)]
+struct Cell {
+    request: WriteRequest,
+    sealed: bool,
 }
 
 /// The write a line asks for, or why it is not one.
-fn parse_line(text: &str) -> Result<WriteRequest, String> {
+fn parse_line(text: &str) -> Result<Cell, String> {
     let line: Line = serde_json::from_str(text).map_err(|e| e.to_string())?;
     let value = match (line.value, line.value_hex) {
         (Some(text), None) => text.into_bytes(),
@@ -58,14 +71,17 @@ fn parse_line(text: &str) -> Result<WriteRequest, String> {
         (Some(_), Some(_)) => return Err("give \"value\" or \"value_hex\", not both".into()),
         (None, None) => return Err("give the cell's \"value\" (text) or \"value_hex\"".into()),
     };
-    Ok(WriteRequest {
-        coord: Some(Coord {
-            x: line.x,
-            y: line.y,
-            z: line.z,
-        }),
-        value,
-        expected_version: line.expected_version,
+    Ok(Cell {
+        request: WriteRequest {
+            coord: Some(Coord {
+                x: line.x,
+                y: line.y,
+                z: line.z,
+            }),
+            value,
+            expected_version: line.expected_version,
+        },
+        sealed: line.sealed == Some(true),
     })
 }
 
@@ -109,6 +125,9 @@ pub(crate) struct Loaded {
     pub value_bytes: u64,
     /// Calls sent again after the tenant answered that it was busy.
     pub busy_retries: u64,
+    /// Cells written from lines that say `"sealed":true` (as `cubec region` prints a sealed
+    /// cell): written, not sealed.
+    pub sealed_not_restored: u64,
 }
 
 /// The lines answered: 1..=`prefix` all written (or blank), and those in `beyond`.
@@ -185,7 +204,7 @@ struct Parsed {
 
 enum Item {
     Blank,
-    Cell(WriteRequest),
+    Cell(Cell),
     /// Not a cell, not UTF-8, too long, or the input could not be read: the load stops here.
     Bad(anyhow::Error),
 }
@@ -342,7 +361,15 @@ fn shell_word(s: &str) -> String {
     }
 }
 
-type Answer = (u64, (i32, i32, i32), u64, Result<u32, tonic::Status>);
+/// A line's write, answered.
+struct Answer {
+    line: u64,
+    cell: (i32, i32, i32),
+    value_bytes: u64,
+    sealed: bool,
+    /// Busy retries, or the failure.
+    result: Result<u32, tonic::Status>,
+}
 
 /// Send the lines `rx` gives with `send` (a line's write, busy retries included).
 async fn run<S, F>(
@@ -362,6 +389,7 @@ where
             cells: 0,
             value_bytes: 0,
             busy_retries: 0,
+            sealed_not_restored: 0,
         },
         failure: None,
         unknown: BTreeSet::new(),
@@ -370,20 +398,28 @@ where
     let mut in_flight: JoinSet<Answer> = JoinSet::new();
     // A line taken from the reader and not yet sent: its cell's earlier write is in flight, or
     // every place is taken.
-    let mut waiting: Option<(u64, WriteRequest)> = None;
+    let mut waiting: Option<(u64, Cell)> = None;
     let (mut input_done, mut read) = (false, 0u64);
     loop {
         if st.failure.is_none()
-            && let Some((line, request)) = waiting.take()
+            && let Some((line, next)) = waiting.take()
         {
-            let cell = cell_of(&request);
+            let cell = cell_of(&next.request);
             if in_flight.len() < concurrency && !st.busy_cells.contains(&cell) {
                 st.busy_cells.insert(cell);
-                let bytes = request.value.len() as u64;
-                let answer = send(request);
-                in_flight.spawn(async move { (line, cell, bytes, answer.await) });
+                let (value_bytes, sealed) = (next.request.value.len() as u64, next.sealed);
+                let answer = send(next.request);
+                in_flight.spawn(async move {
+                    Answer {
+                        line,
+                        cell,
+                        value_bytes,
+                        sealed,
+                        result: answer.await,
+                    }
+                });
             } else {
-                waiting = Some((line, request));
+                waiting = Some((line, next));
             }
         }
         let take_lines = st.failure.is_none() && waiting.is_none() && !input_done;
@@ -400,7 +436,7 @@ where
                     read = r;
                     match item {
                         Item::Blank => st.written.done(line),
-                        Item::Cell(request) => waiting = Some((line, request)),
+                        Item::Cell(cell) => waiting = Some((line, cell)),
                         Item::Bad(why) => st.fail(line, why),
                     }
                 }
@@ -448,7 +484,13 @@ impl State {
         joined: Result<Answer, tokio::task::JoinError>,
         status: fn(tonic::Status) -> anyhow::Error,
     ) {
-        let (line, cell, bytes, result) = match joined {
+        let Answer {
+            line,
+            cell,
+            value_bytes,
+            sealed,
+            result,
+        } = match joined {
             Ok(done) => done,
             // NOTE: a write task neither panics nor is aborted; should one, the load fails at a
             // line it cannot name.
@@ -462,8 +504,9 @@ impl State {
             Ok(retries) => {
                 self.written.done(line);
                 self.loaded.cells += 1;
-                self.loaded.value_bytes += bytes;
+                self.loaded.value_bytes += value_bytes;
                 self.loaded.busy_retries += u64::from(retries);
+                self.loaded.sealed_not_restored += u64::from(sealed);
             }
             Err(s) => {
                 if outcome_unknown(&s) {
@@ -574,14 +617,24 @@ mod tests {
 
     #[test]
     fn lines_are_cells_with_text_or_hex_values() {
-        let w = parse_line(r#"{"x":1,"y":-2,"z":3,"value":"hi"}"#).unwrap();
+        let w = parse_line(r#"{"x":1,"y":-2,"z":3,"value":"hi"}"#)
+            .unwrap()
+            .request;
         assert_eq!(w.coord, Some(Coord { x: 1, y: -2, z: 3 }));
         assert_eq!(w.value, b"hi");
         assert_eq!(w.expected_version, None);
-        let w =
-            parse_line(r#"{"x":0,"y":0,"z":0,"value_hex":"00fFa1","expected_version":0}"#).unwrap();
+        let line = r#"{"x":0,"y":0,"z":0,"value_hex":"00fFa1","expected_version":0}"#;
+        let w = parse_line(line).unwrap().request;
         assert_eq!(w.value, [0x00, 0xff, 0xa1]);
         assert_eq!(w.expected_version, Some(0));
+        // What `cubec region` prints: its version is taken and left, "sealed" noted.
+        let region = r#"{"sealed":true,"value":"t","version":7,"x":1,"y":2,"z":3}"#;
+        let c = parse_line(region).unwrap();
+        assert!(c.sealed);
+        assert_eq!(
+            (c.request.value, c.request.expected_version),
+            (b"t".to_vec(), None)
+        );
         for (bad, why) in [
             (r#"{"x":1,"y":2,"z":3}"#, "give the cell's \"value\""),
             (
@@ -733,7 +786,7 @@ mod tests {
         while let Some(p) = rx.recv().await {
             got.push(match p.item {
                 Item::Blank => format!("{} blank", p.line),
-                Item::Cell(w) => format!("{} cell {:?}", p.line, w.coord),
+                Item::Cell(c) => format!("{} cell {:?}", p.line, c.request.coord),
                 Item::Bad(e) => format!("{} bad {e}", p.line),
             });
         }

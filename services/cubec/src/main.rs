@@ -16,6 +16,7 @@ use tonic::transport::{Channel, Endpoint};
 
 mod deadline;
 mod load;
+mod region;
 use deadline::{Bounded, NoAnswer};
 
 /// What cubec's clients call through: the connection, every call bounded by `--timeout-secs`,
@@ -165,15 +166,32 @@ enum Cmd {
         expected_version: Option<u64>,
     },
     /// Write the cells of a JSON Lines file, one per line: {"x":1,"y":-2,"z":3,"value":"text"}, or
-    /// "value_hex" for any bytes, optionally "expected_version". Prints {"cells", "value_bytes",
-    /// "seconds", "cells_per_s", "busy_retries"}; progress on a terminal. The first failed line
-    /// stops the load, and the error says which prefix of the input is written.
+    /// "value_hex" for any bytes, optionally "expected_version" (and "version" and "sealed", as
+    /// `region` prints them, taken and not restored). Prints {"cells", "value_bytes", "seconds",
+    /// "cells_per_s", "busy_retries"}; progress on a terminal. The first failed line stops the
+    /// load, and the error says what is written and where to resume.
     Load {
         /// The file (`-` reads standard input).
         file: PathBuf,
         /// Writes in flight at once on the connection (1 to 256).
         #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=256))]
         concurrency: u16,
+    },
+    /// Print every cell of the box from (X1, Y1, Z1) to (X2, Y2, Z2), both included, as JSON
+    /// lines that `cubec load` reads: {"x","y","z","value" (or "value_hex"),"version","sealed"}.
+    #[command(allow_negative_numbers = true)]
+    Region {
+        /// The lower corner.
+        x1: i32,
+        y1: i32,
+        z1: i32,
+        /// The upper corner (every axis at least the lower corner's).
+        x2: i32,
+        y2: i32,
+        z2: i32,
+        /// Print at most this many cells (default: all).
+        #[arg(long)]
+        limit: Option<u64>,
     },
     /// The tenant's audit trail.
     #[command(subcommand)]
@@ -641,6 +659,13 @@ async fn calls(
         let started = std::time::Instant::now();
         let loaded = load::load(cells, file, usize::from(*concurrency), status).await?;
         let seconds = started.elapsed().as_secs_f64();
+        if loaded.sealed_not_restored > 0 {
+            eprintln!(
+                "cubec: note: {} of the lines said their cell was sealed; a load writes cells, \
+                 it does not seal them (Cells.Seal does)",
+                loaded.sealed_not_restored
+            );
+        }
         out(serde_json::json!({
             "cells": loaded.cells,
             "value_bytes": loaded.value_bytes,
@@ -648,6 +673,31 @@ async fn calls(
             "cells_per_s": (loaded.cells as f64 / seconds.max(1e-9)).round(),
             "busy_retries": loaded.busy_retries,
         }));
+        return Ok(());
+    }
+    if let Cmd::Region {
+        x1,
+        y1,
+        z1,
+        x2,
+        y2,
+        z2,
+        limit,
+    } = cli.command
+    {
+        let (min, max) = (
+            Coord {
+                x: x1,
+                y: y1,
+                z: z1,
+            },
+            Coord {
+                x: x2,
+                y: y2,
+                z: z2,
+            },
+        );
+        region::region(&mut cells, min, max, limit, wait, status).await?;
         return Ok(());
     }
     if let Cmd::Stats = &cli.command {
@@ -712,7 +762,9 @@ async fn calls(
                 }
             }
         }
-        Cmd::Audit(_) | Cmd::Stats | Cmd::Load { .. } => unreachable!("handled above"),
+        Cmd::Audit(_) | Cmd::Stats | Cmd::Load { .. } | Cmd::Region { .. } => {
+            unreachable!("handled above")
+        }
         Cmd::Delete {
             x,
             y,

@@ -1432,3 +1432,117 @@ fn a_failed_line_stops_the_load_and_says_what_is_written() {
     );
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
 }
+
+/// `cubec region` prints every cell of a box, across pages, as the JSON lines `cubec load`
+/// reads: piped into a load for another tenant, it copies the cells (a sealed one is noted,
+/// not sealed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn region_pages_through_a_box_and_its_output_loads_elsewhere() {
+    let server = TestServer::start(&cubed()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let demo = server.data_dir().join("dev-credentials.json");
+    let mut acme = server.create_tenant("acme").unwrap();
+    acme.endpoint = server.demo.endpoint.clone();
+    let acme_file = dir.path().join("acme.json");
+    std::fs::write(&acme_file, serde_json::to_vec(&acme).unwrap()).unwrap();
+    let (d, a) = (demo.to_str().unwrap(), acme_file.to_str().unwrap());
+    // 2,500 cells in the box (more than two pages), one outside it, one binary, one sealed.
+    let mut lines: Vec<String> = (0..2500)
+        .map(|i| format!(r#"{{"x":{},"y":{},"z":0,"value":"v{i}"}}"#, i % 50, i / 50))
+        .collect();
+    lines.push(r#"{"x":-1,"y":-1,"z":-1,"value_hex":"00ff"}"#.into());
+    lines.push(r#"{"x":500,"y":0,"z":0,"value":"outside"}"#.into());
+    let file = dir.path().join("cells.jsonl");
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    let f = file.to_str().unwrap();
+    let loaded = tokio::task::block_in_place(|| {
+        json(&run(
+            dir.path(),
+            &[],
+            &["--credentials", d, "load", f, "--concurrency", "32"],
+        ))
+    });
+    assert_eq!(loaded["cells"], 2502);
+    let mut cells = server.cells(&server.demo).await.unwrap();
+    cells
+        .seal(cube_api::v1::SealRequest {
+            coord: Some(cube_api::v1::Coord { x: 7, y: 7, z: 0 }),
+        })
+        .await
+        .unwrap();
+
+    let region = |creds: &str, limit: Option<&str>| {
+        let mut args = vec![
+            "--credentials",
+            creds,
+            "region",
+            "-1",
+            "-1",
+            "-1",
+            "49",
+            "49",
+            "0",
+        ];
+        if let Some(l) = limit {
+            args.extend(["--limit", l]);
+        }
+        tokio::task::block_in_place(|| run(dir.path(), &[], &args))
+    };
+    let o = region(d, None);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let printed: Vec<serde_json::Value> = String::from_utf8(o.stdout.clone())
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(printed.len(), 2501);
+    assert!(printed.iter().all(|c| c["x"] != 500));
+    let find = |x: i64, y: i64| {
+        printed
+            .iter()
+            .find(|c| c["x"] == x && c["y"] == y)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(find(-1, -1)["value_hex"], "00ff");
+    let sealed = find(7, 7);
+    assert_eq!(
+        (&sealed["value"], &sealed["sealed"]),
+        (&"v357".into(), &true.into())
+    );
+    let limited = region(d, Some("5"));
+    assert_eq!(
+        String::from_utf8(limited.stdout).unwrap().lines().count(),
+        5
+    );
+
+    // Into acme: the same cells, none sealed.
+    let copy = dir.path().join("region.jsonl");
+    std::fs::write(&copy, &o.stdout).unwrap();
+    let o = tokio::task::block_in_place(|| {
+        run(
+            dir.path(),
+            &[],
+            &["--credentials", a, "load", copy.to_str().unwrap()],
+        )
+    });
+    assert_eq!(json(&o)["cells"], 2501);
+    assert!(
+        stderr(&o).contains("1 of the lines said their cell was sealed"),
+        "{}",
+        stderr(&o)
+    );
+    let o = region(a, None);
+    let copied: Vec<serde_json::Value> = String::from_utf8(o.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(copied.len(), 2501);
+    for (from, to) in printed.iter().zip(&copied) {
+        for field in ["x", "y", "z", "value", "value_hex"] {
+            assert_eq!(from.get(field), to.get(field), "{from} / {to}");
+        }
+        assert_eq!(to["sealed"], false);
+    }
+}

@@ -1046,7 +1046,7 @@ impl Catalog {
         Ok(Some(changed))
     }
 
-    /// A new key for `tenant` (read and write; admin is granted explicitly), not stored: the
+    /// A new key for `tenant` (read and write, and admin if `admin`), not stored: the
     /// tenant's log records it, and [`Catalog::apply_logged_key_creation`] adds it.
     pub fn draft_key(&self, tenant: &str, admin: bool) -> Result<KeyInfo, StoreError> {
         // Called on the tenant's actor thread, which must not wait for the change lock: sled

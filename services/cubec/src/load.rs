@@ -9,14 +9,14 @@
 //! calls in flight finish, and the error names the line, what is acknowledged, what may be
 //! written, and where to resume.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashSet, VecDeque};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use cube_api::v1::cells_client::CellsClient;
 use cube_api::v1::{Coord, WriteRequest};
-use tokio::io::{AsyncBufRead, AsyncBufReadExt as _, AsyncReadExt as _, BufReader};
+use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, BufReader};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
@@ -165,23 +165,22 @@ pub(crate) async fn load(
     concurrency: usize,
     status: fn(tonic::Status) -> anyhow::Error,
 ) -> anyhow::Result<Loaded> {
-    let (input, total): (Box<dyn AsyncBufRead + Unpin + Send>, Option<u64>) =
-        if file == Path::new("-") {
-            (Box::new(BufReader::new(tokio::io::stdin())), None)
-        } else {
-            let f = tokio::fs::File::open(file)
-                .await
-                .with_context(|| format!("cannot open {}", file.display()))?;
-            let len = f
-                .metadata()
-                .await
-                .ok()
-                .filter(|m| m.is_file())
-                .map(|m| m.len());
-            (Box::new(BufReader::with_capacity(1 << 20, f)), len)
-        };
+    let (input, total): (Input, Option<u64>) = if file == Path::new("-") {
+        (BufReader::new(Box::new(tokio::io::stdin())), None)
+    } else {
+        let f = tokio::fs::File::open(file)
+            .await
+            .with_context(|| format!("cannot open {}", file.display()))?;
+        let len = f
+            .metadata()
+            .await
+            .ok()
+            .filter(|m| m.is_file())
+            .map(|m| m.len());
+        (BufReader::with_capacity(1 << 20, Box::new(f)), len)
+    };
     let progress = Progress::new(total);
-    // One line parsed ahead of the writes: a line can be a few hundred MiB.
+    // One batch parsed ahead of the writes.
     let (tx, rx) = mpsc::channel(1);
     let reader = tokio::spawn(read_lines(input, tx, MAX_LINE_BYTES));
     let send = move |request| {
@@ -193,6 +192,15 @@ pub(crate) async fn load(
     progress.finish();
     result.map_err(|failure| failure.into_error(file))
 }
+
+/// The input, buffered.
+type Input = BufReader<Box<dyn tokio::io::AsyncRead + Unpin + Send>>;
+
+/// Lines handed over at once, at most: one hand-over (a task wake-up) per line costs the
+/// client more CPU per small cell than its write does.
+const BATCH_LINES: usize = 256;
+/// Bytes of values handed over at once, at most (a single line can be larger).
+const BATCH_BYTES: usize = 1 << 20;
 
 /// One line of the input, read and parsed.
 struct Parsed {
@@ -209,16 +217,25 @@ enum Item {
     Bad(anyhow::Error),
 }
 
-/// Read, parse and send each line of `input` (at most `max_line` bytes) until its end, a bad
-/// line, or a receiver that has gone.
-async fn read_lines(
-    mut input: Box<dyn AsyncBufRead + Unpin + Send>,
-    tx: mpsc::Sender<Parsed>,
-    max_line: u64,
-) {
+/// Read, parse and send the lines of `input` (each at most `max_line` bytes) until its end, a
+/// bad line, or a receiver that has gone: in batches of up to [`BATCH_LINES`] lines or
+/// [`BATCH_BYTES`] of values, and whatever is parsed whenever the input has nothing more
+/// buffered (so a slow producer's lines are not held back).
+async fn read_lines(mut input: Input, tx: mpsc::Sender<Vec<Parsed>>, max_line: u64) {
     let mut buf = Vec::new();
     let (mut line, mut read) = (0u64, 0u64);
+    let (mut batch, mut batch_bytes) = (Vec::new(), 0usize);
     loop {
+        if !batch.is_empty()
+            && (input.buffer().is_empty()
+                || batch.len() >= BATCH_LINES
+                || batch_bytes >= BATCH_BYTES)
+        {
+            batch_bytes = 0;
+            if tx.send(std::mem::take(&mut batch)).await.is_err() {
+                return;
+            }
+        }
         buf.clear();
         let got = (&mut input)
             .take(max_line + 1)
@@ -226,7 +243,12 @@ async fn read_lines(
             .await;
         line += 1;
         let item = match got {
-            Ok(0) => return,
+            Ok(0) => {
+                if !batch.is_empty() {
+                    let _ = tx.send(batch).await;
+                }
+                return;
+            }
             Ok(n) => {
                 read += n as u64;
                 if n as u64 > max_line {
@@ -249,8 +271,13 @@ async fn read_lines(
             }
             Err(e) => Item::Bad(anyhow::Error::new(e).context("reading the input")),
         };
+        if let Item::Cell(c) = &item {
+            batch_bytes += c.request.value.len();
+        }
         let last = matches!(item, Item::Bad(_));
-        if tx.send(Parsed { line, read, item }).await.is_err() || last {
+        batch.push(Parsed { line, read, item });
+        if last {
+            let _ = tx.send(batch).await;
             return;
         }
     }
@@ -374,7 +401,7 @@ struct Answer {
 /// Send the lines `rx` gives with `send` (a line's write, busy retries included).
 async fn run<S, F>(
     send: S,
-    mut rx: mpsc::Receiver<Parsed>,
+    mut rx: mpsc::Receiver<Vec<Parsed>>,
     concurrency: usize,
     status: fn(tonic::Status) -> anyhow::Error,
     progress: &Progress,
@@ -396,33 +423,44 @@ where
         busy_cells: HashSet::new(),
     };
     let mut in_flight: JoinSet<Answer> = JoinSet::new();
-    // A line taken from the reader and not yet sent: its cell's earlier write is in flight, or
-    // every place is taken.
-    let mut waiting: Option<(u64, Cell)> = None;
+    // Lines taken from the reader and not yet sent, in order: the first waits while its
+    // cell's earlier write is in flight or every place is taken, and the others behind it.
+    let mut pending: VecDeque<Parsed> = VecDeque::new();
     let (mut input_done, mut read) = (false, 0u64);
     loop {
-        if st.failure.is_none()
-            && let Some((line, next)) = waiting.take()
+        while st.failure.is_none()
+            && let Some(next) = pending.pop_front()
         {
-            let cell = cell_of(&next.request);
-            if in_flight.len() < concurrency && !st.busy_cells.contains(&cell) {
-                st.busy_cells.insert(cell);
-                let (value_bytes, sealed) = (next.request.value.len() as u64, next.sealed);
-                let answer = send(next.request);
-                in_flight.spawn(async move {
-                    Answer {
-                        line,
-                        cell,
-                        value_bytes,
-                        sealed,
-                        result: answer.await,
+            read = next.read;
+            match next.item {
+                Item::Blank => st.written.done(next.line),
+                Item::Bad(why) => st.fail(next.line, why),
+                Item::Cell(c) => {
+                    let cell = cell_of(&c.request);
+                    if in_flight.len() >= concurrency || st.busy_cells.contains(&cell) {
+                        pending.push_front(Parsed {
+                            item: Item::Cell(c),
+                            ..next
+                        });
+                        break;
                     }
-                });
-            } else {
-                waiting = Some((line, next));
+                    st.busy_cells.insert(cell);
+                    let (line, value_bytes, sealed) =
+                        (next.line, c.request.value.len() as u64, c.sealed);
+                    let answer = send(c.request);
+                    in_flight.spawn(async move {
+                        Answer {
+                            line,
+                            cell,
+                            value_bytes,
+                            sealed,
+                            result: answer.await,
+                        }
+                    });
+                }
             }
         }
-        let take_lines = st.failure.is_none() && waiting.is_none() && !input_done;
+        let take_lines = st.failure.is_none() && pending.is_empty() && !input_done;
         if !take_lines && in_flight.is_empty() {
             break;
         }
@@ -432,14 +470,7 @@ where
             }
             next = rx.recv(), if take_lines => match next {
                 None => input_done = true,
-                Some(Parsed { line, read: r, item }) => {
-                    read = r;
-                    match item {
-                        Item::Blank => st.written.done(line),
-                        Item::Cell(cell) => waiting = Some((line, cell)),
-                        Item::Bad(why) => st.fail(line, why),
-                    }
-                }
+                Some(batch) => pending.extend(batch),
             },
         }
         progress.show(read, &st.loaded);
@@ -754,8 +785,7 @@ mod tests {
             r#"{"x":1,"y":0,"z":0,"value":"c"}"#,
             r#"{"x":0,"y":0,"z":0,"value":"b"}"#,
         ];
-        let input: Box<dyn AsyncBufRead + Unpin + Send> =
-            Box::new(std::io::Cursor::new(lines.join("\n").into_bytes()));
+        let input = input_of(lines.join("\n").into_bytes());
         tokio::spawn(read_lines(input, tx, MAX_LINE_BYTES));
         let loaded = run(
             send,
@@ -778,17 +808,15 @@ mod tests {
     #[tokio::test]
     async fn lines_are_read_up_to_a_limit() {
         let text = "\r\n{\"x\":1,\"y\":2,\"z\":3,\"value\":\"v\"}\r\n0123456789abcdef\nnever read";
-        let input: Box<dyn AsyncBufRead + Unpin + Send> =
-            Box::new(std::io::Cursor::new(text.as_bytes().to_vec()));
         let (tx, mut rx) = mpsc::channel(8);
-        read_lines(input, tx, 40).await;
+        read_lines(input_of(text.as_bytes().to_vec()), tx, 40).await;
         let mut got = Vec::new();
-        while let Some(p) = rx.recv().await {
-            got.push(match p.item {
+        while let Some(batch) = rx.recv().await {
+            got.extend(batch.into_iter().map(|p| match p.item {
                 Item::Blank => format!("{} blank", p.line),
                 Item::Cell(c) => format!("{} cell {:?}", p.line, c.request.coord),
                 Item::Bad(e) => format!("{} bad {e}", p.line),
-            });
+            }));
         }
         assert_eq!(
             got[..2],
@@ -797,15 +825,55 @@ mod tests {
         assert_eq!(got.len(), 3, "{got:?}");
         assert!(got[2].starts_with("3 bad not a cell"), "{got:?}");
 
-        let input: Box<dyn AsyncBufRead + Unpin + Send> =
-            Box::new(std::io::Cursor::new(vec![b'x'; 100]));
         let (tx, mut rx) = mpsc::channel(8);
-        read_lines(input, tx, 40).await;
-        let first = rx.recv().await.unwrap();
+        read_lines(input_of(vec![b'x'; 100]), tx, 40).await;
+        let batch = rx.recv().await.unwrap();
+        let [first] = &batch[..] else {
+            panic!("one line, not {}", batch.len())
+        };
         assert!(
             matches!(&first.item, Item::Bad(e) if e.to_string().starts_with("the line is longer than 40 bytes")),
         );
         assert_eq!(first.read, 41);
+        assert!(rx.recv().await.is_none());
+    }
+
+    fn input_of(bytes: Vec<u8>) -> Input {
+        BufReader::new(Box::new(std::io::Cursor::new(bytes)))
+    }
+
+    /// Lines go over in batches, a batch ending at BATCH_LINES lines, and at whatever is read
+    /// when the input has nothing more yet: a slow producer's line is not held back.
+    #[tokio::test]
+    async fn lines_go_over_in_batches_and_none_waits_for_a_slow_producer() {
+        let line = |i: usize| format!("{{\"x\":{i},\"y\":0,\"z\":0,\"value\":\"v\"}}\n");
+        let many: String = (0..BATCH_LINES + 10).map(line).collect();
+        let (tx, mut rx) = mpsc::channel(8);
+        read_lines(input_of(many.into_bytes()), tx, MAX_LINE_BYTES).await;
+        let mut sizes = Vec::new();
+        while let Some(batch) = rx.recv().await {
+            sizes.push(batch.len());
+        }
+        assert_eq!(sizes.iter().sum::<usize>(), BATCH_LINES + 10);
+        assert!(sizes.iter().all(|&n| n <= BATCH_LINES), "{sizes:?}");
+
+        let (mut writer, reader) = tokio::io::duplex(1 << 16);
+        let (tx, mut rx) = mpsc::channel(8);
+        tokio::spawn(read_lines(
+            BufReader::new(Box::new(reader)),
+            tx,
+            MAX_LINE_BYTES,
+        ));
+        use tokio::io::AsyncWriteExt as _;
+        writer.write_all(line(1).as_bytes()).await.unwrap();
+        let first = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .expect("the first line is handed over before the second is written")
+            .unwrap();
+        assert_eq!(first.len(), 1);
+        writer.write_all(line(2).as_bytes()).await.unwrap();
+        drop(writer);
+        assert_eq!(rx.recv().await.unwrap()[0].line, 2);
         assert!(rx.recv().await.is_none());
     }
 

@@ -45,8 +45,8 @@ struct Line {
     value_hex: Option<String>,
     #[serde(default)]
     expected_version: Option<u64>,
-    /// What `cubec region` prints besides, taken and not restored: a loaded cell gets the
-    /// tenant's next version, unsealed.
+    /// What `cubec region` prints besides, taken and not restored: a loaded cell gets its own
+    /// next version (1 for a new cell), unsealed.
     #[serde(default, rename = "version")]
     _version: Option<serde::de::IgnoredAny>,
     #[serde(default)]
@@ -130,17 +130,30 @@ pub(crate) struct Loaded {
     pub sealed_not_restored: u64,
 }
 
-/// The lines answered: 1..=`prefix` all written (or blank), and those in `beyond`.
+/// The lines done: 1..=`prefix` all acknowledged or blank; past it, those acknowledged in
+/// `beyond` and the blank ones in `blank`.
 #[derive(Debug, Default)]
 struct Written {
     prefix: u64,
     beyond: BTreeSet<u64>,
+    blank: BTreeSet<u64>,
 }
 
 impl Written {
+    /// `line` was acknowledged.
     fn done(&mut self, line: u64) {
         self.beyond.insert(line);
-        while self.beyond.remove(&(self.prefix + 1)) {
+        self.advance();
+    }
+
+    /// `line` is blank: nothing to write.
+    fn blank(&mut self, line: u64) {
+        self.blank.insert(line);
+        self.advance();
+    }
+
+    fn advance(&mut self) {
+        while self.beyond.remove(&(self.prefix + 1)) || self.blank.remove(&(self.prefix + 1)) {
             self.prefix += 1;
         }
     }
@@ -180,7 +193,8 @@ pub(crate) async fn load(
         (BufReader::with_capacity(1 << 20, Box::new(f)), len)
     };
     let progress = Progress::new(total);
-    // One batch parsed ahead of the writes.
+    // One batch (up to 1 MiB of values, or one longer line) parsed ahead of the writes, and one
+    // more the reader holds while it waits to hand it over.
     let (tx, rx) = mpsc::channel(1);
     let reader = tokio::spawn(read_lines(input, tx, MAX_LINE_BYTES));
     let send = move |request| {
@@ -308,7 +322,7 @@ impl Failure {
         }];
         if !written.beyond.is_empty() {
             parts.push(format!(
-                "and {} {}, in flight when it stopped",
+                "and after it {} {}",
                 plural(written.beyond.len(), "line", "lines"),
                 ranges(&written.beyond)
             ));
@@ -433,7 +447,7 @@ where
         {
             read = next.read;
             match next.item {
-                Item::Blank => st.written.done(next.line),
+                Item::Blank => st.written.blank(next.line),
                 Item::Bad(why) => st.fail(next.line, why),
                 Item::Cell(c) => {
                     let cell = cell_of(&c.request);
@@ -700,6 +714,12 @@ mod tests {
         assert_eq!(w.beyond.iter().copied().collect::<Vec<_>>(), [5]);
         w.done(4);
         assert_eq!((w.prefix, w.beyond.len()), (5, 0));
+        // Blank lines carry the prefix over them and are kept apart past it.
+        w.blank(7);
+        w.blank(6);
+        assert_eq!((w.prefix, w.beyond.len(), w.blank.len()), (7, 0, 0));
+        w.blank(9);
+        assert_eq!((w.prefix, w.beyond.len(), w.blank.len()), (7, 0, 1));
     }
 
     #[test]
@@ -744,6 +764,8 @@ mod tests {
         for line in [1, 2, 4, 6, 7, 8] {
             written.done(line);
         }
+        // A blank line past the prefix is not named as written.
+        written.blank(9);
         let later = Failure {
             line: 3,
             why: anyhow::anyhow!("refused"),
@@ -753,10 +775,10 @@ mod tests {
         let text = format!("{:#}", later.into_error(Path::new("-in.jsonl")));
         assert_eq!(
             text,
-            "line 3: the load stopped there. Acknowledged: lines 1 to 2, and lines 4, 6-8, in \
-             flight when it stopped; whether lines 3, 5 were written is unknown (read them back). \
-             Resume with `tail -n +3 ./-in.jsonl | cubec load -` (with this command's options); \
-             a line written again gets a new version of the same value: refused"
+            "line 3: the load stopped there. Acknowledged: lines 1 to 2, and after it lines 4, \
+             6-8; whether lines 3, 5 were written is unknown (read them back). Resume with `tail \
+             -n +3 ./-in.jsonl | cubec load -` (with this command's options); a line written \
+             again gets a new version of the same value: refused"
         );
     }
 

@@ -374,7 +374,7 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run()) {
+    let code = match runtime.block_on(run()) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("cubec: error: {}", cube_cli::error_chain(&e));
@@ -384,7 +384,11 @@ fn main() -> std::process::ExitCode {
                 std::process::ExitCode::FAILURE
             }
         }
-    }
+    };
+    // Not waiting for blocking work left behind: a `load -` that stopped may have a read of
+    // standard input outstanding, which would hold the exit until more input or its end.
+    runtime.shutdown_background();
+    code
 }
 
 async fn run() -> anyhow::Result<()> {

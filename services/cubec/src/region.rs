@@ -39,13 +39,11 @@ pub(crate) async fn region(
     let mut printed = 0u64;
     let mut token = Vec::new();
     loop {
-        let want = match limit {
-            Some(l) if l - printed < u64::from(PAGE) => (l - printed) as u32,
-            _ => PAGE,
-        };
-        if want == 0 {
+        let left = limit.map_or(u64::MAX, |l| l.saturating_sub(printed));
+        if left == 0 {
             return Ok(printed);
         }
+        let want = u32::try_from(left).unwrap_or(PAGE).min(PAGE);
         let answer = cells
             .region(RegionRequest {
                 min: Some(min),
@@ -55,12 +53,20 @@ pub(crate) async fn region(
             })
             .await
             .map_err(status)?;
-        let next = answer
-            .metadata()
-            .get_bin(NEXT_PAGE_TOKEN)
-            .and_then(|v| v.to_bytes().ok())
-            .map(|b| b.to_vec());
+        let next = match answer.metadata().get_bin(NEXT_PAGE_TOKEN) {
+            None => None,
+            Some(v) => Some(v.to_bytes().map_err(|e| {
+                anyhow::anyhow!(
+                    "the server's next-page token does not decode ({e}); {printed} cells were \
+                     printed before it"
+                )
+            })?),
+        };
+        // The whole page (at most 4 MiB of cells) is read before any of it is printed: a
+        // reader of the output that pauses must not hold the page open on the server, which
+        // ends a page not taken within --page-read-secs.
         let mut stream = answer.into_inner();
+        let mut page = Vec::new();
         loop {
             // The call's own timeout ends when the page's head arrives; a server that stops
             // sending after that would otherwise hang the command.
@@ -70,20 +76,28 @@ pub(crate) async fn region(
                     .map_err(|_| {
                         anyhow::anyhow!(
                             "no answer within --timeout-secs: the server stopped sending the \
-                             region's cells after {printed} (stopped or overloaded?); raise \
-                             --timeout-secs, 0 for no limit"
+                             region's cells after {} (stopped or overloaded?); raise \
+                             --timeout-secs, 0 for no limit",
+                            printed + page.len() as u64
                         )
                     })?,
                 None => stream.message().await,
             };
-            let Some(cell) = message.map_err(status)? else {
-                break;
-            };
-            crate::out(cell_json(&cell));
+            match message.map_err(status)? {
+                Some(cell) => page.push(cell),
+                None => break,
+            }
+        }
+        // Never more than asked, whatever a server sends.
+        for cell in page
+            .iter()
+            .take(usize::try_from(left).unwrap_or(usize::MAX))
+        {
+            crate::out(cell_json(cell));
             printed += 1;
         }
         match next {
-            Some(t) if !t.is_empty() => token = t,
+            Some(t) if !t.is_empty() => token = t.to_vec(),
             _ => return Ok(printed),
         }
     }

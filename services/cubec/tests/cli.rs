@@ -1510,11 +1510,16 @@ async fn region_pages_through_a_box_and_its_output_loads_elsewhere() {
         (&sealed["value"], &sealed["sealed"]),
         (&"v357".into(), &true.into())
     );
-    let limited = region(d, Some("5"));
-    assert_eq!(
-        String::from_utf8(limited.stdout).unwrap().lines().count(),
-        5
-    );
+    // Limits within the first page and across pages print exactly that many, in the same order.
+    for limit in [5, 1500] {
+        let limited = region(d, Some(&limit.to_string()));
+        let lines: Vec<serde_json::Value> = String::from_utf8(limited.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines[..], printed[..limit]);
+    }
 
     // Into acme: the same cells, none sealed.
     let copy = dir.path().join("region.jsonl");
@@ -1545,4 +1550,46 @@ async fn region_pages_through_a_box_and_its_output_loads_elsewhere() {
         }
         assert_eq!(to["sealed"], false);
     }
+}
+
+/// A load from standard input that stops at a refused write exits then, with the input still
+/// open (the reader's read of standard input, left behind, does not hold the exit).
+#[test]
+fn a_stopped_load_from_an_open_standard_input_exits() {
+    let server = TestServer::start(&cubed()).unwrap();
+    let creds = server.data_dir().join("dev-credentials.json");
+    let mut child = Command::new(cubec())
+        .args(["--credentials", creds.to_str().unwrap(), "load", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    {
+        use std::io::Write as _;
+        writeln!(
+            stdin,
+            r#"{{"x":1,"y":1,"z":1,"value":"v","expected_version":5}}"#
+        )
+        .unwrap();
+        stdin.flush().unwrap();
+    }
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "cubec load - still runs 20 s after its first line was refused"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    drop(stdin);
+    assert_eq!(status.code(), Some(1));
+    let out = child.wait_with_output().unwrap();
+    let e = stderr(&out);
+    assert!(e.contains("line 1: the load stopped there"), "{e}");
+    assert!(e.contains("FailedPrecondition"), "{e}");
 }

@@ -229,6 +229,23 @@ fn decode_hex<const N: usize>(hex: &[u8], upper_ok: bool) -> Option<[u8; N]> {
     (bad == 0).then_some(out)
 }
 
+/// Hex characters (either case, an even number of them) as bytes, or `None`: what clients
+/// decode a value given in hex with (`cubec load`'s `value_hex`).
+pub fn decode_hex_bytes(hex: &[u8]) -> Option<Vec<u8>> {
+    if !hex.len().is_multiple_of(2) {
+        return None;
+    }
+    let refused = NOT_HEX & !(UPPER | 0x0f);
+    let mut out = Vec::with_capacity(hex.len() / 2);
+    let mut bad = 0u8;
+    for pair in hex.chunks_exact(2) {
+        let (hi, lo) = (HEX[pair[0] as usize], HEX[pair[1] as usize]);
+        bad |= (hi | lo) & refused;
+        out.push(((hi & 0x0f) << 4) | (lo & 0x0f));
+    }
+    (bad == 0).then_some(out)
+}
+
 /// 64 hex characters (either case) as 32 bytes, or `None`.
 fn decode_hex_32(hex: &[u8]) -> Option<[u8; 32]> {
     decode_hex(hex, true)
@@ -358,6 +375,13 @@ mod tests {
             &nonce.replace('f', "g"),
         ] {
             assert_eq!(parse_nonce(bad.as_bytes()), None, "{bad:?}");
+        }
+        // Any even length, either case: a value in hex.
+        assert_eq!(decode_hex_bytes(b"00fFa1").unwrap(), [0x00, 0xff, 0xa1]);
+        assert_eq!(decode_hex_bytes(upper.as_bytes()).unwrap(), bytes);
+        assert_eq!(decode_hex_bytes(b"").unwrap(), Vec::<u8>::new());
+        for bad in ["0", "zz", "0g", "00 1"] {
+            assert_eq!(decode_hex_bytes(bad.as_bytes()), None, "{bad:?}");
         }
     }
 

@@ -8,7 +8,8 @@ mod credentials;
 mod hello;
 
 pub use call::{
-    CallSignature, PreparedKey, SignedCall, call_canonical_string, new_call_nonce, parse_nonce,
+    CallSignature, PreparedKey, SignedCall, call_canonical_string, decode_hex_bytes,
+    new_call_nonce, parse_nonce,
 };
 pub use credentials::{Credentials, Secret, SecretError};
 pub use hello::{hello_mac, server_mac, verify_hello_mac, verify_server_mac};

@@ -65,7 +65,7 @@ fn parse_line(text: &str) -> Result<Cell, String> {
     let line: Line = serde_json::from_str(text).map_err(|e| e.to_string())?;
     let value = match (line.value, line.value_hex) {
         (Some(text), None) => text.into_bytes(),
-        (None, Some(hex)) => unhex(&hex).ok_or_else(|| {
+        (None, Some(hex)) => cube_auth::decode_hex_bytes(hex.as_bytes()).ok_or_else(|| {
             "\"value_hex\" must be an even number of hex digits (0-9, a-f, A-F)".to_string()
         })?,
         (Some(_), Some(_)) => return Err("give \"value\" or \"value_hex\", not both".into()),
@@ -83,39 +83,6 @@ fn parse_line(text: &str) -> Result<Cell, String> {
         },
         sealed: line.sealed == Some(true),
     })
-}
-
-/// Hex digits to bytes (a table lookup per digit: a line holds up to twice the largest value).
-fn unhex(s: &str) -> Option<Vec<u8>> {
-    const INVALID: u8 = 0xff;
-    const TABLE: [u8; 256] = {
-        let mut t = [INVALID; 256];
-        let mut i = 0;
-        while i < 10 {
-            t[b'0' as usize + i] = i as u8;
-            i += 1;
-        }
-        let mut i = 0;
-        while i < 6 {
-            t[b'a' as usize + i] = 10 + i as u8;
-            t[b'A' as usize + i] = 10 + i as u8;
-            i += 1;
-        }
-        t
-    };
-    let digits = s.as_bytes();
-    if !digits.len().is_multiple_of(2) {
-        return None;
-    }
-    let mut out = Vec::with_capacity(digits.len() / 2);
-    for pair in digits.chunks_exact(2) {
-        let (hi, lo) = (TABLE[usize::from(pair[0])], TABLE[usize::from(pair[1])]);
-        if hi == INVALID || lo == INVALID {
-            return None;
-        }
-        out.push((hi << 4) | lo);
-    }
-    Some(out)
 }
 
 /// What a finished load wrote.

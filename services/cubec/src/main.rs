@@ -790,6 +790,28 @@ async fn calls(
     Ok(())
 }
 
+/// The next message of a streamed answer, within `wait` of the one before: the call's own
+/// timeout ends when the stream's head arrives, and a server that stops sending after that
+/// would otherwise hang the command. `what` names what was being sent, for the error.
+async fn next_message<T>(
+    stream: &mut tonic::Streaming<T>,
+    wait: Option<std::time::Duration>,
+    what: impl FnOnce() -> String,
+) -> anyhow::Result<Result<Option<T>, tonic::Status>> {
+    match wait {
+        Some(wait) => tokio::time::timeout(wait, stream.message())
+            .await
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "no answer within --timeout-secs: the server stopped sending the {} \
+                     (stopped or overloaded?); raise --timeout-secs, 0 for no limit",
+                    what()
+                )
+            }),
+        None => Ok(stream.message().await),
+    }
+}
+
 /// Print one line of output. A reader that stopped reading (`cubec audit list | head -1`) ends
 /// the program quietly and successfully, as with other command-line tools.
 fn out(line: impl std::fmt::Display) {
@@ -1222,21 +1244,11 @@ where
             .into_inner();
         let before = out.len();
         loop {
-            // The call's own timeout ends when the stream's head arrives; a server that stops
-            // sending after that would otherwise hang the command.
-            let message = match wait {
-                Some(wait) => tokio::time::timeout(wait, stream.message())
-                    .await
-                    .map_err(|_| {
-                        anyhow::anyhow!(
-                            "no answer within --timeout-secs: the server stopped sending the \
-                             audit trail before entry {next} (stopped or overloaded?); raise \
-                             --timeout-secs, 0 for no limit"
-                        )
-                    })?,
-                None => stream.message().await,
-            };
-            let Some(e) = message.map_err(audit_status)? else {
+            let what = || format!("audit trail before entry {next}");
+            let Some(e) = next_message(&mut stream, wait, what)
+                .await?
+                .map_err(audit_status)?
+            else {
                 break;
             };
             // A server that does not move forward (or sends the last seq there is) would have

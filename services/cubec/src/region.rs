@@ -68,21 +68,9 @@ pub(crate) async fn region(
         let mut stream = answer.into_inner();
         let mut page = Vec::new();
         loop {
-            // The call's own timeout ends when the page's head arrives; a server that stops
-            // sending after that would otherwise hang the command.
-            let message = match wait {
-                Some(wait) => tokio::time::timeout(wait, stream.message())
-                    .await
-                    .map_err(|_| {
-                        anyhow::anyhow!(
-                            "no answer within --timeout-secs: the server stopped sending the \
-                             region's cells after {} (stopped or overloaded?); raise \
-                             --timeout-secs, 0 for no limit",
-                            printed + page.len() as u64
-                        )
-                    })?,
-                None => stream.message().await,
-            };
+            let done = printed + page.len() as u64;
+            let what = || format!("region's cells after {done}");
+            let message = crate::next_message(&mut stream, wait, what).await?;
             match message.map_err(status)? {
                 Some(cell) => page.push(cell),
                 None => break,

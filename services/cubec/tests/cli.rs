@@ -1398,18 +1398,15 @@ fn a_failed_line_stops_the_load_and_says_what_is_written() {
     ];
     let file = dir.path().join("refused.jsonl");
     std::fs::write(&file, lines.join("\n")).unwrap();
-    let o = run(
-        dir.path(),
-        &[],
-        &[
-            "--credentials",
-            c,
-            "load",
-            file.to_str().unwrap(),
-            "--concurrency",
-            "1",
-        ],
-    );
+    let f = file.to_str().unwrap();
+    let load_at = |n: &str| {
+        run(
+            dir.path(),
+            &[],
+            &["--credentials", c, "load", f, "--concurrency", n],
+        )
+    };
+    let o = load_at("1");
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let e = stderr(&o);
     assert!(
@@ -1418,18 +1415,7 @@ fn a_failed_line_stops_the_load_and_says_what_is_written() {
     );
     assert!(e.contains("FailedPrecondition: version mismatch"), "{e}");
     assert!(cells(201));
-    let o = run(
-        dir.path(),
-        &[],
-        &[
-            "--credentials",
-            c,
-            "load",
-            file.to_str().unwrap(),
-            "--concurrency",
-            "0",
-        ],
-    );
+    let o = load_at("0");
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
 }
 

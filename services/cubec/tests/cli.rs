@@ -1242,6 +1242,17 @@ fn audit_verify_names_the_first_broken_link() {
     assert!(o.stdout.is_empty());
 }
 
+/// `cubec --credentials CREDS load -`, its standard input a pipe to write lines into.
+fn load_from_stdin(creds: &Path) -> std::process::Child {
+    Command::new(cubec())
+        .args(["--credentials", creds.to_str().unwrap(), "load", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 /// `cubec load`: every line of a JSON Lines file is written (text and hex values, blank lines
 /// skipped, standard input too), and the summary counts them.
 #[test]
@@ -1305,14 +1316,7 @@ fn load_writes_every_line_of_a_file_and_of_standard_input() {
     let stats = json(&run(dir.path(), &[], &["--credentials", c, "stats"]));
     assert_eq!(stats["cells"], 600);
 
-    let mut child = Command::new(cubec())
-        .current_dir(dir.path())
-        .args(["--credentials", c, "load", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = load_from_stdin(&creds);
     {
         use std::io::Write as _;
         let mut stdin = child.stdin.take().unwrap();
@@ -1544,13 +1548,7 @@ async fn region_pages_through_a_box_and_its_output_loads_elsewhere() {
 fn a_stopped_load_from_an_open_standard_input_exits() {
     let server = TestServer::start(&cubed()).unwrap();
     let creds = server.data_dir().join("dev-credentials.json");
-    let mut child = Command::new(cubec())
-        .args(["--credentials", creds.to_str().unwrap(), "load", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = load_from_stdin(&creds);
     let mut stdin = child.stdin.take().unwrap();
     {
         use std::io::Write as _;

@@ -1370,11 +1370,11 @@ fn fresh_key(tenant: &str, capabilities: Vec<Capability>) -> KeyInfo {
     }
 }
 
-/// A new key for `tenant` (read and write, and admin if `admin`) whose id is not `taken`. 48 random bits make a
-/// collision all but impossible, but one would not be harmless: the new key's record would
-/// overwrite the old key (journal), or be skipped as a replay when applied from the tenant's
-/// log, its caller holding a secret that works nowhere. (Two creations logged at once and not
-/// yet applied are not checked against each other.)
+/// A new key for `tenant` (read and write, and admin if `admin`) whose id is not `taken`. 48
+/// random bits make a collision all but impossible, but one would not be harmless: the new key's
+/// record would overwrite the old key (journal), or be skipped as a replay when applied from the
+/// tenant's log, its caller holding a secret that works nowhere. (Two creations logged at once
+/// and not yet applied are not checked against each other.)
 fn unused_key(tenant: &str, admin: bool, taken: impl Fn(&str) -> bool) -> KeyInfo {
     let mut capabilities = vec![Capability::Read, Capability::Write];
     if admin {

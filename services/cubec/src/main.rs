@@ -15,6 +15,7 @@ use cube_auth::client::{CallSigner, HandshakeError, Signing};
 use tonic::transport::{Channel, Endpoint};
 
 mod deadline;
+mod graph;
 mod load;
 mod region;
 use deadline::{Bounded, NoAnswer};
@@ -176,6 +177,100 @@ enum Cmd {
         /// Writes in flight at once on the connection (1 to 256).
         #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=256))]
         concurrency: u16,
+    },
+    /// Seal the cell at (X, Y, Z): it can no longer change. Prints {"digest" (SHA-256 of the
+    /// value, hex), "version"}.
+    #[command(allow_negative_numbers = true)]
+    Seal {
+        /// X coordinate (a signed 32-bit integer).
+        x: i32,
+        /// Y coordinate.
+        y: i32,
+        /// Z coordinate.
+        z: i32,
+    },
+    /// Store PROGRAM (UTF-8 text), or the bytes of --program-file, as the program at (X, Y, Z).
+    /// Prints {"version", "seq"}.
+    #[command(allow_negative_numbers = true)]
+    Prog {
+        /// X coordinate (a signed 32-bit integer).
+        x: i32,
+        /// Y coordinate.
+        y: i32,
+        /// Z coordinate.
+        z: i32,
+        /// The program's bytes as text.
+        #[arg(
+            required_unless_present = "program_file",
+            conflicts_with = "program_file"
+        )]
+        program: Option<String>,
+        /// Store this file's bytes (any bytes; `-` reads standard input).
+        #[arg(long)]
+        program_file: Option<PathBuf>,
+    },
+    /// Run the program at (X, Y, Z) with --input (default: none): counts the run and records
+    /// it. Prints {"program" (or "program_hex"), "run_count"}. Not idempotent: a repeated run
+    /// counts twice.
+    #[command(allow_negative_numbers = true)]
+    Run {
+        /// X coordinate (a signed 32-bit integer).
+        x: i32,
+        /// Y coordinate.
+        y: i32,
+        /// Z coordinate.
+        z: i32,
+        /// The run's input as text.
+        #[arg(long, conflicts_with = "input_file")]
+        input: Option<String>,
+        /// The run's input from this file (`-` reads standard input).
+        #[arg(long)]
+        input_file: Option<PathBuf>,
+    },
+    /// Create the edge labelled LABEL from (X1, Y1, Z1) to (X2, Y2, Z2). Prints {"created"}
+    /// (false: it existed).
+    #[command(allow_negative_numbers = true)]
+    Link {
+        x1: i32,
+        y1: i32,
+        z1: i32,
+        x2: i32,
+        y2: i32,
+        z2: i32,
+        /// The edge's label, 1 to 64 bytes of UTF-8.
+        label: String,
+    },
+    /// Remove the edge labelled LABEL from (X1, Y1, Z1) to (X2, Y2, Z2). Prints {"existed"}.
+    #[command(allow_negative_numbers = true)]
+    Unlink {
+        x1: i32,
+        y1: i32,
+        z1: i32,
+        x2: i32,
+        y2: i32,
+        z2: i32,
+        /// The edge's label.
+        label: String,
+    },
+    /// The cells reachable from (X, Y, Z) along edges, breadth first. Prints {"visits":
+    /// [{"x","y","z","depth"}…], "truncated"}.
+    #[command(allow_negative_numbers = true)]
+    Walk {
+        /// X coordinate (a signed 32-bit integer).
+        x: i32,
+        /// Y coordinate.
+        y: i32,
+        /// Z coordinate.
+        z: i32,
+        /// Edges to follow at most from the start (1 to 16; default 16).
+        #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=16))]
+        max_depth: u32,
+        /// Visits to return at most (0: the server's default, 1000).
+        #[arg(long, default_value_t = 0)]
+        limit: u32,
+        /// Follow only edges with this label (repeat for several; default: every label).
+        #[arg(long = "label")]
+        labels: Vec<String>,
     },
     /// Print every cell of the box from (X1, Y1, Z1) to (X2, Y2, Z2), both included, as JSON
     /// lines that `cubec load` reads: {"x","y","z","value" (or "value_hex"),"version","sealed"}.
@@ -735,7 +830,7 @@ async fn calls(
         } => {
             let value = match (value, value_file) {
                 (Some(text), _) => text.into_bytes(),
-                (None, Some(file)) => read_value_file(&file)?,
+                (None, Some(file)) => read_value_file(&file, "--value-file")?,
                 (None, None) => anyhow::bail!("give VALUE or --value-file"),
             };
             let r = cells
@@ -765,6 +860,105 @@ async fn calls(
                     serde_json::json!({ "found": r.found, "value_hex": hex(&r.value), "version": r.version, "sealed": r.sealed })
                 }
             }
+        }
+        Cmd::Seal { x, y, z } => {
+            graph::call(&mut cells, graph::Call::Seal(Coord { x, y, z }), status).await?
+        }
+        Cmd::Prog {
+            x,
+            y,
+            z,
+            program,
+            program_file,
+        } => {
+            let program = match (program, program_file) {
+                (Some(text), _) => text.into_bytes(),
+                (None, Some(file)) => read_value_file(&file, "--program-file")?,
+                (None, None) => anyhow::bail!("give PROGRAM or --program-file"),
+            };
+            let call = graph::Call::Prog(Coord { x, y, z }, program);
+            graph::call(&mut cells, call, status).await?
+        }
+        Cmd::Run {
+            x,
+            y,
+            z,
+            input,
+            input_file,
+        } => {
+            let input = match (input, input_file) {
+                (Some(text), _) => text.into_bytes(),
+                (None, Some(file)) => read_value_file(&file, "--input-file")?,
+                (None, None) => Vec::new(),
+            };
+            graph::call(
+                &mut cells,
+                graph::Call::Run(Coord { x, y, z }, input),
+                status,
+            )
+            .await?
+        }
+        Cmd::Link {
+            x1,
+            y1,
+            z1,
+            x2,
+            y2,
+            z2,
+            label,
+        } => {
+            let (from, to) = (
+                Coord {
+                    x: x1,
+                    y: y1,
+                    z: z1,
+                },
+                Coord {
+                    x: x2,
+                    y: y2,
+                    z: z2,
+                },
+            );
+            graph::call(&mut cells, graph::Call::Link(from, to, label), status).await?
+        }
+        Cmd::Unlink {
+            x1,
+            y1,
+            z1,
+            x2,
+            y2,
+            z2,
+            label,
+        } => {
+            let (from, to) = (
+                Coord {
+                    x: x1,
+                    y: y1,
+                    z: z1,
+                },
+                Coord {
+                    x: x2,
+                    y: y2,
+                    z: z2,
+                },
+            );
+            graph::call(&mut cells, graph::Call::Unlink(from, to, label), status).await?
+        }
+        Cmd::Walk {
+            x,
+            y,
+            z,
+            max_depth,
+            limit,
+            labels,
+        } => {
+            let call = graph::Call::Walk {
+                start: Coord { x, y, z },
+                max_depth,
+                limit,
+                labels,
+            };
+            graph::call(&mut cells, call, status).await?
         }
         Cmd::Audit(_) | Cmd::Stats | Cmd::Load { .. } | Cmd::Region { .. } => {
             unreachable!("handled above")
@@ -826,14 +1020,14 @@ fn out(line: impl std::fmt::Display) {
 }
 
 /// The bytes of `--value-file` (`-`: standard input).
-fn read_value_file(file: &Path) -> anyhow::Result<Vec<u8>> {
+fn read_value_file(file: &Path, flag: &str) -> anyhow::Result<Vec<u8>> {
     if file == Path::new("-") {
         let mut bytes = Vec::new();
         std::io::Read::read_to_end(&mut std::io::stdin(), &mut bytes)
-            .context("reading the value from standard input")?;
+            .with_context(|| format!("reading {flag} - (standard input)"))?;
         return Ok(bytes);
     }
-    std::fs::read(file).with_context(|| format!("reading --value-file {}", file.display()))
+    std::fs::read(file).with_context(|| format!("reading {flag} {}", file.display()))
 }
 
 const DEFAULT_CA: &str = "./cube-data/tls/ca.pem";

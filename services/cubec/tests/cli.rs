@@ -1577,3 +1577,89 @@ fn a_stopped_load_from_an_open_standard_input_exits() {
     assert!(e.contains("line 1: the load stopped there"), "{e}");
     assert!(e.contains("FailedPrecondition"), "{e}");
 }
+
+/// `seal`, `prog`, `run`, `link`, `unlink` and `walk`: each one call, its answer one JSON
+/// object, a refusal the server's code and message.
+#[test]
+fn programs_seals_and_edges_from_the_command_line() {
+    let server = TestServer::start(&cubed()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let creds = server.data_dir().join("dev-credentials.json");
+    let c = creds.to_str().unwrap();
+    let cubec_ok = |args: &[&str]| {
+        let mut all = vec!["--credentials", c];
+        all.extend_from_slice(args);
+        json(&run(dir.path(), &[], &all))
+    };
+    let cubec_err = |args: &[&str]| {
+        let mut all = vec!["--credentials", c];
+        all.extend_from_slice(args);
+        let o = run(dir.path(), &[], &all);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stderr(&o));
+        stderr(&o)
+    };
+
+    assert_eq!(cubec_ok(&["prog", "1", "-1", "0", "inc"])["version"], 1);
+    let r = cubec_ok(&["run", "1", "-1", "0", "--input", "x"]);
+    assert_eq!((&r["program"], &r["run_count"]), (&"inc".into(), &1.into()));
+    let binary = dir.path().join("prog.bin");
+    std::fs::write(&binary, [0u8, 0xfe]).unwrap();
+    cubec_ok(&[
+        "prog",
+        "1",
+        "-1",
+        "0",
+        "--program-file",
+        binary.to_str().unwrap(),
+    ]);
+    let r = cubec_ok(&["run", "1", "-1", "0"]);
+    assert_eq!(
+        (&r["program_hex"], &r["run_count"]),
+        (&"00fe".into(), &2.into())
+    );
+    assert!(cubec_err(&["run", "5", "5", "5"]).contains("FailedPrecondition"));
+
+    cubec_ok(&["write", "2", "2", "2", "sealed value"]);
+    let s = cubec_ok(&["seal", "2", "2", "2"]);
+    // `printf 'sealed value' | sha256sum`
+    assert_eq!(
+        s["digest"],
+        "c1e9c138c3c54592988af644358aca6f142a7b7f183a20846ca32eea15e495d8"
+    );
+    assert_eq!(s["version"], 1);
+    assert!(cubec_err(&["write", "2", "2", "2", "again"]).contains("sealed"));
+
+    assert_eq!(
+        cubec_ok(&["link", "0", "0", "0", "1", "0", "0", "next"])["created"],
+        true
+    );
+    assert_eq!(
+        cubec_ok(&["link", "1", "0", "0", "2", "0", "0", "next"])["created"],
+        true
+    );
+    assert_eq!(
+        cubec_ok(&["link", "0", "0", "0", "0", "0", "9", "other"])["created"],
+        true
+    );
+    assert_eq!(
+        cubec_ok(&["link", "0", "0", "0", "1", "0", "0", "next"])["created"],
+        false
+    );
+    let w = cubec_ok(&["walk", "0", "0", "0", "--label", "next"]);
+    assert_eq!(
+        w["visits"].to_string(),
+        r#"[{"depth":1,"x":1,"y":0,"z":0},{"depth":2,"x":2,"y":0,"z":0}]"#
+    );
+    assert_eq!(w["truncated"], false);
+    let w = cubec_ok(&["walk", "0", "0", "0", "--max-depth", "1"]);
+    assert_eq!(w["visits"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        cubec_ok(&["unlink", "0", "0", "0", "1", "0", "0", "next"])["existed"],
+        true
+    );
+    assert_eq!(
+        cubec_ok(&["unlink", "0", "0", "0", "1", "0", "0", "next"])["existed"],
+        false
+    );
+    assert!(cubec_err(&["link", "0", "0", "0", "1", "0", "0", ""]).contains("InvalidArgument"));
+}

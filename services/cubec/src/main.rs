@@ -191,7 +191,8 @@ enum Cmd {
     },
     /// Store PROGRAM (UTF-8 text), or the bytes of --program-file, as the program at (X, Y, Z).
     /// Prints {"version", "seq"}.
-    #[command(allow_negative_numbers = true)]
+    // PROGRAM may start with `-`, `-h` too (help is `--help`), as write's VALUE.
+    #[command(allow_negative_numbers = true, disable_help_flag = true)]
     Prog {
         /// X coordinate (a signed 32-bit integer).
         x: i32,
@@ -199,15 +200,20 @@ enum Cmd {
         y: i32,
         /// Z coordinate.
         z: i32,
-        /// The program's bytes as text.
+        /// The program's bytes as text (it may start with `-`; one starting with `--` only
+        /// after a bare `--`).
         #[arg(
             required_unless_present = "program_file",
-            conflicts_with = "program_file"
+            conflicts_with = "program_file",
+            allow_hyphen_values = true
         )]
         program: Option<String>,
         /// Store this file's bytes (any bytes; `-` reads standard input).
         #[arg(long)]
         program_file: Option<PathBuf>,
+        /// Print help.
+        #[arg(long, action = clap::ArgAction::Help)]
+        help: Option<bool>,
     },
     /// Run the program at (X, Y, Z) with --input (default: none): counts the run and records
     /// it. Prints {"program" (or "program_hex"), "run_count"}. Not idempotent: a repeated run
@@ -220,8 +226,8 @@ enum Cmd {
         y: i32,
         /// Z coordinate.
         z: i32,
-        /// The run's input as text.
-        #[arg(long, conflicts_with = "input_file")]
+        /// The run's input as text (it may start with `-`).
+        #[arg(long, conflicts_with = "input_file", allow_hyphen_values = true)]
         input: Option<String>,
         /// The run's input from this file (`-` reads standard input).
         #[arg(long)]
@@ -229,7 +235,8 @@ enum Cmd {
     },
     /// Create the edge labelled LABEL from (X1, Y1, Z1) to (X2, Y2, Z2). Prints {"created"}
     /// (false: it existed).
-    #[command(allow_negative_numbers = true)]
+    // LABEL may start with `-`, `-h` too (help is `--help`).
+    #[command(allow_negative_numbers = true, disable_help_flag = true)]
     Link {
         x1: i32,
         y1: i32,
@@ -237,11 +244,16 @@ enum Cmd {
         x2: i32,
         y2: i32,
         z2: i32,
-        /// The edge's label, 1 to 64 bytes of UTF-8.
+        /// The edge's label, 1 to 64 bytes of UTF-8 (it may start with `-`; one starting with
+        /// `--` only after a bare `--`).
+        #[arg(allow_hyphen_values = true)]
         label: String,
+        /// Print help.
+        #[arg(long, action = clap::ArgAction::Help)]
+        help: Option<bool>,
     },
     /// Remove the edge labelled LABEL from (X1, Y1, Z1) to (X2, Y2, Z2). Prints {"existed"}.
-    #[command(allow_negative_numbers = true)]
+    #[command(allow_negative_numbers = true, disable_help_flag = true)]
     Unlink {
         x1: i32,
         y1: i32,
@@ -249,8 +261,12 @@ enum Cmd {
         x2: i32,
         y2: i32,
         z2: i32,
-        /// The edge's label.
+        /// The edge's label (as for link).
+        #[arg(allow_hyphen_values = true)]
         label: String,
+        /// Print help.
+        #[arg(long, action = clap::ArgAction::Help)]
+        help: Option<bool>,
     },
     /// The cells reachable from (X, Y, Z) along edges, breadth first. Prints {"visits":
     /// [{"x","y","z","depth"}…], "truncated"}.
@@ -269,7 +285,7 @@ enum Cmd {
         #[arg(long, default_value_t = 0)]
         limit: u32,
         /// Follow only edges with this label (repeat for several; default: every label).
-        #[arg(long = "label")]
+        #[arg(long = "label", allow_hyphen_values = true)]
         labels: Vec<String>,
     },
     /// Print every cell of the box from (X1, Y1, Z1) to (X2, Y2, Z2), both included, as JSON
@@ -495,16 +511,25 @@ async fn run() -> anyhow::Result<()> {
         .unwrap_or_else(|e| usage(e));
     let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| usage(e));
     cli.ca_from_env = matches.value_source("ca") == Some(clap::parser::ValueSource::EnvVariable);
-    if let Cmd::Write {
-        value: Some(value), ..
-    } = &cli.command
+    let free_text = match &cli.command {
+        Cmd::Write {
+            value: Some(value), ..
+        } => Some((value, "cubec write X Y Z")),
+        Cmd::Prog {
+            program: Some(program),
+            ..
+        } => Some((program, "cubec prog X Y Z")),
+        Cmd::Link { label, .. } => Some((label, "cubec link X1 Y1 Z1 X2 Y2 Z2")),
+        Cmd::Unlink { label, .. } => Some((label, "cubec unlink X1 Y1 Z1 X2 Y2 Z2")),
+        _ => None,
+    };
+    if let Some((value, usage)) = free_text
+        && let Err(why) = check_hyphen_value(value, usage, std::env::args_os())
     {
         // A usage error, as clap's own (exit code 2).
-        if let Err(why) = check_hyphen_value(value, std::env::args_os()) {
-            Cli::command()
-                .error(clap::error::ErrorKind::UnknownArgument, why)
-                .exit();
-        }
+        Cli::command()
+            .error(clap::error::ErrorKind::UnknownArgument, why)
+            .exit();
     }
     // A client certificate authenticates the connection: no key material is needed besides it.
     let creds = match &cli.cert {
@@ -870,6 +895,7 @@ async fn calls(
             z,
             program,
             program_file,
+            ..
         } => {
             let program = match (program, program_file) {
                 (Some(text), _) => text.into_bytes(),
@@ -906,6 +932,7 @@ async fn calls(
             y2,
             z2,
             label,
+            ..
         } => {
             let (from, to) = (
                 Coord {
@@ -929,6 +956,7 @@ async fn calls(
             y2,
             z2,
             label,
+            ..
         } => {
             let (from, to) = (
                 Coord {
@@ -1635,11 +1663,13 @@ fn status(s: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!(text)
 }
 
-/// A value that starts with `--` is taken as the value only when it follows a bare `--`: clap
-/// accepts any value starting with `-` (so that `-hot` is written, not read as `-h`), which
-/// would otherwise write a misspelt flag (`--expected-verison=3`) as the value.
+/// A free-text argument (a written value, a program, a label) that starts with `--` is taken
+/// only when it follows a bare `--`: clap accepts any value starting with `-` there (so that
+/// `-hot` is written, not read as `-h`), which would otherwise take a misspelt flag
+/// (`--expected-verison=3`) as the text. `usage` is the command before it, for the message.
 fn check_hyphen_value(
     value: &str,
+    usage: &str,
     argv: impl IntoIterator<Item = std::ffi::OsString>,
 ) -> Result<(), String> {
     if !value.starts_with("--") {
@@ -1655,8 +1685,8 @@ fn check_hyphen_value(
         }
     }
     Err(format!(
-        "the value {value:?} looks like a flag cubec does not know: to write it as the value, \
-         put it after `--` (cubec write X Y Z -- {value}); otherwise check the flag's spelling"
+        "the value {value:?} looks like a flag cubec does not know: to take it as the value, \
+         put it after `--` ({usage} -- {value}); otherwise check the flag's spelling"
     ))
 }
 
@@ -1767,10 +1797,11 @@ mod tests {
     #[test]
     fn a_value_like_a_flag_needs_the_separator() {
         let argv = |a: &[&str]| a.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
+        const W: &str = "cubec write X Y Z";
         let typo = ["cubec", "write", "1", "2", "3", "--expected-verison=3"];
-        assert!(check_hyphen_value("--expected-verison=3", argv(&typo)).is_err());
+        assert!(check_hyphen_value("--expected-verison=3", W, argv(&typo)).is_err());
         let meant = ["cubec", "write", "1", "2", "3", "--", "--x"];
-        assert!(check_hyphen_value("--x", argv(&meant)).is_ok());
+        assert!(check_hyphen_value("--x", W, argv(&meant)).is_ok());
         // A `--` after it does not make a typo a value.
         let late = [
             "cubec",
@@ -1781,9 +1812,9 @@ mod tests {
             "--expected-verison=3",
             "--",
         ];
-        assert!(check_hyphen_value("--expected-verison=3", argv(&late)).is_err());
+        assert!(check_hyphen_value("--expected-verison=3", W, argv(&late)).is_err());
         assert!(
-            check_hyphen_value("-hot", argv(&["cubec", "write", "1", "2", "3", "-hot"])).is_ok()
+            check_hyphen_value("-hot", W, argv(&["cubec", "write", "1", "2", "3", "-hot"])).is_ok()
         );
     }
 

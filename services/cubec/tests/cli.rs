@@ -1599,9 +1599,51 @@ fn programs_seals_and_edges_from_the_command_line() {
         stderr(&o)
     };
 
-    assert_eq!(cubec_ok(&["prog", "1", "-1", "0", "inc"])["version"], 1);
-    let r = cubec_ok(&["run", "1", "-1", "0", "--input", "x"]);
-    assert_eq!((&r["program"], &r["run_count"]), (&"inc".into(), &1.into()));
+    // A program and a run input starting with `-` are text.
+    assert_eq!(cubec_ok(&["prog", "1", "-1", "0", "-inc"])["version"], 1);
+    let r = cubec_ok(&["run", "1", "-1", "0", "--input", "-x"]);
+    assert_eq!(
+        (&r["program"], &r["run_count"]),
+        (&"-inc".into(), &1.into())
+    );
+    // The input reached the server: the run's audit entry holds its digest.
+    let newest_run = || {
+        let o = run(
+            dir.path(),
+            &[],
+            &["--credentials", c, "audit", "list", "--limit", "1000"],
+        );
+        let text = String::from_utf8(o.stdout).unwrap();
+        let entry = text
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .rfind(|e| e["op"] == "run")
+            .unwrap();
+        entry["detail"].as_str().unwrap().to_string()
+    };
+    // `printf -- '-x' | sha256sum`
+    assert!(
+        newest_run().ends_with(
+            "input_sha256=a420962426d711880258b007d6767792992f6700fa93f127dafe1f7333e50466"
+        ),
+        "{}",
+        newest_run()
+    );
+    let input = dir.path().join("input.bin");
+    std::fs::write(&input, [1u8, 2]).unwrap();
+    let input = input.to_str().unwrap();
+    assert_eq!(
+        cubec_ok(&["run", "1", "-1", "0", "--input-file", input])["run_count"],
+        2
+    );
+    // `printf '\x01\x02' | sha256sum`
+    assert!(
+        newest_run().ends_with(
+            "input_sha256=a12871fee210fb8619291eaea194581cbd2531e4b23759d225f6806923f63222"
+        ),
+        "{}",
+        newest_run()
+    );
     let binary = dir.path().join("prog.bin");
     std::fs::write(&binary, [0u8, 0xfe]).unwrap();
     cubec_ok(&[
@@ -1615,9 +1657,18 @@ fn programs_seals_and_edges_from_the_command_line() {
     let r = cubec_ok(&["run", "1", "-1", "0"]);
     assert_eq!(
         (&r["program_hex"], &r["run_count"]),
-        (&"00fe".into(), &2.into())
+        (&"00fe".into(), &3.into())
     );
     assert!(cubec_err(&["run", "5", "5", "5"]).contains("FailedPrecondition"));
+    // `-h` is a program too (help is `--help`); a misspelt flag is a usage error.
+    assert_eq!(cubec_ok(&["prog", "0", "0", "0", "-h"])["version"], 1);
+    assert_eq!(cubec_ok(&["run", "0", "0", "0"])["program"], "-h");
+    let typo = run(
+        dir.path(),
+        &[],
+        &["--credentials", c, "prog", "0", "0", "0", "--program-fil"],
+    );
+    assert_eq!(typo.status.code(), Some(2), "{}", stderr(&typo));
 
     cubec_ok(&["write", "2", "2", "2", "sealed value"]);
     let s = cubec_ok(&["seal", "2", "2", "2"]);
@@ -1629,22 +1680,15 @@ fn programs_seals_and_edges_from_the_command_line() {
     assert_eq!(s["version"], 1);
     assert!(cubec_err(&["write", "2", "2", "2", "again"]).contains("sealed"));
 
-    assert_eq!(
-        cubec_ok(&["link", "0", "0", "0", "1", "0", "0", "next"])["created"],
-        true
-    );
-    assert_eq!(
-        cubec_ok(&["link", "1", "0", "0", "2", "0", "0", "next"])["created"],
-        true
-    );
-    assert_eq!(
-        cubec_ok(&["link", "0", "0", "0", "0", "0", "9", "other"])["created"],
-        true
-    );
-    assert_eq!(
-        cubec_ok(&["link", "0", "0", "0", "1", "0", "0", "next"])["created"],
-        false
-    );
+    let link = |args: &[&str]| {
+        let mut all = vec!["link"];
+        all.extend_from_slice(args);
+        cubec_ok(&all)["created"].clone()
+    };
+    assert_eq!(link(&["0", "0", "0", "1", "0", "0", "next"]), true);
+    assert_eq!(link(&["1", "0", "0", "2", "0", "0", "next"]), true);
+    assert_eq!(link(&["0", "0", "0", "0", "-3", "9", "-other"]), true);
+    assert_eq!(link(&["0", "0", "0", "1", "0", "0", "next"]), false);
     let w = cubec_ok(&["walk", "0", "0", "0", "--label", "next"]);
     assert_eq!(
         w["visits"].to_string(),
@@ -1653,13 +1697,22 @@ fn programs_seals_and_edges_from_the_command_line() {
     assert_eq!(w["truncated"], false);
     let w = cubec_ok(&["walk", "0", "0", "0", "--max-depth", "1"]);
     assert_eq!(w["visits"].as_array().unwrap().len(), 2);
-    assert_eq!(
-        cubec_ok(&["unlink", "0", "0", "0", "1", "0", "0", "next"])["existed"],
-        true
+    let w = cubec_ok(&[
+        "walk", "0", "0", "0", "--label", "next", "--label", "-other",
+    ]);
+    assert_eq!(w["visits"].as_array().unwrap().len(), 3, "{w}");
+    assert!(
+        w["visits"]
+            .to_string()
+            .contains(r#"{"depth":1,"x":0,"y":-3,"z":9}"#),
+        "{w}"
     );
-    assert_eq!(
-        cubec_ok(&["unlink", "0", "0", "0", "1", "0", "0", "next"])["existed"],
-        false
-    );
+    let w = cubec_ok(&["walk", "0", "0", "0", "--limit", "1"]);
+    assert_eq!(w["visits"].as_array().unwrap().len(), 1);
+    assert_eq!(w["truncated"], true);
+    let unlink =
+        |label: &str| cubec_ok(&["unlink", "0", "0", "0", "1", "0", "0", label])["existed"].clone();
+    assert_eq!(unlink("next"), true);
+    assert_eq!(unlink("next"), false);
     assert!(cubec_err(&["link", "0", "0", "0", "1", "0", "0", ""]).contains("InvalidArgument"));
 }

@@ -182,24 +182,16 @@ enum Cmd {
     /// value, hex), "version"}.
     #[command(allow_negative_numbers = true)]
     Seal {
-        /// X coordinate (a signed 32-bit integer).
-        x: i32,
-        /// Y coordinate.
-        y: i32,
-        /// Z coordinate.
-        z: i32,
+        #[command(flatten)]
+        at: At,
     },
     /// Store PROGRAM (UTF-8 text), or the bytes of --program-file, as the program at (X, Y, Z).
     /// Prints {"version", "seq"}.
     // PROGRAM may start with `-`, `-h` too (help is `--help`), as write's VALUE.
     #[command(allow_negative_numbers = true, disable_help_flag = true)]
     Prog {
-        /// X coordinate (a signed 32-bit integer).
-        x: i32,
-        /// Y coordinate.
-        y: i32,
-        /// Z coordinate.
-        z: i32,
+        #[command(flatten)]
+        at: At,
         /// The program's bytes as text (it may start with `-`; one starting with `--` only
         /// after a bare `--`).
         #[arg(
@@ -220,12 +212,8 @@ enum Cmd {
     /// counts twice.
     #[command(allow_negative_numbers = true)]
     Run {
-        /// X coordinate (a signed 32-bit integer).
-        x: i32,
-        /// Y coordinate.
-        y: i32,
-        /// Z coordinate.
-        z: i32,
+        #[command(flatten)]
+        at: At,
         /// The run's input as text (it may start with `-`).
         #[arg(long, conflicts_with = "input_file", allow_hyphen_values = true)]
         input: Option<String>,
@@ -238,12 +226,8 @@ enum Cmd {
     // LABEL may start with `-`, `-h` too (help is `--help`).
     #[command(allow_negative_numbers = true, disable_help_flag = true)]
     Link {
-        x1: i32,
-        y1: i32,
-        z1: i32,
-        x2: i32,
-        y2: i32,
-        z2: i32,
+        #[command(flatten)]
+        ends: Ends,
         /// The edge's label, 1 to 64 bytes of UTF-8 (it may start with `-`; one starting with
         /// `--` only after a bare `--`).
         #[arg(allow_hyphen_values = true)]
@@ -255,12 +239,8 @@ enum Cmd {
     /// Remove the edge labelled LABEL from (X1, Y1, Z1) to (X2, Y2, Z2). Prints {"existed"}.
     #[command(allow_negative_numbers = true, disable_help_flag = true)]
     Unlink {
-        x1: i32,
-        y1: i32,
-        z1: i32,
-        x2: i32,
-        y2: i32,
-        z2: i32,
+        #[command(flatten)]
+        ends: Ends,
         /// The edge's label (as for link).
         #[arg(allow_hyphen_values = true)]
         label: String,
@@ -272,12 +252,8 @@ enum Cmd {
     /// [{"x","y","z","depth"}…], "truncated"}.
     #[command(allow_negative_numbers = true)]
     Walk {
-        /// X coordinate (a signed 32-bit integer).
-        x: i32,
-        /// Y coordinate.
-        y: i32,
-        /// Z coordinate.
-        z: i32,
+        #[command(flatten)]
+        at: At,
         /// Edges to follow at most from the start (1 to 16; default 16).
         #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=16))]
         max_depth: u32,
@@ -310,6 +286,63 @@ enum Cmd {
     /// The tenant's totals (Tenant.Stats): cells, edges, runs, what they store against its
     /// storage quota, its log.
     Stats,
+}
+
+/// A cell's coordinates, as the commands on one cell take them.
+#[derive(Debug, clap::Args)]
+struct At {
+    /// X coordinate (a signed 32-bit integer).
+    x: i32,
+    /// Y coordinate.
+    y: i32,
+    /// Z coordinate.
+    z: i32,
+}
+
+impl At {
+    fn coord(&self) -> Coord {
+        Coord {
+            x: self.x,
+            y: self.y,
+            z: self.z,
+        }
+    }
+}
+
+/// An edge's ends, as link and unlink take them.
+#[derive(Debug, clap::Args)]
+struct Ends {
+    /// The source's X coordinate (a signed 32-bit integer).
+    x1: i32,
+    /// The source's Y coordinate.
+    y1: i32,
+    /// The source's Z coordinate.
+    z1: i32,
+    /// The target's X coordinate.
+    x2: i32,
+    /// The target's Y coordinate.
+    y2: i32,
+    /// The target's Z coordinate.
+    z2: i32,
+}
+
+impl Ends {
+    fn coords(&self) -> (Coord, Coord) {
+        (
+            At {
+                x: self.x1,
+                y: self.y1,
+                z: self.z1,
+            }
+            .coord(),
+            At {
+                x: self.x2,
+                y: self.y2,
+                z: self.z2,
+            }
+            .coord(),
+        )
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -886,13 +919,9 @@ async fn calls(
                 }
             }
         }
-        Cmd::Seal { x, y, z } => {
-            graph::call(&mut cells, graph::Call::Seal(Coord { x, y, z }), status).await?
-        }
+        Cmd::Seal { at } => graph::call(&mut cells, graph::Call::Seal(at.coord()), status).await?,
         Cmd::Prog {
-            x,
-            y,
-            z,
+            at,
             program,
             program_file,
             ..
@@ -902,13 +931,10 @@ async fn calls(
                 (None, Some(file)) => read_value_file(&file, "--program-file")?,
                 (None, None) => anyhow::bail!("give PROGRAM or --program-file"),
             };
-            let call = graph::Call::Prog(Coord { x, y, z }, program);
-            graph::call(&mut cells, call, status).await?
+            graph::call(&mut cells, graph::Call::Prog(at.coord(), program), status).await?
         }
         Cmd::Run {
-            x,
-            y,
-            z,
+            at,
             input,
             input_file,
         } => {
@@ -917,71 +943,24 @@ async fn calls(
                 (None, Some(file)) => read_value_file(&file, "--input-file")?,
                 (None, None) => Vec::new(),
             };
-            graph::call(
-                &mut cells,
-                graph::Call::Run(Coord { x, y, z }, input),
-                status,
-            )
-            .await?
+            graph::call(&mut cells, graph::Call::Run(at.coord(), input), status).await?
         }
-        Cmd::Link {
-            x1,
-            y1,
-            z1,
-            x2,
-            y2,
-            z2,
-            label,
-            ..
-        } => {
-            let (from, to) = (
-                Coord {
-                    x: x1,
-                    y: y1,
-                    z: z1,
-                },
-                Coord {
-                    x: x2,
-                    y: y2,
-                    z: z2,
-                },
-            );
+        Cmd::Link { ends, label, .. } => {
+            let (from, to) = ends.coords();
             graph::call(&mut cells, graph::Call::Link(from, to, label), status).await?
         }
-        Cmd::Unlink {
-            x1,
-            y1,
-            z1,
-            x2,
-            y2,
-            z2,
-            label,
-            ..
-        } => {
-            let (from, to) = (
-                Coord {
-                    x: x1,
-                    y: y1,
-                    z: z1,
-                },
-                Coord {
-                    x: x2,
-                    y: y2,
-                    z: z2,
-                },
-            );
+        Cmd::Unlink { ends, label, .. } => {
+            let (from, to) = ends.coords();
             graph::call(&mut cells, graph::Call::Unlink(from, to, label), status).await?
         }
         Cmd::Walk {
-            x,
-            y,
-            z,
+            at,
             max_depth,
             limit,
             labels,
         } => {
             let call = graph::Call::Walk {
-                start: Coord { x, y, z },
+                start: at.coord(),
                 max_depth,
                 limit,
                 labels,

@@ -177,8 +177,8 @@ pub(crate) async fn load(
 /// The input, buffered.
 type Input = BufReader<Box<dyn tokio::io::AsyncRead + Unpin + Send>>;
 
-/// Lines handed over at once, at most: one hand-over (a task wake-up) per line costs the
-/// client more CPU per small cell than its write does.
+/// Lines handed over at once, at most: one hand-over (a task wake-up) per line cost the client
+/// about a fifth of its CPU per small cell (docs/benchmarks.md, "cubec load").
 const BATCH_LINES: usize = 256;
 /// Bytes of values handed over at once, at most (a single line can be larger).
 const BATCH_BYTES: usize = 1 << 20;

@@ -886,11 +886,8 @@ async fn calls(
             expected_version,
             ..
         } => {
-            let value = match (value, value_file) {
-                (Some(text), _) => text.into_bytes(),
-                (None, Some(file)) => read_value_file(&file, "--value-file")?,
-                (None, None) => anyhow::bail!("give VALUE or --value-file"),
-            };
+            let value = text_or_file(value, value_file, "--value-file")?
+                .context("give VALUE or --value-file")?;
             let r = cells
                 .write(WriteRequest {
                     coord: coord(x, y, z),
@@ -926,11 +923,8 @@ async fn calls(
             program_file,
             ..
         } => {
-            let program = match (program, program_file) {
-                (Some(text), _) => text.into_bytes(),
-                (None, Some(file)) => read_value_file(&file, "--program-file")?,
-                (None, None) => anyhow::bail!("give PROGRAM or --program-file"),
-            };
+            let program = text_or_file(program, program_file, "--program-file")?
+                .context("give PROGRAM or --program-file")?;
             graph::call(&mut cells, graph::Call::Prog(at.coord(), program), status).await?
         }
         Cmd::Run {
@@ -938,11 +932,7 @@ async fn calls(
             input,
             input_file,
         } => {
-            let input = match (input, input_file) {
-                (Some(text), _) => text.into_bytes(),
-                (None, Some(file)) => read_value_file(&file, "--input-file")?,
-                (None, None) => Vec::new(),
-            };
+            let input = text_or_file(input, input_file, "--input-file")?.unwrap_or_default();
             graph::call(&mut cells, graph::Call::Run(at.coord(), input), status).await?
         }
         Cmd::Link { ends, label, .. } => {
@@ -1026,15 +1016,25 @@ fn out(line: impl std::fmt::Display) {
     }
 }
 
-/// The bytes of `--value-file` (`-`: standard input).
-fn read_value_file(file: &Path, flag: &str) -> anyhow::Result<Vec<u8>> {
+/// The bytes of a text argument, or of the file its `flag` names (`-`: standard input); None
+/// when neither was given (clap keeps both from being given).
+fn text_or_file(
+    text: Option<String>,
+    file: Option<PathBuf>,
+    flag: &str,
+) -> anyhow::Result<Option<Vec<u8>>> {
+    let Some(file) = file.filter(|_| text.is_none()) else {
+        return Ok(text.map(String::into_bytes));
+    };
     if file == Path::new("-") {
         let mut bytes = Vec::new();
         std::io::Read::read_to_end(&mut std::io::stdin(), &mut bytes)
             .with_context(|| format!("reading {flag} - (standard input)"))?;
-        return Ok(bytes);
+        return Ok(Some(bytes));
     }
-    std::fs::read(file).with_context(|| format!("reading {flag} {}", file.display()))
+    std::fs::read(&file)
+        .map(Some)
+        .with_context(|| format!("reading {flag} {}", file.display()))
 }
 
 const DEFAULT_CA: &str = "./cube-data/tls/ca.pem";

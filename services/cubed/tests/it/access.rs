@@ -9,7 +9,14 @@ use tonic::Code;
 use crate::{cubed, read, write};
 
 fn new_key(server: &TestServer, tenant: &str) -> Credentials {
-    let out = server.cli(&["key", "create", tenant]).unwrap();
+    new_key_with(server, tenant, &[])
+}
+
+/// `cubed key create TENANT FLAGS…`.
+fn new_key_with(server: &TestServer, tenant: &str, flags: &[&str]) -> Credentials {
+    let mut args = vec!["key", "create", tenant];
+    args.extend_from_slice(flags);
+    let out = server.cli(&args).unwrap();
     assert!(
         out.status.success(),
         "{}",
@@ -654,11 +661,7 @@ async fn the_operator_is_warned_of_a_tenant_left_without_admin_and_can_make_an_a
         stderr.contains("tenant 'demo' has no active key with ADMIN")
             && stderr.contains("`cubed key create demo --admin`")
     };
-    let admin_key = |server: &TestServer| {
-        let out = server.cli(&["key", "create", "demo", "--admin"]).unwrap();
-        assert!(out.status.success(), "{out:?}");
-        serde_json::from_slice::<Credentials>(&out.stdout).unwrap()
-    };
+    let admin_key = |server: &TestServer| new_key_with(server, "demo", &["--admin"]);
     let grant_admin = |key_id: &str| GrantRequest {
         key_id: key_id.to_string(),
         capabilities: vec![Capability::Admin as i32],

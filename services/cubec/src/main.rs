@@ -14,6 +14,7 @@ use cube_auth::Credentials;
 use cube_auth::client::{CallSigner, HandshakeError, Signing};
 use tonic::transport::{Channel, Endpoint};
 
+mod access;
 mod deadline;
 mod graph;
 mod load;
@@ -286,6 +287,26 @@ enum Cmd {
     /// The tenant's totals (Tenant.Stats): cells, edges, runs, what they store against its
     /// storage quota, its log.
     Stats,
+    /// Give KEY_ID (a key of this tenant) capabilities: read, write, admin (Access.Grant; the
+    /// calling key needs admin). Takes effect on that key's next call. Prints {"key_id",
+    /// "capabilities"} (what the key holds now).
+    Grant {
+        /// The key to change.
+        key_id: String,
+        /// One or more of read, write, admin.
+        #[arg(required = true, value_enum, ignore_case = true)]
+        capabilities: Vec<access::Cap>,
+    },
+    /// Take capabilities from KEY_ID (Access.Revoke; the calling key needs admin). The tenant's
+    /// last key holding admin keeps it. Prints {"key_id", "capabilities"} (what the key holds
+    /// now; empty when none is left).
+    Revoke {
+        /// The key to change.
+        key_id: String,
+        /// One or more of read, write, admin.
+        #[arg(required = true, value_enum, ignore_case = true)]
+        capabilities: Vec<access::Cap>,
+    },
 }
 
 /// A cell's coordinates, as the commands on one cell take them.
@@ -857,6 +878,19 @@ async fn calls(
         region::region(&mut cells, min, max, limit, wait, status).await?;
         return Ok(());
     }
+    if let Cmd::Grant {
+        key_id,
+        capabilities,
+    }
+    | Cmd::Revoke {
+        key_id,
+        capabilities,
+    } = &cli.command
+    {
+        let grant = matches!(cli.command, Cmd::Grant { .. });
+        out(access::change(transport, grant, key_id.clone(), capabilities, status).await?);
+        return Ok(());
+    }
     if let Cmd::Stats = &cli.command {
         let t = totals(&mut TenantClient::new(transport)).await?;
         out(serde_json::json!({
@@ -957,7 +991,12 @@ async fn calls(
             };
             graph::call(&mut cells, call, status).await?
         }
-        Cmd::Audit(_) | Cmd::Stats | Cmd::Load { .. } | Cmd::Region { .. } => {
+        Cmd::Audit(_)
+        | Cmd::Stats
+        | Cmd::Load { .. }
+        | Cmd::Region { .. }
+        | Cmd::Grant { .. }
+        | Cmd::Revoke { .. } => {
             unreachable!("handled above")
         }
         Cmd::Delete {

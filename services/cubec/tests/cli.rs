@@ -1716,3 +1716,100 @@ fn programs_seals_and_edges_from_the_command_line() {
     assert_eq!(unlink("next"), false);
     assert!(cubec_err(&["link", "0", "0", "0", "1", "0", "0", ""]).contains("InvalidArgument"));
 }
+
+#[test]
+fn grant_and_revoke_change_another_keys_capabilities() {
+    let server = TestServer::start(&cubed()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let demo = server.data_dir().join("dev-credentials.json");
+    let made = server.cli(&["key", "create", "demo"]).unwrap();
+    assert!(made.status.success(), "{}", stderr(&made));
+    let second = dir.path().join("second.json");
+    std::fs::write(&second, &made.stdout).unwrap();
+    let second_id = json(&made)["key_id"].as_str().unwrap().to_string();
+    let demo_id = {
+        let text = std::fs::read_to_string(&demo).unwrap();
+        let creds: serde_json::Value = serde_json::from_str(&text).unwrap();
+        creds["key_id"].as_str().unwrap().to_string()
+    };
+    // A key file from `key create` names no endpoint.
+    let endpoint = server.endpoint();
+    let as_key = |creds: &Path, args: &[&str]| {
+        let mut all = vec![
+            "--endpoint",
+            &endpoint,
+            "--credentials",
+            creds.to_str().unwrap(),
+        ];
+        all.extend_from_slice(args);
+        run(dir.path(), &[], &all)
+    };
+    let caps = |o: &Output| json(o)["capabilities"].to_string();
+    let refused = |o: &Output, code: &str| {
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(o));
+        assert!(stderr(o).contains(code), "{}", stderr(o));
+        stderr(o)
+    };
+
+    // The second key (read and write) loses write: its writes are refused, its reads are not.
+    let o = as_key(&demo, &["revoke", &second_id, "write"]);
+    assert_eq!(json(&o)["key_id"], second_id.as_str());
+    assert_eq!(caps(&o), r#"["read"]"#);
+    refused(
+        &as_key(&second, &["write", "1", "1", "1", "x"]),
+        "PermissionDenied",
+    );
+    assert!(as_key(&second, &["read", "1", "1", "1"]).status.success());
+    // Names in any case and order; the answer in the order read, write, admin.
+    let o = as_key(&demo, &["grant", &second_id, "ADMIN", "Write"]);
+    assert_eq!(caps(&o), r#"["read","write","admin"]"#);
+    assert!(
+        as_key(&second, &["write", "1", "1", "1", "x"])
+            .status
+            .success()
+    );
+    // The second key, now an ADMIN, takes everything from the first.
+    let o = as_key(&second, &["revoke", &demo_id, "admin", "read", "write"]);
+    assert_eq!(caps(&o), "[]");
+    refused(&as_key(&demo, &["read", "1", "1", "1"]), "PermissionDenied");
+    refused(
+        &as_key(&demo, &["grant", &demo_id, "read"]),
+        "lacks the Admin",
+    );
+    // The tenant's last ADMIN keeps it; a key the tenant does not have is named.
+    let e = refused(
+        &as_key(&second, &["revoke", &second_id, "admin"]),
+        "FailedPrecondition",
+    );
+    assert!(e.contains("last ADMIN"), "{e}");
+    let e = refused(&as_key(&second, &["grant", "k-nosuch", "read"]), "NotFound");
+    assert!(e.contains("no active key 'k-nosuch'"), "{e}");
+    // No capability, or an unknown one: usage errors, nothing sent.
+    for args in [
+        vec!["grant", second_id.as_str()],
+        vec!["revoke", second_id.as_str(), "delete"],
+    ] {
+        let o = as_key(&second, &args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+    }
+    // Each change is in the trail, by the key that made it.
+    let o = as_key(&second, &["audit", "list"]);
+    let text = String::from_utf8(o.stdout).unwrap();
+    let changes: Vec<(String, String)> = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|e| e["op"] == "grant" || e["op"] == "revoke")
+        .map(|e| {
+            let principal = e["principal"].as_str().unwrap();
+            (e["op"].as_str().unwrap().into(), principal.into())
+        })
+        .collect();
+    assert_eq!(
+        changes,
+        [
+            ("revoke".into(), format!("demo/{demo_id}")),
+            ("grant".into(), format!("demo/{demo_id}")),
+            ("revoke".into(), format!("demo/{second_id}")),
+        ]
+    );
+}

@@ -1694,17 +1694,17 @@ impl<T> TenantCore<T> {
             )));
         };
         let mut caps = self.newest_capabilities(&key_id, &key);
-        // Never the tenant's last ADMIN: no call or operator command grants ADMIN back (only a
-        // new tenant's first key is made with it), so the tenant could never change a key's
-        // capabilities again.
+        // Never the tenant's last ADMIN: no call grants ADMIN back (only the operator can make
+        // the tenant a new ADMIN key, `cubed key create --admin`), so the tenant could not
+        // change a key's capabilities again on its own.
         if revoke.contains(&Capability::Admin)
             && caps.contains(&Capability::Admin)
             && !self.another_admin(catalog, &key_id)
         {
             return Err(StoreError::FailedPrecondition(format!(
                 "key '{key_id}' holds the last ADMIN capability of tenant '{}': without it no key \
-                 could call Access again, and nothing grants ADMIN back; grant ADMIN to another \
-                 key of the tenant first",
+                 could call Access again until the operator made a new ADMIN key; grant ADMIN \
+                 to another key of the tenant first",
                 self.tenant
             )));
         }

@@ -586,8 +586,8 @@ async fn each_rpc_needs_its_capability_and_sees_only_its_tenant() {
     assert_eq!((totals.cells, totals.edges, totals.programs), (4, 1, 1));
 }
 
-/// The tenant's last ADMIN key cannot lose ADMIN: nothing grants it back, so the tenant could
-/// never change a key's capabilities again. Once another key holds ADMIN (granted and logged,
+/// The tenant's last ADMIN key cannot lose ADMIN: no call grants it back, so the tenant could
+/// not change a key's capabilities again until the operator made it a new ADMIN key. Once another key holds ADMIN (granted and logged,
 /// whether or not applied yet), the first may give it up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_last_admin_key_of_a_tenant_keeps_admin() {

@@ -13,8 +13,8 @@ use anyhow::{Context, bail};
 use crate::config::DataDirArg;
 use cube_api::v1::admin_client::AdminClient;
 use cube_api::v1::{
-    CreateKeyRequest, CreateTenantRequest, ListTenantsRequest, RelaxedDurability, RevokeKeyRequest,
-    SetDurabilityRequest,
+    CreateKeyRequest, CreateTenantRequest, ListTenantsRequest, RecordCertificateRequest,
+    RelaxedDurability, RevokeKeyRequest, SetDurabilityRequest,
 };
 use cube_auth::{Credentials, Secret};
 use cube_store::{
@@ -31,6 +31,9 @@ enum Op<'a> {
     CreateKey(&'a str, bool),
     RevokeKey(&'a str, &'a str),
     KeyIsActive(&'a str, &'a str),
+    /// `key.cert` in the tenant's trail: the tenant, the key, the certificate's SHA-256 and its
+    /// notAfter (Unix ms).
+    RecordCertificate(&'a str, &'a str, [u8; 32], i64),
     SetDurability(&'a str, SyncPolicy),
 }
 
@@ -42,6 +45,9 @@ enum Outcome {
         no_admin_left: bool,
     },
     Active(bool),
+    /// Whether the certificate is in the tenant's trail (false: a server older than
+    /// Admin.RecordCertificate).
+    CertificateRecorded(bool),
     Durability {
         durability: String,
         applied_now: bool,
@@ -81,12 +87,14 @@ pub async fn set_durability(
     print(execute(dir, Op::SetDurability(tenant, policy)).await?)
 }
 
-/// `cubed key cert`: a client certificate for an active key, written into `out`.
+/// `cubed key cert`: a client certificate for an active key, valid for `days`, recorded in the
+/// tenant's audit trail and written into `out`.
 pub async fn key_cert(
     dir: &DataDirArg,
     tenant: &str,
     key_id: &str,
     out: &Path,
+    days: u32,
 ) -> anyhow::Result<()> {
     let data_dir = &dir.data_dir;
     let Outcome::Active(true) = execute(dir, Op::KeyIsActive(tenant, key_id)).await? else {
@@ -95,13 +103,40 @@ pub async fn key_cert(
     // The CA's files are written (and created, the first time) by this process, also while a
     // server runs: no "while the server runs" in its refusal.
     check_owner_as(data_dir, nix::unistd::geteuid().as_raw(), false)?;
-    let (cert, key) = crate::certs::issue_client_cert(data_dir, tenant, key_id)?;
-    let (cert_path, key_path) = crate::certs::write_client_cert(out, tenant, key_id, &cert, &key)?;
+    crate::certs::prepare_out_dir(out)?;
+    let issued = crate::certs::issue_client_cert(data_dir, tenant, key_id, days)?;
+    let not_after_ms = issued.not_after.unix_timestamp() * 1000;
+    // In the trail before its files exist: a certificate that is written anywhere is recorded
+    // (one recorded and then not written was never out of this process).
+    let record = Op::RecordCertificate(tenant, key_id, issued.sha256, not_after_ms);
+    let recorded = match execute(dir, record).await {
+        Ok(Outcome::CertificateRecorded(recorded)) => recorded,
+        Ok(_) => bail!("unexpected answer to recording the certificate"),
+        Err(e) => {
+            return Err(e.context(
+                "the certificate could not be recorded in the tenant's audit trail, so it was not \
+                 written",
+            ));
+        }
+    };
+    if !recorded {
+        eprintln!(
+            "cubed: warning: the running server is older than this command and cannot record the \
+             certificate in tenant '{tenant}'s audit trail: it is written unrecorded"
+        );
+    }
+    let (cert_path, key_path) =
+        crate::certs::write_client_cert(out, tenant, key_id, &issued.cert_pem, &issued.key_pem)?;
     let ca = crate::certs::ca_cert_path(data_dir);
+    let not_after = issued
+        .not_after
+        .format(&time::format_description::well_known::Rfc3339)?;
     let line = serde_json::json!({
         "cert": cert_path.to_string_lossy(),
         "key": key_path.to_string_lossy(),
         "ca": ca.to_string_lossy(),
+        "not_after": not_after,
+        "sha256": hex::encode(issued.sha256),
     });
     emit(&line.to_string()).map_err(|e| {
         anyhow::anyhow!(
@@ -145,6 +180,7 @@ fn check_owner_as(data_dir: &Path, euid: u32, server_would_do: bool) -> anyhow::
 fn print(outcome: Outcome) -> anyhow::Result<()> {
     let line = match &outcome {
         Outcome::Active(a) => format!("{{\"active\":{a}}}"),
+        Outcome::CertificateRecorded(r) => format!("{{\"recorded\":{r}}}"),
         Outcome::Durability {
             durability,
             applied_now,
@@ -224,7 +260,7 @@ async fn execute(dir: &DataDirArg, op: Op<'_>) -> anyhow::Result<Outcome> {
         check_owner_as(
             data_dir,
             nix::unistd::geteuid().as_raw(),
-            !matches!(op, Op::KeyIsActive(..)),
+            !matches!(op, Op::KeyIsActive(..) | Op::RecordCertificate(..)),
         )?;
         match Catalog::open(&data.catalog()) {
             Ok(catalog) => {
@@ -342,6 +378,18 @@ fn local(data: &DataDir, catalog: &Arc<Catalog>, op: &Op<'_>) -> anyhow::Result<
             }
             Outcome::Active(catalog.key(tenant, key).is_some_and(|k| !k.revoked))
         }
+        Op::RecordCertificate(tenant, key, sha256, not_after_ms) => {
+            catalog.require_tenant(tenant)?;
+            // The tenant's log is replayed first (by the command itself), so the key's state is
+            // its newest.
+            let event = Command::certificate_issued(key, sha256, *not_after_ms);
+            open_offline(data, catalog, tenant)?;
+            if catalog.key(tenant, key).is_none_or(|k| k.revoked) {
+                bail!("tenant '{tenant}' has no active key '{key}'");
+            }
+            run_offline(data, catalog, tenant, OPERATOR, event)?;
+            Outcome::CertificateRecorded(true)
+        }
         Op::SetDurability(tenant, policy) => {
             catalog.require_tenant(tenant)?;
             // One record of the tenant's log holds the new policy and its audit entry.
@@ -426,6 +474,22 @@ async fn remote(mut client: AdminClient<Channel>, op: &Op<'_>) -> anyhow::Result
             Ok(Outcome::Active(
                 t.active_key_ids.iter().any(|k| k == key_id),
             ))
+        }
+        Op::RecordCertificate(tenant, key_id, sha256, not_after_ms) => {
+            let req = RecordCertificateRequest {
+                tenant: tenant.to_string(),
+                key_id: key_id.to_string(),
+                sha256: sha256.to_vec(),
+                not_after_ms: *not_after_ms,
+            };
+            match client.record_certificate(req).await {
+                Ok(_) => Ok(Outcome::CertificateRecorded(true)),
+                // A server older than the rpc: key cert checked the key through it already.
+                Err(s) if s.code() == tonic::Code::Unimplemented => {
+                    Ok(Outcome::CertificateRecorded(false))
+                }
+                Err(s) => Err(s.into()),
+            }
         }
         Op::SetDurability(tenant, policy) => {
             let relaxed = match policy {
@@ -541,6 +605,10 @@ async fn answered(
 ) -> anyhow::Result<Outcome> {
     let unknown = match op {
         Op::KeyIsActive(..) => "",
+        Op::RecordCertificate(..) => {
+            " The certificate may or may not be in the tenant's audit trail; it was not written: \
+             repeat the command (an entry without files names a certificate nobody holds)."
+        }
         Op::CreateTenant(_) => {
             " The tenant may or may not have been created: repeat the command; if it says the \
              tenant exists, this one created it and its first key's secret is lost (`cubed key \

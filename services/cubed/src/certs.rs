@@ -264,12 +264,40 @@ fn names_ip(chain: &str, ip: std::net::IpAddr) -> bool {
         })
 }
 
-/// A client certificate for `tenant/key_id`, signed by the CA. Returns (cert PEM, key PEM).
+/// The longest validity `cubed key cert --days` takes (about ten years).
+pub const MAX_CLIENT_CERT_DAYS: u32 = 3660;
+
+/// A client certificate, made and not yet written anywhere.
+pub struct ClientCert {
+    pub cert_pem: String,
+    pub key_pem: String,
+    /// SHA-256 of the certificate's DER encoding.
+    pub sha256: [u8; 32],
+    pub not_after: time::OffsetDateTime,
+}
+
+/// Without the private key.
+impl std::fmt::Debug for ClientCert {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientCert")
+            .field("sha256", &hex::encode(self.sha256))
+            .field("not_after", &self.not_after)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A client certificate for `tenant/key_id`, signed by the CA, valid from an hour ago (for
+/// clocks behind the server's) until `days` from now.
 pub fn issue_client_cert(
     data_dir: &Path,
     tenant: &str,
     key_id: &str,
-) -> anyhow::Result<(String, String)> {
+    days: u32,
+) -> anyhow::Result<ClientCert> {
+    anyhow::ensure!(
+        (1..=MAX_CLIENT_CERT_DAYS).contains(&days),
+        "--days must be 1 to {MAX_CLIENT_CERT_DAYS}, not {days}"
+    );
     // Not a new CA without a word where certificates were issued under one now gone (a copy
     // restored without tls/): every certificate issued so far would then fail its handshake.
     // (A server starting with TLS makes one, with a warning in its log.)
@@ -298,20 +326,25 @@ pub fn issue_client_cert(
         .push(DnType::CommonName, format!("{tenant}/{key_id}"));
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    // Whole seconds: what the certificate can hold.
+    let now = time::OffsetDateTime::now_utc().replace_nanosecond(0)?;
+    params.not_before = now - time::Duration::HOUR;
+    params.not_after = now + time::Duration::days(i64::from(days));
     let key = KeyPair::generate()?;
     let issuer = Issuer::new(ca_params()?, ca_key);
     let cert = params.signed_by(&key, &issuer)?;
-    Ok((cert.pem(), key.serialize_pem()))
+    use sha2::Digest as _;
+    Ok(ClientCert {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+        sha256: sha2::Sha256::digest(cert.der()).into(),
+        not_after: params.not_after,
+    })
 }
 
-/// Write a client certificate pair into `out`; returns (cert path, key path).
-pub fn write_client_cert(
-    out: &Path,
-    tenant: &str,
-    key_id: &str,
-    cert: &str,
-    key: &str,
-) -> anyhow::Result<(PathBuf, PathBuf)> {
+/// Make `out` a directory for certificate files (or find it one), before a certificate is made
+/// for it.
+pub fn prepare_out_dir(out: &Path) -> anyhow::Result<()> {
     anyhow::ensure!(
         !out.exists() || out.is_dir(),
         "--out {} is a file: --out names the directory the certificate and key files are written \
@@ -323,7 +356,18 @@ pub fn write_client_cert(
             "--out {}: cannot create it as a directory for the certificate files",
             out.display()
         )
-    })?;
+    })
+}
+
+/// Write a client certificate pair into `out` (a directory: [`prepare_out_dir`]); returns (cert
+/// path, key path).
+pub fn write_client_cert(
+    out: &Path,
+    tenant: &str,
+    key_id: &str,
+    cert: &str,
+    key: &str,
+) -> anyhow::Result<(PathBuf, PathBuf)> {
     let cert_path = out.join(format!("{tenant}.{key_id}.crt.pem"));
     let key_path = out.join(format!("{tenant}.{key_id}.key.pem"));
     // The pair under an exclusive lock on the directory: two runs for one key into one --out
@@ -390,7 +434,7 @@ mod tests {
         let (one, other) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         ensure_ca(one.path()).unwrap();
         ensure_ca(other.path()).unwrap();
-        issue_client_cert(one.path(), "t", "k-1").unwrap();
+        issue_client_cert(one.path(), "t", "k-1", 365).unwrap();
         fs::copy(
             tls_dir(other.path()).join(CA_CERT),
             tls_dir(one.path()).join(CA_CERT),
@@ -398,10 +442,41 @@ mod tests {
         .unwrap();
         let e = format!(
             "{:#}",
-            issue_client_cert(one.path(), "t", "k-1").unwrap_err()
+            issue_client_cert(one.path(), "t", "k-1", 365).unwrap_err()
         );
         assert!(e.contains("ca.key is not the key of"), "{e}");
         assert!(e.contains("remove both"), "{e}");
+    }
+
+    /// A client certificate is valid from an hour ago until `days` from now, and its fingerprint
+    /// is the SHA-256 of its DER encoding; a validity out of bounds is refused.
+    #[test]
+    fn a_client_certificate_carries_its_validity_and_fingerprint() {
+        use sha2::Digest as _;
+        let dir = tempfile::tempdir().unwrap();
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        let issued = issue_client_cert(dir.path(), "t", "k-1", 30).unwrap();
+        let (_, pem) = x509_parser::pem::parse_x509_pem(issued.cert_pem.as_bytes()).unwrap();
+        let cert = pem.parse_x509().unwrap();
+        let validity = cert.validity();
+        let (from, to) = (
+            validity.not_before.timestamp(),
+            validity.not_after.timestamp(),
+        );
+        assert!((from - (now - 3600)).abs() <= 5, "{from} against {now}");
+        assert!((to - (now + 30 * 86_400)).abs() <= 5, "{to} against {now}");
+        assert_eq!(issued.not_after.unix_timestamp(), to);
+        let der_sha: [u8; 32] = sha2::Sha256::digest(&pem.contents).into();
+        assert_eq!(issued.sha256, der_sha);
+        assert_eq!(
+            cert.subject().to_string(),
+            "CN=t/k-1",
+            "the subject names the key"
+        );
+        for days in [0, MAX_CLIENT_CERT_DAYS + 1] {
+            let e = issue_client_cert(dir.path(), "t", "k-1", days).unwrap_err();
+            assert!(e.to_string().contains("--days must be"), "{e}");
+        }
     }
 
     /// A new CA (the old one's files removed) gets a new development server certificate signed
@@ -438,7 +513,7 @@ mod tests {
         let local = std::net::IpAddr::from([127, 0, 0, 1]);
         let (key, pem) = ensure_ca(d).unwrap();
         let (server_chain, _) = ensure_dev_server_cert(d, local).unwrap();
-        issue_client_cert(d, "t", "k-1").unwrap();
+        issue_client_cert(d, "t", "k-1", 365).unwrap();
         let tls = tls_dir(d);
         let ca_key = fs::read_to_string(tls.join(CA_KEY)).unwrap();
         fs::remove_file(tls.join(CA_KEY)).unwrap();
@@ -451,7 +526,7 @@ mod tests {
         assert_eq!(fs::read_to_string(ca_cert_path(d)).unwrap(), pem);
         assert_eq!(ca_cert_pem(d).unwrap(), pem);
         assert_eq!(ensure_dev_server_cert(d, local).unwrap().0, server_chain);
-        assert!(issue_client_cert(d, "t", "k-2").is_err());
+        assert!(issue_client_cert(d, "t", "k-2", 365).is_err());
         // The key back and the certificate gone: made again from the key.
         fs::write(tls.join(CA_KEY), &ca_key).unwrap();
         fs::remove_file(tls.join(CA_CERT)).unwrap();
@@ -468,16 +543,16 @@ mod tests {
     fn a_lost_ca_is_not_replaced_by_issuing_a_certificate() {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
-        issue_client_cert(d, "t", "k-1").unwrap();
+        issue_client_cert(d, "t", "k-1", 365).unwrap();
         fs::remove_dir_all(tls_dir(d)).unwrap();
-        let e = format!("{:#}", issue_client_cert(d, "t", "k-2").unwrap_err());
+        let e = format!("{:#}", issue_client_cert(d, "t", "k-2", 365).unwrap_err());
         assert!(
             e.contains("are gone") && e.contains(CLIENT_CERTS_ISSUED),
             "{e}"
         );
         assert!(!has_ca(d));
         fs::remove_file(d.join(CLIENT_CERTS_ISSUED)).unwrap();
-        issue_client_cert(d, "t", "k-2").unwrap();
+        issue_client_cert(d, "t", "k-2", 365).unwrap();
         assert!(has_ca(d) && client_certs_issued(d));
     }
 

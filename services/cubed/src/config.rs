@@ -212,6 +212,11 @@ pub enum KeyCommand {
         /// Where to write `<tenant>.<key_id>.crt.pem` and `.key.pem` (default: the current directory).
         #[arg(long, default_value = ".")]
         out: PathBuf,
+        /// How many days the certificate is valid (from an hour ago, for clocks behind the
+        /// server's), 1 to 3660. Revoking the key ends it sooner: the server checks the key at
+        /// every connection.
+        #[arg(long, default_value_t = 365, value_parser = clap::value_parser!(u32).range(1..=3660))]
+        days: u32,
     },
 }
 

@@ -141,7 +141,8 @@ fn run() -> anyhow::Result<()> {
                 key_id,
                 dir,
                 out,
-            })) => admin_cli::key_cert(&dir, &tenant, &key_id, &out).await,
+                days,
+            })) => admin_cli::key_cert(&dir, &tenant, &key_id, &out, days).await,
             Some(Command::Key(KeyCommand::Revoke {
                 tenant,
                 key_id,

@@ -229,6 +229,22 @@ impl Command {
 /// The audit op of a tenant's creation entry (its trail's entry 1).
 pub const CREATION_OP: &str = "tenant.create";
 
+impl Command {
+    /// The `key.cert` entry of a client certificate the operator issued for `key_id`
+    /// (`cubed key cert`): the key, the SHA-256 of the certificate's DER encoding (as `openssl
+    /// x509 -noout -fingerprint -sha256` prints it, without the colons) and its notAfter in Unix
+    /// milliseconds, like the entries' own `ts_ms`.
+    pub fn certificate_issued(key_id: &str, sha256: &[u8; 32], not_after_ms: i64) -> Command {
+        Command::Event {
+            op: "key.cert".into(),
+            detail: format!(
+                "key={key_id} sha256={} not_after_ms={not_after_ms}",
+                hex::encode(sha256)
+            ),
+        }
+    }
+}
+
 /// A cell as a read returns it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CellView {

@@ -325,6 +325,76 @@ async fn key_creations_and_revocations_are_in_the_trail_online_and_offline() {
     assert_eq!(verify_audit_entries(&entries), Ok(entries.len()));
 }
 
+/// A client certificate (`cubed key cert`) is recorded in its tenant's trail before its files
+/// are written, online and offline: a `key.cert` entry naming the key, the certificate's SHA-256
+/// (of its DER encoding, as printed) and its notAfter. A refused `--out` records nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_certificates_are_in_the_trail_online_and_offline() {
+    use sha2::Digest as _;
+    let mut server = TestServer::start(cubed()).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let key_id = server.demo.key_id.clone();
+    // The printed fingerprint, and the notAfter, of the certificate written.
+    let cert = |server: &TestServer, days: &str| -> (String, i64) {
+        let dir = out.path().join(days);
+        let o = server
+            .cli(&[
+                "key",
+                "cert",
+                "demo",
+                &key_id,
+                "--days",
+                days,
+                "--out",
+                dir.to_str().unwrap(),
+            ])
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{stderr}");
+        assert!(!stderr.contains("unrecorded"), "{stderr}");
+        let printed: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let pem = std::fs::read(printed["cert"].as_str().unwrap()).unwrap();
+        let (_, pem) = x509_parser::pem::parse_x509_pem(&pem).unwrap();
+        let sha256 = hex::encode(sha2::Sha256::digest(&pem.contents));
+        assert_eq!(printed["sha256"], sha256.as_str(), "{printed}");
+        let not_after = pem.parse_x509().unwrap().validity().not_after.timestamp();
+        (sha256, not_after)
+    };
+    let online = cert(&server, "30");
+    // `--out` naming a file: refused before anything is recorded.
+    let file = server.data_dir().join("dev-credentials.json");
+    let o = server
+        .cli(&[
+            "key",
+            "cert",
+            "demo",
+            &key_id,
+            "--out",
+            file.to_str().unwrap(),
+        ])
+        .unwrap();
+    assert!(!o.status.success());
+    tokio::task::block_in_place(|| server.sigterm()).unwrap();
+    let offline = tokio::task::block_in_place(|| cert(&server, "1"));
+    tokio::task::block_in_place(|| server.restart()).unwrap();
+
+    let entries = trail(&server, 0, 0).await;
+    let certs: Vec<(&str, &str)> = entries
+        .iter()
+        .filter(|e| e.op == "key.cert")
+        .map(|e| (e.principal.as_str(), e.detail.as_str()))
+        .collect();
+    let detail = |(sha256, not_after): &(String, i64)| {
+        format!(
+            "key={key_id} sha256={sha256} not_after_ms={}",
+            not_after * 1000
+        )
+    };
+    let (a, b) = (detail(&online), detail(&offline));
+    assert_eq!(certs, [("operator", a.as_str()), ("operator", b.as_str())]);
+    assert_eq!(verify_audit_entries(&entries), Ok(entries.len()));
+}
+
 /// A tenant's trail starts with its creation, as the first record of its log, however it was
 /// created: at the first start (demo), through the admin socket, with the server stopped, or by
 /// a catalog change whose server died before it opened the tenant (its first open writes it).

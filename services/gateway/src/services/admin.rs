@@ -245,6 +245,50 @@ impl Admin for AdminService {
         }))
     }
 
+    async fn record_certificate(
+        &self,
+        req: Request<v1::RecordCertificateRequest>,
+    ) -> Result<Response<v1::RecordCertificateResponse>, Status> {
+        let r = req.into_inner();
+        self.catalog()?;
+        let sha256: [u8; 32] = r.sha256.as_slice().try_into().map_err(|_| {
+            Status::invalid_argument(format!(
+                "sha256 must be the 32 bytes of a SHA-256 digest, not {} bytes",
+                r.sha256.len()
+            ))
+        })?;
+        let (tenant, key_id) = (r.tenant.clone(), r.key_id.clone());
+        let active = self
+            .change_catalog(move |c| {
+                c.require_tenant(&tenant)?;
+                Ok(c.key(&tenant, &key_id).is_some_and(|k| !k.revoked))
+            })
+            .await?;
+        if !active {
+            return Err(Status::not_found(format!(
+                "tenant '{}' has no active key '{}'",
+                r.tenant, r.key_id
+            )));
+        }
+        let event = Command::certificate_issued(&r.key_id, &sha256, r.not_after_ms);
+        let Some(directory) = &self.directory else {
+            return Err(Status::unavailable(
+                "this server keeps no audit trails to record the certificate in",
+            ));
+        };
+        match directory
+            .call(&r.tenant, event, OPERATOR)
+            .await
+            .map_err(ApiError::from)?
+        {
+            Reply::Recorded { .. } => {
+                tracing::info!(tenant = %r.tenant, key = %r.key_id, "client certificate issued");
+                Ok(Response::new(v1::RecordCertificateResponse {}))
+            }
+            other => Err(super::cells::unexpected(&other)),
+        }
+    }
+
     async fn list_tenants(
         &self,
         _: Request<v1::ListTenantsRequest>,

@@ -125,8 +125,24 @@ pub async fn key_cert(
              certificate in tenant '{tenant}'s audit trail: it is written unrecorded"
         );
     }
+    let sha256 = hex::encode(issued.sha256);
     let (cert_path, key_path) =
-        crate::certs::write_client_cert(out, tenant, key_id, &issued.cert_pem, &issued.key_pem)?;
+        crate::certs::write_client_cert(out, tenant, key_id, &issued.cert_pem, &issued.key_pem)
+            .map_err(|e| {
+                let entry = if recorded {
+                    format!(
+                        "; tenant '{tenant}'s audit trail records it (key.cert, sha256={sha256}), \
+                         a certificate nobody holds"
+                    )
+                } else {
+                    String::new()
+                };
+                e.context(format!(
+                    "the certificate could not be written into {}{entry}: repeat the command \
+                     once --out is writable",
+                    out.display()
+                ))
+            })?;
     let ca = crate::certs::ca_cert_path(data_dir);
     let not_after = issued
         .not_after
@@ -136,7 +152,8 @@ pub async fn key_cert(
         "key": key_path.to_string_lossy(),
         "ca": ca.to_string_lossy(),
         "not_after": not_after,
-        "sha256": hex::encode(issued.sha256),
+        "sha256": sha256,
+        "recorded": recorded,
     });
     emit(&line.to_string()).map_err(|e| {
         anyhow::anyhow!(
@@ -380,15 +397,17 @@ fn local(data: &DataDir, catalog: &Arc<Catalog>, op: &Op<'_>) -> anyhow::Result<
         }
         Op::RecordCertificate(tenant, key, sha256, not_after_ms) => {
             catalog.require_tenant(tenant)?;
-            // The tenant's log is replayed first (by the command itself), so the key's state is
-            // its newest.
-            let event = Command::certificate_issued(key, sha256, *not_after_ms);
-            open_offline(data, catalog, tenant)?;
-            if catalog.key(tenant, key).is_none_or(|k| k.revoked) {
-                bail!("tenant '{tenant}' has no active key '{key}'");
+            // The tenant's core checks the key once the command has replayed its log, and
+            // answers once the entry is durable.
+            let cmd = Command::RecordCertificate {
+                key_id: key.to_string(),
+                sha256: *sha256,
+                not_after_ms: *not_after_ms,
+            };
+            match run_offline(data, catalog, tenant, OPERATOR, cmd)? {
+                Reply::Recorded { .. } => Outcome::CertificateRecorded(true),
+                other => bail!("unexpected answer to recording a certificate: {other:?}"),
             }
-            run_offline(data, catalog, tenant, OPERATOR, event)?;
-            Outcome::CertificateRecorded(true)
         }
         Op::SetDurability(tenant, policy) => {
             catalog.require_tenant(tenant)?;
@@ -606,8 +625,8 @@ async fn answered(
     let unknown = match op {
         Op::KeyIsActive(..) => "",
         Op::RecordCertificate(..) => {
-            " The certificate may or may not be in the tenant's audit trail; it was not written: \
-             repeat the command (an entry without files names a certificate nobody holds)."
+            " The certificate may or may not be in the tenant's audit trail (an entry without \
+             files names a certificate nobody holds): repeat the command."
         }
         Op::CreateTenant(_) => {
             " The tenant may or may not have been created: repeat the command; if it says the \

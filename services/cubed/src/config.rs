@@ -215,7 +215,7 @@ pub enum KeyCommand {
         /// How many days the certificate is valid (from an hour ago, for clocks behind the
         /// server's), 1 to 3660. Revoking the key ends it sooner: the server checks the key at
         /// every connection.
-        #[arg(long, default_value_t = 365, value_parser = clap::value_parser!(u32).range(1..=3660))]
+        #[arg(long, default_value_t = 365, value_parser = clap::value_parser!(u32).range(1..=i64::from(crate::certs::MAX_CLIENT_CERT_DAYS)))]
         days: u32,
     },
 }

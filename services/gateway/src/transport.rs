@@ -75,6 +75,8 @@ impl WarnEvery {
 
 /// Clients refusing the server's certificate are warned about at most this often.
 static CERTIFICATE_REJECTED: WarnEvery = WarnEvery::new(Duration::from_secs(60));
+/// Clients presenting an expired client certificate, likewise.
+static CLIENT_CERTIFICATE_EXPIRED: WarnEvery = WarnEvery::new(Duration::from_secs(60));
 
 /// Count a TLS handshake that failed, and say why where the server's operator can act on it
 /// (logged first: once it is counted, its line is in the log).
@@ -82,6 +84,7 @@ fn handshake_failed(
     remote: SocketAddr,
     failure: TlsHandshakeFailure,
     error: &dyn std::fmt::Display,
+    expired_client_certificate: bool,
 ) {
     if failure == TlsHandshakeFailure::CertificateRejected && CERTIFICATE_REJECTED.due() {
         tracing::warn!(
@@ -91,10 +94,29 @@ fn handshake_failed(
              the address clients dial, and chains to a CA they trust (counted in \
              cube_tls_handshake_failures_total; logged at most once a minute)"
         );
+    } else if expired_client_certificate && CLIENT_CERTIFICATE_EXPIRED.due() {
+        // Certificates from `cubed key cert` expire (--days): a client still using one is
+        // refused at every connection until it gets a new one.
+        tracing::warn!(
+            %remote,
+            %error,
+            "a client presented an expired client certificate: issue it a new one (`cubed key \
+             cert`); counted in cube_tls_handshake_failures_total{{reason=\"client_certificate\"}}, \
+             logged at most once a minute"
+        );
     } else {
         tracing::debug!(%remote, %error, reason = failure.label(), "TLS handshake failed");
     }
     failure.counter().inc();
+}
+
+/// Whether a TLS handshake failed on the client's certificate being expired.
+fn is_expired_certificate(e: &io::Error) -> bool {
+    use tokio_rustls::rustls::{CertificateError as C, Error as E};
+    matches!(
+        e.get_ref().and_then(|inner| inner.downcast_ref::<E>()),
+        Some(E::InvalidCertificate(C::Expired | C::ExpiredContext { .. }))
+    )
 }
 
 /// Why a TLS handshake failed, from the error tokio-rustls gave (a rustls error wrapped in an
@@ -332,18 +354,24 @@ pub fn tls(
             tokio::spawn(async move {
                 // Counted until the connection is in the registry (or closed on any path out).
                 let handshaking = handshaking;
-                let tls =
-                    match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                        Ok(Ok(tls)) => tls,
-                        Ok(Err(e)) => {
-                            handshake_failed(remote, classify_handshake_error(&e), &e);
-                            return;
-                        }
-                        Err(_) => {
-                            handshake_failed(remote, TlsHandshakeFailure::Timeout, &"timed out");
-                            return;
-                        }
-                    };
+                let tls = match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp))
+                    .await
+                {
+                    Ok(Ok(tls)) => tls,
+                    Ok(Err(e)) => {
+                        handshake_failed(
+                            remote,
+                            classify_handshake_error(&e),
+                            &e,
+                            is_expired_certificate(&e),
+                        );
+                        return;
+                    }
+                    Err(_) => {
+                        handshake_failed(remote, TlsHandshakeFailure::Timeout, &"timed out", false);
+                        return;
+                    }
+                };
                 let identity = tls
                     .get_ref()
                     .1
@@ -513,6 +541,16 @@ mod tests {
             ))),
             TlsHandshakeFailure::ClientCertificate
         );
+        // An expired one is a client certificate failure too, and told apart (logged).
+        let expired = wrapped(Error::InvalidCertificate(CertificateError::Expired));
+        assert_eq!(
+            classify_handshake_error(&expired),
+            TlsHandshakeFailure::ClientCertificate
+        );
+        assert!(is_expired_certificate(&expired));
+        assert!(!is_expired_certificate(&wrapped(
+            Error::InvalidCertificate(CertificateError::UnknownIssuer)
+        )));
         assert_eq!(
             classify_handshake_error(&wrapped(Error::AlertReceived(
                 AlertDescription::ProtocolVersion

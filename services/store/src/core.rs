@@ -963,7 +963,8 @@ impl<T> TenantCore<T> {
             Command::Event { .. }
             | Command::RevokeKey { .. }
             | Command::CreateKey { .. }
-            | Command::SetDurability { .. } => None,
+            | Command::SetDurability { .. }
+            | Command::RecordCertificate { .. } => None,
         };
         match rights_now(
             &self.stats.pending_rights,
@@ -1013,6 +1014,11 @@ impl<T> TenantCore<T> {
             Command::RevokeKey { key_id } => self.prepare_key_revocation(key_id, caller),
             Command::CreateKey { admin } => self.prepare_key_creation(admin, caller),
             Command::SetDurability { policy } => self.prepare_durability(policy, caller),
+            Command::RecordCertificate {
+                key_id,
+                sha256,
+                not_after_ms,
+            } => self.prepare_certificate(&key_id, &sha256, not_after_ms, caller),
             cmd => self.state.prepare(cmd, caller),
         };
         let (op, reply, effect, growth) = match prepared {
@@ -1042,7 +1048,7 @@ impl<T> TenantCore<T> {
         // is never acknowledged before it is durable, whatever the tenant's policy; the changes
         // after it wait behind it.
         let relaxed_ok = match catalog_change(seq, &op) {
-            None => true,
+            None => !is_certificate_entry(&op),
             Some((_, key_id, CatalogEdit::Caps(caps))) => {
                 self.pending_caps.insert(key_id, (seq, caps));
                 self.publish_pending_rights();
@@ -1265,7 +1271,9 @@ impl<T> TenantCore<T> {
                     .iter()
                     .take_while(|w| {
                         w.seq <= durable
-                            || (w.seq <= limit && catalog_change(w.seq, &w.op).is_none())
+                            || (w.seq <= limit
+                                && catalog_change(w.seq, &w.op).is_none()
+                                && !is_certificate_entry(&w.op))
                     })
                     .count();
                 if n == 0 {
@@ -1703,9 +1711,9 @@ impl<T> TenantCore<T> {
         {
             return Err(StoreError::FailedPrecondition(format!(
                 "key '{key_id}' holds the last ADMIN capability of tenant '{}': without it no key \
-                 could call Access again until the operator made a new ADMIN key; grant ADMIN \
-                 to another key of the tenant first",
-                self.tenant
+                 could call Access again until the operator makes one (`cubed key create {} \
+                 --admin`); grant ADMIN to another key of the tenant first",
+                self.tenant, self.tenant
             )));
         }
         caps.retain(|c| !revoke.contains(c));
@@ -1775,6 +1783,33 @@ impl<T> TenantCore<T> {
         }
         crate::catalog::check_policy(&policy)?;
         Ok(self.state.prepare_durability(policy, caller))
+    }
+
+    /// Prepare the `key.cert` entry of a certificate for `key_id`, an active key of the tenant
+    /// (neither revoked nor with its revocation logged).
+    fn prepare_certificate(
+        &mut self,
+        key_id: &str,
+        sha256: &[u8; 32],
+        not_after_ms: i64,
+        caller: &Caller,
+    ) -> Result<Prepared, StoreError> {
+        let Some(catalog) = &self.catalog else {
+            return Err(StoreError::FailedPrecondition(
+                "certificates cannot be recorded here: no catalog".into(),
+            ));
+        };
+        let active = catalog
+            .key(&self.tenant, key_id)
+            .is_some_and(|k| !k.revoked && !self.pending_revokes.contains(key_id));
+        if !active {
+            return Err(StoreError::NotFound(format!(
+                "tenant '{}' has no active key '{key_id}'",
+                self.tenant
+            )));
+        }
+        let event = crate::state::certificate_event(key_id, sha256, not_after_ms);
+        self.state.prepare(event, caller)
     }
 
     /// Prepare the revocation of `key_id`, or answer at once that it was revoked already.
@@ -2035,6 +2070,18 @@ enum CatalogEdit {
     },
     /// The tenant's durability policy (the key id of its change is empty).
     Durability(SyncPolicy),
+}
+
+/// Whether a record is a client certificate's `key.cert` entry. Like a catalog change, it is
+/// answered only once durable itself, whatever the tenant's policy: `cubed key cert` writes the
+/// certificate out on that answer, and the certificate must not outlive an entry a power cut
+/// took.
+fn is_certificate_entry(op: &WalOp) -> bool {
+    matches!(op.op, Some(Op::Event(_)))
+        && op
+            .audit
+            .as_ref()
+            .is_some_and(|a| a.op == crate::state::CERTIFICATE_OP)
 }
 
 /// A catalog change of a record: (seq, key id, what).
@@ -5466,6 +5513,64 @@ mod tests {
         let tokens: Vec<u32> = settle(&mut core).into_iter().map(|(t, _)| t).collect();
         assert_eq!(tokens, vec![2, 3]);
         assert_eq!(catalog.durability("t").unwrap(), policy);
+    }
+
+    /// A certificate's `key.cert` entry is logged for an active key only (not one whose
+    /// revocation is logged and not yet applied, nor an unknown one), and a relaxed tenant
+    /// answers it only after its own fdatasync: the certificate is written out on that answer.
+    #[test]
+    fn a_certificate_is_recorded_for_an_active_key_and_answered_once_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, mut config) = tenant_with_catalog(dir.path());
+        config.wal.sync = SyncPolicy::Relaxed {
+            max_delay: Duration::from_millis(20),
+            max_records: 1000,
+        };
+        let mut core = open(dir.path(), &config);
+        let key_id = catalog.active_key_ids("t")[0].clone();
+        let operator = Caller {
+            principal: crate::OPERATOR.into(),
+            ts_ms: 1,
+        };
+        let cert = |key_id: &str| Command::RecordCertificate {
+            key_id: key_id.into(),
+            sha256: [7; 32],
+            not_after_ms: 1_800_000_000_000,
+        };
+        // Under the relaxed policy a write is answered at once, the entry only once durable.
+        assert!(matches!(
+            core.handle(write(1, b"a"), &who(), 1),
+            Some((1, Ok(_)))
+        ));
+        assert!(core.handle(cert(&key_id), &operator, 2).is_none());
+        let early = core.on_durable(DurableEvent::Durable(1));
+        assert!(early.is_empty(), "answered before its fdatasync: {early:?}");
+        let answers = settle(&mut core);
+        assert!(
+            matches!(&answers[..], [(2, Ok(Reply::Recorded { .. }))]),
+            "{answers:?}"
+        );
+        // The key's revocation logged, not yet applied: the key is no longer active.
+        let revoke = Command::RevokeKey {
+            key_id: key_id.clone(),
+        };
+        assert!(core.handle(revoke, &operator, 3).is_none());
+        let mut answers: Vec<_> = [(4, key_id.as_str()), (5, "k-nope")]
+            .into_iter()
+            .filter_map(|(token, id)| core.handle(cert(id), &operator, token))
+            .collect();
+        answers.extend(settle(&mut core));
+        answers.sort_by_key(|(token, _)| *token);
+        assert_eq!(answers.len(), 3, "{answers:?}");
+        assert!(matches!(answers[0], (3, Ok(Reply::KeyRevoked { .. }))));
+        for (token, id) in [(4, &key_id), (5, &"k-nope".to_string())] {
+            match &answers[token as usize - 3] {
+                (t, Err(StoreError::NotFound(m))) if *t == token => {
+                    assert_eq!(m, &format!("tenant 't' has no active key '{id}'"));
+                }
+                other => panic!("{other:?}"),
+            }
+        }
     }
 
     #[test]

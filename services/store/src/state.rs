@@ -153,6 +153,16 @@ pub enum Command {
     SetDurability {
         policy: cube_wal::SyncPolicy,
     },
+    /// Record that the operator issued a client certificate for the tenant's active key
+    /// `key_id` (`cubed key cert`): a `key.cert` entry with the SHA-256 of the certificate's
+    /// DER encoding and its notAfter (Unix ms). Handled by the tenant's core, which checks the
+    /// key in the same step as it logs the entry (a key revoked, or its revocation logged, is
+    /// NOT_FOUND), and answered only once the entry is durable, whatever the tenant's policy.
+    RecordCertificate {
+        key_id: String,
+        sha256: [u8; 32],
+        not_after_ms: i64,
+    },
 }
 
 /// Who asks, and when: what the audit entry of a change records.
@@ -177,6 +187,22 @@ impl Command {
                 return check_label(label);
             }
             Command::SetDurability { policy } => return crate::catalog::check_policy(policy),
+            Command::RecordCertificate {
+                key_id,
+                not_after_ms,
+                ..
+            } => {
+                if key_id.is_empty() {
+                    return Err(StoreError::InvalidArgument("key_id is required".into()));
+                }
+                if *not_after_ms <= 0 {
+                    return Err(StoreError::InvalidArgument(format!(
+                        "not_after_ms must be the certificate's notAfter in Unix milliseconds, \
+                         not {not_after_ms}"
+                    )));
+                }
+                return Ok(());
+            }
             _ => return Ok(()),
         };
         if len > max_value {
@@ -196,9 +222,9 @@ impl Command {
             Command::Run { input, .. } => input.len(),
             Command::Event { op, detail } => op.len() + detail.len(),
             Command::Link { label, .. } | Command::Unlink { label, .. } => label.len(),
-            Command::ChangeCapabilities { key_id, .. } | Command::RevokeKey { key_id } => {
-                key_id.len()
-            }
+            Command::ChangeCapabilities { key_id, .. }
+            | Command::RevokeKey { key_id }
+            | Command::RecordCertificate { key_id, .. } => key_id.len(),
             Command::Read { .. }
             | Command::Delete { .. }
             | Command::Seal { .. }
@@ -221,6 +247,9 @@ impl Command {
         match self {
             Command::Event { op, .. } => op == CREATION_OP,
             Command::RevokeKey { .. } => true,
+            // One small record, like a revocation: an operator issuing a certificate on a
+            // nearly full disk is not refused for want of space the guard keeps for this.
+            Command::RecordCertificate { .. } => true,
             _ => false,
         }
     }
@@ -229,19 +258,20 @@ impl Command {
 /// The audit op of a tenant's creation entry (its trail's entry 1).
 pub const CREATION_OP: &str = "tenant.create";
 
-impl Command {
-    /// The `key.cert` entry of a client certificate the operator issued for `key_id`
-    /// (`cubed key cert`): the key, the SHA-256 of the certificate's DER encoding (as `openssl
-    /// x509 -noout -fingerprint -sha256` prints it, without the colons) and its notAfter in Unix
-    /// milliseconds, like the entries' own `ts_ms`.
-    pub fn certificate_issued(key_id: &str, sha256: &[u8; 32], not_after_ms: i64) -> Command {
-        Command::Event {
-            op: "key.cert".into(),
-            detail: format!(
-                "key={key_id} sha256={} not_after_ms={not_after_ms}",
-                hex::encode(sha256)
-            ),
-        }
+/// The audit op of a client certificate's entry.
+pub(crate) const CERTIFICATE_OP: &str = "key.cert";
+
+/// The `key.cert` entry of a client certificate the operator issued for `key_id` (`cubed key
+/// cert`): the key, the SHA-256 of the certificate's DER encoding (as `openssl x509 -noout
+/// -fingerprint -sha256` prints it, without the colons) and its notAfter in Unix milliseconds,
+/// like the entries' own `ts_ms`.
+pub(crate) fn certificate_event(key_id: &str, sha256: &[u8; 32], not_after_ms: i64) -> Command {
+    Command::Event {
+        op: CERTIFICATE_OP.into(),
+        detail: format!(
+            "key={key_id} sha256={} not_after_ms={not_after_ms}",
+            hex::encode(sha256)
+        ),
     }
 }
 
@@ -1532,7 +1562,8 @@ impl TenantState {
             Command::ChangeCapabilities { .. }
             | Command::RevokeKey { .. }
             | Command::CreateKey { .. }
-            | Command::SetDurability { .. } => {
+            | Command::SetDurability { .. }
+            | Command::RecordCertificate { .. } => {
                 return Err(StoreError::FailedPrecondition(
                     "catalog changes are made by the tenant's core, which has the catalog".into(),
                 ));
@@ -4014,7 +4045,8 @@ mod tests {
                 Command::ChangeCapabilities { .. }
                 | Command::RevokeKey { .. }
                 | Command::CreateKey { .. }
-                | Command::SetDurability { .. } => {
+                | Command::SetDurability { .. }
+                | Command::RecordCertificate { .. } => {
                     return Err("not generated");
                 }
             })

@@ -1280,3 +1280,109 @@ fn a_command_reaches_the_server_through_a_data_directory_path_too_long_for_a_soc
     );
     assert_eq!(parse(&out).tenant, "demo");
 }
+
+/// An Admin client on the server's local admin socket.
+async fn admin_on_socket(
+    path: std::path::PathBuf,
+) -> cube_api::v1::admin_client::AdminClient<tonic::transport::Channel> {
+    let channel = tonic::transport::Endpoint::from_static("http://admin.sock")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let path = path.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+            }
+        }))
+        .await
+        .unwrap();
+    cube_api::v1::admin_client::AdminClient::new(channel)
+}
+
+/// Admin.RecordCertificate (what `cubed key cert` calls): on the admin socket INVALID_ARGUMENT
+/// for a malformed request and NOT_FOUND for a tenant or an active key that does not exist (a
+/// revoked key included), else one `key.cert` entry; on the network listener PERMISSION_DENIED.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recording_a_certificate_checks_the_request_and_the_key() {
+    use cube_api::v1::RecordCertificateRequest;
+    use tonic::Code;
+    let server = TestServer::start(cubed()).unwrap();
+    let mut admin = admin_on_socket(server.admin_socket()).await;
+    let demo_key = server.demo.key_id.clone();
+    let req =
+        |tenant: &str, key_id: &str, sha_len: usize, not_after_ms: i64| RecordCertificateRequest {
+            tenant: tenant.into(),
+            key_id: key_id.into(),
+            sha256: vec![9; sha_len],
+            not_after_ms,
+        };
+    let revoked = parse(&server.cli(&["key", "create", "demo"]).unwrap()).key_id;
+    let o = server.cli(&["key", "revoke", "demo", &revoked]).unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let no_revoked = format!("tenant 'demo' has no active key '{revoked}'");
+    for (r, code, text) in [
+        (
+            req("demo", &demo_key, 31, 1),
+            Code::InvalidArgument,
+            "not 31 bytes",
+        ),
+        (
+            req("demo", &demo_key, 32, 0),
+            Code::InvalidArgument,
+            "not 0",
+        ),
+        (
+            req("demo", "", 32, 1),
+            Code::InvalidArgument,
+            "key_id is required",
+        ),
+        (
+            req("ghost", &demo_key, 32, 1),
+            Code::NotFound,
+            "no tenant named 'ghost'",
+        ),
+        (
+            req("demo", "k-nope", 32, 1),
+            Code::NotFound,
+            "no active key 'k-nope'",
+        ),
+        (
+            req("demo", &revoked, 32, 1),
+            Code::NotFound,
+            no_revoked.as_str(),
+        ),
+    ] {
+        let what = format!("{r:?}");
+        let e = admin.record_certificate(r).await.unwrap_err();
+        assert_eq!(e.code(), code, "{what}: {e:?}");
+        assert!(e.message().contains(text), "{what}: {}", e.message());
+    }
+    admin
+        .record_certificate(req("demo", &demo_key, 32, 1_800_000_000_000))
+        .await
+        .unwrap();
+    let entries = crate::audit::trail(&server, 0, 0).await;
+    let certs: Vec<(&str, &str)> = entries
+        .iter()
+        .filter(|e| e.op == "key.cert")
+        .map(|e| (e.principal.as_str(), e.detail.as_str()))
+        .collect();
+    let detail = format!(
+        "key={demo_key} sha256={} not_after_ms=1800000000000",
+        "09".repeat(32)
+    );
+    assert_eq!(certs, [("operator", detail.as_str())]);
+    // Off the admin socket, even for the tenant's own ADMIN key: refused, nothing recorded.
+    let mut network =
+        cube_api::v1::admin_client::AdminClient::new(server.signed(&server.demo).await.unwrap());
+    let e = network
+        .record_certificate(req("demo", &demo_key, 32, 1_800_000_000_000))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    let after = crate::audit::trail(&server, 0, 0).await;
+    assert_eq!(
+        after.iter().filter(|e| e.op == "key.cert").count(),
+        1,
+        "{after:?}"
+    );
+}

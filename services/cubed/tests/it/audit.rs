@@ -353,6 +353,7 @@ async fn client_certificates_are_in_the_trail_online_and_offline() {
         assert!(o.status.success(), "{stderr}");
         assert!(!stderr.contains("unrecorded"), "{stderr}");
         let printed: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(printed["recorded"], true, "{printed}");
         let pem = std::fs::read(printed["cert"].as_str().unwrap()).unwrap();
         let (_, pem) = x509_parser::pem::parse_x509_pem(&pem).unwrap();
         let sha256 = hex::encode(sha2::Sha256::digest(&pem.contents));

@@ -250,6 +250,7 @@ impl Admin for AdminService {
         req: Request<v1::RecordCertificateRequest>,
     ) -> Result<Response<v1::RecordCertificateResponse>, Status> {
         let r = req.into_inner();
+        // Off the admin socket, refused before anything else (as every Admin rpc).
         self.catalog()?;
         let sha256: [u8; 32] = r.sha256.as_slice().try_into().map_err(|_| {
             Status::invalid_argument(format!(
@@ -257,27 +258,24 @@ impl Admin for AdminService {
                 r.sha256.len()
             ))
         })?;
-        let (tenant, key_id) = (r.tenant.clone(), r.key_id.clone());
-        let active = self
-            .change_catalog(move |c| {
-                c.require_tenant(&tenant)?;
-                Ok(c.key(&tenant, &key_id).is_some_and(|k| !k.revoked))
-            })
+        let cmd = Command::RecordCertificate {
+            key_id: r.key_id.clone(),
+            sha256,
+            not_after_ms: r.not_after_ms,
+        };
+        cmd.check_arguments(usize::MAX).map_err(ApiError::from)?;
+        let tenant = r.tenant.clone();
+        self.change_catalog(move |c| c.require_tenant(&tenant))
             .await?;
-        if !active {
-            return Err(Status::not_found(format!(
-                "tenant '{}' has no active key '{}'",
-                r.tenant, r.key_id
-            )));
-        }
-        let event = Command::certificate_issued(&r.key_id, &sha256, r.not_after_ms);
         let Some(directory) = &self.directory else {
             return Err(Status::unavailable(
                 "this server keeps no audit trails to record the certificate in",
             ));
         };
+        // The tenant's core checks that the key is active in the same step as it logs the
+        // entry, and answers once the entry is durable.
         match directory
-            .call(&r.tenant, event, OPERATOR)
+            .call(&r.tenant, cmd, OPERATOR)
             .await
             .map_err(ApiError::from)?
         {

@@ -114,8 +114,8 @@ pub async fn key_cert(
         Ok(_) => bail!("unexpected answer to recording the certificate"),
         Err(e) => {
             return Err(e.context(
-                "the certificate could not be recorded in the tenant's audit trail, so it was not \
-                 written",
+                "the certificate was not confirmed as recorded in the tenant's audit trail, so it \
+                 was not written",
             ));
         }
     };

@@ -100,8 +100,9 @@ fn handshake_failed(
         tracing::warn!(
             %remote,
             %error,
-            "a client presented an expired client certificate: issue it a new one (`cubed key \
-             cert`); counted in cube_tls_handshake_failures_total{{reason=\"client_certificate\"}}, \
+            "a client presented an expired client certificate (its issuer not checked: the \
+             validity is checked first): if it is one of this data directory's, issue it a new \
+             one (`cubed key cert`); counted in cube_tls_handshake_failures_total{{reason=\"client_certificate\"}}, \
              logged at most once a minute"
         );
     } else {
@@ -547,6 +548,19 @@ mod tests {
             classify_handshake_error(&expired),
             TlsHandshakeFailure::ClientCertificate
         );
+        assert!(is_expired_certificate(&expired));
+        // What rustls with webpki gives: the variant with its times.
+        let at = |secs| {
+            tokio_rustls::rustls::pki_types::UnixTime::since_unix_epoch(
+                std::time::Duration::from_secs(secs),
+            )
+        };
+        let expired = wrapped(Error::InvalidCertificate(
+            CertificateError::ExpiredContext {
+                time: at(2_000_000_000),
+                not_after: at(1_900_000_000),
+            },
+        ));
         assert!(is_expired_certificate(&expired));
         assert!(!is_expired_certificate(&wrapped(
             Error::InvalidCertificate(CertificateError::UnknownIssuer)

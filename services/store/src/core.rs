@@ -1045,8 +1045,8 @@ impl<T> TenantCore<T> {
         };
         self.bytes_since_checkpoint += self.scratch.len() as u64;
         // A catalog change (a key's capabilities, a key created or revoked, a durability policy)
-        // is never acknowledged before it is durable, whatever the tenant's policy; the changes
-        // after it wait behind it.
+        // and a certificate's entry are never acknowledged before they are durable, whatever
+        // the tenant's policy; the changes after one wait behind it.
         let relaxed_ok = match catalog_change(seq, &op) {
             None => !is_certificate_entry(&op),
             Some((_, key_id, CatalogEdit::Caps(caps))) => {
@@ -1254,8 +1254,8 @@ impl<T> TenantCore<T> {
                         .wal_bytes
                         .store(wal.wal_bytes(), Ordering::Relaxed);
                 }
-                // Inside the relaxed window, except a catalog change: that waits for its own
-                // fdatasync, and everything after it waits behind it.
+                // Inside the relaxed window, except a catalog change or a certificate's entry:
+                // that waits for its own fdatasync, and everything after it waits behind it.
                 let durable = self.durable;
                 // (Under `sync` the window is empty: no look at the log's byte count.)
                 let limit = if self.window > 0

@@ -31,6 +31,7 @@ enum Op<'a> {
     CreateKey(&'a str, bool),
     RevokeKey(&'a str, &'a str),
     KeyIsActive(&'a str, &'a str),
+    ListTenants,
     /// `key.cert` in the tenant's trail: the tenant, the key, the certificate's SHA-256 and its
     /// notAfter (Unix ms).
     RecordCertificate(&'a str, &'a str, [u8; 32], i64),
@@ -45,6 +46,8 @@ enum Outcome {
         no_admin_left: bool,
     },
     Active(bool),
+    /// One JSON object per tenant, as `tenant list` prints them.
+    Tenants(Vec<serde_json::Value>),
     /// Whether the certificate is in the tenant's trail (false: a server older than
     /// Admin.RecordCertificate).
     CertificateRecorded(bool),
@@ -56,6 +59,35 @@ enum Outcome {
 
 pub async fn create_tenant(dir: &DataDirArg, name: &str) -> anyhow::Result<()> {
     print(execute(dir, Op::CreateTenant(name)).await?)
+}
+
+pub async fn list_tenants(dir: &DataDirArg) -> anyhow::Result<()> {
+    print(execute(dir, Op::ListTenants).await?)
+}
+
+/// A tenant as `tenant list` prints it; `keys` are (key id, capability names) and `None` for a
+/// server too old to send capabilities.
+fn tenant_line(
+    name: &str,
+    durability: &str,
+    keys: Vec<(String, Option<Vec<&'static str>>)>,
+) -> serde_json::Value {
+    let keys: Vec<serde_json::Value> = keys
+        .into_iter()
+        .map(|(key_id, caps)| match caps {
+            Some(caps) => serde_json::json!({ "key_id": key_id, "capabilities": caps }),
+            None => serde_json::json!({ "key_id": key_id }),
+        })
+        .collect();
+    serde_json::json!({ "tenant": name, "durability": durability, "keys": keys })
+}
+
+fn capability_name(c: cube_store::Capability) -> &'static str {
+    match c {
+        cube_store::Capability::Read => "read",
+        cube_store::Capability::Write => "write",
+        cube_store::Capability::Admin => "admin",
+    }
 }
 
 pub async fn create_key(dir: &DataDirArg, tenant: &str, admin: bool) -> anyhow::Result<()> {
@@ -197,6 +229,13 @@ fn check_owner_as(data_dir: &Path, euid: u32, server_would_do: bool) -> anyhow::
 fn print(outcome: Outcome) -> anyhow::Result<()> {
     let line = match &outcome {
         Outcome::Active(a) => format!("{{\"active\":{a}}}"),
+        Outcome::Tenants(tenants) => {
+            let lines: Vec<String> = tenants.iter().map(|t| t.to_string()).collect();
+            if lines.is_empty() {
+                return Ok(());
+            }
+            lines.join("\n")
+        }
         Outcome::CertificateRecorded(r) => format!("{{\"recorded\":{r}}}"),
         Outcome::Durability {
             durability,
@@ -277,7 +316,10 @@ async fn execute(dir: &DataDirArg, op: Op<'_>) -> anyhow::Result<Outcome> {
         check_owner_as(
             data_dir,
             nix::unistd::geteuid().as_raw(),
-            !matches!(op, Op::KeyIsActive(..) | Op::RecordCertificate(..)),
+            !matches!(
+                op,
+                Op::KeyIsActive(..) | Op::RecordCertificate(..) | Op::ListTenants
+            ),
         )?;
         match Catalog::open(&data.catalog()) {
             Ok(catalog) => {
@@ -395,6 +437,34 @@ fn local(data: &DataDir, catalog: &Arc<Catalog>, op: &Op<'_>) -> anyhow::Result<
             }
             Outcome::Active(catalog.key(tenant, key).is_some_and(|k| !k.revoked))
         }
+        Op::ListTenants => {
+            // After a crash the catalog's files may lack key and durability changes only the
+            // tenants' logs hold: replaying each log puts them in (as for `key cert`).
+            for (name, _) in catalog.list()? {
+                if let Err(e) = open_offline(data, catalog, &name) {
+                    eprintln!(
+                        "cubed: warning: the log of tenant '{name}' could not be replayed ({e}); \
+                         listing it from the catalog as it is, which may lag key changes that \
+                         log holds"
+                    );
+                }
+            }
+            let lines = catalog
+                .summaries()?
+                .into_iter()
+                .map(|t| {
+                    let keys = t
+                        .keys
+                        .into_iter()
+                        .map(|(id, caps)| {
+                            (id, Some(caps.into_iter().map(capability_name).collect()))
+                        })
+                        .collect();
+                    tenant_line(&t.name, &describe_policy(&t.durability), keys)
+                })
+                .collect();
+            Outcome::Tenants(lines)
+        }
         Op::RecordCertificate(tenant, key, sha256, not_after_ms) => {
             catalog.require_tenant(tenant)?;
             // The tenant's core checks the key once the command has replayed its log, and
@@ -483,6 +553,40 @@ async fn remote(mut client: AdminClient<Channel>, op: &Op<'_>) -> anyhow::Result
                 revoked: r.revoked,
                 no_admin_left: r.no_admin_left,
             })
+        }
+        Op::ListTenants => {
+            let r = client.list_tenants(ListTenantsRequest {}).await?;
+            let lines = r
+                .into_inner()
+                .tenants
+                .into_iter()
+                .map(|t| {
+                    let keys = if t.active_keys.len() == t.active_key_ids.len() {
+                        t.active_keys
+                            .into_iter()
+                            .map(|k| {
+                                let caps = k
+                                    .capabilities
+                                    .into_iter()
+                                    .filter_map(|c| cube_api::v1::Capability::try_from(c).ok())
+                                    .filter_map(|c| match c {
+                                        cube_api::v1::Capability::Read => Some("read"),
+                                        cube_api::v1::Capability::Write => Some("write"),
+                                        cube_api::v1::Capability::Admin => Some("admin"),
+                                        cube_api::v1::Capability::Unspecified => None,
+                                    })
+                                    .collect();
+                                (k.key_id, Some(caps))
+                            })
+                            .collect()
+                    } else {
+                        // A server older than `active_keys`: ids only.
+                        t.active_key_ids.into_iter().map(|id| (id, None)).collect()
+                    };
+                    tenant_line(&t.name, &t.durability, keys)
+                })
+                .collect();
+            Ok(Outcome::Tenants(lines))
         }
         Op::KeyIsActive(tenant, key_id) => {
             let r = client.list_tenants(ListTenantsRequest {}).await?;
@@ -623,7 +727,7 @@ async fn answered(
     op: &Op<'_>,
 ) -> anyhow::Result<Outcome> {
     let unknown = match op {
-        Op::KeyIsActive(..) => "",
+        Op::KeyIsActive(..) | Op::ListTenants => "",
         Op::RecordCertificate(..) => {
             " The certificate may or may not be in the tenant's audit trail (an entry without \
              files names a certificate nobody holds): repeat the command."

@@ -150,6 +150,12 @@ pub enum Command {
 
 #[derive(Debug, Subcommand)]
 pub enum TenantCommand {
+    /// Every tenant, one JSON line each: {"tenant","durability","keys":[{"key_id",
+    /// "capabilities"}]}, its active keys in id order (no secrets).
+    List {
+        #[command(flatten)]
+        dir: DataDirArg,
+    },
     /// Create a tenant and its first key; prints {"tenant","key_id","secret"} as JSON.
     Create {
         /// `[a-z0-9][a-z0-9-]{0,62}`.
@@ -247,7 +253,9 @@ impl Command {
         match self {
             Command::Serve(_) => None,
             Command::Tenant(
-                TenantCommand::Create { dir, .. } | TenantCommand::Durability { dir, .. },
+                TenantCommand::Create { dir, .. }
+                | TenantCommand::Durability { dir, .. }
+                | TenantCommand::List { dir },
             )
             | Command::Key(
                 KeyCommand::Create { dir, .. }

@@ -104,6 +104,9 @@ fn run() -> anyhow::Result<()> {
         match cli.command {
             None => serve::run_until_signal(validated(cli.serve)?).await,
             Some(Command::Serve(args)) => serve::run_until_signal(validated(args)?).await,
+            Some(Command::Tenant(TenantCommand::List { dir })) => {
+                admin_cli::list_tenants(&dir).await
+            }
             Some(Command::Tenant(TenantCommand::Create { name, dir })) => {
                 admin_cli::create_tenant(&dir, &name).await
             }

@@ -1323,6 +1323,42 @@ impl Catalog {
         }
         Ok(out)
     }
+
+    /// Every tenant as `cubed tenant list` shows it, sorted by name.
+    pub fn summaries(&self) -> Result<Vec<TenantSummary>, StoreError> {
+        self.list()?
+            .into_iter()
+            .map(|(name, ids)| {
+                let keys = ids
+                    .into_iter()
+                    .map(|id| {
+                        let mut caps = self
+                            .key(&name, &id)
+                            .map(|k| k.capabilities.clone())
+                            .unwrap_or_default();
+                        caps.sort();
+                        (id, caps)
+                    })
+                    .collect();
+                let durability = self.durability(&name)?;
+                Ok(TenantSummary {
+                    name,
+                    keys,
+                    durability,
+                })
+            })
+            .collect()
+    }
+}
+
+/// A tenant as `cubed tenant list` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantSummary {
+    pub name: String,
+    /// Its unrevoked keys, sorted by id, each with its capabilities in the order read, write,
+    /// admin.
+    pub keys: Vec<(String, Vec<Capability>)>,
+    pub durability: cube_wal::SyncPolicy,
 }
 
 /// Why the catalog did not open.

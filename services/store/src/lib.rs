@@ -30,7 +30,9 @@ pub use backend::{
     BackendError, BatchOp, FjallBackend, MemBackend, RangeIter, SledBackend, StateBackend,
     StateRead,
 };
-pub use catalog::{Capability, Catalog, CatalogOpenError, KeyInfo, validate_tenant_name};
+pub use catalog::{
+    Capability, Catalog, CatalogOpenError, KeyInfo, TenantSummary, validate_tenant_name,
+};
 pub use core::{
     CheckpointPolicy, CoreConfig, EarlyAnswers, TenantCore, TenantSet, check_key_id,
     describe_policy,

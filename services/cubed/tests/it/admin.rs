@@ -1386,3 +1386,77 @@ async fn recording_a_certificate_checks_the_request_and_the_key() {
         "{after:?}"
     );
 }
+
+/// `cubed tenant list`: every tenant, its durability policy and its active keys with their
+/// capabilities (as Access left them), the same through the running server's admin socket and
+/// offline; a revoked key is gone from it; no secret is printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_are_listed_with_their_keys_online_and_offline() {
+    use cube_api::v1::access_client::AccessClient;
+    use cube_api::v1::{Capability, RevokeRequest};
+    let mut server = TestServer::start(cubed()).unwrap();
+    let acme = server.create_tenant("acme").unwrap();
+    let second = parse(&server.cli(&["key", "create", "acme"]).unwrap());
+    let gone = parse(&server.cli(&["key", "create", "acme"]).unwrap());
+    let o = server
+        .cli(&["key", "revoke", "acme", &gone.key_id])
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = server
+        .cli(&[
+            "tenant",
+            "durability",
+            "acme",
+            "relaxed",
+            "--max-records",
+            "7",
+        ])
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut access = AccessClient::new(server.signed(&acme).await.unwrap());
+    access
+        .revoke(RevokeRequest {
+            key_id: second.key_id.clone(),
+            capabilities: vec![Capability::Write as i32],
+        })
+        .await
+        .unwrap();
+    let list = |server: &TestServer| -> Vec<serde_json::Value> {
+        let o = server.cli(&["tenant", "list"]).unwrap();
+        let stdout = String::from_utf8(o.stdout).unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert!(!stdout.contains(&acme.secret), "{stdout}");
+        stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let mut keys = vec![
+        (acme.key_id.clone(), vec!["read", "write", "admin"]),
+        (second.key_id.clone(), vec!["read"]),
+    ];
+    keys.sort();
+    let keys: Vec<serde_json::Value> = keys
+        .into_iter()
+        .map(|(id, caps)| serde_json::json!({ "key_id": id, "capabilities": caps }))
+        .collect();
+    let expected = vec![
+        serde_json::json!({
+            "tenant": "acme",
+            "durability": "relaxed(max_delay_ms=5, max_records=7)",
+            "keys": keys,
+        }),
+        serde_json::json!({
+            "tenant": "demo",
+            "durability": "sync",
+            "keys": [{ "key_id": server.demo.key_id, "capabilities": ["read", "write", "admin"] }],
+        }),
+    ];
+    assert_eq!(list(&server), expected);
+    assert!(
+        tokio::task::block_in_place(|| server.sigterm())
+            .unwrap()
+            .success()
+    );
+    assert_eq!(tokio::task::block_in_place(|| list(&server)), expected);
+}

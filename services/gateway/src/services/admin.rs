@@ -292,12 +292,21 @@ impl Admin for AdminService {
         _: Request<v1::ListTenantsRequest>,
     ) -> Result<Response<v1::ListTenantsResponse>, Status> {
         let tenants = self
-            .change_catalog(|c| c.list())
+            .change_catalog(|c| c.summaries())
             .await?
             .into_iter()
-            .map(|(name, active_key_ids)| v1::TenantInfo {
-                name,
-                active_key_ids,
+            .map(|t| v1::TenantInfo {
+                name: t.name,
+                active_key_ids: t.keys.iter().map(|(id, _)| id.clone()).collect(),
+                active_keys: t
+                    .keys
+                    .into_iter()
+                    .map(|(key_id, caps)| v1::KeySummary {
+                        key_id,
+                        capabilities: super::access::to_proto(caps),
+                    })
+                    .collect(),
+                durability: describe_policy(&t.durability),
             })
             .collect();
         Ok(Response::new(v1::ListTenantsResponse { tenants }))

@@ -66,10 +66,10 @@ pub async fn list_tenants(dir: &DataDirArg) -> anyhow::Result<()> {
 }
 
 /// A tenant as `tenant list` prints it; `keys` are (key id, capability names) and `None` for a
-/// server too old to send capabilities.
+/// server too old to send capabilities; `durability` is null when it could not be read.
 fn tenant_line(
     name: &str,
-    durability: &str,
+    durability: Option<String>,
     keys: Vec<(String, Option<Vec<&'static str>>)>,
 ) -> serde_json::Value {
     let keys: Vec<serde_json::Value> = keys
@@ -259,6 +259,9 @@ fn print(outcome: Outcome) -> anyhow::Result<()> {
             c.tenant,
             c.key_id
         ),
+        Outcome::Tenants(_) | Outcome::Active(_) => {
+            anyhow::anyhow!("the answer could not be written to standard output ({e})")
+        }
         _ => anyhow::anyhow!(
             "the change was made, but its answer could not be written to standard output ({e})"
         ),
@@ -276,7 +279,7 @@ fn emit(line: &str) -> std::io::Result<()> {
 /// How long a command waits for a catalog that is locked while no server answers on the admin
 /// socket: a server holds it that way from its start through crash recovery (which may replay
 /// many tenants' logs) and while it closes its tenants at a stop; an offline command holds it
-/// while it opens one tenant.
+/// while it opens one tenant (`tenant list`: each tenant a crash left unclosed).
 const LOCKED_CATALOG_WAIT: Duration = Duration::from_secs(60);
 
 async fn execute(dir: &DataDirArg, op: Op<'_>) -> anyhow::Result<Outcome> {
@@ -316,10 +319,7 @@ async fn execute(dir: &DataDirArg, op: Op<'_>) -> anyhow::Result<Outcome> {
         check_owner_as(
             data_dir,
             nix::unistd::geteuid().as_raw(),
-            !matches!(
-                op,
-                Op::KeyIsActive(..) | Op::RecordCertificate(..) | Op::ListTenants
-            ),
+            !matches!(op, Op::KeyIsActive(..) | Op::RecordCertificate(..)),
         )?;
         match Catalog::open(&data.catalog()) {
             Ok(catalog) => {
@@ -440,19 +440,28 @@ fn local(data: &DataDir, catalog: &Arc<Catalog>, op: &Op<'_>) -> anyhow::Result<
         Op::ListTenants => {
             // After a crash the catalog's files may lack key and durability changes only the
             // tenants' logs hold: replaying each log puts them in (as for `key cert`).
+            // Only the logs a crash left unclosed, as the server's start does: a list after a
+            // clean stop opens no tenant and writes nothing of theirs.
+            let mut stale = Vec::new();
             for (name, _) in catalog.list()? {
+                let log = data.tenant_wal(&name);
+                if !cube_wal::log_may_need_replay(&log).unwrap_or(true) {
+                    continue;
+                }
                 if let Err(e) = open_offline(data, catalog, &name) {
                     eprintln!(
                         "cubed: warning: the log of tenant '{name}' could not be replayed ({e}); \
-                         listing it from the catalog as it is, which may lag key changes that \
-                         log holds"
+                         listing it from the catalog as it is (\"stale\":true), which may lag key \
+                         changes that log holds"
                     );
+                    stale.push(name);
                 }
             }
             let lines = catalog
                 .summaries()?
                 .into_iter()
                 .map(|t| {
+                    let stale = stale.contains(&t.name);
                     let keys = t
                         .keys
                         .into_iter()
@@ -460,7 +469,12 @@ fn local(data: &DataDir, catalog: &Arc<Catalog>, op: &Op<'_>) -> anyhow::Result<
                             (id, Some(caps.into_iter().map(capability_name).collect()))
                         })
                         .collect();
-                    tenant_line(&t.name, &describe_policy(&t.durability), keys)
+                    let mut line =
+                        tenant_line(&t.name, t.durability.as_ref().map(describe_policy), keys);
+                    if stale {
+                        line["stale"] = true.into();
+                    }
+                    line
                 })
                 .collect();
             Outcome::Tenants(lines)
@@ -583,7 +597,9 @@ async fn remote(mut client: AdminClient<Channel>, op: &Op<'_>) -> anyhow::Result
                         // A server older than `active_keys`: ids only.
                         t.active_key_ids.into_iter().map(|id| (id, None)).collect()
                     };
-                    tenant_line(&t.name, &t.durability, keys)
+                    // Empty: a server older than the field, or one that could not read it.
+                    let durability = Some(t.durability).filter(|d| !d.is_empty());
+                    tenant_line(&t.name, durability, keys)
                 })
                 .collect();
             Ok(Outcome::Tenants(lines))
@@ -991,6 +1007,47 @@ mod tests {
         let catalog = Arc::new(Catalog::open(&snapshot).unwrap());
         assert!(!catalog.key("acme", &first.key_id).unwrap().revoked);
         assert_eq!(catalog.active_key_ids("acme"), vec![first.key_id.clone()]);
+        // `tenant list` replays the log the crash left unclosed: the created key, not the
+        // revoked one.
+        let listed = |catalog: &Arc<Catalog>| match local(&data, catalog, &Op::ListTenants) {
+            Ok(Outcome::Tenants(t)) => t,
+            other => panic!("{:?}", other.map(|_| ())),
+        };
+        let tenants = listed(&catalog);
+        let [acme] = tenants.as_slice() else {
+            panic!("{tenants:?}")
+        };
+        let keys = acme["keys"].as_array().unwrap();
+        assert_eq!(keys.len(), 1, "{acme}");
+        assert_ne!(keys[0]["key_id"], first.key_id.as_str(), "{acme}");
+        assert_eq!(
+            keys[0]["capabilities"],
+            serde_json::json!(["read", "write"])
+        );
+        assert_eq!(acme["durability"], "sync");
+        assert!(acme.get("stale").is_none(), "{acme}");
+        // That replay closed the log cleanly: a second list opens nothing, so every file of the
+        // tenant stays as it was.
+        fn files(dir: &Path, out: &mut Vec<(PathBuf, u64, std::time::SystemTime)>) {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let entry = entry.unwrap();
+                let meta = entry.metadata().unwrap();
+                if meta.is_dir() {
+                    files(&entry.path(), out);
+                } else {
+                    out.push((entry.path(), meta.len(), meta.modified().unwrap()));
+                }
+            }
+        }
+        let tenant_files = || {
+            let mut out = Vec::new();
+            files(data.tenant_wal("acme").parent().unwrap(), &mut out);
+            out.sort();
+            out
+        };
+        let before = tenant_files();
+        assert_eq!(listed(&catalog), tenants);
+        assert_eq!(tenant_files(), before);
         let active = |id: &str| match local(&data, &catalog, &Op::KeyIsActive("acme", id)) {
             Ok(Outcome::Active(a)) => a,
             other => panic!("{:?}", other.map(|_| ())),

@@ -1324,30 +1324,47 @@ impl Catalog {
         Ok(out)
     }
 
-    /// Every tenant as `cubed tenant list` shows it, sorted by name.
+    /// Every tenant as `cubed tenant list` shows it, sorted by name: its keys as one look at
+    /// the catalog's memory sees them, its durability policy (`None` when its record cannot be
+    /// read: that tenant's line says so instead of failing the list).
     pub fn summaries(&self) -> Result<Vec<TenantSummary>, StoreError> {
-        self.list()?
-            .into_iter()
-            .map(|(name, ids)| {
-                let keys = ids
-                    .into_iter()
-                    .map(|id| {
-                        let mut caps = self
-                            .key(&name, &id)
-                            .map(|k| k.capabilities.clone())
-                            .unwrap_or_default();
-                        caps.sort();
-                        (id, caps)
-                    })
-                    .collect();
-                let durability = self.durability(&name)?;
-                Ok(TenantSummary {
-                    name,
-                    keys,
-                    durability,
+        let mut names = Vec::new();
+        for item in self.tenants.iter() {
+            let (name, _) = item.map_err(|e| storage("list tenants", e))?;
+            names.push(String::from_utf8_lossy(&name).into_owned());
+        }
+        let mut out: Vec<TenantSummary> = {
+            let cache = self.cache.read().unwrap_or_else(|p| p.into_inner());
+            names
+                .into_iter()
+                .map(|name| {
+                    let mut keys: Vec<(String, Vec<Capability>)> = cache
+                        .get(name.as_str())
+                        .map(|known| {
+                            known
+                                .values()
+                                .filter(|k| !k.revoked)
+                                .map(|k| {
+                                    let mut caps = k.capabilities.clone();
+                                    caps.sort();
+                                    (k.key_id.clone(), caps)
+                                })
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    keys.sort();
+                    TenantSummary {
+                        name,
+                        keys,
+                        durability: None,
+                    }
                 })
-            })
-            .collect()
+                .collect()
+        };
+        for t in &mut out {
+            t.durability = self.durability(&t.name).ok();
+        }
+        Ok(out)
     }
 }
 
@@ -1358,7 +1375,9 @@ pub struct TenantSummary {
     /// Its unrevoked keys, sorted by id, each with its capabilities in the order read, write,
     /// admin.
     pub keys: Vec<(String, Vec<Capability>)>,
-    pub durability: cube_wal::SyncPolicy,
+    /// The policy configured (in force from the tenant's next open); `None`: its record could
+    /// not be read.
+    pub durability: Option<cube_wal::SyncPolicy>,
 }
 
 /// Why the catalog did not open.

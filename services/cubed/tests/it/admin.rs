@@ -1425,7 +1425,19 @@ async fn tenants_are_listed_with_their_keys_online_and_offline() {
         let o = server.cli(&["tenant", "list"]).unwrap();
         let stdout = String::from_utf8(o.stdout).unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        assert!(!stdout.contains(&acme.secret), "{stdout}");
+        assert!(
+            o.stderr.is_empty(),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        for secret in [
+            &acme.secret,
+            &second.secret,
+            &gone.secret,
+            &server.demo.secret,
+        ] {
+            assert!(!stdout.contains(secret.as_str()), "{stdout}");
+        }
         stdout
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())

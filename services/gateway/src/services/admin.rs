@@ -295,18 +295,27 @@ impl Admin for AdminService {
             .change_catalog(|c| c.summaries())
             .await?
             .into_iter()
-            .map(|t| v1::TenantInfo {
-                name: t.name,
-                active_key_ids: t.keys.iter().map(|(id, _)| id.clone()).collect(),
-                active_keys: t
-                    .keys
-                    .into_iter()
-                    .map(|(key_id, caps)| v1::KeySummary {
-                        key_id,
-                        capabilities: super::access::to_proto(caps),
-                    })
-                    .collect(),
-                durability: describe_policy(&t.durability),
+            .map(|t| {
+                let durability = match &t.durability {
+                    Some(p) => describe_policy(p),
+                    None => {
+                        tracing::warn!(tenant = %t.name, "the tenant's durability policy could not be read from the catalog; listed without it");
+                        String::new()
+                    }
+                };
+                v1::TenantInfo {
+                    active_key_ids: t.keys.iter().map(|(id, _)| id.clone()).collect(),
+                    active_keys: t
+                        .keys
+                        .into_iter()
+                        .map(|(key_id, caps)| v1::KeySummary {
+                            key_id,
+                            capabilities: super::access::to_proto(caps),
+                        })
+                        .collect(),
+                    name: t.name,
+                    durability,
+                }
             })
             .collect();
         Ok(Response::new(v1::ListTenantsResponse { tenants }))

@@ -439,9 +439,9 @@ fn local(data: &DataDir, catalog: &Arc<Catalog>, op: &Op<'_>) -> anyhow::Result<
         }
         Op::ListTenants => {
             // After a crash the catalog's files may lack key and durability changes only the
-            // tenants' logs hold: replaying each log puts them in (as for `key cert`).
-            // Only the logs a crash left unclosed, as the server's start does: a list after a
-            // clean stop opens no tenant and writes nothing of theirs.
+            // tenants' logs hold: replaying those logs puts them in. Only the logs a crash left
+            // unclosed, as the server's start does: a list after a clean stop opens no tenant and
+            // writes nothing of theirs.
             let mut stale = Vec::new();
             for (name, _) in catalog.list()? {
                 let log = data.tenant_wal(&name);

@@ -65,12 +65,13 @@ pub async fn list_tenants(dir: &DataDirArg) -> anyhow::Result<()> {
     print(execute(dir, Op::ListTenants).await?)
 }
 
-/// A tenant as `tenant list` prints it; `keys` are (key id, capability names) and `None` for a
-/// server too old to send capabilities; `durability` is null when it could not be read.
+/// A tenant as `tenant list` prints it; `keys` are (key id, capabilities, which serialize as
+/// `read`, `write`, `admin`) and `None` for a server too old to send capabilities;
+/// `durability` is null when it could not be read.
 fn tenant_line(
     name: &str,
     durability: Option<String>,
-    keys: Vec<(String, Option<Vec<&'static str>>)>,
+    keys: Vec<(String, Option<Vec<cube_store::Capability>>)>,
 ) -> serde_json::Value {
     let keys: Vec<serde_json::Value> = keys
         .into_iter()
@@ -80,14 +81,6 @@ fn tenant_line(
         })
         .collect();
     serde_json::json!({ "tenant": name, "durability": durability, "keys": keys })
-}
-
-fn capability_name(c: cube_store::Capability) -> &'static str {
-    match c {
-        cube_store::Capability::Read => "read",
-        cube_store::Capability::Write => "write",
-        cube_store::Capability::Admin => "admin",
-    }
 }
 
 pub async fn create_key(dir: &DataDirArg, tenant: &str, admin: bool) -> anyhow::Result<()> {
@@ -465,9 +458,7 @@ fn local(data: &DataDir, catalog: &Arc<Catalog>, op: &Op<'_>) -> anyhow::Result<
                     let keys = t
                         .keys
                         .into_iter()
-                        .map(|(id, caps)| {
-                            (id, Some(caps.into_iter().map(capability_name).collect()))
-                        })
+                        .map(|(id, caps)| (id, Some(caps)))
                         .collect();
                     let mut line =
                         tenant_line(&t.name, t.durability.as_ref().map(describe_policy), keys);
@@ -582,13 +573,8 @@ async fn remote(mut client: AdminClient<Channel>, op: &Op<'_>) -> anyhow::Result
                                 let caps = k
                                     .capabilities
                                     .into_iter()
-                                    .filter_map(|c| cube_api::v1::Capability::try_from(c).ok())
-                                    .filter_map(|c| match c {
-                                        cube_api::v1::Capability::Read => Some("read"),
-                                        cube_api::v1::Capability::Write => Some("write"),
-                                        cube_api::v1::Capability::Admin => Some("admin"),
-                                        cube_api::v1::Capability::Unspecified => None,
-                                    })
+                                    .filter_map(|c| u32::try_from(c).ok())
+                                    .filter_map(cube_store::Capability::from_wire)
                                     .collect();
                                 (k.key_id, Some(caps))
                             })

@@ -36,6 +36,19 @@ pub enum Capability {
     Admin,
 }
 
+impl Capability {
+    /// The capability numbered `n` as `cube.v1.Capability` numbers it (and the WAL stores it):
+    /// 1 read, 2 write, 3 admin; `None` for any other number.
+    pub fn from_wire(n: u32) -> Option<Capability> {
+        match n {
+            1 => Some(Capability::Read),
+            2 => Some(Capability::Write),
+            3 => Some(Capability::Admin),
+            _ => None,
+        }
+    }
+}
+
 /// As error messages name it: `Read`, `Write`, `Admin` (docs/protocol.md's status table).
 impl std::fmt::Display for Capability {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

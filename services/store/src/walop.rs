@@ -166,12 +166,7 @@ pub fn caps_to_wire(caps: &[crate::Capability]) -> Vec<u32> {
 /// The inverse of [`caps_to_wire`]; `None` if a number is unknown.
 pub fn caps_from_wire(wire: &[u32]) -> Option<Vec<crate::Capability>> {
     wire.iter()
-        .map(|n| match n {
-            1 => Some(crate::Capability::Read),
-            2 => Some(crate::Capability::Write),
-            3 => Some(crate::Capability::Admin),
-            _ => None,
-        })
+        .map(|n| crate::Capability::from_wire(*n))
         .collect()
 }
 

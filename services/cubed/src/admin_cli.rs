@@ -13,8 +13,8 @@ use anyhow::{Context, bail};
 use crate::config::DataDirArg;
 use cube_api::v1::admin_client::AdminClient;
 use cube_api::v1::{
-    CreateKeyRequest, CreateTenantRequest, ListTenantsRequest, RecordCertificateRequest,
-    RelaxedDurability, RevokeKeyRequest, SetDurabilityRequest,
+    CreateKeyRequest, CreateTenantRequest, DeleteTenantRequest, ListTenantsRequest,
+    RecordCertificateRequest, RelaxedDurability, RevokeKeyRequest, SetDurabilityRequest,
 };
 use cube_auth::{Credentials, Secret};
 use cube_store::{
@@ -27,6 +27,7 @@ use tonic::transport::{Channel, Endpoint, Uri};
 
 enum Op<'a> {
     CreateTenant(&'a str),
+    DeleteTenant(&'a str),
     /// The tenant, and whether the key gets ADMIN.
     CreateKey(&'a str, bool),
     RevokeKey(&'a str, &'a str),
@@ -55,10 +56,32 @@ enum Outcome {
         durability: String,
         applied_now: bool,
     },
+    Deleted {
+        tenant: String,
+        /// Every key the tenant had, sorted.
+        key_ids: Vec<String>,
+        /// false: files left for the server's next start to remove.
+        files_removed: bool,
+    },
 }
 
 pub async fn create_tenant(dir: &DataDirArg, name: &str) -> anyhow::Result<()> {
     print(execute(dir, Op::CreateTenant(name)).await?)
+}
+
+pub async fn delete_tenant(dir: &DataDirArg, name: &str) -> anyhow::Result<()> {
+    let outcome = execute(dir, Op::DeleteTenant(name)).await?;
+    if let Outcome::Deleted {
+        files_removed: false,
+        ..
+    } = &outcome
+    {
+        eprintln!(
+            "cubed: note: the tenant is deleted (nothing authenticates as it), but its files are \
+             still on disk (see the server log): the server's next start removes them"
+        );
+    }
+    print(outcome)
 }
 
 pub async fn list_tenants(dir: &DataDirArg) -> anyhow::Result<()> {
@@ -237,6 +260,17 @@ fn print(outcome: Outcome) -> anyhow::Result<()> {
             serde_json::json!({ "durability": durability, "applied_now": applied_now }).to_string()
         }
         Outcome::Credentials(c) => serde_json::to_string(c)?,
+        Outcome::Deleted {
+            tenant,
+            key_ids,
+            files_removed,
+        } => serde_json::json!({
+            "tenant": tenant,
+            "deleted": true,
+            "key_ids": key_ids,
+            "files_removed": files_removed,
+        })
+        .to_string(),
         Outcome::Revoked { revoked: true, .. } => "{\"revoked\":true}".to_string(),
         Outcome::Revoked { revoked: false, .. } => {
             "{\"revoked\":false,\"note\":\"the key was already revoked\"}".to_string()
@@ -278,7 +312,7 @@ const LOCKED_CATALOG_WAIT: Duration = Duration::from_secs(60);
 async fn execute(dir: &DataDirArg, op: Op<'_>) -> anyhow::Result<Outcome> {
     let data_dir = &dir.data_dir;
     let data = DataDir::new(data_dir);
-    if let Op::CreateTenant(name) = op {
+    if let Op::CreateTenant(name) | Op::DeleteTenant(name) = op {
         // Before anything is created: a bad name must not leave a new data directory behind.
         validate_tenant_name(name).map_err(|e| anyhow::anyhow!("{e}"))?;
     }
@@ -372,6 +406,29 @@ fn local(data: &DataDir, catalog: &Arc<Catalog>, op: &Op<'_>) -> anyhow::Result<
                 );
             }
             Outcome::Credentials(credentials(&key))
+        }
+        Op::DeleteTenant(name) => {
+            // Files an earlier deletion could not remove (a crash, a server that could not
+            // close the tenant) go first.
+            cube_store::remove_deleted_files(data, catalog);
+            // The tenant's log is not replayed: what only it holds (a key created before a
+            // crash) is deleted with it, and must not reach the catalog.
+            let key_ids = catalog.delete_tenant(name)?;
+            let files_removed = match cube_store::remove_tenant_files(data, name) {
+                Ok(_) => true,
+                Err(e) => {
+                    eprintln!(
+                        "cubed: warning: the tenant is deleted, but its files could not be removed \
+                         ({e}); the server's next start removes them"
+                    );
+                    false
+                }
+            };
+            Outcome::Deleted {
+                tenant: name.to_string(),
+                key_ids,
+                files_removed,
+            }
         }
         Op::CreateKey(tenant, admin) => {
             catalog.require_tenant(tenant)?;
@@ -559,6 +616,27 @@ async fn remote(mut client: AdminClient<Channel>, op: &Op<'_>) -> anyhow::Result
                 no_admin_left: r.no_admin_left,
             })
         }
+        Op::DeleteTenant(name) => {
+            let req = DeleteTenantRequest {
+                tenant: name.to_string(),
+            };
+            match client.delete_tenant(req).await {
+                Ok(r) => {
+                    let r = r.into_inner();
+                    Ok(Outcome::Deleted {
+                        tenant: name.to_string(),
+                        key_ids: r.key_ids,
+                        files_removed: r.files_removed,
+                    })
+                }
+                Err(s) if s.code() == tonic::Code::Unimplemented => bail!(
+                    "the server running here is older than tenant deletion: stop it, then run \
+                     this command again (it then deletes the tenant itself) and start the new \
+                     server"
+                ),
+                Err(s) => Err(s.into()),
+            }
+        }
         Op::ListTenants => {
             let r = client.list_tenants(ListTenantsRequest {}).await?;
             let lines = r
@@ -733,6 +811,10 @@ async fn answered(
         Op::RecordCertificate(..) => {
             " The certificate may or may not be in the tenant's audit trail (an entry without \
              files names a certificate nobody holds): repeat the command."
+        }
+        Op::DeleteTenant(_) => {
+            " The tenant may or may not have been deleted: `cubed tenant list` tells (a deleted \
+             tenant is not listed); repeat the command if it is listed."
         }
         Op::CreateTenant(_) => {
             " The tenant may or may not have been created: repeat the command; if it says the \

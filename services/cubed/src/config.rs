@@ -163,6 +163,17 @@ pub enum TenantCommand {
         #[command(flatten)]
         dir: DataDirArg,
     },
+    /// Delete a tenant and all its data, for good: its keys stop working and their sessions
+    /// end, its cells, log and audit trail are removed, and its name is not given to another
+    /// tenant. Prints {"tenant","deleted","key_ids","files_removed"}. Asks for --yes.
+    Delete {
+        name: String,
+        /// Confirm the deletion: it cannot be undone.
+        #[arg(long)]
+        yes: bool,
+        #[command(flatten)]
+        dir: DataDirArg,
+    },
     /// Set a tenant's durability policy: `sync` (acknowledge after fdatasync, the default) or
     /// `relaxed` (acknowledge before fdatasync; power loss may lose at most --max-records
     /// records, acknowledged within 2 x --max-delay-ms of each other). See docs/durability.md.
@@ -254,6 +265,7 @@ impl Command {
             Command::Serve(_) => None,
             Command::Tenant(
                 TenantCommand::Create { dir, .. }
+                | TenantCommand::Delete { dir, .. }
                 | TenantCommand::Durability { dir, .. }
                 | TenantCommand::List { dir },
             )

@@ -110,6 +110,14 @@ fn run() -> anyhow::Result<()> {
             Some(Command::Tenant(TenantCommand::Create { name, dir })) => {
                 admin_cli::create_tenant(&dir, &name).await
             }
+            Some(Command::Tenant(TenantCommand::Delete { name, yes, dir })) => {
+                anyhow::ensure!(
+                    yes,
+                    "`cubed tenant delete` removes tenant '{name}' and all its data for good (its \
+                     cells, log and audit trail; its keys stop working): add --yes to do it"
+                );
+                admin_cli::delete_tenant(&dir, &name).await
+            }
             Some(Command::Tenant(TenantCommand::Durability {
                 name,
                 policy,

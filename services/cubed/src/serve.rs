@@ -358,6 +358,11 @@ pub async fn run(
         Some(Arc::clone(&catalog)),
     )?);
     directory.start_janitor();
+    // Files of deleted tenants that a crash (or a tenant that could not be closed) left behind.
+    let leftovers = cube_store::remove_deleted_files(&data, &catalog);
+    if leftovers > 0 {
+        tracing::info!(tenants = leftovers, "removed the files of deleted tenants");
+    }
     // Before serving: a tenant left open by a crash replays its log, which puts back in force
     // the capability changes that were durable only there (see `recover_unclosed`).
     let tenants = catalog
@@ -755,8 +760,8 @@ fn client_endpoint(tls: &TlsChoice, mut addr: std::net::SocketAddr) -> String {
 
 /// A start with `--no-demo` that finds no tenants leaves a note of it (`demo-declined`), so that
 /// a later start without the flag makes no tenant with every capability and its secret on disk
-/// that nobody asked for. (No tenant can be removed, so a catalog without tenants is one whose
-/// first start declined `demo`, or one whose first start ended before it got to it.)
+/// that nobody asked for. (A catalog without tenants is one whose first start declined `demo`,
+/// one whose first start ended before it got to it, or one whose every tenant was deleted.)
 fn decline_demo(catalog: &Catalog, data: &DataDir) -> anyhow::Result<()> {
     let path = data.demo_declined();
     if catalog.list()?.is_empty() && !path.exists() {
@@ -789,6 +794,13 @@ fn ensure_demo(catalog: &Catalog, data: &DataDir, endpoint: &str) -> anyhow::Res
         endpoint: Some(endpoint.clone()),
     };
     let creds = if tenants.is_empty() {
+        if !catalog.deleted_tenants()?.is_empty() {
+            tracing::info!(
+                "no tenants: every tenant here was deleted, so no tenant 'demo' is made \
+                 (`cubed tenant create NAME` makes a tenant)"
+            );
+            return Ok(());
+        }
         if data.demo_declined().exists() {
             tracing::info!(
                 path = %data.demo_declined().display(),

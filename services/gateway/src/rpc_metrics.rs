@@ -34,6 +34,7 @@ const METHODS: &[(&str, &str, &str)] = &[
     ("cube.v1.Admin", "ListTenants", "unary"),
     ("cube.v1.Admin", "SetDurability", "unary"),
     ("cube.v1.Admin", "RecordCertificate", "unary"),
+    ("cube.v1.Admin", "DeleteTenant", "unary"),
     ("grpc.health.v1.Health", "Check", "unary"),
     ("grpc.health.v1.Health", "Watch", "server_stream"),
     (

@@ -140,6 +140,17 @@ struct TenantRecord {
     /// the pin (durably, through the journal).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     durability_pinned: bool,
+    /// When the tenant was deleted (`cubed tenant delete`; Unix ms): its keys are revoked in the
+    /// same record and its files go next. The record stays, so that its name is never given to
+    /// another tenant. Absent for a live tenant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    deleted_ms: Option<u64>,
+}
+
+/// Whether the tenant record `bytes` marks a deleted tenant. A record that cannot be decoded
+/// does not: the tenant's own calls then report what is wrong with it.
+fn marks_deleted(bytes: &[u8]) -> bool {
+    serde_json::from_slice::<TenantRecord>(bytes).is_ok_and(|r| r.deleted_ms.is_some())
 }
 
 /// NOTE: on-disk format of a relaxed durability policy.
@@ -362,10 +373,21 @@ impl Catalog {
                 "catalog journal replayed (its snapshot and the changes since)"
             );
         }
+        let mut deleted = std::collections::HashSet::new();
+        for item in tenants.iter() {
+            let (name, record) = item.map_err(|e| CatalogOpenError::Other(e.to_string()))?;
+            if marks_deleted(&record) {
+                deleted.insert(String::from_utf8_lossy(&name).into_owned());
+            }
+        }
         let mut cache = HashMap::new();
         for item in keys.iter() {
             let (k, v) = item.map_err(|e| CatalogOpenError::Other(e.to_string()))?;
             let info = decode_key(&k, &v).map_err(CatalogOpenError::Other)?;
+            // A deleted tenant's keys (revoked with it) authenticate nothing and name no tenant.
+            if deleted.contains(&info.tenant) {
+                continue;
+            }
             cache
                 .entry(info.tenant.clone())
                 .or_insert_with(HashMap::new)
@@ -751,6 +773,10 @@ impl Catalog {
     fn require_tenant_locked(&self, st: &mut JournalState, tenant: &str) -> Result<(), StoreError> {
         if self.tenant_exists_durably(st, tenant)? {
             Ok(())
+        } else if self.deleted_at(tenant)?.is_some() {
+            Err(StoreError::NotFound(format!(
+                "tenant '{tenant}' was deleted"
+            )))
         } else {
             Err(StoreError::NotFound(format!(
                 "no tenant named '{}'",
@@ -772,11 +798,52 @@ impl Catalog {
         }
     }
 
-    /// Whether sled holds `tenant`: a creation not yet durable included.
+    /// Whether sled holds `tenant`, not deleted: a creation not yet durable included.
     pub fn tenant_exists(&self, tenant: &str) -> Result<bool, StoreError> {
-        self.tenants
-            .contains_key(tenant)
-            .map_err(|e| storage("read tenants", e))
+        Ok(self
+            .tenants
+            .get(tenant)
+            .map_err(|e| storage("read tenants", e))?
+            .is_some_and(|record| !marks_deleted(&record)))
+    }
+
+    /// When `tenant` was deleted (Unix ms), if it was: its record says so, durably or not yet.
+    pub fn deleted_at(&self, tenant: &str) -> Result<Option<u64>, StoreError> {
+        let Some(bytes) = self
+            .tenants
+            .get(tenant)
+            .map_err(|e| storage("read tenants", e))?
+        else {
+            return Ok(None);
+        };
+        Ok(serde_json::from_slice::<TenantRecord>(&bytes)
+            .ok()
+            .and_then(|r| r.deleted_ms))
+    }
+
+    /// Every deleted tenant's name: files of theirs still on disk (a crash between the deletion
+    /// and their removal) are removed at the next start (`cube_store::remove_deleted_files`).
+    pub fn deleted_tenants(&self) -> Result<Vec<String>, StoreError> {
+        let mut out = Vec::new();
+        for item in self.tenants.iter() {
+            let (name, record) = item.map_err(|e| storage("list tenants", e))?;
+            if marks_deleted(&record) {
+                out.push(String::from_utf8_lossy(&name).into_owned());
+            }
+        }
+        Ok(out)
+    }
+
+    /// The names of the tenants that exist (not deleted), sorted.
+    fn live_tenant_names(&self) -> Result<Vec<String>, StoreError> {
+        let mut out = Vec::new();
+        for item in self.tenants.iter() {
+            let (name, record) = item.map_err(|e| storage("list tenants", e))?;
+            if !marks_deleted(&record) {
+                out.push(String::from_utf8_lossy(&name).into_owned());
+            }
+        }
+        Ok(out)
     }
 
     /// Whether `tenant` exists, said only once that is durable: a creation still waiting for
@@ -839,6 +906,13 @@ impl Catalog {
                 "tenant '{tenant}' already exists"
             )));
         }
+        if self.deleted_at(tenant)?.is_some() {
+            return Err(StoreError::AlreadyExists(format!(
+                "tenant '{tenant}' was deleted, and a deleted tenant's name is not given to \
+                 another (its old keys and clients must never reach the new one): choose \
+                 another name"
+            )));
+        }
         let info = Arc::new(fresh_key(
             tenant,
             vec![Capability::Read, Capability::Write, Capability::Admin],
@@ -848,6 +922,7 @@ impl Catalog {
             created_ms: now_ms(),
             relaxed: None,
             durability_pinned: false,
+            deleted_ms: None,
         })
         .map_err(|e| storage("encode", e))?;
         self.commit(
@@ -910,6 +985,60 @@ impl Catalog {
         let info = Arc::new(info);
         self.commit(st, vec![key_op(&info)?], &[&info])?;
         Ok(true)
+    }
+
+    /// Delete `tenant` from the catalog: one durable change marks its record deleted and
+    /// revokes every key of it, and its keys leave the catalog's memory, so that nothing
+    /// authenticates as it or names it any more. Returns the ids of its keys (revoked before or
+    /// now), whose open sessions the caller ends. Its files are the caller's to remove, once
+    /// the tenant is closed ([`crate::remove_tenant_files`]); a server's start removes those of
+    /// every deleted tenant. A change the tenant logged before and applies here after (its
+    /// actor closes after this) brings nothing back: a key it created is not added, and its
+    /// other key changes find no key.
+    pub fn delete_tenant(&self, tenant: &str) -> Result<Vec<String>, StoreError> {
+        let mut st = self.lock_changes();
+        self.require_tenant_locked(&mut st, tenant)?;
+        let mut record = self.tenant_record(tenant)?;
+        record.deleted_ms = Some(now_ms());
+        let mut ops = vec![Op {
+            tree: Tree::Tenants,
+            key: tenant.as_bytes().to_vec(),
+            value: serde_json::to_vec(&record).map_err(|e| storage("encode", e))?,
+        }];
+        // Every key of the tenant as the next change sees it (pending changes included).
+        let mut ids: std::collections::BTreeSet<String> = self
+            .cache
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(tenant)
+            .map(|keys| keys.keys().cloned().collect())
+            .unwrap_or_default();
+        ids.extend(
+            st.pending
+                .keys()
+                .filter(|(t, _)| t == tenant)
+                .map(|(_, k)| k.clone()),
+        );
+        let mut revoked = Vec::new();
+        for id in &ids {
+            if let Some(current) = self.current_key(&st, tenant, id) {
+                let mut info = (*current).clone();
+                info.revoked = true;
+                let info = Arc::new(info);
+                ops.push(key_op(&info)?);
+                revoked.push(info);
+            }
+        }
+        let keys: Vec<&Arc<KeyInfo>> = revoked.iter().collect();
+        self.commit(st, ops, &keys)?;
+        // Durable: the keys (published revoked by the commit) leave memory. The change lock is
+        // taken again so that no other change of them is published in between.
+        let _st = self.lock_changes();
+        self.cache
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(tenant);
+        Ok(ids.into_iter().collect())
     }
 
     /// Add `grant` to and remove `revoke` from the capabilities of `tenant/key_id`; returns the
@@ -1082,6 +1211,11 @@ impl Catalog {
     pub fn apply_logged_key_creation(&self, key: &KeyInfo) -> Result<bool, StoreError> {
         let mut st = self.lock_changes();
         if self.current_key(&st, &key.tenant, &key.key_id).is_some() {
+            return Ok(false);
+        }
+        // A tenant deleted while it was open (its actor closes after the deletion) gets no key
+        // back from a creation it logged before.
+        if self.deleted_at(&key.tenant)?.is_some() {
             return Ok(false);
         }
         let info = Arc::new(key.clone());
@@ -1317,11 +1451,11 @@ impl Catalog {
 
     /// Every tenant with its unrevoked key ids, sorted.
     pub fn list(&self) -> Result<Vec<(String, Vec<String>)>, StoreError> {
-        let mut out = Vec::new();
-        for item in self.tenants.iter() {
-            let (name, _) = item.map_err(|e| storage("list tenants", e))?;
-            out.push((String::from_utf8_lossy(&name).into_owned(), Vec::new()));
-        }
+        let mut out: Vec<(String, Vec<String>)> = self
+            .live_tenant_names()?
+            .into_iter()
+            .map(|name| (name, Vec::new()))
+            .collect();
         let cache = self.cache.read().unwrap_or_else(|p| p.into_inner());
         for (tenant, keys) in &mut out {
             if let Some(known) = cache.get(tenant.as_str()) {
@@ -1341,11 +1475,7 @@ impl Catalog {
     /// the catalog's memory sees them, its durability policy (`None` when its record cannot be
     /// read: that tenant's line says so instead of failing the list).
     pub fn summaries(&self) -> Result<Vec<TenantSummary>, StoreError> {
-        let mut names = Vec::new();
-        for item in self.tenants.iter() {
-            let (name, _) = item.map_err(|e| storage("list tenants", e))?;
-            names.push(String::from_utf8_lossy(&name).into_owned());
-        }
+        let names = self.live_tenant_names()?;
         let mut out: Vec<TenantSummary> = {
             let cache = self.cache.read().unwrap_or_else(|p| p.into_inner());
             names
@@ -1607,6 +1737,76 @@ pub(crate) mod tests {
         let kept = c.key("acme", &first.key_id).unwrap();
         assert_eq!(kept.secret, first.secret, "the first key was overwritten");
         assert!(kept.capabilities.contains(&Capability::Admin));
+    }
+
+    /// A deleted tenant: one durable change revokes its keys and marks it deleted; nothing of
+    /// it authenticates or is listed, its name is refused to a new tenant, a second deletion and
+    /// a key creation say it was deleted, a key its log created before is not added back, other
+    /// tenants are untouched; all of it after a crash (the journal and sled's files unflushed)
+    /// and a reopen too.
+    #[test]
+    fn a_deleted_tenant_is_gone_and_stays_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("catalog");
+        let c = Catalog::open(&path).unwrap();
+        let first = c.create_tenant("acme").unwrap();
+        let second = c.create_key("acme", false).unwrap();
+        assert!(c.revoke_key("acme", &second.key_id).unwrap());
+        let other = c.create_tenant("other").unwrap();
+        let drafted = c.draft_key("acme", true).unwrap();
+        let mut ids = vec![first.key_id.clone(), second.key_id.clone()];
+        ids.sort();
+        assert_eq!(c.delete_tenant("acme").unwrap(), ids);
+        let check = |c: &Catalog, what: &str| {
+            for id in [&first.key_id, &second.key_id] {
+                assert!(c.key("acme", id).is_none(), "{what}");
+            }
+            assert!(!c.has_tenant("acme"), "{what}");
+            assert!(!c.tenant_exists("acme").unwrap(), "{what}");
+            assert!(c.deleted_at("acme").unwrap().is_some(), "{what}");
+            assert_eq!(c.deleted_tenants().unwrap(), ["acme"], "{what}");
+            assert_eq!(
+                c.list().unwrap(),
+                [("other".to_string(), vec![other.key_id.clone()])],
+                "{what}"
+            );
+            let names: Vec<String> = c.summaries().unwrap().into_iter().map(|t| t.name).collect();
+            assert_eq!(names, ["other"], "{what}");
+            for e in [
+                c.require_tenant("acme").unwrap_err(),
+                c.delete_tenant("acme").unwrap_err(),
+                c.create_key("acme", false).unwrap_err(),
+            ] {
+                assert!(
+                    matches!(&e, StoreError::NotFound(m) if m == "tenant 'acme' was deleted"),
+                    "{what}: {e:?}"
+                );
+            }
+            let e = c.create_tenant("acme").unwrap_err();
+            assert!(
+                matches!(&e, StoreError::AlreadyExists(m) if m.contains("tenant 'acme' was deleted")),
+                "{what}: {e:?}"
+            );
+            assert!(!c.apply_logged_key_creation(&drafted).unwrap(), "{what}");
+            assert!(c.key("acme", &drafted.key_id).is_none(), "{what}");
+            assert!(
+                c.key("other", &other.key_id).is_some_and(|k| !k.revoked),
+                "{what}"
+            );
+        };
+        check(&c, "at once");
+        // A power cut now: sled's files as they are (never flushed since the open) and the
+        // journal.
+        let crashed = dir.path().join("crashed");
+        copy_dir(&path, &crashed);
+        std::fs::copy(
+            path.with_extension("journal"),
+            crashed.with_extension("journal"),
+        )
+        .unwrap();
+        check(&reopen(&crashed), "after a crash");
+        drop(c);
+        check(&reopen(&path), "after a reopen");
     }
 
     #[test]

@@ -161,6 +161,11 @@ impl TenantSet {
         self.lock().contains(tenant)
     }
 
+    /// Take `tenant` out; whether it was there.
+    pub fn remove(&self, tenant: &str) -> bool {
+        self.lock().remove(tenant)
+    }
+
     /// Every tenant in it, in order.
     pub fn tenants(&self) -> Vec<String> {
         self.lock().iter().cloned().collect()

@@ -635,6 +635,7 @@ struct OpenContext {
     max_in_flight_bytes: usize,
     failed_logs: Arc<FailedLogs>,
     closing: Arc<Closing>,
+    deleted: Arc<crate::TenantSet>,
 }
 
 impl OpenContext {
@@ -647,6 +648,15 @@ impl OpenContext {
         self.closing.wait(tenant).await;
         if let Some(refused) = self.failed_logs.refusal(tenant) {
             return Err(refused);
+        }
+        // A call authenticated before its tenant's deletion may come this far after it: it
+        // must not open (and so create again) the files the deletion removes.
+        let deleted_in_catalog = self
+            .catalog
+            .as_ref()
+            .is_some_and(|c| !matches!(c.deleted_at(tenant), Ok(None)));
+        if self.deleted.contains(tenant) || deleted_in_catalog {
+            return Err(deleted(tenant));
         }
         let wal_dir = self.data_dir.tenant_wal(tenant);
         let state_dir = self.data_dir.tenant_state(tenant);
@@ -817,6 +827,10 @@ pub struct TenantDirectory {
     janitor_wake: Arc<tokio::sync::Notify>,
     /// Tenants that lost acknowledged changes ([`CoreConfig::lost_acknowledged`]).
     lost_acknowledged: Arc<crate::TenantSet>,
+    /// Tenants deleted since the directory started: no call opens them
+    /// ([`TenantDirectory::close_for_deletion`]). The catalog's record of a deletion refuses
+    /// their opens too (after a restart, and before the name is here).
+    deleted: Arc<crate::TenantSet>,
 }
 
 impl std::fmt::Debug for TenantDirectory {
@@ -826,6 +840,14 @@ impl std::fmt::Debug for TenantDirectory {
             .finish_non_exhaustive()
     }
 }
+
+/// The refusal of a call to a deleted tenant.
+fn deleted(tenant: &str) -> StoreError {
+    StoreError::NotFound(format!("tenant '{tenant}' was deleted"))
+}
+
+/// How long [`TenantDirectory::close_for_deletion`] waits for a tenant's calls in flight.
+pub const DELETION_CLOSE_WAIT: Duration = Duration::from_secs(10);
 
 /// Attempts of a call that keeps meeting a tenant being passivated.
 const RETIRED_RETRIES: usize = 8;
@@ -886,6 +908,7 @@ impl TenantDirectory {
             open_failures: Arc::default(),
             janitor_wake: Arc::default(),
             lost_acknowledged: Arc::default(),
+            deleted: Arc::default(),
         })
     }
 
@@ -927,6 +950,9 @@ impl TenantDirectory {
             let (slot, fresh) = match known {
                 Some(slot) => (slot, false),
                 None => {
+                    if self.deleted.contains(tenant) {
+                        return Err(deleted(tenant));
+                    }
                     let mut map = self.tenants.write().unwrap_or_else(|p| p.into_inner());
                     let before = map.len();
                     let slot = Arc::clone(map.entry(tenant.to_string()).or_default());
@@ -1046,6 +1072,7 @@ impl TenantDirectory {
             max_in_flight_bytes: self.config.max_in_flight_bytes,
             failed_logs: Arc::clone(&self.failed_logs),
             closing: Arc::clone(&self.closing),
+            deleted: Arc::clone(&self.deleted),
         }
     }
 
@@ -1098,6 +1125,11 @@ impl TenantDirectory {
             .await;
         let opened = results.iter().filter(|ok| **ok).count();
         (opened, results.len() - opened)
+    }
+
+    /// The data directory the tenants' files are in.
+    pub fn data_dir(&self) -> &DataDir {
+        &self.config.data_dir
     }
 
     /// Whether `tenant` has a slot (open, opening or failed): a call to it opens nothing.
@@ -1169,6 +1201,29 @@ impl TenantDirectory {
         match slot {
             None => true,
             Some(slot) => self.passivate(tenant, &slot, true).await,
+        }
+    }
+
+    /// Close `tenant`, deleted from the catalog: from now on no call opens it (a call already
+    /// at its actor finishes), and once its calls in flight have ended it is closed, with a
+    /// final checkpoint, as a passivation would, so that its files can be removed. False if it
+    /// is still open after `wait` (calls that do not end; a log poisoned by a failed fsync,
+    /// which keeps its tenant open until the restart) or the server is stopping: its files are
+    /// then removed at the next start.
+    pub async fn close_for_deletion(&self, tenant: &str, wait: Duration) -> bool {
+        self.deleted.insert(tenant);
+        let give_up = Instant::now() + wait;
+        loop {
+            if self.shutting_down.load(Ordering::SeqCst) {
+                return false;
+            }
+            if self.close_tenant(tenant).await && !self.is_open(tenant) {
+                return true;
+            }
+            if Instant::now() >= give_up {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 

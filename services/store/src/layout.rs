@@ -37,14 +37,19 @@ impl DataDir {
         self.root.join("catalog.holder")
     }
 
+    /// Every file of one tenant: its log and its state store.
+    pub fn tenant_dir(&self, tenant: &str) -> PathBuf {
+        self.root.join("tenants").join(tenant)
+    }
+
     /// One tenant's write-ahead-log shard.
     pub fn tenant_wal(&self, tenant: &str) -> PathBuf {
-        self.root.join("tenants").join(tenant).join("wal")
+        self.tenant_dir(tenant).join("wal")
     }
 
     /// One tenant's state store (a sled database of its own, so tenants stay isolated).
     pub fn tenant_state(&self, tenant: &str) -> PathBuf {
-        self.root.join("tenants").join(tenant).join("state")
+        self.tenant_dir(tenant).join("state")
     }
 
     /// Unix socket of the local admin service (guarded by the directory's permissions).

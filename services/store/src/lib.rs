@@ -14,6 +14,7 @@ mod backend;
 mod catalog;
 mod catalog_journal;
 mod core;
+mod deletion;
 mod directory;
 mod error;
 mod keys;
@@ -38,8 +39,10 @@ pub use core::{
     describe_policy,
 };
 pub use cube_wal::SyncPolicy;
+pub use deletion::{remove_deleted_files, remove_tenant_files};
 pub use directory::{
-    DirectoryConfig, LogStats, OPERATOR, TenantDirectory, TenantHandle, open_offline, run_offline,
+    DELETION_CLOSE_WAIT, DirectoryConfig, LogStats, OPERATOR, TenantDirectory, TenantHandle,
+    open_offline, run_offline,
 };
 pub use error::{StoreError, clipped};
 pub use keys::{AuditHead, Totals};

@@ -1472,3 +1472,126 @@ async fn tenants_are_listed_with_their_keys_online_and_offline() {
     );
     assert_eq!(tokio::task::block_in_place(|| list(&server)), expected);
 }
+
+/// `cubed tenant delete`: with the server running the tenant's keys stop at once (signed calls
+/// and a session on an open connection), its files go, other tenants go on, its name is not
+/// given to a new tenant and a second deletion says it was deleted; with the server stopped the
+/// same, and a start removes files a deletion left behind. A start after every tenant, `demo`
+/// included, was deleted makes no `demo`, and deleting `demo` removes its dev credentials.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_tenant_is_gone_online_and_offline() {
+    let mut server = TestServer::start(cubed()).unwrap();
+    let acme = server.create_tenant("acme").unwrap();
+    let second = parse(&server.cli(&["key", "create", "acme"]).unwrap());
+    let mut signed = server.cells(&acme).await.unwrap();
+    signed.write(write(1, 2, 3, b"deleted soon")).await.unwrap();
+    let mut session = server.cells_on_connection(&second).await.unwrap();
+    session.read(read(1, 2, 3)).await.unwrap();
+    let files = server.data_dir().join("tenants").join("acme");
+    assert!(files.join("wal").is_dir());
+    let stderr = |o: &std::process::Output| String::from_utf8_lossy(&o.stderr).into_owned();
+    let listed = |server: &TestServer| -> Vec<String> {
+        let o = server.cli(&["tenant", "list"]).unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        String::from_utf8(o.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                v["tenant"].as_str().unwrap().to_string()
+            })
+            .collect()
+    };
+
+    // Without --yes nothing happens.
+    let o = server.cli(&["tenant", "delete", "acme"]).unwrap();
+    assert!(
+        !o.status.success() && stderr(&o).contains("--yes"),
+        "{}",
+        stderr(&o)
+    );
+    signed.read(read(1, 2, 3)).await.unwrap();
+
+    let o = server.cli(&["tenant", "delete", "acme", "--yes"]).unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mut ids = vec![acme.key_id.clone(), second.key_id.clone()];
+    ids.sort();
+    let answer: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        answer,
+        serde_json::json!({"tenant": "acme", "deleted": true, "key_ids": ids, "files_removed": true})
+    );
+    assert!(!files.exists(), "the tenant's files are still there");
+    for (what, e) in [
+        ("signed", signed.read(read(1, 2, 3)).await.unwrap_err()),
+        ("session", session.read(read(1, 2, 3)).await.unwrap_err()),
+    ] {
+        assert_eq!(e.code(), tonic::Code::Unauthenticated, "{what}: {e:?}");
+    }
+    assert!(
+        !files.exists(),
+        "a refused call made the tenant's files again"
+    );
+    assert_eq!(listed(&server), ["demo"]);
+    let mut demo = server.cells(&server.demo).await.unwrap();
+    demo.write(write(1, 2, 3, b"still here")).await.unwrap();
+    for args in [
+        &["tenant", "delete", "acme", "--yes"][..],
+        &["tenant", "create", "acme"],
+        &["key", "create", "acme"],
+    ] {
+        let o = server.cli(args).unwrap();
+        assert!(
+            !o.status.success() && stderr(&o).contains("tenant 'acme' was deleted"),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+    }
+
+    // Offline.
+    assert!(
+        tokio::task::block_in_place(|| server.sigterm())
+            .unwrap()
+            .success()
+    );
+    let beta = parse(&server.cli(&["tenant", "create", "beta"]).unwrap());
+    let beta_files = server.data_dir().join("tenants").join("beta");
+    assert!(beta_files.join("wal").is_dir());
+    let o = server.cli(&["tenant", "delete", "beta", "--yes"]).unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let answer: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        answer,
+        serde_json::json!({"tenant": "beta", "deleted": true, "key_ids": [beta.key_id], "files_removed": true})
+    );
+    assert!(!beta_files.exists());
+    // Files a deletion left behind (a crash between the catalog's change and their removal)
+    // are removed by the next start.
+    std::fs::create_dir_all(beta_files.join("wal")).unwrap();
+    std::fs::write(beta_files.join("wal").join("left.wal"), b"x").unwrap();
+    tokio::task::block_in_place(|| server.restart()).unwrap();
+    assert!(!beta_files.exists(), "{}", server.log());
+    assert_eq!(listed(&server), ["demo"]);
+    let mut demo = server.cells(&server.demo).await.unwrap();
+    assert_eq!(
+        demo.read(read(1, 2, 3)).await.unwrap().into_inner().value,
+        b"still here"
+    );
+
+    // Every tenant deleted, `demo` too: its dev credentials go, and no start makes it again.
+    assert!(
+        tokio::task::block_in_place(|| server.sigterm())
+            .unwrap()
+            .success()
+    );
+    let data = server.data_dir();
+    let o = offline(&["tenant", "delete", "demo", "--yes"], &data);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!data.join("dev-credentials.json").exists());
+    let Err(err) = TestServer::start_at(cubed(), &data, &[]) else {
+        panic!("a start after every tenant was deleted wrote dev-credentials.json");
+    };
+    assert!(format!("{err:#}").contains("No such file"), "{err:#}");
+    let o = offline(&["tenant", "list"], &data);
+    assert!(o.status.success() && o.stdout.is_empty(), "{}", stderr(&o));
+}

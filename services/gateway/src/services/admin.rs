@@ -287,6 +287,60 @@ impl Admin for AdminService {
         }
     }
 
+    async fn delete_tenant(
+        &self,
+        req: Request<v1::DeleteTenantRequest>,
+    ) -> Result<Response<v1::DeleteTenantResponse>, Status> {
+        let tenant = req.into_inner().tenant;
+        // Off the admin socket, refused before anything else (as every Admin rpc).
+        self.catalog()?;
+        let name = tenant.clone();
+        let key_ids = self.change_catalog(move |c| c.delete_tenant(&name)).await?;
+        // Deleted (durably): nothing authenticates as the tenant any more. Its sessions end now
+        // rather than at their next call.
+        let ended: usize = self.connections.as_ref().map_or(0, |c| {
+            key_ids
+                .iter()
+                .map(|key_id| c.end_sessions_of(&tenant, key_id))
+                .sum()
+        });
+        let files_removed = match &self.directory {
+            Some(directory) => {
+                let closed = directory
+                    .close_for_deletion(&tenant, cube_store::DELETION_CLOSE_WAIT)
+                    .await;
+                if closed {
+                    let data = directory.data_dir().clone();
+                    let name = tenant.clone();
+                    match tokio::task::spawn_blocking(move || {
+                        cube_store::remove_tenant_files(&data, &name)
+                    })
+                    .await
+                    {
+                        Ok(Ok(_)) => true,
+                        Ok(Err(e)) => {
+                            tracing::error!(%tenant, error = %e, "the deleted tenant's files could not be removed; the next start tries again");
+                            false
+                        }
+                        Err(e) => {
+                            tracing::error!(%tenant, error = %e, "removing the deleted tenant's files panicked; the next start tries again");
+                            false
+                        }
+                    }
+                } else {
+                    tracing::warn!(%tenant, "the deleted tenant could not be closed in time (calls in flight, or a failed log); its files are removed at the next start");
+                    false
+                }
+            }
+            None => false,
+        };
+        tracing::info!(%tenant, keys = key_ids.len(), sessions_ended = ended, files_removed, "tenant deleted");
+        Ok(Response::new(v1::DeleteTenantResponse {
+            key_ids,
+            files_removed,
+        }))
+    }
+
     async fn list_tenants(
         &self,
         _: Request<v1::ListTenantsRequest>,

@@ -777,16 +777,18 @@ fn decline_demo(catalog: &Catalog, data: &DataDir) -> anyhow::Result<()> {
 
 /// On the first start of an empty data directory create tenant `demo` and dev-credentials.json;
 /// on later starts keep that file's endpoint current. A catalog without tenants gets `demo`
-/// unless a start with `--no-demo` declined it ([`decline_demo`]): a first start that ended
-/// before it made `demo` (a failed start, a crash) leaves such a catalog too. A first start
-/// stopped between the two (a crash) leaves a catalog of tenant `demo` alone with its one key
-/// and no file: the file is written then from the catalog's key. Only then: a `demo` whose
-/// first key was revoked and another made (rotation) keeps its file deleted, and the new key's
-/// secret off the disk.
+/// unless a start with `--no-demo` declined it ([`decline_demo`]) or its tenants were deleted
+/// (`cubed tenant delete`): a first start that ended before it made `demo` (a failed start, a
+/// crash) leaves such a catalog too. A first start stopped between the two (a crash) leaves a
+/// catalog of tenant `demo` alone with its one key and no file: the file is written then from
+/// the catalog's key. Only then: a `demo` whose first key was revoked and another made
+/// (rotation), or left alone by the deletion of every other tenant, keeps its file deleted, and
+/// its key's secret off the disk.
 fn ensure_demo(catalog: &Catalog, data: &DataDir, endpoint: &str) -> anyhow::Result<()> {
     let path = data.dev_credentials();
     let endpoint = endpoint.to_string();
     let tenants = catalog.list()?;
+    let any_deleted = !catalog.deleted_tenants()?.is_empty();
     let creds_of = |key: &cube_store::KeyInfo| Credentials {
         tenant: key.tenant.clone(),
         key_id: key.key_id.clone(),
@@ -794,7 +796,7 @@ fn ensure_demo(catalog: &Catalog, data: &DataDir, endpoint: &str) -> anyhow::Res
         endpoint: Some(endpoint.clone()),
     };
     let creds = if tenants.is_empty() {
-        if !catalog.deleted_tenants()?.is_empty() {
+        if any_deleted {
             tracing::info!(
                 "no tenants: every tenant here was deleted, so no tenant 'demo' is made \
                  (`cubed tenant create NAME` makes a tenant)"
@@ -812,7 +814,8 @@ fn ensure_demo(catalog: &Catalog, data: &DataDir, endpoint: &str) -> anyhow::Res
         let key = catalog.create_tenant(DEMO_TENANT)?;
         tracing::info!(path = %path.display(), "created tenant 'demo' and its dev credentials");
         creds_of(&key)
-    } else if let ([(tenant, keys)], false) = (tenants.as_slice(), path.exists())
+    } else if let ([(tenant, keys)], false, false) =
+        (tenants.as_slice(), path.exists(), any_deleted)
         && tenant == DEMO_TENANT
         && let [key_id] = keys.as_slice()
         && catalog.key_count(DEMO_TENANT) == 1
@@ -824,6 +827,7 @@ fn ensure_demo(catalog: &Catalog, data: &DataDir, endpoint: &str) -> anyhow::Res
         let Ok(text) = fs::read_to_string(&path) else {
             if !tenants.iter().any(|(tenant, _)| tenant == DEMO_TENANT)
                 && !data.demo_declined().exists()
+                && catalog.deleted_at(DEMO_TENANT)?.is_none()
             {
                 tracing::info!(
                     "no tenant 'demo' and no dev credentials: the first start found the catalog \

@@ -194,6 +194,9 @@ pub struct Catalog {
     keys: sled::Tree,
     /// Every key as of its last *durable* change: what authentication sees.
     cache: RwLock<KeyMap>,
+    /// Tenants whose deletion is durable: their keys are never in `cache` again
+    /// ([`Catalog::delete_tenant`]).
+    deleted: RwLock<std::collections::HashSet<String>>,
     /// The journal and the changes written to it but perhaps not synced yet; every change
     /// holds this lock from reading the current value to writing its record.
     changes: Mutex<JournalState>,
@@ -399,6 +402,7 @@ impl Catalog {
             tenants,
             keys,
             cache: RwLock::new(cache),
+            deleted: RwLock::new(deleted),
             sync: Mutex::new(SyncState {
                 file: journal.file(),
                 synced: 0,
@@ -620,14 +624,19 @@ impl Catalog {
             return;
         }
         let mut cache = self.cache.write().unwrap_or_else(|p| p.into_inner());
+        let deleted = self.deleted.read().unwrap_or_else(|p| p.into_inner());
         st.pending.retain(|_, versions| {
             let durable = versions.partition_point(|(end, _)| *end <= synced);
             if durable > 0 {
                 let info = Arc::clone(&versions[durable - 1].1);
-                cache
-                    .entry(info.tenant.clone())
-                    .or_default()
-                    .insert(info.key_id.clone(), info);
+                // A change made after its tenant's deletion was committed (a journaled key
+                // change that looked the key up just before) brings no key back.
+                if !deleted.contains(&info.tenant) {
+                    cache
+                        .entry(info.tenant.clone())
+                        .or_default()
+                        .insert(info.key_id.clone(), info);
+                }
                 versions.drain(..durable);
             }
             !versions.is_empty()
@@ -987,58 +996,111 @@ impl Catalog {
         Ok(true)
     }
 
-    /// Delete `tenant` from the catalog: one durable change marks its record deleted and
-    /// revokes every key of it, and its keys leave the catalog's memory, so that nothing
-    /// authenticates as it or names it any more. Returns the ids of its keys (revoked before or
-    /// now), whose open sessions the caller ends. Its files are the caller's to remove, once
-    /// the tenant is closed ([`crate::remove_tenant_files`]); a server's start removes those of
-    /// every deleted tenant. A change the tenant logged before and applies here after (its
-    /// actor closes after this) brings nothing back: a key it created is not added, and its
-    /// other key changes find no key.
+    /// Delete `tenant` from the catalog: one durable change marks its record deleted (the
+    /// record stays, as a tombstone that keeps the name taken), and its keys leave the
+    /// catalog's memory for good, so that nothing authenticates as it or names it any more.
+    /// Then each of its key records is scrubbed (revoked, its secret zeroed; see
+    /// [`Catalog::scrub_deleted_keys`]). Returns the ids of its keys, whose open sessions the
+    /// caller ends. Its files are the caller's to remove once the tenant is closed
+    /// ([`crate::remove_tenant_files`]); a server's start removes those of every deleted
+    /// tenant. A change the tenant logged before and applies here after (its actor closes
+    /// after this) brings nothing back: a key it created is not added, and its other key
+    /// changes find no key.
     pub fn delete_tenant(&self, tenant: &str) -> Result<Vec<String>, StoreError> {
         let mut st = self.lock_changes();
         self.require_tenant_locked(&mut st, tenant)?;
         let mut record = self.tenant_record(tenant)?;
         record.deleted_ms = Some(now_ms());
-        let mut ops = vec![Op {
+        let op = Op {
             tree: Tree::Tenants,
             key: tenant.as_bytes().to_vec(),
             value: serde_json::to_vec(&record).map_err(|e| storage("encode", e))?,
-        }];
-        // Every key of the tenant as the next change sees it (pending changes included).
-        let mut ids: std::collections::BTreeSet<String> = self
-            .cache
+        };
+        // One small record, whatever the number of keys: a torn write of it is within what the
+        // journal's open takes for an unacknowledged tail.
+        self.commit(st, vec![op], &[])?;
+        {
+            // Durable. Under the change lock, so that no key change is published in between.
+            let _st = self.lock_changes();
+            self.deleted
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(tenant.to_string());
+            self.cache
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(tenant);
+        }
+        let ids = self
+            .key_records_of(tenant)?
+            .into_iter()
+            .map(|k| k.key_id)
+            .collect();
+        if let Err(e) = self.scrub_keys_of(tenant) {
+            // The deletion stands (nothing reads those records); the next start scrubs them.
+            tracing::warn!(tenant, error = %e, "the deleted tenant's key records could not be scrubbed yet; the next start tries again");
+        }
+        Ok(ids)
+    }
+
+    /// Whether `tenant`'s deletion is durable (the catalog's memory; no disk access).
+    pub fn is_deleted(&self, tenant: &str) -> bool {
+        self.deleted
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .get(tenant)
-            .map(|keys| keys.keys().cloned().collect())
-            .unwrap_or_default();
-        ids.extend(
-            st.pending
-                .keys()
-                .filter(|(t, _)| t == tenant)
-                .map(|(_, k)| k.clone()),
-        );
-        let mut revoked = Vec::new();
-        for id in &ids {
-            if let Some(current) = self.current_key(&st, tenant, id) {
-                let mut info = (*current).clone();
-                info.revoked = true;
-                let info = Arc::new(info);
-                ops.push(key_op(&info)?);
-                revoked.push(info);
-            }
+            .contains(tenant)
+    }
+
+    /// Every key record of `tenant` in sled, sorted by id.
+    fn key_records_of(&self, tenant: &str) -> Result<Vec<KeyInfo>, StoreError> {
+        let mut out = Vec::new();
+        for item in self.keys.scan_prefix(format!("{tenant}/").as_bytes()) {
+            let (name, value) = item.map_err(|e| storage("read keys", e))?;
+            out.push(decode_key(&name, &value).map_err(|e| storage("decode a key", e))?);
         }
-        let keys: Vec<&Arc<KeyInfo>> = revoked.iter().collect();
-        self.commit(st, ops, &keys)?;
-        // Durable: the keys (published revoked by the commit) leave memory. The change lock is
-        // taken again so that no other change of them is published in between.
-        let _st = self.lock_changes();
-        self.cache
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(tenant);
-        Ok(ids.into_iter().collect())
+        Ok(out)
+    }
+
+    /// Scrub the key records of every deleted tenant that still has some unscrubbed (a crash,
+    /// or a failure, after its deletion). Returns how many records were scrubbed.
+    pub fn scrub_deleted_keys(&self) -> Result<usize, StoreError> {
+        let mut scrubbed = 0;
+        for tenant in self.deleted_tenants()? {
+            scrubbed += self.scrub_keys_of(&tenant)?;
+        }
+        Ok(scrubbed)
+    }
+
+    /// Rewrite each key record of the deleted `tenant` as revoked with a zeroed secret, in
+    /// journal records of at most [`LARGEST_RESTATEMENT`] bytes, each durable before the next
+    /// is written (a torn write of a larger one could leave more than the journal's open takes
+    /// for an unacknowledged tail). Records scrubbed already are left alone. Returns how many
+    /// were scrubbed.
+    fn scrub_keys_of(&self, tenant: &str) -> Result<usize, StoreError> {
+        let mut ops = Vec::new();
+        for mut key in self.key_records_of(tenant)? {
+            if key.revoked && key.secret == [0; 32] {
+                continue;
+            }
+            key.revoked = true;
+            key.secret = [0; 32];
+            ops.push(key_op(&key)?);
+        }
+        let scrubbed = ops.len();
+        let mut chunk = Vec::new();
+        for op in ops {
+            if !chunk.is_empty()
+                && payload_bytes(&chunk) + payload_bytes(std::slice::from_ref(&op))
+                    > LARGEST_RESTATEMENT
+            {
+                self.commit(self.lock_changes(), std::mem::take(&mut chunk), &[])?;
+            }
+            chunk.push(op);
+        }
+        if !chunk.is_empty() {
+            self.commit(self.lock_changes(), chunk, &[])?;
+        }
+        Ok(scrubbed)
     }
 
     /// Add `grant` to and remove `revoke` from the capabilities of `tenant/key_id`; returns the
@@ -1194,6 +1256,11 @@ impl Catalog {
         // Called on the tenant's actor thread, which must not wait for the change lock: sled
         // alone is asked. The tenant's log is open, so its creation was durable before (a
         // published key opened it, or `require_tenant` waited for it).
+        if self.is_deleted(tenant) {
+            return Err(StoreError::NotFound(format!(
+                "tenant '{tenant}' was deleted"
+            )));
+        }
         if !self.tenant_exists(tenant)? {
             return Err(StoreError::NotFound(format!(
                 "no tenant named '{}'",
@@ -1215,7 +1282,7 @@ impl Catalog {
         }
         // A tenant deleted while it was open (its actor closes after the deletion) gets no key
         // back from a creation it logged before.
-        if self.deleted_at(&key.tenant)?.is_some() {
+        if self.is_deleted(&key.tenant) {
             return Ok(false);
         }
         let info = Arc::new(key.clone());
@@ -1357,6 +1424,11 @@ impl Catalog {
         policy: cube_wal::SyncPolicy,
     ) -> Result<(), StoreError> {
         let st = self.lock_changes();
+        if self.is_deleted(tenant) {
+            return Err(StoreError::NotFound(format!(
+                "tenant '{tenant}' was deleted"
+            )));
+        }
         let op = self.durability_op(tenant, policy, true)?;
         self.commit(st, vec![op], &[])
     }
@@ -1762,7 +1834,18 @@ pub(crate) mod tests {
                 assert!(c.key("acme", id).is_none(), "{what}");
             }
             assert!(!c.has_tenant("acme"), "{what}");
+            assert!(c.is_deleted("acme"), "{what}");
             assert!(!c.tenant_exists("acme").unwrap(), "{what}");
+            // Every key record scrubbed: revoked, its secret zeroed.
+            let records = c.key_records_of("acme").unwrap();
+            assert_eq!(records.len(), 2, "{what}");
+            for k in records {
+                assert!(
+                    k.revoked && k.secret == [0; 32],
+                    "{what}: {k:?} {:?}",
+                    k.secret
+                );
+            }
             assert!(c.deleted_at("acme").unwrap().is_some(), "{what}");
             assert_eq!(c.deleted_tenants().unwrap(), ["acme"], "{what}");
             assert_eq!(
@@ -1788,6 +1871,18 @@ pub(crate) mod tests {
                 "{what}: {e:?}"
             );
             assert!(!c.apply_logged_key_creation(&drafted).unwrap(), "{what}");
+            let e = c
+                .set_durability("acme", cube_wal::SyncPolicy::Always)
+                .unwrap_err();
+            assert!(
+                matches!(&e, StoreError::NotFound(m) if m.contains("was deleted")),
+                "{what}: {e:?}"
+            );
+            let e = c.draft_key("acme", false).unwrap_err();
+            assert!(
+                matches!(&e, StoreError::NotFound(m) if m.contains("was deleted")),
+                "{what}: {e:?}"
+            );
             assert!(c.key("acme", &drafted.key_id).is_none(), "{what}");
             assert!(
                 c.key("other", &other.key_id).is_some_and(|k| !k.revoked),
@@ -1807,6 +1902,46 @@ pub(crate) mod tests {
         check(&reopen(&crashed), "after a crash");
         drop(c);
         check(&reopen(&path), "after a reopen");
+    }
+
+    /// A tenant of many keys (a key a day for a year and more) is deleted in journal records
+    /// small enough that a torn write of any of them leaves a journal that opens: the tombstone
+    /// alone, then the keys scrubbed in records of at most `LARGEST_RESTATEMENT` bytes. Each
+    /// key's record is scrubbed, and the catalog opens again.
+    #[test]
+    fn a_tenant_of_many_keys_is_deleted_in_small_journal_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("catalog");
+        let c = Catalog::open(&path).unwrap();
+        c.create_tenant("acme").unwrap();
+        for _ in 0..400 {
+            c.create_key("acme", false).unwrap();
+        }
+        assert_eq!(c.delete_tenant("acme").unwrap().len(), 401);
+        let records = c.key_records_of("acme").unwrap();
+        assert_eq!(records.len(), 401);
+        assert!(records.iter().all(|k| k.revoked && k.secret == [0; 32]));
+        // The journal's records: `[u32 length][u32 CRC][payload]` until a zero length.
+        let journal = std::fs::read(path.with_extension("journal")).unwrap();
+        let (mut at, mut largest, mut count) = (0, 0, 0);
+        while at + 8 <= journal.len() {
+            let len = u32::from_le_bytes(journal[at..at + 4].try_into().unwrap()) as usize;
+            if len == 0 {
+                break;
+            }
+            largest = largest.max(len);
+            count += 1;
+            at += 8 + len;
+        }
+        assert!(count > 400, "{count} records");
+        assert!(
+            largest <= LARGEST_RESTATEMENT,
+            "a record of {largest} bytes (at most {LARGEST_RESTATEMENT})"
+        );
+        drop(c);
+        let c = reopen(&path);
+        assert!(c.is_deleted("acme"));
+        assert_eq!(c.scrub_deleted_keys().unwrap(), 0, "scrubbed twice");
     }
 
     #[test]

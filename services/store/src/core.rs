@@ -3375,6 +3375,53 @@ mod tests {
         }
     }
 
+    /// A tenant deleted while open: `close_for_deletion` closes it, its files can then be
+    /// removed, and no later call (`NOT_FOUND`) opens it again or makes its files anew, in this
+    /// directory or in a new one (a restart), where the catalog's tombstone refuses the open.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_deleted_tenant_is_closed_and_never_opened_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, config) = tenant_with_catalog(dir.path());
+        let data = crate::DataDir::new(dir.path().join("data"));
+        let refused = |e: StoreError| {
+            assert!(
+                matches!(&e, StoreError::NotFound(m) if m == "tenant 't' was deleted"),
+                "{e:?}"
+            );
+        };
+        let directory = test_directory(data.clone(), &config, &catalog);
+        directory.call("t", write(1, b"v"), "t/k").await.unwrap();
+        catalog.delete_tenant("t").unwrap();
+        assert!(directory.is_open("t"));
+        assert!(
+            directory
+                .close_for_deletion("t", Duration::from_secs(10))
+                .await
+        );
+        assert!(!directory.is_open("t"));
+        assert!(crate::remove_tenant_files(&data, "t").unwrap());
+        for _ in 0..2 {
+            refused(
+                directory
+                    .call("t", write(2, b"w"), "t/k")
+                    .await
+                    .unwrap_err(),
+            );
+            refused(directory.get("t").await.unwrap_err());
+        }
+        assert!(!data.tenant_dir("t").exists());
+        directory.shutdown().await;
+        let directory = test_directory(data.clone(), &config, &catalog);
+        refused(
+            directory
+                .call("t", write(2, b"w"), "t/k")
+                .await
+                .unwrap_err(),
+        );
+        assert!(!data.tenant_dir("t").exists());
+        directory.shutdown().await;
+    }
+
     /// A tenant being passivated when shutdown begins is closed by the time shutdown returns
     /// (its slot has already left the directory's map then); no tenant opens afterwards.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -38,9 +38,18 @@ pub fn remove_tenant_files(data: &DataDir, tenant: &str) -> std::io::Result<bool
     Ok(true)
 }
 
-/// Remove the files still on disk of every tenant the catalog has deleted. Returns how many
-/// tenants had some; a removal that fails is logged and tried again at the next call.
+/// Remove the files still on disk of every tenant the catalog has deleted (and scrub key
+/// records of theirs left as they were). Returns how many tenants had files; a removal that
+/// fails is logged and tried again at the next call.
 pub fn remove_deleted_files(data: &DataDir, catalog: &Catalog) -> usize {
+    // Key records a crash left unscrubbed (see `Catalog::delete_tenant`).
+    match catalog.scrub_deleted_keys() {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(keys = n, "scrubbed the key records of deleted tenants"),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not scrub the key records of deleted tenants; the next start tries again");
+        }
+    }
     let deleted = match catalog.deleted_tenants() {
         Ok(deleted) => deleted,
         Err(e) => {

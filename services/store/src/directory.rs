@@ -651,10 +651,7 @@ impl OpenContext {
         }
         // A call authenticated before its tenant's deletion may come this far after it: it
         // must not open (and so create again) the files the deletion removes.
-        let deleted_in_catalog = self
-            .catalog
-            .as_ref()
-            .is_some_and(|c| !matches!(c.deleted_at(tenant), Ok(None)));
+        let deleted_in_catalog = self.catalog.as_ref().is_some_and(|c| c.is_deleted(tenant));
         if self.deleted.contains(tenant) || deleted_in_catalog {
             return Err(deleted(tenant));
         }
@@ -831,6 +828,8 @@ pub struct TenantDirectory {
     /// ([`TenantDirectory::close_for_deletion`]). The catalog's record of a deletion refuses
     /// their opens too (after a restart, and before the name is here).
     deleted: Arc<crate::TenantSet>,
+    /// Whether `deleted` holds any tenant: the hot path looks no further while it is false.
+    any_deleted: AtomicBool,
 }
 
 impl std::fmt::Debug for TenantDirectory {
@@ -909,6 +908,7 @@ impl TenantDirectory {
             janitor_wake: Arc::default(),
             lost_acknowledged: Arc::default(),
             deleted: Arc::default(),
+            any_deleted: AtomicBool::new(false),
         })
     }
 
@@ -941,6 +941,11 @@ impl TenantDirectory {
     /// The running actor of `tenant`, started (and its state recovered) on first use. The
     /// caller must already know the tenant exists (it authenticated as it).
     pub async fn get(&self, tenant: &str) -> Result<TenantHandle, StoreError> {
+        // A deleted tenant's calls stop here, also while its actor is still open (closing
+        // once the calls it holds are answered).
+        if self.any_deleted.load(Ordering::Acquire) && self.deleted.contains(tenant) {
+            return Err(deleted(tenant));
+        }
         let slot = loop {
             // Hot path: a read lock and no allocation once the tenant is known.
             let known = {
@@ -950,9 +955,6 @@ impl TenantDirectory {
             let (slot, fresh) = match known {
                 Some(slot) => (slot, false),
                 None => {
-                    if self.deleted.contains(tenant) {
-                        return Err(deleted(tenant));
-                    }
                     let mut map = self.tenants.write().unwrap_or_else(|p| p.into_inner());
                     let before = map.len();
                     let slot = Arc::clone(map.entry(tenant.to_string()).or_default());
@@ -1204,21 +1206,28 @@ impl TenantDirectory {
         }
     }
 
-    /// Close `tenant`, deleted from the catalog: from now on no call opens it (a call already
-    /// at its actor finishes), and once its calls in flight have ended it is closed, with a
-    /// final checkpoint, as a passivation would, so that its files can be removed. False if it
+    /// Close `tenant`, deleted from the catalog: from now on no call reaches it (the calls its
+    /// actor already holds are answered), and once those have ended it is closed, with a final
+    /// checkpoint, as a passivation would, so that its files can be removed. False if it
     /// is still open after `wait` (calls that do not end; a log poisoned by a failed fsync,
     /// which keeps its tenant open until the restart) or the server is stopping: its files are
     /// then removed at the next start.
     pub async fn close_for_deletion(&self, tenant: &str, wait: Duration) -> bool {
         self.deleted.insert(tenant);
+        self.any_deleted.store(true, Ordering::Release);
         let give_up = Instant::now() + wait;
         loop {
             if self.shutting_down.load(Ordering::SeqCst) {
                 return false;
             }
             if self.close_tenant(tenant).await && !self.is_open(tenant) {
-                return true;
+                // Another path (the idle pass, an eviction, the janitor) may have taken the
+                // slot out first and still be closing the tenant: its files are in use until
+                // that close ends.
+                match tokio::time::timeout_at(give_up.into(), self.closing.wait(tenant)).await {
+                    Ok(()) => return true,
+                    Err(_) => return false,
+                }
             }
             if Instant::now() >= give_up {
                 return false;

@@ -296,45 +296,53 @@ impl Admin for AdminService {
         self.catalog()?;
         let name = tenant.clone();
         let key_ids = self.change_catalog(move |c| c.delete_tenant(&name)).await?;
-        // Deleted (durably): nothing authenticates as the tenant any more. Its sessions end now
-        // rather than at their next call.
+        // Deleted (durably): nothing authenticates as the tenant any more. Logged at once, the
+        // only record of it (its audit trail goes with it), should the caller give up below.
+        tracing::info!(%tenant, keys = key_ids.len(), "tenant deleted");
+        // Its sessions end now rather than at their next call.
         let ended: usize = self.connections.as_ref().map_or(0, |c| {
             key_ids
                 .iter()
                 .map(|key_id| c.end_sessions_of(&tenant, key_id))
                 .sum()
         });
-        let files_removed = match &self.directory {
-            Some(directory) => {
-                let closed = directory
-                    .close_for_deletion(&tenant, cube_store::DELETION_CLOSE_WAIT)
-                    .await;
-                if closed {
-                    let data = directory.data_dir().clone();
-                    let name = tenant.clone();
-                    match tokio::task::spawn_blocking(move || {
-                        cube_store::remove_tenant_files(&data, &name)
-                    })
-                    .await
-                    {
-                        Ok(Ok(_)) => true,
-                        Ok(Err(e)) => {
-                            tracing::error!(%tenant, error = %e, "the deleted tenant's files could not be removed; the next start tries again");
-                            false
-                        }
-                        Err(e) => {
-                            tracing::error!(%tenant, error = %e, "removing the deleted tenant's files panicked; the next start tries again");
-                            false
-                        }
-                    }
-                } else {
-                    tracing::warn!(%tenant, "the deleted tenant could not be closed in time (calls in flight, or a failed log); its files are removed at the next start");
+        let Some(directory) = self.directory.clone() else {
+            return Ok(Response::new(v1::DeleteTenantResponse {
+                key_ids,
+                files_removed: false,
+            }));
+        };
+        // A task of its own: a caller that gives up (its deadline, a dropped connection) does
+        // not stop the close halfway or leave the files for the next start.
+        let name = tenant.clone();
+        let removal = tokio::spawn(async move {
+            if !directory
+                .close_for_deletion(&name, cube_store::DELETION_CLOSE_WAIT)
+                .await
+            {
+                tracing::warn!(tenant = %name, "the deleted tenant could not be closed in time (calls in flight, a failed log, or the server stopping); its files are removed at the next start");
+                return false;
+            }
+            let data = directory.data_dir().clone();
+            let tenant = name.clone();
+            match tokio::task::spawn_blocking(move || {
+                cube_store::remove_tenant_files(&data, &tenant)
+            })
+            .await
+            {
+                Ok(Ok(_)) => true,
+                Ok(Err(e)) => {
+                    tracing::error!(tenant = %name, error = %e, "the deleted tenant's files could not be removed; the next start tries again");
+                    false
+                }
+                Err(e) => {
+                    tracing::error!(tenant = %name, error = %e, "removing the deleted tenant's files panicked; the next start tries again");
                     false
                 }
             }
-            None => false,
-        };
-        tracing::info!(%tenant, keys = key_ids.len(), sessions_ended = ended, files_removed, "tenant deleted");
+        });
+        let files_removed = removal.await.unwrap_or(false);
+        tracing::info!(%tenant, sessions_ended = ended, files_removed, "deleted tenant closed");
         Ok(Response::new(v1::DeleteTenantResponse {
             key_ids,
             files_removed,

@@ -439,6 +439,10 @@ impl Catalog {
 
     /// The key as the next change sees it: its newest change, durable or not.
     fn current_key(&self, st: &JournalState, tenant: &str, key_id: &str) -> Option<Arc<KeyInfo>> {
+        // A deleted tenant's keys are gone, whatever change of theirs still waits for its sync.
+        if self.is_deleted(tenant) {
+            return None;
+        }
         st.pending
             .get(&(tenant.to_string(), key_id.to_string()))
             .and_then(|v| v.last())
@@ -782,7 +786,7 @@ impl Catalog {
     fn require_tenant_locked(&self, st: &mut JournalState, tenant: &str) -> Result<(), StoreError> {
         if self.tenant_exists_durably(st, tenant)? {
             Ok(())
-        } else if self.deleted_at(tenant)?.is_some() {
+        } else if self.deleted_durably(st, tenant)? {
             Err(StoreError::NotFound(format!(
                 "tenant '{tenant}' was deleted"
             )))
@@ -814,6 +818,24 @@ impl Catalog {
             .get(tenant)
             .map_err(|e| storage("read tenants", e))?
             .is_some_and(|record| !marks_deleted(&record)))
+    }
+
+    /// Whether `tenant`'s record marks it deleted, said only once that is durable (a deletion
+    /// still waiting for the journal's fdatasync is synced first), as
+    /// [`Catalog::tenant_exists_durably`] does for a creation.
+    fn deleted_durably(&self, st: &mut JournalState, tenant: &str) -> Result<bool, StoreError> {
+        if self.deleted_at(tenant)?.is_none() {
+            return Ok(false);
+        }
+        self.settle_unsynced(st, Tree::Tenants, tenant.as_bytes())
+            .map_err(|_| {
+                StoreError::Unavailable(format!(
+                    "tenant '{tenant}' is being deleted, and its deletion could not be made \
+                     durable (it may be in force after the server restarts: check then); \
+                     catalog changes are refused until that restart; see the server log"
+                ))
+            })?;
+        Ok(true)
     }
 
     /// When `tenant` was deleted (Unix ms), if it was: its record says so, durably or not yet.
@@ -915,7 +937,7 @@ impl Catalog {
                 "tenant '{tenant}' already exists"
             )));
         }
-        if self.deleted_at(tenant)?.is_some() {
+        if self.deleted_durably(&mut st, tenant)? {
             return Err(StoreError::AlreadyExists(format!(
                 "tenant '{tenant}' was deleted, and a deleted tenant's name is not given to \
                  another (its old keys and clients must never reach the new one): choose \
@@ -1016,12 +1038,20 @@ impl Catalog {
             key: tenant.as_bytes().to_vec(),
             value: serde_json::to_vec(&record).map_err(|e| storage("encode", e))?,
         };
+        // Read before the change: once it is durable, nothing may fail the call.
+        let ids = self
+            .key_records_of(tenant)?
+            .into_iter()
+            .map(|k| k.key_id)
+            .collect();
         // One small record, whatever the number of keys: a torn write of it is within what the
         // journal's open takes for an unacknowledged tail.
         self.commit(st, vec![op], &[])?;
         {
-            // Durable. Under the change lock, so that no key change is published in between.
-            let _st = self.lock_changes();
+            // Durable. Under the change lock, so that no key change is published in between;
+            // a change of its keys still waiting for its sync is dropped (the undo of a failed
+            // sync keeps what it needs), so no later change builds on it.
+            let mut st = self.lock_changes();
             self.deleted
                 .write()
                 .unwrap_or_else(|p| p.into_inner())
@@ -1030,14 +1060,11 @@ impl Catalog {
                 .write()
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(tenant);
+            st.pending.retain(|(t, _), _| t != tenant);
         }
-        let ids = self
-            .key_records_of(tenant)?
-            .into_iter()
-            .map(|k| k.key_id)
-            .collect();
         if let Err(e) = self.scrub_keys_of(tenant) {
             // The deletion stands (nothing reads those records); the next start scrubs them.
+            // A failed sync here also stops catalog changes until the restart, as any does.
             tracing::warn!(tenant, error = %e, "the deleted tenant's key records could not be scrubbed yet; the next start tries again");
         }
         Ok(ids)
@@ -1847,7 +1874,10 @@ pub(crate) mod tests {
                 );
             }
             assert!(c.deleted_at("acme").unwrap().is_some(), "{what}");
-            assert_eq!(c.deleted_tenants().unwrap(), ["acme"], "{what}");
+            assert!(
+                c.deleted_tenants().unwrap().contains(&"acme".to_string()),
+                "{what}"
+            );
             assert_eq!(
                 c.list().unwrap(),
                 [("other".to_string(), vec![other.key_id.clone()])],
@@ -1890,6 +1920,33 @@ pub(crate) mod tests {
             );
         };
         check(&c, "at once");
+        // A crash between a deletion's tombstone and the scrub of its keys: the next open
+        // leaves the keys out, and `scrub_deleted_keys` (a server's start) scrubs them.
+        let beta = c.create_tenant("beta").unwrap();
+        let mut record = c.tenant_record("beta").unwrap();
+        record.deleted_ms = Some(1);
+        let tombstone = Op {
+            tree: Tree::Tenants,
+            key: b"beta".to_vec(),
+            value: serde_json::to_vec(&record).unwrap(),
+        };
+        c.commit(c.lock_changes(), vec![tombstone], &[]).unwrap();
+        let half = dir.path().join("half");
+        copy_dir(&path, &half);
+        std::fs::copy(
+            path.with_extension("journal"),
+            half.with_extension("journal"),
+        )
+        .unwrap();
+        {
+            let h = reopen(&half);
+            assert!(h.is_deleted("beta") && h.key("beta", &beta.key_id).is_none());
+            assert!(!h.key_records_of("beta").unwrap()[0].revoked);
+            assert_eq!(h.scrub_deleted_keys().unwrap(), 1);
+            assert_eq!(h.scrub_deleted_keys().unwrap(), 0);
+            let k = &h.key_records_of("beta").unwrap()[0];
+            assert!(k.revoked && k.secret == [0; 32], "{k:?}");
+        }
         // A power cut now: sled's files as they are (never flushed since the open) and the
         // journal.
         let crashed = dir.path().join("crashed");
@@ -1923,17 +1980,15 @@ pub(crate) mod tests {
         assert!(records.iter().all(|k| k.revoked && k.secret == [0; 32]));
         // The journal's records: `[u32 length][u32 CRC][payload]` until a zero length.
         let journal = std::fs::read(path.with_extension("journal")).unwrap();
-        let (mut at, mut largest, mut count) = (0, 0, 0);
+        let (mut at, mut largest) = (0, 0);
         while at + 8 <= journal.len() {
             let len = u32::from_le_bytes(journal[at..at + 4].try_into().unwrap()) as usize;
             if len == 0 {
                 break;
             }
             largest = largest.max(len);
-            count += 1;
             at += 8 + len;
         }
-        assert!(count > 400, "{count} records");
         assert!(
             largest <= LARGEST_RESTATEMENT,
             "a record of {largest} bytes (at most {LARGEST_RESTATEMENT})"

@@ -3375,9 +3375,12 @@ mod tests {
         }
     }
 
-    /// A tenant deleted while open: `close_for_deletion` closes it, its files can then be
-    /// removed, and no later call (`NOT_FOUND`) opens it again or makes its files anew, in this
-    /// directory or in a new one (a restart), where the catalog's tombstone refuses the open.
+    /// A tenant being deleted while open: once `refuse_deleted` is called its calls are refused
+    /// (`NOT_FOUND`) though its actor is still open, and `deletion_abandoned` lets them through
+    /// again; once deleted, `close_for_deletion` closes it, its files can be removed, and no
+    /// later call opens it again or makes its files anew, in this directory or after a restart
+    /// (a new directory over the catalog opened again from its files), where the catalog's
+    /// record of the deletion refuses the open.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_deleted_tenant_is_closed_and_never_opened_again() {
         let dir = tempfile::tempdir().unwrap();
@@ -3391,8 +3394,19 @@ mod tests {
         };
         let directory = test_directory(data.clone(), &config, &catalog);
         directory.call("t", write(1, b"v"), "t/k").await.unwrap();
+        directory.refuse_deleted("t");
+        refused(
+            directory
+                .call("t", write(2, b"w"), "t/k")
+                .await
+                .unwrap_err(),
+        );
+        assert!(directory.is_open("t"), "refused by its open actor's slot");
+        directory.deletion_abandoned("t");
+        directory.call("t", write(2, b"w"), "t/k").await.unwrap();
+
+        directory.refuse_deleted("t");
         catalog.delete_tenant("t").unwrap();
-        assert!(directory.is_open("t"));
         assert!(
             directory
                 .close_for_deletion("t", Duration::from_secs(10))
@@ -3403,7 +3417,7 @@ mod tests {
         for _ in 0..2 {
             refused(
                 directory
-                    .call("t", write(2, b"w"), "t/k")
+                    .call("t", write(3, b"x"), "t/k")
                     .await
                     .unwrap_err(),
             );
@@ -3411,10 +3425,16 @@ mod tests {
         }
         assert!(!data.tenant_dir("t").exists());
         directory.shutdown().await;
+        drop((directory, catalog, config));
+        let catalog = Arc::new(crate::catalog::tests::reopen(&dir.path().join("catalog")));
+        let config = CoreConfig {
+            catalog: Some(Arc::clone(&catalog)),
+            ..self::config()
+        };
         let directory = test_directory(data.clone(), &config, &catalog);
         refused(
             directory
-                .call("t", write(2, b"w"), "t/k")
+                .call("t", write(3, b"x"), "t/k")
                 .await
                 .unwrap_err(),
         );

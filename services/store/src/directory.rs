@@ -610,6 +610,9 @@ struct Slot {
     closing: AtomicBool,
     /// A failed open: when the slot may be forgotten, so that the next call tries again.
     retry_at: OnceLock<Instant>,
+    /// The tenant is being deleted: calls through this slot are refused
+    /// ([`TenantDirectory::refuse_deleted`]).
+    deleted: AtomicBool,
 }
 
 impl Default for Slot {
@@ -621,6 +624,7 @@ impl Default for Slot {
             last_used: AtomicU64::new(0),
             closing: AtomicBool::new(false),
             retry_at: OnceLock::new(),
+            deleted: AtomicBool::new(false),
         }
     }
 }
@@ -828,8 +832,6 @@ pub struct TenantDirectory {
     /// ([`TenantDirectory::close_for_deletion`]). The catalog's record of a deletion refuses
     /// their opens too (after a restart, and before the name is here).
     deleted: Arc<crate::TenantSet>,
-    /// Whether `deleted` holds any tenant: the hot path looks no further while it is false.
-    any_deleted: AtomicBool,
 }
 
 impl std::fmt::Debug for TenantDirectory {
@@ -908,7 +910,6 @@ impl TenantDirectory {
             janitor_wake: Arc::default(),
             lost_acknowledged: Arc::default(),
             deleted: Arc::default(),
-            any_deleted: AtomicBool::new(false),
         })
     }
 
@@ -941,11 +942,6 @@ impl TenantDirectory {
     /// The running actor of `tenant`, started (and its state recovered) on first use. The
     /// caller must already know the tenant exists (it authenticated as it).
     pub async fn get(&self, tenant: &str) -> Result<TenantHandle, StoreError> {
-        // A deleted tenant's calls stop here, also while its actor is still open (closing
-        // once the calls it holds are answered).
-        if self.any_deleted.load(Ordering::Acquire) && self.deleted.contains(tenant) {
-            return Err(deleted(tenant));
-        }
         let slot = loop {
             // Hot path: a read lock and no allocation once the tenant is known.
             let known = {
@@ -955,12 +951,20 @@ impl TenantDirectory {
             let (slot, fresh) = match known {
                 Some(slot) => (slot, false),
                 None => {
+                    if self.deleted.contains(tenant) {
+                        return Err(deleted(tenant));
+                    }
                     let mut map = self.tenants.write().unwrap_or_else(|p| p.into_inner());
                     let before = map.len();
                     let slot = Arc::clone(map.entry(tenant.to_string()).or_default());
                     (slot, map.len() > before)
                 }
             };
+            // A deleted tenant's calls stop here, also while its actor is still open (closing
+            // once the calls it holds are answered).
+            if slot.deleted.load(Ordering::Acquire) {
+                return Err(deleted(tenant));
+            }
             slot.last_used.store(self.now(), Ordering::Relaxed);
             if !fresh {
                 break slot;
@@ -1206,6 +1210,27 @@ impl TenantDirectory {
         }
     }
 
+    /// Refuse every call to `tenant` from now on (`NOT_FOUND`, `tenant '…' was deleted`), its
+    /// calls through the open actor included: called before the catalog's change, so that no
+    /// call is applied after it. [`TenantDirectory::deletion_abandoned`] undoes it.
+    pub fn refuse_deleted(&self, tenant: &str) {
+        self.deleted.insert(tenant);
+        let map = self.tenants.read().unwrap_or_else(|p| p.into_inner());
+        if let Some(slot) = map.get(tenant) {
+            slot.deleted.store(true, Ordering::Release);
+        }
+    }
+
+    /// The deletion [`TenantDirectory::refuse_deleted`] prepared was not made (the tenant does
+    /// not exist, or the catalog refused the change): calls reach the tenant again.
+    pub fn deletion_abandoned(&self, tenant: &str) {
+        self.deleted.remove(tenant);
+        let map = self.tenants.read().unwrap_or_else(|p| p.into_inner());
+        if let Some(slot) = map.get(tenant) {
+            slot.deleted.store(false, Ordering::Release);
+        }
+    }
+
     /// Close `tenant`, deleted from the catalog: from now on no call reaches it (the calls its
     /// actor already holds are answered), and once those have ended it is closed, with a final
     /// checkpoint, as a passivation would, so that its files can be removed. False if it
@@ -1213,8 +1238,7 @@ impl TenantDirectory {
     /// which keeps its tenant open until the restart) or the server is stopping: its files are
     /// then removed at the next start.
     pub async fn close_for_deletion(&self, tenant: &str, wait: Duration) -> bool {
-        self.deleted.insert(tenant);
-        self.any_deleted.store(true, Ordering::Release);
+        self.refuse_deleted(tenant);
         let give_up = Instant::now() + wait;
         loop {
             if self.shutting_down.load(Ordering::SeqCst) {

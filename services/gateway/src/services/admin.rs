@@ -294,8 +294,24 @@ impl Admin for AdminService {
         let tenant = req.into_inner().tenant;
         // Off the admin socket, refused before anything else (as every Admin rpc).
         self.catalog()?;
+        // Calls are refused from before the change, so that none is applied after it.
+        if let Some(directory) = &self.directory {
+            directory.refuse_deleted(&tenant);
+        }
         let name = tenant.clone();
-        let key_ids = self.change_catalog(move |c| c.delete_tenant(&name)).await?;
+        let key_ids = match self.change_catalog(move |c| c.delete_tenant(&name)).await {
+            Ok(ids) => ids,
+            Err(e) => {
+                // Not deleted (unless a concurrent deletion of the same tenant made it: then
+                // the refusal stays).
+                if let Some(directory) = &self.directory
+                    && !self.catalog_arc()?.is_deleted(&tenant)
+                {
+                    directory.deletion_abandoned(&tenant);
+                }
+                return Err(e);
+            }
+        };
         // Deleted (durably): nothing authenticates as the tenant any more. Logged at once, the
         // only record of it (its audit trail goes with it), should the caller give up below.
         tracing::info!(%tenant, keys = key_ids.len(), "tenant deleted");

@@ -827,15 +827,27 @@ impl Catalog {
         if self.deleted_at(tenant)?.is_none() {
             return Ok(false);
         }
+        self.settle_tenant_record(st, tenant, ("deleted", "deletion"))?;
+        Ok(true)
+    }
+
+    /// Make the newest change of `tenant`'s record durable if it is not yet, or say that it
+    /// could not be: `change` names it (`("created", "creation")`). The caller's own change is
+    /// not written yet: its failure is no unknown outcome of it.
+    fn settle_tenant_record(
+        &self,
+        st: &mut JournalState,
+        tenant: &str,
+        (done, change): (&str, &str),
+    ) -> Result<(), StoreError> {
         self.settle_unsynced(st, Tree::Tenants, tenant.as_bytes())
             .map_err(|_| {
                 StoreError::Unavailable(format!(
-                    "tenant '{tenant}' is being deleted, and its deletion could not be made \
+                    "tenant '{tenant}' is being {done}, and its {change} could not be made \
                      durable (it may be in force after the server restarts: check then); \
                      catalog changes are refused until that restart; see the server log"
                 ))
-            })?;
-        Ok(true)
+            })
     }
 
     /// When `tenant` was deleted (Unix ms), if it was: its record says so, durably or not yet.
@@ -855,22 +867,20 @@ impl Catalog {
     /// Every deleted tenant's name: files of theirs still on disk (a crash between the deletion
     /// and their removal) are removed at the next start (`cube_store::remove_deleted_files`).
     pub fn deleted_tenants(&self) -> Result<Vec<String>, StoreError> {
-        let mut out = Vec::new();
-        for item in self.tenants.iter() {
-            let (name, record) = item.map_err(|e| storage("list tenants", e))?;
-            if marks_deleted(&record) {
-                out.push(String::from_utf8_lossy(&name).into_owned());
-            }
-        }
-        Ok(out)
+        self.tenant_names(true)
     }
 
     /// The names of the tenants that exist (not deleted), sorted.
     fn live_tenant_names(&self) -> Result<Vec<String>, StoreError> {
+        self.tenant_names(false)
+    }
+
+    /// The names, sorted, of the tenants whose records mark them deleted or not, as `deleted`.
+    fn tenant_names(&self, deleted: bool) -> Result<Vec<String>, StoreError> {
         let mut out = Vec::new();
         for item in self.tenants.iter() {
             let (name, record) = item.map_err(|e| storage("list tenants", e))?;
-            if !marks_deleted(&record) {
+            if marks_deleted(&record) == deleted {
                 out.push(String::from_utf8_lossy(&name).into_owned());
             }
         }
@@ -890,15 +900,7 @@ impl Catalog {
         if !self.tenant_exists(tenant)? {
             return Ok(false);
         }
-        // The caller's own change is not written: its failure is no unknown outcome of it.
-        self.settle_unsynced(st, Tree::Tenants, tenant.as_bytes())
-            .map_err(|_| {
-                StoreError::Unavailable(format!(
-                    "tenant '{tenant}' is being created, and its creation could not be made \
-                     durable (it may be in force after the server restarts: check then); \
-                     catalog changes are refused until that restart; see the server log"
-                ))
-            })?;
+        self.settle_tenant_record(st, tenant, ("created", "creation"))?;
         Ok(true)
     }
 

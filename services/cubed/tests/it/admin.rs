@@ -1503,6 +1503,20 @@ async fn a_deleted_tenant_is_gone_online_and_offline() {
             .collect()
     };
 
+    // A name that is no tenant's, or no tenant name at all, deletes nothing.
+    for (name, says) in [
+        ("nosuch", "no tenant named 'nosuch'"),
+        ("Not_a_name", "tenant name"),
+    ] {
+        let o = server.cli(&["tenant", "delete", name, "--yes"]).unwrap();
+        assert!(
+            !o.status.success() && stderr(&o).contains(says),
+            "{name}: {}",
+            stderr(&o)
+        );
+    }
+    signed.read(read(1, 2, 3)).await.unwrap();
+
     // Without --yes nothing happens.
     let o = server.cli(&["tenant", "delete", "acme"]).unwrap();
     assert!(

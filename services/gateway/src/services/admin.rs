@@ -293,76 +293,74 @@ impl Admin for AdminService {
     ) -> Result<Response<v1::DeleteTenantResponse>, Status> {
         let tenant = req.into_inner().tenant;
         // Off the admin socket, refused before anything else (as every Admin rpc).
-        self.catalog()?;
-        // Calls are refused from before the change, so that none is applied after it.
-        if let Some(directory) = &self.directory {
-            directory.refuse_deleted(&tenant);
-        }
-        let name = tenant.clone();
-        let key_ids = match self.change_catalog(move |c| c.delete_tenant(&name)).await {
-            Ok(ids) => ids,
-            Err(e) => {
-                // Not deleted (unless a concurrent deletion of the same tenant made it: then
-                // the refusal stays).
-                if let Some(directory) = &self.directory
-                    && !self.catalog_arc()?.is_deleted(&tenant)
-                {
-                    directory.deletion_abandoned(&tenant);
-                }
-                return Err(e);
+        let catalog = Arc::clone(self.catalog_arc()?);
+        cube_store::validate_tenant_name(&tenant).map_err(ApiError::from)?;
+        let (connections, directory) = (self.connections.clone(), self.directory.clone());
+        // A task of its own: a caller that gives up (its deadline, a dropped connection) stops
+        // none of the steps halfway (calls refused but the change never made, or made but the
+        // sessions left open and the files left for the next start).
+        let deletion = tokio::spawn(async move {
+            // Calls are refused from before the change, so that none is applied after it.
+            if let Some(directory) = &directory {
+                directory.refuse_deleted(&tenant);
             }
-        };
-        // Deleted (durably): nothing authenticates as the tenant any more. Logged at once, the
-        // only record of it (its audit trail goes with it), should the caller give up below.
-        tracing::info!(%tenant, keys = key_ids.len(), "tenant deleted");
-        // Its sessions end now rather than at their next call.
-        let ended: usize = self.connections.as_ref().map_or(0, |c| {
-            key_ids
-                .iter()
-                .map(|key_id| c.end_sessions_of(&tenant, key_id))
-                .sum()
-        });
-        let Some(directory) = self.directory.clone() else {
-            return Ok(Response::new(v1::DeleteTenantResponse {
-                key_ids,
-                files_removed: false,
-            }));
-        };
-        // A task of its own: a caller that gives up (its deadline, a dropped connection) does
-        // not stop the close halfway or leave the files for the next start.
-        let name = tenant.clone();
-        let removal = tokio::spawn(async move {
-            if !directory
-                .close_for_deletion(&name, cube_store::DELETION_CLOSE_WAIT)
-                .await
-            {
-                tracing::warn!(tenant = %name, "the deleted tenant could not be closed in time (calls in flight, a failed log, or the server stopping); its files are removed at the next start");
-                return false;
-            }
-            let data = directory.data_dir().clone();
-            let tenant = name.clone();
-            match tokio::task::spawn_blocking(move || {
-                cube_store::remove_tenant_files(&data, &tenant)
+            let name = tenant.clone();
+            let changed = match tokio::task::spawn_blocking({
+                let catalog = Arc::clone(&catalog);
+                move || catalog.delete_tenant(&name)
             })
             .await
             {
-                Ok(Ok(_)) => true,
-                Ok(Err(e)) => {
-                    tracing::error!(tenant = %name, error = %e, "the deleted tenant's files could not be removed; the next start tries again");
-                    false
-                }
+                Ok(result) => result.map_err(|e| Status::from(ApiError::from(e))),
                 Err(e) => {
-                    tracing::error!(tenant = %name, error = %e, "removing the deleted tenant's files panicked; the next start tries again");
-                    false
+                    tracing::error!(error = %e, "a tenant's deletion panicked");
+                    Err(Status::internal(
+                        "the deletion failed unexpectedly; see the server log",
+                    ))
                 }
-            }
+            };
+            let key_ids = match changed {
+                Ok(ids) => ids,
+                Err(status) => {
+                    // Not deleted (unless a concurrent deletion of the same tenant made it:
+                    // then the refusal stays).
+                    if let Some(directory) = &directory
+                        && !catalog.is_deleted(&tenant)
+                    {
+                        directory.deletion_abandoned(&tenant);
+                    }
+                    return Err(status);
+                }
+            };
+            // Deleted (durably): nothing authenticates as the tenant any more. Logged at once:
+            // the only record of it (its audit trail goes with it).
+            tracing::info!(%tenant, keys = key_ids.len(), "tenant deleted");
+            // Its sessions end now rather than at their next call.
+            let ended: usize = connections.as_ref().map_or(0, |c| {
+                key_ids
+                    .iter()
+                    .map(|key_id| c.end_sessions_of(&tenant, key_id))
+                    .sum()
+            });
+            let files_removed = match &directory {
+                Some(directory) => remove_files(directory, &tenant).await,
+                None => false,
+            };
+            tracing::info!(%tenant, sessions_ended = ended, files_removed, "deleted tenant closed");
+            Ok(v1::DeleteTenantResponse {
+                key_ids,
+                files_removed,
+            })
         });
-        let files_removed = removal.await.unwrap_or(false);
-        tracing::info!(%tenant, sessions_ended = ended, files_removed, "deleted tenant closed");
-        Ok(Response::new(v1::DeleteTenantResponse {
-            key_ids,
-            files_removed,
-        }))
+        match deletion.await {
+            Ok(answer) => answer.map(Response::new),
+            Err(e) => {
+                tracing::error!(error = %e, "a tenant's deletion panicked");
+                Err(Status::internal(
+                    "the deletion failed unexpectedly; see the server log",
+                ))
+            }
+        }
     }
 
     async fn list_tenants(
@@ -400,6 +398,31 @@ impl Admin for AdminService {
     }
 }
 
+/// Close the deleted `tenant` and remove its files; whether they are gone (if not, the next
+/// start removes them).
+async fn remove_files(directory: &Arc<TenantDirectory>, tenant: &str) -> bool {
+    if !directory
+        .close_for_deletion(tenant, cube_store::DELETION_CLOSE_WAIT)
+        .await
+    {
+        tracing::warn!(%tenant, "the deleted tenant could not be closed in time (calls in flight, a failed log, or the server stopping); its files are removed at the next start");
+        return false;
+    }
+    let data = directory.data_dir().clone();
+    let name = tenant.to_string();
+    match tokio::task::spawn_blocking(move || cube_store::remove_tenant_files(&data, &name)).await {
+        Ok(Ok(_)) => true,
+        Ok(Err(e)) => {
+            tracing::error!(%tenant, error = %e, "the deleted tenant's files could not be removed; the next start tries again");
+            false
+        }
+        Err(e) => {
+            tracing::error!(%tenant, error = %e, "removing the deleted tenant's files panicked; the next start tries again");
+            false
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -430,6 +453,16 @@ mod tests {
                 .unwrap_err();
             assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
             assert!(e.message().contains("admin socket"), "{}", e.message());
+        }
+        // So is a deletion, whatever the name.
+        for tenant in ["demo", "Not a name"] {
+            let e = admin
+                .delete_tenant(Request::new(v1::DeleteTenantRequest {
+                    tenant: tenant.into(),
+                }))
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
         }
     }
 }

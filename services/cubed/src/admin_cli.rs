@@ -78,7 +78,8 @@ pub async fn delete_tenant(dir: &DataDirArg, name: &str) -> anyhow::Result<()> {
     {
         eprintln!(
             "cubed: note: the tenant is deleted (nothing authenticates as it), but its files are \
-             still on disk (see the server log): the server's next start removes them"
+             still on disk (why: the server log, or the warning above): the server's next start \
+             removes them"
         );
     }
     print(outcome)

@@ -828,7 +828,24 @@ impl Catalog {
             return Ok(false);
         }
         self.settle_tenant_record(st, tenant, ("deleted", "deletion"))?;
+        // Durable: known as deleted from now on, also before the deletion's own call gets
+        // back here to say so (a second deletion answered meanwhile must find it deleted).
+        self.forget_deleted(tenant);
         Ok(true)
+    }
+
+    /// `tenant`'s deletion is durable: it joins the deleted tenants in memory and its keys
+    /// leave the cache for good. Called with the change lock held, so that no key change is
+    /// published in between.
+    fn forget_deleted(&self, tenant: &str) {
+        self.deleted
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(tenant.to_string());
+        self.cache
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(tenant);
     }
 
     /// Make the newest change of `tenant`'s record durable if it is not yet, or say that it
@@ -1054,14 +1071,7 @@ impl Catalog {
             // a change of its keys still waiting for its sync is dropped (the undo of a failed
             // sync keeps what it needs), so no later change builds on it.
             let mut st = self.lock_changes();
-            self.deleted
-                .write()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(tenant.to_string());
-            self.cache
-                .write()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(tenant);
+            self.forget_deleted(tenant);
             st.pending.retain(|(t, _), _| t != tenant);
         }
         if let Err(e) = self.scrub_keys_of(tenant) {

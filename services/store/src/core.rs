@@ -3376,8 +3376,8 @@ mod tests {
     }
 
     /// A tenant being deleted while open: once `refuse_deleted` is called its calls are refused
-    /// (`NOT_FOUND`) though its actor is still open, and `deletion_abandoned` lets them through
-    /// again; once deleted, `close_for_deletion` closes it, its files can be removed, and no
+    /// though its actor is still open (`UNAVAILABLE`, retry, until the catalog's change is
+    /// durable; then `NOT_FOUND`), and `deletion_abandoned` lets them through again; once deleted, `close_for_deletion` closes it, its files can be removed, and no
     /// later call opens it again or makes its files anew, in this directory or after a restart
     /// (a new directory over the catalog opened again from its files), where the catalog's
     /// record of the deletion refuses the open.
@@ -3395,18 +3395,27 @@ mod tests {
         let directory = test_directory(data.clone(), &config, &catalog);
         directory.call("t", write(1, b"v"), "t/k").await.unwrap();
         directory.refuse_deleted("t");
-        refused(
-            directory
-                .call("t", write(2, b"w"), "t/k")
-                .await
-                .unwrap_err(),
+        // Not deleted yet: refused as being deleted, to be retried.
+        let e = directory
+            .call("t", write(2, b"w"), "t/k")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, StoreError::Unavailable(m) if m == "tenant 't' is being deleted; retry"),
+            "{e:?}"
         );
         assert!(directory.is_open("t"), "refused by its open actor's slot");
-        directory.deletion_abandoned("t");
+        directory.deletion_abandoned("t").await;
         directory.call("t", write(2, b"w"), "t/k").await.unwrap();
 
         directory.refuse_deleted("t");
         catalog.delete_tenant("t").unwrap();
+        refused(
+            directory
+                .call("t", write(3, b"x"), "t/k")
+                .await
+                .unwrap_err(),
+        );
         assert!(
             directory
                 .close_for_deletion("t", Duration::from_secs(10))

@@ -657,7 +657,10 @@ impl OpenContext {
         // must not open (and so create again) the files the deletion removes.
         let deleted_in_catalog = self.catalog.as_ref().is_some_and(|c| c.is_deleted(tenant));
         if self.deleted.contains(tenant) || deleted_in_catalog {
-            return Err(deleted(tenant));
+            return Err(deleted(
+                tenant,
+                deleted_in_catalog || self.catalog.is_none(),
+            ));
         }
         let wal_dir = self.data_dir.tenant_wal(tenant);
         let state_dir = self.data_dir.tenant_state(tenant);
@@ -842,9 +845,14 @@ impl std::fmt::Debug for TenantDirectory {
     }
 }
 
-/// The refusal of a call to a deleted tenant.
-fn deleted(tenant: &str) -> StoreError {
-    StoreError::NotFound(format!("tenant '{tenant}' was deleted"))
+/// The refusal of a call to a deleted tenant, or (`durable` false) one whose deletion is
+/// being made: it may yet fail.
+fn deleted(tenant: &str, durable: bool) -> StoreError {
+    if durable {
+        StoreError::NotFound(format!("tenant '{tenant}' was deleted"))
+    } else {
+        StoreError::Unavailable(format!("tenant '{tenant}' is being deleted; retry"))
+    }
 }
 
 /// How long [`TenantDirectory::close_for_deletion`] waits for a tenant's calls in flight.
@@ -952,7 +960,7 @@ impl TenantDirectory {
                 Some(slot) => (slot, false),
                 None => {
                     if self.deleted.contains(tenant) {
-                        return Err(deleted(tenant));
+                        return Err(self.refusal(tenant));
                     }
                     let mut map = self.tenants.write().unwrap_or_else(|p| p.into_inner());
                     let before = map.len();
@@ -963,7 +971,7 @@ impl TenantDirectory {
             // A deleted tenant's calls stop here, also while its actor is still open (closing
             // once the calls it holds are answered).
             if slot.deleted.load(Ordering::Acquire) {
-                return Err(deleted(tenant));
+                return Err(self.refusal(tenant));
             }
             slot.last_used.store(self.now(), Ordering::Relaxed);
             if !fresh {
@@ -1222,13 +1230,27 @@ impl TenantDirectory {
     }
 
     /// The deletion [`TenantDirectory::refuse_deleted`] prepared was not made (the tenant does
-    /// not exist, or the catalog refused the change): calls reach the tenant again.
-    pub fn deletion_abandoned(&self, tenant: &str) {
+    /// not exist, or the catalog refused the change): calls reach the tenant again. An open the
+    /// refusal failed meanwhile is forgotten at once, so the next call opens the tenant.
+    pub async fn deletion_abandoned(&self, tenant: &str) {
         self.deleted.remove(tenant);
-        let map = self.tenants.read().unwrap_or_else(|p| p.into_inner());
-        if let Some(slot) = map.get(tenant) {
-            slot.deleted.store(false, Ordering::Release);
+        let refused_open = {
+            let map = self.tenants.read().unwrap_or_else(|p| p.into_inner());
+            map.get(tenant).is_some_and(|slot| {
+                slot.deleted.store(false, Ordering::Release);
+                matches!(slot.opened.get(), Some(Err(_)))
+            })
+        };
+        if refused_open {
+            self.close_tenant(tenant).await;
         }
+    }
+
+    /// How a call to `tenant`, refused for its deletion, is answered: `NOT_FOUND` once the
+    /// catalog holds the deletion durably, `UNAVAILABLE` (retry) while it is being made.
+    fn refusal(&self, tenant: &str) -> StoreError {
+        let durable = self.catalog.as_ref().is_none_or(|c| c.is_deleted(tenant));
+        deleted(tenant, durable)
     }
 
     /// Close `tenant`, deleted from the catalog: from now on no call reaches it (the calls its

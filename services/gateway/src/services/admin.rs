@@ -315,19 +315,24 @@ impl Admin for AdminService {
                 Err(e) => {
                     tracing::error!(error = %e, "a tenant's deletion panicked");
                     Err(Status::internal(
-                        "the deletion failed unexpectedly; see the server log",
+                        "the deletion failed unexpectedly (see the server log); it may or may \
+                         not have been made: `cubed tenant list` tells (a deleted tenant is not \
+                         listed)",
                     ))
                 }
             };
             let key_ids = match changed {
                 Ok(ids) => ids,
                 Err(status) => {
-                    // Not deleted (unless a concurrent deletion of the same tenant made it:
-                    // then the refusal stays).
-                    if let Some(directory) = &directory
-                        && !catalog.is_deleted(&tenant)
-                    {
-                        directory.deletion_abandoned(&tenant);
+                    match &directory {
+                        // Deleted after all (a concurrent deletion of the same tenant, or a
+                        // failure after the change was durable): the refusal stays, and the
+                        // files go.
+                        Some(directory) if catalog.is_deleted(&tenant) => {
+                            remove_files(directory, &tenant).await;
+                        }
+                        Some(directory) => directory.deletion_abandoned(&tenant).await,
+                        None => {}
                     }
                     return Err(status);
                 }

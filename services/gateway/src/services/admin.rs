@@ -325,9 +325,13 @@ impl Admin for AdminService {
                 Ok(ids) => ids,
                 Err(status) => {
                     match &directory {
-                        // Deleted after all (a concurrent deletion of the same tenant, or a
-                        // failure after the change was durable): the refusal stays, and the
-                        // files go.
+                        // Deleted by another call (`NOT_FOUND`, was deleted): the refusal
+                        // stays, and that call removes the files.
+                        Some(_)
+                            if status.code() == tonic::Code::NotFound
+                                && catalog.is_deleted(&tenant) => {}
+                        // Deleted after all (a failure after the change was durable): the
+                        // refusal stays, and the files go.
                         Some(directory) if catalog.is_deleted(&tenant) => {
                             remove_files(directory, &tenant).await;
                         }

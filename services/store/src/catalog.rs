@@ -1944,12 +1944,7 @@ pub(crate) mod tests {
         };
         c.commit(c.lock_changes(), vec![tombstone], &[]).unwrap();
         let half = dir.path().join("half");
-        copy_dir(&path, &half);
-        std::fs::copy(
-            path.with_extension("journal"),
-            half.with_extension("journal"),
-        )
-        .unwrap();
+        copy_catalog(&path, &half);
         {
             let h = reopen(&half);
             assert!(h.is_deleted("beta") && h.key("beta", &beta.key_id).is_none());
@@ -1962,12 +1957,7 @@ pub(crate) mod tests {
         // A power cut now: sled's files as they are (never flushed since the open) and the
         // journal.
         let crashed = dir.path().join("crashed");
-        copy_dir(&path, &crashed);
-        std::fs::copy(
-            path.with_extension("journal"),
-            crashed.with_extension("journal"),
-        )
-        .unwrap();
+        copy_catalog(&path, &crashed);
         check(&reopen(&crashed), "after a crash");
         drop(c);
         check(&reopen(&path), "after a reopen");
@@ -1990,17 +1980,7 @@ pub(crate) mod tests {
         let records = c.key_records_of("acme").unwrap();
         assert_eq!(records.len(), 401);
         assert!(records.iter().all(|k| k.revoked && k.secret == [0; 32]));
-        // The journal's records: `[u32 length][u32 CRC][payload]` until a zero length.
-        let journal = std::fs::read(path.with_extension("journal")).unwrap();
-        let (mut at, mut largest) = (0, 0);
-        while at + 8 <= journal.len() {
-            let len = u32::from_le_bytes(journal[at..at + 4].try_into().unwrap()) as usize;
-            if len == 0 {
-                break;
-            }
-            largest = largest.max(len);
-            at += 8 + len;
-        }
+        let largest = journal_record_lengths(&path).into_iter().max().unwrap();
         assert!(
             largest <= LARGEST_RESTATEMENT,
             "a record of {largest} bytes (at most {LARGEST_RESTATEMENT})"
@@ -2519,6 +2499,29 @@ pub(crate) mod tests {
         .unwrap()
     }
 
+    /// Copy the catalog at `from` (its sled directory and its journal beside it) to `to`, its
+    /// files as they are now: what a power cut would leave.
+    pub(crate) fn copy_catalog(from: &Path, to: &Path) {
+        copy_dir(from, to);
+        std::fs::copy(from.with_extension("journal"), to.with_extension("journal")).unwrap();
+    }
+
+    /// The payload lengths of the records of the journal of the catalog at `path`, in order
+    /// (the format: u32 LE payload length, u32 CRC, payload; zeros after the last).
+    fn journal_record_lengths(path: &Path) -> Vec<usize> {
+        let bytes = std::fs::read(path.with_extension("journal")).unwrap();
+        let (mut at, mut lengths) = (0, Vec::new());
+        while at + 8 <= bytes.len() {
+            let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+            if len == 0 {
+                break;
+            }
+            lengths.push(len);
+            at += 8 + len;
+        }
+        lengths
+    }
+
     /// Copy the directory tree `from` to `to` (a catalog's files as they are now).
     pub(crate) fn copy_dir(from: &Path, to: &Path) {
         std::fs::create_dir_all(to).unwrap();
@@ -2749,20 +2752,12 @@ pub(crate) mod tests {
             );
             keys
         };
-        // Each record within the bound (the format: u32 LE payload length, u32 CRC, payload;
-        // zeros after the last).
-        let bytes = std::fs::read(path.with_extension("journal")).unwrap();
-        let (mut at, mut records) = (0, 0);
-        while at + 8 <= bytes.len() {
-            let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
-            if len == 0 {
-                break;
-            }
-            assert!(len <= crate::catalog_journal::LARGEST_RESTATEMENT, "{len}");
-            records += 1;
-            at += 8 + len;
+        // Each record within the bound.
+        let lengths = journal_record_lengths(&path);
+        for len in &lengths {
+            assert!(*len <= crate::catalog_journal::LARGEST_RESTATEMENT, "{len}");
         }
-        assert!(records >= 3, "{records}");
+        assert!(lengths.len() >= 3, "{}", lengths.len());
         // The journal reads back whole: the tenant's records and every restated key.
         let (_, replay) = Journal::open(&path.with_extension("journal")).unwrap();
         assert!(replay.len() > 300, "{}", replay.len());

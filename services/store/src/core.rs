@@ -2802,12 +2802,7 @@ mod tests {
     /// `dir`/[`SNAPSHOT`]: a catalog whose files will not see the changes made after this.
     fn snapshot_catalog(catalog: &Catalog, dir: &Path) {
         catalog.make_durable().unwrap();
-        crate::catalog::tests::copy_dir(&dir.join("catalog"), &dir.join(SNAPSHOT));
-        std::fs::copy(
-            dir.join("catalog.journal"),
-            dir.join(SNAPSHOT).with_extension("journal"),
-        )
-        .unwrap();
+        crate::catalog::tests::copy_catalog(&dir.join("catalog"), &dir.join(SNAPSHOT));
     }
 
     /// A durable group holding a catalog change waits (unapplied, unanswered, the call

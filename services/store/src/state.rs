@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 
 use crate::audit::{AuditEntry, EncodedAuditEntry};
 use crate::backend::{BackendError, BatchOp, StateBackend, StateRead};
-use crate::keys::{self, AuditChunk, AuditHead, AuditSeq, EncodedAuditChunk, StoredCell, Totals};
+use crate::keys::{self, AuditChunk, AuditHead, StoredCell, Totals};
 use crate::morton;
 use crate::walop::{self, Op, WalAudit, WalCoord, WalOp};
 use crate::{Capability, StoreError};
@@ -934,12 +934,9 @@ impl StateReader {
             {
                 continue;
             }
-            let chunk =
-                EncodedAuditChunk::decode(Bytes::from(v)).map_err(|e| undecodable_audit(&e))?;
-            for bytes in chunk.entries {
-                let seq = AuditSeq::decode(bytes.as_ref())
-                    .map_err(|e| undecodable_audit(&e))?
-                    .seq;
+            let chunk = Bytes::from(v);
+            for entry in keys::AuditChunkEntries::new(&chunk) {
+                let (seq, at) = entry.map_err(|e| undecodable_audit(&e))?;
                 if seq < expected {
                     continue;
                 }
@@ -954,7 +951,10 @@ impl StateReader {
                     expired_before(store, expected, seq)?;
                     out.clear();
                 }
-                out.push(EncodedAuditEntry { seq, bytes });
+                out.push(EncodedAuditEntry {
+                    seq,
+                    bytes: chunk.slice(at),
+                });
                 expected = seq + 1;
                 if out.len() == limit {
                     return Ok(out);

@@ -887,7 +887,7 @@ impl StateReader {
         from_seq: u64,
         limit: usize,
     ) -> Result<Vec<EncodedAuditEntry>, StoreError> {
-        let (_, _, head) = load_meta(store).map_err(|e| storage_error(&e))?;
+        let head = load_audit_head(store).map_err(|e| storage_error(&e))?;
         // Audit seqs start at 1.
         let from = from_seq
             .max(1)
@@ -974,7 +974,8 @@ impl StateReader {
     pub fn totals(&self) -> Result<(Totals, AuditHead), StoreError> {
         let snapshot = self.store.snapshot();
         let state = snapshot.as_deref().unwrap_or(&*self.store);
-        let (totals, _, head) = load_meta(state).map_err(|e| storage_error(&e))?;
+        let totals = load_totals(state).map_err(|e| storage_error(&e))?;
+        let head = load_audit_head(state).map_err(|e| storage_error(&e))?;
         Ok((totals, head))
     }
 }
@@ -1078,6 +1079,15 @@ fn meta_u64(store: &dyn StateRead, key: &[u8], what: &str) -> Result<Option<u64>
 
 /// (totals, applied seq, audit head) as stored.
 fn load_meta(store: &dyn StateRead) -> Result<(Totals, u64, AuditHead), BackendError> {
+    Ok((
+        load_totals(store)?,
+        load_applied(store)?,
+        load_audit_head(store)?,
+    ))
+}
+
+/// The applied seq as stored.
+fn load_applied(store: &dyn StateRead) -> Result<u64, BackendError> {
     let applied = match store.get(keys::META_APPLIED)? {
         None => 0,
         Some(b) => u64::from_be_bytes(
@@ -1093,20 +1103,29 @@ fn load_meta(store: &dyn StateRead) -> Result<(Totals, u64, AuditHead), BackendE
             "applied seq {applied} is beyond any log's: the stored state is damaged"
         )));
     }
-    let totals = match store.get(keys::META_TOTALS)? {
-        None => Totals::empty(),
+    Ok(applied)
+}
+
+/// The totals as stored.
+fn load_totals(store: &dyn StateRead) -> Result<Totals, BackendError> {
+    match store.get(keys::META_TOTALS)? {
+        None => Ok(Totals::empty()),
         Some(b) => Totals::decode(b.as_slice())
-            .map_err(|e| BackendError(format!("undecodable totals: {e}")))?,
-    };
-    let head = match store.get(keys::META_AUDIT_HEAD)? {
-        None => AuditHead {
+            .map_err(|e| BackendError(format!("undecodable totals: {e}"))),
+    }
+}
+
+/// The head of the applied audit trail as stored: all an Audit page needs of the meta keys (each
+/// read is a lookup through every run of the store).
+fn load_audit_head(store: &dyn StateRead) -> Result<AuditHead, BackendError> {
+    match store.get(keys::META_AUDIT_HEAD)? {
+        None => Ok(AuditHead {
             next_seq: 1,
             hash: cube_auth::AUDIT_GENESIS.to_vec(),
-        },
+        }),
         Some(b) => AuditHead::decode(b.as_slice())
-            .map_err(|e| BackendError(format!("undecodable audit head: {e}")))?,
-    };
-    Ok((totals, applied, head))
+            .map_err(|e| BackendError(format!("undecodable audit head: {e}"))),
+    }
 }
 
 /// Whether an operation changes the catalog (the tenant's core applies that part).

@@ -100,7 +100,11 @@ impl PartialOrd for InternalKey {
 // Otherwise queries will not match expected behaviour
 impl Ord for InternalKey {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (&self.user_key, Reverse(self.seqno)).cmp(&(&other.user_key, Reverse(other.seqno)))
+        // CUBE-PATCH (change 7): the user keys compared as byte slices, once. `Slice`'s own
+        // `Ord` (byteview) compares a 4-byte prefix first and then the whole keys again: two
+        // comparisons for keys that share their first bytes, as most keys of one store do. The
+        // same order (both are lexicographic over the bytes).
+        (&*self.user_key, Reverse(self.seqno)).cmp(&(&*other.user_key, Reverse(other.seqno)))
     }
 }
 

@@ -303,7 +303,12 @@ pub(crate) struct AuditSeq {
 /// stored value and touches nothing else of the others. Decoding the chunk and then each
 /// entry's seq with prost, as pages did before, walked every field of every entry (prost skips
 /// an unwanted field only after decoding its key and length): about 45% of an Audit page's
-/// instructions (docs/benchmarks.md, "Audit pages read in place").
+/// instructions (docs/benchmarks.md, "Audit pages read in place, …").
+///
+/// Only the chunk's framing is checked as prost checks it; of an entry, only the seq at its
+/// front is read ([`audit_entry_seq`]): the rest goes to the client as stored, whose decoder
+/// refuses a damaged entry (see `crate::audit`). Entries are read lazily, so damage past the
+/// last entry a page needs is not met by that page.
 pub(crate) struct AuditChunkEntries<'a> {
     rest: &'a [u8],
     /// Bytes of the chunk before `rest`.
@@ -445,8 +450,8 @@ mod tests {
     }
 
     /// [`AuditChunkEntries`] answers what prost's decoding of the chunk and of each entry's seq
-    /// answers, for chunks as stored and for ones no server writes, and refuses what prost
-    /// refuses.
+    /// answers, for chunks as stored and for ones no server writes, and refuses the chunk
+    /// framings prost refuses; of an entry it reads only the leading seq.
     #[test]
     fn audit_chunks_read_in_place_as_prost_reads_them() {
         use crate::walop::WalAudit;
@@ -494,6 +499,15 @@ mod tests {
             ("no seq", odd(&[&entry(0).encode_to_vec()])),
             ("empty entry", odd(&[&[]])),
             ("unknown field", unknown_field),
+            ("overlong key", {
+                // Field 1's key as a two-byte varint (0x8a 0x00): the general path.
+                let e = entry(8).encode_to_vec();
+                let mut c = vec![0x8a, 0x00];
+                prost::encoding::encode_varint(e.len() as u64, &mut c);
+                c.extend(&e);
+                c.extend(chunk(&[9]));
+                c
+            }),
             ("long entries", {
                 let mut long = entry(3);
                 long.detail = "d".repeat(20_000);
@@ -561,14 +575,24 @@ mod tests {
                 EncodedAuditChunk::decode(Bytes::from(bytes.clone())).is_err(),
                 "{what}: prost"
             );
-            let mut entries = AuditChunkEntries::new(&bytes);
-            let mut results = Vec::new();
-            for e in entries.by_ref() {
-                results.push(e.is_ok());
-            }
+            // Bounded, so that an iterator going on after its error fails here instead of
+            // looping.
+            let results: Vec<bool> = AuditChunkEntries::new(&bytes)
+                .take(10)
+                .map(|e| e.is_ok())
+                .collect();
+            let ok_before = usize::from(what == "truncated entry");
+            assert_eq!(results.len(), ok_before + 1, "{what}: {results:?}");
             assert_eq!(results.last(), Some(&false), "{what}: {results:?}");
-            assert!(entries.next().is_none(), "{what}");
         }
+        // Inside an entry only the leading seq is read: the rest of a damaged one is the
+        // client's to refuse (an unfinished varint after the seq, which prost refuses).
+        let damaged = odd(&[&[0x08, 0x01, 0xff]]);
+        assert!(AuditSeq::decode(&[0x08, 0x01, 0xff][..]).is_err());
+        let read: Vec<_> = AuditChunkEntries::new(&damaged)
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(read, vec![(1, 2..5)]);
     }
 
     #[test]

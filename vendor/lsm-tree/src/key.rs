@@ -95,16 +95,29 @@ impl PartialOrd for InternalKey {
     }
 }
 
+/// CUBE-PATCH (change 7): the longest key byteview 0.6 stores inside its handle on a 64-bit
+/// target (its `INLINE_SIZE`, private there). Were it other, only the speed of a comparison
+/// would change, not its result.
+const INLINE_KEY_BYTES: usize = 20;
+
 // Order by user key, THEN by sequence number
 // This is one of the most important functions
 // Otherwise queries will not match expected behaviour
 impl Ord for InternalKey {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        // CUBE-PATCH (change 7): the user keys compared as byte slices, once. `Slice`'s own
-        // `Ord` (byteview) compares a 4-byte prefix first and then the whole keys again: two
-        // comparisons for keys that share their first bytes, as most keys of one store do. The
-        // same order (both are lexicographic over the bytes).
-        (&*self.user_key, Reverse(self.seqno)).cmp(&(&*other.user_key, Reverse(other.seqno)))
+        // CUBE-PATCH (change 7): two keys byteview stores inline (at most 20 bytes) are compared
+        // as byte slices, once. `Slice`'s own `Ord` (byteview) compares a 4-byte prefix first
+        // and then the whole keys again: two comparisons for keys that share their first bytes,
+        // as most keys of one store do. A longer key keeps upstream's comparison, whose prefix
+        // check spares reading its bytes from the heap when the prefixes differ. The same order
+        // either way (both are lexicographic over the bytes).
+        let (a, b) = (&*self.user_key, &*other.user_key);
+        let keys = if a.len() <= INLINE_KEY_BYTES && b.len() <= INLINE_KEY_BYTES {
+            a.cmp(b)
+        } else {
+            self.user_key.cmp(&other.user_key)
+        };
+        keys.then_with(|| Reverse(self.seqno).cmp(&Reverse(other.seqno)))
     }
 }
 

@@ -1079,11 +1079,8 @@ fn meta_u64(store: &dyn StateRead, key: &[u8], what: &str) -> Result<Option<u64>
 
 /// (totals, applied seq, audit head) as stored.
 fn load_meta(store: &dyn StateRead) -> Result<(Totals, u64, AuditHead), BackendError> {
-    Ok((
-        load_totals(store)?,
-        load_applied(store)?,
-        load_audit_head(store)?,
-    ))
+    let applied = load_applied(store)?;
+    Ok((load_totals(store)?, applied, load_audit_head(store)?))
 }
 
 /// The applied seq as stored.

@@ -657,10 +657,7 @@ impl OpenContext {
         // must not open (and so create again) the files the deletion removes.
         let deleted_in_catalog = self.catalog.as_ref().is_some_and(|c| c.is_deleted(tenant));
         if self.deleted.contains(tenant) || deleted_in_catalog {
-            return Err(deleted(
-                tenant,
-                deleted_in_catalog || self.catalog.is_none(),
-            ));
+            return Err(deletion_refusal(self.catalog.as_deref(), tenant));
         }
         let wal_dir = self.data_dir.tenant_wal(tenant);
         let state_dir = self.data_dir.tenant_state(tenant);
@@ -845,10 +842,11 @@ impl std::fmt::Debug for TenantDirectory {
     }
 }
 
-/// The refusal of a call to a deleted tenant, or (`durable` false) one whose deletion is
-/// being made: it may yet fail.
-fn deleted(tenant: &str, durable: bool) -> StoreError {
-    if durable {
+/// How a call to `tenant`, refused for its deletion, is answered: `NOT_FOUND` once `catalog`
+/// holds the deletion durably (or there is no catalog), `UNAVAILABLE` (retry) while it is being
+/// made: it may yet fail.
+fn deletion_refusal(catalog: Option<&Catalog>, tenant: &str) -> StoreError {
+    if catalog.is_none_or(|c| c.is_deleted(tenant)) {
         StoreError::NotFound(format!("tenant '{tenant}' was deleted"))
     } else {
         StoreError::Unavailable(format!("tenant '{tenant}' is being deleted; retry"))
@@ -960,7 +958,7 @@ impl TenantDirectory {
                 Some(slot) => (slot, false),
                 None => {
                     if self.deleted.contains(tenant) {
-                        return Err(self.refusal(tenant));
+                        return Err(deletion_refusal(self.catalog.as_deref(), tenant));
                     }
                     let mut map = self.tenants.write().unwrap_or_else(|p| p.into_inner());
                     let before = map.len();
@@ -971,7 +969,7 @@ impl TenantDirectory {
             // A deleted tenant's calls stop here, also while its actor is still open (closing
             // once the calls it holds are answered).
             if slot.deleted.load(Ordering::Acquire) {
-                return Err(self.refusal(tenant));
+                return Err(deletion_refusal(self.catalog.as_deref(), tenant));
             }
             slot.last_used.store(self.now(), Ordering::Relaxed);
             if !fresh {
@@ -1244,13 +1242,6 @@ impl TenantDirectory {
         if refused_open {
             self.close_tenant(tenant).await;
         }
-    }
-
-    /// How a call to `tenant`, refused for its deletion, is answered: `NOT_FOUND` once the
-    /// catalog holds the deletion durably, `UNAVAILABLE` (retry) while it is being made.
-    fn refusal(&self, tenant: &str) -> StoreError {
-        let durable = self.catalog.as_ref().is_none_or(|c| c.is_deleted(tenant));
-        deleted(tenant, durable)
     }
 
     /// Close `tenant`, deleted from the catalog: from now on no call reaches it (the calls its

@@ -312,14 +312,7 @@ impl Admin for AdminService {
             .await
             {
                 Ok(result) => result.map_err(|e| Status::from(ApiError::from(e))),
-                Err(e) => {
-                    tracing::error!(error = %e, "a tenant's deletion panicked");
-                    Err(Status::internal(
-                        "the deletion failed unexpectedly (see the server log); it may or may \
-                         not have been made: `cubed tenant list` tells (a deleted tenant is not \
-                         listed)",
-                    ))
-                }
+                Err(e) => Err(deletion_panicked(&e)),
             };
             let key_ids = match changed {
                 Ok(ids) => ids,
@@ -363,12 +356,7 @@ impl Admin for AdminService {
         });
         match deletion.await {
             Ok(answer) => answer.map(Response::new),
-            Err(e) => {
-                tracing::error!(error = %e, "a tenant's deletion panicked");
-                Err(Status::internal(
-                    "the deletion failed unexpectedly; see the server log",
-                ))
-            }
+            Err(e) => Err(deletion_panicked(&e)),
         }
     }
 
@@ -405,6 +393,15 @@ impl Admin for AdminService {
             .collect();
         Ok(Response::new(v1::ListTenantsResponse { tenants }))
     }
+}
+
+/// A tenant deletion's step that panicked (`e`), logged, as the caller is told.
+fn deletion_panicked(e: &tokio::task::JoinError) -> Status {
+    tracing::error!(error = %e, "a tenant's deletion panicked");
+    Status::internal(
+        "the deletion failed unexpectedly (see the server log); it may or may not have been \
+         made: `cubed tenant list` tells (a deleted tenant is not listed)",
+    )
 }
 
 /// Close the deleted `tenant` and remove its files; whether they are gone (if not, the next

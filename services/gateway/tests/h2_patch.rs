@@ -229,3 +229,67 @@ async fn a_request_reset_with_its_body_queued_frees_its_stream_and_is_not_comple
     server.abort();
     conn.abort();
 }
+
+/// The response headers a server encodes against a dynamic table that keeps evicting, with
+/// values that change now and then (as a server's `date` does once a second) and values that
+/// come back from deeper in the table: every response decodes to exactly what was sent. Guards
+/// change 7 (vendor/h2/CUBE-PATCH.md), which looks for a header among the newest table entries
+/// before walking its name's chain: a wrong index there decodes as another entry's value, or
+/// as a compression error that closes the connection.
+#[tokio::test(flavor = "current_thread")]
+async fn response_headers_decode_as_sent_while_the_table_churns() {
+    const RESPONSES: usize = 600;
+    let headers_of = |i: usize| -> Vec<(&'static str, String)> {
+        vec![
+            (
+                "date",
+                format!("Mon, 07 Dec 2026 20:{:02}:00 GMT", i / 5 % 60),
+            ),
+            ("x-slow", format!("s{}", i / 11)),
+            // Back and forth among a few values, some still in the table, some evicted.
+            ("x-pool", format!("p{}", (i * 7 + i / 3) % 13)),
+            ("content-type", "application/grpc".to_string()),
+        ]
+    };
+    let (client_io, server_io) = tokio::io::duplex(1 << 20);
+    let server = tokio::spawn(async move {
+        let mut conn = h2::server::handshake(server_io).await.unwrap();
+        let mut i = 0;
+        while let Some(Ok((_req, mut respond))) = conn.accept().await {
+            let mut response = http::Response::builder();
+            for (name, value) in headers_of(i) {
+                response = response.header(name, value);
+            }
+            let _ = respond.send_response(response.body(()).unwrap(), true);
+            i += 1;
+        }
+    });
+    // A small table (the server encodes against the size its client allows), so that entries
+    // are evicted every few responses.
+    let (mut client, conn) = h2::client::Builder::new()
+        .header_table_size(256)
+        .handshake::<_, tonic::codegen::Bytes>(client_io)
+        .await
+        .unwrap();
+    let conn = tokio::spawn(conn);
+    for i in 0..RESPONSES {
+        client = client.ready().await.unwrap();
+        let req = http::Request::post("http://cube.test/cube.v1.Cells/Read")
+            .body(())
+            .unwrap();
+        let (response, _) = client.send_request(req, true).unwrap();
+        let response = tokio::time::timeout(std::time::Duration::from_secs(5), response)
+            .await
+            .expect("no answer within 5 s")
+            .unwrap_or_else(|e| panic!("response {i}: {e}"));
+        for (name, value) in headers_of(i) {
+            assert_eq!(
+                response.headers().get(name).map(|v| v.to_str().unwrap()),
+                Some(value.as_str()),
+                "response {i}, header {name}"
+            );
+        }
+    }
+    server.abort();
+    conn.abort();
+}

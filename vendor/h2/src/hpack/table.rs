@@ -181,8 +181,8 @@ impl Table {
         // Cube change 7: look among the few newest entries first. A name whose value changes
         // now and then (a server's `date`, once a second) chains every value it had, oldest
         // first, and the walk below compares each of them before it reaches the current one,
-        // the newest: up to ~60 comparisons per response on a connection a minute old. Any
-        // entry equal in name and value may be referenced (RFC 7541, 2.3.3), and nothing is
+        // the newest: up to ~60 comparisons per response on a connection a minute old. The
+        // table never holds two equal entries (RFC 7541 2.3.2 would allow it), and nothing is
         // inserted or evicted here, so the bytes are what the walk would have written.
         for (i, slot) in self.slots.iter().take(RECENT).enumerate() {
             if slot.hash == hash
